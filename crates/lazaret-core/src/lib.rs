@@ -13,14 +13,22 @@
 //! rusqlite or sqlx; `tests/it/tidy.rs` keeps it that way. That is what makes
 //! every decision testable with property tests and a seeded simulation.
 
+pub mod decide;
+pub mod envelope;
 pub mod failure;
 pub mod ids;
+pub mod policy;
 pub mod rng;
 pub mod state;
 pub mod time;
 
+pub use decide::{Event, Transition, decide, grant_lease, redrive};
+pub use envelope::{
+    AttemptOutcome, AttemptRecord, Envelope, HISTORY_MAX, normalize_attempt_header, payload_sha256,
+};
 pub use failure::{DeadLetterReason, Failure, FailureClass, PoisonReason};
 pub use ids::{ErrorKind, JobId, JobType, Lane, TenantId, WorkerId};
+pub use policy::{Backoff, Policies, PolicyError, TypePolicy};
 pub use rng::{Entropy, SplitMix64};
 pub use state::JobState;
 pub use time::Timestamp;

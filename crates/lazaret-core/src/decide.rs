@@ -1,0 +1,225 @@
+//! The decision: given a job and what just happened to it, the transition to apply.
+//!
+//! Inputs are `handle_*`-style events ([`grant_lease`], [`decide`] with an
+//! [`Event`], [`redrive`]); each mutates the [`Envelope`] in place (counters,
+//! history) and returns a [`Transition`] the store applies atomically with
+//! the envelope. Nothing here allocates per job beyond the envelope's own
+//! bounded history.
+
+use std::time::Duration;
+
+use crate::envelope::{AttemptOutcome, AttemptRecord, Envelope, resolve_class};
+use crate::failure::{DeadLetterReason, Failure, FailureClass};
+use crate::ids::WorkerId;
+use crate::policy::TypePolicy;
+use crate::rng::Entropy;
+use crate::state::JobState;
+use crate::time::Timestamp;
+
+/// What happened to a leased job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// The worker acknowledged it.
+    Succeeded,
+    /// The worker reported a failure.
+    Failed(Failure),
+    /// The lease ran out with no ack or fail: the worker died or stalled.
+    LeaseExpired,
+}
+
+/// What the store must do with the job, in one transaction with the envelope.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transition {
+    /// Done: mark it succeeded.
+    Succeeded,
+    /// Run it again at `at`; `attempt` is the attempt that just failed.
+    Retry {
+        /// When it becomes ready again.
+        at: Timestamp,
+        /// The attempt that failed (charged).
+        attempt: u32,
+    },
+    /// Run it again at `until` without charging an attempt.
+    Defer {
+        /// When it becomes ready again.
+        until: Timestamp,
+    },
+    /// Move it to the dead letters, with the envelope as its metadata.
+    DeadLetter {
+        /// Why.
+        reason: DeadLetterReason,
+    },
+}
+
+impl Transition {
+    /// The state the job is in after the transition, seen at `now`.
+    pub fn next_state(self, now: Timestamp) -> JobState {
+        match self {
+            Transition::Succeeded => JobState::Succeeded,
+            Transition::Retry { at, .. } | Transition::Defer { until: at } => {
+                if at <= now {
+                    JobState::Queued
+                } else {
+                    JobState::Scheduled
+                }
+            }
+            Transition::DeadLetter { .. } => JobState::DeadLettered,
+        }
+    }
+}
+
+/// Charges a delivery to the job and records it as running; returns the
+/// attempt number the worker sees (1 on the first delivery).
+///
+/// The caller must not lease a job whose budget is spent; [`decide`] dead-
+/// letters a job on the failure that spends it, so such a job is never
+/// leasable.
+pub fn grant_lease(env: &mut Envelope, worker: Option<&WorkerId>, now: Timestamp) -> u32 {
+    env.attempts = env.attempts.saturating_add(1);
+    env.push_history(AttemptRecord {
+        attempt: env.attempts,
+        started_at: now,
+        ended_at: None,
+        worker_id: worker.cloned(),
+        outcome: AttemptOutcome::Running,
+        error: None,
+    });
+    env.attempts
+}
+
+/// Decides what happens after `event`, updating the envelope's counters and
+/// the running attempt's record.
+///
+/// Order of the rules (the first that applies wins):
+/// 1. success → [`Transition::Succeeded`];
+/// 2. lease expiry: the `crash_loop_max`-th expiry → `crash_loop`; it is
+///    otherwise a transient failure of kind `lease_expired`;
+/// 3. class (the worker's, else the policy's for the kind, else transient):
+///    permanent → `permanent`; deferred → `deferrals_exhausted` on the
+///    `deferrals_max`-th deferral, else [`Transition::Defer`] without
+///    charging the attempt;
+/// 4. transient: the kind's budget spent → `kind_exhausted`; `attempts_max`
+///    spent → `exhausted`; else [`Transition::Retry`] after the backoff (a
+///    longer `Retry-After` wins).
+pub fn decide(
+    env: &mut Envelope,
+    policy: &TypePolicy,
+    event: Event,
+    now: Timestamp,
+    rng: &mut impl Entropy,
+) -> Transition {
+    let expired = matches!(event, Event::LeaseExpired);
+    let mut failure = match event {
+        Event::Succeeded => {
+            close_record(env, now, AttemptOutcome::Succeeded, None);
+            return Transition::Succeeded;
+        }
+        Event::Failed(failure) => failure,
+        Event::LeaseExpired => {
+            env.crashes = env.crashes.saturating_add(1);
+            Failure::lease_expired()
+        }
+    };
+    failure.truncate_to_caps();
+    let class = resolve_class(&failure, |k| policy.class_of_kind(k));
+    failure.class = Some(class);
+
+    let transition = match class {
+        FailureClass::Permanent => dead_letter(DeadLetterReason::Permanent),
+        FailureClass::Deferred => {
+            // A deferral is not charged: the next delivery shows the same attempt.
+            env.attempts = env.attempts.saturating_sub(1);
+            env.deferrals = env.deferrals.saturating_add(1);
+            if env.deferrals >= policy.deferrals_max {
+                dead_letter(DeadLetterReason::DeferralsExhausted)
+            } else {
+                let wait = failure
+                    .retry_after
+                    .unwrap_or_else(|| policy.backoff.delay(env.attempts.max(1), rng));
+                Transition::Defer {
+                    until: now.saturating_add(wait),
+                }
+            }
+        }
+        FailureClass::Transient => {
+            let kind_count = env.count_kind_failure(&failure.kind);
+            if expired && env.crashes >= policy.crash_loop_max {
+                dead_letter(DeadLetterReason::CrashLoop)
+            } else if policy
+                .kind_budget(&failure.kind)
+                .is_some_and(|budget| kind_count >= budget)
+            {
+                dead_letter(DeadLetterReason::KindExhausted)
+            } else if env.attempts >= policy.attempts_max {
+                dead_letter(DeadLetterReason::Exhausted)
+            } else {
+                let mut wait = policy.backoff.delay(env.attempts, rng);
+                if let Some(asked) = failure.retry_after {
+                    wait = wait.max(asked);
+                }
+                Transition::Retry {
+                    at: now.saturating_add(wait),
+                    attempt: env.attempts,
+                }
+            }
+        }
+    };
+
+    let outcome = match transition {
+        Transition::Succeeded => AttemptOutcome::Succeeded,
+        Transition::Retry { .. } => AttemptOutcome::RetryScheduled,
+        Transition::Defer { .. } => AttemptOutcome::Deferred,
+        Transition::DeadLetter { .. } => AttemptOutcome::DeadLettered,
+    };
+    close_record(env, now, outcome, Some(failure));
+    transition
+}
+
+/// Puts a dead-lettered job back in line with a fresh budget, keeping its id,
+/// idempotency key and history. Returns the state it re-enters.
+pub fn redrive(env: &mut Envelope) -> JobState {
+    env.attempts = 0;
+    env.deferrals = 0;
+    env.crashes = 0;
+    env.kind_failures.clear();
+    env.redrives = env.redrives.saturating_add(1);
+    JobState::Queued
+}
+
+/// The delay a transition imposes from `now`, for metrics and logs.
+pub fn wait_of(transition: Transition, now: Timestamp) -> Duration {
+    match transition {
+        Transition::Retry { at, .. } | Transition::Defer { until: at } => at.saturating_since(now),
+        _ => Duration::ZERO,
+    }
+}
+
+fn dead_letter(reason: DeadLetterReason) -> Transition {
+    Transition::DeadLetter { reason }
+}
+
+/// Ends the running attempt's record, or appends one when none is running
+/// (an outcome for a job whose lease the store granted before history was
+/// kept, or a foreign broker's message).
+fn close_record(
+    env: &mut Envelope,
+    now: Timestamp,
+    outcome: AttemptOutcome,
+    error: Option<Failure>,
+) {
+    if let Some(record) = env.running_record() {
+        record.ended_at = Some(now);
+        record.outcome = outcome;
+        record.error = error;
+        return;
+    }
+    let attempt = env.attempts;
+    env.push_history(AttemptRecord {
+        attempt,
+        started_at: now,
+        ended_at: Some(now),
+        worker_id: None,
+        outcome,
+        error,
+    });
+}

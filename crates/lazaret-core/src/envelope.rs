@@ -1,0 +1,266 @@
+//! The job as stored: identity, counters that travel with it, and its attempt history.
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::failure::{Failure, FailureClass};
+use crate::ids::{ErrorKind, JobId, JobType, Lane, TenantId, WorkerId};
+use crate::time::Timestamp;
+
+/// How many attempt records an envelope keeps; older ones are dropped (and
+/// counted in [`Envelope::history_dropped`]) so a crash-looping job cannot
+/// grow without bound.
+pub const HISTORY_MAX: usize = 32;
+
+/// How an attempt ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttemptOutcome {
+    /// Leased and not yet answered.
+    Running,
+    /// Acknowledged.
+    Succeeded,
+    /// Failed; a retry was scheduled.
+    RetryScheduled,
+    /// Asked to wait; rescheduled without being charged.
+    Deferred,
+    /// Failed for good; the job went to the dead letters.
+    DeadLettered,
+}
+
+impl AttemptOutcome {
+    /// The word used in the API.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            AttemptOutcome::Running => "running",
+            AttemptOutcome::Succeeded => "succeeded",
+            AttemptOutcome::RetryScheduled => "retry_scheduled",
+            AttemptOutcome::Deferred => "deferred",
+            AttemptOutcome::DeadLettered => "dead_lettered",
+        }
+    }
+}
+
+/// One delivery of a job to a worker.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptRecord {
+    /// The attempt number this delivery was charged as (1 is the first).
+    pub attempt: u32,
+    /// When the lease was granted.
+    pub started_at: Timestamp,
+    /// When the outcome arrived (or the lease expired); `None` while running.
+    pub ended_at: Option<Timestamp>,
+    /// Who held the lease.
+    pub worker_id: Option<WorkerId>,
+    /// How it ended.
+    pub outcome: AttemptOutcome,
+    /// The failure, with its class resolved by the policy.
+    pub error: Option<Failure>,
+}
+
+/// A job as the store keeps it. Counters live here, not in a consumer's
+/// memory, so they survive restarts, rebalancing and redelivery.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Envelope {
+    /// Assigned at admission; kept across redrives.
+    pub id: JobId,
+    /// Selects policy and schemas.
+    #[serde(rename = "type")]
+    pub job_type: JobType,
+    /// Unit of fairness.
+    pub tenant: TenantId,
+    /// Fixed at enqueue; never hops.
+    pub lane: Lane,
+    /// The schema version the payload was validated against.
+    pub schema_version: Option<u32>,
+    /// Producer's key; (tenant, type, key) is unique among admitted jobs.
+    pub idempotency_key: Option<String>,
+    /// Size of the payload's raw JSON text.
+    pub payload_size: u64,
+    /// SHA-256 of the payload's raw JSON text, hex.
+    pub payload_sha256: String,
+    /// First admission.
+    pub created_at: Timestamp,
+    /// Deliveries charged so far (the attempt number of the latest one).
+    pub attempts: u32,
+    /// Deferred outcomes so far.
+    pub deferrals: u32,
+    /// Lease expiries so far (the crash-loop counter).
+    pub crashes: u32,
+    /// How many times an operator redrove it from the dead letters.
+    pub redrives: u32,
+    /// Failures counted per kind, for per-kind budgets. Few entries.
+    #[serde(default)]
+    pub kind_failures: Vec<(ErrorKind, u32)>,
+    /// The latest [`HISTORY_MAX`] attempts, oldest first.
+    #[serde(default)]
+    pub history: Vec<AttemptRecord>,
+    /// Attempt records dropped to keep the history bounded.
+    #[serde(default)]
+    pub history_dropped: u32,
+}
+
+impl Envelope {
+    /// A fresh envelope for an admitted payload.
+    pub fn new(
+        id: JobId,
+        job_type: JobType,
+        tenant: TenantId,
+        lane: Lane,
+        payload: &[u8],
+        now: Timestamp,
+    ) -> Self {
+        Envelope {
+            id,
+            job_type,
+            tenant,
+            lane,
+            schema_version: None,
+            idempotency_key: None,
+            payload_size: payload.len() as u64,
+            payload_sha256: hex::encode(payload_sha256(payload)),
+            created_at: now,
+            attempts: 0,
+            deferrals: 0,
+            crashes: 0,
+            redrives: 0,
+            kind_failures: Vec::new(),
+            history: Vec::new(),
+            history_dropped: 0,
+        }
+    }
+
+    /// Failures of `kind` counted so far.
+    pub fn kind_failures(&self, kind: &ErrorKind) -> u32 {
+        self.kind_failures
+            .iter()
+            .find(|(k, _)| k == kind)
+            .map_or(0, |(_, n)| *n)
+    }
+
+    /// Counts one more failure of `kind` and returns the new count.
+    pub(crate) fn count_kind_failure(&mut self, kind: &ErrorKind) -> u32 {
+        if let Some((_, n)) = self.kind_failures.iter_mut().find(|(k, _)| k == kind) {
+            *n = n.saturating_add(1);
+            *n
+        } else {
+            self.kind_failures.push((kind.clone(), 1));
+            1
+        }
+    }
+
+    /// The most recent failure, if any: what a dead letter shows as its error.
+    pub fn last_error(&self) -> Option<&Failure> {
+        self.history.iter().rev().find_map(|r| r.error.as_ref())
+    }
+
+    /// Appends an attempt record, dropping the oldest past [`HISTORY_MAX`].
+    pub(crate) fn push_history(&mut self, record: AttemptRecord) {
+        if self.history.len() >= HISTORY_MAX {
+            self.history.remove(0);
+            self.history_dropped = self.history_dropped.saturating_add(1);
+        }
+        self.history.push(record);
+    }
+
+    /// The record of the delivery now running, if the last one is running.
+    pub(crate) fn running_record(&mut self) -> Option<&mut AttemptRecord> {
+        self.history
+            .last_mut()
+            .filter(|r| r.outcome == AttemptOutcome::Running)
+    }
+
+    /// Serialises to JSON (lossless: [`Envelope::from_json`] gives it back).
+    pub fn to_json(&self) -> String {
+        // Serialising plain data with string keys cannot fail.
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// Parses an envelope serialised by [`Envelope::to_json`].
+    pub fn from_json(s: &str) -> Result<Self, EnvelopeError> {
+        serde_json::from_str(s).map_err(EnvelopeError::Malformed)
+    }
+}
+
+/// An envelope that could not be read back.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EnvelopeError {
+    /// The stored JSON is not an envelope.
+    #[error(
+        "stored job envelope is not valid: {0}; the row was written by an incompatible version or corrupted"
+    )]
+    Malformed(#[source] serde_json::Error),
+}
+
+/// Reads an attempt counter from a foreign broker's header (`x-attempt`,
+/// `retry_count`, a delivery count…). Missing, empty, negative, fractional
+/// or otherwise malformed values normalise to attempt 0 instead of failing:
+/// a message we cannot count is treated as new, and the budgets bound it from
+/// there on.
+pub fn normalize_attempt_header(raw: Option<&[u8]>) -> u32 {
+    let Some(raw) = raw else { return 0 };
+    let Ok(text) = std::str::from_utf8(raw) else {
+        return 0;
+    };
+    text.trim().parse::<u32>().unwrap_or(0)
+}
+
+/// SHA-256 of a payload's raw bytes.
+pub fn payload_sha256(bytes: &[u8]) -> [u8; 32] {
+    Sha256::digest(bytes).into()
+}
+
+/// The class a failure ends up with: the worker's, else the policy's for the
+/// kind, else transient.
+pub(crate) fn resolve_class(
+    failure: &Failure,
+    by_kind: impl FnOnce(&ErrorKind) -> Option<FailureClass>,
+) -> FailureClass {
+    failure
+        .class
+        .or_else(|| by_kind(&failure.kind))
+        .unwrap_or(FailureClass::Transient)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn attempt_header_normalises_garbage_to_zero() {
+        assert_eq!(normalize_attempt_header(None), 0);
+        assert_eq!(normalize_attempt_header(Some(b"")), 0);
+        assert_eq!(normalize_attempt_header(Some(b"abc")), 0);
+        assert_eq!(normalize_attempt_header(Some(b"-3")), 0);
+        assert_eq!(normalize_attempt_header(Some(b"2.5")), 0);
+        assert_eq!(normalize_attempt_header(Some(b"99999999999999")), 0);
+        assert_eq!(normalize_attempt_header(Some(&[0xff, 0xfe])), 0);
+        assert_eq!(normalize_attempt_header(Some(b" 4 ")), 4);
+    }
+
+    #[test]
+    fn history_is_bounded() {
+        let mut env = Envelope::new(
+            JobId(1),
+            "t".into(),
+            "acme".into(),
+            Lane::default_lane(),
+            b"{}",
+            Timestamp::EPOCH,
+        );
+        for n in 0..(HISTORY_MAX as u32 + 5) {
+            env.push_history(AttemptRecord {
+                attempt: n + 1,
+                started_at: Timestamp::from_millis(n.into()),
+                ended_at: None,
+                worker_id: None,
+                outcome: AttemptOutcome::Running,
+                error: None,
+            });
+        }
+        assert_eq!(env.history.len(), HISTORY_MAX);
+        assert_eq!(env.history_dropped, 5);
+        assert_eq!(env.history[0].attempt, 6);
+    }
+}
