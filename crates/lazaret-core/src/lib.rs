@@ -13,12 +13,17 @@
 //! rusqlite or sqlx; `tests/it/tidy.rs` keeps it that way. That is what makes
 //! every decision testable with property tests and a seeded simulation.
 
+pub mod admission;
 pub mod failure;
 pub mod ids;
 pub mod rng;
 pub mod state;
 pub mod time;
 
+pub use admission::{
+    AdmissionConfig, AdmissionRequest, SchemaError, TypeSchemas, Verdict, Violation, admit,
+    check_body_size, check_size, payload_preview, payload_sha256,
+};
 pub use failure::{DeadLetterReason, Failure, FailureClass, PoisonReason};
 pub use ids::{ErrorKind, JobId, JobType, Lane, TenantId, WorkerId};
 pub use rng::{Entropy, SplitMix64};
