@@ -13,6 +13,7 @@
 //! rusqlite or sqlx; `tests/it/tidy.rs` keeps it that way. That is what makes
 //! every decision testable with property tests and a seeded simulation.
 
+pub mod admission;
 pub mod decide;
 pub mod envelope;
 pub mod failure;
@@ -22,6 +23,10 @@ pub mod rng;
 pub mod state;
 pub mod time;
 
+pub use admission::{
+    AdmissionConfig, AdmissionRequest, SchemaError, TypeSchemas, Verdict, Violation, admit,
+    check_body_size, check_size, payload_preview,
+};
 pub use decide::{Event, Transition, decide, grant_lease, redrive};
 pub use envelope::{
     AttemptOutcome, AttemptRecord, Envelope, HISTORY_MAX, normalize_attempt_header, payload_sha256,

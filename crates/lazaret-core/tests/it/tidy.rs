@@ -41,9 +41,15 @@ fn core_reads_no_clock_draws_no_randomness_and_does_no_io() {
     ];
     for f in files {
         let text = std::fs::read_to_string(&f).unwrap();
+        // Doc comments may name what the core avoids; code may not use it.
+        let code: Vec<&str> = text
+            .lines()
+            .filter(|l| !l.trim_start().starts_with("//"))
+            .collect();
+        let code = code.join("\n");
         for word in forbidden {
             assert!(
-                !text.contains(word),
+                !code.contains(word),
                 "{} uses `{word}`: the core must stay pure (inject time and randomness)",
                 f.display()
             );
