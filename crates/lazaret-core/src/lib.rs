@@ -16,11 +16,13 @@
 pub mod failure;
 pub mod ids;
 pub mod rng;
+pub mod scheduler;
 pub mod state;
 pub mod time;
 
 pub use failure::{DeadLetterReason, Failure, FailureClass, PoisonReason};
 pub use ids::{ErrorKind, JobId, JobType, Lane, TenantId, WorkerId};
 pub use rng::{Entropy, SplitMix64};
+pub use scheduler::{Demand, FairScheduler, Grant, SchedulerConfig, SchedulerConfigError};
 pub use state::JobState;
 pub use time::Timestamp;
