@@ -20,6 +20,7 @@ pub mod failure;
 pub mod ids;
 pub mod policy;
 pub mod rng;
+pub mod scheduler;
 pub mod state;
 pub mod time;
 
@@ -35,5 +36,6 @@ pub use failure::{DeadLetterReason, Failure, FailureClass, PoisonReason};
 pub use ids::{ErrorKind, JobId, JobType, Lane, TenantId, WorkerId};
 pub use policy::{Backoff, Policies, PolicyError, TypePolicy};
 pub use rng::{Entropy, SplitMix64};
+pub use scheduler::{Demand, FairScheduler, Grant, SchedulerConfig, SchedulerConfigError};
 pub use state::JobState;
 pub use time::Timestamp;
