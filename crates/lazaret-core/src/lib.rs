@@ -13,12 +13,16 @@
 //! rusqlite or sqlx; `tests/it/tidy.rs` keeps it that way. That is what makes
 //! every decision testable with property tests and a seeded simulation.
 
+pub mod breaker;
 pub mod failure;
 pub mod ids;
 pub mod rng;
 pub mod state;
 pub mod time;
 
+pub use breaker::{
+    BreakerConfig, BreakerConfigError, BreakerState, BreakerTransition, BreakerView, Breakers,
+};
 pub use failure::{DeadLetterReason, Failure, FailureClass, PoisonReason};
 pub use ids::{ErrorKind, JobId, JobType, Lane, TenantId, WorkerId};
 pub use rng::{Entropy, SplitMix64};
