@@ -14,6 +14,7 @@
 //! every decision testable with property tests and a seeded simulation.
 
 pub mod admission;
+pub mod breaker;
 pub mod decide;
 pub mod envelope;
 pub mod failure;
@@ -27,6 +28,9 @@ pub mod time;
 pub use admission::{
     AdmissionConfig, AdmissionRequest, SchemaError, TypeSchemas, Verdict, Violation, admit,
     check_body_size, check_size, payload_preview,
+};
+pub use breaker::{
+    BreakerConfig, BreakerConfigError, BreakerState, BreakerTransition, BreakerView, Breakers,
 };
 pub use decide::{Event, Transition, decide, grant_lease, redrive};
 pub use envelope::{
