@@ -1,0 +1,1 @@
+//! lazaret's HTTP server: gateway, leases, dead letters, auth, metrics.

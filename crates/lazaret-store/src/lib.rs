@@ -1,0 +1,1 @@
+//! lazaret's durable store: the `Store` trait and its SQLite implementation.
