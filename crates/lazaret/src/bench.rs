@@ -1,10 +1,613 @@
 //! `lazaret bench`: drive a server over loopback HTTP and report throughput.
+//!
+//! Without `--server` each run starts its own `lazaret serve` (this same
+//! binary) on a random loopback port with a fresh temporary data directory,
+//! so the numbers are for the durable default store. Producers and consumers
+//! run at once; the clock runs from the first enqueue to the last ack, and
+//! every enqueued id must come back acked exactly once.
 
-/// Options of `lazaret bench` (placeholder until the bench lands).
-#[derive(Debug, clap::Args)]
-pub struct BenchArgs {}
+mod load;
+mod server;
+mod stats;
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use serde::Serialize;
+
+use load::{Api, Load};
+use server::ServerProcess;
+use stats::{Latency, Verify};
+
+/// Options of `lazaret bench`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// Drive the server at this URL instead of starting one (no RSS figures then).
+    #[arg(long, value_name = "URL")]
+    server: Option<String>,
+    /// Bearer token for --server (a token with producer and worker rights).
+    #[arg(long, env = "LAZARET_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// TOML config for the server the bench starts.
+    #[arg(long, value_name = "FILE", conflicts_with = "server")]
+    config: Option<PathBuf>,
+    /// Jobs to push through (enqueue → lease → ack) in each run.
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
+    jobs: u64,
+    /// Jobs per enqueue request, max_jobs per lease, acks per /v1/acks.
+    /// 1 is unbatched: POST /v1/jobs, a lease of 1, POST /v1/jobs/{id}/ack.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    batch: u64,
+    /// Concurrent producer clients.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    producers: u64,
+    /// Concurrent consumer clients.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    consumers: u64,
+    /// Jobs queued in lane `backlog` before measuring; nobody leases them, so
+    /// the queue holds this many while the measured jobs go through.
+    #[arg(long, default_value_t = 0)]
+    backlog: u64,
+    /// Size of the string in each job's payload.
+    #[arg(long, default_value_t = 100)]
+    payload_bytes: usize,
+    /// Tenants the jobs are spread over, round-robin.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..))]
+    tenants: u64,
+    /// lease_ms of each lease.
+    #[arg(long, default_value_t = 30_000)]
+    lease_ms: u64,
+    /// Give up a run after this long (then it fails).
+    #[arg(long, default_value = "10m")]
+    timeout: humantime::Duration,
+    /// Run the scenarios, each against a fresh server, instead of one
+    /// run shaped by the options above (--jobs, --payload-bytes, --tenants,
+    /// --lease-ms still apply; batched scenarios use --producers/--consumers).
+    #[arg(long, value_enum, conflicts_with = "server")]
+    scenario: Option<Scenario>,
+    /// Print one JSON object on stdout (the human table goes to stderr).
+    #[arg(long)]
+    json: bool,
+}
+
+/// The scenarios.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Scenario {
+    /// Batches of 100, 20,000 jobs queued.
+    Batched,
+    /// Batches of 100, 1,000,000 jobs queued.
+    #[value(name = "batched-1m")]
+    Batched1m,
+    /// One job per request, 16 clients (8 producers + 8 consumers), 20,000 queued.
+    Unbatched,
+    /// All three in sequence, with a summary.
+    All,
+}
+
+/// One run's settings.
+#[derive(Debug, Clone, Serialize)]
+struct RunSpec {
+    name: String,
+    jobs: u64,
+    batch: u64,
+    producers: u64,
+    consumers: u64,
+    backlog: u64,
+    payload_bytes: usize,
+    tenants: u64,
+    lease_ms: u64,
+    /// The floor for this run, if it sets one.
+    target_jobs_per_s: Option<f64>,
+    #[serde(skip)]
+    timeout: Duration,
+}
+
+impl RunSpec {
+    fn from_args(a: &BenchArgs) -> Self {
+        RunSpec {
+            name: if a.batch > 1 {
+                "batched".into()
+            } else {
+                "unbatched".into()
+            },
+            jobs: a.jobs,
+            batch: a.batch,
+            producers: a.producers,
+            consumers: a.consumers,
+            backlog: a.backlog,
+            payload_bytes: a.payload_bytes,
+            tenants: a.tenants,
+            lease_ms: a.lease_ms,
+            target_jobs_per_s: None,
+            timeout: a.timeout.into(),
+        }
+    }
+
+    fn scenario(a: &BenchArgs, s: Scenario) -> Vec<Self> {
+        let base = RunSpec::from_args(a);
+        let batched = |name: &str, backlog| RunSpec {
+            name: name.into(),
+            batch: 100,
+            backlog,
+            target_jobs_per_s: Some(30_000.0),
+            ..base.clone()
+        };
+        let unbatched = RunSpec {
+            name: "unbatched-20k".into(),
+            batch: 1,
+            producers: 8,
+            consumers: 8,
+            backlog: 20_000,
+            target_jobs_per_s: Some(5_000.0),
+            ..base.clone()
+        };
+        match s {
+            Scenario::Batched => vec![batched("batched-20k", 20_000)],
+            Scenario::Batched1m => vec![batched("batched-1m", 1_000_000)],
+            Scenario::Unbatched => vec![unbatched],
+            Scenario::All => vec![
+                batched("batched-20k", 20_000),
+                batched("batched-1m", 1_000_000),
+                unbatched,
+            ],
+        }
+    }
+
+    fn load(&self) -> Load {
+        Load {
+            jobs: self.jobs,
+            batch: self.batch,
+            producers: self.producers,
+            consumers: self.consumers,
+            payload_bytes: self.payload_bytes,
+            tenants: self.tenants,
+            lease_ms: self.lease_ms,
+            timeout: self.timeout,
+        }
+    }
+}
+
+/// Server memory in kB at points of a run (`None` when not ours to read).
+#[derive(Debug, Clone, Default, Serialize)]
+struct Memory {
+    rss_start_kb: Option<u64>,
+    rss_after_backlog_kb: Option<u64>,
+    rss_end_kb: Option<u64>,
+    rss_peak_kb: Option<u64>,
+}
+
+/// What one run reports.
+#[derive(Debug, Clone, Serialize)]
+struct RunReport {
+    #[serde(flatten)]
+    spec: RunSpec,
+    server: String,
+    elapsed_s: f64,
+    jobs_per_s: f64,
+    backlog_fill_s: f64,
+    enqueue: Latency,
+    lease: Latency,
+    ack: Latency,
+    leased_jobs: u64,
+    empty_leases: u64,
+    /// Mean jobs per non-empty lease (lease latencies count non-empty leases only).
+    jobs_per_lease: f64,
+    memory: Memory,
+    verify: Verify,
+    ok: bool,
+    errors: Vec<String>,
+}
 
 /// Runs the benchmark.
-pub fn run(_args: BenchArgs) -> anyhow::Result<()> {
-    anyhow::bail!("not implemented yet")
+pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    rt.block_on(run_async(args))
+}
+
+async fn run_async(args: BenchArgs) -> anyhow::Result<()> {
+    let client = reqwest::Client::builder()
+        .tcp_nodelay(true)
+        .pool_max_idle_per_host(1024)
+        .timeout(Duration::from_secs(120))
+        .build()
+        .context("building the HTTP client")?;
+
+    let specs = match args.scenario {
+        Some(s) => RunSpec::scenario(&args, s),
+        None => vec![RunSpec::from_args(&args)],
+    };
+    // The human tables go to stdout, or to stderr when stdout is for --json.
+    let mut human: Box<dyn std::io::Write> = if args.json {
+        Box::new(std::io::stderr())
+    } else {
+        Box::new(std::io::stdout())
+    };
+    let mut reports = Vec::new();
+    let mut broken = Vec::new();
+    for spec in &specs {
+        eprintln!(
+            "bench {}: {} jobs, batch {}, {} producers + {} consumers, backlog {}",
+            spec.name, spec.jobs, spec.batch, spec.producers, spec.consumers, spec.backlog
+        );
+        match run_one(&args, &client, spec).await {
+            Ok(report) => {
+                write!(human, "{}", render_run(&report))?;
+                human.flush()?;
+                reports.push(report);
+            }
+            // One scenario's error should not hide the others' numbers.
+            Err(e) if specs.len() > 1 => {
+                eprintln!("bench {} FAILED: {e:#}", spec.name);
+                broken.push(spec.name.clone());
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    if reports.len() > 1 {
+        write!(human, "{}", render_summary(&reports))?;
+        human.flush()?;
+    }
+    if args.json {
+        let json = if args.scenario.is_some() {
+            serde_json::json!({
+                "scenarios": reports,
+                "failed_to_run": broken,
+                "throughput_ratio_1m_vs_20k": ratio(&reports),
+            })
+        } else {
+            serde_json::to_value(&reports[0])?
+        };
+        let mut stdout = std::io::stdout().lock();
+        writeln!(stdout, "{json}")?;
+        stdout.flush()?;
+    }
+
+    let failed: Vec<&str> = reports
+        .iter()
+        .filter(|r| !r.ok)
+        .map(|r| r.spec.name.as_str())
+        .chain(broken.iter().map(String::as_str))
+        .collect();
+    if !failed.is_empty() {
+        bail!(
+            "bench FAILED (an error, or jobs lost, duplicated or refused) in: {}",
+            failed.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// Starts a server (unless --server), fills the backlog, runs the load.
+async fn run_one(
+    args: &BenchArgs,
+    client: &reqwest::Client,
+    spec: &RunSpec,
+) -> anyhow::Result<RunReport> {
+    let mut spawned = match &args.server {
+        Some(_) => None,
+        None => Some(ServerProcess::spawn(args.config.as_deref(), client).await?),
+    };
+    let result = measure(args, client, spec, spawned.as_mut()).await;
+    if let Some(server) = spawned {
+        let log = server.log_excerpt();
+        server.stop().await;
+        return result.map_err(|e| anyhow::anyhow!("{e:#}\n{log}"));
+    }
+    result
+}
+
+async fn measure(
+    args: &BenchArgs,
+    client: &reqwest::Client,
+    spec: &RunSpec,
+    mut server: Option<&mut ServerProcess>,
+) -> anyhow::Result<RunReport> {
+    let url = match (&args.server, &server) {
+        (Some(url), _) => url.trim_end_matches('/').to_owned(),
+        (None, Some(s)) => s.url().to_owned(),
+        (None, None) => bail!("no server to drive"),
+    };
+    let api = Api::new(client.clone(), &url, args.token.clone());
+    let rss =
+        |server: &Option<&mut ServerProcess>| server.as_ref().map(|s| server::rss_kb(s.pid()));
+    let mut memory = Memory {
+        rss_start_kb: rss(&server).and_then(|r| r.0),
+        ..Memory::default()
+    };
+
+    let load = spec.load();
+    let mut backlog_fill = Duration::ZERO;
+    if spec.backlog > 0 {
+        backlog_fill = load::fill_backlog(&api, spec.backlog, &load).await?;
+        eprintln!(
+            "  backlog of {} queued in {:.2} s ({:.0} jobs/s)",
+            spec.backlog,
+            backlog_fill.as_secs_f64(),
+            spec.backlog as f64 / backlog_fill.as_secs_f64().max(1e-9)
+        );
+    }
+    memory.rss_after_backlog_kb = rss(&server).and_then(|r| r.0);
+
+    let mut m = load::run_load(&api, &load).await?;
+    if let Some(r) = rss(&server) {
+        (memory.rss_end_kb, memory.rss_peak_kb) = r;
+    }
+    if let Some(s) = server.as_mut() {
+        if !s.running() {
+            m.errors.push("the server exited during the run".into());
+            m.aborted.get_or_insert_with(|| "the server exited".into());
+        }
+    }
+
+    let verify = Verify::check(&m.enqueued_ids, &m.acked_ids, m.ack_errors);
+    let nonempty = m.lease_us.len() as u64;
+    let elapsed_s = m.elapsed.as_secs_f64();
+    let mut errors = m.errors;
+    if let Some(a) = m.aborted {
+        if !errors.contains(&a) {
+            errors.insert(0, a);
+        }
+    }
+    let ok = verify.ok() && verify.enqueued == spec.jobs && errors.is_empty();
+    Ok(RunReport {
+        spec: spec.clone(),
+        server: url,
+        elapsed_s,
+        jobs_per_s: verify.acked as f64 / elapsed_s.max(1e-9),
+        backlog_fill_s: backlog_fill.as_secs_f64(),
+        enqueue: Latency::from_samples(&mut m.enqueue_us),
+        lease: Latency::from_samples(&mut m.lease_us),
+        ack: Latency::from_samples(&mut m.ack_us),
+        leased_jobs: m.leased_jobs,
+        empty_leases: m.empty_leases,
+        jobs_per_lease: m.leased_jobs as f64 / nonempty.max(1) as f64,
+        memory,
+        verify,
+        ok,
+        errors,
+    })
+}
+
+fn ms(us: u64) -> String {
+    format!("{:.2}", us as f64 / 1000.0)
+}
+
+fn mb(kb: Option<u64>) -> String {
+    kb.map_or_else(|| "-".into(), |kb| format!("{:.1} MB", kb as f64 / 1024.0))
+}
+
+fn render_run(r: &RunReport) -> String {
+    let s = &r.spec;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\n== {}: batch {}, {} producers + {} consumers, backlog {}, payload {} B, {} tenants",
+        s.name, s.batch, s.producers, s.consumers, s.backlog, s.payload_bytes, s.tenants
+    );
+    let target = s
+        .target_jobs_per_s
+        .map(|t| {
+            format!(
+                " (target ≥ {t:.0}: {})",
+                if r.jobs_per_s >= t { "met" } else { "MISSED" }
+            )
+        })
+        .unwrap_or_default();
+    let _ = writeln!(
+        out,
+        "  throughput  {} jobs in {:.2} s = {:.0} jobs/s end to end{target}",
+        r.verify.acked, r.elapsed_s, r.jobs_per_s
+    );
+    let _ = writeln!(
+        out,
+        "  request        count   p50 ms   p90 ms   p99 ms   max ms"
+    );
+    for (name, l) in [
+        ("enqueue", &r.enqueue),
+        ("lease", &r.lease),
+        ("ack", &r.ack),
+    ] {
+        let _ = writeln!(
+            out,
+            "  {name:<9} {:>10} {:>8} {:>8} {:>8} {:>8}",
+            l.count,
+            ms(l.p50_us),
+            ms(l.p90_us),
+            ms(l.p99_us),
+            ms(l.max_us)
+        );
+    }
+    let _ = writeln!(
+        out,
+        "  leases      {:.1} jobs per non-empty lease, {} empty",
+        r.jobs_per_lease, r.empty_leases
+    );
+    let m = &r.memory;
+    let _ = writeln!(
+        out,
+        "  server RSS  start {}, after backlog {}, end {}, peak {}",
+        mb(m.rss_start_kb),
+        mb(m.rss_after_backlog_kb),
+        mb(m.rss_end_kb),
+        mb(m.rss_peak_kb)
+    );
+    let v = &r.verify;
+    let _ = writeln!(
+        out,
+        "  verify      {} enqueued, {} acked, {} acked twice, {} missing, {} unexpected, {} duplicate ids, {} ack errors: {}",
+        v.enqueued,
+        v.acked,
+        v.acked_twice,
+        v.missing,
+        v.unexpected,
+        v.duplicate_ids,
+        v.ack_errors,
+        if r.ok { "OK" } else { "FAILED" }
+    );
+    for e in &r.errors {
+        let _ = writeln!(out, "  error       {e}");
+    }
+    out
+}
+
+/// jobs/s with 1,000,000 queued over jobs/s with 20,000 queued.
+fn ratio(reports: &[RunReport]) -> Option<f64> {
+    let rate = |name: &str| {
+        reports
+            .iter()
+            .find(|r| r.spec.name == name)
+            .map(|r| r.jobs_per_s)
+    };
+    Some(rate("batched-1m")? / rate("batched-20k")?)
+}
+
+fn render_summary(reports: &[RunReport]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "\n== summary");
+    let _ = writeln!(
+        out,
+        "  {:<14} {:>5} {:>7} {:>9} {:>9} {:>7} {:>8} {:>8} {:>8} {:>10} {:>10}  ok",
+        "scenario",
+        "batch",
+        "clients",
+        "backlog",
+        "jobs/s",
+        "target",
+        "enq p99",
+        "lse p99",
+        "ack p99",
+        "RSS end",
+        "RSS peak"
+    );
+    for r in reports {
+        let s = &r.spec;
+        let _ = writeln!(
+            out,
+            "  {:<14} {:>5} {:>7} {:>9} {:>9.0} {:>7} {:>8} {:>8} {:>8} {:>10} {:>10}  {}",
+            s.name,
+            s.batch,
+            format!("{}+{}", s.producers, s.consumers),
+            s.backlog,
+            r.jobs_per_s,
+            s.target_jobs_per_s
+                .map_or_else(|| "-".into(), |t| format!("{t:.0}")),
+            ms(r.enqueue.p99_us),
+            ms(r.lease.p99_us),
+            ms(r.ack.p99_us),
+            mb(r.memory.rss_end_kb),
+            mb(r.memory.rss_peak_kb),
+            if r.ok { "yes" } else { "NO" }
+        );
+    }
+    if let Some(x) = ratio(reports) {
+        let _ = writeln!(
+            out,
+            "  jobs/s at 1,000,000 queued / at 20,000 queued = {x:.2} (must not fall: {})",
+            if x >= 0.9 { "ok" } else { "FELL" }
+        );
+    }
+    if let Some(r) = reports.iter().find(|r| r.spec.name == "batched-1m") {
+        if let Some(kb) = r.memory.rss_peak_kb {
+            let _ = writeln!(
+                out,
+                "  server RSS peak with 1,000,000 queued: {} (target < 150 MB: {})",
+                mb(Some(kb)),
+                if kb < 150 * 1024 { "met" } else { "MISSED" }
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "  latencies in ms; times are wall clock on this machine, client and server sharing its cores"
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        bench: BenchArgs,
+    }
+
+    fn parse(args: &[&str]) -> BenchArgs {
+        Cli::try_parse_from(std::iter::once("bench").chain(args.iter().copied()))
+            .unwrap()
+            .bench
+    }
+
+    #[test]
+    fn defaults_and_scenarios() {
+        let a = parse(&[]);
+        assert_eq!(
+            (a.jobs, a.batch, a.producers, a.consumers),
+            (100_000, 100, 4, 4)
+        );
+        assert_eq!(
+            (a.backlog, a.payload_bytes, a.tenants, a.lease_ms),
+            (0, 100, 8, 30_000)
+        );
+
+        let all = RunSpec::scenario(
+            &parse(&["--scenario", "all", "--jobs", "5000"]),
+            Scenario::All,
+        );
+        let shape: Vec<_> = all
+            .iter()
+            .map(|s| {
+                (
+                    s.name.as_str(),
+                    s.batch,
+                    s.producers + s.consumers,
+                    s.backlog,
+                    s.jobs,
+                )
+            })
+            .collect();
+        assert_eq!(
+            shape,
+            vec![
+                ("batched-20k", 100, 8, 20_000, 5000),
+                ("batched-1m", 100, 8, 1_000_000, 5000),
+                ("unbatched-20k", 1, 16, 20_000, 5000),
+            ]
+        );
+        assert_eq!(
+            parse(&["--scenario", "batched-1m"]).scenario,
+            Some(Scenario::Batched1m)
+        );
+    }
+
+    #[test]
+    fn refuses_nonsense() {
+        let bad = |args: &[&str]| {
+            Cli::try_parse_from(std::iter::once("bench").chain(args.iter().copied())).is_err()
+        };
+        assert!(bad(&["--batch", "0"]));
+        assert!(bad(&["--jobs", "0"]));
+        assert!(bad(&["--consumers", "0"]));
+        assert!(bad(&[
+            "--server",
+            "http://127.0.0.1:1",
+            "--scenario",
+            "all"
+        ]));
+        assert!(bad(&[
+            "--server",
+            "http://127.0.0.1:1",
+            "--config",
+            "x.toml"
+        ]));
+    }
 }
