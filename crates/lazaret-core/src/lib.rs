@@ -17,10 +17,15 @@ pub mod failure;
 pub mod ids;
 pub mod rng;
 pub mod state;
+pub mod stats;
 pub mod time;
 
 pub use failure::{DeadLetterReason, Failure, FailureClass, PoisonReason};
 pub use ids::{ErrorKind, JobId, JobType, Lane, TenantId, WorkerId};
 pub use rng::{Entropy, SplitMix64};
 pub use state::JobState;
+pub use stats::{
+    DeadLetterSeries, FailureCause, FailureKey, FailureStats, KeyCount, StatsConfig,
+    StatsConfigError, Surge, fingerprint,
+};
 pub use time::Timestamp;
