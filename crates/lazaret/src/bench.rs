@@ -179,6 +179,17 @@ struct Memory {
     rss_peak_kb: Option<u64>,
 }
 
+/// CPU seconds used during the measured phase (backlog fill excluded).
+#[derive(Debug, Clone, Default, Serialize)]
+struct Cpu {
+    /// This bench process (the clients).
+    client_s: Option<f64>,
+    /// The server, when the bench started it.
+    server_s: Option<f64>,
+    /// Server CPU microseconds per job.
+    server_us_per_job: Option<f64>,
+}
+
 /// What one run reports.
 #[derive(Debug, Clone, Serialize)]
 struct RunReport {
@@ -196,6 +207,7 @@ struct RunReport {
     /// Mean jobs per non-empty lease (lease latencies count non-empty leases only).
     jobs_per_lease: f64,
     memory: Memory,
+    cpu: Cpu,
     verify: Verify,
     ok: bool,
     errors: Vec<String>,
@@ -334,7 +346,23 @@ async fn measure(
     }
     memory.rss_after_backlog_kb = rss(&server).and_then(|r| r.0);
 
+    let pid = server.as_ref().map(|s| s.pid());
+    let cpu_at = || {
+        (
+            server::cpu_s(std::process::id()),
+            pid.and_then(server::cpu_s),
+        )
+    };
+    let cpu_before = cpu_at();
     let mut m = load::run_load(&api, &load).await?;
+    let cpu_after = cpu_at();
+    let used = |a: Option<f64>, b: Option<f64>| Some(b? - a?);
+    let server_s = used(cpu_before.1, cpu_after.1);
+    let cpu = Cpu {
+        client_s: used(cpu_before.0, cpu_after.0),
+        server_s,
+        server_us_per_job: server_s.map(|s| s * 1e6 / spec.jobs as f64),
+    };
     if let Some(r) = rss(&server) {
         (memory.rss_end_kb, memory.rss_peak_kb) = r;
     }
@@ -368,6 +396,7 @@ async fn measure(
         empty_leases: m.empty_leases,
         jobs_per_lease: m.leased_jobs as f64 / nonempty.max(1) as f64,
         memory,
+        cpu,
         verify,
         ok,
         errors,
@@ -437,6 +466,17 @@ fn render_run(r: &RunReport) -> String {
         mb(m.rss_end_kb),
         mb(m.rss_peak_kb)
     );
+    let secs = |s: Option<f64>| s.map_or_else(|| "-".into(), |s| format!("{s:.2} s"));
+    let _ = writeln!(
+        out,
+        "  CPU         client {}, server {}{}",
+        secs(r.cpu.client_s),
+        secs(r.cpu.server_s),
+        r.cpu
+            .server_us_per_job
+            .map(|us| format!(" ({us:.0} us of server CPU per job)"))
+            .unwrap_or_default()
+    );
     let v = &r.verify;
     let _ = writeln!(
         out,
@@ -472,7 +512,7 @@ fn render_summary(reports: &[RunReport]) -> String {
     let _ = writeln!(out, "\n== summary");
     let _ = writeln!(
         out,
-        "  {:<14} {:>5} {:>7} {:>9} {:>9} {:>7} {:>8} {:>8} {:>8} {:>10} {:>10}  ok",
+        "  {:<14} {:>5} {:>7} {:>9} {:>9} {:>7} {:>8} {:>8} {:>8} {:>10} {:>10} {:>10}  ok",
         "scenario",
         "batch",
         "clients",
@@ -483,13 +523,14 @@ fn render_summary(reports: &[RunReport]) -> String {
         "lse p99",
         "ack p99",
         "RSS end",
-        "RSS peak"
+        "RSS peak",
+        "srv us/job"
     );
     for r in reports {
         let s = &r.spec;
         let _ = writeln!(
             out,
-            "  {:<14} {:>5} {:>7} {:>9} {:>9.0} {:>7} {:>8} {:>8} {:>8} {:>10} {:>10}  {}",
+            "  {:<14} {:>5} {:>7} {:>9} {:>9.0} {:>7} {:>8} {:>8} {:>8} {:>10} {:>10} {:>10}  {}",
             s.name,
             s.batch,
             format!("{}+{}", s.producers, s.consumers),
@@ -502,6 +543,9 @@ fn render_summary(reports: &[RunReport]) -> String {
             ms(r.ack.p99_us),
             mb(r.memory.rss_end_kb),
             mb(r.memory.rss_peak_kb),
+            r.cpu
+                .server_us_per_job
+                .map_or_else(|| "-".into(), |us| format!("{us:.0}")),
             if r.ok { "yes" } else { "NO" }
         );
     }

@@ -66,6 +66,24 @@ fn server_binary() -> anyhow::Result<PathBuf> {
     Ok(exe)
 }
 
+/// User plus system CPU time in clock ticks from `/proc/<pid>/stat` text.
+pub fn parse_stat_ticks(stat: &str) -> Option<u64> {
+    // The command name may hold spaces and parentheses; fields follow the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line, 12th and 13th after the name.
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some(utime + stime)
+}
+
+/// CPU time a process has used so far, in seconds (Linux reports it in
+/// USER_HZ ticks, which are 1/100 s).
+pub fn cpu_s(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    Some(parse_stat_ticks(&stat)? as f64 / 100.0)
+}
+
 /// A directory removed (with its contents) when dropped.
 #[derive(Debug)]
 struct TempDir(PathBuf);
@@ -288,5 +306,14 @@ mod tests {
         assert_eq!(parse_status_kb(status, "VmSwap"), None);
         // Our own process has an RSS.
         assert!(rss_kb(std::process::id()).0.unwrap_or(0) > 0);
+    }
+
+    #[test]
+    fn reads_cpu_ticks_from_proc_stat() {
+        let stat =
+            "4242 (lazaret (x) y) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 75 0 0 20 0 9 0 1 2 3";
+        assert_eq!(parse_stat_ticks(stat), Some(325));
+        assert_eq!(parse_stat_ticks("4242 (short) S 1"), None);
+        assert!(cpu_s(std::process::id()).is_some());
     }
 }
