@@ -340,7 +340,7 @@ impl Api {
     pub async fn lease_eventually(&self, req: &Value) -> Vec<Value> {
         let deadline = Instant::now() + EVENTUALLY;
         let mut req = req.clone();
-        if req.get("wait_ms").is_none() {
+        if req["wait_ms"].as_u64().unwrap_or(0) == 0 {
             req["wait_ms"] = json!(1000);
         }
         loop {
