@@ -23,6 +23,7 @@ pub mod policy;
 pub mod rng;
 pub mod scheduler;
 pub mod state;
+pub mod stats;
 pub mod time;
 
 pub use admission::{
@@ -42,4 +43,8 @@ pub use policy::{Backoff, Policies, PolicyError, TypePolicy};
 pub use rng::{Entropy, SplitMix64};
 pub use scheduler::{Demand, FairScheduler, Grant, SchedulerConfig, SchedulerConfigError};
 pub use state::JobState;
+pub use stats::{
+    DeadLetterSeries, FailureCause, FailureKey, FailureStats, KeyCount, StatsConfig,
+    StatsConfigError, Surge, fingerprint,
+};
 pub use time::Timestamp;

@@ -1,1 +1,137 @@
-//! lazaret's durable store: the `Store` trait and its SQLite implementation.
+//! lazaret's durable store: the [`Store`] trait and its SQLite implementation.
+//!
+//! The store *applies* what `lazaret-core` decides; it never decides policy.
+//! Every method that changes a job runs in one transaction: a lease charges
+//! the attempt in the transaction that grants it; an outcome writes the
+//! envelope, the new state and (for a dead letter) the quarantine record
+//! together. The decision itself comes from a [`Decider`] the caller passes
+//! in (the server wraps `lazaret_core::decide`), so the rule table stays in
+//! one place.
+//!
+//! What it deliberately does not do: HTTP, auth, admission checks, breaker
+//! state, metrics. Those belong to the server.
+
+mod model;
+pub mod sqlite;
+
+pub use model::*;
+pub use sqlite::{Durability, SqliteStore};
+
+use std::future::Future;
+
+use lazaret_core::{Envelope, Event, JobId, Timestamp, Transition};
+
+/// Turns an event into a transition: the store's only window on policy.
+pub trait Decider: Send + Sync + 'static {
+    /// Decides what happens after `event`, mutating the envelope's counters
+    /// and history (see `lazaret_core::decide`).
+    fn decide(&self, env: &mut Envelope, event: Event, now: Timestamp) -> Transition;
+}
+
+/// The seam every backend implements (SQLite now, PostgreSQL next); one
+/// conformance suite in `tests/` runs against each.
+pub trait Store: Send + Sync + 'static {
+    /// Inserts admitted jobs (idempotently on tenant, type and key), in order.
+    fn enqueue(
+        &self,
+        jobs: Vec<NewJob>,
+    ) -> impl Future<Output = Result<Vec<EnqueueOutcome>, StoreError>> + Send;
+
+    /// Picks fairly and leases up to `max_jobs` ready jobs, charging each an attempt.
+    fn lease(
+        &self,
+        req: LeaseRequest,
+    ) -> impl Future<Output = Result<Vec<LeasedJob>, StoreError>> + Send;
+
+    /// Applies worker outcomes (ack or fail), each checked against its lease token.
+    fn complete(
+        &self,
+        items: Vec<Completion>,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<Vec<Result<Completed, ItemError>>, StoreError>> + Send;
+
+    /// Extends a lease.
+    fn heartbeat(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        expires_at: Timestamp,
+    ) -> impl Future<Output = Result<Result<Timestamp, ItemError>, StoreError>> + Send;
+
+    /// Housekeeping due at `now`: promotes scheduled jobs whose time came and
+    /// turns expired leases into `lease_expired` attempts.
+    fn tick(&self, now: Timestamp) -> impl Future<Output = Result<Tick, StoreError>> + Send;
+
+    /// Records a payload refused at admission.
+    fn record_admission(
+        &self,
+        rec: AdmissionRecord,
+    ) -> impl Future<Output = Result<DeadLetterId, StoreError>> + Send;
+
+    /// One job, whatever its state.
+    fn job(&self, id: JobId) -> impl Future<Output = Result<Option<JobView>, StoreError>> + Send;
+
+    /// A page of dead letters, newest first.
+    fn dead_letters(
+        &self,
+        filter: DeadLetterFilter,
+        limit: u32,
+        cursor: Option<DeadLetterId>,
+    ) -> impl Future<Output = Result<(Vec<DeadLetter>, Option<DeadLetterId>), StoreError>> + Send;
+
+    /// One dead letter.
+    fn dead_letter(
+        &self,
+        id: DeadLetterId,
+    ) -> impl Future<Output = Result<Option<DeadLetter>, StoreError>> + Send;
+
+    /// The original payload of a dead letter, byte for byte (`None`: unknown
+    /// id; `Some(None)`: an admission record whose payload was not read whole).
+    fn dead_letter_payload(
+        &self,
+        id: DeadLetterId,
+    ) -> impl Future<Output = Result<Option<Option<Vec<u8>>>, StoreError>> + Send;
+
+    /// Dead letters grouped by reason and type.
+    fn reasons(&self) -> impl Future<Output = Result<Vec<ReasonCount>, StoreError>> + Send;
+
+    /// The dead letters a selector matches: (id, stage), oldest first.
+    fn match_dead_letters(
+        &self,
+        selector: Selector,
+    ) -> impl Future<Output = Result<Vec<(DeadLetterId, Stage)>, StoreError>> + Send;
+
+    /// Moves processing dead letters back into line (same job id and key,
+    /// fresh budget, history kept). Admission records are skipped.
+    fn redrive(
+        &self,
+        ids: Vec<DeadLetterId>,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<Vec<JobId>, StoreError>> + Send;
+
+    /// Deletes dead letters (and their jobs) for good.
+    fn purge(&self, ids: Vec<DeadLetterId>)
+    -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Appends to the audit log.
+    fn audit(&self, entry: AuditEntry) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// The newest audit entries.
+    fn audit_log(
+        &self,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<AuditEntry>, StoreError>> + Send;
+
+    /// Counters for stats and metrics.
+    fn stats(&self) -> impl Future<Output = Result<StoreStats, StoreError>> + Send;
+
+    /// Deletes up to `batch` succeeded jobs finished before `before`.
+    fn remove_succeeded(
+        &self,
+        before: Timestamp,
+        batch: u32,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Flushes and closes; later calls fail with [`StoreError::Closed`].
+    fn close(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+}

@@ -1,0 +1,386 @@
+//! The values that cross the `Store` seam.
+
+use std::fmt;
+use std::time::Duration;
+
+use lazaret_core::{
+    AttemptRecord, DeadLetterReason, ErrorKind, Failure, JobId, JobState, JobType, Lane, TenantId,
+    Timestamp, Transition, WorkerId,
+};
+use serde::{Deserialize, Serialize};
+
+/// A fencing token: proves a worker holds the job's current lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct LeaseToken(pub u64);
+
+impl fmt::Display for LeaseToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// A dead letter's id (its own sequence, distinct from job ids).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct DeadLetterId(pub u64);
+
+impl fmt::Display for DeadLetterId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// An admitted job to insert.
+#[derive(Clone, Debug)]
+pub struct NewJob {
+    /// Job type.
+    pub job_type: JobType,
+    /// Tenant.
+    pub tenant: TenantId,
+    /// Lane, fixed for life.
+    pub lane: Lane,
+    /// The payload's raw JSON text, byte for byte as received.
+    pub payload: Vec<u8>,
+    /// Producer's idempotency key.
+    pub idempotency_key: Option<String>,
+    /// The schema version it was validated against.
+    pub schema_version: Option<u32>,
+    /// When it may first run (`now` plus `delay_ms`).
+    pub run_at: Timestamp,
+    /// Admission time.
+    pub now: Timestamp,
+}
+
+/// What enqueue did with one job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EnqueueOutcome {
+    /// Inserted.
+    Created {
+        /// The new id.
+        id: JobId,
+        /// `queued` or `scheduled`.
+        state: JobState,
+        /// The tenant's leased jobs in that lane now (for `FAIR_QUEUE`).
+        inflight: u32,
+    },
+    /// The same (tenant, type, idempotency key) was admitted before.
+    Duplicate {
+        /// The existing job.
+        id: JobId,
+        /// Its state now.
+        state: JobState,
+    },
+}
+
+/// A worker's request for work.
+#[derive(Clone, Debug)]
+pub struct LeaseRequest {
+    /// Recorded in the attempt history.
+    pub worker_id: WorkerId,
+    /// `None`: every lane.
+    pub lanes: Option<Vec<Lane>>,
+    /// `None`: every type.
+    pub types: Option<Vec<JobType>>,
+    /// Types parked (breaker open, paused): never leased.
+    pub exclude_types: Vec<JobType>,
+    /// Lanes parked (paused): never leased.
+    pub exclude_lanes: Vec<Lane>,
+    /// At most this many jobs of a type (half-open breaker probes).
+    pub type_limits: Vec<(JobType, u32)>,
+    /// At most this many jobs.
+    pub max_jobs: u32,
+    /// Lease length.
+    pub lease: Duration,
+    /// The time of the request.
+    pub now: Timestamp,
+}
+
+/// A job handed to a worker.
+#[derive(Clone, Debug)]
+pub struct LeasedJob {
+    /// Id.
+    pub id: JobId,
+    /// Type.
+    pub job_type: JobType,
+    /// Tenant.
+    pub tenant: TenantId,
+    /// Lane.
+    pub lane: Lane,
+    /// Raw JSON text.
+    pub payload: Vec<u8>,
+    /// The attempt this delivery is charged as.
+    pub attempt: u32,
+    /// Producer's key.
+    pub idempotency_key: Option<String>,
+    /// Schema version.
+    pub schema_version: Option<u32>,
+    /// The fencing token.
+    pub lease_token: LeaseToken,
+    /// When the lease runs out.
+    pub lease_expires_at: Timestamp,
+    /// First admission.
+    pub created_at: Timestamp,
+}
+
+/// A worker's outcome for one leased job.
+#[derive(Clone, Debug)]
+pub struct Completion {
+    /// The job.
+    pub id: JobId,
+    /// The token the worker holds.
+    pub token: LeaseToken,
+    /// Ack or fail.
+    pub event: lazaret_core::Event,
+}
+
+/// An applied outcome.
+#[derive(Clone, Debug)]
+pub struct Completed {
+    /// The job.
+    pub id: JobId,
+    /// Its type (for breakers and metrics).
+    pub job_type: JobType,
+    /// Its lane.
+    pub lane: Lane,
+    /// What the core decided.
+    pub transition: Transition,
+    /// The attempt that just ended.
+    pub attempt: u32,
+    /// The failure's kind, if it failed.
+    pub kind: Option<ErrorKind>,
+    /// The failure's class as resolved, if it failed.
+    pub class: Option<lazaret_core::FailureClass>,
+    /// The dead letter written, if any.
+    pub dead_letter: Option<DeadLetterId>,
+}
+
+/// Why one item of a call was refused; the rest of the call goes on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ItemError {
+    /// No such job.
+    #[error("no such job")]
+    NotFound,
+    /// The token is not the job's current lease token.
+    #[error(
+        "the lease token is not the job's current one: the lease expired or the job was leased again"
+    )]
+    LeaseLost,
+}
+
+/// Housekeeping done by [`crate::Store::tick`].
+#[derive(Clone, Debug, Default)]
+pub struct Tick {
+    /// Scheduled jobs that became queued.
+    pub promoted: u64,
+    /// Leases that expired, as applied.
+    pub expired: Vec<Completed>,
+    /// The earliest `run_at` still scheduled, if any.
+    pub next_due: Option<Timestamp>,
+}
+
+/// Where a dead letter came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stage {
+    /// Refused at the gateway: nothing valid was admitted.
+    Admission,
+    /// Ran and lost.
+    Processing,
+}
+
+impl Stage {
+    /// The word used in the API.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Stage::Admission => "admission",
+            Stage::Processing => "processing",
+        }
+    }
+}
+
+/// A payload refused at admission, as recorded.
+#[derive(Clone, Debug)]
+pub struct AdmissionRecord {
+    /// When it could be read.
+    pub job_type: Option<String>,
+    /// When it could be read.
+    pub tenant: Option<String>,
+    /// When it could be read.
+    pub lane: Option<String>,
+    /// The POISON reason.
+    pub reason: DeadLetterReason,
+    /// What was wrong, for the operator.
+    pub message: String,
+    /// The announced Content-Length, else the bytes read.
+    pub payload_size: u64,
+    /// SHA-256 hex, when the payload was read whole.
+    pub payload_sha256: Option<String>,
+    /// At most 4 KiB.
+    pub payload_preview: String,
+    /// The whole payload when it was read whole (it is then under the cap).
+    pub payload: Option<Vec<u8>>,
+    /// Producer's key, when it could be read.
+    pub idempotency_key: Option<String>,
+    /// Time of refusal.
+    pub now: Timestamp,
+}
+
+/// A quarantined job or refused payload.
+#[derive(Clone, Debug)]
+pub struct DeadLetter {
+    /// Its own id.
+    pub id: DeadLetterId,
+    /// The job (processing stage only).
+    pub job_id: Option<JobId>,
+    /// Type, when known.
+    pub job_type: Option<String>,
+    /// Tenant, when known.
+    pub tenant: Option<String>,
+    /// Lane, when known.
+    pub lane: Option<String>,
+    /// Why.
+    pub reason: DeadLetterReason,
+    /// Where.
+    pub stage: Stage,
+    /// Attempts charged.
+    pub attempts: u32,
+    /// The last failure (for admission records: kind = the reason).
+    pub error: Option<Failure>,
+    /// Every attempt kept.
+    pub history: Vec<AttemptRecord>,
+    /// Producer's key.
+    pub idempotency_key: Option<String>,
+    /// First admission (processing) or refusal time (admission).
+    pub created_at: Timestamp,
+    /// Quarantine time.
+    pub dead_lettered_at: Timestamp,
+    /// Payload size in bytes.
+    pub payload_size: u64,
+    /// SHA-256 hex of the payload, when read whole.
+    pub payload_sha256: Option<String>,
+    /// At most 4 KiB of the payload.
+    pub payload_preview: String,
+    /// Redrives so far.
+    pub redrive_count: u32,
+    /// Schema version.
+    pub schema_version: Option<u32>,
+}
+
+/// Which dead letters (every field optional; all given must match).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeadLetterFilter {
+    /// Job type.
+    #[serde(rename = "type", default)]
+    pub job_type: Option<String>,
+    /// Tenant.
+    #[serde(default)]
+    pub tenant: Option<String>,
+    /// Lane.
+    #[serde(default)]
+    pub lane: Option<String>,
+    /// Reason word.
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+/// Ids or a filter.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Selector {
+    /// These dead letters.
+    Ids(Vec<DeadLetterId>),
+    /// Every dead letter matching.
+    Filter(DeadLetterFilter),
+}
+
+/// A (reason, type) group of dead letters.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReasonCount {
+    /// Reason.
+    pub reason: DeadLetterReason,
+    /// Type, when known.
+    pub job_type: Option<String>,
+    /// How many.
+    pub count: u64,
+    /// Oldest.
+    pub first_at: Timestamp,
+    /// Newest.
+    pub last_at: Timestamp,
+}
+
+/// One line of the audit log.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AuditEntry {
+    /// When.
+    pub at: Timestamp,
+    /// The token's name.
+    pub actor: String,
+    /// `redrive`, `purge`, `pause`, `resume`, `token_create`, `token_revoke`, `denied`.
+    pub action: String,
+    /// The request as received.
+    pub request: serde_json::Value,
+    /// Jobs or dead letters affected.
+    pub count: u64,
+}
+
+/// A job as `GET /v1/jobs/{id}` shows it.
+#[derive(Clone, Debug)]
+pub struct JobView {
+    /// The envelope (counters, history).
+    pub envelope: lazaret_core::Envelope,
+    /// State as stored (`scheduled` whose time passed reads as `queued`).
+    pub state: JobState,
+    /// When it may run next.
+    pub run_at: Option<Timestamp>,
+    /// Raw JSON text.
+    pub payload: Vec<u8>,
+    /// Lease expiry, while leased.
+    pub lease_expires_at: Option<Timestamp>,
+}
+
+/// Counters kept by the store.
+#[derive(Clone, Debug, Default)]
+pub struct StoreStats {
+    /// Per lane: (queued, scheduled, leased).
+    pub lanes: Vec<(Lane, LaneCounts)>,
+    /// Dead letters held now, per (type, reason).
+    pub dead_letters: Vec<(Option<String>, DeadLetterReason, u64)>,
+    /// Succeeded jobs still kept (retention).
+    pub succeeded: u64,
+}
+
+/// Job counts in one lane.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LaneCounts {
+    /// Ready now.
+    pub queued: u64,
+    /// Waiting for their time.
+    pub scheduled: u64,
+    /// Held by workers.
+    pub leased: u64,
+}
+
+/// A store failure: the operation did not happen.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The database refused or failed.
+    #[error("database error: {0}; check the data directory's disk space and permissions")]
+    Db(#[from] rusqlite::Error),
+    /// The store was closed (shutting down).
+    #[error("the store is closed (the server is shutting down); retry against a running server")]
+    Closed,
+    /// Opening the data directory failed.
+    #[error(
+        "cannot open the data directory {path}: {source}; check that it exists and is writable"
+    )]
+    Open {
+        /// The directory.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A stored row could not be read back.
+    #[error("stored data is corrupt: {0}")]
+    Corrupt(String),
+}

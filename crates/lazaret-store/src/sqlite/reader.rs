@@ -1,0 +1,288 @@
+//! Reads on their own connection (WAL lets them run beside the writer).
+
+use lazaret_core::{Envelope, Failure, JobId, JobState, Timestamp};
+use rusqlite::{Connection, OptionalExtension, Row, params};
+
+use crate::{
+    AuditEntry, DeadLetter, DeadLetterFilter, DeadLetterId, JobView, ReasonCount, Selector, Stage,
+    StoreError,
+};
+
+fn db<T>(r: rusqlite::Result<T>) -> Result<T, StoreError> {
+    r.map_err(StoreError::Db)
+}
+
+fn corrupt(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(e.to_string())
+}
+
+pub(super) fn job(c: &Connection, id: JobId) -> Result<Option<JobView>, StoreError> {
+    let row = db(c
+        .prepare_cached(
+            "SELECT state, run_at, envelope, payload, lease_expires_at FROM jobs WHERE id = ?1",
+        )?
+        .query_row(params![id.0 as i64], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, Vec<u8>>(3)?,
+                r.get::<_, Option<i64>>(4)?,
+            ))
+        })
+        .optional())?;
+    let Some((state, run_at, env, payload, lease)) = row else {
+        return Ok(None);
+    };
+    let state: JobState = state.parse().map_err(corrupt)?;
+    let envelope = Envelope::from_json(&env).map_err(corrupt)?;
+    let run_at = matches!(state, JobState::Queued | JobState::Scheduled)
+        .then_some(Timestamp::from_millis(run_at));
+    Ok(Some(JobView {
+        envelope,
+        state,
+        run_at,
+        payload,
+        lease_expires_at: lease.map(Timestamp::from_millis),
+    }))
+}
+
+const DL_COLUMNS: &str = "d.id, d.job_id, d.type, d.tenant, d.lane, d.reason, d.stage, d.attempts, d.error,
+    d.idempotency_key, d.created_at, d.dead_lettered_at, d.payload_size, d.payload_sha256, d.payload_preview, j.envelope";
+
+fn dead_letter_row(r: &Row<'_>) -> rusqlite::Result<(DeadLetterRaw, Option<String>)> {
+    Ok((
+        DeadLetterRaw {
+            id: r.get(0)?,
+            job_id: r.get(1)?,
+            job_type: r.get(2)?,
+            tenant: r.get(3)?,
+            lane: r.get(4)?,
+            reason: r.get(5)?,
+            stage: r.get(6)?,
+            attempts: r.get(7)?,
+            error: r.get(8)?,
+            idempotency_key: r.get(9)?,
+            created_at: r.get(10)?,
+            dead_lettered_at: r.get(11)?,
+            payload_size: r.get(12)?,
+            payload_sha256: r.get(13)?,
+            payload_preview: r.get(14)?,
+        },
+        r.get(15)?,
+    ))
+}
+
+struct DeadLetterRaw {
+    id: i64,
+    job_id: Option<i64>,
+    job_type: Option<String>,
+    tenant: Option<String>,
+    lane: Option<String>,
+    reason: String,
+    stage: String,
+    attempts: i64,
+    error: Option<String>,
+    idempotency_key: Option<String>,
+    created_at: i64,
+    dead_lettered_at: i64,
+    payload_size: i64,
+    payload_sha256: Option<String>,
+    payload_preview: String,
+}
+
+fn finish(raw: DeadLetterRaw, envelope: Option<String>) -> Result<DeadLetter, StoreError> {
+    let env = envelope
+        .map(|e| Envelope::from_json(&e))
+        .transpose()
+        .map_err(corrupt)?;
+    let error: Option<Failure> = raw
+        .error
+        .map(|e| serde_json::from_str(&e))
+        .transpose()
+        .map_err(corrupt)?;
+    Ok(DeadLetter {
+        id: DeadLetterId(raw.id as u64),
+        job_id: raw.job_id.map(|j| JobId(j as u64)),
+        job_type: raw.job_type,
+        tenant: raw.tenant,
+        lane: raw.lane,
+        reason: raw.reason.parse().map_err(corrupt)?,
+        stage: if raw.stage == "admission" {
+            Stage::Admission
+        } else {
+            Stage::Processing
+        },
+        attempts: raw.attempts as u32,
+        error,
+        history: env.as_ref().map(|e| e.history.clone()).unwrap_or_default(),
+        idempotency_key: raw.idempotency_key,
+        created_at: Timestamp::from_millis(raw.created_at),
+        dead_lettered_at: Timestamp::from_millis(raw.dead_lettered_at),
+        payload_size: raw.payload_size as u64,
+        payload_sha256: raw.payload_sha256,
+        payload_preview: raw.payload_preview,
+        redrive_count: env.as_ref().map_or(0, |e| e.redrives),
+        schema_version: env.as_ref().and_then(|e| e.schema_version),
+    })
+}
+
+const FILTER: &str = "(?1 IS NULL OR d.type = ?1) AND (?2 IS NULL OR d.tenant = ?2)
+    AND (?3 IS NULL OR d.lane = ?3) AND (?4 IS NULL OR d.reason = ?4)";
+
+pub(super) fn dead_letters(
+    c: &Connection,
+    f: &DeadLetterFilter,
+    limit: u32,
+    cursor: Option<DeadLetterId>,
+) -> Result<(Vec<DeadLetter>, Option<DeadLetterId>), StoreError> {
+    let sql = format!(
+        "SELECT {DL_COLUMNS} FROM dead_letters d LEFT JOIN jobs j ON j.id = d.job_id
+         WHERE {FILTER} AND (?5 IS NULL OR d.id < ?5) ORDER BY d.id DESC LIMIT ?6"
+    );
+    let mut stmt = db(c.prepare_cached(&sql))?;
+    let rows = db(stmt.query_map(
+        params![
+            f.job_type,
+            f.tenant,
+            f.lane,
+            f.reason,
+            cursor.map(|c| c.0 as i64),
+            i64::from(limit) + 1
+        ],
+        dead_letter_row,
+    ))?;
+    let mut items = Vec::new();
+    for row in rows {
+        let (raw, env) = db(row)?;
+        items.push(finish(raw, env)?);
+    }
+    let next = if items.len() > limit as usize {
+        items.truncate(limit as usize);
+        items.last().map(|d| d.id)
+    } else {
+        None
+    };
+    Ok((items, next))
+}
+
+pub(super) fn dead_letter(
+    c: &Connection,
+    id: DeadLetterId,
+) -> Result<Option<DeadLetter>, StoreError> {
+    let sql = format!(
+        "SELECT {DL_COLUMNS} FROM dead_letters d LEFT JOIN jobs j ON j.id = d.job_id WHERE d.id = ?1"
+    );
+    let row = db(c
+        .prepare_cached(&sql)?
+        .query_row(params![id.0 as i64], dead_letter_row)
+        .optional())?;
+    row.map(|(raw, env)| finish(raw, env)).transpose()
+}
+
+pub(super) fn dead_letter_payload(
+    c: &Connection,
+    id: DeadLetterId,
+) -> Result<Option<Option<Vec<u8>>>, StoreError> {
+    let row = db(c
+        .prepare_cached(
+            "SELECT CASE WHEN d.stage = 'processing' THEN j.payload ELSE d.payload END
+             FROM dead_letters d LEFT JOIN jobs j ON j.id = d.job_id WHERE d.id = ?1",
+        )?
+        .query_row(params![id.0 as i64], |r| r.get::<_, Option<Vec<u8>>>(0))
+        .optional())?;
+    Ok(row)
+}
+
+pub(super) fn reasons(c: &Connection) -> Result<Vec<ReasonCount>, StoreError> {
+    let mut stmt = db(c.prepare_cached(
+        "SELECT reason, type, COUNT(*), MIN(dead_lettered_at), MAX(dead_lettered_at)
+         FROM dead_letters GROUP BY reason, type ORDER BY COUNT(*) DESC, reason, type",
+    ))?;
+    let rows = db(stmt.query_map([], |r| {
+        Ok((
+            r.get::<_, String>(0)?,
+            r.get::<_, Option<String>>(1)?,
+            r.get::<_, i64>(2)?,
+            r.get::<_, i64>(3)?,
+            r.get::<_, i64>(4)?,
+        ))
+    }))?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (reason, job_type, count, first, last) = db(row)?;
+        out.push(ReasonCount {
+            reason: reason.parse().map_err(corrupt)?,
+            job_type,
+            count: count as u64,
+            first_at: Timestamp::from_millis(first),
+            last_at: Timestamp::from_millis(last),
+        });
+    }
+    Ok(out)
+}
+
+pub(super) fn match_dead_letters(
+    c: &Connection,
+    sel: &Selector,
+) -> Result<Vec<(DeadLetterId, Stage)>, StoreError> {
+    let map = |r: &Row<'_>| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?));
+    let rows: Vec<(i64, String)> = match sel {
+        Selector::Ids(ids) => {
+            let json = serde_json::to_string(&ids.iter().map(|i| i.0).collect::<Vec<_>>())
+                .map_err(corrupt)?;
+            let mut stmt = db(c.prepare_cached(
+                "SELECT d.id, d.stage FROM dead_letters d WHERE d.id IN (SELECT value FROM json_each(?1)) ORDER BY d.id",
+            ))?;
+            let rows = db(stmt.query_map(params![json], map))?;
+            rows.collect::<Result<_, _>>()?
+        }
+        Selector::Filter(f) => {
+            let sql =
+                format!("SELECT d.id, d.stage FROM dead_letters d WHERE {FILTER} ORDER BY d.id");
+            let mut stmt = db(c.prepare_cached(&sql))?;
+            let rows = db(stmt.query_map(params![f.job_type, f.tenant, f.lane, f.reason], map))?;
+            rows.collect::<Result<_, _>>()?
+        }
+    };
+    Ok(rows
+        .into_iter()
+        .map(|(id, st)| {
+            (
+                DeadLetterId(id as u64),
+                if st == "admission" {
+                    Stage::Admission
+                } else {
+                    Stage::Processing
+                },
+            )
+        })
+        .collect())
+}
+
+pub(super) fn audit_log(c: &Connection, limit: u32) -> Result<Vec<AuditEntry>, StoreError> {
+    let mut stmt = db(c.prepare_cached(
+        "SELECT at, actor, action, request, count FROM audit ORDER BY id DESC LIMIT ?1",
+    ))?;
+    let rows = db(stmt.query_map(params![i64::from(limit)], |r| {
+        Ok((
+            r.get::<_, i64>(0)?,
+            r.get::<_, String>(1)?,
+            r.get::<_, String>(2)?,
+            r.get::<_, String>(3)?,
+            r.get::<_, i64>(4)?,
+        ))
+    }))?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (at, actor, action, request, count) = db(row)?;
+        out.push(AuditEntry {
+            at: Timestamp::from_millis(at),
+            actor,
+            action,
+            request: serde_json::from_str(&request).unwrap_or(serde_json::Value::String(request)),
+            count: count as u64,
+        });
+    }
+    Ok(out)
+}

@@ -1,0 +1,941 @@
+//! The writer thread: every change goes through here, grouped into shared
+//! transactions. It also keeps the ready/in-flight counts per (lane, tenant)
+//! that the core's fair scheduler picks from, rebuilt from the database at
+//! start.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, mpsc};
+
+use lazaret_core::{
+    Demand, Envelope, Event, FairScheduler, Grant, JobId, JobState, JobType, Lane, TenantId,
+    Timestamp, Transition, WorkerId, grant_lease, payload_preview,
+};
+use rusqlite::{Connection, OptionalExtension, params};
+use tokio::sync::oneshot;
+
+use crate::{
+    AdmissionRecord, AuditEntry, Completed, Completion, DeadLetterId, Decider, EnqueueOutcome,
+    ItemError, LaneCounts, LeaseRequest, LeaseToken, LeasedJob, NewJob, StoreError, StoreStats,
+    Tick,
+};
+
+type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
+
+/// A request to the writer thread.
+pub(super) enum Cmd {
+    Enqueue(Vec<NewJob>, Reply<Vec<EnqueueOutcome>>),
+    Lease(LeaseRequest, Reply<Vec<LeasedJob>>),
+    Complete(
+        Vec<Completion>,
+        Timestamp,
+        Reply<Vec<Result<Completed, ItemError>>>,
+    ),
+    Heartbeat(
+        JobId,
+        LeaseToken,
+        Timestamp,
+        Reply<Result<Timestamp, ItemError>>,
+    ),
+    Tick(Timestamp, Reply<Tick>),
+    RecordAdmission(AdmissionRecord, Reply<DeadLetterId>),
+    Redrive(Vec<DeadLetterId>, Timestamp, Reply<Vec<JobId>>),
+    Purge(Vec<DeadLetterId>, Reply<u64>),
+    Audit(AuditEntry, Reply<()>),
+    Stats(Reply<StoreStats>),
+    RemoveSucceeded(Timestamp, u32, Reply<u64>),
+    Close(Reply<()>),
+}
+
+/// An answer held back until the group's commit.
+type Pending = Box<dyn FnOnce(Option<&str>) + Send>;
+
+fn pend<T: Send + 'static>(tx: Reply<T>, result: Result<T, StoreError>) -> Pending {
+    Box::new(move |commit_error: Option<&str>| {
+        let r = match commit_error {
+            Some(e) => Err(StoreError::Corrupt(format!("commit failed: {e}"))),
+            None => result,
+        };
+        let _ = tx.send(r);
+    })
+}
+
+/// Commands taken into one transaction at most.
+const GROUP_MAX: usize = 1024;
+/// Scheduled jobs promoted per tick at most; the rest go on the next.
+const PROMOTE_MAX: i64 = 20_000;
+/// Expired leases handled per tick at most.
+const EXPIRE_MAX: i64 = 2_000;
+/// Rounds of picking in one lease when picked pairs come up short (their
+/// jobs are of parked or filtered-out types).
+const PICK_ROUNDS_MAX: usize = 8;
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Pair {
+    ready: u32,
+    inflight: u32,
+}
+
+pub(super) struct Writer {
+    conn: Connection,
+    scheduler: FairScheduler,
+    decider: Arc<dyn Decider>,
+    /// Per lane, per tenant: looked up by `&str` (the newtypes borrow as str), so the hot path clones nothing.
+    pairs: HashMap<Lane, HashMap<TenantId, Pair>>,
+    scheduled: HashMap<Lane, u64>,
+    succeeded: u64,
+    next_id: u64,
+    next_token: u64,
+    /// A command failed after touching the counts: rebuild them after the group.
+    dirty: bool,
+    grants: Vec<Grant>,
+}
+
+fn db<T>(r: rusqlite::Result<T>) -> Result<T, StoreError> {
+    r.map_err(StoreError::Db)
+}
+
+fn ms(t: Timestamp) -> i64 {
+    t.as_millis()
+}
+
+fn state_word(s: JobState) -> &'static str {
+    s.as_str()
+}
+
+impl Writer {
+    pub(super) fn new(
+        conn: Connection,
+        scheduler: FairScheduler,
+        decider: Arc<dyn Decider>,
+    ) -> Result<Self, StoreError> {
+        let next_id: i64 = db(conn.query_row(
+            "SELECT COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'jobs'), 0)",
+            [],
+            |r| r.get(0),
+        ))?;
+        let max_token: i64 = db(conn.query_row(
+            "SELECT COALESCE(MAX(lease_token), 0) FROM jobs",
+            [],
+            |r| r.get(0),
+        ))?;
+        // Tokens must never repeat across restarts, even for tokens whose rows
+        // were cleared: start above both the stored maximum and a clock-derived
+        // floor (1000 tokens per ms of wall time since the epoch).
+        let clock_floor = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64 * 1000)
+            .unwrap_or(0);
+        Ok(Writer {
+            conn,
+            scheduler,
+            decider,
+            pairs: HashMap::new(),
+            scheduled: HashMap::new(),
+            succeeded: 0,
+            next_id: next_id as u64 + 1,
+            next_token: (max_token as u64 + 1).max(clock_floor),
+            dirty: false,
+            grants: Vec::new(),
+        })
+    }
+
+    /// Recounts queued, scheduled, leased and succeeded jobs from the database.
+    pub(super) fn rebuild_counts(&mut self) -> Result<(), StoreError> {
+        self.pairs.clear();
+        self.scheduled.clear();
+        let mut stmt = db(self.conn.prepare(
+            "SELECT lane, tenant, state, COUNT(*) FROM jobs
+             WHERE state IN ('queued', 'scheduled', 'leased') GROUP BY lane, tenant, state",
+        ))?;
+        let rows = db(stmt.query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, i64>(3)?,
+            ))
+        }))?;
+        let mut counted = Vec::new();
+        for row in rows {
+            counted.push(db(row)?);
+        }
+        drop(stmt);
+        for (lane, tenant, state, n) in counted {
+            let lane = Lane::new(lane);
+            match state.as_str() {
+                "scheduled" => *self.scheduled.entry(lane).or_default() += n as u64,
+                "queued" => {
+                    self.pairs
+                        .entry(lane)
+                        .or_default()
+                        .entry(TenantId::new(tenant))
+                        .or_default()
+                        .ready += n as u32
+                }
+                _ => {
+                    self.pairs
+                        .entry(lane)
+                        .or_default()
+                        .entry(TenantId::new(tenant))
+                        .or_default()
+                        .inflight += n as u32
+                }
+            }
+        }
+        self.succeeded = db(self.conn.query_row(
+            "SELECT COUNT(*) FROM jobs WHERE state = 'succeeded'",
+            [],
+            |r| r.get::<_, i64>(0),
+        ))? as u64;
+        self.dirty = false;
+        Ok(())
+    }
+
+    pub(super) fn run(mut self, rx: mpsc::Receiver<Cmd>) {
+        let mut batch = Vec::with_capacity(GROUP_MAX);
+        while let Ok(first) = rx.recv() {
+            batch.push(first);
+            while batch.len() < GROUP_MAX {
+                match rx.try_recv() {
+                    Ok(cmd) => batch.push(cmd),
+                    Err(_) => break,
+                }
+            }
+            let closing = self.run_group(&mut batch);
+            if closing {
+                return;
+            }
+        }
+    }
+
+    /// Runs one group in one transaction; returns whether the store closes.
+    fn run_group(&mut self, batch: &mut Vec<Cmd>) -> bool {
+        let mut pending: Vec<Pending> = Vec::with_capacity(batch.len());
+        let mut close: Option<Reply<()>> = None;
+        let began = self.conn.execute_batch("BEGIN IMMEDIATE");
+        if let Err(e) = began {
+            let msg = e.to_string();
+            for cmd in batch.drain(..) {
+                fail_cmd(cmd, &msg);
+            }
+            return false;
+        }
+        for cmd in batch.drain(..) {
+            if let Cmd::Close(tx) = cmd {
+                close = Some(tx);
+                continue;
+            }
+            if let Err(e) = self.conn.execute_batch("SAVEPOINT cmd") {
+                let msg = e.to_string();
+                fail_cmd(cmd, &msg);
+                continue;
+            }
+            let (p, ok) = self.execute(cmd);
+            let end = if ok {
+                "RELEASE cmd"
+            } else {
+                "ROLLBACK TO cmd; RELEASE cmd"
+            };
+            if !ok {
+                self.dirty = true;
+            }
+            if let Err(e) = self.conn.execute_batch(end) {
+                tracing::error!(error = %e, "savepoint release failed");
+                self.dirty = true;
+            }
+            pending.push(p);
+        }
+        let commit = self.conn.execute_batch("COMMIT");
+        let commit_error = commit.as_ref().err().map(|e| e.to_string());
+        if commit_error.is_some() {
+            let _ = self.conn.execute_batch("ROLLBACK");
+            self.dirty = true;
+        }
+        if self.dirty {
+            if let Err(e) = self.rebuild_counts() {
+                tracing::error!(error = %e, "rebuilding counts failed");
+            }
+        }
+        for p in pending {
+            p(commit_error.as_deref());
+        }
+        if let Some(tx) = close {
+            let _ = self.conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)");
+            let _ = tx.send(Ok(()));
+            return true;
+        }
+        false
+    }
+
+    /// Runs one command; returns its held-back answer and whether it succeeded.
+    fn execute(&mut self, cmd: Cmd) -> (Pending, bool) {
+        macro_rules! run {
+            ($tx:expr, $e:expr) => {{
+                let r = $e;
+                let ok = r.is_ok();
+                (pend($tx, r), ok)
+            }};
+        }
+        match cmd {
+            Cmd::Enqueue(jobs, tx) => run!(tx, self.enqueue(jobs)),
+            Cmd::Lease(req, tx) => run!(tx, self.lease(&req)),
+            Cmd::Complete(items, now, tx) => run!(tx, self.complete(items, now)),
+            Cmd::Heartbeat(id, token, until, tx) => run!(tx, self.heartbeat(id, token, until)),
+            Cmd::Tick(now, tx) => run!(tx, self.tick(now)),
+            Cmd::RecordAdmission(rec, tx) => run!(tx, self.record_admission(&rec)),
+            Cmd::Redrive(ids, now, tx) => run!(tx, self.redrive(&ids, now)),
+            Cmd::Purge(ids, tx) => run!(tx, self.purge(&ids)),
+            Cmd::Audit(entry, tx) => run!(tx, self.audit(&entry)),
+            Cmd::Stats(tx) => run!(tx, self.stats()),
+            Cmd::RemoveSucceeded(before, n, tx) => run!(tx, self.remove_succeeded(before, n)),
+            Cmd::Close(tx) => run!(tx, Ok(())),
+        }
+    }
+
+    fn pair(&mut self, lane: &Lane, tenant: &TenantId) -> &mut Pair {
+        if !self.pairs.contains_key(lane.as_str()) {
+            self.pairs.insert(lane.clone(), HashMap::new());
+        }
+        let tenants = self.pairs.get_mut(lane.as_str()).expect("inserted above");
+        if !tenants.contains_key(tenant.as_str()) {
+            tenants.insert(tenant.clone(), Pair::default());
+        }
+        tenants.get_mut(tenant.as_str()).expect("inserted above")
+    }
+
+    fn enqueue(&mut self, jobs: Vec<NewJob>) -> Result<Vec<EnqueueOutcome>, StoreError> {
+        let mut out = Vec::with_capacity(jobs.len());
+        for job in jobs {
+            if let Some(key) = &job.idempotency_key {
+                let existing = db(self
+                    .conn
+                    .prepare_cached(
+                        "SELECT id, state, run_at FROM jobs WHERE tenant = ?1 AND type = ?2 AND idempotency_key = ?3",
+                    )?
+                    .query_row(params![job.tenant.as_str(), job.job_type.as_str(), key], |r| {
+                        Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, i64>(2)?))
+                    })
+                    .optional())?;
+                if let Some((id, state, run_at)) = existing {
+                    let mut state: JobState = state
+                        .parse()
+                        .map_err(|e| StoreError::Corrupt(format!("{e}")))?;
+                    if state == JobState::Scheduled && run_at <= ms(job.now) {
+                        state = JobState::Queued;
+                    }
+                    out.push(EnqueueOutcome::Duplicate {
+                        id: JobId(id as u64),
+                        state,
+                    });
+                    continue;
+                }
+            }
+            let id = JobId(self.next_id);
+            self.next_id += 1;
+            let mut env = Envelope::new(
+                id,
+                job.job_type,
+                job.tenant,
+                job.lane,
+                &job.payload,
+                job.now,
+            );
+            env.schema_version = job.schema_version;
+            env.idempotency_key = job.idempotency_key;
+            let state = if job.run_at > job.now {
+                JobState::Scheduled
+            } else {
+                JobState::Queued
+            };
+            db(self
+                .conn
+                .prepare_cached(
+                    "INSERT INTO jobs (id, type, tenant, lane, state, run_at, attempts, idempotency_key, created_at, envelope, payload)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, 0, ?7, ?8, ?9, ?10)",
+                )?
+                .execute(params![
+                    id.0 as i64,
+                    env.job_type.as_str(),
+                    env.tenant.as_str(),
+                    env.lane.as_str(),
+                    state_word(state),
+                    ms(job.run_at),
+                    env.idempotency_key,
+                    ms(job.now),
+                    env.to_json(),
+                    job.payload,
+                ]))?;
+            let inflight = if state == JobState::Scheduled {
+                *self.scheduled.entry(env.lane.clone()).or_default() += 1;
+                self.pairs
+                    .get(env.lane.as_str())
+                    .and_then(|t| t.get(env.tenant.as_str()))
+                    .map_or(0, |p| p.inflight)
+            } else {
+                let p = self.pair(&env.lane, &env.tenant);
+                p.ready += 1;
+                p.inflight
+            };
+            out.push(EnqueueOutcome::Created {
+                id,
+                state,
+                inflight,
+            });
+        }
+        Ok(out)
+    }
+
+    fn lease(&mut self, req: &LeaseRequest) -> Result<Vec<LeasedJob>, StoreError> {
+        let mut out: Vec<LeasedJob> = Vec::new();
+        let lane_ok = |lane: &Lane| {
+            req.lanes.as_ref().is_none_or(|ls| ls.contains(lane))
+                && !req.exclude_lanes.contains(lane)
+        };
+        let types_json = req.types.as_ref().map(|ts| {
+            serde_json::to_string(&ts.iter().map(JobType::as_str).collect::<Vec<_>>())
+                .unwrap_or_default()
+        });
+        let mut excluded: Vec<String> = req
+            .exclude_types
+            .iter()
+            .map(|t| t.as_str().to_owned())
+            .collect();
+        let mut limits: HashMap<&str, u32> = req
+            .type_limits
+            .iter()
+            .map(|(t, n)| (t.as_str(), *n))
+            .collect();
+        for (t, n) in &limits {
+            if *n == 0 {
+                excluded.push((*t).to_owned());
+            }
+        }
+        let mut short: HashSet<(Lane, TenantId)> = HashSet::new();
+        for _round in 0..PICK_ROUNDS_MAX {
+            let remaining = req.max_jobs.saturating_sub(out.len() as u32);
+            if remaining == 0 {
+                break;
+            }
+            let keys: Vec<((Lane, TenantId), Pair)> = self
+                .pairs
+                .iter()
+                .filter(|(lane, _)| lane_ok(lane))
+                .flat_map(|(lane, tenants)| tenants.iter().map(move |(t, p)| (lane, t, p)))
+                .filter(|(lane, t, p)| {
+                    p.ready > 0 && !short.contains(&((*lane).clone(), (*t).clone()))
+                })
+                .map(|(lane, t, p)| ((lane.clone(), t.clone()), *p))
+                .collect();
+            if keys.is_empty() {
+                break;
+            }
+            let demand: Vec<Demand<'_>> = keys
+                .iter()
+                .map(|((lane, tenant), p)| Demand {
+                    lane,
+                    tenant,
+                    ready: p.ready,
+                    inflight: p.inflight,
+                })
+                .collect();
+            let mut grants = std::mem::take(&mut self.grants);
+            self.scheduler.pick(&demand, remaining, &mut grants);
+            drop(demand);
+            if grants.is_empty() {
+                self.grants = grants;
+                break;
+            }
+            let excluded_json = serde_json::to_string(&excluded).unwrap_or_else(|_| "[]".into());
+            for g in grants.iter() {
+                let (key, _) = &keys[g.demand_index];
+                let got = self.lease_from_pair(
+                    req,
+                    key,
+                    g.count,
+                    types_json.as_deref(),
+                    &excluded_json,
+                    &mut limits,
+                    &mut out,
+                )?;
+                if got < g.count {
+                    short.insert(key.clone());
+                }
+            }
+            // Types whose probe budget is now spent are excluded from later rounds.
+            for (t, n) in &limits {
+                if *n == 0 && !excluded.iter().any(|e| e == t) {
+                    excluded.push((*t).to_owned());
+                }
+            }
+            self.grants = grants;
+        }
+        Ok(out)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn lease_from_pair(
+        &mut self,
+        req: &LeaseRequest,
+        (lane, tenant): &(Lane, TenantId),
+        count: u32,
+        types_json: Option<&str>,
+        excluded_json: &str,
+        limits: &mut HashMap<&str, u32>,
+        out: &mut Vec<LeasedJob>,
+    ) -> Result<u32, StoreError> {
+        let rows: Vec<(i64, String, Vec<u8>, i64)> = {
+            let mut stmt = db(self.conn.prepare_cached(
+                "SELECT id, envelope, payload, created_at FROM jobs
+                 WHERE lane = ?1 AND tenant = ?2 AND state = 'queued'
+                   AND (?3 IS NULL OR type IN (SELECT value FROM json_each(?3)))
+                   AND type NOT IN (SELECT value FROM json_each(?4))
+                 ORDER BY run_at, id LIMIT ?5",
+            ))?;
+            let mapped = db(stmt.query_map(
+                params![
+                    lane.as_str(),
+                    tenant.as_str(),
+                    types_json,
+                    excluded_json,
+                    i64::from(count)
+                ],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+            ))?;
+            let mut rows = Vec::with_capacity(count as usize);
+            for row in mapped {
+                rows.push(db(row)?);
+            }
+            rows
+        };
+        let worker: &WorkerId = &req.worker_id;
+        let expires = req.now.saturating_add(req.lease);
+        let mut got = 0;
+        for (id, env_json, payload, created_at) in rows {
+            let mut env =
+                Envelope::from_json(&env_json).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            if let Some(left) = limits.get_mut(env.job_type.as_str()) {
+                if *left == 0 {
+                    continue;
+                }
+                *left -= 1;
+            }
+            let attempt = grant_lease(&mut env, Some(worker), req.now);
+            let token = LeaseToken(self.next_token);
+            self.next_token += 1;
+            db(self
+                .conn
+                .prepare_cached(
+                    "UPDATE jobs SET state = 'leased', attempts = ?2, lease_token = ?3, lease_expires_at = ?4, envelope = ?5
+                     WHERE id = ?1",
+                )?
+                .execute(params![id, attempt, token.0 as i64, ms(expires), env.to_json()]))?;
+            let p = self.pair(lane, tenant);
+            p.ready = p.ready.saturating_sub(1);
+            p.inflight += 1;
+            got += 1;
+            out.push(LeasedJob {
+                id: JobId(id as u64),
+                job_type: env.job_type,
+                tenant: env.tenant,
+                lane: env.lane,
+                payload,
+                attempt,
+                idempotency_key: env.idempotency_key,
+                schema_version: env.schema_version,
+                lease_token: token,
+                lease_expires_at: expires,
+                created_at: Timestamp::from_millis(created_at),
+            });
+        }
+        Ok(got)
+    }
+
+    fn complete(
+        &mut self,
+        items: Vec<Completion>,
+        now: Timestamp,
+    ) -> Result<Vec<Result<Completed, ItemError>>, StoreError> {
+        let mut out = Vec::with_capacity(items.len());
+        for item in items {
+            out.push(self.complete_one(item.id, Some(item.token), item.event, now)?);
+        }
+        Ok(out)
+    }
+
+    /// Applies one outcome. `token: None` is the reaper (no worker token).
+    fn complete_one(
+        &mut self,
+        id: JobId,
+        token: Option<LeaseToken>,
+        event: Event,
+        now: Timestamp,
+    ) -> Result<Result<Completed, ItemError>, StoreError> {
+        let row = db(self
+            .conn
+            .prepare_cached("SELECT state, lease_token, envelope FROM jobs WHERE id = ?1")?
+            .query_row(params![id.0 as i64], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, Option<i64>>(1)?,
+                    r.get::<_, String>(2)?,
+                ))
+            })
+            .optional())?;
+        let Some((state, current, env_json)) = row else {
+            return Ok(Err(ItemError::NotFound));
+        };
+        if state != "leased" || token.is_some_and(|t| Some(t.0 as i64) != current) {
+            return Ok(Err(ItemError::LeaseLost));
+        }
+        let mut env =
+            Envelope::from_json(&env_json).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let attempt = env.attempts;
+        let transition = self.decider.decide(&mut env, event, now);
+        let dead_letter = self.apply(&env, transition, now)?;
+        let (kind, class) = env
+            .history
+            .last()
+            .and_then(|r| r.error.as_ref())
+            .filter(|_| transition != Transition::Succeeded)
+            .map_or((None, None), |e| (Some(e.kind.clone()), e.class));
+        Ok(Ok(Completed {
+            id,
+            job_type: env.job_type,
+            lane: env.lane,
+            transition,
+            attempt,
+            kind,
+            class,
+            dead_letter,
+        }))
+    }
+
+    /// Writes a leased job's transition; returns the dead letter written, if any.
+    fn apply(
+        &mut self,
+        env: &Envelope,
+        transition: Transition,
+        now: Timestamp,
+    ) -> Result<Option<DeadLetterId>, StoreError> {
+        let id = env.id.0 as i64;
+        let p = self.pair(&env.lane, &env.tenant);
+        p.inflight = p.inflight.saturating_sub(1);
+        match transition {
+            Transition::Succeeded => {
+                db(self
+                    .conn
+                    .prepare_cached(
+                        "UPDATE jobs SET state = 'succeeded', finished_at = ?2, lease_token = NULL, lease_expires_at = NULL,
+                         attempts = ?3, envelope = ?4 WHERE id = ?1",
+                    )?
+                    .execute(params![id, ms(now), env.attempts, env.to_json()]))?;
+                self.succeeded += 1;
+                Ok(None)
+            }
+            Transition::Retry { at, .. } | Transition::Defer { until: at } => {
+                let state = transition.next_state(now);
+                db(self
+                    .conn
+                    .prepare_cached(
+                        "UPDATE jobs SET state = ?2, run_at = ?3, lease_token = NULL, lease_expires_at = NULL,
+                         attempts = ?4, envelope = ?5 WHERE id = ?1",
+                    )?
+                    .execute(params![id, state_word(state), ms(at), env.attempts, env.to_json()]))?;
+                if state == JobState::Queued {
+                    self.pair(&env.lane, &env.tenant).ready += 1;
+                } else {
+                    *self.scheduled.entry(env.lane.clone()).or_default() += 1;
+                }
+                Ok(None)
+            }
+            Transition::DeadLetter { reason } => {
+                db(self
+                    .conn
+                    .prepare_cached(
+                        "UPDATE jobs SET state = 'dead_lettered', finished_at = ?2, lease_token = NULL, lease_expires_at = NULL,
+                         attempts = ?3, envelope = ?4 WHERE id = ?1",
+                    )?
+                    .execute(params![id, ms(now), env.attempts, env.to_json()]))?;
+                let preview: Vec<u8> = db(self
+                    .conn
+                    .prepare_cached("SELECT substr(payload, 1, 4096) FROM jobs WHERE id = ?1")?
+                    .query_row(params![id], |r| r.get(0)))?;
+                let error = env
+                    .last_error()
+                    .map(|e| serde_json::to_string(e).unwrap_or_default());
+                db(self
+                    .conn
+                    .prepare_cached(
+                        "INSERT INTO dead_letters (job_id, type, tenant, lane, reason, stage, attempts, error, idempotency_key,
+                           created_at, dead_lettered_at, payload_size, payload_sha256, payload_preview)
+                         VALUES (?1, ?2, ?3, ?4, ?5, 'processing', ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+                    )?
+                    .execute(params![
+                        id,
+                        env.job_type.as_str(),
+                        env.tenant.as_str(),
+                        env.lane.as_str(),
+                        reason.as_str(),
+                        env.attempts,
+                        error,
+                        env.idempotency_key,
+                        ms(env.created_at),
+                        ms(now),
+                        env.payload_size as i64,
+                        env.payload_sha256,
+                        payload_preview(&preview, 4096),
+                    ]))?;
+                Ok(Some(DeadLetterId(self.conn.last_insert_rowid() as u64)))
+            }
+        }
+    }
+
+    fn heartbeat(
+        &mut self,
+        id: JobId,
+        token: LeaseToken,
+        until: Timestamp,
+    ) -> Result<Result<Timestamp, ItemError>, StoreError> {
+        let row = db(self
+            .conn
+            .prepare_cached("SELECT state, lease_token FROM jobs WHERE id = ?1")?
+            .query_row(params![id.0 as i64], |r| {
+                Ok((r.get::<_, String>(0)?, r.get::<_, Option<i64>>(1)?))
+            })
+            .optional())?;
+        let Some((state, current)) = row else {
+            return Ok(Err(ItemError::NotFound));
+        };
+        if state != "leased" || current != Some(token.0 as i64) {
+            return Ok(Err(ItemError::LeaseLost));
+        }
+        db(self
+            .conn
+            .prepare_cached("UPDATE jobs SET lease_expires_at = ?2 WHERE id = ?1")?
+            .execute(params![id.0 as i64, ms(until)]))?;
+        Ok(Ok(until))
+    }
+
+    fn tick(&mut self, now: Timestamp) -> Result<Tick, StoreError> {
+        let mut tick = Tick::default();
+        let promoted: Vec<(String, String)> = {
+            let mut stmt = db(self.conn.prepare_cached(
+                "UPDATE jobs SET state = 'queued'
+                 WHERE id IN (SELECT id FROM jobs WHERE state = 'scheduled' AND run_at <= ?1 ORDER BY run_at LIMIT ?2)
+                 RETURNING lane, tenant",
+            ))?;
+            let rows = db(stmt.query_map(params![ms(now), PROMOTE_MAX], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            }))?;
+            let mut v = Vec::new();
+            for row in rows {
+                v.push(db(row)?);
+            }
+            v
+        };
+        for (lane, tenant) in promoted {
+            let lane = Lane::new(lane);
+            if let Some(n) = self.scheduled.get_mut(&lane) {
+                *n = n.saturating_sub(1);
+            }
+            self.pair(&lane, &TenantId::new(tenant)).ready += 1;
+            tick.promoted += 1;
+        }
+        let expired: Vec<i64> = {
+            let mut stmt = db(self.conn.prepare_cached(
+                "SELECT id FROM jobs WHERE state = 'leased' AND lease_expires_at <= ?1 ORDER BY lease_expires_at LIMIT ?2",
+            ))?;
+            let rows = db(stmt.query_map(params![ms(now), EXPIRE_MAX], |r| r.get(0)))?;
+            let mut v = Vec::new();
+            for row in rows {
+                v.push(db(row)?);
+            }
+            v
+        };
+        for id in expired {
+            if let Ok(done) = self.complete_one(JobId(id as u64), None, Event::LeaseExpired, now)? {
+                tick.expired.push(done);
+            }
+        }
+        tick.next_due = db(self.conn.query_row(
+            "SELECT MIN(run_at) FROM jobs WHERE state = 'scheduled'",
+            [],
+            |r| r.get::<_, Option<i64>>(0),
+        ))?
+        .map(Timestamp::from_millis);
+        Ok(tick)
+    }
+
+    fn record_admission(&mut self, rec: &AdmissionRecord) -> Result<DeadLetterId, StoreError> {
+        let error = serde_json::json!({
+            "class": "permanent", "kind": rec.reason.as_str(), "message": rec.message,
+            "traceback": null, "retry_after_ms": null,
+        });
+        db(self
+            .conn
+            .prepare_cached(
+                "INSERT INTO dead_letters (job_id, type, tenant, lane, reason, stage, attempts, error, idempotency_key,
+                   created_at, dead_lettered_at, payload_size, payload_sha256, payload_preview, payload)
+                 VALUES (NULL, ?1, ?2, ?3, ?4, 'admission', 0, ?5, ?6, ?7, ?7, ?8, ?9, ?10, ?11)",
+            )?
+            .execute(params![
+                rec.job_type,
+                rec.tenant,
+                rec.lane,
+                rec.reason.as_str(),
+                error.to_string(),
+                rec.idempotency_key,
+                ms(rec.now),
+                rec.payload_size as i64,
+                rec.payload_sha256,
+                rec.payload_preview,
+                rec.payload,
+            ]))?;
+        Ok(DeadLetterId(self.conn.last_insert_rowid() as u64))
+    }
+
+    fn redrive(&mut self, ids: &[DeadLetterId], now: Timestamp) -> Result<Vec<JobId>, StoreError> {
+        let mut out = Vec::new();
+        for dl in ids {
+            let job_id: Option<i64> = db(self
+                .conn
+                .prepare_cached(
+                    "SELECT job_id FROM dead_letters WHERE id = ?1 AND stage = 'processing'",
+                )?
+                .query_row(params![dl.0 as i64], |r| r.get(0))
+                .optional())?
+            .flatten();
+            let Some(job_id) = job_id else { continue };
+            let env_json: Option<String> = db(self
+                .conn
+                .prepare_cached(
+                    "SELECT envelope FROM jobs WHERE id = ?1 AND state = 'dead_lettered'",
+                )?
+                .query_row(params![job_id], |r| r.get(0))
+                .optional())?;
+            let Some(env_json) = env_json else { continue };
+            let mut env =
+                Envelope::from_json(&env_json).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            lazaret_core::redrive(&mut env);
+            db(self
+                .conn
+                .prepare_cached(
+                    "UPDATE jobs SET state = 'queued', run_at = ?2, attempts = 0, finished_at = NULL, envelope = ?3 WHERE id = ?1",
+                )?
+                .execute(params![job_id, ms(now), env.to_json()]))?;
+            db(self
+                .conn
+                .prepare_cached("DELETE FROM dead_letters WHERE id = ?1")?
+                .execute(params![dl.0 as i64]))?;
+            self.pair(&env.lane, &env.tenant).ready += 1;
+            out.push(env.id);
+        }
+        Ok(out)
+    }
+
+    fn purge(&mut self, ids: &[DeadLetterId]) -> Result<u64, StoreError> {
+        let mut n = 0;
+        for dl in ids {
+            let job_id: Option<Option<i64>> = db(self
+                .conn
+                .prepare_cached("DELETE FROM dead_letters WHERE id = ?1 RETURNING job_id")?
+                .query_row(params![dl.0 as i64], |r| r.get(0))
+                .optional())?;
+            let Some(job_id) = job_id else { continue };
+            if let Some(job_id) = job_id {
+                db(self
+                    .conn
+                    .prepare_cached("DELETE FROM jobs WHERE id = ?1 AND state = 'dead_lettered'")?
+                    .execute(params![job_id]))?;
+            }
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    fn audit(&mut self, e: &AuditEntry) -> Result<(), StoreError> {
+        db(self
+            .conn
+            .prepare_cached(
+                "INSERT INTO audit (at, actor, action, request, count) VALUES (?1, ?2, ?3, ?4, ?5)",
+            )?
+            .execute(params![
+                ms(e.at),
+                e.actor,
+                e.action,
+                e.request.to_string(),
+                e.count as i64
+            ]))?;
+        Ok(())
+    }
+
+    fn stats(&mut self) -> Result<StoreStats, StoreError> {
+        let mut lanes: HashMap<Lane, LaneCounts> = HashMap::new();
+        for (lane, tenants) in &self.pairs {
+            let c = lanes.entry(lane.clone()).or_default();
+            for p in tenants.values() {
+                c.queued += u64::from(p.ready);
+                c.leased += u64::from(p.inflight);
+            }
+        }
+        for (lane, n) in &self.scheduled {
+            lanes.entry(lane.clone()).or_default().scheduled += n;
+        }
+        let mut lanes: Vec<(Lane, LaneCounts)> = lanes.into_iter().collect();
+        lanes.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut stmt = db(self.conn.prepare_cached(
+            "SELECT type, reason, COUNT(*) FROM dead_letters GROUP BY type, reason",
+        ))?;
+        let rows = db(stmt.query_map([], |r| {
+            Ok((
+                r.get::<_, Option<String>>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, i64>(2)?,
+            ))
+        }))?;
+        let mut dead_letters = Vec::new();
+        for row in rows {
+            let (ty, reason, n) = db(row)?;
+            let reason = reason
+                .parse()
+                .map_err(|e| StoreError::Corrupt(format!("{e}")))?;
+            dead_letters.push((ty, reason, n as u64));
+        }
+        Ok(StoreStats {
+            lanes,
+            dead_letters,
+            succeeded: self.succeeded,
+        })
+    }
+
+    fn remove_succeeded(&mut self, before: Timestamp, batch: u32) -> Result<u64, StoreError> {
+        let n = db(self
+            .conn
+            .prepare_cached(
+                "DELETE FROM jobs WHERE id IN
+                   (SELECT id FROM jobs WHERE state = 'succeeded' AND finished_at < ?1 ORDER BY finished_at LIMIT ?2)",
+            )?
+            .execute(params![ms(before), i64::from(batch)]))? as u64;
+        self.succeeded = self.succeeded.saturating_sub(n);
+        Ok(n)
+    }
+}
+
+/// Answers a command that never ran.
+fn fail_cmd(cmd: Cmd, msg: &str) {
+    let e = || StoreError::Corrupt(format!("could not start a transaction: {msg}"));
+    match cmd {
+        Cmd::Enqueue(_, tx) => drop(tx.send(Err(e()))),
+        Cmd::Lease(_, tx) => drop(tx.send(Err(e()))),
+        Cmd::Complete(_, _, tx) => drop(tx.send(Err(e()))),
+        Cmd::Heartbeat(_, _, _, tx) => drop(tx.send(Err(e()))),
+        Cmd::Tick(_, tx) => drop(tx.send(Err(e()))),
+        Cmd::RecordAdmission(_, tx) => drop(tx.send(Err(e()))),
+        Cmd::Redrive(_, _, tx) => drop(tx.send(Err(e()))),
+        Cmd::Purge(_, tx) => drop(tx.send(Err(e()))),
+        Cmd::Audit(_, tx) => drop(tx.send(Err(e()))),
+        Cmd::Stats(tx) => drop(tx.send(Err(e()))),
+        Cmd::RemoveSucceeded(_, _, tx) => drop(tx.send(Err(e()))),
+        Cmd::Close(tx) => drop(tx.send(Err(e()))),
+    }
+}
