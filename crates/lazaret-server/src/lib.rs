@@ -1,1 +1,17 @@
 //! lazaret's HTTP server: gateway, leases, dead letters, auth, metrics.
+//!
+//! A thin shell: handlers parse and answer HTTP, `lazaret-core` decides
+//! (admission, scheduling, outcomes, breakers), `lazaret-store` applies.
+//! What it deliberately does not do: decide policy in a handler, or read the
+//! clock anywhere but `app::now`.
+
+pub mod api;
+pub mod app;
+pub mod auth;
+pub mod config;
+pub mod error;
+pub mod metrics;
+pub mod serve;
+pub mod views;
+
+pub use serve::{ServeError, ServeOptions, serve};

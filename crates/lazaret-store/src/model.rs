@@ -153,6 +153,10 @@ pub struct Completed {
     pub class: Option<lazaret_core::FailureClass>,
     /// The dead letter written, if any.
     pub dead_letter: Option<DeadLetterId>,
+    /// The failure's message, if it failed (for fingerprints).
+    pub message: Option<String>,
+    /// Redrives of the job so far (outcomes of redriven jobs are counted).
+    pub redrives: u32,
 }
 
 /// Why one item of a call was refused; the rest of the call goes on.

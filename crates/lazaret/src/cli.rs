@@ -1,13 +1,380 @@
 //! Client subcommands: talk to a running server over its HTTP API.
+//!
+//! `args` is what clap parses and the request bodies it turns into, `http`
+//! the client and its errors, `render` the readable output, `table` the
+//! column layout. This file wires them: one current-thread runtime per
+//! command, replies to stdout, errors to stderr as `error: …`.
+//!
+//! Exit status: 0 done, 1 the server or the connection failed, 2 the
+//! command itself was refused before anything changed (an empty redrive or
+//! purge selection, a purge without `--confirm`) — clap's usage errors
+//! also exit 2.
 
-/// Client subcommands (placeholder until the CLI lands).
-#[derive(Debug, clap::Subcommand)]
-pub enum ClientCommand {
-    /// Print the server's stats.
-    Stats,
+mod args;
+mod http;
+mod render;
+mod table;
+
+use std::fs::File;
+use std::io::{self, BufWriter, IsTerminal, Read, Write};
+
+use anyhow::{Context, anyhow};
+use serde_json::Value;
+
+pub use args::ClientCommand;
+use args::{
+    DlqCommand, DlqLsArgs, DlqPayloadArgs, DlqPurgeArgs, DlqRedriveArgs, EnqueueArgs, JobsCommand,
+    PurgeBody, RedriveBody, Selection,
+};
+use http::{Client, Reply, ServerError};
+
+/// Page size used to count what a purge would delete.
+const PURGE_COUNT_PAGE: &str = "500";
+/// Dead letters listed before "… and N more" when a purge is not confirmed.
+const PURGE_SHOWN_MAX: usize = 20;
+
+type Out<'a> = &'a mut dyn Write;
+
+/// The command was refused on the client side; nothing was sent that changes state.
+#[derive(Debug)]
+struct Refused(String);
+
+impl std::fmt::Display for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
 }
 
-/// Runs a client subcommand.
-pub fn run(_cmd: ClientCommand) -> anyhow::Result<()> {
-    anyhow::bail!("not implemented yet")
+impl std::error::Error for Refused {}
+
+/// Runs a client subcommand; on failure prints `error: …` and exits non-zero.
+pub fn run(cmd: ClientCommand) -> anyhow::Result<()> {
+    let json = cmd.opts().json;
+    let stdout = io::stdout();
+    let mut out = stdout.lock();
+    let result = Client::new(&cmd.opts().server, std::env::var("LAZARET_TOKEN").ok())
+        .and_then(|client| {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("cannot start the async runtime")?;
+            rt.block_on(execute(cmd, &client, &mut out, width()))
+        })
+        .and_then(|()| out.flush().map_err(Into::into));
+    let Err(err) = result else {
+        return Ok(());
+    };
+    if is_broken_pipe(&err) {
+        // `lazaret dlq ls | head`: the reader left, which is not a failure.
+        return Ok(());
+    }
+    if json {
+        if let Some(body) = err.downcast_ref::<ServerError>().map(|e| &e.body) {
+            let _ = write_raw(&mut out, body).and_then(|()| out.flush());
+        }
+    }
+    eprintln!("error: {err:#}");
+    let code = if err.downcast_ref::<Refused>().is_some() {
+        2
+    } else {
+        1
+    };
+    std::process::exit(code)
 }
+
+fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain()
+        .filter_map(|e| e.downcast_ref::<io::Error>())
+        .any(|e| e.kind() == io::ErrorKind::BrokenPipe)
+}
+
+/// Terminal width from `COLUMNS` when the shell exports it; tables are
+/// otherwise only bounded per column.
+fn width() -> Option<usize> {
+    std::env::var("COLUMNS")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+        .filter(|w| *w >= 40)
+}
+
+async fn execute(
+    cmd: ClientCommand,
+    client: &Client,
+    out: Out<'_>,
+    width: Option<usize>,
+) -> anyhow::Result<()> {
+    let json = cmd.opts().json;
+    match cmd {
+        ClientCommand::Enqueue(a) => enqueue(client, &a, out).await,
+        ClientCommand::Jobs {
+            command: JobsCommand::Show(a),
+        } => {
+            let reply = client.get(&["v1", "jobs", &a.id], &[]).await?;
+            emit(out, json, &reply, |o, v| render::job(o, v, width))
+        }
+        ClientCommand::Stats(_) => {
+            let reply = client.get(&["v1", "stats"], &[]).await?;
+            emit(out, json, &reply, |o, v| render::stats(o, v, width))
+        }
+        ClientCommand::Dlq { command } => match command {
+            DlqCommand::Ls(a) => dlq_ls(client, &a, out, width).await,
+            DlqCommand::Show(a) => {
+                let reply = client.get(&["v1", "dead-letters", &a.id], &[]).await?;
+                emit(out, json, &reply, |o, v| render::dead_letter(o, v, width))
+            }
+            DlqCommand::Payload(a) => dlq_payload(client, &a, out).await,
+            DlqCommand::Reasons(_) => {
+                let reply = client.get(&["v1", "dead-letters", "reasons"], &[]).await?;
+                emit(out, json, &reply, |o, v| render::reasons(o, v, width))
+            }
+            DlqCommand::Redrive(a) => dlq_redrive(client, &a, out).await,
+            DlqCommand::Purge(a) => dlq_purge(client, &a, out, width).await,
+        },
+    }
+}
+
+/// Prints a reply: as is with `--json`, else through its renderer.
+fn emit(
+    out: Out,
+    json: bool,
+    reply: &Reply,
+    human: impl FnOnce(Out, &Value) -> io::Result<()>,
+) -> anyhow::Result<()> {
+    if json {
+        write_raw(out, reply.raw())?;
+    } else {
+        human(out, &reply.json::<Value>()?)?;
+    }
+    Ok(())
+}
+
+fn write_raw(out: Out, body: &[u8]) -> io::Result<()> {
+    out.write_all(body)?;
+    if !body.ends_with(b"\n") {
+        out.write_all(b"\n")?;
+    }
+    Ok(())
+}
+
+async fn enqueue(client: &Client, a: &EnqueueArgs, out: Out<'_>) -> anyhow::Result<()> {
+    let (text, from) = match (&a.payload, &a.payload_file) {
+        (Some(p), _) => (p.clone(), "--payload".to_owned()),
+        (None, Some(path)) => (
+            std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read the payload file {}", path.display()))?,
+            path.display().to_string(),
+        ),
+        (None, None) => {
+            let mut stdin = io::stdin().lock();
+            if stdin.is_terminal() {
+                eprintln!("reading the payload from stdin (end with Ctrl-D; or use --payload)");
+            }
+            let mut text = String::new();
+            stdin
+                .read_to_string(&mut text)
+                .context("cannot read the payload from stdin")?;
+            (text, "stdin".to_owned())
+        }
+    };
+    let payload = EnqueueArgs::parse_payload(text, &from)?;
+    let reply = client.post(&["v1", "jobs"], &a.body(&payload)).await?;
+    emit(out, a.opts.json, &reply, render::enqueued)
+}
+
+async fn dlq_ls(
+    client: &Client,
+    a: &DlqLsArgs,
+    out: Out<'_>,
+    width: Option<usize>,
+) -> anyhow::Result<()> {
+    let limit = a.limit.map(|l| l.to_string());
+    let mut query = a.filter.pairs();
+    if let Some(limit) = &limit {
+        query.push(("limit", limit));
+    }
+    if let Some(cursor) = &a.cursor {
+        query.push(("cursor", cursor));
+    }
+    let reply = client.get(&["v1", "dead-letters"], &query).await?;
+    emit(out, a.opts.json, &reply, |o, v| {
+        render::dead_letters(o, v, width)
+    })
+}
+
+/// Streams the payload chunk by chunk: a 50 MB payload is never held whole.
+async fn dlq_payload(client: &Client, a: &DlqPayloadArgs, out: Out<'_>) -> anyhow::Result<()> {
+    let mut resp = client
+        .get_stream(&["v1", "dead-letters", &a.id, "payload"])
+        .await?;
+    let Some(path) = &a.output else {
+        copy_body(&mut resp, out).await?;
+        return Ok(());
+    };
+    let file = File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
+    let mut file = BufWriter::new(file);
+    let copied = match copy_body(&mut resp, &mut file).await {
+        Ok(n) => file.flush().map(|()| n).map_err(Into::into),
+        Err(e) => Err(e),
+    };
+    match copied {
+        Ok(n) => {
+            eprintln!("wrote {n} bytes to {}", path.display());
+            Ok(())
+        }
+        Err(e) => {
+            // A cut-off payload must not pass for the real one.
+            drop(file);
+            let _ = std::fs::remove_file(path);
+            Err(e.context(format!(
+                "{} removed: the payload did not arrive whole",
+                path.display()
+            )))
+        }
+    }
+}
+
+async fn copy_body(resp: &mut reqwest::Response, out: &mut dyn Write) -> anyhow::Result<u64> {
+    let mut n = 0u64;
+    while let Some(chunk) = resp
+        .chunk()
+        .await
+        .map_err(|e| anyhow!("the payload stream broke off: {e}"))?
+    {
+        out.write_all(&chunk)?;
+        n += chunk.len() as u64;
+    }
+    Ok(n)
+}
+
+async fn dlq_redrive(client: &Client, a: &DlqRedriveArgs, out: Out<'_>) -> anyhow::Result<()> {
+    let selection = a
+        .select
+        .selection("redrive")
+        .map_err(|e| Refused(e.to_string()))?;
+    let body = RedriveBody {
+        selection: &selection,
+        dry_run: a.dry_run,
+        rate_per_sec: a.rate,
+    };
+    let reply = client
+        .post(&["v1", "dead-letters", "redrive"], &body)
+        .await?;
+    emit(out, a.opts.json, &reply, |o, v| {
+        render::redriven(o, v, a.dry_run)
+    })
+}
+
+async fn dlq_purge(
+    client: &Client,
+    a: &DlqPurgeArgs,
+    out: Out<'_>,
+    width: Option<usize>,
+) -> anyhow::Result<()> {
+    let selection = a
+        .select
+        .selection("purge")
+        .map_err(|e| Refused(e.to_string()))?;
+    if a.confirm {
+        let body = PurgeBody {
+            selection: &selection,
+            confirm: true,
+        };
+        let reply = client.post(&["v1", "dead-letters", "purge"], &body).await?;
+        return emit(out, a.opts.json, &reply, render::purged);
+    }
+
+    let preview = purge_preview(client, &selection).await?;
+    if !a.opts.json {
+        writeln!(
+            out,
+            "would purge {} dead letter(s) matching {selection}",
+            preview.count
+        )?;
+        if !preview.sample.is_empty() {
+            render::dead_letters_sample(out, &preview.sample, width)?;
+        }
+        if preview.count > preview.sample.len() as u64 {
+            writeln!(
+                out,
+                "… and {} more",
+                preview.count - preview.sample.len() as u64
+            )?;
+        }
+        if !preview.missing.is_empty() {
+            writeln!(out, "not found: {}", preview.missing.join(", "))?;
+        }
+    }
+    Err(Refused(if preview.count == 0 {
+        "nothing was purged: no dead letter matches".to_owned()
+    } else {
+        "nothing was purged: add --confirm to purge them (needs an admin token)".to_owned()
+    })
+    .into())
+}
+
+/// What a purge would delete: a count, the first few, and ids that do not exist.
+#[derive(Debug, Default)]
+struct PurgePreview {
+    count: u64,
+    sample: Vec<Value>,
+    missing: Vec<String>,
+}
+
+async fn purge_preview(client: &Client, selection: &Selection) -> anyhow::Result<PurgePreview> {
+    let mut preview = PurgePreview::default();
+    match selection {
+        Selection::Ids(ids) => {
+            for id in ids {
+                match client.get(&["v1", "dead-letters", id], &[]).await {
+                    Ok(reply) => {
+                        preview.count += 1;
+                        if preview.sample.len() < PURGE_SHOWN_MAX {
+                            preview.sample.push(reply.json()?);
+                        }
+                    }
+                    Err(e) if is_not_found(&e) => preview.missing.push(id.clone()),
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Selection::Filter(filter) => {
+            let mut cursor: Option<String> = None;
+            loop {
+                let mut query = filter.pairs();
+                query.push(("limit", PURGE_COUNT_PAGE));
+                if let Some(c) = &cursor {
+                    query.push(("cursor", c));
+                }
+                let page: Value = client.get(&["v1", "dead-letters"], &query).await?.json()?;
+                let items = page.get("items").and_then(Value::as_array);
+                for item in items.into_iter().flatten() {
+                    preview.count += 1;
+                    if preview.sample.len() < PURGE_SHOWN_MAX {
+                        preview.sample.push(item.clone());
+                    }
+                }
+                let next = page
+                    .get("next_cursor")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned);
+                // A cursor that does not move would loop for ever.
+                if next.is_none() || next == cursor {
+                    break;
+                }
+                cursor = next;
+            }
+        }
+    }
+    Ok(preview)
+}
+
+fn is_not_found(err: &anyhow::Error) -> bool {
+    err.downcast_ref::<ServerError>()
+        .and_then(|e| e.api.as_ref())
+        .is_some_and(|api| api.code == "NOT_FOUND")
+}
+
+#[cfg(test)]
+mod tests;

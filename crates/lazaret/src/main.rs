@@ -46,8 +46,44 @@ struct ServeArgs {
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     match args.command {
-        Command::Serve(_serve) => anyhow::bail!("serve is not wired yet"),
+        Command::Serve(serve) => run_serve(serve),
         Command::Bench(b) => bench::run(b),
         Command::Client(c) => cli::run(c),
     }
+}
+
+/// `lazaret serve`: logs go to stderr so that stdout's first line stays the
+/// `lazaret listening on http://ADDR` that scripts read.
+fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let config = match &args.config {
+        Some(path) => lazaret_server::config::ServerConfig::load(path)?,
+        None => lazaret_server::config::ServerConfig::default(),
+    };
+    let data = match args.store.as_deref() {
+        None => args.data,
+        Some(url) => match url.strip_prefix("sqlite://") {
+            Some(dir) => PathBuf::from(dir),
+            None => anyhow::bail!(
+                "--store {url:?} is not supported by this build: use sqlite:///path/to/dir (PostgreSQL comes with the multi-node store)"
+            ),
+        },
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(lazaret_server::serve(lazaret_server::ServeOptions {
+        listen: args.listen,
+        data,
+        config,
+    }))?;
+    Ok(())
 }

@@ -592,12 +592,15 @@ impl Writer {
         let attempt = env.attempts;
         let transition = self.decider.decide(&mut env, event, now);
         let dead_letter = self.apply(&env, transition, now)?;
-        let (kind, class) = env
+        let (kind, class, message) = env
             .history
             .last()
             .and_then(|r| r.error.as_ref())
             .filter(|_| transition != Transition::Succeeded)
-            .map_or((None, None), |e| (Some(e.kind.clone()), e.class));
+            .map_or((None, None, None), |e| {
+                (Some(e.kind.clone()), e.class, Some(e.message.clone()))
+            });
+        let redrives = env.redrives;
         Ok(Ok(Completed {
             id,
             job_type: env.job_type,
@@ -607,6 +610,8 @@ impl Writer {
             kind,
             class,
             dead_letter,
+            message,
+            redrives,
         }))
     }
 

@@ -1,0 +1,1176 @@
+//! The HTTP API (see `docs/api.md` and the contract): routes and handlers.
+//! Handlers move bytes; the core decides and the store applies.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures_util::StreamExt;
+use lazaret_core::{
+    AdmissionRequest, DeadLetterReason, ErrorKind, Event, Failure, FailureClass, JobId, JobType,
+    Lane, TenantId, Timestamp, Transition, Verdict, WorkerId, admit, check_body_size,
+    payload_preview, payload_sha256,
+};
+use lazaret_store::{
+    AdmissionRecord, AuditEntry, Completed, Completion, DeadLetterFilter, DeadLetterId,
+    EnqueueOutcome, LeaseRequest, LeaseToken, NewJob, Selector, Stage, Store,
+};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{Value, json};
+
+use crate::app::{App, now};
+use crate::auth::{Action, Caller, authenticate, forbidden};
+use crate::error::ApiError;
+use crate::{metrics as m, views};
+
+type Shared<S> = State<Arc<App<S>>>;
+type ApiResult = Result<Response, ApiError>;
+
+/// Bytes of a request body beyond the payload (type, tenant, keys…).
+const ENVELOPE_SLACK: usize = 16 * 1024;
+/// Jobs in one lease at most.
+const LEASE_JOBS_MAX: u32 = 1000;
+/// Longest long-poll.
+const WAIT_MS_MAX: u64 = 60_000;
+
+/// The router, with every route of the API.
+pub fn router<S: Store>(app: Arc<App<S>>) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics::<S>))
+        .route("/v1/jobs", post(enqueue::<S>))
+        .route("/v1/jobs/batch", post(enqueue_batch::<S>))
+        .route("/v1/jobs/{id}", get(job::<S>))
+        .route("/v1/jobs/{id}/ack", post(ack::<S>))
+        .route("/v1/jobs/{id}/fail", post(fail::<S>))
+        .route("/v1/jobs/{id}/heartbeat", post(heartbeat::<S>))
+        .route("/v1/leases", post(lease::<S>))
+        .route("/v1/acks", post(acks::<S>))
+        .route("/v1/fails", post(fails::<S>))
+        .route("/v1/dead-letters", get(dead_letters::<S>))
+        .route("/v1/dead-letters/reasons", get(reasons::<S>))
+        .route("/v1/dead-letters/redrive", post(redrive::<S>))
+        .route("/v1/dead-letters/purge", post(purge::<S>))
+        .route("/v1/dead-letters/{id}", get(dead_letter::<S>))
+        .route(
+            "/v1/dead-letters/{id}/payload",
+            get(dead_letter_payload::<S>),
+        )
+        .route("/v1/stats", get(stats::<S>))
+        .route("/v1/breakers", get(breakers::<S>))
+        .route("/v1/pause", post(pause::<S>))
+        .route("/v1/resume", post(resume::<S>))
+        .route("/v1/audit", get(audit::<S>))
+        .fallback(|| async { ApiError::not_found("no such route; see docs/api.md") })
+        .with_state(app)
+}
+
+fn ok(v: Value) -> ApiResult {
+    Ok(Json(v).into_response())
+}
+
+/// Authenticates and authorises; a refused operator action is audited.
+async fn allow<S: Store>(
+    app: &App<S>,
+    headers: &HeaderMap,
+    action: Action,
+) -> Result<Caller, ApiError> {
+    let caller =
+        authenticate(&app.config.tokens, headers).inspect_err(|e| m::rejected(e.code.as_str()))?;
+    if action.allowed_for(caller.role) {
+        return Ok(caller);
+    }
+    if matches!(
+        action,
+        Action::Operate | Action::Administer | Action::ReadDeadLetters
+    ) {
+        let entry = AuditEntry {
+            at: now(),
+            actor: caller.name.clone(),
+            action: "denied".into(),
+            request: json!({ "wanted": format!("{action:?}") }),
+            count: 0,
+        };
+        let _ = app.store.audit(entry).await;
+    }
+    m::rejected("FORBIDDEN");
+    Err(forbidden(&caller, action))
+}
+
+fn parse_json<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(bytes)
+        .map_err(|e| ApiError::bad_request(format!("the request body is not valid: {e}")))
+}
+
+fn parse_id(id: &str, what: &str) -> Result<u64, ApiError> {
+    id.parse()
+        .map_err(|_| ApiError::not_found(format!("no {what} with id {id:?}")))
+}
+
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+// ---------------------------------------------------------------- producers
+
+#[derive(Debug, Deserialize)]
+struct EnqueueBody<'a> {
+    #[serde(rename = "type")]
+    job_type: Option<String>,
+    tenant: Option<String>,
+    lane: Option<String>,
+    #[serde(borrow)]
+    payload: Option<&'a RawValue>,
+    idempotency_key: Option<String>,
+    schema_version: Option<u32>,
+    delay_ms: Option<u64>,
+}
+
+/// Reads a body up to `cap` bytes; over it, returns what was read so far
+/// and the size seen (announced or counted) without reading the rest.
+enum Read {
+    Whole(Bytes),
+    TooLarge {
+        head: Vec<u8>,
+        size: u64,
+        announced: bool,
+    },
+}
+
+async fn read_capped(headers: &HeaderMap, body: Body, cap: usize) -> Result<Read, ApiError> {
+    let announced: Option<u64> = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok());
+    let mut stream = body.into_data_stream();
+    if let Some(len) = announced.filter(|l| *l > cap as u64) {
+        // Refuse before reading the body; keep at most a preview's worth.
+        let mut head = Vec::new();
+        if let Ok(Some(Ok(chunk))) =
+            tokio::time::timeout(Duration::from_millis(200), stream.next()).await
+        {
+            head.extend_from_slice(&chunk[..chunk.len().min(4096)]);
+        }
+        return Ok(Read::TooLarge {
+            head,
+            size: len,
+            announced: true,
+        });
+    }
+    let mut buf = Vec::with_capacity(announced.unwrap_or(0).min(cap as u64) as usize);
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk
+            .map_err(|e| ApiError::bad_request(format!("could not read the request body: {e}")))?;
+        if buf.len() + chunk.len() > cap {
+            let mut head = buf;
+            head.truncate(4096);
+            let size = (head.len() + chunk.len()) as u64;
+            return Ok(Read::TooLarge {
+                head,
+                size,
+                announced: false,
+            });
+        }
+        buf.extend_from_slice(&chunk);
+    }
+    Ok(Read::Whole(Bytes::from(buf)))
+}
+
+fn connection_close(mut resp: Response) -> Response {
+    resp.headers_mut().insert(
+        header::CONNECTION,
+        header::HeaderValue::from_static("close"),
+    );
+    resp
+}
+
+async fn record_poison<S: Store>(app: &App<S>, rec: AdmissionRecord) {
+    let now = rec.now;
+    app.observe_admission(rec.job_type.as_deref(), rec.reason, &rec.message, now);
+    if app.admission_record_allowed(rec.tenant.as_deref(), now) {
+        if let Err(e) = app.store.record_admission(rec).await {
+            tracing::error!(error = %e, "could not record an admission dead letter");
+        }
+    } else {
+        m::admission_record_dropped();
+    }
+}
+
+/// Admission of one parsed job; `Ok(NewJob)` or the error answer (and the
+/// poison record when it is one).
+async fn admit_one<S: Store>(
+    app: &App<S>,
+    body: &EnqueueBody<'_>,
+    now: Timestamp,
+) -> Result<NewJob, ApiError> {
+    let payload = body.payload.map(|p| p.get().as_bytes()).unwrap_or_default();
+    let lane = body.lane.clone().unwrap_or_else(|| "default".to_owned());
+    let shed = body
+        .job_type
+        .as_deref()
+        .and_then(|ty| app.shed(ty, &lane, now));
+    let verdict = if body.payload.is_none() {
+        Verdict::BadRequest {
+            message: "payload is required: send \"payload\": <any JSON value>".into(),
+        }
+    } else if lane.trim().is_empty() {
+        Verdict::BadRequest {
+            message: "lane must not be empty; leave it out to use the default lane".into(),
+        }
+    } else {
+        admit(
+            &app.config.admission,
+            &AdmissionRequest {
+                job_type: body.job_type.as_deref(),
+                tenant: body.tenant.as_deref(),
+                schema_version: body.schema_version,
+                payload,
+                declared_size: None,
+                shed,
+            },
+        )
+    };
+    let schema_version = match verdict {
+        Verdict::Admitted { schema_version } => schema_version,
+        other => {
+            if let Verdict::Poison {
+                reason, message, ..
+            } = &other
+            {
+                let reason = DeadLetterReason::from_poison(*reason);
+                record_poison(
+                    app,
+                    AdmissionRecord {
+                        job_type: body.job_type.clone(),
+                        tenant: body.tenant.clone(),
+                        lane: Some(lane.clone()),
+                        reason,
+                        message: message.clone(),
+                        payload_size: payload.len() as u64,
+                        payload_sha256: Some(hex::encode(payload_sha256(payload))),
+                        payload_preview: payload_preview(payload, 4096).to_owned(),
+                        payload: Some(payload.to_vec()),
+                        idempotency_key: body.idempotency_key.clone(),
+                        now,
+                    },
+                )
+                .await;
+            }
+            let e =
+                ApiError::from_verdict(other).unwrap_or_else(|| ApiError::bad_request("refused"));
+            m::rejected(e.code.as_str());
+            return Err(e);
+        }
+    };
+    Ok(NewJob {
+        job_type: JobType::new(body.job_type.clone().unwrap_or_default()),
+        tenant: TenantId::new(body.tenant.clone().unwrap_or_default()),
+        lane: Lane::new(lane),
+        payload: payload.to_vec(),
+        idempotency_key: body.idempotency_key.clone(),
+        schema_version,
+        run_at: now.saturating_add(Duration::from_millis(body.delay_ms.unwrap_or(0))),
+        now,
+    })
+}
+
+fn enqueue_reply<S: Store>(
+    app: &App<S>,
+    job: &NewJob,
+    outcome: &EnqueueOutcome,
+) -> (StatusCode, Value) {
+    match outcome {
+        EnqueueOutcome::Created {
+            id,
+            state,
+            inflight,
+        } => {
+            m::enqueued(job.job_type.as_str(), job.lane.as_str());
+            let sched = &app.config.scheduler;
+            let cap = sched
+                .tenant_inflight_max
+                .get(&job.tenant)
+                .copied()
+                .unwrap_or(sched.inflight_max);
+            let fair = *inflight >= cap;
+            let admission = if fair { "FAIR_QUEUE" } else { "ADMITTED" };
+            (
+                StatusCode::CREATED,
+                json!({ "id": id.to_string(), "state": state.as_str(), "admission": admission }),
+            )
+        }
+        EnqueueOutcome::Duplicate { id, state } => (
+            StatusCode::OK,
+            json!({ "id": id.to_string(), "state": state.as_str(), "admission": "DUPLICATE" }),
+        ),
+    }
+}
+
+async fn too_large_body<S: Store>(
+    app: &App<S>,
+    head: Vec<u8>,
+    size: u64,
+    announced: bool,
+    cap: usize,
+    what: &str,
+) -> ApiError {
+    let message = format!(
+        "the request body is {}{size} bytes; the cap is {cap} bytes ({what}). Store large blobs elsewhere and enqueue a reference",
+        if announced { "announced as " } else { "over " }
+    );
+    record_poison(
+        app,
+        AdmissionRecord {
+            job_type: None,
+            tenant: None,
+            lane: None,
+            reason: DeadLetterReason::PayloadTooLarge,
+            message: message.clone(),
+            payload_size: size,
+            payload_sha256: None,
+            payload_preview: payload_preview(&head, 4096).to_owned(),
+            payload: None,
+            idempotency_key: None,
+            now: now(),
+        },
+    )
+    .await;
+    m::rejected("POISON");
+    ApiError::too_large(message)
+}
+
+async fn enqueue<S: Store>(State(app): Shared<S>, headers: HeaderMap, body: Body) -> ApiResult {
+    allow(&app, &headers, Action::Produce).await?;
+    let cap = app.config.admission.payload_bytes_max + ENVELOPE_SLACK;
+    let bytes = match read_capped(&headers, body, cap).await? {
+        Read::Whole(b) => b,
+        Read::TooLarge {
+            head,
+            size,
+            announced,
+        } => {
+            let e = too_large_body(
+                &app,
+                head,
+                size,
+                announced,
+                cap,
+                "payload_bytes_max + 16 KiB",
+            )
+            .await;
+            return Ok(connection_close(e.into_response()));
+        }
+    };
+    let now = now();
+    let parsed: EnqueueBody<'_> = match serde_json::from_slice(&bytes) {
+        Ok(b) => b,
+        Err(e) if e.is_syntax() || e.is_eof() => {
+            let message = format!(
+                "the request body is not valid JSON: {e}; send a JSON object with type, tenant and payload"
+            );
+            record_poison(
+                &app,
+                AdmissionRecord {
+                    job_type: None,
+                    tenant: None,
+                    lane: None,
+                    reason: DeadLetterReason::InvalidJson,
+                    message: message.clone(),
+                    payload_size: bytes.len() as u64,
+                    payload_sha256: Some(hex::encode(payload_sha256(&bytes))),
+                    payload_preview: payload_preview(&bytes, 4096).to_owned(),
+                    payload: Some(bytes.to_vec()),
+                    idempotency_key: None,
+                    now,
+                },
+            )
+            .await;
+            let mut err = ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                crate::error::Code::Poison,
+                message,
+            );
+            err.reason = Some("invalid_json");
+            return Err(err);
+        }
+        Err(e) => return Err(ApiError::bad_request(format!("the job is not valid: {e}"))),
+    };
+    let job = admit_one(&app, &parsed, now).await?;
+    let outcome = app.store.enqueue(vec![job.clone()]).await?;
+    let (status, body) = enqueue_reply(&app, &job, &outcome[0]);
+    if status == StatusCode::CREATED {
+        app.ready.notify_waiters();
+    }
+    Ok((status, Json(body)).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+struct BatchBody<'a> {
+    #[serde(borrow)]
+    jobs: Vec<&'a RawValue>,
+}
+
+async fn enqueue_batch<S: Store>(
+    State(app): Shared<S>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult {
+    allow(&app, &headers, Action::Produce).await?;
+    let cap = app.config.batch_bytes_max;
+    let bytes = match read_capped(&headers, body, cap).await? {
+        Read::Whole(b) => b,
+        Read::TooLarge {
+            head,
+            size,
+            announced,
+        } => {
+            let e = too_large_body(&app, head, size, announced, cap, "batch_bytes_max").await;
+            return Ok(connection_close(e.into_response()));
+        }
+    };
+    let batch: BatchBody<'_> = parse_json(&bytes)?;
+    let now = now();
+    let mut results: Vec<Option<Value>> = vec![None; batch.jobs.len()];
+    let mut admitted: Vec<(usize, NewJob)> = Vec::new();
+    for (i, raw) in batch.jobs.iter().enumerate() {
+        let item: Result<EnqueueBody<'_>, _> = serde_json::from_str(raw.get());
+        match item {
+            Ok(item) => match admit_one(&app, &item, now).await {
+                Ok(job) => admitted.push((i, job)),
+                Err(e) => results[i] = Some(e.body()),
+            },
+            Err(e) => {
+                results[i] =
+                    Some(ApiError::bad_request(format!("job {i} is not valid: {e}")).body())
+            }
+        }
+    }
+    if !admitted.is_empty() {
+        let jobs: Vec<NewJob> = admitted.iter().map(|(_, j)| j.clone()).collect();
+        let outcomes = app.store.enqueue(jobs).await?;
+        for ((i, job), outcome) in admitted.iter().zip(&outcomes) {
+            results[*i] = Some(enqueue_reply(&app, job, outcome).1);
+        }
+        app.ready.notify_waiters();
+    }
+    ok(json!({ "results": results }))
+}
+
+async fn job<S: Store>(
+    State(app): Shared<S>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> ApiResult {
+    allow(&app, &headers, Action::ReadJob).await?;
+    let id = parse_id(&id, "job")?;
+    let view = app
+        .store
+        .job(JobId(id))
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("no job with id {id}")))?;
+    ok(views::job(&view, now()))
+}
+
+// ---------------------------------------------------------------- workers
+
+#[derive(Debug, Deserialize)]
+struct LeaseBody {
+    worker_id: Option<String>,
+    lanes: Option<Vec<String>>,
+    types: Option<Vec<String>>,
+    max_jobs: Option<u32>,
+    lease_ms: Option<u64>,
+    wait_ms: Option<u64>,
+}
+
+async fn lease<S: Store>(State(app): Shared<S>, headers: HeaderMap, body: Bytes) -> ApiResult {
+    allow(&app, &headers, Action::Work).await?;
+    let b: LeaseBody = parse_json(&body)?;
+    let max_jobs = b.max_jobs.unwrap_or(1);
+    if max_jobs == 0 || max_jobs > LEASE_JOBS_MAX {
+        return Err(ApiError::bad_request(format!(
+            "max_jobs must be between 1 and {LEASE_JOBS_MAX} (got {max_jobs})"
+        )));
+    }
+    let lease_ms = b.lease_ms.unwrap_or(app.config.lease_ms_default);
+    if lease_ms == 0 || lease_ms > app.config.lease_ms_max {
+        return Err(ApiError::bad_request(format!(
+            "lease_ms must be between 1 and {} (lease_ms_max; got {lease_ms})",
+            app.config.lease_ms_max
+        )));
+    }
+    let wait = Duration::from_millis(b.wait_ms.unwrap_or(0).min(WAIT_MS_MAX));
+    let deadline = tokio::time::Instant::now() + wait;
+    let worker_id = WorkerId::new(b.worker_id.unwrap_or_else(|| "anonymous".into()));
+    let lanes = b
+        .lanes
+        .map(|ls| ls.into_iter().map(Lane::new).collect::<Vec<_>>());
+    let types = b
+        .types
+        .map(|ts| ts.into_iter().map(JobType::new).collect::<Vec<_>>());
+    loop {
+        let notified = app.ready.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let now = now();
+        let (exclude_types, exclude_lanes, type_limits) = app.lease_filters(now);
+        let req = LeaseRequest {
+            worker_id: worker_id.clone(),
+            lanes: lanes.clone(),
+            types: types.clone(),
+            exclude_types,
+            exclude_lanes,
+            type_limits: type_limits.clone(),
+            max_jobs,
+            lease: Duration::from_millis(lease_ms),
+            now,
+        };
+        let jobs = app.store.lease(req).await?;
+        if !jobs.is_empty() || tokio::time::Instant::now() >= deadline {
+            if !type_limits.is_empty() {
+                let mut br = app.breakers.lock().unwrap_or_else(|p| p.into_inner());
+                for j in &jobs {
+                    if type_limits.iter().any(|(t, _)| t == &j.job_type) {
+                        br.try_lease(&j.job_type, now);
+                    }
+                }
+            }
+            return ok(json!({ "jobs": jobs.iter().map(views::leased).collect::<Vec<_>>() }));
+        }
+        let _ = tokio::time::timeout_at(deadline, notified).await;
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct AckBody {
+    lease_token: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct ErrorBody {
+    class: Option<String>,
+    kind: Option<String>,
+    message: Option<String>,
+    traceback: Option<String>,
+    retry_after_ms: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+struct FailBody {
+    lease_token: String,
+    error: ErrorBody,
+}
+
+#[derive(Debug, Deserialize)]
+struct ItemBody {
+    id: String,
+    lease_token: String,
+    error: Option<ErrorBody>,
+}
+
+fn token(t: &str) -> Result<LeaseToken, ApiError> {
+    // A token that is not even a number cannot be anyone's current lease.
+    Ok(LeaseToken(t.trim().parse().unwrap_or(0)))
+}
+
+fn failure(e: ErrorBody) -> Result<Failure, ApiError> {
+    let class = match e.class.as_deref() {
+        None => None,
+        Some("transient") => Some(FailureClass::Transient),
+        Some("permanent") => Some(FailureClass::Permanent),
+        Some("deferred") => Some(FailureClass::Deferred),
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "error.class {other:?} is not one of transient, permanent, deferred (or leave it out to classify by kind)"
+            )));
+        }
+    };
+    let kind = e
+        .kind
+        .filter(|k| !k.trim().is_empty())
+        .unwrap_or_else(|| "error".into());
+    Ok(Failure {
+        class,
+        kind: ErrorKind::new(kind),
+        message: e.message.unwrap_or_default(),
+        traceback: e.traceback,
+        retry_after: e.retry_after_ms.map(Duration::from_millis),
+    })
+}
+
+fn outcome_reply(c: &Completed) -> Value {
+    match c.transition {
+        Transition::Succeeded => json!({ "state": "succeeded" }),
+        Transition::Retry { at, attempt } => {
+            json!({ "state": "scheduled", "retry_at": views::time(at), "attempt": attempt })
+        }
+        Transition::Defer { until } => {
+            json!({ "state": "scheduled", "retry_at": views::time(until), "attempt": c.attempt, "deferred": true })
+        }
+        Transition::DeadLetter { reason } => json!({
+            "state": "dead_lettered", "reason": reason.as_str(), "attempt": c.attempt,
+            "dead_letter_id": c.dead_letter.map(|d| d.to_string()),
+        }),
+    }
+}
+
+async fn complete<S: Store>(
+    app: &App<S>,
+    items: Vec<(String, Result<Completion, ApiError>)>,
+) -> Result<Vec<Result<Value, ApiError>>, ApiError> {
+    let now = now();
+    let mut valid = Vec::new();
+    let mut slots: Vec<Result<usize, ApiError>> = Vec::new();
+    for (_, item) in items.iter().map(|(id, c)| (id, c)) {
+        match item {
+            Ok(c) => {
+                slots.push(Ok(valid.len()));
+                valid.push(c.clone());
+            }
+            Err(e) => slots.push(Err(ApiError::new(e.status, e.code, e.message.clone()))),
+        }
+    }
+    let results = if valid.is_empty() {
+        Vec::new()
+    } else {
+        app.store.complete(valid, now).await?
+    };
+    let done: Vec<Completed> = results
+        .iter()
+        .filter_map(|r| r.as_ref().ok().cloned())
+        .collect();
+    app.observe(&done, now);
+    if done
+        .iter()
+        .any(|c| matches!(c.transition.next_state(now), lazaret_core::JobState::Queued))
+    {
+        app.ready.notify_waiters();
+    }
+    Ok(slots
+        .into_iter()
+        .zip(items.iter().map(|(id, _)| id))
+        .map(|(slot, id)| match slot {
+            Ok(i) => match &results[i] {
+                Ok(c) => Ok(outcome_reply(c)),
+                Err(e) => Err(ApiError::item(*e, id)),
+            },
+            Err(e) => Err(e),
+        })
+        .collect())
+}
+
+fn completion(
+    id: &str,
+    lease_token: &str,
+    error: Option<ErrorBody>,
+) -> Result<Completion, ApiError> {
+    let job = JobId(parse_id(id, "job")?);
+    let token = token(lease_token)?;
+    let event = match error {
+        None => Event::Succeeded,
+        Some(e) => Event::Failed(failure(e)?),
+    };
+    Ok(Completion {
+        id: job,
+        token,
+        event,
+    })
+}
+
+async fn single<S: Store>(app: &App<S>, id: String, c: Result<Completion, ApiError>) -> ApiResult {
+    let mut r = complete(app, vec![(id, c)]).await?;
+    r.pop()
+        .unwrap_or_else(|| Err(ApiError::bad_request("empty")))
+        .map(|v| Json(v).into_response())
+}
+
+async fn ack<S: Store>(
+    State(app): Shared<S>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult {
+    allow(&app, &headers, Action::Work).await?;
+    let b: AckBody = parse_json(&body)?;
+    let c = completion(&id, &b.lease_token, None);
+    single(&app, id, c).await
+}
+
+async fn fail<S: Store>(
+    State(app): Shared<S>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult {
+    allow(&app, &headers, Action::Work).await?;
+    let b: FailBody = parse_json(&body)?;
+    let c = completion(&id, &b.lease_token, Some(b.error));
+    single(&app, id, c).await
+}
+
+#[derive(Debug, Deserialize)]
+struct ItemsBody {
+    items: Vec<ItemBody>,
+}
+
+async fn batch_outcomes<S: Store>(app: &App<S>, body: &[u8], failing: bool) -> ApiResult {
+    let b: ItemsBody = parse_json(body)?;
+    let items = b
+        .items
+        .into_iter()
+        .map(|i| {
+            let error = if failing {
+                match i.error {
+                    Some(e) => Some(e),
+                    None => {
+                        return (
+                            i.id.clone(),
+                            Err(ApiError::bad_request(
+                                "each item of /v1/fails needs an error",
+                            )),
+                        );
+                    }
+                }
+            } else {
+                None
+            };
+            let c = completion(&i.id, &i.lease_token, error);
+            (i.id, c)
+        })
+        .collect();
+    let results = complete(app, items).await?;
+    ok(
+        json!({ "results": results.into_iter().map(|r| r.unwrap_or_else(|e| e.body())).collect::<Vec<_>>() }),
+    )
+}
+
+async fn acks<S: Store>(State(app): Shared<S>, headers: HeaderMap, body: Bytes) -> ApiResult {
+    allow(&app, &headers, Action::Work).await?;
+    batch_outcomes(&app, &body, false).await
+}
+
+async fn fails<S: Store>(State(app): Shared<S>, headers: HeaderMap, body: Bytes) -> ApiResult {
+    allow(&app, &headers, Action::Work).await?;
+    batch_outcomes(&app, &body, true).await
+}
+
+#[derive(Debug, Deserialize)]
+struct HeartbeatBody {
+    lease_token: String,
+    extend_ms: Option<u64>,
+}
+
+async fn heartbeat<S: Store>(
+    State(app): Shared<S>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult {
+    allow(&app, &headers, Action::Work).await?;
+    let b: HeartbeatBody = parse_json(&body)?;
+    let job = JobId(parse_id(&id, "job")?);
+    let extend = b
+        .extend_ms
+        .unwrap_or(app.config.lease_ms_default)
+        .clamp(1, app.config.lease_ms_max);
+    let until = now().saturating_add(Duration::from_millis(extend));
+    match app
+        .store
+        .heartbeat(job, token(&b.lease_token)?, until)
+        .await?
+    {
+        Ok(t) => ok(json!({ "lease_expires_at": views::time(t) })),
+        Err(e) => Err(ApiError::item(e, id)),
+    }
+}
+
+// ---------------------------------------------------------------- dead letters
+
+#[derive(Debug, Deserialize)]
+struct DlQuery {
+    #[serde(rename = "type")]
+    job_type: Option<String>,
+    tenant: Option<String>,
+    lane: Option<String>,
+    reason: Option<String>,
+    limit: Option<u32>,
+    cursor: Option<String>,
+}
+
+fn empty_none(s: Option<String>) -> Option<String> {
+    s.filter(|v| !v.is_empty())
+}
+
+fn check_reason(r: &Option<String>) -> Result<(), ApiError> {
+    if let Some(r) = r {
+        r.parse::<DeadLetterReason>()
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    }
+    Ok(())
+}
+
+async fn dead_letters<S: Store>(
+    State(app): Shared<S>,
+    headers: HeaderMap,
+    Query(q): Query<DlQuery>,
+) -> ApiResult {
+    allow(&app, &headers, Action::ReadDeadLetters).await?;
+    let filter = DeadLetterFilter {
+        job_type: empty_none(q.job_type),
+        tenant: empty_none(q.tenant),
+        lane: empty_none(q.lane),
+        reason: empty_none(q.reason),
+    };
+    check_reason(&filter.reason)?;
+    let limit = q.limit.unwrap_or(50).clamp(1, 1000);
+    let cursor = match empty_none(q.cursor) {
+        Some(c) => Some(DeadLetterId(c.parse().map_err(|_| {
+            ApiError::bad_request(format!("cursor {c:?} is not one this server gave"))
+        })?)),
+        None => None,
+    };
+    let (items, next) = app.store.dead_letters(filter, limit, cursor).await?;
+    ok(json!({
+        "items": items.iter().map(views::dead_letter).collect::<Vec<_>>(),
+        "next_cursor": next.map(|c| c.to_string()),
+    }))
+}
+
+async fn dead_letter<S: Store>(
+    State(app): Shared<S>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> ApiResult {
+    allow(&app, &headers, Action::ReadDeadLetters).await?;
+    let dl = DeadLetterId(parse_id(&id, "dead letter")?);
+    let d = app
+        .store
+        .dead_letter(dl)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("no dead letter with id {id}")))?;
+    ok(views::dead_letter(&d))
+}
+
+async fn dead_letter_payload<S: Store>(
+    State(app): Shared<S>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> ApiResult {
+    allow(&app, &headers, Action::ReadDeadLetters).await?;
+    let dl = DeadLetterId(parse_id(&id, "dead letter")?);
+    match app.store.dead_letter_payload(dl).await? {
+        None => Err(ApiError::not_found(format!("no dead letter with id {id}"))),
+        Some(None) => Err(ApiError::not_found(format!(
+            "dead letter {id} has no stored payload: it was refused before it was read whole; its preview is in the dead letter"
+        ))),
+        Some(Some(bytes)) => Ok((
+            [(header::CONTENT_TYPE, "application/json")],
+            Body::from(bytes),
+        )
+            .into_response()),
+    }
+}
+
+async fn reasons<S: Store>(State(app): Shared<S>, headers: HeaderMap) -> ApiResult {
+    allow(&app, &headers, Action::ReadDeadLetters).await?;
+    let r = app.store.reasons().await?;
+    ok(json!({ "reasons": r.iter().map(views::reason).collect::<Vec<_>>() }))
+}
+
+#[derive(Debug, Deserialize)]
+struct SelectBody {
+    ids: Option<Vec<Value>>,
+    filter: Option<DeadLetterFilter>,
+    #[serde(default)]
+    dry_run: bool,
+    rate_per_sec: Option<u32>,
+    #[serde(default)]
+    confirm: bool,
+}
+
+fn selector(b: &SelectBody) -> Result<Selector, ApiError> {
+    match (&b.ids, &b.filter) {
+        (Some(ids), None) => {
+            let ids = ids
+                .iter()
+                .map(|v| match v {
+                    Value::String(s) => s.parse().ok(),
+                    Value::Number(n) => n.as_u64(),
+                    _ => None,
+                })
+                .collect::<Option<Vec<u64>>>()
+                .ok_or_else(|| {
+                    ApiError::bad_request("ids must be dead-letter ids (strings or numbers)")
+                })?;
+            Ok(Selector::Ids(ids.into_iter().map(DeadLetterId).collect()))
+        }
+        (None, Some(f)) => {
+            check_reason(&f.reason)?;
+            let f = DeadLetterFilter {
+                job_type: empty_none(f.job_type.clone()),
+                tenant: empty_none(f.tenant.clone()),
+                lane: empty_none(f.lane.clone()),
+                reason: empty_none(f.reason.clone()),
+            };
+            Ok(Selector::Filter(f))
+        }
+        _ => Err(ApiError::bad_request(
+            "send exactly one of \"ids\" or \"filter\"",
+        )),
+    }
+}
+
+async fn redrive<S: Store>(State(app): Shared<S>, headers: HeaderMap, body: Bytes) -> ApiResult {
+    let caller = allow(&app, &headers, Action::Operate).await?;
+    let b: SelectBody = parse_json(&body)?;
+    let sel = selector(&b)?;
+    if b.rate_per_sec == Some(0) {
+        return Err(ApiError::bad_request(
+            "rate_per_sec must be at least 1 (leave it out for no limit)",
+        ));
+    }
+    let matched = app.store.match_dead_letters(sel).await?;
+    let skipped = matched
+        .iter()
+        .filter(|(_, s)| *s == Stage::Admission)
+        .count();
+    let ids: Vec<DeadLetterId> = matched
+        .iter()
+        .filter(|(_, s)| *s == Stage::Processing)
+        .map(|(i, _)| *i)
+        .collect();
+    let mut job_ids = Vec::new();
+    if !b.dry_run {
+        let chunk = b.rate_per_sec.map_or(ids.len().max(1), |r| r as usize);
+        for (n, part) in ids.chunks(chunk).enumerate() {
+            if n > 0 {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            job_ids.extend(app.store.redrive(part.to_vec(), now()).await?);
+            app.ready.notify_waiters();
+        }
+        m::redriven(job_ids.len() as u64);
+    }
+    let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    app.store
+        .audit(AuditEntry {
+            at: now(),
+            actor: caller.name,
+            action: "redrive".into(),
+            request,
+            count: job_ids.len() as u64,
+        })
+        .await?;
+    ok(json!({
+        "matched": ids.len(),
+        "redriven": job_ids.len(),
+        "job_ids": job_ids.iter().map(|j| j.to_string()).collect::<Vec<_>>(),
+        "dry_run": b.dry_run,
+        "skipped_admission_records": skipped,
+    }))
+}
+
+async fn purge<S: Store>(State(app): Shared<S>, headers: HeaderMap, body: Bytes) -> ApiResult {
+    let caller = allow(&app, &headers, Action::Administer).await?;
+    let b: SelectBody = parse_json(&body)?;
+    let sel = selector(&b)?;
+    if !b.confirm {
+        return Err(ApiError::bad_request(
+            "purge deletes dead letters for good: send \"confirm\": true",
+        ));
+    }
+    let ids: Vec<DeadLetterId> = app
+        .store
+        .match_dead_letters(sel)
+        .await?
+        .into_iter()
+        .map(|(i, _)| i)
+        .collect();
+    let purged = app.store.purge(ids).await?;
+    let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    app.store
+        .audit(AuditEntry {
+            at: now(),
+            actor: caller.name,
+            action: "purge".into(),
+            request,
+            count: purged,
+        })
+        .await?;
+    ok(json!({ "purged": purged }))
+}
+
+// ---------------------------------------------------------------- operators
+
+#[derive(Debug, Deserialize)]
+struct PauseBody {
+    #[serde(rename = "type")]
+    job_type: Option<String>,
+    lane: Option<String>,
+}
+
+async fn pause_resume<S: Store>(
+    app: &App<S>,
+    headers: &HeaderMap,
+    body: &[u8],
+    pause: bool,
+) -> ApiResult {
+    let caller = allow(app, headers, Action::Operate).await?;
+    let b: PauseBody = parse_json(body)?;
+    {
+        let mut p = app.paused.lock().unwrap_or_else(|p| p.into_inner());
+        match (&b.job_type, &b.lane) {
+            (Some(t), None) if !t.is_empty() => {
+                if pause {
+                    p.types.insert(t.clone())
+                } else {
+                    p.types.remove(t)
+                };
+            }
+            (None, Some(l)) if !l.is_empty() => {
+                if pause {
+                    p.lanes.insert(l.clone())
+                } else {
+                    p.lanes.remove(l)
+                };
+            }
+            _ => {
+                return Err(ApiError::bad_request(
+                    "send exactly one of \"type\" or \"lane\"",
+                ));
+            }
+        }
+    }
+    if !pause {
+        app.ready.notify_waiters();
+    }
+    let action = if pause { "pause" } else { "resume" };
+    let request: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    app.store
+        .audit(AuditEntry {
+            at: now(),
+            actor: caller.name,
+            action: action.into(),
+            request,
+            count: 0,
+        })
+        .await?;
+    ok(json!({ "ok": true, "paused": pause }))
+}
+
+async fn pause<S: Store>(State(app): Shared<S>, headers: HeaderMap, body: Bytes) -> ApiResult {
+    pause_resume(&app, &headers, &body, true).await
+}
+
+async fn resume<S: Store>(State(app): Shared<S>, headers: HeaderMap, body: Bytes) -> ApiResult {
+    pause_resume(&app, &headers, &body, false).await
+}
+
+#[derive(Debug, Deserialize)]
+struct AuditQuery {
+    limit: Option<u32>,
+}
+
+async fn audit<S: Store>(
+    State(app): Shared<S>,
+    headers: HeaderMap,
+    Query(q): Query<AuditQuery>,
+) -> ApiResult {
+    allow(&app, &headers, Action::ReadDeadLetters).await?;
+    let items = app
+        .store
+        .audit_log(q.limit.unwrap_or(100).clamp(1, 1000))
+        .await?;
+    ok(json!({ "items": items.iter().map(|e| json!({
+        "at": views::time(e.at), "actor": e.actor, "action": e.action, "request": e.request, "count": e.count,
+    })).collect::<Vec<_>>() }))
+}
+
+async fn breakers<S: Store>(State(app): Shared<S>, headers: HeaderMap) -> ApiResult {
+    allow(&app, &headers, Action::Observe).await?;
+    let now = now();
+    let views = app
+        .breakers
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .snapshot(now);
+    ok(json!({ "breakers": views.iter().map(|v| json!({
+        "type": v.ty.as_str(), "kind": v.kind.as_str(), "state": v.state.as_str(), "until": views::opt_time(v.state.until()),
+    })).collect::<Vec<_>>() }))
+}
+
+/// The stats summary shared by `/v1/stats` and the gauges of `/metrics`.
+async fn snapshot<S: Store>(app: &App<S>) -> Result<Value, ApiError> {
+    let s = app.store.stats().await?;
+    let now = now();
+    let dl_total: u64 = s.dead_letters.iter().map(|d| d.2).sum();
+    let breakers = app
+        .breakers
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .snapshot(now);
+    let mut open_types: Vec<(String, bool)> =
+        breakers.iter().map(|b| (b.ty.to_string(), true)).collect();
+    open_types.dedup();
+    m::set_gauges(
+        &s.lanes
+            .iter()
+            .map(|(l, c)| (l.to_string(), c.queued, c.scheduled, c.leased))
+            .collect::<Vec<_>>(),
+        &s.dead_letters
+            .iter()
+            .map(|(t, r, n)| (t.clone().unwrap_or_default(), r.as_str().to_owned(), *n))
+            .collect::<Vec<_>>(),
+        &open_types,
+        dl_total > app.config.dead_letters_warn,
+    );
+    let failures = app.failures.lock().unwrap_or_else(|p| p.into_inner());
+    let surge = failures.surge(now).map(|s| {
+        json!({
+            "key": s.key.to_string(), "count": s.count, "total": s.total, "share": s.share,
+        })
+    });
+    let top: Vec<Value> = failures
+        .top(10)
+        .iter()
+        .map(|k| json!({ "type": k.key.job_type().as_str(), "cause": k.key.cause().to_string(), "fingerprint": k.key.fingerprint(), "count": k.count }))
+        .collect();
+    Ok(json!({
+        "lanes": s.lanes.iter().map(|(l, c)| (l.to_string(), json!({
+            "queued": c.queued, "scheduled": c.scheduled, "leased": c.leased,
+        }))).collect::<serde_json::Map<_, _>>(),
+        "succeeded_kept": s.succeeded,
+        "dead_letters": {
+            "total": dl_total,
+            "warn_at": app.config.dead_letters_warn,
+            "by_type_reason": s.dead_letters.iter().map(|(t, r, n)| json!({ "type": t, "reason": r.as_str(), "count": n })).collect::<Vec<_>>(),
+            "rate_per_min": failures.rate_per_min(now),
+            "top_failures": top,
+            "other_failures": failures.other(),
+            "surge": surge,
+        },
+        "breakers": breakers.iter().map(|b| json!({ "type": b.ty.as_str(), "kind": b.kind.as_str(), "state": b.state.as_str() })).collect::<Vec<_>>(),
+    }))
+}
+
+async fn stats<S: Store>(State(app): Shared<S>, headers: HeaderMap) -> ApiResult {
+    allow(&app, &headers, Action::Observe).await?;
+    ok(snapshot(&app).await?)
+}
+
+async fn metrics<S: Store>(State(app): Shared<S>) -> ApiResult {
+    snapshot(&app).await?;
+    let text = m::install().render();
+    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
+}
+
+/// Refuses a body announced over `cap` before reading it (used by tests).
+pub fn refuse_announced(config: &lazaret_core::AdmissionConfig, size: u64) -> Option<Verdict> {
+    check_body_size(config, size)
+}

@@ -1,0 +1,222 @@
+//! The server's shared state: the store, the configuration and the live
+//! policy state the core keeps (breakers, failure statistics).
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use lazaret_core::{
+    Breakers, DeadLetterReason, Envelope, ErrorKind, Event, FailureClass, FailureStats, JobType,
+    Lane, Policies, SplitMix64, Timestamp, Transition, decide,
+};
+use lazaret_store::{Completed, Decider, Store};
+use tokio::sync::Notify;
+
+use crate::config::ServerConfig;
+use crate::metrics as m;
+
+/// The wall clock, the one place the server reads it.
+pub fn now() -> Timestamp {
+    let ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    Timestamp::from_millis(ms)
+}
+
+/// `lazaret_core::decide` with the configured policies and a seeded RNG:
+/// the store's window on policy.
+#[derive(Debug)]
+pub struct CoreDecider {
+    policies: Policies,
+    rng: Mutex<SplitMix64>,
+}
+
+impl CoreDecider {
+    /// Seeds the jitter from the clock and the process id.
+    pub fn new(policies: Policies) -> Self {
+        let seed = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+            ^ u64::from(std::process::id()).rotate_left(32);
+        CoreDecider {
+            policies,
+            rng: Mutex::new(SplitMix64::new(seed)),
+        }
+    }
+}
+
+impl Decider for CoreDecider {
+    fn decide(&self, env: &mut Envelope, event: Event, now: Timestamp) -> Transition {
+        let policy = self.policies.for_type(env.job_type.as_str());
+        let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
+        decide(env, policy, event, now, &mut *rng)
+    }
+}
+
+/// Types and lanes an operator paused.
+#[derive(Debug, Default)]
+pub struct Paused {
+    /// Paused types.
+    pub types: BTreeSet<String>,
+    /// Paused lanes.
+    pub lanes: BTreeSet<String>,
+}
+
+/// Everything a handler needs.
+#[derive(Debug)]
+pub struct App<S> {
+    /// The store.
+    pub store: S,
+    /// The configuration.
+    pub config: ServerConfig,
+    /// Breakers per (type, kind).
+    pub breakers: Mutex<Breakers>,
+    /// Failure fingerprints, rates and surges.
+    pub failures: Mutex<FailureStats>,
+    /// Paused types and lanes.
+    pub paused: Mutex<Paused>,
+    /// Woken when a job may have become ready (long-polls wait on it).
+    pub ready: Notify,
+    /// Admission records kept per tenant in the current minute.
+    admission_records: Mutex<HashMap<String, (i64, u32)>>,
+}
+
+impl<S: Store> App<S> {
+    /// Wraps a store and a configuration.
+    pub fn new(store: S, config: ServerConfig) -> Arc<Self> {
+        let breakers = Breakers::new(config.breaker_default, config.breakers.clone());
+        Arc::new(App {
+            store,
+            breakers: Mutex::new(breakers),
+            failures: Mutex::new(FailureStats::default()),
+            paused: Mutex::new(Paused::default()),
+            ready: Notify::new(),
+            admission_records: Mutex::new(HashMap::new()),
+            config,
+        })
+    }
+
+    /// Whether another admission record may be kept for `tenant` now.
+    pub fn admission_record_allowed(&self, tenant: Option<&str>, now: Timestamp) -> bool {
+        let minute = now.as_millis() / 60_000;
+        let mut map = self
+            .admission_records
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if map.len() > 10_000 {
+            map.retain(|_, (m, _)| *m == minute);
+        }
+        let entry = map
+            .entry(tenant.unwrap_or("").to_owned())
+            .or_insert((minute, 0));
+        if entry.0 != minute {
+            *entry = (minute, 0);
+        }
+        if entry.1 >= self.config.admission_records_per_minute {
+            return false;
+        }
+        entry.1 += 1;
+        true
+    }
+
+    /// Why `ty` in `lane` is parked now (breaker open or paused), as a wait.
+    pub fn shed(&self, ty: &str, lane: &str, now: Timestamp) -> Option<Duration> {
+        {
+            let p = self.paused.lock().unwrap_or_else(|p| p.into_inner());
+            if p.types.contains(ty) || p.lanes.contains(lane) {
+                return Some(Duration::from_secs(30));
+            }
+        }
+        let mut b = self.breakers.lock().unwrap_or_else(|p| p.into_inner());
+        b.shed_retry_after(&JobType::new(ty), now)
+    }
+
+    /// Feeds applied outcomes to breakers, statistics and metrics.
+    pub fn observe(&self, done: &[Completed], now: Timestamp) {
+        let mut breakers = self.breakers.lock().unwrap_or_else(|p| p.into_inner());
+        let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        for c in done {
+            let expired = c
+                .kind
+                .as_ref()
+                .is_some_and(|k| k.as_str() == ErrorKind::LEASE_EXPIRED);
+            if expired {
+                m::lease_expired();
+            }
+            match (c.transition, c.class) {
+                (Transition::Succeeded, _) => {
+                    breakers.record_success(&c.job_type, now);
+                    m::succeeded(c.job_type.as_str());
+                }
+                (_, Some(FailureClass::Transient)) => {
+                    if let Some(kind) = &c.kind {
+                        breakers.record_failure(&c.job_type, kind, now);
+                    }
+                }
+                _ => breakers.record_other(&c.job_type, now),
+            }
+            match c.transition {
+                Transition::Retry { .. } => m::retried(c.job_type.as_str()),
+                Transition::DeadLetter { reason } => {
+                    m::dead_lettered(c.job_type.as_str(), reason.as_str(), "processing");
+                    failures.record_dead_letter(
+                        &c.job_type,
+                        reason,
+                        c.kind.as_ref(),
+                        c.message.as_deref().unwrap_or(""),
+                        now,
+                    );
+                }
+                _ => {}
+            }
+            if c.redrives > 0 {
+                match c.transition {
+                    Transition::Succeeded => m::redrive_outcome("succeeded"),
+                    Transition::DeadLetter { .. } => m::redrive_outcome("dead_lettered"),
+                    _ => {}
+                }
+            }
+        }
+        while let Some(t) = breakers.poll_transition() {
+            tracing::warn!(r#type = %t.ty, kind = %t.kind, from = %t.from, to = %t.to, "breaker changed state");
+        }
+    }
+
+    /// Records an admission rejection in the statistics.
+    pub fn observe_admission(
+        &self,
+        ty: Option<&str>,
+        reason: DeadLetterReason,
+        message: &str,
+        now: Timestamp,
+    ) {
+        m::dead_lettered(ty.unwrap_or(""), reason.as_str(), "admission");
+        let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        failures.record_dead_letter(&JobType::new(ty.unwrap_or("")), reason, None, message, now);
+    }
+
+    /// Parked lanes and types, and half-open probe limits, for a lease.
+    pub fn lease_filters(&self, now: Timestamp) -> (Vec<JobType>, Vec<Lane>, Vec<(JobType, u32)>) {
+        let p = self.paused.lock().unwrap_or_else(|p| p.into_inner());
+        let mut exclude_types: Vec<JobType> =
+            p.types.iter().map(|t| JobType::new(t.as_str())).collect();
+        let exclude_lanes: Vec<Lane> = p.lanes.iter().map(|l| Lane::new(l.as_str())).collect();
+        drop(p);
+        let mut b = self.breakers.lock().unwrap_or_else(|p| p.into_inner());
+        let mut limits = Vec::new();
+        for view in b.snapshot(now) {
+            if exclude_types.contains(&view.ty) || limits.iter().any(|(t, _)| t == &view.ty) {
+                continue;
+            }
+            match b.parked_until(&view.ty, now) {
+                Some(_) => exclude_types.push(view.ty),
+                None => {
+                    if let lazaret_core::BreakerState::HalfOpen { probes_left } = view.state {
+                        limits.push((view.ty, probes_left));
+                    }
+                }
+            }
+        }
+        (exclude_types, exclude_lanes, limits)
+    }
+}

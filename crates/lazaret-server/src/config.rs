@@ -1,0 +1,1688 @@
+//! The server's configuration file: TOML in, checked core types out.
+//!
+//! [`ServerConfig::load`] reads a file, [`ServerConfig::from_toml_str`] a
+//! string; both return the core's own types ([`Policies`], [`SchedulerConfig`],
+//! [`AdmissionConfig`], [`BreakerConfig`]) already merged and validated, so
+//! the rest of the server never sees a raw TOML value. Every key is optional;
+//! an empty file gives [`ServerConfig::default`], which is what
+//! `lazaret serve` runs with when no `--config` is given.
+//!
+//! Unknown keys are errors (a typo must not silently leave a default in
+//! place), and every error names the file, the line and the key as a dotted
+//! path (`types.send_email.attempts_max`), and says what to do.
+//!
+//! # Every key
+//!
+//! ```toml
+//! payload_bytes_max = 262144          # admission byte cap on one payload (at least 1)
+//! batch_bytes_max = 16777216          # cap on a whole batch body (413 POISON payload_too_large over it)
+//! accept_unknown_types = true         # false: UNKNOWN_TYPE for types not listed under [types]
+//! dead_letters_warn = 100000          # warn (log + metric) once the dead letters outnumber this
+//! admission_records_per_minute = 60   # per tenant: admission (POISON) dead-letter records kept per minute
+//! durability = "full"                 # "full": a commit survives power loss; "normal": faster,
+//!                                     # survives a process crash, may lose the last commits on power loss
+//! lease_ms_default = 30000            # a lease's length when the worker asks for none (at least 1)
+//! lease_ms_max = 3600000              # the longest lease a worker may ask for (>= lease_ms_default)
+//!
+//! [tenants]
+//! inflight_max = 2                    # default per-tenant in-flight cap in each lane (at least 1)
+//! [tenants.overrides]                 # per-tenant caps; 0 pauses that tenant
+//! big-customer = 8
+//!
+//! [lanes.interactive]                 # the lane "default" always exists, with weight 1
+//! weight = 4                          # share of leases when several lanes have work (at least 1)
+//! [lanes.batch]
+//! weight = 1
+//!
+//! [retention]
+//! succeeded_ms = 86400000             # how long succeeded jobs are kept before the cleaner deletes them
+//! cleaner_batch = 500                 # rows the cleaner deletes per transaction (at least 1)
+//! cleaner_interval_ms = 1000          # pause between cleaner passes (at least 1)
+//!
+//! [defaults]                          # policy for types not listed, and the base for listed ones
+//! attempts_max = 5                    # deliveries in all, the first included
+//! backoff_base_ms = 1000              # first backoff ceiling; doubles per attempt, full jitter
+//! backoff_cap_ms = 300000             # no backoff is longer
+//! backoff_floor_ms = 0                # no backoff is shorter (<= backoff_cap_ms)
+//! backoff_schedule_ms = []            # exact delays per attempt (last repeats), no jitter; [] = the curve
+//! crash_loop_max = 3                  # lease expiries before dead-lettering as crash_loop
+//! deferrals_max = 50                  # deferred outcomes before dead-lettering as deferrals_exhausted
+//! kinds = { timeout = 4 }             # attempts a failure of that kind may spend
+//! kind_classes = { http_404 = "permanent", http_429 = "deferred" } # class of a kind reported without one
+//!
+//! [defaults.breaker]                  # breaker of every type without its own [types.X.breaker]
+//! failures_min = 20                   # same keys and meaning as [types.X.breaker] below
+//!
+//! [types.send_email]                  # a known type; each key absent here inherits [defaults]
+//! attempts_max = 4                    # kinds and kind_classes merge with the defaults', this table wins
+//! backoff_base_ms = 50
+//! kinds = { parse = 2, validation = 1 }
+//! schemas = { 1 = "schemas/send_email.v1.json", 2 = "schemas/send_email.v2.json" } # relative to this file
+//!
+//! [types.send_email.breaker]          # per (type, error kind); absent keys inherit [defaults.breaker]
+//! failures_min = 20                   # failures in the window before it may open (at least 1)
+//! failure_ratio = 0.5                 # and at least this share of outcomes failing, in (0, 1]
+//! window_ms = 30000                   # how far back outcomes count (at least 1)
+//! cooldown_ms = 10000                 # open → half-open (at least 1)
+//! probes = 2                          # leases allowed while half-open (at least 1)
+//!
+//! [[tokens]]                          # no tokens: the server serves loopback only
+//! name = "ops-alice"                  # the actor in the audit log; unique
+//! role = "operator"                   # producer | worker | operator | admin
+//! token = "a-long-random-secret"      # the bearer token; only its SHA-256 is kept in memory
+//!
+//! [[tokens]]
+//! name = "ingest"
+//! role = "producer"
+//! token_sha256 = "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824" # instead of token
+//! ```
+//!
+//! Durations are integer milliseconds (`*_ms`); `"30s"` is refused with the
+//! number to write instead. Two tokens may not share a name or a secret.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+use lazaret_core::{
+    AdmissionConfig, Backoff, BreakerConfig, BreakerConfigError, ErrorKind, FailureClass, JobType,
+    Lane, Policies, PolicyError, SchedulerConfig, SchedulerConfigError, TenantId, TypePolicy,
+    TypeSchemas,
+};
+use serde::Deserialize;
+use serde::de::{self, Deserializer};
+use sha2::{Digest, Sha256};
+use toml::Spanned;
+use toml::de::{DeTable, DeValue};
+
+/// Default cap on a whole batch body (`batch_bytes_max`): 16 MiB.
+pub const BATCH_BYTES_MAX_DEFAULT: usize = 16 * 1024 * 1024;
+
+/// Everything `lazaret serve` is configured with, checked and merged.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Admission byte cap on one payload (`payload_bytes_max`).
+    pub payload_bytes_max: usize,
+    /// Cap on a whole batch body (`batch_bytes_max`).
+    pub batch_bytes_max: usize,
+    /// Whether types not listed under `[types]` are admitted.
+    pub accept_unknown_types: bool,
+    /// Lane weights and tenants' in-flight caps (`[tenants]`, `[lanes.X]`).
+    pub scheduler: SchedulerConfig,
+    /// `[defaults]`, and every `[types.X]` merged over it.
+    pub policies: Policies,
+    /// The byte cap, `accept_unknown_types`, and every listed type with its compiled schemas.
+    pub admission: AdmissionConfig,
+    /// `[defaults.breaker]`, if present: the breaker of types without their own.
+    pub breaker_default: Option<BreakerConfig>,
+    /// `[types.X.breaker]`, merged over `[defaults.breaker]`.
+    pub breakers: BTreeMap<JobType, BreakerConfig>,
+    /// `[[tokens]]`, in file order. Empty: the server serves loopback only.
+    pub tokens: Vec<TokenConfig>,
+    /// `[retention]`: when succeeded jobs are deleted.
+    pub retention: RetentionConfig,
+    /// Warn once the dead letters outnumber this (`dead_letters_warn`).
+    pub dead_letters_warn: u64,
+    /// Admission (POISON) dead-letter records kept per tenant per minute.
+    pub admission_records_per_minute: u32,
+    /// What a commit survives (`durability`).
+    pub durability: Durability,
+    /// A lease's length when the worker asks for none, in ms.
+    pub lease_ms_default: u64,
+    /// The longest lease a worker may ask for, in ms.
+    pub lease_ms_max: u64,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        let payload_bytes_max = lazaret_core::admission::PAYLOAD_BYTES_MAX_DEFAULT;
+        ServerConfig {
+            payload_bytes_max,
+            batch_bytes_max: BATCH_BYTES_MAX_DEFAULT,
+            accept_unknown_types: true,
+            scheduler: SchedulerConfig::new(2).with_lane_weight(Lane::default_lane(), 1),
+            policies: Policies::default(),
+            admission: AdmissionConfig {
+                payload_bytes_max,
+                accept_unknown_types: true,
+                types: BTreeMap::new(),
+            },
+            breaker_default: None,
+            breakers: BTreeMap::new(),
+            tokens: Vec::new(),
+            retention: RetentionConfig::default(),
+            dead_letters_warn: 100_000,
+            admission_records_per_minute: 60,
+            durability: Durability::Full,
+            lease_ms_default: 30_000,
+            lease_ms_max: 3_600_000,
+        }
+    }
+}
+
+/// What a token may do. Each role's rights are listed in the API contract.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Role {
+    /// Enqueue, read its own jobs.
+    Producer,
+    /// Lease, ack, fail, heartbeat.
+    Worker,
+    /// Read dead letters and payloads, redrive, pause and resume.
+    Operator,
+    /// Everything, purge and tokens included.
+    Admin,
+}
+
+impl Role {
+    /// Every role, least powerful first.
+    pub const ALL: [Role; 4] = [Role::Producer, Role::Worker, Role::Operator, Role::Admin];
+
+    /// The word used in the config file and the API.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Role::Producer => "producer",
+            Role::Worker => "worker",
+            Role::Operator => "operator",
+            Role::Admin => "admin",
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A word that is not a [`Role`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown role `{0}`: use one of producer, worker, operator, admin")]
+pub struct UnknownRole(pub String);
+
+impl FromStr for Role {
+    type Err = UnknownRole;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Role::ALL
+            .into_iter()
+            .find(|r| r.as_str() == s)
+            .ok_or_else(|| UnknownRole(s.to_owned()))
+    }
+}
+
+/// One `[[tokens]]` entry. Only the token's SHA-256 is kept, never the token.
+#[derive(Clone, PartialEq, Eq)]
+pub struct TokenConfig {
+    /// The actor named in the audit log.
+    pub name: String,
+    /// What the token may do.
+    pub role: Role,
+    /// SHA-256 of the bearer token; compare with [`token_sha256`] of the one presented.
+    pub sha256: [u8; 32],
+}
+
+impl fmt::Debug for TokenConfig {
+    // A hash of a short token can be brute-forced: logs get a fingerprint only.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TokenConfig")
+            .field("name", &self.name)
+            .field("role", &self.role)
+            .field(
+                "sha256",
+                &format_args!("{}…", hex::encode(&self.sha256[..4])),
+            )
+            .finish()
+    }
+}
+
+/// The SHA-256 of a bearer token, as kept in [`TokenConfig::sha256`].
+pub fn token_sha256(token: &str) -> [u8; 32] {
+    Sha256::digest(token.as_bytes()).into()
+}
+
+/// What a committed transaction survives.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Durability {
+    /// Power loss: every commit is synced to disk.
+    #[default]
+    Full,
+    /// A process crash only; the last commits may be lost on power loss.
+    Normal,
+}
+
+impl Durability {
+    /// The word used in the config file.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Durability::Full => "full",
+            Durability::Normal => "normal",
+        }
+    }
+}
+
+/// `[retention]`: how long finished work is kept and how the cleaner paces itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetentionConfig {
+    /// How long a succeeded job is kept, in ms.
+    pub succeeded_ms: u64,
+    /// Rows deleted per cleaner transaction.
+    pub cleaner_batch: u32,
+    /// Pause between cleaner passes, in ms.
+    pub cleaner_interval_ms: u64,
+}
+
+impl Default for RetentionConfig {
+    fn default() -> Self {
+        RetentionConfig {
+            succeeded_ms: 86_400_000,
+            cleaner_batch: 500,
+            cleaner_interval_ms: 1000,
+        }
+    }
+}
+
+/// A config that cannot be used, and where and why.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The config file itself could not be read.
+    #[error("cannot read config file {}: {source}; check the path given to --config", path.display())]
+    Read {
+        /// The file, as given.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A key or value is wrong (or the TOML is), located as precisely as possible.
+    #[error("{}", render_invalid(.file.as_deref(), *.line, .key.as_deref(), .message))]
+    Invalid {
+        /// The config file, when loaded from one.
+        file: Option<PathBuf>,
+        /// 1-based line of the key (or of the nearest enclosing table that is written out).
+        line: Option<usize>,
+        /// The key as a dotted path, `types.send_email.attempts_max`, `tokens[0].role`.
+        key: Option<String>,
+        /// What is wrong and what to do about it.
+        message: String,
+    },
+}
+
+impl ConfigError {
+    /// The dotted key the error is about, if any.
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            ConfigError::Invalid { key, .. } => key.as_deref(),
+            ConfigError::Read { .. } => None,
+        }
+    }
+
+    /// The 1-based line the error is about, if any.
+    pub fn line(&self) -> Option<usize> {
+        match self {
+            ConfigError::Invalid { line, .. } => *line,
+            ConfigError::Read { .. } => None,
+        }
+    }
+}
+
+fn render_invalid(
+    file: Option<&Path>,
+    line: Option<usize>,
+    key: Option<&str>,
+    message: &str,
+) -> String {
+    // `file:line: key: message`, the shape editors and terminals link to.
+    let mut out = String::new();
+    match (file, line) {
+        (Some(f), Some(l)) => out.push_str(&format!("{}:{l}: ", f.display())),
+        (Some(f), None) => out.push_str(&format!("{}: ", f.display())),
+        (None, Some(l)) => out.push_str(&format!("config line {l}: ")),
+        (None, None) => out.push_str("config: "),
+    }
+    if let Some(k) = key {
+        out.push_str(k);
+        out.push_str(": ");
+    }
+    out.push_str(message);
+    out
+}
+
+impl ServerConfig {
+    /// Reads and checks the config file at `path`; schema paths are relative
+    /// to its directory.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Read`] if the file cannot be read, else as
+    /// [`from_toml_str`](Self::from_toml_str), with the file named.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let base_dir = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        Ctx::parse(&text, Some(path))?.build(base_dir)
+    }
+
+    /// Parses and checks config text; schema paths are relative to `base_dir`.
+    ///
+    /// # Errors
+    ///
+    /// [`ConfigError::Invalid`] for TOML syntax, an unknown key, a value of
+    /// the wrong type or out of range, a schema file that cannot be read or
+    /// compiled, or a bad token entry; it names the line and the key.
+    pub fn from_toml_str(text: &str, base_dir: &Path) -> Result<Self, ConfigError> {
+        Ctx::parse(text, None)?.build(base_dir)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The file as written: every key optional, unknown keys refused.
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields, expecting = "the config's top-level table")]
+struct RawConfig {
+    payload_bytes_max: Option<usize>,
+    batch_bytes_max: Option<usize>,
+    accept_unknown_types: Option<bool>,
+    dead_letters_warn: Option<u64>,
+    admission_records_per_minute: Option<u32>,
+    durability: Option<String>,
+    lease_ms_default: Option<Ms>,
+    lease_ms_max: Option<Ms>,
+    tenants: Option<RawTenants>,
+    #[serde(default)]
+    lanes: BTreeMap<String, RawLane>,
+    retention: Option<RawRetention>,
+    defaults: Option<RawPolicy>,
+    #[serde(default)]
+    types: BTreeMap<String, RawPolicy>,
+    #[serde(default)]
+    tokens: Vec<RawToken>,
+}
+
+#[derive(Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a table with inflight_max and overrides"
+)]
+struct RawTenants {
+    inflight_max: Option<u32>,
+    #[serde(default)]
+    overrides: BTreeMap<String, u32>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a table such as { weight = 4 }")]
+struct RawLane {
+    weight: Option<u32>,
+}
+
+#[derive(Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a table with succeeded_ms, cleaner_batch, cleaner_interval_ms"
+)]
+struct RawRetention {
+    succeeded_ms: Option<Ms>,
+    cleaner_batch: Option<u32>,
+    cleaner_interval_ms: Option<Ms>,
+}
+
+/// `[defaults]` or `[types.X]`: the same keys, but only a type has schemas.
+#[derive(Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a policy table such as { attempts_max = 4 }"
+)]
+struct RawPolicy {
+    attempts_max: Option<u32>,
+    backoff_base_ms: Option<Ms>,
+    backoff_cap_ms: Option<Ms>,
+    backoff_floor_ms: Option<Ms>,
+    backoff_schedule_ms: Option<Vec<Ms>>,
+    crash_loop_max: Option<u32>,
+    deferrals_max: Option<u32>,
+    #[serde(default)]
+    kinds: BTreeMap<String, u32>,
+    #[serde(default)]
+    kind_classes: BTreeMap<String, FailureClass>,
+    schemas: Option<BTreeMap<String, String>>,
+    breaker: Option<RawBreaker>,
+}
+
+#[derive(Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a breaker table such as { failures_min = 20, window_ms = 30000 }"
+)]
+struct RawBreaker {
+    failures_min: Option<u32>,
+    failure_ratio: Option<f64>,
+    window_ms: Option<Ms>,
+    cooldown_ms: Option<Ms>,
+    probes: Option<u32>,
+}
+
+#[derive(Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a token table with name, role and token or token_sha256"
+)]
+struct RawToken {
+    name: Option<String>,
+    role: Option<String>,
+    token: Option<String>,
+    token_sha256: Option<String>,
+}
+
+/// Integer milliseconds; a string like `"30s"` is refused with the number to write.
+#[derive(Clone, Copy)]
+struct Ms(u64);
+
+impl Ms {
+    fn duration(self) -> Duration {
+        Duration::from_millis(self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for Ms {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl de::Visitor<'_> for V {
+            type Value = Ms;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("integer milliseconds")
+            }
+
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Ms, E> {
+                Ok(Ms(v))
+            }
+
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Ms, E> {
+                u64::try_from(v).map(Ms).map_err(|_| {
+                    E::custom(format!(
+                        "{v} is negative; a duration in milliseconds is 0 or more"
+                    ))
+                })
+            }
+
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Ms, E> {
+                Err(E::custom(match humantime::parse_duration(v) {
+                    Ok(d) => format!(
+                        "durations are integer milliseconds: write {} instead of \"{v}\"",
+                        d.as_millis()
+                    ),
+                    Err(_) => format!(
+                        "durations are integer milliseconds (30000 for 30 s), not the string \"{v}\""
+                    ),
+                }))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Key paths and their lines.
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Seg {
+    Key(String),
+    Index(usize),
+}
+
+/// A dotted key path, as TOML would write it: `types.send_email.kinds.parse`, `tokens[1].role`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct KeyPath(Vec<Seg>);
+
+impl KeyPath {
+    fn key(&self, k: &str) -> KeyPath {
+        let mut p = self.clone();
+        p.0.push(Seg::Key(k.to_owned()));
+        p
+    }
+
+    fn index(&self, i: usize) -> KeyPath {
+        let mut p = self.clone();
+        p.0.push(Seg::Index(i));
+        p
+    }
+}
+
+fn root(k: &str) -> KeyPath {
+    KeyPath::default().key(k)
+}
+
+impl fmt::Display for KeyPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, seg) in self.0.iter().enumerate() {
+            match seg {
+                Seg::Key(k) => {
+                    if i > 0 {
+                        f.write_str(".")?;
+                    }
+                    let bare = !k.is_empty()
+                        && k.chars()
+                            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+                    if bare {
+                        f.write_str(k)?;
+                    } else {
+                        write!(f, "{k:?}")?;
+                    }
+                }
+                Seg::Index(n) => write!(f, "[{n}]")?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The text, its spanned tree and where it came from: what every error needs.
+struct Ctx<'a> {
+    text: &'a str,
+    tree: Spanned<DeTable<'a>>,
+    file: Option<&'a Path>,
+}
+
+enum Node<'t, 'a> {
+    Table(&'t DeTable<'a>),
+    Array(&'t [Spanned<DeValue<'a>>]),
+    Leaf,
+}
+
+fn node<'t, 'a>(v: &'t DeValue<'a>) -> Node<'t, 'a> {
+    match v {
+        DeValue::Table(t) => Node::Table(t),
+        DeValue::Array(a) => Node::Array(a),
+        _ => Node::Leaf,
+    }
+}
+
+impl<'a> Ctx<'a> {
+    fn parse(text: &'a str, file: Option<&'a Path>) -> Result<Self, ConfigError> {
+        let tree = DeTable::parse(text).map_err(|e| {
+            let line = e.span().map(|s| line_at(text, s.start));
+            ConfigError::Invalid {
+                file: file.map(Path::to_owned),
+                line,
+                key: None,
+                message: format!(
+                    "this is not valid TOML: {}; fix the syntax on this line",
+                    e.message()
+                ),
+            }
+        })?;
+        Ok(Ctx { text, tree, file })
+    }
+
+    fn error(&self, line: Option<usize>, key: Option<String>, message: String) -> ConfigError {
+        ConfigError::Invalid {
+            file: self.file.map(Path::to_owned),
+            line,
+            key,
+            message,
+        }
+    }
+
+    /// An error about `path`, on the line of its key, or of the nearest
+    /// enclosing key written in the file when `path` itself is inherited.
+    fn invalid(&self, path: &KeyPath, message: impl Into<String>) -> ConfigError {
+        self.error(self.line_of(path), Some(path.to_string()), message.into())
+    }
+
+    fn line_of(&self, path: &KeyPath) -> Option<usize> {
+        let mut at = Node::Table(self.tree.get_ref());
+        let mut best: Option<Range<usize>> = None;
+        for seg in &path.0 {
+            let next = match (seg, at) {
+                (Seg::Key(k), Node::Table(t)) => t
+                    .get_key_value(k.as_str())
+                    .map(|(key, v)| (key.span(), v.get_ref())),
+                (Seg::Index(i), Node::Array(a)) => a.get(*i).map(|v| (v.span(), v.get_ref())),
+                _ => None,
+            };
+            let Some((span, v)) = next else { break };
+            best = Some(span);
+            at = node(v);
+        }
+        best.map(|s| line_at(self.text, s.start))
+    }
+
+    /// The key path whose key or value most tightly encloses byte `offset`.
+    fn path_at(&self, offset: usize) -> Option<KeyPath> {
+        fn consider(
+            span: Range<usize>,
+            p: &KeyPath,
+            offset: usize,
+            best: &mut Option<(usize, KeyPath)>,
+        ) {
+            let inside = span.contains(&offset) || (span.is_empty() && span.start == offset);
+            // `<=`: on a tie the later, deeper candidate wins.
+            if inside && best.as_ref().is_none_or(|(l, _)| span.len() <= *l) {
+                *best = Some((span.len(), p.clone()));
+            }
+        }
+        fn walk(
+            at: Node<'_, '_>,
+            path: &KeyPath,
+            offset: usize,
+            best: &mut Option<(usize, KeyPath)>,
+        ) {
+            match at {
+                Node::Table(t) => {
+                    for (k, v) in t.iter() {
+                        let p = path.key(k.get_ref());
+                        consider(k.span(), &p, offset, best);
+                        consider(v.span(), &p, offset, best);
+                        walk(node(v.get_ref()), &p, offset, best);
+                    }
+                }
+                Node::Array(a) => {
+                    for (i, v) in a.iter().enumerate() {
+                        let p = path.index(i);
+                        consider(v.span(), &p, offset, best);
+                        walk(node(v.get_ref()), &p, offset, best);
+                    }
+                }
+                Node::Leaf => {}
+            }
+        }
+        let mut best = None;
+        walk(
+            Node::Table(self.tree.get_ref()),
+            &KeyPath::default(),
+            offset,
+            &mut best,
+        );
+        best.map(|(_, p)| p)
+    }
+
+    fn toml_error(&self, e: &toml::de::Error) -> ConfigError {
+        let Some(span) = e.span() else {
+            return self.error(None, None, e.message().to_owned());
+        };
+        let msg = e.message();
+        let hint = if msg.starts_with("unknown field") {
+            "remove the key or fix its spelling"
+        } else if msg.starts_with("invalid type") || msg.starts_with("invalid value") {
+            "change the value to what is expected"
+        } else if msg.starts_with("unknown variant") {
+            "use one of the values listed"
+        } else {
+            ""
+        };
+        let message = if hint.is_empty() {
+            msg.to_owned()
+        } else {
+            format!("{msg}; {hint}")
+        };
+        let key = self.path_at(span.start).map(|p| p.to_string());
+        self.error(Some(line_at(self.text, span.start)), key, message)
+    }
+
+    // -----------------------------------------------------------------------
+    // From the raw file to the core's types.
+
+    fn build(self, base_dir: &Path) -> Result<ServerConfig, ConfigError> {
+        let raw = RawConfig::deserialize(toml::de::Deserializer::from(self.tree.clone()))
+            .map_err(|e| self.toml_error(&e))?;
+        let mut cfg = ServerConfig::default();
+
+        let at_least_1 = |key: &str, v: u64| {
+            if v == 0 {
+                Err(self.invalid(&root(key), format!("{key} must be at least 1 (got 0)")))
+            } else {
+                Ok(())
+            }
+        };
+
+        if let Some(v) = raw.payload_bytes_max {
+            at_least_1("payload_bytes_max", v as u64)?;
+            cfg.payload_bytes_max = v;
+        }
+        if let Some(v) = raw.batch_bytes_max {
+            at_least_1("batch_bytes_max", v as u64)?;
+            cfg.batch_bytes_max = v;
+        }
+        if let Some(v) = raw.accept_unknown_types {
+            cfg.accept_unknown_types = v;
+        }
+        if let Some(v) = raw.dead_letters_warn {
+            cfg.dead_letters_warn = v;
+        }
+        if let Some(v) = raw.admission_records_per_minute {
+            cfg.admission_records_per_minute = v;
+        }
+        if let Some(d) = &raw.durability {
+            cfg.durability = match d.as_str() {
+                "full" => Durability::Full,
+                "normal" => Durability::Normal,
+                other => {
+                    return Err(self.invalid(
+                        &root("durability"),
+                        format!(
+                            "unknown durability \"{other}\": use \"full\" (survives power loss) or \"normal\" (faster; survives a process crash)"
+                        ),
+                    ));
+                }
+            };
+        }
+        if let Some(Ms(v)) = raw.lease_ms_default {
+            at_least_1("lease_ms_default", v)?;
+            cfg.lease_ms_default = v;
+        }
+        if let Some(Ms(v)) = raw.lease_ms_max {
+            at_least_1("lease_ms_max", v)?;
+            cfg.lease_ms_max = v;
+        }
+        if cfg.lease_ms_default > cfg.lease_ms_max {
+            let key = if raw.lease_ms_default.is_some() {
+                "lease_ms_default"
+            } else {
+                "lease_ms_max"
+            };
+            return Err(self.invalid(
+                &root(key),
+                format!(
+                    "lease_ms_default ({}) is above lease_ms_max ({}); lower the default or raise the maximum",
+                    cfg.lease_ms_default, cfg.lease_ms_max
+                ),
+            ));
+        }
+        if let Some(r) = &raw.retention {
+            let path = root("retention");
+            if let Some(Ms(v)) = r.succeeded_ms {
+                cfg.retention.succeeded_ms = v;
+            }
+            if let Some(v) = r.cleaner_batch {
+                if v == 0 {
+                    return Err(self.invalid(
+                        &path.key("cleaner_batch"),
+                        "cleaner_batch must be at least 1 (got 0), or the cleaner never deletes anything",
+                    ));
+                }
+                cfg.retention.cleaner_batch = v;
+            }
+            if let Some(Ms(v)) = r.cleaner_interval_ms {
+                if v == 0 {
+                    return Err(self.invalid(
+                        &path.key("cleaner_interval_ms"),
+                        "cleaner_interval_ms must be at least 1 (got 0), or the cleaner spins",
+                    ));
+                }
+                cfg.retention.cleaner_interval_ms = v;
+            }
+        }
+
+        cfg.scheduler = self.scheduler(&raw)?;
+        self.policies_and_breakers(&raw, &mut cfg)?;
+        cfg.admission = AdmissionConfig {
+            payload_bytes_max: cfg.payload_bytes_max,
+            accept_unknown_types: cfg.accept_unknown_types,
+            types: self.schemas(&raw, base_dir)?,
+        };
+        cfg.tokens = self.tokens(&raw)?;
+        Ok(cfg)
+    }
+
+    fn not_blank(&self, path: &KeyPath, name: &str, what: &str) -> Result<(), ConfigError> {
+        if name.trim().is_empty() {
+            return Err(self.invalid(
+                path,
+                format!("a {what} name cannot be blank; give it a name"),
+            ));
+        }
+        Ok(())
+    }
+
+    fn scheduler(&self, raw: &RawConfig) -> Result<SchedulerConfig, ConfigError> {
+        let mut s = ServerConfig::default().scheduler;
+        if let Some(t) = &raw.tenants {
+            if let Some(n) = t.inflight_max {
+                s.inflight_max = n;
+            }
+            for (name, n) in &t.overrides {
+                self.not_blank(&root("tenants").key("overrides").key(name), name, "tenant")?;
+                s.tenant_inflight_max
+                    .insert(TenantId::new(name.as_str()), *n);
+            }
+        }
+        for (name, lane) in &raw.lanes {
+            self.not_blank(&root("lanes").key(name), name, "lane")?;
+            s.lane_weights
+                .insert(Lane::new(name.as_str()), lane.weight.unwrap_or(1));
+        }
+        s.validate().map_err(|e| match e {
+            SchedulerConfigError::ZeroLaneWeight { lane } => self.invalid(
+                &root("lanes").key(lane.as_str()).key("weight"),
+                format!(
+                    "lane `{lane}` has weight 0; a weight is the lane's share of leases while lanes compete, so it must be at least 1 (to shrink this lane's share, raise the other lanes' weights)"
+                ),
+            ),
+            SchedulerConfigError::ZeroInflightMax => self.invalid(
+                &root("tenants").key("inflight_max"),
+                "inflight_max is 0, so no tenant could ever lease a job; set it to at least 1 (to pause one tenant, set it to 0 under [tenants.overrides])",
+            ),
+            other => self.error(None, None, other.to_string()),
+        })?;
+        Ok(s)
+    }
+
+    fn policies_and_breakers(
+        &self,
+        raw: &RawConfig,
+        cfg: &mut ServerConfig,
+    ) -> Result<(), ConfigError> {
+        let defaults_path = root("defaults");
+        let mut defaults = TypePolicy::default();
+        let mut breaker_default = None;
+        if let Some(d) = &raw.defaults {
+            if d.schemas.is_some() {
+                return Err(self.invalid(
+                    &defaults_path.key("schemas"),
+                    "schemas belong to one type: move them under [types.NAME]",
+                ));
+            }
+            defaults = self.policy(&defaults, d, &defaults_path)?;
+            if let Some(b) = &d.breaker {
+                breaker_default =
+                    Some(self.breaker(BreakerConfig::default(), b, &defaults_path)?);
+            }
+        }
+        let mut types = std::collections::HashMap::new();
+        let mut breakers = BTreeMap::new();
+        for (name, t) in &raw.types {
+            let path = root("types").key(name);
+            self.not_blank(&path, name, "job type")?;
+            types.insert(
+                JobType::new(name.as_str()),
+                self.policy(&defaults, t, &path)?,
+            );
+            if let Some(b) = &t.breaker {
+                let base = breaker_default.unwrap_or_default();
+                breakers.insert(JobType::new(name.as_str()), self.breaker(base, b, &path)?);
+            }
+        }
+        cfg.policies = Policies { defaults, types };
+        cfg.breaker_default = breaker_default;
+        cfg.breakers = breakers;
+        Ok(())
+    }
+
+    /// `raw` merged over `base`, then validated; errors are located under `path`.
+    fn policy(
+        &self,
+        base: &TypePolicy,
+        raw: &RawPolicy,
+        path: &KeyPath,
+    ) -> Result<TypePolicy, ConfigError> {
+        let mut p = base.clone();
+        let ms = |v: Option<Ms>, d: Duration| v.map_or(d, Ms::duration);
+        p.attempts_max = raw.attempts_max.unwrap_or(p.attempts_max);
+        p.crash_loop_max = raw.crash_loop_max.unwrap_or(p.crash_loop_max);
+        p.deferrals_max = raw.deferrals_max.unwrap_or(p.deferrals_max);
+        p.backoff = Backoff {
+            base: ms(raw.backoff_base_ms, p.backoff.base),
+            cap: ms(raw.backoff_cap_ms, p.backoff.cap),
+            floor: ms(raw.backoff_floor_ms, p.backoff.floor),
+            schedule: match &raw.backoff_schedule_ms {
+                Some(s) => s.iter().map(|m| m.duration()).collect(),
+                None => p.backoff.schedule,
+            },
+        };
+        for (kind, n) in &raw.kinds {
+            self.not_blank(&path.key("kinds").key(kind), kind, "failure kind")?;
+            p.kinds.insert(ErrorKind::new(kind.as_str()), *n);
+        }
+        for (kind, class) in &raw.kind_classes {
+            self.not_blank(&path.key("kind_classes").key(kind), kind, "failure kind")?;
+            p.kind_classes.insert(ErrorKind::new(kind.as_str()), *class);
+        }
+        p.validate().map_err(|e| {
+            let key = match &e {
+                PolicyError::ZeroCount { field } => {
+                    field.split('.').fold(path.clone(), |p, k| p.key(k))
+                }
+                PolicyError::FloorAboveCap { .. } if raw.backoff_floor_ms.is_some() => {
+                    path.key("backoff_floor_ms")
+                }
+                PolicyError::FloorAboveCap { .. } => path.key("backoff_cap_ms"),
+                _ => path.clone(),
+            };
+            self.invalid(&key, e.to_string())
+        })?;
+        Ok(p)
+    }
+
+    fn breaker(
+        &self,
+        base: BreakerConfig,
+        raw: &RawBreaker,
+        path: &KeyPath,
+    ) -> Result<BreakerConfig, ConfigError> {
+        let b = BreakerConfig {
+            failures_min: raw.failures_min.unwrap_or(base.failures_min),
+            failure_ratio: raw.failure_ratio.unwrap_or(base.failure_ratio),
+            window: raw.window_ms.map_or(base.window, Ms::duration),
+            cooldown: raw.cooldown_ms.map_or(base.cooldown, Ms::duration),
+            probes: raw.probes.unwrap_or(base.probes),
+        };
+        b.validate().map_err(|e: BreakerConfigError| {
+            self.invalid(&path.key("breaker").key(e.field), e.to_string())
+        })?;
+        Ok(b)
+    }
+
+    /// Every listed type, with its schema files read and compiled.
+    fn schemas(
+        &self,
+        raw: &RawConfig,
+        base_dir: &Path,
+    ) -> Result<BTreeMap<JobType, TypeSchemas>, ConfigError> {
+        let mut out = BTreeMap::new();
+        for (name, t) in &raw.types {
+            let ty = JobType::new(name.as_str());
+            let path = root("types").key(name).key("schemas");
+            let mut versions = BTreeMap::new();
+            let mut files = BTreeMap::new();
+            for (version, file) in t.schemas.iter().flatten() {
+                let key = path.key(version);
+                let n: u32 = version.trim().parse().map_err(|_| {
+                    self.invalid(
+                        &key,
+                        format!(
+                            "schema version \"{version}\" is not a whole number; write schemas = {{ 1 = \"file.json\" }}"
+                        ),
+                    )
+                })?;
+                let resolved = base_dir.join(file);
+                let text = std::fs::read_to_string(&resolved).map_err(|e| {
+                    self.invalid(
+                        &key,
+                        format!(
+                            "cannot read schema file {}: {e}; schema paths are relative to the config file's directory",
+                            resolved.display()
+                        ),
+                    )
+                })?;
+                let schema: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+                    self.invalid(
+                        &key,
+                        format!(
+                            "schema file {} is not valid JSON: {e}; fix the file",
+                            resolved.display()
+                        ),
+                    )
+                })?;
+                if versions.insert(n, schema).is_some() {
+                    return Err(
+                        self.invalid(&key, format!("schema version {n} is given twice; keep one"))
+                    );
+                }
+                files.insert(n, (key, resolved));
+            }
+            let compiled = TypeSchemas::compile(&ty, versions).map_err(|e| {
+                let (key, file) = &files[&e.version];
+                self.invalid(
+                    key,
+                    format!(
+                        "schema file {} is not a usable JSON Schema: {}; fix the file",
+                        file.display(),
+                        e.reason
+                    ),
+                )
+            })?;
+            out.insert(ty, compiled);
+        }
+        Ok(out)
+    }
+
+    fn tokens(&self, raw: &RawConfig) -> Result<Vec<TokenConfig>, ConfigError> {
+        let mut out: Vec<TokenConfig> = Vec::with_capacity(raw.tokens.len());
+        for (i, t) in raw.tokens.iter().enumerate() {
+            let path = root("tokens").index(i);
+            let name = t.name.as_deref().unwrap_or("");
+            if name.trim().is_empty() {
+                return Err(self.invalid(
+                    &path.key("name"),
+                    "every token needs a name (it is the actor in the audit log): add name = \"...\"",
+                ));
+            }
+            let role = match t.role.as_deref() {
+                None => {
+                    return Err(self.invalid(
+                        &path.key("role"),
+                        "every token needs a role: add role = \"producer\", \"worker\", \"operator\" or \"admin\"",
+                    ));
+                }
+                Some(r) => r
+                    .parse::<Role>()
+                    .map_err(|e| self.invalid(&path.key("role"), e.to_string()))?,
+            };
+            let (secret_key, sha256) = match (&t.token, &t.token_sha256) {
+                (Some(_), Some(_)) => {
+                    return Err(self.invalid(
+                        &path.key("token_sha256"),
+                        "set either token or token_sha256, not both: keep token_sha256 to keep the secret out of the file",
+                    ));
+                }
+                (None, None) => {
+                    return Err(self.invalid(
+                        &path,
+                        "a token needs its secret: add token = \"...\" or token_sha256 = \"<64 hex digits>\"",
+                    ));
+                }
+                (Some(token), None) => {
+                    if token.is_empty() {
+                        return Err(self.invalid(
+                            &path.key("token"),
+                            "the token is empty; give a long random secret",
+                        ));
+                    }
+                    ("token", token_sha256(token))
+                }
+                (None, Some(h)) => {
+                    let mut sha = [0u8; 32];
+                    hex::decode_to_slice(h.trim(), &mut sha).map_err(|_| {
+                        self.invalid(
+                            &path.key("token_sha256"),
+                            "token_sha256 must be 64 hex digits, the SHA-256 of the token (printf %s \"$TOKEN\" | sha256sum)",
+                        )
+                    })?;
+                    ("token_sha256", sha)
+                }
+            };
+            if let Some(j) = out.iter().position(|o| o.name == name) {
+                return Err(self.invalid(
+                    &path.key("name"),
+                    format!(
+                        "token name `{name}` is already used by tokens[{j}]{}; names identify the actor in the audit log, so rename one",
+                        self.on_line(&root("tokens").index(j).key("name"))
+                    ),
+                ));
+            }
+            if let Some(other) = out.iter().find(|o| o.sha256 == sha256) {
+                return Err(self.invalid(
+                    &path.key(secret_key),
+                    format!(
+                        "this token's secret is also the secret of token `{}`; give each token its own, or the audit log cannot tell who acted",
+                        other.name
+                    ),
+                ));
+            }
+            out.push(TokenConfig {
+                name: name.to_owned(),
+                role,
+                sha256,
+            });
+        }
+        Ok(out)
+    }
+
+    fn on_line(&self, path: &KeyPath) -> String {
+        self.line_of(path)
+            .map_or_else(String::new, |l| format!(" (line {l})"))
+    }
+}
+
+/// 1-based line of byte `offset` in `text`.
+fn line_at(text: &str, offset: usize) -> usize {
+    let end = offset.min(text.len());
+    text.as_bytes()[..end]
+        .iter()
+        .filter(|b| **b == b'\n')
+        .count()
+        + 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The example of the API contract's "Configuration file (TOML)" section, verbatim.
+    const CONTRACT_EXAMPLE: &str = r#"
+payload_bytes_max = 262144          # admission byte cap on the payload
+batch_bytes_max = 16777216          # cap on a whole batch body (413 POISON payload_too_large over it)
+accept_unknown_types = true         # false: UNKNOWN_TYPE for types not listed below
+
+[tenants]
+inflight_max = 2                    # default per-tenant in-flight cap in each lane
+
+[lanes.interactive]
+weight = 4                          # share of leases when several lanes have work
+[lanes.batch]
+weight = 1
+
+[defaults]                          # policy for types not listed, and the base for listed ones
+attempts_max = 5                    # deliveries in all, the first included
+backoff_base_ms = 1000
+backoff_cap_ms = 300000
+crash_loop_max = 3                  # lease expiries before dead-lettering as crash_loop
+
+deferrals_max = 50                  # deferred outcomes before dead-lettering as deferrals_exhausted
+
+[types.send_email]
+attempts_max = 4
+backoff_base_ms = 50
+kinds = { parse = 2, validation = 1 } # attempts a failure of that kind may spend
+schemas = { 1 = "schemas/send_email.v1.json", 2 = "schemas/send_email.v2.json" }
+
+[types.send_email.breaker]          # per (type, error kind)
+failures_min = 20                   # failures in the window before it may open
+failure_ratio = 0.5                 # and at least this share of outcomes failing
+window_ms = 30000
+cooldown_ms = 10000                 # open → half-open
+probes = 2                          # leases allowed while half-open
+
+[[tokens]]
+name = "ops-alice"
+role = "operator"                   # producer | worker | operator | admin
+token = "..."                       # or token_sha256 = "hex"
+"#;
+
+    /// A config directory holding `text` as `lazaret.toml` and the example's schemas.
+    fn config_dir(text: &str) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("schemas")).unwrap();
+        let v1 =
+            r#"{"type": "object", "required": ["to"], "properties": {"to": {"type": "string"}}}"#;
+        let v2 = r#"{"type": "object", "required": ["to", "subject"]}"#;
+        std::fs::write(dir.path().join("schemas/send_email.v1.json"), v1).unwrap();
+        std::fs::write(dir.path().join("schemas/send_email.v2.json"), v2).unwrap();
+        let file = dir.path().join("lazaret.toml");
+        std::fs::write(&file, text).unwrap();
+        (dir, file)
+    }
+
+    fn parse(text: &str) -> Result<ServerConfig, ConfigError> {
+        ServerConfig::from_toml_str(text, Path::new("/nonexistent"))
+    }
+
+    /// Asserts that `text` is refused about `key` on `line`, with a message containing `words`.
+    #[track_caller]
+    fn assert_refused(text: &str, key: &str, line: usize, words: &str) -> ConfigError {
+        let e = parse(text).expect_err("config should be refused");
+        assert_eq!(e.key(), Some(key), "{e}");
+        assert_eq!(e.line(), Some(line), "{e}");
+        assert!(e.to_string().contains(words), "`{words}` not in: {e}");
+        e
+    }
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn the_contract_example_loads_with_its_schemas() {
+        let (_dir, file) = config_dir(CONTRACT_EXAMPLE);
+        let cfg = ServerConfig::load(&file).unwrap();
+
+        let send = cfg.policies.for_type("send_email");
+        assert_eq!(send.attempts_max, 4);
+        assert_eq!(send.backoff.base, ms(50));
+        assert_eq!(send.backoff.cap, Duration::from_secs(300), "inherited");
+        assert_eq!(send.crash_loop_max, 3);
+        assert_eq!(send.deferrals_max, 50);
+        let kinds: Vec<(&str, u32)> = send.kinds.iter().map(|(k, n)| (k.as_str(), *n)).collect();
+        assert_eq!(kinds, [("parse", 2), ("validation", 1)]);
+        assert_eq!(cfg.policies.defaults, TypePolicy::default());
+        assert_eq!(cfg.policies.for_type("other"), &TypePolicy::default());
+
+        assert_eq!(cfg.scheduler.inflight_max, 2);
+        let lanes: Vec<(&str, u32)> = cfg
+            .scheduler
+            .lane_weights
+            .iter()
+            .map(|(l, w)| (l.as_str(), *w))
+            .collect();
+        assert_eq!(lanes, [("batch", 1), ("default", 1), ("interactive", 4)]);
+
+        assert_eq!(cfg.breaker_default, None);
+        let breaker = cfg.breakers[&JobType::new("send_email")];
+        assert_eq!(
+            breaker,
+            BreakerConfig {
+                failures_min: 20,
+                failure_ratio: 0.5,
+                window: Duration::from_secs(30),
+                cooldown: Duration::from_secs(10),
+                probes: 2,
+            }
+        );
+
+        assert_eq!(cfg.tokens.len(), 1);
+        assert_eq!(cfg.tokens[0].name, "ops-alice");
+        assert_eq!(cfg.tokens[0].role, Role::Operator);
+        assert_eq!(cfg.tokens[0].sha256, token_sha256("..."));
+        assert!(!format!("{:?}", cfg.tokens[0]).contains("..."));
+
+        assert_eq!(cfg.payload_bytes_max, 262_144);
+        assert_eq!(cfg.batch_bytes_max, 16 * 1024 * 1024);
+        assert!(cfg.admission.accept_unknown_types);
+        assert_eq!(cfg.admission.payload_bytes_max, 262_144);
+        let schemas = &cfg.admission.types[&JobType::new("send_email")];
+        assert_eq!(schemas.versions().collect::<Vec<_>>(), [1, 2]);
+        let (violations, total) = schemas.violations(2, &serde_json::json!({"to": "a@b"}));
+        assert_eq!((violations.len(), total), (1, 1), "v2 requires a subject");
+    }
+
+    #[test]
+    fn the_documented_example_loads_and_sets_every_key() {
+        // The module doc is the key reference copied into docs: it must parse.
+        let source = include_str!("config.rs");
+        let doc: Vec<&str> = source
+            .lines()
+            .take_while(|l| l.starts_with("//!"))
+            .map(|l| l.strip_prefix("//! ").unwrap_or(""))
+            .skip_while(|l| *l != "```toml")
+            .skip(1)
+            .take_while(|l| *l != "```")
+            .collect();
+        let (_dir, file) = config_dir(&doc.join("\n"));
+        let cfg = ServerConfig::load(&file).unwrap();
+        assert_eq!(
+            cfg.scheduler.tenant_inflight_max[&TenantId::new("big-customer")],
+            8
+        );
+        assert_eq!(cfg.breaker_default.unwrap().failures_min, 20);
+        assert_eq!(cfg.tokens.len(), 2);
+        assert_eq!(cfg.tokens[1].role, Role::Producer);
+        assert_eq!(cfg.tokens[1].sha256, token_sha256("hello"));
+        let d = &cfg.policies.defaults;
+        assert_eq!(
+            d.kind_classes[&ErrorKind::new("http_404")],
+            FailureClass::Permanent
+        );
+        let send = cfg.policies.for_type("send_email");
+        assert_eq!(
+            send.kinds.len(),
+            3,
+            "timeout inherited, parse and validation added"
+        );
+        assert_eq!(send.kind_classes, d.kind_classes);
+    }
+
+    #[test]
+    fn an_empty_file_gives_the_defaults() {
+        let cfg = parse("").unwrap();
+        let d = ServerConfig::default();
+        assert_eq!(cfg.payload_bytes_max, 262_144);
+        assert_eq!(cfg.batch_bytes_max, 16 * 1024 * 1024);
+        assert!(cfg.accept_unknown_types);
+        assert_eq!(cfg.scheduler, d.scheduler);
+        assert_eq!(cfg.scheduler.inflight_max, 2);
+        assert_eq!(cfg.scheduler.lane_weights[&Lane::default_lane()], 1);
+        assert_eq!(cfg.policies.defaults, TypePolicy::default());
+        assert_eq!(cfg.policies.defaults.attempts_max, 5);
+        assert_eq!(cfg.policies.defaults.backoff.base, ms(1000));
+        assert_eq!(cfg.policies.defaults.backoff.cap, ms(300_000));
+        assert_eq!(cfg.policies.defaults.crash_loop_max, 3);
+        assert_eq!(cfg.policies.defaults.deferrals_max, 50);
+        assert!(cfg.policies.types.is_empty());
+        assert!(cfg.admission.types.is_empty());
+        assert_eq!(cfg.breaker_default, None);
+        assert!(cfg.breakers.is_empty());
+        assert!(cfg.tokens.is_empty());
+        assert_eq!(cfg.retention, d.retention);
+        assert_eq!(
+            (
+                cfg.retention.succeeded_ms,
+                cfg.retention.cleaner_batch,
+                cfg.retention.cleaner_interval_ms
+            ),
+            (86_400_000, 500, 1000)
+        );
+        assert_eq!(cfg.dead_letters_warn, 100_000);
+        assert_eq!(cfg.admission_records_per_minute, 60);
+        assert_eq!(cfg.durability, Durability::Full);
+        assert_eq!(
+            (cfg.lease_ms_default, cfg.lease_ms_max),
+            (30_000, 3_600_000)
+        );
+    }
+
+    #[test]
+    fn a_type_inherits_every_key_it_does_not_set() {
+        let cfg = parse(
+            r#"
+[defaults]
+attempts_max = 7
+backoff_floor_ms = 10
+backoff_schedule_ms = [100, 1000]
+kinds = { timeout = 3, parse = 2 }
+kind_classes = { http_404 = "permanent" }
+
+[defaults.breaker]
+probes = 5
+
+[types.bare]
+
+[types.picky]
+crash_loop_max = 1
+backoff_schedule_ms = []
+kinds = { parse = 1 }
+kind_classes = { http_429 = "deferred" }
+[types.picky.breaker]
+failures_min = 3
+"#,
+        )
+        .unwrap();
+        let d = cfg.policies.defaults.clone();
+        assert_eq!(d.attempts_max, 7);
+        assert_eq!(d.backoff.schedule, [ms(100), ms(1000)]);
+        assert_eq!(cfg.policies.for_type("bare"), &d);
+
+        let picky = cfg.policies.for_type("picky");
+        assert_eq!(picky.attempts_max, 7);
+        assert_eq!(picky.crash_loop_max, 1);
+        assert_eq!(picky.backoff.floor, ms(10));
+        assert!(picky.backoff.schedule.is_empty(), "[] clears the schedule");
+        let kinds: Vec<(&str, u32)> = picky.kinds.iter().map(|(k, n)| (k.as_str(), *n)).collect();
+        assert_eq!(
+            kinds,
+            [("parse", 1), ("timeout", 3)],
+            "merged, the type wins"
+        );
+        assert_eq!(picky.kind_classes.len(), 2);
+
+        assert_eq!(cfg.breaker_default.unwrap().probes, 5);
+        let b = cfg.breakers[&JobType::new("picky")];
+        assert_eq!(
+            (b.failures_min, b.probes),
+            (3, 5),
+            "inherits [defaults.breaker]"
+        );
+        assert!(
+            !cfg.breakers.contains_key("bare"),
+            "falls back to breaker_default at run time"
+        );
+        assert!(
+            cfg.admission.types["bare"].is_empty(),
+            "listed, so known, without schemas"
+        );
+    }
+
+    #[test]
+    fn an_unknown_key_is_refused_with_its_path_and_line() {
+        let e = assert_refused(
+            "[types.send_email]\nattempts_max = 4\natempts_max = 3\n",
+            "types.send_email.atempts_max",
+            3,
+            "unknown field `atempts_max`",
+        );
+        assert!(
+            e.to_string()
+                .starts_with("config line 3: types.send_email.atempts_max: "),
+            "{e}"
+        );
+        assert_refused(
+            "payload_byte_max = 1\n",
+            "payload_byte_max",
+            1,
+            "fix its spelling",
+        );
+        assert_refused(
+            "\n[types.a]\nbreaker = { window_ms = 5, probs = 1 }\n",
+            "types.a.breaker.probs",
+            3,
+            "unknown field `probs`",
+        );
+        assert_refused(
+            "[[tokens]]\nname = \"a\"\nrol = \"admin\"\n",
+            "tokens[0].rol",
+            3,
+            "rol",
+        );
+        assert_refused(
+            "[lanes.fast]\nweigth = 2\n",
+            "lanes.fast.weigth",
+            2,
+            "weigth",
+        );
+    }
+
+    #[test]
+    fn a_wrongly_typed_value_is_refused_with_its_path_and_line() {
+        assert_refused(
+            "[defaults]\n\nattempts_max = \"five\"\n",
+            "defaults.attempts_max",
+            3,
+            "invalid type",
+        );
+        assert_refused(
+            "[types.a]\nbackoff_schedule_ms = [10, -1]\n",
+            "types.a.backoff_schedule_ms[1]",
+            2,
+            "negative",
+        );
+        assert_refused(
+            "[types.a]\nkind_classes = { http_404 = \"fatal\" }\n",
+            "types.a.kind_classes.http_404",
+            2,
+            "`permanent`",
+        );
+        assert_refused(
+            "lease_ms_default = \"30s\"\n",
+            "lease_ms_default",
+            1,
+            "write 30000 instead of \"30s\"",
+        );
+    }
+
+    #[test]
+    fn invalid_toml_is_refused_with_its_line() {
+        let e = parse("a = 1\n[types\n").unwrap_err();
+        assert_eq!(e.line(), Some(2), "{e}");
+        assert!(e.to_string().contains("not valid TOML"), "{e}");
+    }
+
+    #[test]
+    fn a_zero_count_is_refused_with_the_types_key_and_line() {
+        let text = "[types.send_email]\nbackoff_base_ms = 50\nattempts_max = 0\n";
+        assert_refused(text, "types.send_email.attempts_max", 3, "at least 1");
+        let (_dir, file) = config_dir(text);
+        let e = ServerConfig::load(&file).unwrap_err();
+        let shown = e.to_string();
+        assert!(
+            shown.starts_with(&format!(
+                "{}:3: types.send_email.attempts_max: ",
+                file.display()
+            )),
+            "{shown}"
+        );
+        assert_refused(
+            "[types.a]\nkinds = { parse = 0 }\n",
+            "types.a.kinds.parse",
+            2,
+            "at least 1",
+        );
+        assert_refused(
+            "[defaults]\ndeferrals_max = 0\n",
+            "defaults.deferrals_max",
+            2,
+            "at least 1",
+        );
+        assert_refused(
+            "[defaults]\nbackoff_floor_ms = 500\n[types.a]\nbackoff_cap_ms = 100\n",
+            "types.a.backoff_cap_ms",
+            4,
+            "above backoff_cap_ms",
+        );
+    }
+
+    #[test]
+    fn other_out_of_range_values_are_refused_where_they_are_written() {
+        assert_refused(
+            "[types.a.breaker]\nfailure_ratio = 1.5\n",
+            "types.a.breaker.failure_ratio",
+            2,
+            "in (0, 1]",
+        );
+        assert_refused(
+            "[defaults.breaker]\nprobes = 0\n",
+            "defaults.breaker.probes",
+            2,
+            "at least 1",
+        );
+        assert_refused(
+            "[lanes.a]\nweight = 1\n[lanes.b]\nweight = 0\n",
+            "lanes.b.weight",
+            4,
+            "weight 0",
+        );
+        assert_refused(
+            "[tenants]\ninflight_max = 0\n",
+            "tenants.inflight_max",
+            2,
+            "[tenants.overrides]",
+        );
+        assert_refused(
+            "payload_bytes_max = 0\n",
+            "payload_bytes_max",
+            1,
+            "at least 1",
+        );
+        assert_refused(
+            "lease_ms_max = 1000\n",
+            "lease_ms_max",
+            1,
+            "above lease_ms_max",
+        );
+        assert_refused("durability = \"fast\"\n", "durability", 1, "\"normal\"");
+        assert_refused(
+            "[retention]\ncleaner_batch = 0\n",
+            "retention.cleaner_batch",
+            2,
+            "at least 1",
+        );
+        assert_refused(
+            "[defaults]\nschemas = { 1 = \"a.json\" }\n",
+            "defaults.schemas",
+            2,
+            "[types.NAME]",
+        );
+        let cfg =
+            parse("durability = \"normal\"\n[tenants.overrides]\n\"acme.corp\" = 0\n").unwrap();
+        assert_eq!(cfg.durability, Durability::Normal);
+        assert_eq!(
+            cfg.scheduler.tenant_inflight_max[&TenantId::new("acme.corp")],
+            0
+        );
+    }
+
+    #[test]
+    fn a_bad_role_is_refused() {
+        let e = assert_refused(
+            "[[tokens]]\nname = \"a\"\nrole = \"root\"\ntoken = \"s\"\n",
+            "tokens[0].role",
+            3,
+            "unknown role `root`",
+        );
+        assert!(
+            e.to_string().contains("producer, worker, operator, admin"),
+            "{e}"
+        );
+        assert_eq!("admin".parse::<Role>(), Ok(Role::Admin));
+        for r in Role::ALL {
+            assert_eq!(r.as_str().parse::<Role>(), Ok(r));
+        }
+    }
+
+    #[test]
+    fn a_token_needs_exactly_one_secret() {
+        assert_refused(
+            "[[tokens]]\nname = \"a\"\nrole = \"admin\"\ntoken = \"s\"\ntoken_sha256 = \"00\"\n",
+            "tokens[0].token_sha256",
+            5,
+            "not both",
+        );
+        let e = parse("[[tokens]]\nname = \"a\"\nrole = \"admin\"\n").unwrap_err();
+        assert_eq!(e.key(), Some("tokens[0]"), "{e}");
+        assert!(e.to_string().contains("token_sha256 = "), "{e}");
+        assert_refused(
+            "[[tokens]]\nname = \"a\"\nrole = \"admin\"\ntoken_sha256 = \"abc\"\n",
+            "tokens[0].token_sha256",
+            4,
+            "64 hex digits",
+        );
+        let upper = hex::encode_upper(token_sha256("s"));
+        let cfg = parse(&format!(
+            "[[tokens]]\nname = \"a\"\nrole = \"admin\"\ntoken_sha256 = \"{upper}\"\n"
+        ))
+        .unwrap();
+        assert_eq!(cfg.tokens[0].sha256, token_sha256("s"));
+    }
+
+    #[test]
+    fn two_tokens_may_share_neither_name_nor_secret() {
+        let e = assert_refused(
+            "[[tokens]]\nname = \"a\"\nrole = \"admin\"\ntoken = \"s1\"\n\
+             [[tokens]]\nname = \"a\"\nrole = \"worker\"\ntoken = \"s2\"\n",
+            "tokens[1].name",
+            6,
+            "already used by tokens[0] (line 2)",
+        );
+        assert!(!e.to_string().contains("s1"), "{e}");
+        let hash = hex::encode(token_sha256("s1"));
+        let e = assert_refused(
+            &format!(
+                "[[tokens]]\nname = \"a\"\nrole = \"admin\"\ntoken = \"s1\"\n\
+                 [[tokens]]\nname = \"b\"\nrole = \"worker\"\ntoken_sha256 = \"{hash}\"\n"
+            ),
+            "tokens[1].token_sha256",
+            8,
+            "secret of token `a`",
+        );
+        assert!(!e.to_string().contains("s1"), "{e}");
+    }
+
+    #[test]
+    fn a_missing_schema_file_is_named_by_its_resolved_path() {
+        let text = "[types.send_email]\nschemas = { 1 = \"schemas/send_email.v1.json\", 3 = \"schemas/nope.json\" }\n";
+        let (dir, file) = config_dir(text);
+        let e = ServerConfig::load(&file).unwrap_err();
+        assert_eq!(e.key(), Some("types.send_email.schemas.3"), "{e}");
+        assert_eq!(e.line(), Some(2), "{e}");
+        let resolved = dir.path().join("schemas/nope.json");
+        assert!(
+            e.to_string().contains(&resolved.display().to_string()),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_schema_that_does_not_compile_is_refused_with_its_version() {
+        let (dir, file) = config_dir(
+            "[types.a]\nschemas = { 1 = \"schemas/send_email.v1.json\", 2 = \"schemas/bad.json\" }\n",
+        );
+        std::fs::write(dir.path().join("schemas/bad.json"), r#"{"type": 12}"#).unwrap();
+        let e = ServerConfig::load(&file).unwrap_err();
+        assert_eq!(e.key(), Some("types.a.schemas.2"), "{e}");
+        assert!(e.to_string().contains("not a usable JSON Schema"), "{e}");
+        std::fs::write(dir.path().join("schemas/bad.json"), "{").unwrap();
+        let e = ServerConfig::load(&file).unwrap_err();
+        assert!(e.to_string().contains("not valid JSON"), "{e}");
+        assert_refused(
+            "[types.a]\nschemas = { v1 = \"x.json\" }\n",
+            "types.a.schemas.v1",
+            2,
+            "whole number",
+        );
+    }
+
+    #[test]
+    fn an_unreadable_config_file_is_named() {
+        let e = ServerConfig::load(Path::new("/nonexistent/lazaret.toml")).unwrap_err();
+        assert!(matches!(e, ConfigError::Read { .. }));
+        assert!(e.to_string().contains("/nonexistent/lazaret.toml"), "{e}");
+    }
+}

@@ -1,0 +1,198 @@
+//! One error type for the HTTP API, mapped to the contract's JSON body.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use lazaret_core::{PoisonReason, Verdict, Violation};
+use lazaret_store::{ItemError, StoreError};
+use serde_json::json;
+
+/// The contract's error codes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Code {
+    /// Payload refused at the door.
+    Poison,
+    /// Tenant missing or empty.
+    NoTenant,
+    /// Type not configured.
+    UnknownType,
+    /// Breaker open or paused.
+    Shed,
+    /// Stale lease token.
+    LeaseLost,
+    /// No such job or dead letter.
+    NotFound,
+    /// Missing or unknown token.
+    Unauthorized,
+    /// The token's role may not do this.
+    Forbidden,
+    /// Anything else malformed.
+    BadRequest,
+    /// The server failed.
+    Internal,
+    /// Shutting down.
+    Unavailable,
+}
+
+impl Code {
+    /// The word in the body.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Code::Poison => "POISON",
+            Code::NoTenant => "NO_TENANT",
+            Code::UnknownType => "UNKNOWN_TYPE",
+            Code::Shed => "SHED",
+            Code::LeaseLost => "LEASE_LOST",
+            Code::NotFound => "NOT_FOUND",
+            Code::Unauthorized => "UNAUTHORIZED",
+            Code::Forbidden => "FORBIDDEN",
+            Code::BadRequest => "BAD_REQUEST",
+            Code::Internal => "INTERNAL",
+            Code::Unavailable => "UNAVAILABLE",
+        }
+    }
+}
+
+/// An error answer: `{"error": {"code", "reason", "message", ...}}`.
+#[derive(Debug)]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// Code.
+    pub code: Code,
+    /// Reason word (POISON reasons), else null.
+    pub reason: Option<&'static str>,
+    /// What was wrong and what to do.
+    pub message: String,
+    /// Schema violations.
+    pub details: Vec<Violation>,
+    /// For SHED: seconds to wait.
+    pub retry_after_s: Option<u64>,
+}
+
+impl ApiError {
+    /// An error with a status, code and message.
+    pub fn new(status: StatusCode, code: Code, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code,
+            reason: None,
+            message: message.into(),
+            details: Vec::new(),
+            retry_after_s: None,
+        }
+    }
+
+    /// 400 BAD_REQUEST.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, Code::BadRequest, message)
+    }
+
+    /// 404 NOT_FOUND.
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, Code::NotFound, message)
+    }
+
+    /// 413 POISON payload_too_large.
+    pub fn too_large(message: impl Into<String>) -> Self {
+        let mut e = Self::new(StatusCode::PAYLOAD_TOO_LARGE, Code::Poison, message);
+        e.reason = Some(PoisonReason::PayloadTooLarge.as_str());
+        e
+    }
+
+    /// 409 LEASE_LOST or 404 NOT_FOUND for one item.
+    pub fn item(e: ItemError, id: impl std::fmt::Display) -> Self {
+        match e {
+            ItemError::NotFound => Self::not_found(format!("no job with id {id}")),
+            ItemError::LeaseLost => Self::new(
+                StatusCode::CONFLICT,
+                Code::LeaseLost,
+                format!(
+                    "the lease token is not job {id}'s current one: its lease expired or it was leased again. \
+                     Drop the job without acking; its current holder will finish it"
+                ),
+            ),
+        }
+    }
+
+    /// The error of a refusing admission verdict (`None` when admitted).
+    pub fn from_verdict(v: Verdict) -> Option<Self> {
+        Some(match v {
+            Verdict::Admitted { .. } => return None,
+            Verdict::Poison {
+                reason,
+                message,
+                details,
+            } => {
+                let status = if reason == PoisonReason::PayloadTooLarge {
+                    StatusCode::PAYLOAD_TOO_LARGE
+                } else {
+                    StatusCode::UNPROCESSABLE_ENTITY
+                };
+                let mut e = Self::new(status, Code::Poison, message);
+                e.reason = Some(reason.as_str());
+                e.details = details;
+                e
+            }
+            Verdict::NoTenant { message } => {
+                Self::new(StatusCode::BAD_REQUEST, Code::NoTenant, message)
+            }
+            Verdict::UnknownType { message } => {
+                Self::new(StatusCode::UNPROCESSABLE_ENTITY, Code::UnknownType, message)
+            }
+            Verdict::Shed {
+                retry_after,
+                message,
+            } => {
+                let mut e = Self::new(StatusCode::SERVICE_UNAVAILABLE, Code::Shed, message);
+                e.retry_after_s = Some(retry_after.as_millis().div_ceil(1000).max(1) as u64);
+                e
+            }
+            Verdict::BadRequest { message } => Self::bad_request(message),
+        })
+    }
+
+    /// The JSON body.
+    pub fn body(&self) -> serde_json::Value {
+        let mut err =
+            json!({ "code": self.code.as_str(), "reason": self.reason, "message": self.message });
+        if !self.details.is_empty() {
+            err["details"] = serde_json::to_value(&self.details).unwrap_or_default();
+        }
+        if let Some(s) = self.retry_after_s {
+            err["retry_after_ms"] = json!(s * 1000);
+        }
+        json!({ "error": err })
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Closed => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                Code::Unavailable,
+                e.to_string(),
+            ),
+            other => {
+                tracing::error!(error = %other, "store error");
+                Self::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    Code::Internal,
+                    other.to_string(),
+                )
+            }
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut resp = (self.status, axum::Json(self.body())).into_response();
+        if let Some(s) = self.retry_after_s {
+            if let Ok(v) = HeaderValue::from_str(&s.to_string()) {
+                resp.headers_mut().insert(header::RETRY_AFTER, v);
+            }
+        }
+        resp
+    }
+}

@@ -1,0 +1,128 @@
+//! Prometheus metrics: counters bumped where things happen, gauges set from
+//! the store when `/metrics` is scraped.
+
+use std::collections::BTreeSet;
+use std::sync::{Mutex, OnceLock};
+
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+static GAUGE_LABELS: Mutex<BTreeSet<(String, String)>> = Mutex::new(BTreeSet::new());
+
+/// Installs the process-wide recorder once; later calls reuse it.
+pub fn install() -> &'static PrometheusHandle {
+    HANDLE.get_or_init(|| {
+        let recorder = PrometheusBuilder::new().build_recorder();
+        let handle = recorder.handle();
+        if metrics::set_global_recorder(recorder).is_err() {
+            tracing::warn!(
+                "a metrics recorder was already installed; lazaret metrics may be missing"
+            );
+        }
+        handle
+    })
+}
+
+/// A job admitted.
+pub fn enqueued(ty: &str, lane: &str) {
+    metrics::counter!("lazaret_jobs_enqueued_total", "type" => ty.to_owned(), "lane" => lane.to_owned()).increment(1);
+}
+
+/// A job acknowledged.
+pub fn succeeded(ty: &str) {
+    metrics::counter!("lazaret_jobs_succeeded_total", "type" => ty.to_owned()).increment(1);
+}
+
+/// A retry scheduled.
+pub fn retried(ty: &str) {
+    metrics::counter!("lazaret_jobs_retried_total", "type" => ty.to_owned()).increment(1);
+}
+
+/// A job or payload dead-lettered.
+pub fn dead_lettered(ty: &str, reason: &str, stage: &str) {
+    metrics::counter!("lazaret_dead_lettered_total", "type" => ty.to_owned(), "reason" => reason.to_owned(), "stage" => stage.to_owned())
+        .increment(1);
+}
+
+/// An admission record dropped by the per-tenant cap.
+pub fn admission_record_dropped() {
+    metrics::counter!("lazaret_admission_records_dropped_total").increment(1);
+}
+
+/// A lease expired.
+pub fn lease_expired() {
+    metrics::counter!("lazaret_lease_expired_total").increment(1);
+}
+
+/// Dead letters redriven.
+pub fn redriven(n: u64) {
+    metrics::counter!("lazaret_redriven_total").increment(n);
+}
+
+/// How a redriven job ended.
+pub fn redrive_outcome(outcome: &'static str) {
+    metrics::counter!("lazaret_redrive_outcomes_total", "outcome" => outcome).increment(1);
+}
+
+/// A refused request, by code.
+pub fn rejected(code: &'static str) {
+    metrics::counter!("lazaret_rejected_total", "code" => code).increment(1);
+}
+
+/// Sets the gauges from a fresh snapshot; gauges whose labels vanished go to 0.
+pub fn set_gauges(
+    lanes: &[(String, u64, u64, u64)],
+    dead_letters: &[(String, String, u64)],
+    breakers: &[(String, bool)],
+    dead_letters_over_warn: bool,
+) {
+    let mut seen = BTreeSet::new();
+    for (lane, queued, scheduled, leased) in lanes {
+        metrics::gauge!("lazaret_queue_depth", "lane" => lane.clone())
+            .set((queued + scheduled) as f64);
+        metrics::gauge!("lazaret_jobs_ready", "lane" => lane.clone()).set(*queued as f64);
+        metrics::gauge!("lazaret_jobs_leased", "lane" => lane.clone()).set(*leased as f64);
+    }
+    for (ty, reason, n) in dead_letters {
+        metrics::gauge!("lazaret_dead_letters", "type" => ty.clone(), "reason" => reason.clone())
+            .set(*n as f64);
+        seen.insert((ty.clone(), reason.clone()));
+    }
+    let mut old = GAUGE_LABELS.lock().unwrap_or_else(|p| p.into_inner());
+    for (ty, reason) in old.difference(&seen) {
+        metrics::gauge!("lazaret_dead_letters", "type" => ty.clone(), "reason" => reason.clone())
+            .set(0.0);
+    }
+    *old = seen;
+    for (ty, open) in breakers {
+        metrics::gauge!("lazaret_breaker_open", "type" => ty.clone()).set(if *open {
+            1.0
+        } else {
+            0.0
+        });
+    }
+    metrics::gauge!("lazaret_dead_letters_over_warn").set(if dead_letters_over_warn {
+        1.0
+    } else {
+        0.0
+    });
+}
+
+/// Makes every contract metric exist from the start (a scrape before the
+/// first event still lists them).
+pub fn describe() {
+    for name in [
+        "lazaret_jobs_enqueued_total",
+        "lazaret_jobs_succeeded_total",
+        "lazaret_jobs_retried_total",
+        "lazaret_dead_lettered_total",
+        "lazaret_lease_expired_total",
+        "lazaret_redriven_total",
+        "lazaret_redrive_outcomes_total",
+    ] {
+        metrics::counter!(name).increment(0);
+    }
+    metrics::gauge!("lazaret_breaker_open", "type" => "").set(0.0);
+    metrics::gauge!("lazaret_dead_letters", "type" => "", "reason" => "").set(0.0);
+    metrics::gauge!("lazaret_queue_depth", "lane" => "default").set(0.0);
+}

@@ -1,0 +1,191 @@
+//! `lazaret serve`: open the store, bind, run housekeeping, shut down cleanly.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lazaret_core::FairScheduler;
+use lazaret_store::{SqliteStore, Store};
+use tokio::net::TcpListener;
+
+use crate::app::{App, CoreDecider, now};
+use crate::config::{Durability, ServerConfig};
+use crate::{api, metrics};
+
+/// What `serve` needs.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// Where to listen.
+    pub listen: SocketAddr,
+    /// The data directory of the embedded store.
+    pub data: PathBuf,
+    /// The configuration.
+    pub config: ServerConfig,
+}
+
+/// Why the server could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    /// Refused: a non-loopback address with no tokens.
+    #[error(
+        "refusing to listen on {0} without tokens: anyone who can reach it could redrive or purge. \
+         Configure [[tokens]] in the config file, or listen on 127.0.0.1"
+    )]
+    OpenWithoutTokens(SocketAddr),
+    /// The scheduler configuration is invalid.
+    #[error("invalid scheduler configuration: {0}")]
+    Scheduler(#[from] lazaret_core::SchedulerConfigError),
+    /// The store could not open.
+    #[error("{0}")]
+    Store(#[from] lazaret_store::StoreError),
+    /// Binding or serving failed.
+    #[error(
+        "cannot listen on {addr}: {source}; is another server using that port? Try --listen 127.0.0.1:0"
+    )]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The HTTP server failed.
+    #[error("the HTTP server failed: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Runs the server until SIGTERM or ctrl-c. Prints, as its first line on
+/// stdout, `lazaret listening on http://ADDR` (tests and scripts read it).
+pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
+    if opts.config.tokens.is_empty() && !opts.listen.ip().is_loopback() {
+        return Err(ServeError::OpenWithoutTokens(opts.listen));
+    }
+    metrics::install();
+    metrics::describe();
+    let scheduler = FairScheduler::new(opts.config.scheduler.clone())?;
+    let durability = match opts.config.durability {
+        Durability::Full => lazaret_store::Durability::Full,
+        Durability::Normal => lazaret_store::Durability::Normal,
+    };
+    let decider = Arc::new(CoreDecider::new(opts.config.policies.clone()));
+    let store = SqliteStore::open(&opts.data, durability, scheduler, decider)?;
+    let db_path = store.path().display().to_string();
+    let listener = TcpListener::bind(opts.listen)
+        .await
+        .map_err(|source| ServeError::Bind {
+            addr: opts.listen,
+            source,
+        })?;
+    let addr = listener.local_addr()?;
+    let app = App::new(store, opts.config);
+    // The first stdout line is a contract with scripts and tests.
+    println!("lazaret listening on http://{addr}");
+    println!(
+        "data: {db_path} (sqlite, durability {})",
+        match durability {
+            lazaret_store::Durability::Full => "full: survives power loss",
+            lazaret_store::Durability::Normal => "normal: survives a process crash",
+        }
+    );
+    if app.config.tokens.is_empty() {
+        println!("no tokens configured: serving loopback only, every caller is admin");
+    }
+    tracing::info!(%addr, data = %db_path, "lazaret serving");
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let housekeeping = tokio::spawn(housekeeping(Arc::clone(&app), stop_rx.clone()));
+    let retention = tokio::spawn(retention(Arc::clone(&app), stop_rx));
+    let router = api::router(Arc::clone(&app));
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown_signal())
+        .await?;
+    tracing::info!("shutting down: in-flight requests finished; closing the store");
+    let _ = stop_tx.send(true);
+    let _ = housekeeping.await;
+    let _ = retention.await;
+    app.store.close().await?;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+}
+
+/// Promotes due jobs and reaps expired leases, waking long-polls. An index
+/// probe each tick: nothing scans every job.
+async fn housekeeping<S: Store>(app: Arc<App<S>>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    const TICK: Duration = Duration::from_millis(25);
+    let mut warned = false;
+    let mut ticks: u64 = 0;
+    loop {
+        tokio::select! {
+            _ = stop.changed() => return,
+            () = tokio::time::sleep(TICK) => {},
+        }
+        let now = now();
+        match app.store.tick(now).await {
+            Ok(t) => {
+                app.observe(&t.expired, now);
+                if t.promoted > 0 || !t.expired.is_empty() {
+                    app.ready.notify_waiters();
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "housekeeping failed"),
+        }
+        ticks += 1;
+        if ticks % 400 == 0 {
+            if let Ok(s) = app.store.stats().await {
+                let total: u64 = s.dead_letters.iter().map(|d| d.2).sum();
+                let over = total > app.config.dead_letters_warn;
+                if over && !warned {
+                    tracing::warn!(
+                        total,
+                        warn_at = app.config.dead_letters_warn,
+                        "the dead letters grew past dead_letters_warn: look at `lazaret dlq reasons`"
+                    );
+                }
+                warned = over;
+            }
+        }
+    }
+}
+
+/// Removes succeeded jobs past their retention in small batches.
+async fn retention<S: Store>(app: Arc<App<S>>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    let r = app.config.retention.clone();
+    loop {
+        tokio::select! {
+            _ = stop.changed() => return,
+            () = tokio::time::sleep(Duration::from_millis(r.cleaner_interval_ms)) => {},
+        }
+        let before = now().saturating_sub(Duration::from_millis(r.succeeded_ms));
+        loop {
+            match app.store.remove_succeeded(before, r.cleaner_batch).await {
+                Ok(n) if n == u64::from(r.cleaner_batch) => tokio::task::yield_now().await,
+                Ok(_) => break,
+                Err(e) => {
+                    tracing::error!(error = %e, "retention cleaner failed");
+                    break;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,159 @@
+//! The JSON shapes of the API: times as RFC 3339 UTC, ids as strings,
+//! payloads embedded byte for byte as raw JSON.
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use lazaret_core::{AttemptRecord, Failure, JobState, Timestamp};
+use lazaret_store::{DeadLetter, JobView, LeasedJob, ReasonCount};
+use serde_json::value::RawValue;
+use serde_json::{Value, json};
+
+/// RFC 3339 with milliseconds, UTC.
+pub fn time(t: Timestamp) -> String {
+    let ms = t.as_millis().max(0) as u64;
+    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+}
+
+/// An optional time, `null` when absent.
+pub fn opt_time(t: Option<Timestamp>) -> Value {
+    t.map_or(Value::Null, |t| Value::String(time(t)))
+}
+
+/// A stored payload as embedded raw JSON (it was valid JSON at admission).
+pub fn raw_payload(bytes: &[u8]) -> Box<RawValue> {
+    String::from_utf8(bytes.to_vec())
+        .ok()
+        .and_then(|s| RawValue::from_string(s).ok())
+        .unwrap_or_else(|| RawValue::from_string("null".into()).expect("null is JSON"))
+}
+
+fn error(e: &Failure) -> Value {
+    json!({
+        "class": e.class.map(|c| c.as_str()),
+        "kind": e.kind.as_str(),
+        "message": e.message,
+        "traceback": e.traceback,
+        "retry_after_ms": e.retry_after.map(|d| d.as_millis() as u64),
+    })
+}
+
+fn history(h: &[AttemptRecord]) -> Value {
+    Value::Array(
+        h.iter()
+            .map(|r| {
+                json!({
+                    "attempt": r.attempt,
+                    "started_at": time(r.started_at),
+                    "ended_at": opt_time(r.ended_at),
+                    "worker_id": r.worker_id.as_ref().map(|w| w.as_str()),
+                    "outcome": r.outcome.as_str(),
+                    "error": r.error.as_ref().map(error),
+                })
+            })
+            .collect(),
+    )
+}
+
+/// `GET /v1/jobs/{id}`.
+pub fn job(j: &JobView, now: Timestamp) -> Value {
+    let e = &j.envelope;
+    let state = match (j.state, j.run_at) {
+        (JobState::Scheduled, Some(at)) if at <= now => JobState::Queued,
+        (s, _) => s,
+    };
+    let payload = raw_payload(&j.payload);
+    json!({
+        "id": e.id.to_string(),
+        "type": e.job_type.as_str(),
+        "tenant": e.tenant.as_str(),
+        "lane": e.lane.as_str(),
+        "state": state.as_str(),
+        "attempt": e.attempts,
+        "idempotency_key": e.idempotency_key,
+        "schema_version": e.schema_version,
+        "payload": payload,
+        "payload_size": e.payload_size,
+        "payload_sha256": e.payload_sha256,
+        "created_at": time(e.created_at),
+        "run_at": opt_time(j.run_at),
+        "lease_expires_at": opt_time(j.lease_expires_at),
+        "deferrals": e.deferrals,
+        "lease_expiries": e.crashes,
+        "redrive_count": e.redrives,
+        "history": history(&e.history),
+    })
+}
+
+/// One job in a lease reply.
+pub fn leased(j: &LeasedJob) -> Value {
+    json!({
+        "id": j.id.to_string(),
+        "type": j.job_type.as_str(),
+        "tenant": j.tenant.as_str(),
+        "lane": j.lane.as_str(),
+        "payload": raw_payload(&j.payload),
+        "attempt": j.attempt,
+        "idempotency_key": j.idempotency_key,
+        "schema_version": j.schema_version,
+        "lease_token": j.lease_token.to_string(),
+        "lease_expires_at": time(j.lease_expires_at),
+        "created_at": time(j.created_at),
+    })
+}
+
+/// A dead letter.
+pub fn dead_letter(d: &DeadLetter) -> Value {
+    json!({
+        "id": d.id.to_string(),
+        "job_id": d.job_id.map(|j| j.to_string()),
+        "type": d.job_type,
+        "tenant": d.tenant,
+        "lane": d.lane,
+        "reason": d.reason.as_str(),
+        "stage": d.stage.as_str(),
+        "attempts": d.attempts,
+        "error": d.error.as_ref().map(error),
+        "history": history(&d.history),
+        "idempotency_key": d.idempotency_key,
+        "schema_version": d.schema_version,
+        "created_at": time(d.created_at),
+        "dead_lettered_at": time(d.dead_lettered_at),
+        "payload_size": d.payload_size,
+        "payload_sha256": d.payload_sha256,
+        "payload_preview": d.payload_preview,
+        "redrive_count": d.redrive_count,
+    })
+}
+
+/// A reason group.
+pub fn reason(r: &ReasonCount) -> Value {
+    json!({
+        "reason": r.reason.as_str(),
+        "type": r.job_type,
+        "count": r.count,
+        "first_at": time(r.first_at),
+        "last_at": time(r.last_at),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_are_rfc3339_utc_with_millis() {
+        assert_eq!(
+            time(Timestamp::from_millis(1_700_000_000_123)),
+            "2023-11-14T22:13:20.123Z"
+        );
+    }
+
+    #[test]
+    fn payload_is_embedded_byte_for_byte() {
+        let raw = raw_payload(br#"{ "b":1,  "a":[2] }"#);
+        assert_eq!(
+            serde_json::to_string(&json!({ "p": raw })).unwrap(),
+            r#"{"p":{ "b":1,  "a":[2] }}"#
+        );
+    }
+}

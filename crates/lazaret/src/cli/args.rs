@@ -1,0 +1,658 @@
+//! The client subcommands as clap sees them, and the request bodies they send.
+//!
+//! Body building lives next to the arguments so a test can check "these
+//! flags send this JSON" without a server.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use clap::builder::NonEmptyStringValueParser;
+use serde::Serialize;
+use serde_json::value::RawValue;
+
+/// Where the server is and how to print its answers; shared by every client command.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ClientOpts {
+    /// Base URL of the lazaret server. The token, if any, is read from
+    /// LAZARET_TOKEN and sent as `Authorization: Bearer`.
+    #[arg(
+        long,
+        env = "LAZARET_SERVER",
+        default_value = "http://127.0.0.1:7433",
+        value_name = "URL"
+    )]
+    pub server: String,
+    /// Print the server's JSON reply as is (for scripts).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Client subcommands: talk to a running server over its HTTP API.
+#[derive(Debug, clap::Subcommand)]
+pub enum ClientCommand {
+    /// Enqueue one job (POST /v1/jobs); the payload is sent byte for byte.
+    Enqueue(EnqueueArgs),
+    /// Look at jobs.
+    Jobs {
+        #[command(subcommand)]
+        command: JobsCommand,
+    },
+    /// Inspect, redrive and purge dead letters.
+    Dlq {
+        #[command(subcommand)]
+        command: DlqCommand,
+    },
+    /// Print the server's stats (GET /v1/stats).
+    Stats(StatsArgs),
+}
+
+/// `lazaret jobs …`
+#[derive(Debug, clap::Subcommand)]
+pub enum JobsCommand {
+    /// Show one job and its history (GET /v1/jobs/{id}).
+    Show(ShowArgs),
+}
+
+/// `lazaret dlq …`
+#[derive(Debug, clap::Subcommand)]
+pub enum DlqCommand {
+    /// List dead letters, a page at a time (GET /v1/dead-letters).
+    #[command(visible_alias = "list")]
+    Ls(DlqLsArgs),
+    /// Show one dead letter: error, history, payload preview.
+    Show(ShowArgs),
+    /// Write a dead letter's original payload to stdout or a file, streamed.
+    Payload(DlqPayloadArgs),
+    /// Count dead letters by reason and type.
+    Reasons(StatsArgs),
+    /// Put dead letters back in their queue with a fresh attempt budget.
+    Redrive(DlqRedriveArgs),
+    /// Delete dead letters for good (admin); needs --confirm.
+    Purge(DlqPurgeArgs),
+}
+
+/// `lazaret enqueue`
+#[derive(Debug, clap::Args)]
+pub struct EnqueueArgs {
+    /// Job type, e.g. send_email.
+    #[arg(value_name = "TYPE")]
+    pub job_type: String,
+    /// Tenant the job belongs to (the unit of fairness).
+    #[arg(long)]
+    pub tenant: String,
+    /// Lane to queue in (the server's default lane when absent).
+    #[arg(long)]
+    pub lane: Option<String>,
+    /// Idempotency key: a second enqueue with the same key is a DUPLICATE.
+    #[arg(long, value_name = "KEY")]
+    pub key: Option<String>,
+    /// Payload schema version (the latest when absent).
+    #[arg(long, value_name = "N")]
+    pub schema_version: Option<u32>,
+    /// Hold the job this many milliseconds before it may run.
+    #[arg(long, value_name = "N")]
+    pub delay_ms: Option<u64>,
+    /// Payload as JSON text; without it and --payload-file, read from stdin.
+    #[arg(long, value_name = "JSON", conflicts_with = "payload_file")]
+    pub payload: Option<String>,
+    /// Read the payload from this file.
+    #[arg(long, value_name = "PATH")]
+    pub payload_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub opts: ClientOpts,
+}
+
+/// `… show ID`
+#[derive(Debug, clap::Args)]
+pub struct ShowArgs {
+    pub id: String,
+    #[command(flatten)]
+    pub opts: ClientOpts,
+}
+
+/// Commands that take nothing but the client options.
+#[derive(Debug, clap::Args)]
+pub struct StatsArgs {
+    #[command(flatten)]
+    pub opts: ClientOpts,
+}
+
+/// Filters on dead letters; every given one must match.
+#[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args, Serialize)]
+pub struct DlqFilter {
+    /// Only this job type.
+    #[arg(long = "type", value_name = "TYPE", value_parser = NonEmptyStringValueParser::new())]
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub job_type: Option<String>,
+    /// Only this tenant.
+    #[arg(long, value_parser = NonEmptyStringValueParser::new())]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    /// Only this lane.
+    #[arg(long, value_parser = NonEmptyStringValueParser::new())]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lane: Option<String>,
+    /// Only this dead-letter reason (exhausted, crash_loop, schema_invalid, …).
+    #[arg(long, value_parser = NonEmptyStringValueParser::new())]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl DlqFilter {
+    pub fn is_empty(&self) -> bool {
+        self == &Self::default()
+    }
+
+    /// `(name, value)` pairs of the given filters, in a fixed order.
+    pub fn pairs(&self) -> Vec<(&'static str, &str)> {
+        [
+            ("type", &self.job_type),
+            ("tenant", &self.tenant),
+            ("lane", &self.lane),
+            ("reason", &self.reason),
+        ]
+        .into_iter()
+        .filter_map(|(k, v)| v.as_deref().map(|v| (k, v)))
+        .collect()
+    }
+}
+
+/// `lazaret dlq ls`
+#[derive(Debug, clap::Args)]
+pub struct DlqLsArgs {
+    #[command(flatten)]
+    pub filter: DlqFilter,
+    /// At most this many items in the page.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub limit: Option<u32>,
+    /// Continue after a previous page (its "next cursor").
+    #[arg(long, value_name = "C")]
+    pub cursor: Option<String>,
+    #[command(flatten)]
+    pub opts: ClientOpts,
+}
+
+/// `lazaret dlq payload`
+#[derive(Debug, clap::Args)]
+pub struct DlqPayloadArgs {
+    pub id: String,
+    /// Write to this file instead of stdout.
+    #[arg(long, short, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    #[command(flatten)]
+    pub opts: ClientOpts,
+}
+
+/// Which dead letters a redrive or purge acts on: ids, or filters.
+#[derive(Debug, clap::Args)]
+pub struct DlqSelectArgs {
+    /// A dead-letter id; repeat for several. Cannot be mixed with filters.
+    #[arg(
+        long = "id",
+        value_name = "ID",
+        value_parser = NonEmptyStringValueParser::new(),
+        conflicts_with_all = ["job_type", "tenant", "lane", "reason"]
+    )]
+    pub ids: Vec<String>,
+    #[command(flatten)]
+    pub filter: DlqFilter,
+}
+
+/// `lazaret dlq redrive`
+#[derive(Debug, clap::Args)]
+pub struct DlqRedriveArgs {
+    #[command(flatten)]
+    pub select: DlqSelectArgs,
+    /// Only count what would be redriven.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Redrive at most N jobs per second.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub rate: Option<u32>,
+    #[command(flatten)]
+    pub opts: ClientOpts,
+}
+
+/// `lazaret dlq purge`
+#[derive(Debug, clap::Args)]
+pub struct DlqPurgeArgs {
+    #[command(flatten)]
+    pub select: DlqSelectArgs,
+    /// Really delete; without it only show what would be purged.
+    #[arg(long)]
+    pub confirm: bool,
+    #[command(flatten)]
+    pub opts: ClientOpts,
+}
+
+impl ClientCommand {
+    /// The client options of whichever command this is.
+    pub fn opts(&self) -> &ClientOpts {
+        match self {
+            Self::Enqueue(a) => &a.opts,
+            Self::Stats(a) => &a.opts,
+            Self::Jobs {
+                command: JobsCommand::Show(a),
+            } => &a.opts,
+            Self::Dlq { command } => match command {
+                DlqCommand::Ls(a) => &a.opts,
+                DlqCommand::Show(a) => &a.opts,
+                DlqCommand::Payload(a) => &a.opts,
+                DlqCommand::Reasons(a) => &a.opts,
+                DlqCommand::Redrive(a) => &a.opts,
+                DlqCommand::Purge(a) => &a.opts,
+            },
+        }
+    }
+}
+
+/// The dead letters a redrive or purge names.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Selection {
+    Ids(Vec<String>),
+    Filter(DlqFilter),
+}
+
+impl DlqSelectArgs {
+    /// Refuses an empty selection: "everything" must never be the default
+    /// of a command that moves or deletes dead letters.
+    pub fn selection(&self, verb: &str) -> anyhow::Result<Selection> {
+        if !self.ids.is_empty() {
+            return Ok(Selection::Ids(self.ids.clone()));
+        }
+        if self.filter.is_empty() {
+            bail!(
+                "say which dead letters to {verb}: --id ID (repeatable) or at least one of \
+                 --type, --tenant, --lane, --reason"
+            );
+        }
+        Ok(Selection::Filter(self.filter.clone()))
+    }
+}
+
+impl std::fmt::Display for Selection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Ids(ids) => write!(f, "ids {}", ids.join(", ")),
+            Self::Filter(filter) => {
+                let pairs: Vec<String> = filter
+                    .pairs()
+                    .into_iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect();
+                write!(f, "{}", pairs.join(" "))
+            }
+        }
+    }
+}
+
+/// Body of `POST /v1/dead-letters/redrive`.
+#[derive(Debug, Serialize)]
+pub struct RedriveBody<'a> {
+    #[serde(flatten)]
+    pub selection: &'a Selection,
+    pub dry_run: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rate_per_sec: Option<u32>,
+}
+
+/// Body of `POST /v1/dead-letters/purge`.
+#[derive(Debug, Serialize)]
+pub struct PurgeBody<'a> {
+    #[serde(flatten)]
+    pub selection: &'a Selection,
+    pub confirm: bool,
+}
+
+/// Body of `POST /v1/jobs`. The payload is a `RawValue` so its text goes out
+/// exactly as the user wrote it: the server keeps and hashes those bytes.
+#[derive(Debug, Serialize)]
+pub struct EnqueueBody<'a> {
+    #[serde(rename = "type")]
+    pub job_type: &'a str,
+    pub tenant: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lane: Option<&'a str>,
+    pub payload: &'a RawValue,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idempotency_key: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub schema_version: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delay_ms: Option<u64>,
+}
+
+impl EnqueueArgs {
+    /// Checks the payload text is one JSON value (surrounding whitespace is
+    /// dropped, the value's own bytes are kept).
+    pub fn parse_payload(text: String, from: &str) -> anyhow::Result<Box<RawValue>> {
+        serde_json::from_str::<Box<RawValue>>(&text)
+            .with_context(|| format!("the payload from {from} is not one valid JSON value"))
+    }
+
+    pub fn body<'a>(&'a self, payload: &'a RawValue) -> EnqueueBody<'a> {
+        EnqueueBody {
+            job_type: &self.job_type,
+            tenant: &self.tenant,
+            lane: self.lane.as_deref(),
+            payload,
+            idempotency_key: self.key.as_deref(),
+            schema_version: self.schema_version,
+            delay_ms: self.delay_ms,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::{CommandFactory, Parser};
+    use serde_json::json;
+
+    /// Stands in for the binary's top-level parser, which flattens ClientCommand.
+    #[derive(Debug, Parser)]
+    #[command(name = "lazaret")]
+    struct TestCli {
+        #[command(subcommand)]
+        command: ClientCommand,
+    }
+
+    fn parse(args: &[&str]) -> Result<ClientCommand, clap::Error> {
+        TestCli::try_parse_from(std::iter::once("lazaret").chain(args.iter().copied()))
+            .map(|c| c.command)
+    }
+
+    fn ok(args: &[&str]) -> ClientCommand {
+        parse(args).unwrap_or_else(|e| panic!("{args:?}: {e}"))
+    }
+
+    #[test]
+    fn the_command_definition_is_consistent() {
+        TestCli::command().debug_assert();
+    }
+
+    #[test]
+    fn enqueue_takes_all_its_options() {
+        let ClientCommand::Enqueue(a) = ok(&[
+            "enqueue",
+            "send_email",
+            "--tenant",
+            "acme",
+            "--lane",
+            "interactive",
+            "--key",
+            "order-42",
+            "--schema-version",
+            "2",
+            "--delay-ms",
+            "1500",
+            "--payload",
+            r#"{"to":"a@b"}"#,
+            "--server",
+            "http://10.0.0.1:9000",
+            "--json",
+        ]) else {
+            panic!("not enqueue")
+        };
+        assert_eq!(a.job_type, "send_email");
+        assert_eq!(a.tenant, "acme");
+        assert_eq!(a.lane.as_deref(), Some("interactive"));
+        assert_eq!(a.key.as_deref(), Some("order-42"));
+        assert_eq!(a.schema_version, Some(2));
+        assert_eq!(a.delay_ms, Some(1500));
+        assert_eq!(a.payload.as_deref(), Some(r#"{"to":"a@b"}"#));
+        assert_eq!(a.opts.server, "http://10.0.0.1:9000");
+        assert!(a.opts.json);
+    }
+
+    #[test]
+    fn enqueue_needs_a_tenant_and_one_payload_source() {
+        assert!(parse(&["enqueue", "t"]).is_err());
+        let both = parse(&[
+            "enqueue",
+            "t",
+            "--tenant",
+            "a",
+            "--payload",
+            "{}",
+            "--payload-file",
+            "p.json",
+        ]);
+        assert_eq!(
+            both.unwrap_err().kind(),
+            clap::error::ErrorKind::ArgumentConflict
+        );
+        let ClientCommand::Enqueue(a) = ok(&["enqueue", "t", "--tenant", "a"]) else {
+            panic!()
+        };
+        assert!(
+            a.payload.is_none() && a.payload_file.is_none(),
+            "stdin then"
+        );
+    }
+
+    #[test]
+    fn the_server_defaults_to_loopback() {
+        // Only checkable when the environment does not set it.
+        if std::env::var_os("LAZARET_SERVER").is_none() {
+            assert_eq!(ok(&["stats"]).opts().server, "http://127.0.0.1:7433");
+        }
+        assert!(!ok(&["stats"]).opts().json);
+    }
+
+    #[test]
+    fn jobs_show_and_dlq_read_commands_parse() {
+        assert!(matches!(
+            ok(&["jobs", "show", "j1"]),
+            ClientCommand::Jobs { command: JobsCommand::Show(ShowArgs { ref id, .. }) } if id == "j1"
+        ));
+        assert!(matches!(
+            ok(&["dlq", "show", "d1", "--json"]),
+            ClientCommand::Dlq { command: DlqCommand::Show(ShowArgs { ref id, ref opts }) }
+                if id == "d1" && opts.json
+        ));
+        assert!(matches!(
+            ok(&["dlq", "payload", "d1", "--output", "out.bin"]),
+            ClientCommand::Dlq { command: DlqCommand::Payload(DlqPayloadArgs { ref output, .. }) }
+                if output.as_deref() == Some(std::path::Path::new("out.bin"))
+        ));
+        assert!(matches!(
+            ok(&["dlq", "reasons"]),
+            ClientCommand::Dlq {
+                command: DlqCommand::Reasons(_)
+            }
+        ));
+        assert!(matches!(ok(&["stats"]), ClientCommand::Stats(_)));
+    }
+
+    #[test]
+    fn dlq_ls_takes_filters_and_paging() {
+        let ClientCommand::Dlq {
+            command: DlqCommand::Ls(a),
+        } = ok(&[
+            "dlq",
+            "ls",
+            "--type",
+            "send_email",
+            "--tenant",
+            "acme",
+            "--lane",
+            "batch",
+            "--reason",
+            "exhausted",
+            "--limit",
+            "20",
+            "--cursor",
+            "abc",
+        ])
+        else {
+            panic!()
+        };
+        assert_eq!(
+            a.filter.pairs(),
+            [
+                ("type", "send_email"),
+                ("tenant", "acme"),
+                ("lane", "batch"),
+                ("reason", "exhausted")
+            ]
+        );
+        assert_eq!(a.limit, Some(20));
+        assert_eq!(a.cursor.as_deref(), Some("abc"));
+        assert!(matches!(
+            ok(&["dlq", "list"]),
+            ClientCommand::Dlq {
+                command: DlqCommand::Ls(_)
+            }
+        ));
+        assert!(parse(&["dlq", "ls", "--limit", "0"]).is_err());
+    }
+
+    fn redrive(args: &[&str]) -> DlqRedriveArgs {
+        let mut all = vec!["dlq", "redrive"];
+        all.extend_from_slice(args);
+        match ok(&all) {
+            ClientCommand::Dlq {
+                command: DlqCommand::Redrive(a),
+            } => a,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn purge(args: &[&str]) -> DlqPurgeArgs {
+        let mut all = vec!["dlq", "purge"];
+        all.extend_from_slice(args);
+        match ok(&all) {
+            ClientCommand::Dlq {
+                command: DlqCommand::Purge(a),
+            } => a,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn redrive_by_ids_sends_the_ids() {
+        let a = redrive(&["--id", "d1", "--id", "d2", "--rate", "5"]);
+        let sel = a.select.selection("redrive").unwrap();
+        let body = RedriveBody {
+            selection: &sel,
+            dry_run: a.dry_run,
+            rate_per_sec: a.rate,
+        };
+        assert_eq!(
+            serde_json::to_value(&body).unwrap(),
+            json!({"ids": ["d1", "d2"], "dry_run": false, "rate_per_sec": 5})
+        );
+    }
+
+    #[test]
+    fn redrive_by_filter_sends_only_the_given_filters() {
+        let a = redrive(&["--type", "send_email", "--reason", "exhausted", "--dry-run"]);
+        let sel = a.select.selection("redrive").unwrap();
+        let body = RedriveBody {
+            selection: &sel,
+            dry_run: a.dry_run,
+            rate_per_sec: a.rate,
+        };
+        assert_eq!(
+            serde_json::to_value(&body).unwrap(),
+            json!({"filter": {"type": "send_email", "reason": "exhausted"}, "dry_run": true})
+        );
+        assert_eq!(sel.to_string(), "type=send_email reason=exhausted");
+    }
+
+    #[test]
+    fn redrive_refuses_an_empty_selection() {
+        let err = redrive(&["--dry-run"])
+            .select
+            .selection("redrive")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--id") && err.contains("--reason"), "{err}");
+        assert!(err.contains("redrive"), "{err}");
+    }
+
+    #[test]
+    fn ids_and_filters_do_not_mix_and_filters_may_not_be_empty() {
+        let mixed = parse(&["dlq", "redrive", "--id", "d1", "--type", "t"]);
+        assert_eq!(
+            mixed.unwrap_err().kind(),
+            clap::error::ErrorKind::ArgumentConflict
+        );
+        // An empty filter would otherwise widen the match to everything.
+        assert!(parse(&["dlq", "redrive", "--type", ""]).is_err());
+        assert!(parse(&["dlq", "purge", "--id", "", "--confirm"]).is_err());
+        assert!(parse(&["dlq", "redrive", "--type", "t", "--rate", "0"]).is_err());
+    }
+
+    #[test]
+    fn purge_sends_confirm_and_refuses_an_empty_selection() {
+        let a = purge(&["--tenant", "acme", "--confirm"]);
+        let sel = a.select.selection("purge").unwrap();
+        let body = PurgeBody {
+            selection: &sel,
+            confirm: a.confirm,
+        };
+        assert_eq!(
+            serde_json::to_value(&body).unwrap(),
+            json!({"filter": {"tenant": "acme"}, "confirm": true})
+        );
+        assert!(!purge(&["--id", "d9"]).confirm);
+        assert!(purge(&["--confirm"]).select.selection("purge").is_err());
+    }
+
+    #[test]
+    fn enqueue_sends_the_payload_bytes_as_written() {
+        let ClientCommand::Enqueue(a) = ok(&[
+            "enqueue",
+            "send_email",
+            "--tenant",
+            "acme",
+            "--key",
+            "order-42",
+        ]) else {
+            panic!()
+        };
+        // Key order, spacing and number spelling survive; outer whitespace does not.
+        let text = " {\"z\": 1.50, \"a\":[1,2]}\n".to_owned();
+        let payload = EnqueueArgs::parse_payload(text, "stdin").unwrap();
+        let body = serde_json::to_string(&a.body(&payload)).unwrap();
+        assert_eq!(
+            body,
+            r#"{"type":"send_email","tenant":"acme","payload":{"z": 1.50, "a":[1,2]},"idempotency_key":"order-42"}"#
+        );
+    }
+
+    #[test]
+    fn enqueue_sends_every_optional_field_when_given() {
+        let ClientCommand::Enqueue(a) = ok(&[
+            "enqueue",
+            "t",
+            "--tenant",
+            "a",
+            "--lane",
+            "batch",
+            "--schema-version",
+            "3",
+            "--delay-ms",
+            "0",
+        ]) else {
+            panic!()
+        };
+        let payload = EnqueueArgs::parse_payload("null".into(), "--payload").unwrap();
+        assert_eq!(
+            serde_json::to_value(a.body(&payload)).unwrap(),
+            json!({"type": "t", "tenant": "a", "lane": "batch", "payload": null,
+                   "schema_version": 3, "delay_ms": 0})
+        );
+    }
+
+    #[test]
+    fn an_invalid_payload_is_refused_before_sending() {
+        let err = EnqueueArgs::parse_payload("{\"a\":".into(), "--payload").unwrap_err();
+        assert!(format!("{err:#}").contains("--payload"), "{err:#}");
+        assert!(EnqueueArgs::parse_payload("1 2".into(), "stdin").is_err());
+        assert!(EnqueueArgs::parse_payload("".into(), "stdin").is_err());
+    }
+}

@@ -1,0 +1,644 @@
+//! Human-readable output of the server's replies.
+//!
+//! Every renderer reads a `serde_json::Value` rather than a typed struct: the
+//! contract lets the server add fields and send `null`, and a CLI that
+//! breaks on a new field would be worse than one that ignores it. `--json`
+//! shows everything; these summaries show what an operator reads first.
+
+use std::borrow::Cow;
+use std::io::{self, Write};
+
+use serde_json::Value;
+
+use super::table::{Column, Table, clean_line, clean_text, cut};
+
+/// How many job ids a redrive prints before "… and N more".
+const JOB_IDS_SHOWN_MAX: usize = 20;
+/// The widest an error message gets in a table before it is cut.
+const ERROR_WIDTH_MAX: usize = 60;
+/// The widest a payload gets in `jobs show`.
+const PAYLOAD_WIDTH_MAX: usize = 200;
+
+type Out<'a> = &'a mut dyn Write;
+
+/// A field as text: strings bare, `null` or absent as `-`, the rest as JSON.
+pub fn text(v: &Value, key: &str) -> String {
+    scalar(v.get(key))
+}
+
+fn scalar(v: Option<&Value>) -> String {
+    match v {
+        None | Some(Value::Null) => "-".to_owned(),
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => other.to_string(),
+    }
+}
+
+/// An RFC 3339 time to the second, for tables; anything else as it came.
+pub fn short_time(v: &Value, key: &str) -> String {
+    let s = text(v, key);
+    match humantime::parse_rfc3339_weak(&s) {
+        Ok(t) => humantime::format_rfc3339_seconds(t).to_string(),
+        Err(_) => s,
+    }
+}
+
+/// `kind: message` of an error object, `-` when there is none.
+pub fn error_summary(e: Option<&Value>) -> String {
+    let Some(e) = e.filter(|e| !e.is_null()) else {
+        return "-".to_owned();
+    };
+    let kind = e.get("kind").and_then(Value::as_str);
+    let message = e.get("message").and_then(Value::as_str);
+    match (kind, message) {
+        (Some(k), Some(m)) if !m.is_empty() => format!("{k}: {m}"),
+        (Some(k), _) => k.to_owned(),
+        (None, Some(m)) => m.to_owned(),
+        (None, None) => e.to_string(),
+    }
+}
+
+/// `label:  value` lines with the values lined up.
+fn fields(out: Out, pairs: &[(&str, String)]) -> io::Result<()> {
+    let width = pairs.iter().map(|(k, _)| k.len() + 1).max().unwrap_or(0);
+    for (label, value) in pairs {
+        let label = format!("{label}:");
+        writeln!(out, "{label:<width$}  {}", clean_line(value))?;
+    }
+    Ok(())
+}
+
+fn write_lines(out: Out, lines: &[String], indent: &str) -> io::Result<()> {
+    for line in lines {
+        writeln!(out, "{indent}{line}")?;
+    }
+    Ok(())
+}
+
+fn items<'a>(v: &'a Value, key: &str) -> &'a [Value] {
+    v.get(key)
+        .and_then(Value::as_array)
+        .map_or(&[], Vec::as_slice)
+}
+
+/// `POST /v1/jobs`.
+pub fn enqueued(out: Out, v: &Value) -> io::Result<()> {
+    fields(
+        out,
+        &[
+            ("id", text(v, "id")),
+            ("state", text(v, "state")),
+            ("admission", text(v, "admission")),
+        ],
+    )?;
+    match v.get("admission").and_then(Value::as_str) {
+        Some("DUPLICATE") => writeln!(
+            out,
+            "this idempotency key was already admitted: the id above is the existing job"
+        ),
+        Some("FAIR_QUEUE") => writeln!(
+            out,
+            "the tenant is at its in-flight cap in this lane: the job waits its turn"
+        ),
+        _ => Ok(()),
+    }
+}
+
+fn history_table(history: &[Value]) -> Table {
+    let mut t = Table::new(vec![
+        Column::new("ATTEMPT").right(),
+        Column::new("STARTED_AT"),
+        Column::new("ENDED_AT"),
+        Column::new("WORKER"),
+        Column::new("OUTCOME"),
+        Column::new("ERROR").width_max(ERROR_WIDTH_MAX).flex(),
+    ]);
+    for h in history {
+        t.push([
+            text(h, "attempt"),
+            short_time(h, "started_at"),
+            short_time(h, "ended_at"),
+            text(h, "worker_id"),
+            text(h, "outcome"),
+            error_summary(h.get("error")),
+        ]);
+    }
+    t
+}
+
+fn history(out: Out, v: &Value, width: Option<usize>) -> io::Result<()> {
+    let h = items(v, "history");
+    if h.is_empty() {
+        return writeln!(out, "\nhistory: none");
+    }
+    writeln!(out, "\nhistory:")?;
+    write_lines(out, &history_table(h).lines(width.map(|w| w - 2)), "  ")
+}
+
+/// Optional fields are shown only when the server sends them.
+fn push_if_present(pairs: &mut Vec<(&'static str, String)>, v: &Value, key: &'static str) {
+    if v.get(key).is_some_and(|x| !x.is_null()) {
+        pairs.push((key, text(v, key)));
+    }
+}
+
+/// `GET /v1/jobs/{id}`.
+pub fn job(out: Out, v: &Value, width: Option<usize>) -> io::Result<()> {
+    let mut pairs = vec![
+        ("id", text(v, "id")),
+        ("type", text(v, "type")),
+        ("tenant", text(v, "tenant")),
+        ("lane", text(v, "lane")),
+        ("state", text(v, "state")),
+        ("attempt", text(v, "attempt")),
+        ("idempotency_key", text(v, "idempotency_key")),
+    ];
+    push_if_present(&mut pairs, v, "schema_version");
+    push_if_present(&mut pairs, v, "redrive_count");
+    pairs.push(("created_at", text(v, "created_at")));
+    pairs.push(("run_at", text(v, "run_at")));
+    let payload = match v.get("payload") {
+        None => "-".to_owned(),
+        Some(p) => {
+            let compact = p.to_string();
+            match cut(&compact, PAYLOAD_WIDTH_MAX) {
+                Cow::Owned(shown) => format!("{shown}  (cut; --json for the whole payload)"),
+                Cow::Borrowed(_) => compact,
+            }
+        }
+    };
+    pairs.push(("payload", payload));
+    fields(out, &pairs)?;
+    history(out, v, width)
+}
+
+fn dead_letter_table(items: &[Value]) -> Table {
+    let mut t = Table::new(vec![
+        Column::new("ID"),
+        Column::new("JOB_ID"),
+        Column::new("TYPE"),
+        Column::new("TENANT"),
+        Column::new("LANE"),
+        Column::new("REASON"),
+        Column::new("STAGE"),
+        Column::new("ATTEMPTS").right(),
+        Column::new("DEAD_LETTERED_AT"),
+        Column::new("ERROR").width_max(ERROR_WIDTH_MAX).flex(),
+    ]);
+    for d in items {
+        t.push([
+            text(d, "id"),
+            text(d, "job_id"),
+            text(d, "type"),
+            text(d, "tenant"),
+            text(d, "lane"),
+            text(d, "reason"),
+            text(d, "stage"),
+            text(d, "attempts"),
+            short_time(d, "dead_lettered_at"),
+            error_summary(d.get("error")),
+        ]);
+    }
+    t
+}
+
+/// `GET /v1/dead-letters`: the page and where the next one starts.
+pub fn dead_letters(out: Out, v: &Value, width: Option<usize>) -> io::Result<()> {
+    let page = items(v, "items");
+    if page.is_empty() {
+        writeln!(out, "no dead letters match")?;
+    } else {
+        write_lines(out, &dead_letter_table(page).lines(width), "")?;
+    }
+    match v.get("next_cursor").and_then(Value::as_str) {
+        Some(c) => writeln!(
+            out,
+            "next cursor: {}  (add --cursor to see the next page)",
+            clean_line(c)
+        ),
+        None if page.is_empty() => Ok(()),
+        None => writeln!(out, "next cursor: none (last page)"),
+    }
+}
+
+/// A few dead letters, as `dlq purge` shows them before asking for --confirm.
+pub fn dead_letters_sample(out: Out, page: &[Value], width: Option<usize>) -> io::Result<()> {
+    write_lines(out, &dead_letter_table(page).lines(width), "")
+}
+
+/// `GET /v1/dead-letters/{id}`.
+pub fn dead_letter(out: Out, v: &Value, width: Option<usize>) -> io::Result<()> {
+    let mut pairs = vec![
+        ("id", text(v, "id")),
+        ("job_id", text(v, "job_id")),
+        ("type", text(v, "type")),
+        ("tenant", text(v, "tenant")),
+        ("lane", text(v, "lane")),
+        ("stage", text(v, "stage")),
+        ("reason", text(v, "reason")),
+        ("attempts", text(v, "attempts")),
+        ("idempotency_key", text(v, "idempotency_key")),
+    ];
+    push_if_present(&mut pairs, v, "redrive_count");
+    pairs.push(("created_at", text(v, "created_at")));
+    pairs.push(("dead_lettered_at", text(v, "dead_lettered_at")));
+    pairs.push(("payload_size", text(v, "payload_size")));
+    pairs.push(("payload_sha256", text(v, "payload_sha256")));
+    let error = v.get("error").filter(|e| !e.is_null());
+    if let Some(e) = error {
+        pairs.push(("error.class", text(e, "class")));
+        pairs.push(("error.kind", text(e, "kind")));
+        pairs.push(("error.message", text(e, "message")));
+    } else {
+        pairs.push(("error", "-".to_owned()));
+    }
+    fields(out, &pairs)?;
+
+    if let Some(tb) = error
+        .and_then(|e| e.get("traceback"))
+        .and_then(Value::as_str)
+    {
+        if !tb.trim().is_empty() {
+            writeln!(out, "\ntraceback:")?;
+            for line in clean_text(tb.trim_end()).lines() {
+                writeln!(out, "  {line}")?;
+            }
+        }
+    }
+    history(out, v, width)?;
+    payload_preview(out, v)
+}
+
+fn payload_preview(out: Out, v: &Value) -> io::Result<()> {
+    let preview = match v.get("payload_preview") {
+        None | Some(Value::Null) => return Ok(()),
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => serde_json::to_string_pretty(other).unwrap_or_default(),
+    };
+    let size = v.get("payload_size").and_then(Value::as_u64);
+    let id = text(v, "id");
+    match size {
+        Some(size) if size > preview.len() as u64 => writeln!(
+            out,
+            "\npayload preview (first {} of {size} bytes; `lazaret dlq payload {}` for all):",
+            preview.len(),
+            clean_line(&id)
+        )?,
+        _ => writeln!(out, "\npayload preview:")?,
+    }
+    for line in clean_text(&preview).lines() {
+        writeln!(out, "  {line}")?;
+    }
+    Ok(())
+}
+
+/// `GET /v1/dead-letters/reasons`.
+pub fn reasons(out: Out, v: &Value, width: Option<usize>) -> io::Result<()> {
+    let rows = items(v, "reasons");
+    if rows.is_empty() {
+        return writeln!(out, "no dead letters");
+    }
+    let mut t = Table::new(vec![
+        Column::new("REASON"),
+        Column::new("TYPE"),
+        Column::new("COUNT").right(),
+        Column::new("FIRST_AT"),
+        Column::new("LAST_AT"),
+    ]);
+    for r in rows {
+        t.push([
+            text(r, "reason"),
+            text(r, "type"),
+            text(r, "count"),
+            short_time(r, "first_at"),
+            short_time(r, "last_at"),
+        ]);
+    }
+    write_lines(out, &t.lines(width), "")
+}
+
+/// `POST /v1/dead-letters/redrive`.
+pub fn redriven(out: Out, v: &Value, dry_run: bool) -> io::Result<()> {
+    fields(
+        out,
+        &[
+            ("matched", text(v, "matched")),
+            ("redriven", text(v, "redriven")),
+        ],
+    )?;
+    if dry_run {
+        return writeln!(out, "dry run: nothing was redriven");
+    }
+    let ids = items(v, "job_ids");
+    if !ids.is_empty() {
+        writeln!(out, "job ids:")?;
+        for id in ids.iter().take(JOB_IDS_SHOWN_MAX) {
+            writeln!(out, "  {}", clean_line(&scalar(Some(id))))?;
+        }
+        if ids.len() > JOB_IDS_SHOWN_MAX {
+            writeln!(
+                out,
+                "  … and {} more (--json for all)",
+                ids.len() - JOB_IDS_SHOWN_MAX
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// `POST /v1/dead-letters/purge`.
+pub fn purged(out: Out, v: &Value) -> io::Result<()> {
+    fields(out, &[("purged", text(v, "purged"))])
+}
+
+/// `GET /v1/stats`: the contract leaves its shape open, so it is shown as
+/// a tree: scalars as `key: value`, objects as indented sections, lists of
+/// objects as tables.
+pub fn stats(out: Out, v: &Value, width: Option<usize>) -> io::Result<()> {
+    match v {
+        Value::Object(_) => tree(out, v, 0, width),
+        other => writeln!(out, "{}", clean_line(&scalar(Some(other)))),
+    }
+}
+
+fn tree(out: Out, v: &Value, depth: usize, width: Option<usize>) -> io::Result<()> {
+    let Value::Object(map) = v else {
+        return Ok(());
+    };
+    let indent = "  ".repeat(depth);
+    let is_section = |x: &Value| x.as_object().is_some_and(|m| !m.is_empty()) || is_table(x);
+    let label_width = map
+        .iter()
+        .filter(|(_, x)| !is_section(x))
+        .map(|(k, _)| k.chars().count() + 1)
+        .max()
+        .unwrap_or(0);
+    for (key, value) in map {
+        let key = clean_line(key);
+        match value {
+            Value::Object(m) if !m.is_empty() => {
+                writeln!(out, "{indent}{key}:")?;
+                tree(out, value, depth + 1, width)?;
+            }
+            Value::Array(rows) if is_table(value) => {
+                writeln!(out, "{indent}{key}:")?;
+                let lines =
+                    object_table(rows).lines(width.map(|w| w.saturating_sub(indent.len() + 2)));
+                write_lines(out, &lines, &format!("{indent}  "))?;
+            }
+            Value::Object(_) | Value::Array(_) => {
+                let xs = value.as_array().map_or(&[][..], Vec::as_slice);
+                let label = format!("{key}:");
+                let joined = if xs.is_empty() {
+                    "(none)".to_owned()
+                } else {
+                    xs.iter()
+                        .map(|x| scalar(Some(x)))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                };
+                writeln!(
+                    out,
+                    "{indent}{label:<label_width$}  {}",
+                    clean_line(&joined)
+                )?;
+            }
+            scalar_value => {
+                let label = format!("{key}:");
+                writeln!(
+                    out,
+                    "{indent}{label:<label_width$}  {}",
+                    clean_line(&scalar(Some(scalar_value)))
+                )?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn is_table(v: &Value) -> bool {
+    v.as_array()
+        .is_some_and(|xs| !xs.is_empty() && xs.iter().all(Value::is_object))
+}
+
+/// A table over a list of objects: one column per key, in first-seen order.
+fn object_table(rows: &[Value]) -> Table {
+    let mut keys: Vec<&str> = Vec::new();
+    for row in rows.iter().filter_map(Value::as_object) {
+        for k in row.keys() {
+            if !keys.contains(&k.as_str()) {
+                keys.push(k);
+            }
+        }
+    }
+    let columns = keys
+        .iter()
+        .map(|k| {
+            let header = k.to_uppercase();
+            let numeric = rows.iter().all(|r| r.get(*k).is_none_or(Value::is_number));
+            let col = Column::new(header).width_max(ERROR_WIDTH_MAX);
+            if numeric { col.right() } else { col }
+        })
+        .collect();
+    let mut t = Table::new(columns);
+    for row in rows {
+        t.push(keys.iter().map(|k| scalar(row.get(*k))));
+    }
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn render(f: impl FnOnce(Out) -> io::Result<()>) -> String {
+        let mut buf = Vec::new();
+        f(&mut buf).unwrap();
+        String::from_utf8(buf).unwrap()
+    }
+
+    #[test]
+    fn enqueue_prints_id_state_and_admission() {
+        let v = json!({"id": "j1", "state": "queued", "admission": "ADMITTED"});
+        assert_eq!(
+            render(|o| enqueued(o, &v)),
+            "id:         j1\nstate:      queued\nadmission:  ADMITTED\n"
+        );
+        let v = json!({"id": "j0", "state": "succeeded", "admission": "DUPLICATE"});
+        assert!(render(|o| enqueued(o, &v)).contains("already admitted"));
+    }
+
+    fn dead_letter_json() -> Value {
+        json!({
+            "id": "d1", "job_id": "j1", "type": "send_email", "tenant": "acme",
+            "lane": "default", "reason": "exhausted", "stage": "processing", "attempts": 5,
+            "error": {"class": "transient", "kind": "http_503",
+                      "message": "upstream unavailable\nretry later",
+                      "traceback": "at send()\n  at main()"},
+            "history": [
+                {"attempt": 1, "started_at": "2026-01-02T03:04:05.678Z",
+                 "ended_at": "2026-01-02T03:04:06Z", "worker_id": "w-1",
+                 "outcome": "failed", "error": {"kind": "http_503", "message": "down"}}
+            ],
+            "idempotency_key": null, "created_at": "2026-01-02T03:04:00Z",
+            "dead_lettered_at": "2026-01-02T03:09:00.123456Z",
+            "payload_size": 10000, "payload_sha256": "ab12",
+            "payload_preview": "{\"to\": \"a@b\""
+        })
+    }
+
+    #[test]
+    fn a_dead_letter_page_is_a_table_with_its_cursor() {
+        let v = json!({"items": [dead_letter_json()], "next_cursor": "c2"});
+        assert_eq!(
+            render(|o| dead_letters(o, &v, None)),
+            "ID  JOB_ID  TYPE        TENANT  LANE     REASON     STAGE       ATTEMPTS  DEAD_LETTERED_AT      ERROR\n\
+             d1  j1      send_email  acme    default  exhausted  processing         5  2026-01-02T03:09:00Z  http_503: upstream unavailable retry later\n\
+             next cursor: c2  (add --cursor to see the next page)\n"
+        );
+        let last = json!({"items": [dead_letter_json()], "next_cursor": null});
+        assert!(
+            render(|o| dead_letters(o, &last, None)).ends_with("next cursor: none (last page)\n")
+        );
+        let empty = json!({"items": [], "next_cursor": null});
+        assert_eq!(
+            render(|o| dead_letters(o, &empty, None)),
+            "no dead letters match\n"
+        );
+    }
+
+    #[test]
+    fn a_long_error_is_cut_to_the_terminal() {
+        let mut d = dead_letter_json();
+        d["error"]["message"] = json!("ä".repeat(500));
+        let v = json!({"items": [d], "next_cursor": null});
+        let out = render(|o| dead_letters(o, &v, None));
+        let row = out.lines().nth(1).unwrap();
+        assert!(row.ends_with('…'), "{row}");
+        assert!(row.chars().count() < 200);
+        let narrow = render(|o| dead_letters(o, &v, Some(120)));
+        assert!(
+            narrow.lines().nth(1).unwrap().chars().count() <= 120,
+            "{narrow}"
+        );
+    }
+
+    #[test]
+    fn a_dead_letter_shows_error_traceback_history_and_preview() {
+        let out = render(|o| dead_letter(o, &dead_letter_json(), None));
+        assert!(
+            out.starts_with("id:                d1\njob_id:            j1\n"),
+            "{out}"
+        );
+        assert!(out.contains("\nidempotency_key:   -\n"), "{out}");
+        assert!(out.contains("\nerror.kind:        http_503\n"), "{out}");
+        assert!(
+            out.contains("\nerror.message:     upstream unavailable retry later\n"),
+            "{out}"
+        );
+        assert!(
+            out.contains("\ntraceback:\n  at send()\n    at main()\n"),
+            "{out}"
+        );
+        assert!(out.contains(
+            "\nhistory:\n  ATTEMPT  STARTED_AT            ENDED_AT              WORKER  OUTCOME  ERROR\n        \
+             1  2026-01-02T03:04:05Z  2026-01-02T03:04:06Z  w-1     failed   http_503: down\n"
+        ), "{out}");
+        assert!(out.ends_with(
+            "\npayload preview (first 12 of 10000 bytes; `lazaret dlq payload d1` for all):\n  {\"to\": \"a@b\"\n"
+        ), "{out}");
+    }
+
+    #[test]
+    fn a_job_shows_its_summary_and_history() {
+        let v = json!({
+            "id": "j1", "type": "resize", "tenant": "acme", "lane": "batch",
+            "state": "scheduled", "attempt": 2, "idempotency_key": "k",
+            "payload": {"w": 10}, "created_at": "2026-01-02T03:04:00Z", "run_at": null,
+            "history": []
+        });
+        assert_eq!(
+            render(|o| job(o, &v, None)),
+            "id:               j1\ntype:             resize\ntenant:           acme\n\
+             lane:             batch\nstate:            scheduled\nattempt:          2\n\
+             idempotency_key:  k\ncreated_at:       2026-01-02T03:04:00Z\nrun_at:           -\n\
+             payload:          {\"w\":10}\n\nhistory: none\n"
+        );
+    }
+
+    #[test]
+    fn a_large_job_payload_is_cut() {
+        let v = json!({"id": "j1", "payload": {"blob": "x".repeat(1000)}, "history": []});
+        let out = render(|o| job(o, &v, None));
+        let line = out.lines().find(|l| l.starts_with("payload:")).unwrap();
+        assert!(
+            line.ends_with("x…  (cut; --json for the whole payload)"),
+            "{line}"
+        );
+    }
+
+    #[test]
+    fn reasons_are_a_table() {
+        let v = json!({"reasons": [
+            {"reason": "schema_invalid", "type": "send_email", "count": 12,
+             "first_at": "2026-01-01T00:00:00Z", "last_at": "2026-01-02T00:00:00.5Z"},
+            {"reason": "crash_loop", "type": null, "count": 3,
+             "first_at": "2026-01-01T00:00:00Z", "last_at": "2026-01-01T00:00:00Z"}
+        ]});
+        assert_eq!(
+            render(|o| reasons(o, &v, None)),
+            "REASON          TYPE        COUNT  FIRST_AT              LAST_AT\n\
+             schema_invalid  send_email     12  2026-01-01T00:00:00Z  2026-01-02T00:00:00Z\n\
+             crash_loop      -               3  2026-01-01T00:00:00Z  2026-01-01T00:00:00Z\n"
+        );
+    }
+
+    #[test]
+    fn redrive_and_purge_print_their_counts() {
+        let v = json!({"matched": 3, "redriven": 3, "job_ids": ["j1", "j2", "j3"]});
+        assert_eq!(
+            render(|o| redriven(o, &v, false)),
+            "matched:   3\nredriven:  3\njob ids:\n  j1\n  j2\n  j3\n"
+        );
+        let v = json!({"matched": 3, "redriven": 0, "job_ids": []});
+        assert_eq!(
+            render(|o| redriven(o, &v, true)),
+            "matched:   3\nredriven:  0\ndry run: nothing was redriven\n"
+        );
+        let many: Vec<String> = (0..25).map(|i| format!("j{i}")).collect();
+        let v = json!({"matched": 25, "redriven": 25, "job_ids": many});
+        assert!(render(|o| redriven(o, &v, false)).ends_with("  … and 5 more (--json for all)\n"));
+        assert_eq!(render(|o| purged(o, &json!({"purged": 7}))), "purged:  7\n");
+    }
+
+    #[test]
+    fn stats_render_as_a_tree() {
+        let v = json!({
+            "breakers": [{"kind": "http_503", "state": "open", "type": "send_email"}],
+            "dead_letters": {"by_reason": {"exhausted": 4}, "total": 4},
+            "lanes": [],
+            "queue_depth": 17
+        });
+        assert_eq!(
+            render(|o| stats(o, &v, None)),
+            "breakers:\n  KIND      STATE  TYPE\n  http_503  open   send_email\n\
+             dead_letters:\n  by_reason:\n    exhausted:  4\n  total:  4\n\
+             lanes:        (none)\nqueue_depth:  17\n"
+        );
+    }
+
+    #[test]
+    fn error_summaries() {
+        assert_eq!(error_summary(None), "-");
+        assert_eq!(error_summary(Some(&Value::Null)), "-");
+        assert_eq!(
+            error_summary(Some(&json!({"kind": "parse", "message": ""}))),
+            "parse"
+        );
+        assert_eq!(
+            error_summary(Some(&json!({"kind": null, "message": "boom"}))),
+            "boom"
+        );
+    }
+}

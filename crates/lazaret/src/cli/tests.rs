@@ -1,0 +1,359 @@
+//! The client commands against a tiny in-test HTTP stub: what goes on the
+//! wire for given flags, and what the operator sees. End-to-end tests
+//! against the real server live elsewhere.
+
+use std::sync::{Arc, Mutex};
+
+use clap::Parser;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+use super::*;
+
+#[derive(Debug, Parser)]
+#[command(name = "lazaret")]
+struct TestCli {
+    #[command(subcommand)]
+    command: ClientCommand,
+}
+
+/// One request as the stub saw it.
+#[derive(Debug, Clone)]
+struct Seen {
+    method: String,
+    target: String,
+    authorization: Option<String>,
+    body: String,
+}
+
+/// A canned reply: status, extra header lines, body.
+type Canned = (u16, &'static str, Vec<u8>);
+
+/// Serves `replies` in order, one per connection, and records the requests.
+async fn stub(replies: Vec<Canned>) -> (String, Arc<Mutex<Vec<Seen>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = Arc::clone(&seen);
+    tokio::spawn(async move {
+        for (status, headers, body) in replies {
+            let (mut sock, _) = listener.accept().await.unwrap();
+            let mut buf = Vec::new();
+            let head_end = loop {
+                let mut chunk = [0u8; 4096];
+                let n = sock.read(&mut chunk).await.unwrap();
+                assert!(n > 0, "client closed early");
+                buf.extend_from_slice(&chunk[..n]);
+                if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                    break i + 4;
+                }
+            };
+            let head = String::from_utf8_lossy(&buf[..head_end]).to_string();
+            let header = |name: &str| {
+                head.lines().find_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    k.eq_ignore_ascii_case(name).then(|| v.trim().to_owned())
+                })
+            };
+            let len: usize = header("content-length").map_or(0, |v| v.parse().unwrap());
+            while buf.len() < head_end + len {
+                let mut chunk = [0u8; 4096];
+                let n = sock.read(&mut chunk).await.unwrap();
+                buf.extend_from_slice(&chunk[..n]);
+            }
+            let mut request_line = head.lines().next().unwrap().split(' ');
+            log.lock().unwrap().push(Seen {
+                method: request_line.next().unwrap().to_owned(),
+                target: request_line.next().unwrap().to_owned(),
+                authorization: header("authorization"),
+                body: String::from_utf8_lossy(&buf[head_end..head_end + len]).to_string(),
+            });
+            let reply = format!(
+                "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\n{headers}\
+                 content-length: {}\r\nconnection: close\r\n\r\n",
+                body.len()
+            );
+            sock.write_all(reply.as_bytes()).await.unwrap();
+            sock.write_all(&body).await.unwrap();
+            sock.shutdown().await.unwrap();
+        }
+    });
+    (url, seen)
+}
+
+fn ok(status: u16, body: &str) -> Canned {
+    (status, "", body.as_bytes().to_vec())
+}
+
+/// Parses `args` with `--server url` added and runs the command; returns stdout.
+async fn lazaret(url: &str, token: Option<&str>, args: &[&str]) -> (anyhow::Result<()>, String) {
+    let argv = ["lazaret"]
+        .into_iter()
+        .chain(args.iter().copied())
+        .chain(["--server", url]);
+    let cmd = TestCli::try_parse_from(argv).unwrap().command;
+    let client = Client::new(url, token.map(str::to_owned)).unwrap();
+    let mut out = Vec::new();
+    let result = execute(cmd, &client, &mut out, None).await;
+    (result, String::from_utf8(out).unwrap())
+}
+
+#[tokio::test]
+async fn enqueue_posts_the_job_with_the_token_and_prints_the_admission() {
+    let (url, seen) = stub(vec![ok(
+        201,
+        r#"{"id":"j1","state":"queued","admission":"FAIR_QUEUE"}"#,
+    )])
+    .await;
+    let (result, out) = lazaret(
+        &url,
+        Some("tok"),
+        &[
+            "enqueue",
+            "send_email",
+            "--tenant",
+            "acme",
+            "--payload",
+            r#"{"n": 1.0}"#,
+        ],
+    )
+    .await;
+    result.unwrap();
+    let seen = seen.lock().unwrap()[0].clone();
+    assert_eq!(
+        (seen.method.as_str(), seen.target.as_str()),
+        ("POST", "/v1/jobs")
+    );
+    assert_eq!(seen.authorization.as_deref(), Some("Bearer tok"));
+    assert_eq!(
+        seen.body,
+        r#"{"type":"send_email","tenant":"acme","payload":{"n": 1.0}}"#
+    );
+    assert!(out.starts_with("id:         j1\nstate:      queued\nadmission:  FAIR_QUEUE\n"));
+}
+
+#[tokio::test]
+async fn json_prints_the_reply_as_is() {
+    let body = r#"{"reasons": [], "extra": {"kept": true}}"#;
+    let (url, seen) = stub(vec![ok(200, body)]).await;
+    let (result, out) = lazaret(&url, None, &["dlq", "reasons", "--json"]).await;
+    result.unwrap();
+    assert_eq!(out, format!("{body}\n"));
+    assert_eq!(seen.lock().unwrap()[0].target, "/v1/dead-letters/reasons");
+    assert_eq!(seen.lock().unwrap()[0].authorization, None);
+}
+
+#[tokio::test]
+async fn dlq_ls_sends_filters_and_paging_as_query() {
+    let (url, seen) = stub(vec![ok(200, r#"{"items":[],"next_cursor":null}"#)]).await;
+    let (result, out) = lazaret(
+        &url,
+        None,
+        &[
+            "dlq",
+            "ls",
+            "--type",
+            "send email",
+            "--reason",
+            "exhausted",
+            "--limit",
+            "5",
+            "--cursor",
+            "c&1",
+        ],
+    )
+    .await;
+    result.unwrap();
+    assert_eq!(
+        seen.lock().unwrap()[0].target,
+        "/v1/dead-letters?type=send+email&reason=exhausted&limit=5&cursor=c%261"
+    );
+    assert_eq!(out, "no dead letters match\n");
+}
+
+#[tokio::test]
+async fn a_server_error_reads_code_reason_message_and_keeps_its_body() {
+    let body = r#"{"error":{"code":"NOT_FOUND","reason":null,"message":"no job j9"}}"#;
+    let (url, _) = stub(vec![ok(404, body)]).await;
+    let (result, out) = lazaret(&url, None, &["jobs", "show", "j9"]).await;
+    let err = result.unwrap_err();
+    assert_eq!(format!("{err:#}"), "NOT_FOUND: no job j9");
+    assert_eq!(
+        err.downcast_ref::<ServerError>().unwrap().body,
+        body.as_bytes()
+    );
+    assert!(out.is_empty());
+}
+
+#[tokio::test]
+async fn unauthorized_without_a_token_says_to_set_one() {
+    let body = r#"{"error":{"code":"UNAUTHORIZED","reason":null,"message":"token required"}}"#;
+    let (url, _) = stub(vec![ok(401, body)]).await;
+    let (result, _) = lazaret(&url, None, &["stats"]).await;
+    assert_eq!(
+        format!("{:#}", result.unwrap_err()),
+        "UNAUTHORIZED: token required\n  hint: no token was sent: set LAZARET_TOKEN"
+    );
+}
+
+#[tokio::test]
+async fn a_connection_refused_names_the_url_and_suggests_serve() {
+    let url = {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        format!("http://{}", listener.local_addr().unwrap())
+    }; // dropped: nothing listens there now
+    let (result, _) = lazaret(&url, None, &["stats"]).await;
+    let msg = format!("{:#}", result.unwrap_err());
+    assert!(msg.contains(&url), "{msg}");
+    assert!(msg.contains("lazaret serve"), "{msg}");
+}
+
+#[tokio::test]
+async fn redrive_posts_the_selection_and_prints_counts() {
+    let (url, seen) = stub(vec![ok(200, r#"{"matched":2,"redriven":0,"job_ids":[]}"#)]).await;
+    let (result, out) = lazaret(
+        &url,
+        None,
+        &[
+            "dlq",
+            "redrive",
+            "--reason",
+            "crash_loop",
+            "--dry-run",
+            "--rate",
+            "10",
+        ],
+    )
+    .await;
+    result.unwrap();
+    let seen = seen.lock().unwrap()[0].clone();
+    assert_eq!(seen.target, "/v1/dead-letters/redrive");
+    let body: Value = serde_json::from_str(&seen.body).unwrap();
+    assert_eq!(
+        body,
+        serde_json::json!({"filter": {"reason": "crash_loop"}, "dry_run": true, "rate_per_sec": 10})
+    );
+    assert!(
+        out.contains("matched:   2\n") && out.contains("dry run"),
+        "{out}"
+    );
+}
+
+#[tokio::test]
+async fn redrive_without_a_selection_sends_nothing() {
+    // No stub: a request would fail to connect instead of being refused.
+    let (result, _) = lazaret("http://127.0.0.1:9", None, &["dlq", "redrive"]).await;
+    let err = result.unwrap_err();
+    assert!(err.downcast_ref::<Refused>().is_some(), "{err:#}");
+}
+
+#[tokio::test]
+async fn purge_without_confirm_counts_every_page_and_refuses() {
+    let item =
+        |id: &str| format!(r#"{{"id":"{id}","job_id":"j","type":"t","reason":"exhausted"}}"#);
+    let page1 = format!(
+        r#"{{"items":[{},{}],"next_cursor":"c2"}}"#,
+        item("d1"),
+        item("d2")
+    );
+    let page2 = format!(r#"{{"items":[{}],"next_cursor":null}}"#, item("d3"));
+    let (url, seen) = stub(vec![ok(200, &page1), ok(200, &page2)]).await;
+    let (result, out) = lazaret(&url, None, &["dlq", "purge", "--type", "t"]).await;
+    let err = result.unwrap_err();
+    assert!(err.downcast_ref::<Refused>().is_some());
+    assert!(err.to_string().contains("--confirm"), "{err}");
+    assert!(
+        out.starts_with("would purge 3 dead letter(s) matching type=t\n"),
+        "{out}"
+    );
+    let seen = seen.lock().unwrap();
+    assert!(seen.iter().all(|s| s.method == "GET"), "no purge was sent");
+    assert_eq!(
+        seen[1].target,
+        "/v1/dead-letters?type=t&limit=500&cursor=c2"
+    );
+}
+
+#[tokio::test]
+async fn purge_by_ids_without_confirm_reports_missing_ones() {
+    let found = r#"{"id":"d1","job_id":"j1","type":"t","reason":"permanent"}"#;
+    let missing = r#"{"error":{"code":"NOT_FOUND","reason":null,"message":"no dead letter d2"}}"#;
+    let (url, _) = stub(vec![ok(200, found), ok(404, missing)]).await;
+    let (result, out) = lazaret(&url, None, &["dlq", "purge", "--id", "d1", "--id", "d2"]).await;
+    assert!(result.is_err());
+    assert!(
+        out.contains("would purge 1 dead letter(s) matching ids d1, d2"),
+        "{out}"
+    );
+    assert!(out.ends_with("not found: d2\n"), "{out}");
+}
+
+#[tokio::test]
+async fn purge_with_confirm_posts_it() {
+    let (url, seen) = stub(vec![ok(200, r#"{"purged":1}"#)]).await;
+    let (result, out) = lazaret(
+        &url,
+        Some("admin"),
+        &["dlq", "purge", "--id", "d1", "--confirm"],
+    )
+    .await;
+    result.unwrap();
+    let seen = seen.lock().unwrap()[0].clone();
+    assert_eq!(seen.target, "/v1/dead-letters/purge");
+    assert_eq!(seen.body, r#"{"ids":["d1"],"confirm":true}"#);
+    assert_eq!(out, "purged:  1\n");
+}
+
+#[tokio::test]
+async fn the_payload_streams_byte_for_byte_to_stdout_or_a_file() {
+    let bytes: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    let (url, seen) = stub(vec![(200, "", bytes.clone()), (200, "", bytes.clone())]).await;
+    let cmd = TestCli::try_parse_from(["lazaret", "dlq", "payload", "d/1"])
+        .unwrap()
+        .command;
+    let client = Client::new(&url, None).unwrap();
+    let mut out = Vec::new();
+    execute(cmd, &client, &mut out, None).await.unwrap();
+    assert_eq!(out, bytes);
+    assert_eq!(
+        seen.lock().unwrap()[0].target,
+        "/v1/dead-letters/d%2F1/payload"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("payload.bin");
+    let (result, out) = lazaret(
+        &url,
+        None,
+        &["dlq", "payload", "d1", "--output", path.to_str().unwrap()],
+    )
+    .await;
+    result.unwrap();
+    assert!(out.is_empty());
+    assert_eq!(std::fs::read(&path).unwrap(), bytes);
+}
+
+#[tokio::test]
+async fn a_missing_payload_leaves_no_file() {
+    let body = r#"{"error":{"code":"NOT_FOUND","reason":null,"message":"no dead letter d1"}}"#;
+    let (url, _) = stub(vec![ok(404, body)]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("p.json");
+    let (result, _) = lazaret(
+        &url,
+        None,
+        &["dlq", "payload", "d1", "--output", path.to_str().unwrap()],
+    )
+    .await;
+    assert!(result.is_err());
+    assert!(!path.exists());
+}
+
+#[tokio::test]
+async fn a_reply_that_is_not_an_api_error_still_says_what_happened() {
+    let (url, _) = stub(vec![(502, "", b"<html>bad gateway</html>".to_vec())]).await;
+    let (result, _) = lazaret(&url, None, &["stats"]).await;
+    let msg = format!("{:#}", result.unwrap_err());
+    assert!(msg.starts_with("HTTP 502 Bad Gateway from "), "{msg}");
+    assert!(msg.ends_with("<html>bad gateway</html>"), "{msg}");
+}
