@@ -55,24 +55,17 @@ async fn reasons_count_the_dead_letters_held_by_reason_and_type() {
     assert_eq!(reasons.len(), 2, "only reasons held now: {body}");
 }
 
+/// Odd spacing, key order, a trailing zero and an escape: none of it may be normalised.
+const ODD_PAYLOAD: &str = "{ \"zeta\" :1,\n  \"alpha\":[ 1 ,2.50 ],\"u\":\"\\u00e9t\u{e9}\"   }";
+
 #[tokio::test]
 async fn a_dead_letter_keeps_the_payload_byte_for_byte() {
     let server = start().await;
     let api = server.api();
-    // Odd spacing, key order and an escape: none of it may be normalised.
-    let payload = "{ \"zeta\" :1,\n  \"alpha\":[ 1 ,2.50 ],\"u\":\"\\u00e9t\u{e9}\"   }";
+    let payload = ODD_PAYLOAD;
     let body = format!(r#"{{"type": "report", "tenant": "acme", "payload": {payload}}}"#);
     let id = api.post_raw("/v1/jobs", body).await.expect(201)["id"].clone();
-
-    // The worker sees those bytes too.
-    let r = api.post("/v1/leases", &lease_req("w", 1, 30_000)).await;
-    assert_eq!(r.status, 200, "{}", r.text());
-    assert!(
-        r.text().contains(payload),
-        "the lease carries the payload as received: {}",
-        r.text()
-    );
-    let leased = r.body["jobs"][0].clone();
+    let leased = api.lease_one(&lease_req("w", 1, 30_000)).await;
     api.fail(&id, &leased["lease_token"], permanent())
         .await
         .expect(200);
@@ -91,6 +84,23 @@ async fn a_dead_letter_keeps_the_payload_byte_for_byte() {
         r.bytes,
         payload.as_bytes(),
         "the original bytes, byte for byte"
+    );
+}
+
+#[tokio::test]
+async fn workers_see_the_payload_byte_for_byte() {
+    let server = start().await;
+    let api = server.api();
+    let payload = ODD_PAYLOAD;
+    let body = format!(r#"{{"type": "report", "tenant": "acme", "payload": {payload}}}"#);
+    api.post_raw("/v1/jobs", body).await.expect(201);
+
+    let r = api.post("/v1/leases", &lease_req("w", 1, 30_000)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(
+        r.text().contains(payload),
+        "the lease reply embeds the payload's raw text {payload:?}, got: {}",
+        r.text()
     );
 }
 

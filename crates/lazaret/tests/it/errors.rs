@@ -63,8 +63,15 @@ async fn malformed_json_bodies_are_bad_request_everywhere() {
     assert_eq!(leased["id"], id);
     let id = id_text(&id);
 
+    // On `POST /v1/jobs` a body that is not JSON is the one way a payload
+    // can fail to be JSON: that is POISON invalid_json (see `admission`),
+    // kept as an admission record. Everywhere else it is BAD_REQUEST.
+    for body in ["this is not json", "{\"type\": \"report\", "] {
+        let r = api.post_raw("/v1/jobs", body).await;
+        assert_error(&r, 422, "POISON", Some("invalid_json"));
+    }
+
     let paths = [
-        "/v1/jobs".to_owned(),
         "/v1/jobs/batch".to_owned(),
         "/v1/leases".to_owned(),
         format!("/v1/jobs/{id}/ack"),
