@@ -283,3 +283,24 @@ async fn a_chunked_body_over_the_cap_is_refused_as_it_streams() {
         "the bytes read, past the cap: {record}"
     );
 }
+
+#[tokio::test]
+async fn a_batch_over_batch_bytes_max_is_refused_whole_and_one_under_it_is_taken() {
+    let config = format!("batch_bytes_max = 65536\n{QUICK}");
+    let server = Server::start(&config).await;
+    let api = server.api();
+    let blob = "y".repeat(7000);
+    let jobs: Vec<Value> = (0..10)
+        .map(|n| job("report", "acme", json!({"n": n, "blob": blob})))
+        .collect();
+
+    let r = api.post("/v1/jobs/batch", &json!({"jobs": jobs})).await;
+    assert_error(&r, 413, "POISON", Some("payload_too_large"));
+    nothing_to_lease(&server).await;
+
+    let r = api
+        .post("/v1/jobs/batch", &json!({"jobs": jobs[..5].to_vec()}))
+        .await;
+    let body = r.expect(200);
+    assert_eq!(body["results"].as_array().map(Vec::len), Some(5), "{body}");
+}

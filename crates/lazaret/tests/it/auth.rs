@@ -245,6 +245,24 @@ async fn the_audit_log_records_redrive_and_purge_with_the_actors_name() {
     assert_eq!(purge["actor"], "root-bob", "{purge}");
     assert_eq!(purge["count"], 1, "{purge}");
 
+    // Pause and resume are audited too.
+    operator
+        .post("/v1/pause", &json!({"type": "report"}))
+        .await
+        .expect(200);
+    operator
+        .post("/v1/resume", &json!({"type": "report"}))
+        .await
+        .expect(200);
+    let items = audit(&operator).await;
+    for action in ["pause", "resume"] {
+        let entry = items
+            .iter()
+            .find(|i| i["action"] == action)
+            .unwrap_or_else(|| panic!("a {action} entry: {items:?}"));
+        assert_eq!(entry["actor"], "ops-alice", "{entry}");
+    }
+
     // Admins read it too; producers and workers do not.
     assert!(!audit(&admin).await.is_empty());
     for tok in [PRODUCER, WORKER] {

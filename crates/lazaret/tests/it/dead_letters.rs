@@ -220,3 +220,48 @@ async fn admission_records_cannot_be_redriven() {
     assert!(api.lease(&req).await.is_empty());
     assert_eq!(api.dead_letters("reason=invalid_json").await.len(), 1);
 }
+
+#[tokio::test]
+async fn dead_letters_are_listed_by_filter_a_page_at_a_time() {
+    let server = start().await;
+    let api = server.api();
+    let mut mine = Vec::new();
+    for n in 0..3 {
+        mine.push(dead_letter(&api, &job("report", "acme", json!({"n": n})), permanent()).await);
+    }
+    dead_letter(&api, &job("report", "globex", json!({})), permanent()).await;
+    dead_letter(
+        &api,
+        &job("flaky", "acme", json!({})),
+        json!({"kind": "parse"}),
+    )
+    .await;
+
+    let mut seen = Vec::new();
+    let mut query = "type=report&tenant=acme&lane=default&reason=permanent&limit=1".to_owned();
+    for _ in 0..10 {
+        let r = api.get(&format!("/v1/dead-letters?{query}")).await;
+        let body = r.expect(200).clone();
+        let items = body["items"].as_array().expect("items");
+        assert!(items.len() <= 1, "limit=1: {body}");
+        for item in items {
+            assert_eq!(item["tenant"], "acme");
+            assert_eq!(item["type"], "report");
+            seen.push(item["job_id"].clone());
+        }
+        match body["next_cursor"].as_str() {
+            Some(cursor) => {
+                query = format!(
+                    "type=report&tenant=acme&lane=default&reason=permanent&limit=1&cursor={cursor}"
+                )
+            }
+            None => {
+                assert!(body["next_cursor"].is_null(), "{body}");
+                break;
+            }
+        }
+    }
+    seen.sort_by_key(id_text);
+    mine.sort_by_key(id_text);
+    assert_eq!(seen, mine, "every page once, no more");
+}

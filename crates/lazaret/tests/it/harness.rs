@@ -7,9 +7,9 @@
 //! A server can be restarted on the same data directory, gracefully
 //! (SIGTERM) or with `kill -9`.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
 use reqwest::header::HeaderMap;
@@ -125,9 +125,19 @@ impl Server {
         self.dir.path().join(format!("server-{}.log", self.starts))
     }
 
+    fn stdout_path(&self) -> PathBuf {
+        self.dir.path().join(format!("stdout-{}.log", self.starts))
+    }
+
     /// What the server wrote to stderr in its current run, for failure messages.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    /// What the server wrote after its first stdout line, and to stderr, in its current run.
+    pub fn output(&self) -> String {
+        let out = std::fs::read_to_string(self.stdout_path()).unwrap_or_default();
+        format!("{out}{}", self.log())
     }
 
     async fn spawn(&mut self) {
@@ -150,14 +160,17 @@ impl Server {
         let stdout = child.stdout.take().expect("piped stdout");
         self.child = Some(child);
 
-        // Read the first line on a thread that then keeps draining stdout,
-        // so the server never blocks on a full pipe.
+        // Read the first line on a thread that then keeps draining stdout
+        // into a file, so the server never blocks on a full pipe.
         let (tx, rx) = tokio::sync::oneshot::channel();
+        let mut rest = std::fs::File::create(self.stdout_path()).expect("stdout file");
         std::thread::spawn(move || {
             let mut lines = BufReader::new(stdout).lines();
             let first = lines.next().and_then(Result::ok);
             let _ = tx.send(first);
-            for _ in lines {}
+            for line in lines.map_while(Result::ok) {
+                let _ = writeln!(rest, "{line}");
+            }
         });
         let first = match tokio::time::timeout(START_TIMEOUT, rx).await {
             Ok(Ok(Some(line))) => line,
@@ -207,6 +220,45 @@ impl Server {
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
     }
+}
+
+/// Runs `lazaret serve --listen {listen}` with `config` and expects it to
+/// refuse to start; returns its exit status and everything it printed.
+/// Panics (after killing it) if it is still running after [`START_TIMEOUT`].
+pub async fn serve_refused(config: &str, listen: &str) -> (ExitStatus, String) {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    std::fs::write(dir.path().join("lazaret.toml"), config).expect("config written");
+    let out = std::fs::File::create(dir.path().join("out.log")).expect("log file");
+    let err = out.try_clone().expect("log file");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lazaret"))
+        .arg("serve")
+        .args(["--listen", listen])
+        .arg("--data")
+        .arg(dir.path().join("data"))
+        .arg("--config")
+        .arg(dir.path().join("lazaret.toml"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(out))
+        .stderr(Stdio::from(err))
+        .spawn()
+        .expect("lazaret binary starts");
+    let deadline = Instant::now() + START_TIMEOUT;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("child status") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "`serve --listen {listen}` kept running; it printed:\n{}",
+                std::fs::read_to_string(dir.path().join("out.log")).unwrap_or_default()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    };
+    let printed = std::fs::read_to_string(dir.path().join("out.log")).unwrap_or_default();
+    (status, printed)
 }
 
 impl Drop for Server {

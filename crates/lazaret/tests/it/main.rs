@@ -12,4 +12,5 @@ mod harness;
 mod observing;
 mod restart;
 mod retries;
+mod running;
 mod workers;
