@@ -775,10 +775,13 @@ async fn heartbeat<S: Store>(
     allow(&app, &headers, Action::Work).await?;
     let b: HeartbeatBody = parse_json(&body)?;
     let job = JobId(parse_id(&id, "job")?);
-    let extend = b
-        .extend_ms
-        .unwrap_or(app.config.lease_ms_default)
-        .clamp(1, app.config.lease_ms_max);
+    let extend = b.extend_ms.unwrap_or(app.config.lease_ms_default);
+    if extend == 0 || extend > app.config.lease_ms_max {
+        return Err(ApiError::bad_request(format!(
+            "extend_ms must be between 1 and {} (lease_ms_max; got {extend}); the lease then ends extend_ms from now",
+            app.config.lease_ms_max
+        )));
+    }
     let until = now().saturating_add(Duration::from_millis(extend));
     match app
         .store
