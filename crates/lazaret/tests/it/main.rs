@@ -10,6 +10,7 @@ mod errors;
 mod fairness;
 mod harness;
 mod observing;
+mod python_worker;
 mod restart;
 mod retries;
 mod running;
