@@ -265,3 +265,63 @@ async fn dead_letters_are_listed_by_filter_a_page_at_a_time() {
     mine.sort_by_key(id_text);
     assert_eq!(seen, mine, "every page once, no more");
 }
+
+#[tokio::test]
+async fn admission_records_are_capped_per_tenant_and_minute() {
+    let config = format!("admission_records_per_minute = 2\npayload_bytes_max = 64\n{QUICK}");
+    let server = Server::start(&config).await;
+    let api = server.api();
+    let oversize =
+        |tenant: &str| json!({"type": "t", "tenant": tenant, "payload": {"blob": "x".repeat(200)}});
+    for _ in 0..5 {
+        let r = api.enqueue(&oversize("junk")).await;
+        crate::harness::assert_error(&r, 413, "POISON", Some("payload_too_large"));
+    }
+    api.enqueue(&oversize("other")).await;
+    let records = api.dead_letters("").await;
+    let by = |t: &str| {
+        records
+            .iter()
+            .filter(|d| d["tenant"] == t && d["stage"] == "admission")
+            .count()
+    };
+    assert_eq!(
+        by("junk"),
+        2,
+        "at most admission_records_per_minute records per tenant: {records:?}"
+    );
+    assert_eq!(by("other"), 1, "another tenant has its own allowance");
+    // Every refusal is still answered and counted, kept or not.
+    let metrics = api.get("/metrics").await.text();
+    assert!(
+        metrics.contains("lazaret_admission_records_dropped_total 3"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test]
+async fn redrive_with_a_rate_moves_everything_in_paced_chunks() {
+    let server = start().await;
+    let api = server.api();
+    for n in 0..3 {
+        dead_letter(&api, &job("report", "acme", json!({"n": n})), permanent()).await;
+    }
+    let r = api
+        .post(
+            "/v1/dead-letters/redrive",
+            &json!({"filter": {"reason": "permanent"}, "rate_per_sec": 2}),
+        )
+        .await;
+    let body = r.expect(200);
+    assert_eq!(body["matched"], 3);
+    assert_eq!(body["redriven"], 3);
+    assert_eq!(body["job_ids"].as_array().unwrap().len(), 3);
+    assert!(api.dead_letters("reason=permanent").await.is_empty());
+    let r = api
+        .post(
+            "/v1/dead-letters/redrive",
+            &json!({"filter": {}, "rate_per_sec": 0}),
+        )
+        .await;
+    crate::harness::assert_error(&r, 400, "BAD_REQUEST", None);
+}
