@@ -7,7 +7,8 @@ use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use lazaret_core::{
-    Envelope, Event, Failure, JobId, Lane, SplitMix64, Timestamp, TypePolicy, decide, grant_lease,
+    Demand, Envelope, Event, Failure, FairScheduler, JobId, Lane, SchedulerConfig, SplitMix64,
+    TenantId, Timestamp, TypePolicy, decide, grant_lease,
 };
 
 fn bench_decide(c: &mut Criterion) {
@@ -67,5 +68,36 @@ fn bench_decide(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, bench_decide);
+fn bench_pick(c: &mut Criterion) {
+    for tenants in [10usize, 1000] {
+        let lanes = [Lane::new("interactive"), Lane::new("batch")];
+        let names: Vec<TenantId> = (0..tenants)
+            .map(|i| TenantId::new(format!("tenant-{i}")))
+            .collect();
+        let demand: Vec<Demand<'_>> = lanes
+            .iter()
+            .flat_map(|lane| {
+                names.iter().map(move |tenant| Demand {
+                    lane,
+                    tenant,
+                    ready: 1000,
+                    inflight: 1,
+                })
+            })
+            .collect();
+        let config = SchedulerConfig::new(4)
+            .with_lane_weight("interactive", 4)
+            .with_lane_weight("batch", 1);
+        let mut scheduler = FairScheduler::new(config).expect("valid config");
+        let mut grants = Vec::new();
+        c.bench_function(&format!("pick/100_of_{}_rows", demand.len()), |b| {
+            b.iter(|| {
+                scheduler.pick(black_box(&demand), 100, &mut grants);
+                black_box(grants.len())
+            })
+        });
+    }
+}
+
+criterion_group!(benches, bench_decide, bench_pick);
 criterion_main!(benches);

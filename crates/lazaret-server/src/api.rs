@@ -168,9 +168,9 @@ async fn read_capped(headers: &HeaderMap, body: Body, cap: usize) -> Result<Read
         let chunk = chunk
             .map_err(|e| ApiError::bad_request(format!("could not read the request body: {e}")))?;
         if buf.len() + chunk.len() > cap {
+            let size = (buf.len() + chunk.len()) as u64;
             let mut head = buf;
             head.truncate(4096);
-            let size = (head.len() + chunk.len()) as u64;
             return Ok(Read::TooLarge {
                 head,
                 size,
@@ -391,6 +391,7 @@ async fn enqueue<S: Store>(State(app): Shared<S>, headers: HeaderMap, body: Body
                 },
             )
             .await;
+            m::rejected("POISON");
             let mut err = ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
                 crate::error::Code::Poison,
@@ -474,7 +475,7 @@ async fn job<S: Store>(
         .job(JobId(id))
         .await?
         .ok_or_else(|| ApiError::not_found(format!("no job with id {id}")))?;
-    ok(views::job(&view, now()))
+    Ok(Json(views::job(&view, now())).into_response())
 }
 
 // ---------------------------------------------------------------- workers
@@ -541,7 +542,10 @@ async fn lease<S: Store>(State(app): Shared<S>, headers: HeaderMap, body: Bytes)
                     }
                 }
             }
-            return ok(json!({ "jobs": jobs.iter().map(views::leased).collect::<Vec<_>>() }));
+            return Ok(Json(views::LeaseReply {
+                jobs: jobs.iter().map(views::leased).collect(),
+            })
+            .into_response());
         }
         let _ = tokio::time::timeout_at(deadline, notified).await;
     }
@@ -775,10 +779,13 @@ async fn heartbeat<S: Store>(
     allow(&app, &headers, Action::Work).await?;
     let b: HeartbeatBody = parse_json(&body)?;
     let job = JobId(parse_id(&id, "job")?);
-    let extend = b
-        .extend_ms
-        .unwrap_or(app.config.lease_ms_default)
-        .clamp(1, app.config.lease_ms_max);
+    let extend = b.extend_ms.unwrap_or(app.config.lease_ms_default);
+    if extend == 0 || extend > app.config.lease_ms_max {
+        return Err(ApiError::bad_request(format!(
+            "extend_ms must be between 1 and {} (lease_ms_max; got {extend}); the lease then ends extend_ms from now",
+            app.config.lease_ms_max
+        )));
+    }
     let until = now().saturating_add(Duration::from_millis(extend));
     match app
         .store
@@ -1115,9 +1122,15 @@ async fn snapshot<S: Store>(app: &App<S>) -> Result<Value, ApiError> {
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .snapshot(now);
-    let mut open_types: Vec<(String, bool)> =
-        breakers.iter().map(|b| (b.ty.to_string(), true)).collect();
-    open_types.dedup();
+    let open_types: Vec<(String, bool)> = breakers
+        .iter()
+        .map(|b| {
+            (
+                b.ty.to_string(),
+                matches!(b.state, lazaret_core::BreakerState::Open { .. }),
+            )
+        })
+        .collect();
     m::set_gauges(
         &s.lanes
             .iter()

@@ -28,14 +28,17 @@ pub enum Action {
 impl Action {
     /// Whether `role` may do this.
     pub fn allowed_for(self, role: Role) -> bool {
-        match (role, self) {
-            (Role::Admin, _) => true,
-            (_, Action::Observe) => true,
-            (Role::Producer, Action::Produce | Action::ReadJob) => true,
-            (Role::Worker, Action::Work | Action::ReadJob) => true,
-            (Role::Operator, Action::ReadDeadLetters | Action::Operate | Action::ReadJob) => true,
-            _ => false,
-        }
+        matches!(
+            (role, self),
+            (Role::Admin, _)
+                | (_, Action::Observe)
+                | (Role::Producer, Action::Produce | Action::ReadJob)
+                | (Role::Worker, Action::Work | Action::ReadJob)
+                | (
+                    Role::Operator,
+                    Action::ReadDeadLetters | Action::Operate | Action::ReadJob
+                )
+        )
     }
 }
 

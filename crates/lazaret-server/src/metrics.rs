@@ -8,6 +8,7 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 static GAUGE_LABELS: Mutex<BTreeSet<(String, String)>> = Mutex::new(BTreeSet::new());
+static BREAKER_TYPES: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
 
 /// Installs the process-wide recorder once; later calls reuse it.
 pub fn install() -> &'static PrometheusHandle {
@@ -94,8 +95,14 @@ pub fn set_gauges(
             .set(0.0);
     }
     *old = seen;
-    for (ty, open) in breakers {
-        metrics::gauge!("lazaret_breaker_open", "type" => ty.clone()).set(if *open {
+    // A type reported once stays reported: 0 once its breakers close.
+    let mut types = BREAKER_TYPES.lock().unwrap_or_else(|p| p.into_inner());
+    for (ty, _) in breakers {
+        types.insert(ty.clone());
+    }
+    for ty in types.iter() {
+        let open = breakers.iter().any(|(t, open)| t == ty && *open);
+        metrics::gauge!("lazaret_breaker_open", "type" => ty.clone()).set(if open {
             1.0
         } else {
             0.0

@@ -57,6 +57,7 @@ pub enum ServeError {
 
 /// Runs the server until SIGTERM or ctrl-c. Prints, as its first line on
 /// stdout, `lazaret listening on http://ADDR` (tests and scripts read it).
+#[allow(clippy::print_stdout)] // the listening line on stdout is the interface
 pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
     if opts.config.tokens.is_empty() && !opts.listen.ip().is_loopback() {
         return Err(ServeError::OpenWithoutTokens(opts.listen));
@@ -170,7 +171,7 @@ async fn housekeeping<S: Store>(app: Arc<App<S>>, mut stop: tokio::sync::watch::
 
 /// Removes succeeded jobs past their retention in small batches.
 async fn retention<S: Store>(app: Arc<App<S>>, mut stop: tokio::sync::watch::Receiver<bool>) {
-    let r = app.config.retention.clone();
+    let r = app.config.retention;
     loop {
         tokio::select! {
             _ = stop.changed() => return,

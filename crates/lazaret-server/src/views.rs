@@ -5,6 +5,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use lazaret_core::{AttemptRecord, Failure, JobState, Timestamp};
 use lazaret_store::{DeadLetter, JobView, LeasedJob, ReasonCount};
+use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
@@ -54,51 +55,99 @@ fn history(h: &[AttemptRecord]) -> Value {
     )
 }
 
-/// `GET /v1/jobs/{id}`.
-pub fn job(j: &JobView, now: Timestamp) -> Value {
+/// `GET /v1/jobs/{id}`. A struct, not `json!`: `json!` would parse the raw
+/// payload into a `Value` and lose its bytes (key order, spacing, numbers).
+#[derive(Debug, Serialize)]
+pub struct JobBody<'a> {
+    id: String,
+    #[serde(rename = "type")]
+    job_type: &'a str,
+    tenant: &'a str,
+    lane: &'a str,
+    state: &'static str,
+    attempt: u32,
+    idempotency_key: Option<&'a str>,
+    schema_version: Option<u32>,
+    payload: Box<RawValue>,
+    payload_size: u64,
+    payload_sha256: &'a str,
+    created_at: String,
+    run_at: Option<String>,
+    lease_expires_at: Option<String>,
+    deferrals: u32,
+    lease_expiries: u32,
+    redrive_count: u32,
+    history: Value,
+}
+
+/// The body of `GET /v1/jobs/{id}`.
+pub fn job(j: &JobView, now: Timestamp) -> JobBody<'_> {
     let e = &j.envelope;
     let state = match (j.state, j.run_at) {
         (JobState::Scheduled, Some(at)) if at <= now => JobState::Queued,
         (s, _) => s,
     };
-    let payload = raw_payload(&j.payload);
-    json!({
-        "id": e.id.to_string(),
-        "type": e.job_type.as_str(),
-        "tenant": e.tenant.as_str(),
-        "lane": e.lane.as_str(),
-        "state": state.as_str(),
-        "attempt": e.attempts,
-        "idempotency_key": e.idempotency_key,
-        "schema_version": e.schema_version,
-        "payload": payload,
-        "payload_size": e.payload_size,
-        "payload_sha256": e.payload_sha256,
-        "created_at": time(e.created_at),
-        "run_at": opt_time(j.run_at),
-        "lease_expires_at": opt_time(j.lease_expires_at),
-        "deferrals": e.deferrals,
-        "lease_expiries": e.crashes,
-        "redrive_count": e.redrives,
-        "history": history(&e.history),
-    })
+    JobBody {
+        id: e.id.to_string(),
+        job_type: e.job_type.as_str(),
+        tenant: e.tenant.as_str(),
+        lane: e.lane.as_str(),
+        state: state.as_str(),
+        attempt: e.attempts,
+        idempotency_key: e.idempotency_key.as_deref(),
+        schema_version: e.schema_version,
+        payload: raw_payload(&j.payload),
+        payload_size: e.payload_size,
+        payload_sha256: &e.payload_sha256,
+        created_at: time(e.created_at),
+        run_at: j.run_at.map(time),
+        lease_expires_at: j.lease_expires_at.map(time),
+        deferrals: e.deferrals,
+        lease_expiries: e.crashes,
+        redrive_count: e.redrives,
+        history: history(&e.history),
+    }
 }
 
-/// One job in a lease reply.
-pub fn leased(j: &LeasedJob) -> Value {
-    json!({
-        "id": j.id.to_string(),
-        "type": j.job_type.as_str(),
-        "tenant": j.tenant.as_str(),
-        "lane": j.lane.as_str(),
-        "payload": raw_payload(&j.payload),
-        "attempt": j.attempt,
-        "idempotency_key": j.idempotency_key,
-        "schema_version": j.schema_version,
-        "lease_token": j.lease_token.to_string(),
-        "lease_expires_at": time(j.lease_expires_at),
-        "created_at": time(j.created_at),
-    })
+/// One job in a lease reply (a struct for the same reason as [`JobBody`]).
+#[derive(Debug, Serialize)]
+pub struct LeasedBody<'a> {
+    id: String,
+    #[serde(rename = "type")]
+    job_type: &'a str,
+    tenant: &'a str,
+    lane: &'a str,
+    payload: Box<RawValue>,
+    attempt: u32,
+    idempotency_key: Option<&'a str>,
+    schema_version: Option<u32>,
+    lease_token: String,
+    lease_expires_at: String,
+    created_at: String,
+}
+
+/// A leased job as the worker sees it.
+pub fn leased(j: &LeasedJob) -> LeasedBody<'_> {
+    LeasedBody {
+        id: j.id.to_string(),
+        job_type: j.job_type.as_str(),
+        tenant: j.tenant.as_str(),
+        lane: j.lane.as_str(),
+        payload: raw_payload(&j.payload),
+        attempt: j.attempt,
+        idempotency_key: j.idempotency_key.as_deref(),
+        schema_version: j.schema_version,
+        lease_token: j.lease_token.to_string(),
+        lease_expires_at: time(j.lease_expires_at),
+        created_at: time(j.created_at),
+    }
+}
+
+/// The body of `POST /v1/leases`.
+#[derive(Debug, Serialize)]
+pub struct LeaseReply<'a> {
+    /// The leased jobs.
+    pub jobs: Vec<LeasedBody<'a>>,
 }
 
 /// A dead letter.
@@ -150,10 +199,27 @@ mod tests {
 
     #[test]
     fn payload_is_embedded_byte_for_byte() {
-        let raw = raw_payload(br#"{ "b":1,  "a":[2] }"#);
-        assert_eq!(
-            serde_json::to_string(&json!({ "p": raw })).unwrap(),
-            r#"{"p":{ "b":1,  "a":[2] }}"#
+        let bytes = br#"{ "z": 1.50,  "a":[2] }"#;
+        let j = LeasedJob {
+            id: lazaret_core::JobId(7),
+            job_type: "t".into(),
+            tenant: "acme".into(),
+            lane: "default".into(),
+            payload: bytes.to_vec(),
+            attempt: 1,
+            idempotency_key: None,
+            schema_version: None,
+            lease_token: lazaret_store::LeaseToken(9),
+            lease_expires_at: Timestamp::from_millis(0),
+            created_at: Timestamp::from_millis(0),
+        };
+        let text = serde_json::to_string(&LeaseReply {
+            jobs: vec![leased(&j)],
+        })
+        .unwrap();
+        assert!(
+            text.contains(r#""payload":{ "z": 1.50,  "a":[2] }"#),
+            "{text}"
         );
     }
 }

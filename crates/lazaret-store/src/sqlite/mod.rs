@@ -13,6 +13,7 @@ mod schema;
 mod writer;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
 
@@ -50,6 +51,7 @@ pub struct SqliteStore {
     reader: Arc<Mutex<Connection>>,
     writer: Mutex<Option<JoinHandle<()>>>,
     path: PathBuf,
+    closed: AtomicBool,
 }
 
 fn open_conn(path: &Path, durability: Durability) -> Result<Connection, StoreError> {
@@ -102,6 +104,7 @@ impl SqliteStore {
             reader: Arc::new(Mutex::new(reader)),
             writer: Mutex::new(Some(handle)),
             path,
+            closed: AtomicBool::new(false),
         })
     }
 
@@ -123,6 +126,9 @@ impl SqliteStore {
         &self,
         f: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     ) -> Result<T, StoreError> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(StoreError::Closed);
+        }
         let reader = Arc::clone(&self.reader);
         tokio::task::spawn_blocking(move || {
             let conn = reader.lock().map_err(|_| StoreError::Closed)?;
@@ -235,6 +241,7 @@ impl Store for SqliteStore {
     }
 
     async fn close(&self) -> Result<(), StoreError> {
+        self.closed.store(true, Ordering::Release);
         let r = self.call(Cmd::Close).await;
         let handle = self.writer.lock().ok().and_then(|mut h| h.take());
         if let Some(handle) = handle {

@@ -448,7 +448,7 @@ impl Writer {
             let excluded_json = serde_json::to_string(&excluded).unwrap_or_else(|_| "[]".into());
             for g in grants.iter() {
                 let (key, _) = &keys[g.demand_index];
-                let got = self.lease_from_pair(
+                let (got, held_back) = self.lease_from_pair(
                     req,
                     key,
                     g.count,
@@ -457,7 +457,9 @@ impl Writer {
                     &mut limits,
                     &mut out,
                 )?;
-                if got < g.count {
+                // Rows held back by a spent probe limit are not a shortage of
+                // the pair: the type is excluded next round, its other jobs remain.
+                if got + held_back < g.count {
                     short.insert(key.clone());
                 }
             }
@@ -482,7 +484,7 @@ impl Writer {
         excluded_json: &str,
         limits: &mut HashMap<&str, u32>,
         out: &mut Vec<LeasedJob>,
-    ) -> Result<u32, StoreError> {
+    ) -> Result<(u32, u32), StoreError> {
         let rows: Vec<(i64, String, Vec<u8>, i64)> = {
             let mut stmt = db(self.conn.prepare_cached(
                 "SELECT id, envelope, payload, created_at FROM jobs
@@ -510,11 +512,13 @@ impl Writer {
         let worker: &WorkerId = &req.worker_id;
         let expires = req.now.saturating_add(req.lease);
         let mut got = 0;
+        let mut held_back = 0;
         for (id, env_json, payload, created_at) in rows {
             let mut env =
                 Envelope::from_json(&env_json).map_err(|e| StoreError::Corrupt(e.to_string()))?;
             if let Some(left) = limits.get_mut(env.job_type.as_str()) {
                 if *left == 0 {
+                    held_back += 1;
                     continue;
                 }
                 *left -= 1;
@@ -547,7 +551,7 @@ impl Writer {
                 created_at: Timestamp::from_millis(created_at),
             });
         }
-        Ok(got)
+        Ok((got, held_back))
     }
 
     fn complete(

@@ -1,0 +1,9 @@
+//! Integration tests of the client and the worker runtime against a real
+//! `lazaret serve` started per test (one binary, as STYLE.md §6 asks).
+
+mod crash;
+mod heartbeats;
+mod panics;
+mod parse;
+mod shutdown;
+mod support;

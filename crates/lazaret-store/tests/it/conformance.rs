@@ -1,0 +1,326 @@
+//! The `Store` contract, written once and run against every backend (STYLE.md §2).
+//!
+//! Each case is `pub async fn case<S: Store>(dir: &Path, open: impl Fn(&Path) -> S)`:
+//! it opens a fresh store on `dir` (and, for restarts, reopens it there), and
+//! drives it with explicit [`Timestamp`]s, so nothing sleeps and nothing reads
+//! the wall clock. Cases are split by concern, one module each, as River splits
+//! its driver tests.
+//!
+//! A backend runs the whole suite with one line, one `#[tokio::test]` per case:
+//!
+//! ```ignore
+//! crate::conformance::conformance_suite!(crate::sqlite::open);
+//! ```
+//!
+//! where `open(dir)` builds the store with [`scheduler_config`] and a
+//! [`SeededDecider`]: the cases' timings (backoff, crash loop, caps) rely on
+//! exactly that policy.
+
+pub mod audit;
+pub mod dead_letters;
+pub mod enqueue;
+pub mod housekeeping;
+pub mod lease;
+pub mod lifecycle;
+pub mod outcomes;
+pub mod redrive;
+pub mod stats;
+
+use std::fmt::Write as _;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use lazaret_core::{
+    Backoff, Envelope, Event, Failure, FailureClass, JobId, SchedulerConfig, SplitMix64, Timestamp,
+    Transition, TypePolicy,
+};
+use lazaret_store::{
+    Completed, Completion, Decider, EnqueueOutcome, ItemError, JobView, LaneCounts, LeaseRequest,
+    LeasedJob, NewJob, Store, StoreStats,
+};
+
+/// Instantiates every conformance case as a `#[tokio::test]` for the backend
+/// whose `open(dir)` is the given path (absolute, e.g. `crate::sqlite::open`).
+macro_rules! conformance_suite {
+    ($open:path) => {
+        $crate::conformance::conformance_suite!(@concerns $open;
+            enqueue: [
+                enqueue_then_lease_gives_the_payload_byte_for_byte,
+                idempotent_enqueue_returns_the_first_job,
+                duplicate_within_one_batch,
+                delayed_job_waits_for_its_time,
+                enqueue_reports_the_tenants_inflight,
+            ],
+            lease: [
+                lease_respects_lanes,
+                lease_respects_exclude_lanes,
+                lease_respects_types,
+                lease_respects_exclude_types,
+                lease_respects_type_limits,
+                type_limits_leave_room_for_other_types,
+                lease_respects_max_jobs,
+                a_new_tenant_is_served_in_the_first_round,
+                a_tenant_never_exceeds_its_inflight_cap,
+            ],
+            outcomes: [
+                ack_marks_succeeded_with_one_history_record,
+                wrong_token_is_lease_lost_and_changes_nothing,
+                unknown_id_is_not_found,
+                transient_failure_retries_after_the_backoff,
+                attempts_max_failures_dead_letter_as_exhausted,
+                permanent_failure_dead_letters_in_the_same_call,
+                deferral_does_not_advance_the_attempt,
+            ],
+            housekeeping: [
+                lease_expiry_charges_an_attempt,
+                crash_loop_after_crash_loop_max_expiries,
+                heartbeat_extends_the_lease,
+                remove_succeeded_deletes_only_old_succeeded_jobs_in_batches,
+            ],
+            dead_letters: [
+                admission_records_are_listed_with_stage_admission,
+                dead_letters_page_newest_first_with_cursor_and_filters,
+                reasons_group_by_reason_and_type,
+            ],
+            redrive: [
+                redrive_keeps_id_key_and_history_with_a_fresh_budget,
+                redrive_skips_admission_records,
+                purge_removes_the_dead_letter_and_its_job,
+            ],
+            audit: [audit_entries_are_listed_newest_first],
+            stats: [stats_count_jobs_per_lane],
+            lifecycle: [
+                restart_after_close_keeps_everything,
+                restart_after_drop_keeps_everything,
+                closed_store_refuses_calls,
+            ],
+        );
+    };
+    (@concerns $open:path; $($concern:ident: [$($case:ident),+ $(,)?]),+ $(,)?) => {$(
+        mod $concern {$(
+            #[tokio::test]
+            async fn $case() {
+                let dir = tempfile::TempDir::new().expect("a temporary directory");
+                $crate::conformance::$concern::$case(dir.path(), $open).await;
+            }
+        )+}
+    )+};
+}
+pub(crate) use conformance_suite;
+
+// ---------------------------------------------------------------------------
+// The policy every backend is opened with.
+
+/// Every tenant may hold this many leases per lane (`SchedulerConfig::new(2)`).
+pub const INFLIGHT_MAX: u32 = 2;
+/// Deliveries before `exhausted`.
+pub const ATTEMPTS_MAX: u32 = 5;
+/// Lease expiries before `crash_loop`.
+pub const CRASH_LOOP_MAX: u32 = 3;
+/// The backoff after every failed attempt: an exact schedule, no jitter.
+pub const RETRY_DELAY: Duration = Duration::from_secs(1);
+/// The lease length the cases ask for.
+pub const LEASE: Duration = Duration::from_secs(30);
+/// The decider's seed (the schedule makes the backoff exact anyway).
+pub const SEED: u64 = 0x1a2a_7e75;
+
+/// The fair scheduler's config: weight 1 for every lane, cap [`INFLIGHT_MAX`].
+pub fn scheduler_config() -> SchedulerConfig {
+    SchedulerConfig::new(INFLIGHT_MAX)
+}
+
+/// The one type policy of the suite: short, exact backoffs.
+pub fn policy() -> TypePolicy {
+    TypePolicy {
+        attempts_max: ATTEMPTS_MAX,
+        backoff: Backoff {
+            base: RETRY_DELAY,
+            cap: Duration::from_secs(10),
+            floor: Duration::ZERO,
+            schedule: vec![RETRY_DELAY],
+        },
+        crash_loop_max: CRASH_LOOP_MAX,
+        ..TypePolicy::default()
+    }
+}
+
+/// `lazaret_core::decide` with [`policy`] for every type and a seeded RNG.
+#[derive(Debug)]
+pub struct SeededDecider {
+    policy: TypePolicy,
+    rng: Mutex<SplitMix64>,
+}
+
+impl SeededDecider {
+    /// The decider the suite expects.
+    pub fn new() -> Self {
+        SeededDecider {
+            policy: policy(),
+            rng: Mutex::new(SplitMix64::new(SEED)),
+        }
+    }
+}
+
+impl Decider for SeededDecider {
+    fn decide(&self, env: &mut Envelope, event: Event, now: Timestamp) -> Transition {
+        let mut rng = self.rng.lock().expect("the decider's rng lock");
+        lazaret_core::decide(env, &self.policy, event, now, &mut *rng)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Fixtures.
+
+/// A fixed instant the cases count from (never the wall clock).
+const T0: i64 = 1_700_000_000_000;
+
+/// `ms` milliseconds after the suite's epoch.
+pub fn at(ms: i64) -> Timestamp {
+    Timestamp::from_millis(T0 + ms)
+}
+
+/// A queued job at `at(0)`; vary it with struct update syntax.
+pub fn new_job(job_type: &str, tenant: &str, lane: &str) -> NewJob {
+    NewJob {
+        job_type: job_type.into(),
+        tenant: tenant.into(),
+        lane: lane.into(),
+        payload: br#"{"n":1}"#.to_vec(),
+        idempotency_key: None,
+        schema_version: None,
+        run_at: at(0),
+        now: at(0),
+    }
+}
+
+/// A lease of up to `max_jobs` from every lane and type, by worker `w-1`.
+pub fn lease_req(now: Timestamp, max_jobs: u32) -> LeaseRequest {
+    LeaseRequest {
+        worker_id: "w-1".into(),
+        lanes: None,
+        types: None,
+        exclude_types: Vec::new(),
+        exclude_lanes: Vec::new(),
+        type_limits: Vec::new(),
+        max_jobs,
+        lease: LEASE,
+        now,
+    }
+}
+
+/// A transient failure of `kind`.
+pub fn transient(kind: &str) -> Failure {
+    Failure::new(kind, "upstream answered 503").with_class(FailureClass::Transient)
+}
+
+/// A permanent failure.
+pub fn permanent() -> Failure {
+    Failure::new("bad_input", "the image is not a PNG")
+        .with_class(FailureClass::Permanent)
+        .with_traceback("Traceback (most recent call last):\n  resize.py:12\nValueError")
+}
+
+/// The id of a `Created` outcome; panics on anything else.
+pub fn created(outcome: &EnqueueOutcome) -> JobId {
+    match outcome {
+        EnqueueOutcome::Created { id, .. } => *id,
+        other => panic!("expected Created, got {other:?}"),
+    }
+}
+
+/// Enqueues one job that must be created; returns its id.
+pub async fn enqueue_one<S: Store>(s: &S, job: NewJob) -> JobId {
+    let out = s.enqueue(vec![job]).await.expect("enqueue");
+    assert_eq!(out.len(), 1, "one outcome per job: {out:?}");
+    created(&out[0])
+}
+
+/// Leases; the store must not fail.
+pub async fn lease<S: Store>(s: &S, req: LeaseRequest) -> Vec<LeasedJob> {
+    s.lease(req).await.expect("lease")
+}
+
+/// Leases exactly one job and returns it.
+pub async fn lease_one<S: Store>(s: &S, req: LeaseRequest) -> LeasedJob {
+    let mut got = lease(s, req).await;
+    assert_eq!(got.len(), 1, "expected one job, got {got:?}");
+    got.pop().expect("one job")
+}
+
+/// Applies one outcome with the job's own token; it must be accepted.
+pub async fn complete<S: Store>(s: &S, job: &LeasedJob, event: Event, now: Timestamp) -> Completed {
+    let item = Completion {
+        id: job.id,
+        token: job.lease_token,
+        event,
+    };
+    try_complete(s, item, now)
+        .await
+        .expect("the job's own token is accepted")
+}
+
+/// Applies one outcome; returns the item's result.
+pub async fn try_complete<S: Store>(
+    s: &S,
+    item: Completion,
+    now: Timestamp,
+) -> Result<Completed, ItemError> {
+    let mut out = s.complete(vec![item], now).await.expect("complete");
+    assert_eq!(out.len(), 1, "one result per item");
+    out.pop().expect("one result")
+}
+
+/// The job, which must exist.
+pub async fn job_view<S: Store>(s: &S, id: JobId) -> JobView {
+    s.job(id).await.expect("job").expect("the job exists")
+}
+
+/// One lane's counts; a lane the stats leave out counts zero.
+pub fn lane_counts(stats: &StoreStats, lane: &str) -> LaneCounts {
+    stats
+        .lanes
+        .iter()
+        .find(|(l, _)| l.as_str() == lane)
+        .map(|(_, c)| *c)
+        .unwrap_or_default()
+}
+
+/// Enqueues `job`, leases it and fails it permanently at `now`; returns the
+/// job and its dead letter. Nothing else may be queued in its lane and type.
+pub async fn dead_letter_job<S: Store>(
+    s: &S,
+    job: NewJob,
+    now: Timestamp,
+) -> (JobId, lazaret_store::DeadLetterId) {
+    let req = LeaseRequest {
+        lanes: Some(vec![job.lane.clone()]),
+        types: Some(vec![job.job_type.clone()]),
+        ..lease_req(now, 1)
+    };
+    let id = enqueue_one(s, job).await;
+    let leased = lease_one(s, req).await;
+    assert_eq!(leased.id, id, "the helper leases the job it enqueued");
+    let done = complete(s, &leased, Event::Failed(permanent()), now).await;
+    (
+        id,
+        done.dead_letter
+            .expect("a permanent failure writes a dead letter"),
+    )
+}
+
+/// Lower-case hex SHA-256 of `bytes`, as the store records it.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    lazaret_core::payload_sha256(bytes)
+        .iter()
+        .fold(String::with_capacity(64), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+}
+
+/// The ids of leased jobs, sorted.
+pub fn ids(jobs: &[LeasedJob]) -> Vec<JobId> {
+    let mut v: Vec<JobId> = jobs.iter().map(|j| j.id).collect();
+    v.sort();
+    v
+}

@@ -1,0 +1,321 @@
+//! Lease: the request's filters and limits, fairness between tenants, in-flight caps.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use lazaret_core::{Event, JobId, TenantId};
+use lazaret_store::{LeaseRequest, LeasedJob, NewJob, Store};
+
+use super::{
+    INFLIGHT_MAX, at, complete, enqueue_one, ids, lane_counts, lease, lease_req, new_job, transient,
+};
+
+/// One job per (type, tenant, lane); returns the ids in the same order.
+async fn one_each<S: Store>(s: &S, jobs: &[(&str, &str, &str)]) -> Vec<JobId> {
+    let out = s
+        .enqueue(
+            jobs.iter()
+                .map(|(ty, tenant, lane)| new_job(ty, tenant, lane))
+                .collect(),
+        )
+        .await
+        .unwrap();
+    out.iter().map(super::created).collect()
+}
+
+fn sorted(mut v: Vec<JobId>) -> Vec<JobId> {
+    v.sort();
+    v
+}
+
+pub async fn lease_respects_lanes<S: Store>(dir: &Path, open: impl Fn(&Path) -> S) {
+    let s = open(dir);
+    let id = one_each(
+        &s,
+        &[
+            ("resize", "a", "fast"),
+            ("resize", "b", "slow"),
+            ("resize", "c", "bulk"),
+        ],
+    )
+    .await;
+    let req = |lanes: &[&str]| LeaseRequest {
+        lanes: Some(lanes.iter().map(|l| (*l).into()).collect()),
+        ..lease_req(at(1), 10)
+    };
+    assert_eq!(
+        ids(&lease(&s, req(&["fast", "bulk"])).await),
+        sorted(vec![id[0], id[2]])
+    );
+    assert!(lease(&s, req(&["fast", "bulk"])).await.is_empty());
+    assert!(lease(&s, req(&[])).await.is_empty(), "no lanes: nothing");
+    assert_eq!(ids(&lease(&s, req(&["slow"])).await), vec![id[1]]);
+}
+
+pub async fn lease_respects_exclude_lanes<S: Store>(dir: &Path, open: impl Fn(&Path) -> S) {
+    let s = open(dir);
+    let id = one_each(
+        &s,
+        &[
+            ("resize", "a", "fast"),
+            ("resize", "b", "slow"),
+            ("resize", "c", "bulk"),
+        ],
+    )
+    .await;
+    let exclude_slow = LeaseRequest {
+        exclude_lanes: vec!["slow".into()],
+        ..lease_req(at(1), 10)
+    };
+    assert_eq!(
+        ids(&lease(&s, exclude_slow.clone()).await),
+        sorted(vec![id[0], id[2]])
+    );
+    assert!(lease(&s, exclude_slow.clone()).await.is_empty());
+    let both = LeaseRequest {
+        lanes: Some(vec!["slow".into()]),
+        ..exclude_slow
+    };
+    assert!(
+        lease(&s, both).await.is_empty(),
+        "an excluded lane stays excluded when named"
+    );
+    assert_eq!(ids(&lease(&s, lease_req(at(1), 10)).await), vec![id[1]]);
+}
+
+pub async fn lease_respects_types<S: Store>(dir: &Path, open: impl Fn(&Path) -> S) {
+    let s = open(dir);
+    // Same tenant and lane, and the unwanted type is first in line.
+    let id = one_each(
+        &s,
+        &[
+            ("resize", "a", "default"),
+            ("email", "a", "default"),
+            ("sms", "b", "default"),
+        ],
+    )
+    .await;
+    let req = |types: &[&str]| LeaseRequest {
+        types: Some(types.iter().map(|t| (*t).into()).collect()),
+        ..lease_req(at(1), 10)
+    };
+    assert_eq!(
+        ids(&lease(&s, req(&["email", "sms"])).await),
+        sorted(vec![id[1], id[2]])
+    );
+    assert!(lease(&s, req(&["email", "sms"])).await.is_empty());
+    assert!(lease(&s, req(&[])).await.is_empty(), "no types: nothing");
+    assert_eq!(ids(&lease(&s, lease_req(at(1), 10)).await), vec![id[0]]);
+}
+
+pub async fn lease_respects_exclude_types<S: Store>(dir: &Path, open: impl Fn(&Path) -> S) {
+    let s = open(dir);
+    let id = one_each(
+        &s,
+        &[
+            ("resize", "a", "default"),
+            ("email", "a", "default"),
+            ("resize", "b", "other"),
+        ],
+    )
+    .await;
+    let exclude_resize = LeaseRequest {
+        exclude_types: vec!["resize".into()],
+        ..lease_req(at(1), 10)
+    };
+    assert_eq!(ids(&lease(&s, exclude_resize.clone()).await), vec![id[1]]);
+    assert!(lease(&s, exclude_resize.clone()).await.is_empty());
+    let both = LeaseRequest {
+        types: Some(vec!["resize".into()]),
+        ..exclude_resize
+    };
+    assert!(
+        lease(&s, both).await.is_empty(),
+        "an excluded type stays excluded when named"
+    );
+    assert_eq!(
+        ids(&lease(&s, lease_req(at(1), 10)).await),
+        sorted(vec![id[0], id[2]])
+    );
+}
+
+pub async fn lease_respects_type_limits<S: Store>(dir: &Path, open: impl Fn(&Path) -> S) {
+    let s = open(dir);
+    let id = one_each(
+        &s,
+        &[
+            ("probe", "a", "default"),
+            ("probe", "b", "default"),
+            ("probe", "c", "default"),
+            ("email", "d", "default"),
+        ],
+    )
+    .await;
+    let limited = |n: u32| LeaseRequest {
+        type_limits: vec![("probe".into(), n)],
+        ..lease_req(at(1), 10)
+    };
+    let got = lease(&s, limited(1)).await;
+    let probes = got
+        .iter()
+        .filter(|j| j.job_type.as_str() == "probe")
+        .count();
+    assert_eq!(probes, 1, "one probe: {got:?}");
+    assert!(
+        ids(&got).contains(&id[3]),
+        "other types are not limited: {got:?}"
+    );
+    assert_eq!(got.len(), 2);
+
+    assert!(
+        lease(&s, limited(0)).await.is_empty(),
+        "a limit of 0 parks the type"
+    );
+    assert_eq!(
+        lease(&s, lease_req(at(1), 10)).await.len(),
+        2,
+        "the other two probes"
+    );
+}
+
+pub async fn type_limits_leave_room_for_other_types<S: Store>(
+    dir: &Path,
+    open: impl Fn(&Path) -> S,
+) {
+    let s = open(dir);
+    // One tenant: two probes first in line, then an email. With one probe
+    // allowed and a cap of 2, the lease can hold a probe and the email.
+    let id = one_each(
+        &s,
+        &[
+            ("probe", "a", "default"),
+            ("probe", "a", "default"),
+            ("email", "a", "default"),
+        ],
+    )
+    .await;
+    let got = lease(
+        &s,
+        LeaseRequest {
+            type_limits: vec![("probe".into(), 1)],
+            ..lease_req(at(1), 10)
+        },
+    )
+    .await;
+    assert_eq!(
+        ids(&got),
+        vec![id[0], id[2]],
+        "the first probe and the email (the second probe is over its limit)"
+    );
+}
+
+pub async fn lease_respects_max_jobs<S: Store>(dir: &Path, open: impl Fn(&Path) -> S) {
+    let s = open(dir);
+    one_each(
+        &s,
+        &[
+            ("resize", "a", "default"),
+            ("resize", "b", "default"),
+            ("resize", "c", "default"),
+            ("resize", "d", "default"),
+            ("resize", "e", "default"),
+        ],
+    )
+    .await;
+    assert!(lease(&s, lease_req(at(1), 0)).await.is_empty());
+    assert_eq!(lease(&s, lease_req(at(1), 3)).await.len(), 3);
+    assert_eq!(lease(&s, lease_req(at(1), 1)).await.len(), 1);
+    assert_eq!(
+        lease(&s, lease_req(at(1), 10)).await.len(),
+        1,
+        "what is left"
+    );
+}
+
+pub async fn a_new_tenant_is_served_in_the_first_round<S: Store>(
+    dir: &Path,
+    open: impl Fn(&Path) -> S,
+) {
+    let s = open(dir);
+    let big: Vec<NewJob> = (0..100)
+        .map(|_| new_job("resize", "tenant-a", "default"))
+        .collect();
+    let big_ids: Vec<JobId> = s
+        .enqueue(big)
+        .await
+        .unwrap()
+        .iter()
+        .map(super::created)
+        .collect();
+    let small = enqueue_one(&s, new_job("resize", "tenant-b", "default")).await;
+
+    let got = lease(&s, lease_req(at(1), 2)).await;
+    assert_eq!(
+        ids(&got),
+        vec![big_ids[0], small],
+        "one job each: the big tenant's oldest and the small tenant's only job"
+    );
+}
+
+pub async fn a_tenant_never_exceeds_its_inflight_cap<S: Store>(
+    dir: &Path,
+    open: impl Fn(&Path) -> S,
+) {
+    let s = open(dir);
+    let mut jobs: Vec<NewJob> = (0..5)
+        .map(|_| new_job("resize", "acme", "default"))
+        .collect();
+    jobs.extend((0..3).map(|_| new_job("resize", "acme", "bulk")));
+    s.enqueue(jobs).await.unwrap();
+
+    let mut held: Vec<LeasedJob> = lease(&s, lease_req(at(1), 10)).await;
+    assert_inflight(&held);
+    assert_eq!(held.len(), 2 * INFLIGHT_MAX as usize, "the cap is per lane");
+    assert!(
+        lease(&s, lease_req(at(2), 10)).await.is_empty(),
+        "at the cap"
+    );
+
+    let stats = s.stats().await.unwrap();
+    assert_eq!(
+        lane_counts(&stats, "default").leased,
+        u64::from(INFLIGHT_MAX)
+    );
+    assert_eq!(lane_counts(&stats, "default").queued, 3);
+
+    // An ack frees one slot in its lane, a retry another.
+    let i = held
+        .iter()
+        .position(|j| j.lane.as_str() == "default")
+        .unwrap();
+    let done = held.remove(i);
+    complete(&s, &done, Event::Succeeded, at(3)).await;
+    let i = held
+        .iter()
+        .position(|j| j.lane.as_str() == "default")
+        .unwrap();
+    let failed = held.remove(i);
+    complete(&s, &failed, Event::Failed(transient("http_503")), at(3)).await;
+
+    let more = lease(&s, lease_req(at(4), 10)).await;
+    assert_eq!(more.len(), 2, "two slots freed in `default`: {more:?}");
+    assert!(more.iter().all(|j| j.lane.as_str() == "default"));
+    held.extend(more);
+    assert_inflight(&held);
+    assert!(
+        lease(&s, lease_req(at(5), 10)).await.is_empty(),
+        "at the cap again"
+    );
+}
+
+/// No tenant holds more than the cap in any lane.
+fn assert_inflight(held: &[LeasedJob]) {
+    let mut per: HashMap<(TenantId, String), u32> = HashMap::new();
+    for j in held {
+        *per.entry((j.tenant.clone(), j.lane.as_str().to_owned()))
+            .or_default() += 1;
+    }
+    for (key, n) in per {
+        assert!(n <= INFLIGHT_MAX, "{key:?} holds {n} leases");
+    }
+}

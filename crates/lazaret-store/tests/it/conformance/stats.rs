@@ -1,0 +1,75 @@
+//! Stats: job counts per lane, dead letters per (type, reason), succeeded jobs kept.
+
+use std::path::Path;
+
+use lazaret_core::{DeadLetterReason, Event};
+use lazaret_store::{LaneCounts, LeaseRequest, NewJob, Store};
+
+use super::dead_letters::admission;
+use super::{at, complete, lane_counts, lease, lease_req, new_job, permanent};
+
+pub async fn stats_count_jobs_per_lane<S: Store>(dir: &Path, open: impl Fn(&Path) -> S) {
+    let s = open(dir);
+    let empty = s.stats().await.unwrap();
+    assert_eq!(lane_counts(&empty, "slow"), LaneCounts::default());
+    assert_eq!(empty.succeeded, 0);
+    assert!(empty.dead_letters.is_empty());
+
+    // slow: one acked, one dead-lettered, one left queued.
+    let slow = |req: LeaseRequest| LeaseRequest {
+        lanes: Some(vec!["slow".into()]),
+        ..req
+    };
+    s.enqueue((0..3).map(|_| new_job("email", "b", "slow")).collect())
+        .await
+        .unwrap();
+    let held = lease(&s, slow(lease_req(at(1), 2))).await;
+    assert_eq!(held.len(), 2);
+    complete(&s, &held[0], Event::Succeeded, at(2)).await;
+    complete(&s, &held[1], Event::Failed(permanent()), at(2)).await;
+
+    // fast: two leased (the cap), one queued, one delayed.
+    let mut fast: Vec<NewJob> = (0..3).map(|_| new_job("resize", "a", "fast")).collect();
+    fast.push(NewJob {
+        run_at: at(60_000),
+        ..new_job("resize", "a", "fast")
+    });
+    s.enqueue(fast).await.unwrap();
+    let held = lease(
+        &s,
+        LeaseRequest {
+            lanes: Some(vec!["fast".into()]),
+            ..lease_req(at(3), 10)
+        },
+    )
+    .await;
+    assert_eq!(held.len(), 2);
+    s.record_admission(admission(None, None, DeadLetterReason::InvalidJson, at(4)))
+        .await
+        .unwrap();
+
+    let stats = s.stats().await.unwrap();
+    let counts = |queued, scheduled, leased| LaneCounts {
+        queued,
+        scheduled,
+        leased,
+    };
+    assert_eq!(lane_counts(&stats, "fast"), counts(1, 1, 2));
+    assert_eq!(lane_counts(&stats, "slow"), counts(1, 0, 0));
+    assert_eq!(stats.succeeded, 1);
+    let mut dead = stats.dead_letters.clone();
+    dead.sort();
+    assert_eq!(
+        dead,
+        vec![
+            (None, DeadLetterReason::InvalidJson, 1),
+            (Some("email".to_owned()), DeadLetterReason::Permanent, 1),
+        ]
+    );
+
+    // Time passes: the delayed job is promoted, the leases expire into retries.
+    let tick = s.tick(at(60_000)).await.unwrap();
+    assert_eq!((tick.promoted, tick.expired.len()), (1, 2));
+    let stats = s.stats().await.unwrap();
+    assert_eq!(lane_counts(&stats, "fast"), counts(2, 2, 0));
+}

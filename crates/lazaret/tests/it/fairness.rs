@@ -1,0 +1,113 @@
+//! Fairness: a tenant at its cap waits its turn, and a poison job never holds up the jobs behind it.
+
+use serde_json::json;
+
+use crate::harness::{QUICK, Server, job, lease_req};
+
+#[tokio::test]
+async fn a_tenant_at_its_cap_is_fair_queued_and_another_tenant_is_leased_first() {
+    let config = "
+[tenants]
+inflight_max = 1
+
+[defaults]
+backoff_base_ms = 20
+backoff_cap_ms = 100
+";
+    let server = Server::start(config).await;
+    let api = server.api();
+
+    let a1 = api
+        .enqueue_ok(&job("report", "acme", json!({"n": 1})))
+        .await;
+    let first = api.lease_one(&lease_req("w", 1, 30_000)).await;
+    assert_eq!(first["id"], a1);
+
+    // acme has one job in flight in the default lane: its cap.
+    let r = api.enqueue(&job("report", "acme", json!({"n": 2}))).await;
+    let body = r.expect(201);
+    assert_eq!(body["admission"], "FAIR_QUEUE", "{body}");
+    assert_eq!(body["state"], "queued");
+    let a2 = body["id"].clone();
+
+    let r = api.enqueue(&job("report", "globex", json!({"n": 1}))).await;
+    let body = r.expect(201);
+    assert_eq!(body["admission"], "ADMITTED", "{body}");
+    let g1 = body["id"].clone();
+
+    // globex goes first, though acme's job came earlier.
+    let next = api.lease_one(&lease_req("w", 1, 30_000)).await;
+    assert_eq!(next["id"], g1, "the tenant under its cap is served first");
+
+    // Both tenants are at their caps: nothing more until acme frees a slot.
+    let mut req = lease_req("w", 10, 30_000);
+    req["wait_ms"] = json!(300);
+    assert!(api.lease(&req).await.is_empty(), "acme is held at its cap");
+
+    api.ack(&a1, &first["lease_token"]).await.expect(200);
+    let last = api.lease_one(&lease_req("w", 1, 30_000)).await;
+    assert_eq!(
+        last["id"], a2,
+        "acme's waiting job runs once a slot is free"
+    );
+}
+
+#[tokio::test]
+async fn a_poison_job_at_the_head_of_a_lane_does_not_delay_the_healthy_jobs_behind_it() {
+    let server = Server::start(QUICK).await;
+    let api = server.api();
+
+    // The poison comes first; five healthy jobs queue behind it.
+    let poison = api
+        .enqueue_ok(&job("render", "acme", json!({"poison": true})))
+        .await;
+    let mut healthy = Vec::new();
+    for n in 0..5 {
+        healthy.push(
+            api.enqueue_ok(&job("render", "acme", json!({"n": n})))
+                .await,
+        );
+    }
+
+    // One worker at a time, one job at a time. The poison hangs its worker
+    // (the lease is held and never answered); every healthy job still runs.
+    let mut done = Vec::new();
+    let mut poison_held = None;
+    while done.len() < healthy.len() {
+        let mut req = lease_req("w", 1, 60_000);
+        req["wait_ms"] = json!(2000);
+        let jobs = api.lease(&req).await;
+        assert_eq!(
+            jobs.len(),
+            1,
+            "a healthy job is ready, so a lease gets it at once (done so far: {done:?})"
+        );
+        let j = &jobs[0];
+        if j["id"] == poison {
+            assert!(
+                poison_held.is_none(),
+                "a held lease is not handed out twice"
+            );
+            poison_held = Some(j["lease_token"].clone());
+        } else {
+            api.ack(&j["id"], &j["lease_token"]).await.expect(200);
+            done.push(j["id"].clone());
+        }
+    }
+    for id in &healthy {
+        assert_eq!(api.job(id).await["state"], "succeeded");
+    }
+
+    // The poison is still stuck where it was, and then fails for good.
+    if let Some(token) = poison_held {
+        assert_eq!(api.job(&poison).await["state"], "leased");
+        let r = api
+            .fail(
+                &poison,
+                &token,
+                json!({"class": "permanent", "kind": "render_crash", "message": "segfault"}),
+            )
+            .await;
+        assert_eq!(r.expect(200)["reason"], "permanent");
+    }
+}

@@ -1,0 +1,195 @@
+//! Observing: Prometheus metrics with the contract's names, stats, and circuit breakers that shed.
+
+use serde_json::json;
+
+use crate::harness::{QUICK, Server, assert_error, job, lease_req};
+
+async fn start() -> Server {
+    let config = format!(
+        "{QUICK}
+[types.fragile]
+attempts_max = 5
+
+[types.fragile.breaker]
+failures_min = 2
+failure_ratio = 0.5
+window_ms = 60000
+cooldown_ms = 60000
+probes = 1
+"
+    );
+    Server::start(&config).await
+}
+
+/// Fails two `fragile` deliveries with `http_503`: enough to open its breaker.
+async fn trip_the_breaker(server: &Server) {
+    let api = server.api();
+    for n in 0..2 {
+        api.enqueue_ok(&job("fragile", "acme", json!({"n": n})))
+            .await;
+    }
+    let mut req = lease_req("w", 1, 30_000);
+    req["types"] = json!(["fragile"]);
+    for _ in 0..2 {
+        // Either job: a retry of the first may come due before the second.
+        let leased = api.lease_one(&req).await;
+        api.fail(
+            &leased["id"],
+            &leased["lease_token"],
+            json!({"class": "transient", "kind": "http_503", "message": "down"}),
+        )
+        .await
+        .expect(200);
+    }
+}
+
+#[tokio::test]
+async fn an_open_breaker_sheds_its_type_and_parks_its_jobs() {
+    let server = start().await;
+    let api = server.api();
+    trip_the_breaker(&server).await;
+
+    let r = api.get("/v1/breakers").await;
+    let body = r.expect(200);
+    let open = body["breakers"]
+        .as_array()
+        .expect("a breakers list")
+        .iter()
+        .find(|b| b["type"] == "fragile" && b["kind"] == "http_503")
+        .unwrap_or_else(|| panic!("the fragile/http_503 breaker: {body}"))
+        .clone();
+    assert_eq!(open["state"], "open", "{open}");
+    assert!(open["until"].is_string(), "{open}");
+
+    let r = api.enqueue(&job("fragile", "acme", json!({}))).await;
+    assert_error(&r, 503, "SHED", None);
+    assert!(
+        r.headers.get("retry-after").is_some(),
+        "SHED carries Retry-After"
+    );
+
+    // Its retries are parked, spending nothing; other types still flow.
+    let mut req = lease_req("w", 10, 30_000);
+    req["types"] = json!(["fragile"]);
+    req["wait_ms"] = json!(500);
+    assert!(
+        api.lease(&req).await.is_empty(),
+        "no lease while the breaker is open"
+    );
+    let id = api.enqueue_ok(&job("report", "acme", json!({}))).await;
+    let leased = api.lease_one(&lease_req("w", 1, 30_000)).await;
+    assert_eq!(leased["id"], id);
+}
+
+#[tokio::test]
+async fn metrics_carry_every_name_the_contract_lists() {
+    let server = start().await;
+    let api = server.api();
+
+    // Give every metric something to count.
+    let ok = api
+        .enqueue_ok(&job("report", "acme", json!({"n": 1})))
+        .await;
+    let leased = api.lease_one(&lease_req("w", 1, 30_000)).await;
+    assert_eq!(leased["id"], ok);
+    api.ack(&ok, &leased["lease_token"]).await.expect(200);
+
+    let flaky = api
+        .enqueue_ok(&job("report", "acme", json!({"n": 2})))
+        .await;
+    let leased = api.lease_one(&lease_req("w", 1, 300)).await; // expires
+    assert_eq!(leased["id"], flaky);
+    let leased = api.lease_one(&lease_req("w", 1, 30_000)).await;
+    assert_eq!(leased["id"], flaky);
+    api.fail(
+        &flaky,
+        &leased["lease_token"],
+        json!({"class": "permanent", "kind": "bad", "message": "no"}),
+    )
+    .await
+    .expect(200);
+    api.post(
+        "/v1/dead-letters/redrive",
+        &json!({"filter": {"reason": "permanent"}}),
+    )
+    .await
+    .expect(200);
+    let leased = api.lease_one(&lease_req("w", 1, 30_000)).await;
+    assert_eq!(leased["id"], flaky);
+    api.fail(
+        &flaky,
+        &leased["lease_token"],
+        json!({"class": "transient", "kind": "http_500", "message": "hm"}),
+    )
+    .await
+    .expect(200);
+    let leased = api.lease_one(&lease_req("w", 1, 30_000)).await;
+    api.ack(&flaky, &leased["lease_token"]).await.expect(200);
+    trip_the_breaker(&server).await;
+    // A job still waiting, so queue depth has something to say.
+    api.enqueue_ok(&job("report", "acme", json!({"n": 3})))
+        .await;
+    // A dead letter held now.
+    let last = api.enqueue_ok(&job("other", "acme", json!({}))).await;
+    let mut req = lease_req("w", 1, 30_000);
+    req["types"] = json!(["other"]);
+    let leased = api.lease_one(&req).await;
+    api.fail(
+        &last,
+        &leased["lease_token"],
+        json!({"class": "permanent", "kind": "bad", "message": "no"}),
+    )
+    .await
+    .expect(200);
+
+    let r = api.get("/metrics").await;
+    assert_eq!(r.status, 200);
+    let text = r.text();
+    let samples: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .collect();
+    let has = |name: &str| {
+        samples.iter().any(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+    };
+    for name in [
+        "lazaret_dead_letters",
+        "lazaret_dead_lettered_total",
+        "lazaret_redriven_total",
+        "lazaret_redrive_outcomes_total",
+        "lazaret_jobs_enqueued_total",
+        "lazaret_jobs_succeeded_total",
+        "lazaret_jobs_retried_total",
+        "lazaret_queue_depth",
+        "lazaret_lease_expired_total",
+        "lazaret_breaker_open",
+    ] {
+        assert!(has(name), "/metrics has a sample of {name}:\n{text}");
+    }
+    let labelled = |name: &str, labels: &[&str]| {
+        samples.iter().any(|l| {
+            l.starts_with(&format!("{name}{{"))
+                && labels.iter().all(|k| l.contains(&format!("{k}=\"")))
+        })
+    };
+    assert!(
+        labelled("lazaret_dead_letters", &["type", "reason"]),
+        "{text}"
+    );
+    assert!(
+        labelled("lazaret_dead_lettered_total", &["type", "reason", "stage"]),
+        "{text}"
+    );
+    assert!(
+        labelled("lazaret_redrive_outcomes_total", &["outcome"]),
+        "{text}"
+    );
+    assert!(labelled("lazaret_queue_depth", &["lane"]), "{text}");
+    assert!(labelled("lazaret_breaker_open", &["type"]), "{text}");
+
+    let r = api.get("/v1/stats").await;
+    assert!(r.expect(200).is_object(), "{}", r.text());
+}
