@@ -49,12 +49,15 @@ pub struct AttemptRecord {
     /// When the lease was granted.
     pub started_at: Timestamp,
     /// When the outcome arrived (or the lease expired); `None` while running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended_at: Option<Timestamp>,
     /// Who held the lease.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worker_id: Option<WorkerId>,
     /// How it ended.
     pub outcome: AttemptOutcome,
     /// The failure, with its class resolved by the policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<Failure>,
 }
 
@@ -72,8 +75,10 @@ pub struct Envelope {
     /// Fixed at enqueue; never hops.
     pub lane: Lane,
     /// The schema version the payload was validated against.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schema_version: Option<u32>,
     /// Producer's key; (tenant, type, key) is unique among admitted jobs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idempotency_key: Option<String>,
     /// Size of the payload's raw JSON text.
     pub payload_size: u64,
@@ -84,19 +89,22 @@ pub struct Envelope {
     /// Deliveries charged so far (the attempt number of the latest one).
     pub attempts: u32,
     /// Deferred outcomes so far.
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub deferrals: u32,
     /// Lease expiries so far (the crash-loop counter).
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub crashes: u32,
     /// How many times an operator redrove it from the dead letters.
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub redrives: u32,
     /// Failures counted per kind, for per-kind budgets. Few entries.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub kind_failures: Vec<(ErrorKind, u32)>,
     /// The latest [`HISTORY_MAX`] attempts, oldest first.
     #[serde(default)]
     pub history: Vec<AttemptRecord>,
     /// Attempt records dropped to keep the history bounded.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub history_dropped: u32,
 }
 
@@ -191,6 +199,12 @@ pub enum EnvelopeError {
         "stored job envelope is not valid: {0}; the row was written by an incompatible version or corrupted"
     )]
     Malformed(#[source] serde_json::Error),
+}
+
+// Empty fields are left out of the stored JSON: it is written on every
+// transition, and smaller rows mean fewer pages per commit.
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// Reads an attempt counter from a foreign broker's header (`x-attempt`,

@@ -87,6 +87,10 @@ pub(super) struct Writer {
     next_token: u64,
     /// A command failed after touching the counts: rebuild them after the group.
     dirty: bool,
+    /// Envelopes of the jobs this process leased, as stored: outcomes skip
+    /// re-reading and parsing them. Bounded by the jobs in flight; cleared
+    /// whenever a rollback could have made it differ from the database.
+    leased: HashMap<u64, Envelope>,
     grants: Vec<Grant>,
 }
 
@@ -135,6 +139,7 @@ impl Writer {
             next_id: next_id as u64 + 1,
             next_token: (max_token as u64 + 1).max(clock_floor),
             dirty: false,
+            leased: HashMap::new(),
             grants: Vec::new(),
         })
     }
@@ -143,6 +148,7 @@ impl Writer {
     pub(super) fn rebuild_counts(&mut self) -> Result<(), StoreError> {
         self.pairs.clear();
         self.scheduled.clear();
+        self.leased.clear();
         let mut stmt = db(self.conn.prepare(
             "SELECT lane, tenant, state, COUNT(*) FROM jobs
              WHERE state IN ('queued', 'scheduled', 'leased') GROUP BY lane, tenant, state",
@@ -208,11 +214,18 @@ impl Writer {
         }
     }
 
+    /// Runs a parameterless statement through the statement cache: the
+    /// transaction and savepoint statements run for every command, and
+    /// parsing them each time showed in profiles.
+    fn exec(&self, sql: &str) -> rusqlite::Result<()> {
+        self.conn.prepare_cached(sql)?.execute([]).map(|_| ())
+    }
+
     /// Runs one group in one transaction; returns whether the store closes.
     fn run_group(&mut self, batch: &mut Vec<Cmd>) -> bool {
         let mut pending: Vec<Pending> = Vec::with_capacity(batch.len());
         let mut close: Option<Reply<()>> = None;
-        let began = self.conn.execute_batch("BEGIN IMMEDIATE");
+        let began = self.exec("BEGIN IMMEDIATE");
         if let Err(e) = began {
             let msg = e.to_string();
             for cmd in batch.drain(..) {
@@ -225,27 +238,28 @@ impl Writer {
                 close = Some(tx);
                 continue;
             }
-            if let Err(e) = self.conn.execute_batch("SAVEPOINT cmd") {
+            if let Err(e) = self.exec("SAVEPOINT cmd") {
                 let msg = e.to_string();
                 fail_cmd(cmd, &msg);
                 continue;
             }
             let (p, ok) = self.execute(cmd);
             let end = if ok {
-                "RELEASE cmd"
+                self.exec("RELEASE cmd")
             } else {
-                "ROLLBACK TO cmd; RELEASE cmd"
+                self.exec("ROLLBACK TO cmd")
+                    .and_then(|()| self.exec("RELEASE cmd"))
             };
             if !ok {
                 self.dirty = true;
             }
-            if let Err(e) = self.conn.execute_batch(end) {
+            if let Err(e) = end {
                 tracing::error!(error = %e, "savepoint release failed");
                 self.dirty = true;
             }
             pending.push(p);
         }
-        let commit = self.conn.execute_batch("COMMIT");
+        let commit = self.exec("COMMIT");
         let commit_error = commit.as_ref().err().map(|e| e.to_string());
         if commit_error.is_some() {
             let _ = self.conn.execute_batch("ROLLBACK");
@@ -486,23 +500,42 @@ impl Writer {
         out: &mut Vec<LeasedJob>,
     ) -> Result<(u32, u32), StoreError> {
         let rows: Vec<(i64, String, Vec<u8>, i64)> = {
-            let mut stmt = db(self.conn.prepare_cached(
-                "SELECT id, envelope, payload, created_at FROM jobs
-                 WHERE lane = ?1 AND tenant = ?2 AND state = 'queued'
-                   AND (?3 IS NULL OR type IN (SELECT value FROM json_each(?3)))
-                   AND type NOT IN (SELECT value FROM json_each(?4))
-                 ORDER BY run_at, id LIMIT ?5",
-            ))?;
-            let mapped = db(stmt.query_map(
-                params![
-                    lane.as_str(),
-                    tenant.as_str(),
-                    types_json,
-                    excluded_json,
-                    i64::from(count)
-                ],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
-            ))?;
+            // The filtered form evaluates json_each per row; most leases name
+            // no types and nothing is parked, so they take the plain form.
+            let filtered = types_json.is_some() || excluded_json != "[]";
+            let mut stmt = if filtered {
+                db(self.conn.prepare_cached(
+                    "SELECT id, envelope, payload, created_at FROM jobs
+                     WHERE lane = ?1 AND tenant = ?2 AND state = 'queued'
+                       AND (?3 IS NULL OR type IN (SELECT value FROM json_each(?3)))
+                       AND type NOT IN (SELECT value FROM json_each(?4))
+                     ORDER BY run_at, id LIMIT ?5",
+                ))?
+            } else {
+                db(self.conn.prepare_cached(
+                    "SELECT id, envelope, payload, created_at FROM jobs
+                     WHERE lane = ?1 AND tenant = ?2 AND state = 'queued'
+                     ORDER BY run_at, id LIMIT ?3",
+                ))?
+            };
+            let map = |r: &rusqlite::Row<'_>| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?));
+            let mapped = if filtered {
+                db(stmt.query_map(
+                    params![
+                        lane.as_str(),
+                        tenant.as_str(),
+                        types_json,
+                        excluded_json,
+                        i64::from(count)
+                    ],
+                    map,
+                ))?
+            } else {
+                db(stmt.query_map(
+                    params![lane.as_str(), tenant.as_str(), i64::from(count)],
+                    map,
+                ))?
+            };
             let mut rows = Vec::with_capacity(count as usize);
             for row in mapped {
                 rows.push(db(row)?);
@@ -539,17 +572,18 @@ impl Writer {
             got += 1;
             out.push(LeasedJob {
                 id: JobId(id as u64),
-                job_type: env.job_type,
-                tenant: env.tenant,
-                lane: env.lane,
+                job_type: env.job_type.clone(),
+                tenant: env.tenant.clone(),
+                lane: env.lane.clone(),
                 payload,
                 attempt,
-                idempotency_key: env.idempotency_key,
+                idempotency_key: env.idempotency_key.clone(),
                 schema_version: env.schema_version,
                 lease_token: token,
                 lease_expires_at: expires,
                 created_at: Timestamp::from_millis(created_at),
             });
+            self.leased.insert(id as u64, env);
         }
         Ok((got, held_back))
     }
@@ -574,25 +608,52 @@ impl Writer {
         event: Event,
         now: Timestamp,
     ) -> Result<Result<Completed, ItemError>, StoreError> {
-        let row = db(self
-            .conn
-            .prepare_cached("SELECT state, lease_token, envelope FROM jobs WHERE id = ?1")?
-            .query_row(params![id.0 as i64], |r| {
-                Ok((
-                    r.get::<_, String>(0)?,
-                    r.get::<_, Option<i64>>(1)?,
-                    r.get::<_, String>(2)?,
-                ))
-            })
-            .optional())?;
+        // A job leased by this process has its envelope cached: read only
+        // the lease columns then, and skip parsing the stored JSON.
+        let cached = self.leased.contains_key(&id.0);
+        let row = if cached {
+            db(self
+                .conn
+                .prepare_cached("SELECT state, lease_token FROM jobs WHERE id = ?1")?
+                .query_row(params![id.0 as i64], |r| {
+                    Ok((r.get::<_, String>(0)?, r.get::<_, Option<i64>>(1)?, None))
+                })
+                .optional())?
+        } else {
+            db(self
+                .conn
+                .prepare_cached("SELECT state, lease_token, envelope FROM jobs WHERE id = ?1")?
+                .query_row(params![id.0 as i64], |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, Option<i64>>(1)?,
+                        Some(r.get::<_, String>(2)?),
+                    ))
+                })
+                .optional())?
+        };
         let Some((state, current, env_json)) = row else {
+            self.leased.remove(&id.0);
             return Ok(Err(ItemError::NotFound));
         };
-        if state != "leased" || token.is_some_and(|t| Some(t.0 as i64) != current) {
+        if state != "leased" {
+            self.leased.remove(&id.0);
             return Ok(Err(ItemError::LeaseLost));
         }
-        let mut env =
-            Envelope::from_json(&env_json).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        if token.is_some_and(|t| Some(t.0 as i64) != current) {
+            return Ok(Err(ItemError::LeaseLost));
+        }
+        let mut env = match (self.leased.remove(&id.0), env_json) {
+            (Some(env), _) => env,
+            (None, Some(json)) => {
+                Envelope::from_json(&json).map_err(|e| StoreError::Corrupt(e.to_string()))?
+            }
+            (None, None) => {
+                return Err(StoreError::Corrupt(format!(
+                    "job {id}: cached envelope vanished"
+                )));
+            }
+        };
         let attempt = env.attempts;
         let transition = self.decider.decide(&mut env, event, now);
         let dead_letter = self.apply(&env, transition, now)?;
@@ -766,11 +827,10 @@ impl Writer {
                 tick.expired.push(done);
             }
         }
-        tick.next_due = db(self.conn.query_row(
-            "SELECT MIN(run_at) FROM jobs WHERE state = 'scheduled'",
-            [],
-            |r| r.get::<_, Option<i64>>(0),
-        ))?
+        tick.next_due = db(self
+            .conn
+            .prepare_cached("SELECT MIN(run_at) FROM jobs WHERE state = 'scheduled'")?
+            .query_row([], |r| r.get::<_, Option<i64>>(0)))?
         .map(Timestamp::from_millis);
         Ok(tick)
     }
