@@ -51,14 +51,18 @@ type Pending = Box<dyn FnOnce(Option<&str>) + Send>;
 
 fn pend<T: Send + 'static>(tx: Reply<T>, result: Result<T, StoreError>) -> Pending {
     Box::new(move |commit_error: Option<&str>| {
-        let r = match commit_error {
-            Some(e) => Err(StoreError::Corrupt(format!("commit failed: {e}"))),
-            None => result,
+        // A command's own failure is the better answer than the group's.
+        let r = match (commit_error, result) {
+            (_, Err(e)) => Err(e),
+            (Some(e), Ok(_)) => Err(StoreError::Corrupt(format!("not applied: {e}"))),
+            (None, ok) => ok,
         };
         let _ = tx.send(r);
     })
 }
 
+/// Groups run with a savepoint per command after a command failed.
+const ISOLATED_GROUPS: u32 = 100;
 /// Commands taken into one transaction at most.
 const GROUP_MAX: usize = 1024;
 /// Scheduled jobs promoted per tick at most; the rest go on the next.
@@ -91,6 +95,9 @@ pub(super) struct Writer {
     /// re-reading and parsing them. Bounded by the jobs in flight; cleared
     /// whenever a rollback could have made it differ from the database.
     leased: HashMap<u64, Envelope>,
+    /// Groups still to run with a savepoint per command (after a failure).
+    isolated_groups: u32,
+
     grants: Vec<Grant>,
 }
 
@@ -140,6 +147,7 @@ impl Writer {
             next_token: (max_token as u64 + 1).max(clock_floor),
             dirty: false,
             leased: HashMap::new(),
+            isolated_groups: 0,
             grants: Vec::new(),
         })
     }
@@ -222,9 +230,18 @@ impl Writer {
     }
 
     /// Runs one group in one transaction; returns whether the store closes.
+    ///
+    /// Normally without savepoints (they cost a sub-journal copy of every
+    /// page each command touches): if a command fails, the whole group rolls
+    /// back, every command in it is answered with an error (nothing of it
+    /// happened; the caller may retry), and the next [`ISOLATED_GROUPS`]
+    /// groups run each command in its own savepoint, so a command that keeps
+    /// failing cannot take other requests down with it for long.
     fn run_group(&mut self, batch: &mut Vec<Cmd>) -> bool {
         let mut pending: Vec<Pending> = Vec::with_capacity(batch.len());
         let mut close: Option<Reply<()>> = None;
+        let isolated = self.isolated_groups > 0;
+        self.isolated_groups = self.isolated_groups.saturating_sub(1);
         let began = self.exec("BEGIN IMMEDIATE");
         if let Err(e) = began {
             let msg = e.to_string();
@@ -233,31 +250,63 @@ impl Writer {
             }
             return false;
         }
+        let mut group_error: Option<String> = None;
         for cmd in batch.drain(..) {
             if let Cmd::Close(tx) = cmd {
                 close = Some(tx);
                 continue;
             }
-            if let Err(e) = self.exec("SAVEPOINT cmd") {
-                let msg = e.to_string();
-                fail_cmd(cmd, &msg);
+            if let Some(msg) = &group_error {
+                fail_cmd(cmd, msg);
                 continue;
             }
+            if isolated {
+                if let Err(e) = self.exec("SAVEPOINT cmd") {
+                    fail_cmd(cmd, &e.to_string());
+                    continue;
+                }
+            }
             let (p, ok) = self.execute(cmd);
+            pending.push(p);
+            if ok && !isolated {
+                continue;
+            }
+            if !ok {
+                self.dirty = true;
+            }
+            if !isolated {
+                group_error = Some("another request in the same transaction failed, so none of it was applied; retry".into());
+                continue;
+            }
             let end = if ok {
                 self.exec("RELEASE cmd")
             } else {
                 self.exec("ROLLBACK TO cmd")
                     .and_then(|()| self.exec("RELEASE cmd"))
             };
-            if !ok {
-                self.dirty = true;
-            }
             if let Err(e) = end {
                 tracing::error!(error = %e, "savepoint release failed");
                 self.dirty = true;
             }
-            pending.push(p);
+        }
+        if let Some(msg) = group_error {
+            tracing::warn!(
+                "a command failed; its group was rolled back and the next groups run isolated"
+            );
+            let _ = self.exec("ROLLBACK");
+            self.isolated_groups = ISOLATED_GROUPS;
+            self.dirty = true;
+            if let Err(e) = self.rebuild_counts() {
+                tracing::error!(error = %e, "rebuilding counts failed");
+            }
+            for p in pending {
+                p(Some(&msg));
+            }
+            if let Some(tx) = close {
+                let _ = tx.send(Ok(()));
+                return true;
+            }
+            return false;
         }
         let commit = self.exec("COMMIT");
         let commit_error = commit.as_ref().err().map(|e| e.to_string());
