@@ -50,7 +50,6 @@ pub struct SqliteStore {
     tx: mpsc::Sender<Cmd>,
     reader: Arc<Mutex<Connection>>,
     writer: Mutex<Option<JoinHandle<()>>>,
-    checkpointer: Mutex<Option<(Arc<AtomicBool>, JoinHandle<()>)>>,
     path: PathBuf,
     closed: AtomicBool,
 }
@@ -71,17 +70,6 @@ fn open_conn(path: &Path, durability: Durability) -> Result<Connection, StoreErr
     Ok(conn)
 }
 
-/// Checkpoints the WAL every 100 ms, without blocking the writer; stops
-/// when `stop` is set. (The writer truncates the WAL when it closes.)
-fn checkpoint_loop(conn: &Connection, stop: &AtomicBool) {
-    while !stop.load(Ordering::Acquire) {
-        std::thread::sleep(std::time::Duration::from_millis(100));
-        if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
-            tracing::warn!(error = %e, "WAL checkpoint failed; will retry");
-        }
-    }
-}
-
 impl SqliteStore {
     /// Opens (creating and migrating) the database in `dir`.
     ///
@@ -100,20 +88,6 @@ impl SqliteStore {
         let path = dir.join(DB_FILE);
         let conn = open_conn(&path, durability)?;
         schema::migrate(&conn)?;
-        // Checkpoints run on their own thread and connection: copying WAL
-        // pages into the database and its fsync then use the other core
-        // instead of stalling the writer (PASSIVE never blocks it).
-        conn.execute_batch("PRAGMA wal_autocheckpoint = 0")?;
-        let checkpointer = open_conn(&path, durability)?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let stop_cp = Arc::clone(&stop);
-        let cp_handle = std::thread::Builder::new()
-            .name("lazaret-sqlite-checkpoint".into())
-            .spawn(move || checkpoint_loop(&checkpointer, &stop_cp))
-            .map_err(|source| StoreError::Open {
-                path: dir.display().to_string(),
-                source,
-            })?;
         let reader = open_conn(&path, durability)?;
         let mut w = writer::Writer::new(conn, scheduler, decider)?;
         w.rebuild_counts()?;
@@ -129,7 +103,6 @@ impl SqliteStore {
             tx,
             reader: Arc::new(Mutex::new(reader)),
             writer: Mutex::new(Some(handle)),
-            checkpointer: Mutex::new(Some((stop, cp_handle))),
             path,
             closed: AtomicBool::new(false),
         })
@@ -269,28 +242,11 @@ impl Store for SqliteStore {
 
     async fn close(&self) -> Result<(), StoreError> {
         self.closed.store(true, Ordering::Release);
-        let cp = self.checkpointer.lock().ok().and_then(|mut c| c.take());
-        if let Some((stop, handle)) = cp {
-            stop.store(true, Ordering::Release);
-            let _ = tokio::task::spawn_blocking(move || handle.join()).await;
-        }
         let r = self.call(Cmd::Close).await;
         let handle = self.writer.lock().ok().and_then(|mut h| h.take());
         if let Some(handle) = handle {
             let _ = tokio::task::spawn_blocking(move || handle.join()).await;
         }
         r
-    }
-}
-
-impl Drop for SqliteStore {
-    /// A store dropped without `close` still stops its checkpointer (the
-    /// writer stops when its channel closes).
-    fn drop(&mut self) {
-        if let Ok(mut cp) = self.checkpointer.lock() {
-            if let Some((stop, _)) = cp.take() {
-                stop.store(true, Ordering::Release);
-            }
-        }
     }
 }
