@@ -13,8 +13,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use lazaret_core::{
-    Backoff, DeadLetterReason, Entropy, Envelope, Event, Failure, FailureClass, JobId, JobState,
-    Lane, SplitMix64, Timestamp, Transition, TypePolicy, decide, grant_lease,
+    Backoff, DeadLetterReason, Demand, Entropy, Envelope, Event, Failure, FailureClass,
+    FairScheduler, JobId, JobState, Lane, SchedulerConfig, SplitMix64, TenantId, Timestamp,
+    Transition, TypePolicy, decide, grant_lease,
 };
 
 /// What one delivery of a job does.
@@ -109,6 +110,8 @@ struct Sim {
     workers: Vec<Vec<(JobId, u64)>>,
     tenants: Vec<String>,
     lease: Duration,
+    scheduler: FairScheduler,
+    inflight_max: u32,
 }
 
 const LANES: [&str; 2] = ["interactive", "batch"];
@@ -130,6 +133,7 @@ impl Sim {
             ..TypePolicy::default()
         };
         policy.kinds.insert("parse".into(), parse_budget);
+        let inflight_max = 1 + rng.below_inclusive(3) as u32;
         let tenants: Vec<String> = (0..(3 + rng.below_inclusive(20)))
             .map(|i| format!("tenant-{i}"))
             .collect();
@@ -142,6 +146,13 @@ impl Sim {
             workers: vec![Vec::new(); 2 + rng.below_inclusive(6) as usize],
             tenants,
             lease: Duration::from_millis(500),
+            scheduler: FairScheduler::new(
+                SchedulerConfig::new(inflight_max)
+                    .with_lane_weight("interactive", 4)
+                    .with_lane_weight("batch", 1),
+            )
+            .expect("a valid scheduler config"),
+            inflight_max,
             rng,
         };
         for i in 0..job_count {
@@ -192,33 +203,42 @@ impl Sim {
         );
     }
 
-    /// Ready jobs, round-robin over tenants so a swarm does not starve others.
+    /// Ready jobs as the core's fair scheduler picks them (weighted lanes,
+    /// round-robin tenants, in-flight caps), oldest first within a pair.
     fn pick(&mut self, max: usize) -> Vec<JobId> {
-        let mut by_tenant: BTreeMap<&str, Vec<JobId>> = BTreeMap::new();
+        let mut ready: BTreeMap<(Lane, TenantId), Vec<JobId>> = BTreeMap::new();
+        let mut inflight: BTreeMap<(Lane, TenantId), u32> = BTreeMap::new();
         for (id, j) in &self.jobs {
-            if j.state == JobState::Queued && j.run_at <= self.now {
-                by_tenant
-                    .entry(j.env.tenant.as_str())
-                    .or_default()
-                    .push(*id);
+            let key = (j.env.lane.clone(), j.env.tenant.clone());
+            match j.state {
+                JobState::Queued if j.run_at <= self.now => ready.entry(key).or_default().push(*id),
+                JobState::Leased => *inflight.entry(key).or_default() += 1,
+                _ => {}
             }
         }
+        let keys: Vec<(Lane, TenantId)> = ready.keys().cloned().collect();
+        let demand: Vec<Demand<'_>> = keys
+            .iter()
+            .map(|k| Demand {
+                lane: &k.0,
+                tenant: &k.1,
+                ready: ready[k].len() as u32,
+                inflight: inflight.get(k).copied().unwrap_or(0),
+            })
+            .collect();
+        let mut grants = Vec::new();
+        self.scheduler.pick(&demand, max as u32, &mut grants);
         let mut out = Vec::new();
-        let mut round = 0;
-        while out.len() < max {
-            let before = out.len();
-            for ids in by_tenant.values() {
-                if let Some(id) = ids.get(round) {
-                    out.push(*id);
-                    if out.len() == max {
-                        break;
-                    }
-                }
-            }
-            if out.len() == before {
-                break;
-            }
-            round += 1;
+        for g in &grants {
+            let key = &keys[g.demand_index];
+            let held = inflight.get(key).copied().unwrap_or(0) + g.count;
+            assert!(
+                held <= self.inflight_max,
+                "tenant {} holds {held} leases in lane {}, over its cap",
+                key.1,
+                key.0
+            );
+            out.extend(ready[key].iter().take(g.count as usize).copied());
         }
         out
     }
