@@ -7,8 +7,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, mpsc};
 
 use lazaret_core::{
-    Demand, Envelope, Event, FairScheduler, Grant, JobId, JobState, JobType, Lane, TenantId,
-    Timestamp, Transition, WorkerId, grant_lease, payload_preview,
+    Demand, Envelope, Event, FairScheduler, Grant, JobId, JobState, Lane, TenantId, Timestamp,
+    Transition, WorkerId, grant_lease, payload_preview,
 };
 use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::oneshot;
@@ -119,6 +119,8 @@ impl Writer {
         scheduler: FairScheduler,
         decider: Arc<dyn Decider>,
     ) -> Result<Self, StoreError> {
+        // One cached statement per shape of lease filter, besides the fixed ones.
+        conn.set_prepared_statement_cache_capacity(128);
         let next_id: i64 = db(conn.query_row(
             "SELECT COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'jobs'), 0)",
             [],
@@ -454,10 +456,10 @@ impl Writer {
             req.lanes.as_ref().is_none_or(|ls| ls.contains(lane))
                 && !req.exclude_lanes.contains(lane)
         };
-        let types_json = req.types.as_ref().map(|ts| {
-            serde_json::to_string(&ts.iter().map(JobType::as_str).collect::<Vec<_>>())
-                .unwrap_or_default()
-        });
+        let types: Option<Vec<String>> = req
+            .types
+            .as_ref()
+            .map(|ts| ts.iter().map(|t| t.as_str().to_owned()).collect());
         let mut excluded: Vec<String> = req
             .exclude_types
             .iter()
@@ -508,15 +510,14 @@ impl Writer {
                 self.grants = grants;
                 break;
             }
-            let excluded_json = serde_json::to_string(&excluded).unwrap_or_else(|_| "[]".into());
             for g in grants.iter() {
                 let (key, _) = &keys[g.demand_index];
                 let (got, held_back) = self.lease_from_pair(
                     req,
                     key,
                     g.count,
-                    types_json.as_deref(),
-                    &excluded_json,
+                    types.as_deref(),
+                    &excluded,
                     &mut limits,
                     &mut out,
                 )?;
@@ -543,48 +544,55 @@ impl Writer {
         req: &LeaseRequest,
         (lane, tenant): &(Lane, TenantId),
         count: u32,
-        types_json: Option<&str>,
-        excluded_json: &str,
+        types: Option<&[String]>,
+        excluded: &[String],
         limits: &mut HashMap<&str, u32>,
         out: &mut Vec<LeasedJob>,
     ) -> Result<(u32, u32), StoreError> {
         let rows: Vec<(i64, String, Vec<u8>, i64)> = {
-            // The filtered form evaluates json_each per row; most leases name
-            // no types and nothing is parked, so they take the plain form.
-            let filtered = types_json.is_some() || excluded_json != "[]";
-            let mut stmt = if filtered {
-                db(self.conn.prepare_cached(
-                    "SELECT id, envelope, payload, created_at FROM jobs
-                     WHERE lane = ?1 AND tenant = ?2 AND state = 'queued'
-                       AND (?3 IS NULL OR type IN (SELECT value FROM json_each(?3)))
-                       AND type NOT IN (SELECT value FROM json_each(?4))
-                     ORDER BY run_at, id LIMIT ?5",
-                ))?
-            } else {
-                db(self.conn.prepare_cached(
-                    "SELECT id, envelope, payload, created_at FROM jobs
-                     WHERE lane = ?1 AND tenant = ?2 AND state = 'queued'
-                     ORDER BY run_at, id LIMIT ?3",
-                ))?
-            };
-            let map = |r: &rusqlite::Row<'_>| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?));
-            let mapped = if filtered {
-                db(stmt.query_map(
-                    params![
-                        lane.as_str(),
-                        tenant.as_str(),
-                        types_json,
-                        excluded_json,
-                        i64::from(count)
-                    ],
-                    map,
-                ))?
-            } else {
-                db(stmt.query_map(
-                    params![lane.as_str(), tenant.as_str(), i64::from(count)],
-                    map,
-                ))?
-            };
+            // Type filters as plain `IN (?, …)` lists: SQLite builds a small
+            // ephemeral index per statement run instead of walking json_each
+            // per row. The SQL text differs only by list lengths, so the
+            // statement cache keeps one statement per shape.
+            if types.is_some_and(<[String]>::is_empty) {
+                return Ok((0, 0));
+            }
+            let mut sql = String::from(
+                "SELECT id, envelope, payload, created_at FROM jobs
+                 WHERE lane = ?1 AND tenant = ?2 AND state = 'queued'",
+            );
+            let mut values: Vec<rusqlite::types::Value> = vec![
+                lane.as_str().to_owned().into(),
+                tenant.as_str().to_owned().into(),
+            ];
+            let list =
+                |sql: &mut String, values: &mut Vec<rusqlite::types::Value>, items: &[String]| {
+                    sql.push('(');
+                    for (k, item) in items.iter().enumerate() {
+                        if k > 0 {
+                            sql.push_str(", ");
+                        }
+                        values.push(item.clone().into());
+                        sql.push_str(&format!("?{}", values.len()));
+                    }
+                    sql.push(')');
+                };
+            if let Some(types) = types {
+                sql.push_str(" AND type IN ");
+                list(&mut sql, &mut values, types);
+            }
+            if !excluded.is_empty() {
+                sql.push_str(" AND type NOT IN ");
+                list(&mut sql, &mut values, excluded);
+            }
+            values.push(i64::from(count).into());
+            sql.push_str(&format!(" ORDER BY run_at, id LIMIT ?{}", values.len()));
+            let mut stmt = db(self.conn.prepare_cached(&sql))?;
+            let mapped = db(
+                stmt.query_map(rusqlite::params_from_iter(values.iter()), |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+                }),
+            )?;
             let mut rows = Vec::with_capacity(count as usize);
             for row in mapped {
                 rows.push(db(row)?);
