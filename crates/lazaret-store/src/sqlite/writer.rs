@@ -749,13 +749,7 @@ impl Writer {
         p.inflight = p.inflight.saturating_sub(1);
         match transition {
             Transition::Succeeded => {
-                db(self
-                    .conn
-                    .prepare_cached(
-                        "UPDATE jobs SET state = 'succeeded', finished_at = ?2, lease_token = NULL, lease_expires_at = NULL,
-                         attempts = ?3, envelope = ?4 WHERE id = ?1",
-                    )?
-                    .execute(params![id, ms(now), env.attempts, env.to_json()]))?;
+                self.finish(env, JobState::Succeeded, now)?;
                 self.succeeded += 1;
                 Ok(None)
             }
@@ -776,13 +770,7 @@ impl Writer {
                 Ok(None)
             }
             Transition::DeadLetter { reason } => {
-                db(self
-                    .conn
-                    .prepare_cached(
-                        "UPDATE jobs SET state = 'dead_lettered', finished_at = ?2, lease_token = NULL, lease_expires_at = NULL,
-                         attempts = ?3, envelope = ?4 WHERE id = ?1",
-                    )?
-                    .execute(params![id, ms(now), env.attempts, env.to_json()]))?;
+                self.finish(env, JobState::DeadLettered, now)?;
                 let preview: Vec<u8> = db(self
                     .conn
                     .prepare_cached("SELECT substr(payload, 1, 4096) FROM jobs WHERE id = ?1")?
@@ -815,6 +803,23 @@ impl Writer {
                 Ok(Some(DeadLetterId(self.conn.last_insert_rowid() as u64)))
             }
         }
+    }
+
+    /// Moves a leased job to a terminal state (`succeeded`, `dead_lettered`).
+    fn finish(
+        &mut self,
+        env: &Envelope,
+        state: JobState,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        db(self
+            .conn
+            .prepare_cached(
+                "UPDATE jobs SET state = ?2, finished_at = ?3, lease_token = NULL, lease_expires_at = NULL,
+                 attempts = ?4, envelope = ?5 WHERE id = ?1",
+            )?
+            .execute(params![env.id.0 as i64, state_word(state), ms(now), env.attempts, env.to_json()]))?;
+        Ok(())
     }
 
     fn heartbeat(
