@@ -331,10 +331,10 @@ impl Client {
                     pairs.append_pair(k, v);
                 }
             };
-            add("type", q.job_type.as_deref());
-            add("tenant", q.tenant.as_deref());
-            add("lane", q.lane.as_deref());
-            add("reason", q.reason.map(|r| r.as_str()));
+            add("type", q.filter.job_type.as_deref());
+            add("tenant", q.filter.tenant.as_deref());
+            add("lane", q.filter.lane.as_deref());
+            add("reason", q.filter.reason.map(|r| r.as_str()));
             add("limit", q.limit.map(|l| l.to_string()).as_deref());
             add("cursor", q.cursor.as_deref());
         }

@@ -435,26 +435,14 @@ pub struct DeadLetter {
     pub redrive_count: u32,
 }
 
-/// `GET /v1/dead-letters` filters and paging.
-#[derive(Clone, Debug, Default, Serialize)]
+/// `GET /v1/dead-letters`: which dead letters, and which page.
+#[derive(Clone, Debug, Default)]
 pub struct DeadLetterQuery {
-    /// Only this type.
-    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
-    pub job_type: Option<String>,
-    /// Only this tenant.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub tenant: Option<String>,
-    /// Only this lane.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub lane: Option<String>,
-    /// Only this reason.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason: Option<DeadLetterReason>,
+    /// The same filter redrive and purge take.
+    pub filter: DeadLetterFilter,
     /// Page size.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub limit: Option<u32>,
     /// From a previous page's `next_cursor`.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub cursor: Option<String>,
 }
 

@@ -128,11 +128,18 @@ impl SchedulerConfig {
             .unwrap_or(self.default_lane_weight)
     }
 
-    fn inflight_max_of(&self, tenant: &TenantId) -> u32 {
+    /// The in-flight cap of `tenant` in each lane: its override, else the default.
+    pub fn inflight_max_for(&self, tenant: &TenantId) -> u32 {
         self.tenant_inflight_max
             .get(tenant)
             .copied()
             .unwrap_or(self.inflight_max)
+    }
+
+    /// Whether a tenant holding `inflight` leases in a lane is at its cap
+    /// there (the gateway then answers `FAIR_QUEUE`).
+    pub fn at_cap(&self, tenant: &TenantId, inflight: u32) -> bool {
+        inflight >= self.inflight_max_for(tenant)
     }
 }
 
@@ -277,13 +284,13 @@ impl FairScheduler {
 
     /// How many leases `tenant` may hold in one lane.
     pub fn inflight_max(&self, tenant: &TenantId) -> u32 {
-        self.config.inflight_max_of(tenant)
+        self.config.inflight_max_for(tenant)
     }
 
     /// Whether a tenant holding `inflight` leases in a lane is at its cap
     /// there (the gateway then answers `FAIR_QUEUE`).
     pub fn at_cap(&self, tenant: &TenantId, inflight: u32) -> bool {
-        inflight >= self.inflight_max(tenant)
+        self.config.at_cap(tenant, inflight)
     }
 
     /// Chooses up to `max_jobs` leases among `demand`.
@@ -384,7 +391,7 @@ impl FairScheduler {
                 j += 1;
             }
             let room =
-                u64::from(self.config.inflight_max_of(first.tenant)).saturating_sub(inflight);
+                u64::from(self.config.inflight_max_for(first.tenant)).saturating_sub(inflight);
             self.tenants.push(TenantSlot {
                 rows_start: i,
                 rows_end: j,

@@ -13,8 +13,8 @@ use axum::{Json, Router};
 use futures_util::StreamExt;
 use lazaret_core::{
     AdmissionRequest, DeadLetterReason, ErrorKind, Event, Failure, FailureClass, JobId, JobType,
-    Lane, TenantId, Timestamp, Transition, Verdict, WorkerId, admit, check_body_size,
-    payload_preview, payload_sha256,
+    Lane, TenantId, Timestamp, Transition, Verdict, WorkerId, admit, payload_preview,
+    payload_sha256,
 };
 use lazaret_store::{
     AdmissionRecord, AuditEntry, Completed, Completion, DeadLetterFilter, DeadLetterId,
@@ -32,8 +32,6 @@ use crate::{metrics as m, views};
 type Shared<S> = State<Arc<App<S>>>;
 type ApiResult = Result<Response, ApiError>;
 
-/// Bytes of a request body beyond the payload (type, tenant, keys…).
-const ENVELOPE_SLACK: usize = 16 * 1024;
 /// Jobs in one lease at most.
 const LEASE_JOBS_MAX: u32 = 1000;
 /// Longest long-poll.
@@ -280,9 +278,26 @@ async fn admit_one<S: Store>(
     })
 }
 
+/// What a reply to an enqueue needs of the job (not its payload).
+struct Admitted {
+    job_type: JobType,
+    lane: Lane,
+    tenant: TenantId,
+}
+
+impl Admitted {
+    fn of(job: &NewJob) -> Self {
+        Admitted {
+            job_type: job.job_type.clone(),
+            lane: job.lane.clone(),
+            tenant: job.tenant.clone(),
+        }
+    }
+}
+
 fn enqueue_reply<S: Store>(
     app: &App<S>,
-    job: &NewJob,
+    job: &Admitted,
     outcome: &EnqueueOutcome,
 ) -> (StatusCode, Value) {
     match outcome {
@@ -292,14 +307,11 @@ fn enqueue_reply<S: Store>(
             inflight,
         } => {
             m::enqueued(job.job_type.as_str(), job.lane.as_str());
-            let sched = &app.config.scheduler;
-            let cap = sched
-                .tenant_inflight_max
-                .get(&job.tenant)
-                .copied()
-                .unwrap_or(sched.inflight_max);
-            let fair = *inflight >= cap;
-            let admission = if fair { "FAIR_QUEUE" } else { "ADMITTED" };
+            let admission = if app.config.scheduler.at_cap(&job.tenant, *inflight) {
+                "FAIR_QUEUE"
+            } else {
+                "ADMITTED"
+            };
             (
                 StatusCode::CREATED,
                 json!({ "id": id.to_string(), "state": state.as_str(), "admission": admission }),
@@ -347,7 +359,7 @@ async fn too_large_body<S: Store>(
 
 async fn enqueue<S: Store>(State(app): Shared<S>, headers: HeaderMap, body: Body) -> ApiResult {
     allow(&app, &headers, Action::Produce).await?;
-    let cap = app.config.admission.payload_bytes_max + ENVELOPE_SLACK;
+    let cap = app.config.admission.body_bytes_max();
     let bytes = match read_capped(&headers, body, cap).await? {
         Read::Whole(b) => b,
         Read::TooLarge {
@@ -403,8 +415,9 @@ async fn enqueue<S: Store>(State(app): Shared<S>, headers: HeaderMap, body: Body
         Err(e) => return Err(ApiError::bad_request(format!("the job is not valid: {e}"))),
     };
     let job = admit_one(&app, &parsed, now).await?;
-    let outcome = app.store.enqueue(vec![job.clone()]).await?;
-    let (status, body) = enqueue_reply(&app, &job, &outcome[0]);
+    let admitted = Admitted::of(&job);
+    let outcome = app.store.enqueue(vec![job]).await?;
+    let (status, body) = enqueue_reply(&app, &admitted, &outcome[0]);
     if status == StatusCode::CREATED {
         app.ready.notify_waiters();
     }
@@ -438,12 +451,16 @@ async fn enqueue_batch<S: Store>(
     let batch: BatchBody<'_> = parse_json(&bytes)?;
     let now = now();
     let mut results: Vec<Option<Value>> = vec![None; batch.jobs.len()];
-    let mut admitted: Vec<(usize, NewJob)> = Vec::new();
+    let mut admitted: Vec<(usize, Admitted)> = Vec::new();
+    let mut jobs: Vec<NewJob> = Vec::new();
     for (i, raw) in batch.jobs.iter().enumerate() {
         let item: Result<EnqueueBody<'_>, _> = serde_json::from_str(raw.get());
         match item {
             Ok(item) => match admit_one(&app, &item, now).await {
-                Ok(job) => admitted.push((i, job)),
+                Ok(job) => {
+                    admitted.push((i, Admitted::of(&job)));
+                    jobs.push(job);
+                }
                 Err(e) => results[i] = Some(e.body()),
             },
             Err(e) => {
@@ -453,7 +470,6 @@ async fn enqueue_batch<S: Store>(
         }
     }
     if !admitted.is_empty() {
-        let jobs: Vec<NewJob> = admitted.iter().map(|(_, j)| j.clone()).collect();
         let outcomes = app.store.enqueue(jobs).await?;
         for ((i, job), outcome) in admitted.iter().zip(&outcomes) {
             results[*i] = Some(enqueue_reply(&app, job, outcome).1);
@@ -629,15 +645,17 @@ async fn complete<S: Store>(
     items: Vec<(String, Result<Completion, ApiError>)>,
 ) -> Result<Vec<Result<Value, ApiError>>, ApiError> {
     let now = now();
+    let mut ids = Vec::with_capacity(items.len());
     let mut valid = Vec::new();
-    let mut slots: Vec<Result<usize, ApiError>> = Vec::new();
-    for (_, item) in items.iter().map(|(id, c)| (id, c)) {
+    let mut slots: Vec<Result<usize, ApiError>> = Vec::with_capacity(items.len());
+    for (id, item) in items {
+        ids.push(id);
         match item {
             Ok(c) => {
                 slots.push(Ok(valid.len()));
-                valid.push(c.clone());
+                valid.push(c);
             }
-            Err(e) => slots.push(Err(ApiError::new(e.status, e.code, e.message.clone()))),
+            Err(e) => slots.push(Err(e)),
         }
     }
     let results = if valid.is_empty() {
@@ -645,20 +663,17 @@ async fn complete<S: Store>(
     } else {
         app.store.complete(valid, now).await?
     };
-    let done: Vec<Completed> = results
+    app.observe(results.iter().filter_map(|r| r.as_ref().ok()), now);
+    if results
         .iter()
-        .filter_map(|r| r.as_ref().ok().cloned())
-        .collect();
-    app.observe(&done, now);
-    if done
-        .iter()
+        .flatten()
         .any(|c| matches!(c.transition.next_state(now), lazaret_core::JobState::Queued))
     {
         app.ready.notify_waiters();
     }
     Ok(slots
         .into_iter()
-        .zip(items.iter().map(|(id, _)| id))
+        .zip(&ids)
         .map(|(slot, id)| match slot {
             Ok(i) => match &results[i] {
                 Ok(c) => Ok(outcome_reply(c)),
@@ -1181,9 +1196,4 @@ async fn metrics<S: Store>(State(app): Shared<S>) -> ApiResult {
     snapshot(&app).await?;
     let text = m::install().render();
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
-}
-
-/// Refuses a body announced over `cap` before reading it (used by tests).
-pub fn refuse_announced(config: &lazaret_core::AdmissionConfig, size: u64) -> Option<Verdict> {
-    check_body_size(config, size)
 }

@@ -132,7 +132,7 @@ impl<S: Store> App<S> {
     }
 
     /// Feeds applied outcomes to breakers, statistics and metrics.
-    pub fn observe(&self, done: &[Completed], now: Timestamp) {
+    pub fn observe<'a>(&self, done: impl IntoIterator<Item = &'a Completed>, now: Timestamp) {
         let mut breakers = self.breakers.lock().unwrap_or_else(|p| p.into_inner());
         let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
         for c in done {

@@ -5,7 +5,8 @@
 use std::time::Duration;
 
 use lazaret_client::{
-    AttemptOutcome, DeadLetterQuery, DeadLetterReason, Job, JobState, NewJob, Worker,
+    AttemptOutcome, DeadLetterFilter, DeadLetterQuery, DeadLetterReason, Job, JobState, NewJob,
+    Worker,
 };
 use serde::{Deserialize, Serialize};
 
@@ -77,7 +78,10 @@ async fn a_panicking_handler_is_dead_lettered_after_its_budget_while_the_rest_su
 
     let page = client
         .dead_letters(&DeadLetterQuery {
-            job_type: Some("work".into()),
+            filter: DeadLetterFilter {
+                job_type: Some("work".into()),
+                ..Default::default()
+            },
             ..Default::default()
         })
         .await

@@ -487,7 +487,9 @@ impl Writer {
                 .filter(|(lane, _)| lane_ok(lane))
                 .flat_map(|(lane, tenants)| tenants.iter().map(move |(t, p)| (lane, t, p)))
                 .filter(|(lane, t, p)| {
-                    p.ready > 0 && !short.contains(&((*lane).clone(), (*t).clone()))
+                    // `short` is empty on the first round: no key is built then.
+                    p.ready > 0
+                        && (short.is_empty() || !short.contains(&((*lane).clone(), (*t).clone())))
                 })
                 .map(|(lane, t, p)| ((lane.clone(), t.clone()), *p))
                 .collect();
