@@ -275,6 +275,7 @@ async fn admit_one<S: Store>(
         schema_version,
         run_at: now.saturating_add(Duration::from_millis(body.delay_ms.unwrap_or(0))),
         now,
+        enqueued_by: None,
     })
 }
 

@@ -50,6 +50,9 @@ pub struct NewJob {
     pub run_at: Timestamp,
     /// Admission time.
     pub now: Timestamp,
+    /// Name of the token that enqueued it (`None` when auth is off): a
+    /// producer reads only its own jobs.
+    pub enqueued_by: Option<String>,
 }
 
 /// What enqueue did with one job.
@@ -340,6 +343,8 @@ pub struct JobView {
     pub payload: Vec<u8>,
     /// Lease expiry, while leased.
     pub lease_expires_at: Option<Timestamp>,
+    /// Name of the token that enqueued it (`None` when auth is off).
+    pub enqueued_by: Option<String>,
 }
 
 /// Counters kept by the store.

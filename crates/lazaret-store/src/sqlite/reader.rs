@@ -19,7 +19,7 @@ fn corrupt(e: impl std::fmt::Display) -> StoreError {
 pub(super) fn job(c: &Connection, id: JobId) -> Result<Option<JobView>, StoreError> {
     let row = db(c
         .prepare_cached(
-            "SELECT state, run_at, envelope, payload, lease_expires_at FROM jobs WHERE id = ?1",
+            "SELECT state, run_at, envelope, payload, lease_expires_at, enqueued_by FROM jobs WHERE id = ?1",
         )?
         .query_row(params![id.0 as i64], |r| {
             Ok((
@@ -28,10 +28,11 @@ pub(super) fn job(c: &Connection, id: JobId) -> Result<Option<JobView>, StoreErr
                 r.get::<_, String>(2)?,
                 r.get::<_, Vec<u8>>(3)?,
                 r.get::<_, Option<i64>>(4)?,
+                r.get::<_, Option<String>>(5)?,
             ))
         })
         .optional())?;
-    let Some((state, run_at, env, payload, lease)) = row else {
+    let Some((state, run_at, env, payload, lease, enqueued_by)) = row else {
         return Ok(None);
     };
     let state: JobState = state.parse().map_err(corrupt)?;
@@ -44,6 +45,7 @@ pub(super) fn job(c: &Connection, id: JobId) -> Result<Option<JobView>, StoreErr
         run_at,
         payload,
         lease_expires_at: lease.map(Timestamp::from_millis),
+        enqueued_by,
     }))
 }
 

@@ -3,9 +3,10 @@
 use rusqlite::Connection;
 
 /// The schema version this build writes; `PRAGMA user_version` records it.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
-const V1: &str = r#"
+/// The current schema, for a new database (and the tables a migration adds).
+const CURRENT: &str = r#"
 CREATE TABLE IF NOT EXISTS jobs (
     id               INTEGER PRIMARY KEY AUTOINCREMENT,
     type             TEXT    NOT NULL,
@@ -13,13 +14,21 @@ CREATE TABLE IF NOT EXISTS jobs (
     lane             TEXT    NOT NULL,
     state            TEXT    NOT NULL,  -- JobState words: queued, scheduled, leased, succeeded, dead_lettered
     run_at           INTEGER NOT NULL,  -- ms since the epoch
-    attempts         INTEGER NOT NULL,
+    attempts         INTEGER NOT NULL,  -- authoritative; the envelope's count lags by the running attempt
+    leases           INTEGER NOT NULL DEFAULT 0,  -- leases granted, never reset: tokens are
+                                                  -- (leases << 40) | (id mod 2^40)
     lease_token      INTEGER,
     lease_expires_at INTEGER,
+    lease_started_at INTEGER,           -- the running (or succeeded) attempt: when it was leased
+    worker_id        TEXT,              -- and by whom
     idempotency_key  TEXT,
+    schema_version   INTEGER,
+    redrives         INTEGER NOT NULL DEFAULT 0,
+    enqueued_by      TEXT,              -- name of the token that enqueued it (NULL without auth)
     created_at       INTEGER NOT NULL,
     finished_at      INTEGER,
-    envelope         TEXT    NOT NULL,  -- lazaret_core::Envelope as JSON: counters and history
+    envelope         TEXT,              -- lazaret_core::Envelope as JSON as of the last failure or
+                                        -- redrive, NULL before the first (see sqlite::envelope)
     payload          BLOB    NOT NULL   -- the raw JSON text, byte for byte
 );
 CREATE UNIQUE INDEX IF NOT EXISTS jobs_idempotency ON jobs (tenant, type, idempotency_key)
@@ -58,6 +67,48 @@ CREATE TABLE IF NOT EXISTS audit (
     request TEXT    NOT NULL,
     count   INTEGER NOT NULL
 );
+
+CREATE TABLE IF NOT EXISTS tokens (
+    name         TEXT    PRIMARY KEY,   -- API-created tokens; [[tokens]] from the config are not stored
+    role         TEXT    NOT NULL,
+    token_sha256 TEXT    NOT NULL UNIQUE,
+    created_at   INTEGER NOT NULL,
+    created_by   TEXT    NOT NULL
+);
+"#;
+
+/// Version 1 → 2: the envelope becomes nullable (written only on failures
+/// and redrives; leases and successes write columns), and the running
+/// attempt, schema version, redrive count and enqueuing token get columns.
+/// SQLite cannot drop a NOT NULL, so the table is rebuilt, in the one
+/// transaction `migrate` runs in.
+const V1_TO_V2: &str = r#"
+ALTER TABLE jobs RENAME TO jobs_v1;
+DROP INDEX IF EXISTS jobs_idempotency;
+DROP INDEX IF EXISTS jobs_ready;
+DROP INDEX IF EXISTS jobs_due;
+DROP INDEX IF EXISTS jobs_leases;
+DROP INDEX IF EXISTS jobs_done;
+"#;
+
+/// Copies version-1 rows once the version-2 table exists. A v1 row always
+/// has its envelope, with the running attempt already in its history; the
+/// running-attempt columns stay NULL, which tells readers not to add it again.
+const V1_COPY: &str = r#"
+INSERT INTO jobs (id, type, tenant, lane, state, run_at, attempts, leases, lease_token, lease_expires_at,
+                  idempotency_key, schema_version, redrives, created_at, finished_at, envelope, payload)
+SELECT id, type, tenant, lane, state, run_at, attempts,
+       -- v1 tokens came from a counter kept above 1000 per ms of wall time:
+       -- start every job's lease count past all of them.
+       ((CAST(strftime('%s', 'now') AS INTEGER) + 1) * 1000000 >> 40) + 1,
+       lease_token, lease_expires_at,
+       idempotency_key, json_extract(envelope, '$.schema_version'),
+       COALESCE(json_extract(envelope, '$.redrives'), 0), created_at, finished_at, envelope, payload
+FROM jobs_v1;
+-- Ids must never be reused: keep v1's AUTOINCREMENT high-water mark.
+DELETE FROM sqlite_sequence WHERE name = 'jobs';
+UPDATE sqlite_sequence SET name = 'jobs' WHERE name = 'jobs_v1';
+DROP TABLE jobs_v1;
 "#;
 
 /// Creates or migrates the schema; refuses a database from a newer build.
@@ -68,9 +119,21 @@ pub fn migrate(conn: &Connection) -> Result<(), crate::StoreError> {
             "the database has schema version {version}, newer than this build's {SCHEMA_VERSION}; run a newer lazaret"
         )));
     }
-    if version < 1 {
-        conn.execute_batch(V1)?;
-        conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION}"))?;
+    if version == SCHEMA_VERSION {
+        return Ok(());
+    }
+    let mut script = String::from("BEGIN IMMEDIATE;\n");
+    if version == 1 {
+        script.push_str(V1_TO_V2);
+        script.push_str(CURRENT);
+        script.push_str(V1_COPY);
+    } else {
+        script.push_str(CURRENT);
+    }
+    script.push_str(&format!("PRAGMA user_version = {SCHEMA_VERSION};\nCOMMIT;"));
+    if let Err(e) = conn.execute_batch(&script) {
+        let _ = conn.execute_batch("ROLLBACK");
+        return Err(e.into());
     }
     Ok(())
 }

@@ -415,8 +415,8 @@ impl Writer {
             db(self
                 .conn
                 .prepare_cached(
-                    "INSERT INTO jobs (id, type, tenant, lane, state, run_at, attempts, idempotency_key, created_at, envelope, payload)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, 0, ?7, ?8, ?9, ?10)",
+                    "INSERT INTO jobs (id, type, tenant, lane, state, run_at, attempts, idempotency_key, created_at, envelope, payload, enqueued_by)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, 0, ?7, ?8, ?9, ?10, ?11)",
                 )?
                 .execute(params![
                     id.0 as i64,
@@ -429,6 +429,7 @@ impl Writer {
                     ms(job.now),
                     env.to_json(),
                     job.payload,
+                    job.enqueued_by,
                 ]))?;
             let inflight = if state == JobState::Scheduled {
                 *self.scheduled.entry(env.lane.clone()).or_default() += 1;

@@ -190,6 +190,7 @@ pub fn new_job(job_type: &str, tenant: &str, lane: &str) -> NewJob {
         schema_version: None,
         run_at: at(0),
         now: at(0),
+        enqueued_by: None,
     }
 }
 
