@@ -111,7 +111,7 @@ pub fn decide(
     let expired = matches!(event, Event::LeaseExpired);
     let mut failure = match event {
         Event::Succeeded => {
-            close_record(env, now, AttemptOutcome::Succeeded, None);
+            record_success(env, now);
             return Transition::Succeeded;
         }
         Event::Failed(failure) => failure,
@@ -196,6 +196,16 @@ pub fn wait_of(transition: Transition, now: Timestamp) -> Duration {
 
 fn dead_letter(reason: DeadLetterReason) -> Transition {
     Transition::DeadLetter { reason }
+}
+
+/// What [`decide`] does with the envelope on success, which it decides
+/// without policy or randomness: closes the running attempt as succeeded.
+///
+/// For stores that write a success as columns and rebuild the envelope when
+/// it is read: `grant_lease` then `record_success` gives the same envelope
+/// as `grant_lease` then `decide(.., Event::Succeeded, ..)`.
+pub fn record_success(env: &mut Envelope, now: Timestamp) {
+    close_record(env, now, AttemptOutcome::Succeeded, None);
 }
 
 /// Ends the running attempt's record, or appends one when none is running

@@ -33,7 +33,7 @@ pub use admission::{
 pub use breaker::{
     BreakerConfig, BreakerConfigError, BreakerState, BreakerTransition, BreakerView, Breakers,
 };
-pub use decide::{Event, Transition, decide, grant_lease, redrive};
+pub use decide::{Event, Transition, decide, grant_lease, record_success, redrive};
 pub use envelope::{
     AttemptOutcome, AttemptRecord, Envelope, HISTORY_MAX, normalize_attempt_header, payload_sha256,
 };

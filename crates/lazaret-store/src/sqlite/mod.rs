@@ -10,6 +10,7 @@
 
 mod reader;
 mod schema;
+mod stored;
 mod writer;
 
 use std::path::{Path, PathBuf};

@@ -3,6 +3,7 @@
 use lazaret_core::{Envelope, Failure, JobId, JobState, Timestamp};
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
+use super::stored::{COLUMN_COUNT, COLUMNS, StoredJob};
 use crate::{
     AuditEntry, DeadLetter, DeadLetterFilter, DeadLetterId, JobView, ReasonCount, Selector, Stage,
     StoreError,
@@ -18,32 +19,30 @@ fn corrupt(e: impl std::fmt::Display) -> StoreError {
 
 pub(super) fn job(c: &Connection, id: JobId) -> Result<Option<JobView>, StoreError> {
     let row = db(c
-        .prepare_cached(
-            "SELECT state, run_at, envelope, payload, lease_expires_at, enqueued_by FROM jobs WHERE id = ?1",
-        )?
+        .prepare_cached(&format!(
+            "SELECT {COLUMNS}, run_at, lease_expires_at, enqueued_by FROM jobs WHERE id = ?1"
+        ))?
         .query_row(params![id.0 as i64], |r| {
             Ok((
-                r.get::<_, String>(0)?,
-                r.get::<_, i64>(1)?,
-                r.get::<_, String>(2)?,
-                r.get::<_, Vec<u8>>(3)?,
-                r.get::<_, Option<i64>>(4)?,
-                r.get::<_, Option<String>>(5)?,
+                StoredJob::from_row(r)?,
+                r.get::<_, i64>(COLUMN_COUNT)?,
+                r.get::<_, Option<i64>>(COLUMN_COUNT + 1)?,
+                r.get::<_, Option<String>>(COLUMN_COUNT + 2)?,
             ))
         })
         .optional())?;
-    let Some((state, run_at, env, payload, lease, enqueued_by)) = row else {
+    let Some((stored, run_at, lease, enqueued_by)) = row else {
         return Ok(None);
     };
-    let state: JobState = state.parse().map_err(corrupt)?;
-    let envelope = Envelope::from_json(&env).map_err(corrupt)?;
+    let envelope = stored.envelope()?;
+    let state = stored.state;
     let run_at = matches!(state, JobState::Queued | JobState::Scheduled)
         .then_some(Timestamp::from_millis(run_at));
     Ok(Some(JobView {
         envelope,
         state,
         run_at,
-        payload,
+        payload: stored.payload,
         lease_expires_at: lease.map(Timestamp::from_millis),
         enqueued_by,
     }))
@@ -140,7 +139,7 @@ pub(super) fn dead_letters(
 ) -> Result<(Vec<DeadLetter>, Option<DeadLetterId>), StoreError> {
     let sql = format!(
         "SELECT {DL_COLUMNS} FROM dead_letters d LEFT JOIN jobs j ON j.id = d.job_id
-         WHERE {FILTER} AND (?5 IS NULL OR d.id < ?5) ORDER BY d.id DESC LIMIT ?6"
+         WHERE {FILTER} AND (?5 IS NULL OR d.id < ?5) ORDER BY d.id DESC LIMIT +?6"
     );
     let mut stmt = db(c.prepare_cached(&sql))?;
     let rows = db(stmt.query_map(
@@ -264,7 +263,7 @@ pub(super) fn match_dead_letters(
 
 pub(super) fn audit_log(c: &Connection, limit: u32) -> Result<Vec<AuditEntry>, StoreError> {
     let mut stmt = db(c.prepare_cached(
-        "SELECT at, actor, action, request, count FROM audit ORDER BY id DESC LIMIT ?1",
+        "SELECT at, actor, action, request, count FROM audit ORDER BY id DESC LIMIT +?1",
     ))?;
     let rows = db(stmt.query_map(params![i64::from(limit)], |r| {
         Ok((

@@ -7,12 +7,13 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, mpsc};
 
 use lazaret_core::{
-    Demand, Envelope, Event, FairScheduler, Grant, JobId, JobState, Lane, TenantId, Timestamp,
-    Transition, WorkerId, grant_lease, payload_preview,
+    Demand, Envelope, Event, FairScheduler, Grant, JobId, JobState, JobType, Lane, TenantId,
+    Timestamp, Transition, payload_preview,
 };
 use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::oneshot;
 
+use super::stored::{COLUMNS, StoredJob};
 use crate::{
     AdmissionRecord, AuditEntry, Completed, Completion, DeadLetterId, Decider, EnqueueOutcome,
     ItemError, LaneCounts, LeaseRequest, LeaseToken, LeasedJob, NewJob, StoreError, StoreStats,
@@ -73,6 +74,14 @@ const EXPIRE_MAX: i64 = 2_000;
 /// jobs are of parked or filtered-out types).
 const PICK_ROUNDS_MAX: usize = 8;
 
+/// The type filters of one lease statement.
+struct Filter<'a> {
+    /// Only these types (`None`: any).
+    types: Option<&'a [String]>,
+    /// Never these.
+    excluded: &'a [String],
+}
+
 #[derive(Clone, Copy, Debug, Default)]
 struct Pair {
     ready: u32,
@@ -88,13 +97,8 @@ pub(super) struct Writer {
     scheduled: HashMap<Lane, u64>,
     succeeded: u64,
     next_id: u64,
-    next_token: u64,
     /// A command failed after touching the counts: rebuild them after the group.
     dirty: bool,
-    /// Envelopes of the jobs this process leased, as stored: outcomes skip
-    /// re-reading and parsing them. Bounded by the jobs in flight; cleared
-    /// whenever a rollback could have made it differ from the database.
-    leased: HashMap<u64, Envelope>,
     /// Groups still to run with a savepoint per command (after a failure).
     isolated_groups: u32,
 
@@ -126,18 +130,6 @@ impl Writer {
             [],
             |r| r.get(0),
         ))?;
-        let max_token: i64 = db(conn.query_row(
-            "SELECT COALESCE(MAX(lease_token), 0) FROM jobs",
-            [],
-            |r| r.get(0),
-        ))?;
-        // Tokens must never repeat across restarts, even for tokens whose rows
-        // were cleared: start above both the stored maximum and a clock-derived
-        // floor (1000 tokens per ms of wall time since the epoch).
-        let clock_floor = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64 * 1000)
-            .unwrap_or(0);
         Ok(Writer {
             conn,
             scheduler,
@@ -146,9 +138,7 @@ impl Writer {
             scheduled: HashMap::new(),
             succeeded: 0,
             next_id: next_id as u64 + 1,
-            next_token: (max_token as u64 + 1).max(clock_floor),
             dirty: false,
-            leased: HashMap::new(),
             isolated_groups: 0,
             grants: Vec::new(),
         })
@@ -158,7 +148,6 @@ impl Writer {
     pub(super) fn rebuild_counts(&mut self) -> Result<(), StoreError> {
         self.pairs.clear();
         self.scheduled.clear();
-        self.leased.clear();
         let mut stmt = db(self.conn.prepare(
             "SELECT lane, tenant, state, COUNT(*) FROM jobs
              WHERE state IN ('queued', 'scheduled', 'leased') GROUP BY lane, tenant, state",
@@ -397,48 +386,43 @@ impl Writer {
             }
             let id = JobId(self.next_id);
             self.next_id += 1;
-            let mut env = Envelope::new(
-                id,
-                job.job_type,
-                job.tenant,
-                job.lane,
-                &job.payload,
-                job.now,
-            );
-            env.schema_version = job.schema_version;
-            env.idempotency_key = job.idempotency_key;
             let state = if job.run_at > job.now {
                 JobState::Scheduled
             } else {
                 JobState::Queued
             };
+            // No envelope yet: `StoredJob::envelope` builds the fresh one from
+            // these columns when it is first needed.
             db(self
                 .conn
                 .prepare_cached(
-                    "INSERT INTO jobs (id, type, tenant, lane, state, run_at, attempts, idempotency_key, created_at, envelope, payload, enqueued_by)
+                    "INSERT INTO jobs (id, type, tenant, lane, state, run_at, attempts, idempotency_key,
+                       schema_version, enqueued_by, created_at, payload)
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, 0, ?7, ?8, ?9, ?10, ?11)",
                 )?
                 .execute(params![
                     id.0 as i64,
-                    env.job_type.as_str(),
-                    env.tenant.as_str(),
-                    env.lane.as_str(),
+                    job.job_type.as_str(),
+                    job.tenant.as_str(),
+                    job.lane.as_str(),
                     state_word(state),
                     ms(job.run_at),
-                    env.idempotency_key,
-                    ms(job.now),
-                    env.to_json(),
-                    job.payload,
+                    job.idempotency_key,
+                    job.schema_version,
                     job.enqueued_by,
+                    ms(job.now),
+                    job.payload,
                 ]))?;
             let inflight = if state == JobState::Scheduled {
-                *self.scheduled.entry(env.lane.clone()).or_default() += 1;
-                self.pairs
-                    .get(env.lane.as_str())
-                    .and_then(|t| t.get(env.tenant.as_str()))
-                    .map_or(0, |p| p.inflight)
+                let inflight = self
+                    .pairs
+                    .get(job.lane.as_str())
+                    .and_then(|t| t.get(job.tenant.as_str()))
+                    .map_or(0, |p| p.inflight);
+                *self.scheduled.entry(job.lane).or_default() += 1;
+                inflight
             } else {
-                let p = self.pair(&env.lane, &env.tenant);
+                let p = self.pair(&job.lane, &job.tenant);
                 p.ready += 1;
                 p.inflight
             };
@@ -461,21 +445,31 @@ impl Writer {
             .types
             .as_ref()
             .map(|ts| ts.iter().map(|t| t.as_str().to_owned()).collect());
+        if types.as_ref().is_some_and(Vec::is_empty) {
+            return Ok(out);
+        }
+        // Types with a probe limit (half-open breakers) are leased by a query
+        // of their own, up to what is left of the limit, and kept out of the
+        // main one.
         let mut excluded: Vec<String> = req
             .exclude_types
             .iter()
             .map(|t| t.as_str().to_owned())
             .collect();
-        let mut limits: HashMap<&str, u32> = req
-            .type_limits
-            .iter()
-            .map(|(t, n)| (t.as_str(), *n))
-            .collect();
-        for (t, n) in &limits {
-            if *n == 0 {
-                excluded.push((*t).to_owned());
+        let mut limits: Vec<(String, u32)> = Vec::new();
+        for (t, n) in &req.type_limits {
+            excluded.push(t.as_str().to_owned());
+            let wanted = types
+                .as_ref()
+                .is_none_or(|ts| ts.iter().any(|x| x == t.as_str()));
+            if *n > 0 && wanted && !req.exclude_types.contains(t) {
+                limits.push((t.as_str().to_owned(), *n));
             }
         }
+        let filter = Filter {
+            types: types.as_deref(),
+            excluded: &excluded,
+        };
         let mut short: HashSet<(Lane, TenantId)> = HashSet::new();
         for _round in 0..PICK_ROUNDS_MAX {
             let remaining = req.max_jobs.saturating_sub(out.len() as u32);
@@ -515,25 +509,26 @@ impl Writer {
             }
             for g in grants.iter() {
                 let (key, _) = &keys[g.demand_index];
-                let (got, held_back) = self.lease_from_pair(
-                    req,
-                    key,
-                    g.count,
-                    types.as_deref(),
-                    &excluded,
-                    &mut limits,
-                    &mut out,
-                )?;
-                // Rows held back by a spent probe limit are not a shortage of
-                // the pair: the type is excluded next round, its other jobs remain.
-                if got + held_back < g.count {
-                    short.insert(key.clone());
+                let mut got = 0;
+                for (t, left) in limits.iter_mut().filter(|(_, left)| *left > 0) {
+                    let n = (*left).min(g.count - got);
+                    if n == 0 {
+                        break;
+                    }
+                    let only = [t.clone()];
+                    let probe = Filter {
+                        types: Some(&only),
+                        excluded: &[],
+                    };
+                    let leased = self.lease_from_pair(req, key, n, &probe, &mut out)?;
+                    *left -= leased;
+                    got += leased;
                 }
-            }
-            // Types whose probe budget is now spent are excluded from later rounds.
-            for (t, n) in &limits {
-                if *n == 0 && !excluded.iter().any(|e| e == t) {
-                    excluded.push((*t).to_owned());
+                if got < g.count {
+                    got += self.lease_from_pair(req, key, g.count - got, &filter, &mut out)?;
+                }
+                if got < g.count {
+                    short.insert(key.clone());
                 }
             }
             self.grants = grants;
@@ -541,111 +536,100 @@ impl Writer {
         Ok(out)
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Leases up to `count` queued jobs of one (lane, tenant), oldest first,
+    /// in one statement that writes only columns: the attempt is charged and
+    /// the running attempt recorded in `lease_started_at` and `worker_id`
+    /// (see `super::stored`). The token, `(leases << 40) | (id mod 2^40)`,
+    /// is new for every lease of a job, across restarts and redrives, since
+    /// `leases` only grows; and unique across jobs below 2^40 ids.
     fn lease_from_pair(
         &mut self,
         req: &LeaseRequest,
         (lane, tenant): &(Lane, TenantId),
         count: u32,
-        types: Option<&[String]>,
-        excluded: &[String],
-        limits: &mut HashMap<&str, u32>,
+        filter: &Filter<'_>,
         out: &mut Vec<LeasedJob>,
-    ) -> Result<(u32, u32), StoreError> {
-        let rows: Vec<(i64, String, Vec<u8>, i64)> = {
-            // Type filters as plain `IN (?, …)` lists: SQLite builds a small
-            // ephemeral index per statement run instead of walking json_each
-            // per row. The SQL text differs only by list lengths, so the
-            // statement cache keeps one statement per shape.
-            if types.is_some_and(<[String]>::is_empty) {
-                return Ok((0, 0));
-            }
-            let mut sql = String::from(
-                "SELECT id, envelope, payload, created_at FROM jobs
-                 WHERE lane = ?1 AND tenant = ?2 AND state = 'queued'",
-            );
-            let mut values: Vec<rusqlite::types::Value> = vec![
-                lane.as_str().to_owned().into(),
-                tenant.as_str().to_owned().into(),
-            ];
-            let list =
-                |sql: &mut String, values: &mut Vec<rusqlite::types::Value>, items: &[String]| {
-                    sql.push('(');
-                    for (k, item) in items.iter().enumerate() {
-                        if k > 0 {
-                            sql.push_str(", ");
-                        }
-                        values.push(item.clone().into());
-                        sql.push_str(&format!("?{}", values.len()));
-                    }
-                    sql.push(')');
-                };
-            if let Some(types) = types {
-                sql.push_str(" AND type IN ");
-                list(&mut sql, &mut values, types);
-            }
-            if !excluded.is_empty() {
-                sql.push_str(" AND type NOT IN ");
-                list(&mut sql, &mut values, excluded);
-            }
-            values.push(i64::from(count).into());
-            sql.push_str(&format!(" ORDER BY run_at, id LIMIT ?{}", values.len()));
-            let mut stmt = db(self.conn.prepare_cached(&sql))?;
-            let mapped = db(
-                stmt.query_map(rusqlite::params_from_iter(values.iter()), |r| {
-                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
-                }),
-            )?;
-            let mut rows = Vec::with_capacity(count as usize);
-            for row in mapped {
-                rows.push(db(row)?);
-            }
-            rows
-        };
-        let worker: &WorkerId = &req.worker_id;
+    ) -> Result<u32, StoreError> {
+        // Type filters as plain `IN (?, …)` lists: SQLite builds a small
+        // ephemeral index per statement run instead of walking json_each
+        // per row. The SQL text differs only by list lengths, so the
+        // statement cache keeps one statement per shape.
+        //
+        // `LIMIT +?n`, never `LIMIT ?n`, here and in every cached statement:
+        // SQLite (3.46 on) plans with a bare bound LIMIT's value, so each
+        // new binding expires the statement and the next step re-parses and
+        // re-plans it (a tenth of the writer's time in profiles). The unary
+        // plus keeps the plan independent of the value.
         let expires = req.now.saturating_add(req.lease);
-        let mut got = 0;
-        let mut held_back = 0;
-        for (id, env_json, payload, created_at) in rows {
-            let mut env =
-                Envelope::from_json(&env_json).map_err(|e| StoreError::Corrupt(e.to_string()))?;
-            if let Some(left) = limits.get_mut(env.job_type.as_str()) {
-                if *left == 0 {
-                    held_back += 1;
-                    continue;
+        let mut values: Vec<rusqlite::types::Value> = vec![
+            ms(expires).into(),
+            ms(req.now).into(),
+            req.worker_id.as_str().to_owned().into(),
+            lane.as_str().to_owned().into(),
+            tenant.as_str().to_owned().into(),
+        ];
+        let mut sql = String::from(
+            "UPDATE OR FAIL jobs SET state = 'leased', attempts = attempts + 1, leases = leases + 1,
+                 lease_token = ((leases + 1) << 40) | (id & 1099511627775),
+                 lease_expires_at = ?1, lease_started_at = ?2, worker_id = ?3
+             WHERE id IN (SELECT id FROM jobs WHERE lane = ?4 AND tenant = ?5 AND state = 'queued'",
+        );
+        let list =
+            |sql: &mut String, values: &mut Vec<rusqlite::types::Value>, items: &[String]| {
+                sql.push('(');
+                for (k, item) in items.iter().enumerate() {
+                    if k > 0 {
+                        sql.push_str(", ");
+                    }
+                    values.push(item.clone().into());
+                    sql.push_str(&format!("?{}", values.len()));
                 }
-                *left -= 1;
-            }
-            let attempt = grant_lease(&mut env, Some(worker), req.now);
-            let token = LeaseToken(self.next_token);
-            self.next_token += 1;
-            db(self
-                .conn
-                .prepare_cached(
-                    "UPDATE jobs SET state = 'leased', attempts = ?2, lease_token = ?3, lease_expires_at = ?4, envelope = ?5
-                     WHERE id = ?1",
-                )?
-                .execute(params![id, attempt, token.0 as i64, ms(expires), env.to_json()]))?;
-            let p = self.pair(lane, tenant);
-            p.ready = p.ready.saturating_sub(1);
-            p.inflight += 1;
-            got += 1;
-            out.push(LeasedJob {
-                id: JobId(id as u64),
-                job_type: env.job_type.clone(),
-                tenant: env.tenant.clone(),
-                lane: env.lane.clone(),
-                payload,
-                attempt,
-                idempotency_key: env.idempotency_key.clone(),
-                schema_version: env.schema_version,
-                lease_token: token,
-                lease_expires_at: expires,
-                created_at: Timestamp::from_millis(created_at),
-            });
-            self.leased.insert(id as u64, env);
+                sql.push(')');
+            };
+        if let Some(types) = filter.types {
+            sql.push_str(" AND type IN ");
+            list(&mut sql, &mut values, types);
         }
-        Ok((got, held_back))
+        if !filter.excluded.is_empty() {
+            sql.push_str(" AND type NOT IN ");
+            list(&mut sql, &mut values, filter.excluded);
+        }
+        values.push(i64::from(count).into());
+        sql.push_str(&format!(
+            " ORDER BY run_at, id LIMIT +?{})
+             RETURNING id, type, idempotency_key, schema_version, created_at, payload, attempts, lease_token, run_at",
+            values.len()
+        ));
+        let mut rows: Vec<(i64, i64, LeasedJob)> = Vec::with_capacity(count as usize);
+        {
+            let mut stmt = db(self.conn.prepare_cached(&sql))?;
+            let mut q = db(stmt.query(rusqlite::params_from_iter(values.iter())))?;
+            while let Some(r) = db(q.next())? {
+                let id: i64 = db(r.get(0))?;
+                let job = LeasedJob {
+                    id: JobId(id as u64),
+                    job_type: JobType::new(db(r.get::<_, String>(1))?),
+                    tenant: tenant.clone(),
+                    lane: lane.clone(),
+                    payload: db(r.get(5))?,
+                    attempt: db(r.get::<_, i64>(6))? as u32,
+                    idempotency_key: db(r.get(2))?,
+                    schema_version: db(r.get::<_, Option<i64>>(3))?.map(|v| v as u32),
+                    lease_token: LeaseToken(db(r.get::<_, i64>(7))? as u64),
+                    lease_expires_at: expires,
+                    created_at: Timestamp::from_millis(db(r.get(4))?),
+                };
+                rows.push((db(r.get(8))?, id, job));
+            }
+        }
+        // RETURNING gives no order: hand them out oldest first.
+        rows.sort_unstable_by_key(|(run_at, id, _)| (*run_at, *id));
+        let got = rows.len() as u32;
+        let p = self.pair(lane, tenant);
+        p.ready = p.ready.saturating_sub(got);
+        p.inflight += got;
+        out.extend(rows.into_iter().map(|(_, _, job)| job));
+        Ok(got)
     }
 
     fn complete(
@@ -668,55 +652,38 @@ impl Writer {
         event: Event,
         now: Timestamp,
     ) -> Result<Result<Completed, ItemError>, StoreError> {
-        // A job leased by this process has its envelope cached: read only
-        // the lease columns then, and skip parsing the stored JSON.
-        let cached = self.leased.contains_key(&id.0);
-        let row = if cached {
-            db(self
-                .conn
-                .prepare_cached("SELECT state, lease_token FROM jobs WHERE id = ?1")?
-                .query_row(params![id.0 as i64], |r| {
-                    Ok((r.get::<_, String>(0)?, r.get::<_, Option<i64>>(1)?, None))
-                })
-                .optional())?
-        } else {
-            db(self
-                .conn
-                .prepare_cached("SELECT state, lease_token, envelope FROM jobs WHERE id = ?1")?
-                .query_row(params![id.0 as i64], |r| {
-                    Ok((
-                        r.get::<_, String>(0)?,
-                        r.get::<_, Option<i64>>(1)?,
-                        Some(r.get::<_, String>(2)?),
-                    ))
-                })
-                .optional())?
-        };
-        let Some((state, current, env_json)) = row else {
-            self.leased.remove(&id.0);
+        if let (Event::Succeeded, Some(token)) = (&event, token) {
+            if let Some(done) = self.succeed(id, token, now)? {
+                return Ok(Ok(done));
+            }
+            // Not a current lease (the answer comes below), or a lease granted
+            // by schema version 1, whose running attempt is in the envelope.
+        }
+        let row = db(self
+            .conn
+            .prepare_cached(&format!(
+                "SELECT {COLUMNS}, lease_token FROM jobs WHERE id = ?1"
+            ))?
+            .query_row(params![id.0 as i64], |r| {
+                Ok((
+                    StoredJob::from_row(r)?,
+                    r.get::<_, Option<i64>>(super::stored::COLUMN_COUNT)?,
+                ))
+            })
+            .optional())?;
+        let Some((stored, current)) = row else {
             return Ok(Err(ItemError::NotFound));
         };
-        if state != "leased" {
-            self.leased.remove(&id.0);
+        if stored.state != JobState::Leased {
             return Ok(Err(ItemError::LeaseLost));
         }
         if token.is_some_and(|t| Some(t.0 as i64) != current) {
             return Ok(Err(ItemError::LeaseLost));
         }
-        let mut env = match (self.leased.remove(&id.0), env_json) {
-            (Some(env), _) => env,
-            (None, Some(json)) => {
-                Envelope::from_json(&json).map_err(|e| StoreError::Corrupt(e.to_string()))?
-            }
-            (None, None) => {
-                return Err(StoreError::Corrupt(format!(
-                    "job {id}: cached envelope vanished"
-                )));
-            }
-        };
+        let mut env = stored.envelope()?;
         let attempt = env.attempts;
         let transition = self.decider.decide(&mut env, event, now);
-        let dead_letter = self.apply(&env, transition, now)?;
+        let dead_letter = self.apply(&env, transition, now, &stored.payload)?;
         let (kind, class, message) = env
             .history
             .last()
@@ -740,12 +707,77 @@ impl Writer {
         }))
     }
 
-    /// Writes a leased job's transition; returns the dead letter written, if any.
+    /// A success: `decide`'s first rule needs neither policy nor history, so
+    /// it is one statement on columns. The record of the attempt that
+    /// succeeded is rebuilt from `lease_started_at`, `worker_id` and
+    /// `finished_at` when read (see `super::stored`). `None` when `token` is
+    /// not the job's current lease with its running attempt in columns.
+    fn succeed(
+        &mut self,
+        id: JobId,
+        token: LeaseToken,
+        now: Timestamp,
+    ) -> Result<Option<Completed>, StoreError> {
+        let row = db(self
+            .conn
+            .prepare_cached(
+                "UPDATE OR FAIL jobs SET state = 'succeeded', finished_at = ?2, lease_token = NULL, lease_expires_at = NULL
+                 WHERE id = ?1 AND state = 'leased' AND lease_token = ?3 AND lease_started_at IS NOT NULL
+                 RETURNING type, tenant, lane, attempts, redrives",
+            )?
+            .query_row(params![id.0 as i64, ms(now), token.0 as i64], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, i64>(3)?,
+                    r.get::<_, i64>(4)?,
+                ))
+            })
+            .optional())?;
+        let Some((job_type, tenant, lane, attempts, redrives)) = row else {
+            return Ok(None);
+        };
+        let lane = Lane::new(lane);
+        let p = self.pair(&lane, &TenantId::new(tenant));
+        p.inflight = p.inflight.saturating_sub(1);
+        self.succeeded += 1;
+        Ok(Some(Completed {
+            id,
+            job_type: JobType::new(job_type),
+            lane,
+            transition: Transition::Succeeded,
+            attempt: attempts as u32,
+            kind: None,
+            class: None,
+            dead_letter: None,
+            message: None,
+            redrives: redrives as u32,
+        }))
+    }
+
+    /// Why a heartbeat for `id` matched no current lease.
+    fn not_leased(&self, id: JobId) -> Result<Result<Timestamp, ItemError>, StoreError> {
+        let exists = db(self
+            .conn
+            .prepare_cached("SELECT 1 FROM jobs WHERE id = ?1")?
+            .query_row(params![id.0 as i64], |_| Ok(()))
+            .optional())?;
+        Ok(Err(match exists {
+            Some(()) => ItemError::LeaseLost,
+            None => ItemError::NotFound,
+        }))
+    }
+
+    /// Writes a leased job's transition after a failure or an expiry (the
+    /// whole envelope: counters and history changed); returns the dead
+    /// letter written, if any.
     fn apply(
         &mut self,
         env: &Envelope,
         transition: Transition,
         now: Timestamp,
+        payload: &[u8],
     ) -> Result<Option<DeadLetterId>, StoreError> {
         let id = env.id.0 as i64;
         let p = self.pair(&env.lane, &env.tenant);
@@ -762,7 +794,7 @@ impl Writer {
                     .conn
                     .prepare_cached(
                         "UPDATE jobs SET state = ?2, run_at = ?3, lease_token = NULL, lease_expires_at = NULL,
-                         attempts = ?4, envelope = ?5 WHERE id = ?1",
+                         lease_started_at = NULL, worker_id = NULL, attempts = ?4, envelope = ?5 WHERE id = ?1",
                     )?
                     .execute(params![id, state_word(state), ms(at), env.attempts, env.to_json()]))?;
                 if state == JobState::Queued {
@@ -774,10 +806,6 @@ impl Writer {
             }
             Transition::DeadLetter { reason } => {
                 self.finish(env, JobState::DeadLettered, now)?;
-                let preview: Vec<u8> = db(self
-                    .conn
-                    .prepare_cached("SELECT substr(payload, 1, 4096) FROM jobs WHERE id = ?1")?
-                    .query_row(params![id], |r| r.get(0)))?;
                 let error = env
                     .last_error()
                     .map(|e| serde_json::to_string(e).unwrap_or_default());
@@ -801,14 +829,15 @@ impl Writer {
                         ms(now),
                         env.payload_size as i64,
                         env.payload_sha256,
-                        payload_preview(&preview, 4096),
+                        payload_preview(payload, 4096),
                     ]))?;
                 Ok(Some(DeadLetterId(self.conn.last_insert_rowid() as u64)))
             }
         }
     }
 
-    /// Moves a leased job to a terminal state (`succeeded`, `dead_lettered`).
+    /// Moves a leased job to a terminal state (`succeeded`, `dead_lettered`)
+    /// with its whole envelope.
     fn finish(
         &mut self,
         env: &Envelope,
@@ -819,7 +848,7 @@ impl Writer {
             .conn
             .prepare_cached(
                 "UPDATE jobs SET state = ?2, finished_at = ?3, lease_token = NULL, lease_expires_at = NULL,
-                 attempts = ?4, envelope = ?5 WHERE id = ?1",
+                 lease_started_at = NULL, worker_id = NULL, attempts = ?4, envelope = ?5 WHERE id = ?1",
             )?
             .execute(params![env.id.0 as i64, state_word(state), ms(now), env.attempts, env.to_json()]))?;
         Ok(())
@@ -831,23 +860,15 @@ impl Writer {
         token: LeaseToken,
         until: Timestamp,
     ) -> Result<Result<Timestamp, ItemError>, StoreError> {
-        let row = db(self
+        let changed = db(self
             .conn
-            .prepare_cached("SELECT state, lease_token FROM jobs WHERE id = ?1")?
-            .query_row(params![id.0 as i64], |r| {
-                Ok((r.get::<_, String>(0)?, r.get::<_, Option<i64>>(1)?))
-            })
-            .optional())?;
-        let Some((state, current)) = row else {
-            return Ok(Err(ItemError::NotFound));
-        };
-        if state != "leased" || current != Some(token.0 as i64) {
-            return Ok(Err(ItemError::LeaseLost));
+            .prepare_cached(
+                "UPDATE jobs SET lease_expires_at = ?2 WHERE id = ?1 AND state = 'leased' AND lease_token = ?3",
+            )?
+            .execute(params![id.0 as i64, ms(until), token.0 as i64]))?;
+        if changed == 0 {
+            return self.not_leased(id);
         }
-        db(self
-            .conn
-            .prepare_cached("UPDATE jobs SET lease_expires_at = ?2 WHERE id = ?1")?
-            .execute(params![id.0 as i64, ms(until)]))?;
         Ok(Ok(until))
     }
 
@@ -855,8 +876,8 @@ impl Writer {
         let mut tick = Tick::default();
         let promoted: Vec<(String, String)> = {
             let mut stmt = db(self.conn.prepare_cached(
-                "UPDATE jobs SET state = 'queued'
-                 WHERE id IN (SELECT id FROM jobs WHERE state = 'scheduled' AND run_at <= ?1 ORDER BY run_at LIMIT ?2)
+                "UPDATE OR FAIL jobs SET state = 'queued'
+                 WHERE id IN (SELECT id FROM jobs WHERE state = 'scheduled' AND run_at <= ?1 ORDER BY run_at LIMIT +?2)
                  RETURNING lane, tenant",
             ))?;
             let rows = db(stmt.query_map(params![ms(now), PROMOTE_MAX], |r| {
@@ -878,7 +899,7 @@ impl Writer {
         }
         let expired: Vec<i64> = {
             let mut stmt = db(self.conn.prepare_cached(
-                "SELECT id FROM jobs WHERE state = 'leased' AND lease_expires_at <= ?1 ORDER BY lease_expires_at LIMIT ?2",
+                "SELECT id FROM jobs WHERE state = 'leased' AND lease_expires_at <= ?1 ORDER BY lease_expires_at LIMIT +?2",
             ))?;
             let rows = db(stmt.query_map(params![ms(now), EXPIRE_MAX], |r| r.get(0)))?;
             let mut v = Vec::new();
@@ -940,23 +961,23 @@ impl Writer {
                 .optional())?
             .flatten();
             let Some(job_id) = job_id else { continue };
-            let env_json: Option<String> = db(self
+            let stored = db(self
                 .conn
-                .prepare_cached(
-                    "SELECT envelope FROM jobs WHERE id = ?1 AND state = 'dead_lettered'",
-                )?
-                .query_row(params![job_id], |r| r.get(0))
+                .prepare_cached(&format!(
+                    "SELECT {COLUMNS} FROM jobs WHERE id = ?1 AND state = 'dead_lettered'"
+                ))?
+                .query_row(params![job_id], StoredJob::from_row)
                 .optional())?;
-            let Some(env_json) = env_json else { continue };
-            let mut env =
-                Envelope::from_json(&env_json).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+            let Some(stored) = stored else { continue };
+            let mut env = stored.envelope()?;
             lazaret_core::redrive(&mut env);
             db(self
                 .conn
                 .prepare_cached(
-                    "UPDATE jobs SET state = 'queued', run_at = ?2, attempts = 0, finished_at = NULL, envelope = ?3 WHERE id = ?1",
+                    "UPDATE jobs SET state = 'queued', run_at = ?2, attempts = 0, finished_at = NULL,
+                     lease_started_at = NULL, worker_id = NULL, redrives = ?3, envelope = ?4 WHERE id = ?1",
                 )?
-                .execute(params![job_id, ms(now), env.to_json()]))?;
+                .execute(params![job_id, ms(now), env.redrives, env.to_json()]))?;
             db(self
                 .conn
                 .prepare_cached("DELETE FROM dead_letters WHERE id = ?1")?
@@ -1047,7 +1068,7 @@ impl Writer {
             .conn
             .prepare_cached(
                 "DELETE FROM jobs WHERE id IN
-                   (SELECT id FROM jobs WHERE state = 'succeeded' AND finished_at < ?1 ORDER BY finished_at LIMIT ?2)",
+                   (SELECT id FROM jobs WHERE state = 'succeeded' AND finished_at < ?1 ORDER BY finished_at LIMIT +?2)",
             )?
             .execute(params![ms(before), i64::from(batch)]))? as u64;
         self.succeeded = self.succeeded.saturating_sub(n);

@@ -70,6 +70,8 @@ macro_rules! conformance_suite {
                 attempts_max_failures_dead_letter_as_exhausted,
                 permanent_failure_dead_letters_in_the_same_call,
                 deferral_does_not_advance_the_attempt,
+                history_reads_right_after_every_step,
+                every_lease_of_a_job_gets_a_new_token,
             ],
             housekeeping: [
                 lease_expiry_charges_an_attempt,

@@ -117,3 +117,124 @@ async fn a_failing_command_changes_nothing_and_the_store_goes_on() {
     assert_eq!(stats.succeeded, 1);
     s.close().await.unwrap();
 }
+
+/// A version-1 database (every envelope whole, a running attempt inside it,
+/// tokens from the old clock-derived counter) opens as version 2 and reads,
+/// acks and leases on as if it had been written by this build.
+#[tokio::test]
+async fn migrates_a_version_1_database_in_place() {
+    use crate::conformance::{at, complete, job_view, lease_one, lease_req, new_job};
+    use lazaret_core::{
+        AttemptOutcome, Envelope, Event, JobId, JobState, WorkerId, grant_lease, record_success,
+    };
+    use lazaret_store::{LeaseToken, LeasedJob};
+
+    let dir = tempfile::TempDir::new().unwrap();
+    let path = dir.path().join(DB_FILE);
+    let env = |id: u64, ty: &str| {
+        let mut e = Envelope::new(
+            JobId(id),
+            ty.into(),
+            "acme".into(),
+            "default".into(),
+            br#"{"n":1}"#,
+            at(1),
+        );
+        e.schema_version = Some(2);
+        e
+    };
+    let queued = {
+        let mut e = env(1, "resize");
+        e.idempotency_key = Some("k-1".into());
+        e
+    };
+    let mut leased = env(2, "resize");
+    grant_lease(&mut leased, Some(&WorkerId::new("old-worker")), at(5));
+    let mut done = env(3, "resize");
+    grant_lease(&mut done, Some(&WorkerId::new("old-worker")), at(5));
+    record_success(&mut done, at(6));
+    // A v1 token: its counter ran above 1000 per ms since the epoch.
+    let old_token: i64 = 1_780_000_000_000 * 1000;
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch(include_str!("fixtures/schema_v1.sql"))
+            .unwrap();
+        let insert =
+            "INSERT INTO jobs (id, type, tenant, lane, state, run_at, attempts, lease_token,
+             lease_expires_at, idempotency_key, created_at, finished_at, envelope, payload)
+             VALUES (?1, 'resize', 'acme', 'default', ?2, 1, ?3, ?4, ?5, ?6, 1, ?7, ?8, ?9)";
+        let rows: [(&Envelope, &str, Option<i64>, Option<i64>, Option<i64>); 3] = [
+            (&queued, "queued", None, None, None),
+            (&leased, "leased", Some(old_token), Some(60_000), None),
+            (&done, "succeeded", None, None, Some(6)),
+        ];
+        for (e, state, token, expires, finished) in rows {
+            conn.execute(
+                insert,
+                rusqlite::params![
+                    e.id.0 as i64,
+                    state,
+                    e.attempts,
+                    token,
+                    expires,
+                    e.idempotency_key,
+                    finished,
+                    e.to_json(),
+                    br#"{"n":1}"#.to_vec()
+                ],
+            )
+            .unwrap();
+        }
+        // Ids up to 10 were handed out; 4..=10 are gone (retention, purge).
+        conn.execute_batch(
+            "UPDATE sqlite_sequence SET seq = 10 WHERE name = 'jobs'; PRAGMA user_version = 1;",
+        )
+        .unwrap();
+    }
+
+    let s = open(dir.path());
+    let version: i64 = rusqlite::Connection::open(&path)
+        .unwrap()
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, SCHEMA_VERSION);
+    assert_eq!(job_view(&s, JobId(1)).await.envelope, queued);
+    assert_eq!(job_view(&s, JobId(2)).await.envelope, leased);
+    assert_eq!(job_view(&s, JobId(3)).await.envelope, done);
+
+    // The lease granted by the old build is still good.
+    let held = LeasedJob {
+        id: JobId(2),
+        job_type: "resize".into(),
+        tenant: "acme".into(),
+        lane: "default".into(),
+        payload: br#"{"n":1}"#.to_vec(),
+        attempt: 1,
+        idempotency_key: None,
+        schema_version: Some(2),
+        lease_token: LeaseToken(old_token as u64),
+        lease_expires_at: at(60_000),
+        created_at: at(1),
+    };
+    complete(&s, &held, Event::Succeeded, at(7)).await;
+    let view = job_view(&s, JobId(2)).await;
+    assert_eq!(view.state, JobState::Succeeded);
+    assert_eq!(view.envelope.history.len(), 1);
+    assert_eq!(view.envelope.history[0].outcome, AttemptOutcome::Succeeded);
+    assert_eq!(view.envelope.history[0].ended_at, Some(at(7)));
+
+    // New leases carry tokens above every old one; ids go on past the mark.
+    let job = lease_one(&s, lease_req(at(8), 1)).await;
+    assert_eq!(
+        (job.id, job.schema_version, job.idempotency_key.as_deref()),
+        (JobId(1), Some(2), Some("k-1"))
+    );
+    assert!(
+        job.lease_token.0 > old_token as u64,
+        "{} is not above the old {old_token}",
+        job.lease_token
+    );
+    let fresh = crate::conformance::enqueue_one(&s, new_job("resize", "acme", "default")).await;
+    assert_eq!(fresh, JobId(11));
+    s.close().await.unwrap();
+}

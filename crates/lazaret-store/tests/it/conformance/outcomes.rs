@@ -377,3 +377,148 @@ pub async fn deferral_does_not_advance_the_attempt<S: Store>(
         vec![AttemptOutcome::Deferred, AttemptOutcome::Running]
     );
 }
+
+/// The envelope a reader sees at every step carries each attempt as the core
+/// records it: who ran it, from when to when, how it ended; and the
+/// admission facts (size, digest, key, schema version).
+pub async fn history_reads_right_after_every_step<S: Store>(dir: &Path, open: impl Fn(&Path) -> S) {
+    let s = open(dir);
+    let payload = br#"{"to":"a@example.com"}"#;
+    let id = enqueue_one(
+        &s,
+        NewJob {
+            payload: payload.to_vec(),
+            idempotency_key: Some("k-7".into()),
+            schema_version: Some(3),
+            ..new_job("send", "acme", "default")
+        },
+    )
+    .await;
+    let fresh = job_view(&s, id).await.envelope;
+    assert_eq!(
+        (fresh.attempts, fresh.history.len(), fresh.redrives),
+        (0, 0, 0)
+    );
+    assert_eq!(fresh.payload_size, payload.len() as u64);
+    assert_eq!(fresh.payload_sha256, sha256_hex(payload));
+    assert_eq!(fresh.idempotency_key.as_deref(), Some("k-7"));
+    assert_eq!(fresh.schema_version, Some(3));
+    assert_eq!(fresh.created_at, at(0));
+
+    let first = lease_one(
+        &s,
+        lazaret_store::LeaseRequest {
+            worker_id: "w-7".into(),
+            ..lease_req(at(10), 1)
+        },
+    )
+    .await;
+    let running = job_view(&s, id).await.envelope;
+    assert_eq!(running.attempts, 1);
+    let r = &running.history[..];
+    assert_eq!(r.len(), 1);
+    assert_eq!(
+        (r[0].attempt, r[0].outcome, r[0].started_at, r[0].ended_at),
+        (1, AttemptOutcome::Running, at(10), None)
+    );
+    assert_eq!(r[0].worker_id.as_ref().map(|w| w.as_str()), Some("w-7"));
+
+    complete(&s, &first, Event::Failed(transient("timeout")), at(20)).await;
+    s.tick(at(20).saturating_add(RETRY_DELAY)).await.unwrap();
+    let second = lease_one(
+        &s,
+        lazaret_store::LeaseRequest {
+            worker_id: "w-8".into(),
+            ..lease_req(at(20).saturating_add(RETRY_DELAY), 1)
+        },
+    )
+    .await;
+    assert_eq!(second.attempt, 2);
+    let done_at = at(20).saturating_add(RETRY_DELAY + Duration::from_millis(5));
+    complete(&s, &second, Event::Succeeded, done_at).await;
+
+    let view = job_view(&s, id).await;
+    assert_eq!(view.state, JobState::Succeeded);
+    let env = view.envelope;
+    assert_eq!(env.attempts, 2);
+    let h = &env.history[..];
+    assert_eq!(h.len(), 2, "{h:?}");
+    assert_eq!(
+        (h[0].attempt, h[0].outcome, h[0].ended_at),
+        (1, AttemptOutcome::RetryScheduled, Some(at(20)))
+    );
+    assert_eq!(
+        h[0].error.as_ref().map(|e| e.kind.as_str()),
+        Some("timeout")
+    );
+    assert_eq!(
+        (h[1].attempt, h[1].outcome, h[1].started_at, h[1].ended_at),
+        (
+            2,
+            AttemptOutcome::Succeeded,
+            at(20).saturating_add(RETRY_DELAY),
+            Some(done_at)
+        )
+    );
+    assert_eq!(h[1].worker_id.as_ref().map(|w| w.as_str()), Some("w-8"));
+    assert_eq!(h[1].error, None);
+    assert_eq!(env.payload_sha256, sha256_hex(payload));
+}
+
+/// A token fences one lease of one job: every lease of a job, after a
+/// retry, an expiry or a redrive, gets a new one, and the old ones are
+/// refused.
+pub async fn every_lease_of_a_job_gets_a_new_token<S: Store>(
+    dir: &Path,
+    open: impl Fn(&Path) -> S,
+) {
+    let s = open(dir);
+    let id = enqueue_one(&s, new_job("send", "acme", "default")).await;
+    let mut held = Vec::new();
+    let mut now = at(10);
+    // A retry, then an expiry.
+    let j = lease_one(&s, lease_req(now, 1)).await;
+    held.push(j.clone());
+    complete(&s, &j, Event::Failed(transient("timeout")), now).await;
+    now = now.saturating_add(RETRY_DELAY);
+    s.tick(now).await.unwrap();
+    let j = lease_one(&s, lease_req(now, 1)).await;
+    held.push(j.clone());
+    now = j.lease_expires_at;
+    s.tick(now).await.unwrap();
+    now = now.saturating_add(RETRY_DELAY);
+    s.tick(now).await.unwrap();
+    // Then a dead letter and a redrive.
+    let j = lease_one(&s, lease_req(now, 1)).await;
+    held.push(j.clone());
+    let dl = complete(&s, &j, Event::Failed(permanent()), now)
+        .await
+        .dead_letter
+        .expect("dead-lettered");
+    assert_eq!(s.redrive(vec![dl], now).await.unwrap(), vec![id]);
+    let j = lease_one(&s, lease_req(now, 1)).await;
+    held.push(j.clone());
+
+    let tokens: std::collections::HashSet<LeaseToken> =
+        held.iter().map(|j| j.lease_token).collect();
+    assert_eq!(tokens.len(), held.len(), "{held:?}");
+    for old in &held[..held.len() - 1] {
+        let out = try_complete(
+            &s,
+            Completion {
+                id: old.id,
+                token: old.lease_token,
+                event: Event::Succeeded,
+            },
+            now,
+        )
+        .await;
+        assert_eq!(
+            out.map(|c| c.transition),
+            Err(ItemError::LeaseLost),
+            "token {}",
+            old.lease_token
+        );
+    }
+    complete(&s, &held[held.len() - 1], Event::Succeeded, now).await;
+}
