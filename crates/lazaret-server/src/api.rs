@@ -205,6 +205,7 @@ async fn record_poison<S: Store>(app: &App<S>, rec: AdmissionRecord) {
 async fn admit_one<S: Store>(
     app: &App<S>,
     body: &EnqueueBody<'_>,
+    enqueued_by: Option<&str>,
     now: Timestamp,
 ) -> Result<NewJob, ApiError> {
     let payload = body.payload.map(|p| p.get().as_bytes()).unwrap_or_default();
@@ -275,8 +276,14 @@ async fn admit_one<S: Store>(
         schema_version,
         run_at: now.saturating_add(Duration::from_millis(body.delay_ms.unwrap_or(0))),
         now,
-        enqueued_by: None,
+        enqueued_by: enqueued_by.map(str::to_owned),
     })
+}
+
+/// The name recorded as a job's `enqueued_by`: the caller's token, or
+/// nothing when auth is off (everyone is `anonymous` then).
+fn enqueuer<'a, S: Store>(app: &App<S>, caller: &'a Caller) -> Option<&'a str> {
+    app.auth_on().then_some(caller.name.as_str())
 }
 
 /// What a reply to an enqueue needs of the job (not its payload).
@@ -359,7 +366,7 @@ async fn too_large_body<S: Store>(
 }
 
 async fn enqueue<S: Store>(State(app): Shared<S>, headers: HeaderMap, body: Body) -> ApiResult {
-    allow(&app, &headers, Action::Produce).await?;
+    let caller = allow(&app, &headers, Action::Produce).await?;
     let cap = app.config.admission.body_bytes_max();
     let bytes = match read_capped(&headers, body, cap).await? {
         Read::Whole(b) => b,
@@ -415,7 +422,7 @@ async fn enqueue<S: Store>(State(app): Shared<S>, headers: HeaderMap, body: Body
         }
         Err(e) => return Err(ApiError::bad_request(format!("the job is not valid: {e}"))),
     };
-    let job = admit_one(&app, &parsed, now).await?;
+    let job = admit_one(&app, &parsed, enqueuer(&app, &caller), now).await?;
     let admitted = Admitted::of(&job);
     let outcome = app.store.enqueue(vec![job]).await?;
     let (status, body) = enqueue_reply(&app, &admitted, &outcome[0]);
@@ -436,7 +443,7 @@ async fn enqueue_batch<S: Store>(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult {
-    allow(&app, &headers, Action::Produce).await?;
+    let caller = allow(&app, &headers, Action::Produce).await?;
     let cap = app.config.batch_bytes_max;
     let bytes = match read_capped(&headers, body, cap).await? {
         Read::Whole(b) => b,
@@ -457,7 +464,7 @@ async fn enqueue_batch<S: Store>(
     for (i, raw) in batch.jobs.iter().enumerate() {
         let item: Result<EnqueueBody<'_>, _> = serde_json::from_str(raw.get());
         match item {
-            Ok(item) => match admit_one(&app, &item, now).await {
+            Ok(item) => match admit_one(&app, &item, enqueuer(&app, &caller), now).await {
                 Ok(job) => {
                     admitted.push((i, Admitted::of(&job)));
                     jobs.push(job);
@@ -485,13 +492,20 @@ async fn job<S: Store>(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> ApiResult {
-    allow(&app, &headers, Action::ReadJob).await?;
+    let caller = allow(&app, &headers, Action::ReadJob).await?;
     let id = parse_id(&id, "job")?;
     let view = app
         .store
         .job(JobId(id))
         .await?
         .ok_or_else(|| ApiError::not_found(format!("no job with id {id}")))?;
+    if !caller.may_read_job(view.enqueued_by.as_deref()) {
+        m::rejected("FORBIDDEN");
+        return Err(ApiError::forbidden(format!(
+            "job {id} was enqueued by another token; a producer reads only the jobs it enqueued. \
+             Read it with the token that enqueued it, or ask an operator"
+        )));
+    }
     Ok(Json(views::job(&view, now())).into_response())
 }
 

@@ -96,6 +96,12 @@ impl<S: Store> App<S> {
         })
     }
 
+    /// Whether auth is on: tokens are configured in `[[tokens]]`. Off, every
+    /// caller is `anonymous` and admin (the server then serves loopback only).
+    pub fn auth_on(&self) -> bool {
+        !self.config.tokens.is_empty()
+    }
+
     /// Whether another admission record may be kept for `tenant` now.
     pub fn admission_record_allowed(&self, tenant: Option<&str>, now: Timestamp) -> bool {
         let minute = now.as_millis() / 60_000;

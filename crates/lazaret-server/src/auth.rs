@@ -51,6 +51,15 @@ pub struct Caller {
     pub role: Role,
 }
 
+impl Caller {
+    /// Whether this caller may read a job enqueued by the token named
+    /// `enqueued_by` (`None`: enqueued while auth was off). A producer reads
+    /// only the jobs it enqueued; every other role reads every job.
+    pub fn may_read_job(&self, enqueued_by: Option<&str>) -> bool {
+        self.role != Role::Producer || enqueued_by == Some(self.name.as_str())
+    }
+}
+
 /// Checks the bearer token against the configured ones.
 pub fn authenticate(tokens: &[TokenConfig], headers: &HeaderMap) -> Result<Caller, ApiError> {
     if tokens.is_empty() {
@@ -130,5 +139,21 @@ mod tests {
         );
         h.insert(header::AUTHORIZATION, "Bearer s3cret".parse().unwrap());
         assert_eq!(authenticate(&tokens, &h).unwrap().name, "ops");
+    }
+
+    #[test]
+    fn producers_read_only_their_own_jobs() {
+        let who = |name: &str, role| Caller {
+            name: name.into(),
+            role,
+        };
+        let shop = who("shop", Role::Producer);
+        assert!(shop.may_read_job(Some("shop")));
+        assert!(!shop.may_read_job(Some("billing")));
+        assert!(!shop.may_read_job(None), "enqueued while auth was off");
+        for role in [Role::Worker, Role::Operator, Role::Admin] {
+            let r = who("x", role);
+            assert!(r.may_read_job(Some("shop")) && r.may_read_job(None));
+        }
     }
 }

@@ -92,6 +92,11 @@ impl ApiError {
         Self::new(StatusCode::NOT_FOUND, Code::NotFound, message)
     }
 
+    /// 403 FORBIDDEN.
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, Code::Forbidden, message)
+    }
+
     /// 413 POISON payload_too_large.
     pub fn too_large(message: impl Into<String>) -> Self {
         let mut e = Self::new(StatusCode::PAYLOAD_TOO_LARGE, Code::Poison, message);
