@@ -29,6 +29,8 @@ pub enum ErrorCode {
     Forbidden,
     /// Anything else malformed.
     BadRequest,
+    /// The request clashes with what exists (a token name already in use).
+    Conflict,
     /// The server failed.
     Internal,
     /// The server is shutting down.
@@ -50,6 +52,7 @@ impl ErrorCode {
             ErrorCode::Unauthorized => "UNAUTHORIZED",
             ErrorCode::Forbidden => "FORBIDDEN",
             ErrorCode::BadRequest => "BAD_REQUEST",
+            ErrorCode::Conflict => "CONFLICT",
             ErrorCode::Internal => "INTERNAL",
             ErrorCode::Unavailable => "UNAVAILABLE",
             ErrorCode::Other(s) => s,
@@ -68,6 +71,7 @@ impl ErrorCode {
             "UNAUTHORIZED" => ErrorCode::Unauthorized,
             "FORBIDDEN" => ErrorCode::Forbidden,
             "BAD_REQUEST" => ErrorCode::BadRequest,
+            "CONFLICT" => ErrorCode::Conflict,
             "INTERNAL" => ErrorCode::Internal,
             "UNAVAILABLE" => ErrorCode::Unavailable,
             other => ErrorCode::Other(other.to_owned()),
@@ -264,6 +268,7 @@ mod tests {
             "UNAUTHORIZED",
             "FORBIDDEN",
             "BAD_REQUEST",
+            "CONFLICT",
             "INTERNAL",
             "UNAVAILABLE",
         ] {

@@ -8,7 +8,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use futures_util::StreamExt;
 use lazaret_core::{
@@ -17,15 +17,16 @@ use lazaret_core::{
     payload_sha256,
 };
 use lazaret_store::{
-    AdmissionRecord, AuditEntry, Completed, Completion, DeadLetterFilter, DeadLetterId,
-    EnqueueOutcome, LeaseRequest, LeaseToken, NewJob, Selector, Stage, Store,
+    AdmissionRecord, ApiToken, AuditEntry, Completed, Completion, DeadLetterFilter, DeadLetterId,
+    EnqueueOutcome, LeaseRequest, LeaseToken, NewJob, Selector, Stage, Store, TokenError,
 };
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
 use crate::app::{App, now};
-use crate::auth::{Action, Caller, authenticate, forbidden};
+use crate::auth::{Action, Caller, authenticate, check_token_name, forbidden, new_secret};
+use crate::config::{Role, TokenConfig, token_sha256};
 use crate::error::ApiError;
 use crate::{metrics as m, views};
 
@@ -65,6 +66,8 @@ pub fn router<S: Store>(app: Arc<App<S>>) -> Router {
         .route("/v1/pause", post(pause::<S>))
         .route("/v1/resume", post(resume::<S>))
         .route("/v1/audit", get(audit::<S>))
+        .route("/v1/tokens", get(tokens::<S>).post(create_token::<S>))
+        .route("/v1/tokens/{name}", delete(revoke_token::<S>))
         .fallback(|| async { ApiError::not_found("no such route; see docs/api.md") })
         .with_state(app)
 }
@@ -79,8 +82,11 @@ async fn allow<S: Store>(
     headers: &HeaderMap,
     action: Action,
 ) -> Result<Caller, ApiError> {
-    let caller =
-        authenticate(&app.config.tokens, headers).inspect_err(|e| m::rejected(e.code.as_str()))?;
+    let caller = {
+        let api = app.api_tokens.read().unwrap_or_else(|p| p.into_inner());
+        authenticate(&app.config.tokens, &api, headers)
+    }
+    .inspect_err(|e| m::rejected(e.code.as_str()))?;
     if action.allowed_for(caller.role) {
         return Ok(caller);
     }
@@ -205,6 +211,7 @@ async fn record_poison<S: Store>(app: &App<S>, rec: AdmissionRecord) {
 async fn admit_one<S: Store>(
     app: &App<S>,
     body: &EnqueueBody<'_>,
+    enqueued_by: Option<&str>,
     now: Timestamp,
 ) -> Result<NewJob, ApiError> {
     let payload = body.payload.map(|p| p.get().as_bytes()).unwrap_or_default();
@@ -275,8 +282,14 @@ async fn admit_one<S: Store>(
         schema_version,
         run_at: now.saturating_add(Duration::from_millis(body.delay_ms.unwrap_or(0))),
         now,
-        enqueued_by: None,
+        enqueued_by: enqueued_by.map(str::to_owned),
     })
+}
+
+/// The name recorded as a job's `enqueued_by`: the caller's token, or
+/// nothing when auth is off (everyone is `anonymous` then).
+fn enqueuer<'a, S: Store>(app: &App<S>, caller: &'a Caller) -> Option<&'a str> {
+    app.auth_on().then_some(caller.name.as_str())
 }
 
 /// What a reply to an enqueue needs of the job (not its payload).
@@ -359,7 +372,7 @@ async fn too_large_body<S: Store>(
 }
 
 async fn enqueue<S: Store>(State(app): Shared<S>, headers: HeaderMap, body: Body) -> ApiResult {
-    allow(&app, &headers, Action::Produce).await?;
+    let caller = allow(&app, &headers, Action::Produce).await?;
     let cap = app.config.admission.body_bytes_max();
     let bytes = match read_capped(&headers, body, cap).await? {
         Read::Whole(b) => b,
@@ -415,7 +428,7 @@ async fn enqueue<S: Store>(State(app): Shared<S>, headers: HeaderMap, body: Body
         }
         Err(e) => return Err(ApiError::bad_request(format!("the job is not valid: {e}"))),
     };
-    let job = admit_one(&app, &parsed, now).await?;
+    let job = admit_one(&app, &parsed, enqueuer(&app, &caller), now).await?;
     let admitted = Admitted::of(&job);
     let outcome = app.store.enqueue(vec![job]).await?;
     let (status, body) = enqueue_reply(&app, &admitted, &outcome[0]);
@@ -436,7 +449,7 @@ async fn enqueue_batch<S: Store>(
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult {
-    allow(&app, &headers, Action::Produce).await?;
+    let caller = allow(&app, &headers, Action::Produce).await?;
     let cap = app.config.batch_bytes_max;
     let bytes = match read_capped(&headers, body, cap).await? {
         Read::Whole(b) => b,
@@ -457,7 +470,7 @@ async fn enqueue_batch<S: Store>(
     for (i, raw) in batch.jobs.iter().enumerate() {
         let item: Result<EnqueueBody<'_>, _> = serde_json::from_str(raw.get());
         match item {
-            Ok(item) => match admit_one(&app, &item, now).await {
+            Ok(item) => match admit_one(&app, &item, enqueuer(&app, &caller), now).await {
                 Ok(job) => {
                     admitted.push((i, Admitted::of(&job)));
                     jobs.push(job);
@@ -485,13 +498,20 @@ async fn job<S: Store>(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> ApiResult {
-    allow(&app, &headers, Action::ReadJob).await?;
+    let caller = allow(&app, &headers, Action::ReadJob).await?;
     let id = parse_id(&id, "job")?;
     let view = app
         .store
         .job(JobId(id))
         .await?
         .ok_or_else(|| ApiError::not_found(format!("no job with id {id}")))?;
+    if !caller.may_read_job(view.enqueued_by.as_deref()) {
+        m::rejected("FORBIDDEN");
+        return Err(ApiError::forbidden(format!(
+            "job {id} was enqueued by another token; a producer reads only the jobs it enqueued. \
+             Read it with the token that enqueued it, or ask an operator"
+        )));
+    }
     Ok(Json(views::job(&view, now())).into_response())
 }
 
@@ -1197,4 +1217,164 @@ async fn metrics<S: Store>(State(app): Shared<S>) -> ApiResult {
     snapshot(&app).await?;
     let text = m::install().render();
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
+}
+
+// ---------------------------------------------------------------- tokens
+
+/// Token endpoints need auth on: with no `[[tokens]]` every caller is an
+/// anonymous admin, and a token created then would lock nobody out and
+/// protect nothing.
+fn tokens_need_auth<S: Store>(app: &App<S>) -> Result<(), ApiError> {
+    if app.auth_on() {
+        return Ok(());
+    }
+    Err(ApiError::bad_request(
+        "auth is off (no [[tokens]] in the config file), so there are no tokens to manage: \
+         configure at least one admin token in [[tokens]] and restart the server first",
+    ))
+}
+
+async fn tokens<S: Store>(State(app): Shared<S>, headers: HeaderMap) -> ApiResult {
+    allow(&app, &headers, Action::Administer).await?;
+    tokens_need_auth(&app)?;
+    let stored = app.store.tokens().await?;
+    let items: Vec<Value> = app
+        .config
+        .tokens
+        .iter()
+        .map(views::config_token)
+        .chain(stored.iter().map(views::api_token))
+        .collect();
+    ok(json!({ "items": items }))
+}
+
+#[derive(Debug, Deserialize)]
+struct CreateTokenBody {
+    name: Option<String>,
+    role: Option<String>,
+}
+
+async fn create_token<S: Store>(
+    State(app): Shared<S>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult {
+    let caller = allow(&app, &headers, Action::Administer).await?;
+    tokens_need_auth(&app)?;
+    let b: CreateTokenBody = parse_json(&body)?;
+    let name = b.name.unwrap_or_default();
+    check_token_name(&name).map_err(ApiError::bad_request)?;
+    let role: Role = b
+        .role
+        .as_deref()
+        .ok_or_else(|| {
+            ApiError::bad_request(
+                "role is required: send \"role\": \"producer\", \"worker\", \"operator\" or \"admin\"",
+            )
+        })?
+        .parse()
+        .map_err(|e: crate::config::UnknownRole| ApiError::bad_request(e.to_string()))?;
+    if app.config.tokens.iter().any(|t| t.name == name) {
+        return Err(ApiError::conflict(format!(
+            "token name {name:?} is used by a token in the config file ([[tokens]]); \
+             names identify the actor in the audit log, so pick another"
+        )));
+    }
+    let secret = new_secret().map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            crate::error::Code::Internal,
+            format!("the operating system's random generator failed ({e}); retry"),
+        )
+    })?;
+    let sha256 = token_sha256(&secret);
+    let now = now();
+    let stored = ApiToken {
+        name: name.clone(),
+        role: role.as_str().to_owned(),
+        token_sha256: hex::encode(sha256),
+        created_at: now,
+        created_by: caller.name.clone(),
+    };
+    // The audit entry records what was asked, never the secret.
+    let entry = AuditEntry {
+        at: now,
+        actor: caller.name,
+        action: "token_create".into(),
+        request: json!({ "name": name, "role": role.as_str() }),
+        count: 1,
+    };
+    let changing = app.token_changes.lock().await;
+    match app.store.create_token(stored, entry).await? {
+        Ok(()) => {}
+        Err(TokenError::NameTaken) => {
+            return Err(ApiError::conflict(format!(
+                "a token named {name:?} exists already (created through the API); \
+                 pick another name, or revoke it first with DELETE /v1/tokens/{name}"
+            )));
+        }
+        Err(e) => {
+            return Err(ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                crate::error::Code::Internal,
+                format!("the new token was not stored: {e}"),
+            ));
+        }
+    }
+    // In force before the 201 leaves: the caller may use it at once.
+    app.api_tokens
+        .write()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(TokenConfig {
+            name: name.clone(),
+            role,
+            sha256,
+        });
+    drop(changing);
+    tracing::info!(token = %name, role = %role, "token created");
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({
+            "name": name,
+            "role": role.as_str(),
+            "token": secret,
+            "created_at": views::time(now),
+        })),
+    )
+        .into_response())
+}
+
+async fn revoke_token<S: Store>(
+    State(app): Shared<S>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> ApiResult {
+    let caller = allow(&app, &headers, Action::Administer).await?;
+    tokens_need_auth(&app)?;
+    if app.config.tokens.iter().any(|t| t.name == name) {
+        return Err(ApiError::bad_request(format!(
+            "token {name:?} comes from the config file ([[tokens]]): remove it there and restart \
+             the server to revoke it"
+        )));
+    }
+    let entry = AuditEntry {
+        at: now(),
+        actor: caller.name,
+        action: "token_revoke".into(),
+        request: json!({ "name": name }),
+        count: 1,
+    };
+    let changing = app.token_changes.lock().await;
+    if !app.store.revoke_token(name.clone(), entry).await? {
+        return Err(ApiError::not_found(format!(
+            "no token named {name:?} was created through the API; GET /v1/tokens lists them"
+        )));
+    }
+    app.api_tokens
+        .write()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&name);
+    drop(changing);
+    tracing::info!(token = %name, "token revoked");
+    ok(json!({ "name": name, "revoked": true }))
 }

@@ -2,7 +2,7 @@
 //! policy state the core keeps (breakers, failure statistics).
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lazaret_core::{
@@ -12,6 +12,7 @@ use lazaret_core::{
 use lazaret_store::{Completed, Decider, Store};
 use tokio::sync::Notify;
 
+use crate::auth::ApiTokens;
 use crate::config::ServerConfig;
 use crate::metrics as m;
 
@@ -79,6 +80,12 @@ pub struct App<S> {
     pub ready: Notify,
     /// Admission records kept per tenant in the current minute.
     admission_records: Mutex<HashMap<String, (i64, u32)>>,
+    /// Tokens created through the API that are in force: loaded at start,
+    /// changed with the store, read by every authentication.
+    pub api_tokens: RwLock<ApiTokens>,
+    /// Held across a token change (store, then [`App::api_tokens`]), so that
+    /// concurrent changes cannot leave the two disagreeing.
+    pub token_changes: tokio::sync::Mutex<()>,
 }
 
 impl<S: Store> App<S> {
@@ -92,8 +99,16 @@ impl<S: Store> App<S> {
             paused: Mutex::new(Paused::default()),
             ready: Notify::new(),
             admission_records: Mutex::new(HashMap::new()),
+            api_tokens: RwLock::new(ApiTokens::default()),
+            token_changes: tokio::sync::Mutex::new(()),
             config,
         })
+    }
+
+    /// Whether auth is on: tokens are configured in `[[tokens]]`. Off, every
+    /// caller is `anonymous` and admin (the server then serves loopback only).
+    pub fn auth_on(&self) -> bool {
+        !self.config.tokens.is_empty()
     }
 
     /// Whether another admission record may be kept for `tenant` now.

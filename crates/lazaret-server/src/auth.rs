@@ -1,10 +1,26 @@
 //! Bearer tokens and roles: who may do what.
+//!
+//! Tokens come from two places: `[[tokens]]` in the config file (fixed for
+//! the life of the process) and tokens created through `POST /v1/tokens`,
+//! which the store keeps and the server mirrors in an [`ApiTokens`] table,
+//! so that authenticating a request never touches the database.
+
+use std::collections::HashMap;
 
 use axum::http::{HeaderMap, StatusCode, header};
+use lazaret_store::ApiToken;
 use sha2::{Digest, Sha256};
 
 use crate::config::{Role, TokenConfig};
 use crate::error::{ApiError, Code};
+
+/// Longest name of a token created through the API, in bytes.
+pub const TOKEN_NAME_BYTES_MAX: usize = 64;
+/// Random bytes in a token secret created through the API.
+const SECRET_BYTES: usize = 32;
+/// Prefix of API-created secrets, so secret scanners and people can tell
+/// one when they see it.
+const SECRET_PREFIX: &str = "lzt_";
 
 /// What a request wants to do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,8 +67,108 @@ pub struct Caller {
     pub role: Role,
 }
 
-/// Checks the bearer token against the configured ones.
-pub fn authenticate(tokens: &[TokenConfig], headers: &HeaderMap) -> Result<Caller, ApiError> {
+impl Caller {
+    /// Whether this caller may read a job enqueued by the token named
+    /// `enqueued_by` (`None`: enqueued while auth was off). A producer reads
+    /// only the jobs it enqueued; every other role reads every job.
+    pub fn may_read_job(&self, enqueued_by: Option<&str>) -> bool {
+        self.role != Role::Producer || enqueued_by == Some(self.name.as_str())
+    }
+}
+
+/// The tokens created through the API that are in force now, by the
+/// SHA-256 of their secret.
+#[derive(Debug, Default)]
+pub struct ApiTokens {
+    by_hash: HashMap<[u8; 32], TokenConfig>,
+}
+
+impl ApiTokens {
+    /// Puts a token in force.
+    pub fn insert(&mut self, token: TokenConfig) {
+        self.by_hash.insert(token.sha256, token);
+    }
+
+    /// Takes the token named `name` out of force; whether there was one.
+    pub fn remove(&mut self, name: &str) -> bool {
+        let before = self.by_hash.len();
+        self.by_hash.retain(|_, t| t.name != name);
+        self.by_hash.len() != before
+    }
+
+    /// The token whose secret hashes to `sha256`.
+    pub fn find(&self, sha256: &[u8; 32]) -> Option<&TokenConfig> {
+        self.by_hash.get(sha256)
+    }
+
+    /// How many are in force.
+    pub fn len(&self) -> usize {
+        self.by_hash.len()
+    }
+
+    /// Whether none is in force.
+    pub fn is_empty(&self) -> bool {
+        self.by_hash.is_empty()
+    }
+}
+
+/// A stored API token as the server holds it; `Err` says what is wrong with
+/// the stored row.
+pub fn api_token_entry(t: &ApiToken) -> Result<TokenConfig, String> {
+    let role: Role = t
+        .role
+        .parse()
+        .map_err(|e| format!("stored token {:?}: {e}", t.name))?;
+    let mut sha256 = [0u8; 32];
+    hex::decode_to_slice(&t.token_sha256, &mut sha256).map_err(|_| {
+        format!(
+            "stored token {:?}: token_sha256 is not 64 hex digits",
+            t.name
+        )
+    })?;
+    Ok(TokenConfig {
+        name: t.name.clone(),
+        role,
+        sha256,
+    })
+}
+
+/// Checks the name asked for a new API token; `Err` says what to send.
+pub fn check_token_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err(
+            "name is required: send \"name\": \"...\" (it is the actor in the audit log)".into(),
+        );
+    }
+    if name.len() > TOKEN_NAME_BYTES_MAX
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+    {
+        return Err(format!(
+            "token name {name:?} is not allowed: use 1 to {TOKEN_NAME_BYTES_MAX} letters, digits, '-', '_' or '.' \
+             (it appears in URLs and in the audit log)"
+        ));
+    }
+    Ok(())
+}
+
+/// A new random token secret: `lzt_` and 64 hex digits (256 bits from the
+/// operating system's generator).
+pub fn new_secret() -> Result<String, getrandom::Error> {
+    let mut bytes = [0u8; SECRET_BYTES];
+    getrandom::fill(&mut bytes)?;
+    Ok(format!("{SECRET_PREFIX}{}", hex::encode(bytes)))
+}
+
+/// Checks the bearer token against the configured ones and those created
+/// through the API. With no configured tokens, auth is off: every caller is
+/// `anonymous` and admin (API tokens are then not in force).
+pub fn authenticate(
+    tokens: &[TokenConfig],
+    api: &ApiTokens,
+    headers: &HeaderMap,
+) -> Result<Caller, ApiError> {
     if tokens.is_empty() {
         return Ok(Caller {
             name: "anonymous".into(),
@@ -74,6 +190,7 @@ pub fn authenticate(tokens: &[TokenConfig], headers: &HeaderMap) -> Result<Calle
     tokens
         .iter()
         .find(|t| t.sha256 == digest)
+        .or_else(|| api.find(&digest))
         .map(|t| Caller {
             name: t.name.clone(),
             role: t.role,
@@ -118,17 +235,133 @@ mod tests {
             role: Role::Operator,
             sha256: Sha256::digest(b"s3cret").into(),
         }];
+        let api = ApiTokens::default();
         let mut h = HeaderMap::new();
         assert_eq!(
-            authenticate(&tokens, &h).unwrap_err().code,
+            authenticate(&tokens, &api, &h).unwrap_err().code,
             Code::Unauthorized
         );
         h.insert(header::AUTHORIZATION, "Bearer nope".parse().unwrap());
         assert_eq!(
-            authenticate(&tokens, &h).unwrap_err().code,
+            authenticate(&tokens, &api, &h).unwrap_err().code,
             Code::Unauthorized
         );
         h.insert(header::AUTHORIZATION, "Bearer s3cret".parse().unwrap());
-        assert_eq!(authenticate(&tokens, &h).unwrap().name, "ops");
+        assert_eq!(authenticate(&tokens, &api, &h).unwrap().name, "ops");
+    }
+
+    fn bearer(token: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::AUTHORIZATION,
+            format!("Bearer {token}").parse().unwrap(),
+        );
+        h
+    }
+
+    #[test]
+    fn api_tokens_authenticate_while_in_force() {
+        let config = vec![TokenConfig {
+            name: "root".into(),
+            role: Role::Admin,
+            sha256: Sha256::digest(b"root-secret").into(),
+        }];
+        let mut api = ApiTokens::default();
+        let secret = new_secret().unwrap();
+        api.insert(TokenConfig {
+            name: "ci".into(),
+            role: Role::Producer,
+            sha256: Sha256::digest(secret.as_bytes()).into(),
+        });
+        let caller = authenticate(&config, &api, &bearer(&secret)).unwrap();
+        assert_eq!((caller.name.as_str(), caller.role), ("ci", Role::Producer));
+        assert!(api.remove("ci"));
+        assert!(!api.remove("ci"), "already gone");
+        assert_eq!(
+            authenticate(&config, &api, &bearer(&secret))
+                .unwrap_err()
+                .code,
+            Code::Unauthorized
+        );
+    }
+
+    #[test]
+    fn with_auth_off_api_tokens_are_not_in_force() {
+        let mut api = ApiTokens::default();
+        api.insert(TokenConfig {
+            name: "ci".into(),
+            role: Role::Producer,
+            sha256: Sha256::digest(b"s").into(),
+        });
+        let caller = authenticate(&[], &api, &bearer("s")).unwrap();
+        assert_eq!(
+            (caller.name.as_str(), caller.role),
+            ("anonymous", Role::Admin)
+        );
+    }
+
+    #[test]
+    fn secrets_are_random_prefixed_hex() {
+        let a = new_secret().unwrap();
+        let b = new_secret().unwrap();
+        assert_ne!(a, b);
+        let hex = a.strip_prefix("lzt_").expect("the lzt_ prefix");
+        assert_eq!(hex.len(), 64);
+        assert!(hex.bytes().all(|c| c.is_ascii_hexdigit()), "{a}");
+    }
+
+    #[test]
+    fn producers_read_only_their_own_jobs() {
+        let who = |name: &str, role| Caller {
+            name: name.into(),
+            role,
+        };
+        let shop = who("shop", Role::Producer);
+        assert!(shop.may_read_job(Some("shop")));
+        assert!(!shop.may_read_job(Some("billing")));
+        assert!(!shop.may_read_job(None), "enqueued while auth was off");
+        for role in [Role::Worker, Role::Operator, Role::Admin] {
+            let r = who("x", role);
+            assert!(r.may_read_job(Some("shop")) && r.may_read_job(None));
+        }
+    }
+
+    #[test]
+    fn api_token_names_are_url_and_log_safe() {
+        for ok in ["ci", "ci-producer.2", "A_b-9"] {
+            assert_eq!(check_token_name(ok), Ok(()), "{ok}");
+        }
+        let long = "x".repeat(TOKEN_NAME_BYTES_MAX + 1);
+        for bad in ["", "a b", "a/b", "é", long.as_str()] {
+            assert!(check_token_name(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn stored_tokens_are_read_back_or_refused_with_a_reason() {
+        let stored = ApiToken {
+            name: "ci".into(),
+            role: "worker".into(),
+            token_sha256: hex::encode(Sha256::digest(b"s")),
+            created_at: lazaret_core::Timestamp::from_millis(0),
+            created_by: "root".into(),
+        };
+        let entry = api_token_entry(&stored).unwrap();
+        assert_eq!(entry.role, Role::Worker);
+        assert_eq!(entry.sha256, <[u8; 32]>::from(Sha256::digest(b"s")));
+        let bad_role = ApiToken {
+            role: "root".into(),
+            ..stored.clone()
+        };
+        assert!(
+            api_token_entry(&bad_role)
+                .unwrap_err()
+                .contains("unknown role")
+        );
+        let bad_hash = ApiToken {
+            token_sha256: "abc".into(),
+            ..stored
+        };
+        assert!(api_token_entry(&bad_hash).unwrap_err().contains("64 hex"));
     }
 }

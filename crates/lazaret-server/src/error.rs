@@ -27,6 +27,8 @@ pub enum Code {
     Forbidden,
     /// Anything else malformed.
     BadRequest,
+    /// The request clashes with what exists (a token name already in use).
+    Conflict,
     /// The server failed.
     Internal,
     /// Shutting down.
@@ -46,6 +48,7 @@ impl Code {
             Code::Unauthorized => "UNAUTHORIZED",
             Code::Forbidden => "FORBIDDEN",
             Code::BadRequest => "BAD_REQUEST",
+            Code::Conflict => "CONFLICT",
             Code::Internal => "INTERNAL",
             Code::Unavailable => "UNAVAILABLE",
         }
@@ -90,6 +93,16 @@ impl ApiError {
     /// 404 NOT_FOUND.
     pub fn not_found(message: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_FOUND, Code::NotFound, message)
+    }
+
+    /// 409 CONFLICT.
+    pub fn conflict(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, Code::Conflict, message)
+    }
+
+    /// 403 FORBIDDEN.
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, Code::Forbidden, message)
     }
 
     /// 413 POISON payload_too_large.

@@ -10,6 +10,7 @@ use lazaret_store::{SqliteStore, Store};
 use tokio::net::TcpListener;
 
 use crate::app::{App, CoreDecider, now};
+use crate::auth::api_token_entry;
 use crate::config::{Durability, ServerConfig};
 use crate::{api, metrics};
 
@@ -53,6 +54,13 @@ pub enum ServeError {
     /// The HTTP server failed.
     #[error("the HTTP server failed: {0}")]
     Io(#[from] std::io::Error),
+    /// A token created through the API has the name of a `[[tokens]]` entry.
+    #[error(
+        "token name `{0}` is both in [[tokens]] and a token created through the API: \
+         names identify the actor in the audit log. Rename the [[tokens]] entry, start the \
+         server, revoke the API token (DELETE /v1/tokens/{0}), then rename it back if you wish"
+    )]
+    TokenNameClash(String),
 }
 
 /// Runs the server until SIGTERM or ctrl-c. Prints, as its first line on
@@ -80,6 +88,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
         })?;
     let addr = listener.local_addr()?;
     let app = App::new(store, opts.config);
+    let api_tokens = load_api_tokens(&app).await?;
     // The first stdout line is a contract with scripts and tests.
     println!("lazaret listening on http://{addr}");
     println!(
@@ -91,6 +100,13 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
     );
     if app.config.tokens.is_empty() {
         println!("no tokens configured: serving loopback only, every caller is admin");
+        if api_tokens > 0 {
+            tracing::warn!(
+                api_tokens,
+                "tokens created through the API are stored but not in force while auth is off; \
+                 configure [[tokens]] to use them"
+            );
+        }
     }
     tracing::info!(%addr, data = %db_path, "lazaret serving");
 
@@ -107,6 +123,20 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
     let _ = retention.await;
     app.store.close().await?;
     Ok(())
+}
+
+/// Puts the tokens created through the API in force; returns how many.
+async fn load_api_tokens<S: Store>(app: &App<S>) -> Result<usize, ServeError> {
+    let stored = app.store.tokens().await?;
+    let mut table = app.api_tokens.write().unwrap_or_else(|p| p.into_inner());
+    for t in &stored {
+        if app.config.tokens.iter().any(|c| c.name == t.name) {
+            return Err(ServeError::TokenNameClash(t.name.clone()));
+        }
+        let entry = api_token_entry(t).map_err(lazaret_store::StoreError::Corrupt)?;
+        table.insert(entry);
+    }
+    Ok(table.len())
 }
 
 async fn shutdown_signal() {

@@ -4,10 +4,12 @@
 use std::time::{Duration, UNIX_EPOCH};
 
 use lazaret_core::{AttemptRecord, Failure, JobState, Timestamp};
-use lazaret_store::{DeadLetter, JobView, LeasedJob, ReasonCount};
+use lazaret_store::{ApiToken, DeadLetter, JobView, LeasedJob, ReasonCount};
 use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
+
+use crate::config::TokenConfig;
 
 /// RFC 3339 with milliseconds, UTC.
 pub fn time(t: Timestamp) -> String {
@@ -182,6 +184,22 @@ pub fn reason(r: &ReasonCount) -> Value {
         "count": r.count,
         "first_at": time(r.first_at),
         "last_at": time(r.last_at),
+    })
+}
+
+/// A `[[tokens]]` entry in `GET /v1/tokens`: never its secret or hash.
+pub fn config_token(t: &TokenConfig) -> Value {
+    json!({
+        "name": t.name, "role": t.role.as_str(), "source": "config",
+        "created_at": null, "created_by": null,
+    })
+}
+
+/// A token created through the API in `GET /v1/tokens`: never its hash.
+pub fn api_token(t: &ApiToken) -> Value {
+    json!({
+        "name": t.name, "role": t.role, "source": "api",
+        "created_at": time(t.created_at), "created_by": t.created_by,
     })
 }
 

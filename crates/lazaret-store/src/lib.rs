@@ -9,7 +9,9 @@
 //! one place.
 //!
 //! What it deliberately does not do: HTTP, auth, admission checks, breaker
-//! state, metrics. Those belong to the server.
+//! state, metrics. Those belong to the server. It keeps the tokens created
+//! through the API (name, role, SHA-256 of the secret) but never decides who
+//! may do what.
 
 mod model;
 pub mod sqlite;
@@ -131,6 +133,27 @@ pub trait Store: Send + Sync + 'static {
         before: Timestamp,
         batch: u32,
     ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// Stores a token created through the API and, in the same transaction,
+    /// its audit entry. A taken name or secret is refused and nothing is
+    /// written. Names of config-file tokens are the caller's to check: the
+    /// store knows only API tokens.
+    fn create_token(
+        &self,
+        token: ApiToken,
+        audit: AuditEntry,
+    ) -> impl Future<Output = Result<Result<(), TokenError>, StoreError>> + Send;
+
+    /// Deletes the API token `name` and, in the same transaction, writes its
+    /// audit entry; `false` (and no audit entry) when there is none.
+    fn revoke_token(
+        &self,
+        name: String,
+        audit: AuditEntry,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Every API token, oldest first.
+    fn tokens(&self) -> impl Future<Output = Result<Vec<ApiToken>, StoreError>> + Send;
 
     /// Flushes and closes; later calls fail with [`StoreError::Closed`].
     fn close(&self) -> impl Future<Output = Result<(), StoreError>> + Send;

@@ -330,6 +330,51 @@ pub struct AuditEntry {
     pub count: u64,
 }
 
+/// A bearer token created through the API (`[[tokens]]` from the config file
+/// are not stored). Only the SHA-256 of its secret is kept, never the secret.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ApiToken {
+    /// The actor named in the audit log; unique among tokens.
+    pub name: String,
+    /// The role word (`producer`, `worker`, `operator`, `admin`); the server
+    /// gives it meaning, the store keeps it as written.
+    pub role: String,
+    /// Lower-case hex SHA-256 of the secret; unique among tokens.
+    pub token_sha256: String,
+    /// When it was created.
+    pub created_at: Timestamp,
+    /// The name of the token that created it.
+    pub created_by: String,
+}
+
+impl fmt::Debug for ApiToken {
+    // A hash of a short secret can be brute-forced: logs get a fingerprint only.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ApiToken")
+            .field("name", &self.name)
+            .field("role", &self.role)
+            .field(
+                "token_sha256",
+                &format_args!("{}…", self.token_sha256.get(..8).unwrap_or("")),
+            )
+            .field("created_at", &self.created_at)
+            .field("created_by", &self.created_by)
+            .finish()
+    }
+}
+
+/// Why a token was not created; nothing was written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum TokenError {
+    /// Another stored token has this name.
+    #[error("a token with this name exists already; pick another name, or revoke that token first")]
+    NameTaken,
+    /// Another stored token has this secret.
+    #[error("a token with this secret exists already; generate a new secret")]
+    SecretTaken,
+}
+
 /// A job as `GET /v1/jobs/{id}` shows it.
 #[derive(Clone, Debug)]
 pub struct JobView {

@@ -241,6 +241,22 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn create_token(
+        &self,
+        token: crate::ApiToken,
+        audit: AuditEntry,
+    ) -> Result<Result<(), crate::TokenError>, StoreError> {
+        self.call(|tx| Cmd::CreateToken(token, audit, tx)).await
+    }
+
+    async fn revoke_token(&self, name: String, audit: AuditEntry) -> Result<bool, StoreError> {
+        self.call(|tx| Cmd::RevokeToken(name, audit, tx)).await
+    }
+
+    async fn tokens(&self) -> Result<Vec<crate::ApiToken>, StoreError> {
+        self.read(reader::tokens).await
+    }
+
     async fn close(&self) -> Result<(), StoreError> {
         self.closed.store(true, Ordering::Release);
         let r = self.call(Cmd::Close).await;

@@ -287,3 +287,23 @@ pub(super) fn audit_log(c: &Connection, limit: u32) -> Result<Vec<AuditEntry>, S
     }
     Ok(out)
 }
+
+pub(super) fn tokens(c: &Connection) -> Result<Vec<crate::ApiToken>, StoreError> {
+    let mut stmt = db(c.prepare_cached(
+        "SELECT name, role, token_sha256, created_at, created_by FROM tokens ORDER BY created_at, name",
+    ))?;
+    let rows = db(stmt.query_map([], |r| {
+        Ok(crate::ApiToken {
+            name: r.get(0)?,
+            role: r.get(1)?,
+            token_sha256: r.get(2)?,
+            created_at: Timestamp::from_millis(r.get(3)?),
+            created_by: r.get(4)?,
+        })
+    }))?;
+    let mut out = Vec::new();
+    for row in rows {
+        out.push(db(row)?);
+    }
+    Ok(out)
+}

@@ -45,6 +45,12 @@ pub(super) enum Cmd {
     Stats(Reply<StoreStats>),
     RemoveSucceeded(Timestamp, u32, Reply<u64>),
     Close(Reply<()>),
+    CreateToken(
+        crate::ApiToken,
+        AuditEntry,
+        Reply<Result<(), crate::TokenError>>,
+    ),
+    RevokeToken(String, AuditEntry, Reply<bool>),
 }
 
 /// An answer held back until the group's commit.
@@ -343,6 +349,8 @@ impl Writer {
             Cmd::Stats(tx) => run!(tx, self.stats()),
             Cmd::RemoveSucceeded(before, n, tx) => run!(tx, self.remove_succeeded(before, n)),
             Cmd::Close(tx) => run!(tx, Ok(())),
+            Cmd::CreateToken(token, entry, tx) => run!(tx, self.create_token(&token, &entry)),
+            Cmd::RevokeToken(name, entry, tx) => run!(tx, self.revoke_token(&name, &entry)),
         }
     }
 
@@ -1074,6 +1082,61 @@ impl Writer {
         self.succeeded = self.succeeded.saturating_sub(n);
         Ok(n)
     }
+
+    /// Inserts an API token and its audit entry. A taken name or secret is
+    /// checked first and answered as a refusal, not a failed command, so it
+    /// does not roll back the rest of the group.
+    fn create_token(
+        &mut self,
+        t: &crate::ApiToken,
+        entry: &AuditEntry,
+    ) -> Result<Result<(), crate::TokenError>, StoreError> {
+        let taken = |sql: &str, value: &str| -> Result<bool, StoreError> {
+            db(self
+                .conn
+                .prepare_cached(sql)?
+                .query_row(params![value], |_| Ok(()))
+                .optional())
+            .map(|row| row.is_some())
+        };
+        if taken("SELECT 1 FROM tokens WHERE name = ?1", &t.name)? {
+            return Ok(Err(crate::TokenError::NameTaken));
+        }
+        if taken(
+            "SELECT 1 FROM tokens WHERE token_sha256 = ?1",
+            &t.token_sha256,
+        )? {
+            return Ok(Err(crate::TokenError::SecretTaken));
+        }
+        db(self
+            .conn
+            .prepare_cached(
+                "INSERT INTO tokens (name, role, token_sha256, created_at, created_by)
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+            )?
+            .execute(params![
+                t.name,
+                t.role,
+                t.token_sha256,
+                ms(t.created_at),
+                t.created_by
+            ]))?;
+        self.audit(entry)?;
+        Ok(Ok(()))
+    }
+
+    /// Deletes an API token and writes its audit entry; `false` when unknown.
+    fn revoke_token(&mut self, name: &str, entry: &AuditEntry) -> Result<bool, StoreError> {
+        let n = db(self
+            .conn
+            .prepare_cached("DELETE FROM tokens WHERE name = ?1")?
+            .execute(params![name]))?;
+        if n == 0 {
+            return Ok(false);
+        }
+        self.audit(entry)?;
+        Ok(true)
+    }
 }
 
 /// Answers a command that never ran.
@@ -1092,5 +1155,7 @@ fn fail_cmd(cmd: Cmd, msg: &str) {
         Cmd::Stats(tx) => drop(tx.send(Err(e()))),
         Cmd::RemoveSucceeded(_, _, tx) => drop(tx.send(Err(e()))),
         Cmd::Close(tx) => drop(tx.send(Err(e()))),
+        Cmd::CreateToken(_, _, tx) => drop(tx.send(Err(e()))),
+        Cmd::RevokeToken(_, _, tx) => drop(tx.send(Err(e()))),
     }
 }

@@ -25,6 +25,7 @@ pub mod lifecycle;
 pub mod outcomes;
 pub mod redrive;
 pub mod stats;
+pub mod tokens;
 
 use std::fmt::Write as _;
 use std::sync::Mutex;
@@ -91,6 +92,12 @@ macro_rules! conformance_suite {
             ],
             audit: [audit_entries_are_listed_newest_first],
             stats: [stats_count_jobs_per_lane],
+            tokens: [
+                created_tokens_are_listed_oldest_first_and_survive_a_restart,
+                a_taken_name_or_secret_is_refused_and_changes_nothing,
+                revoke_deletes_the_token_and_audits_it,
+                the_enqueuing_tokens_name_is_kept_with_the_job,
+            ],
             lifecycle: [
                 restart_after_close_keeps_everything,
                 restart_after_drop_keeps_everything,

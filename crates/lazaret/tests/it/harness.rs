@@ -343,6 +343,12 @@ impl Api {
             .await
     }
 
+    /// `DELETE path`.
+    pub async fn delete(&self, path: &str) -> Reply {
+        self.send(self.http.delete(format!("{}{path}", self.base)))
+            .await
+    }
+
     /// `POST path` with a JSON body.
     pub async fn post(&self, path: &str, body: &Value) -> Reply {
         self.send(self.http.post(format!("{}{path}", self.base)).json(body))

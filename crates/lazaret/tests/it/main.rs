@@ -14,4 +14,5 @@ mod python_worker;
 mod restart;
 mod retries;
 mod running;
+mod tokens;
 mod workers;
