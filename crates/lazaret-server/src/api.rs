@@ -1195,6 +1195,11 @@ async fn snapshot<S: Store>(app: &App<S>) -> Result<Value, ApiError> {
             "queued": c.queued, "scheduled": c.scheduled, "leased": c.leased,
         }))).collect::<serde_json::Map<_, _>>(),
         "succeeded_kept": s.succeeded,
+        "store": {
+            "commits": s.commits,
+            "commands": s.commands,
+            "commands_per_commit": if s.commits == 0 { 0.0 } else { s.commands as f64 / s.commits as f64 },
+        },
         "dead_letters": {
             "total": dl_total,
             "warn_at": app.config.dead_letters_warn,

@@ -401,6 +401,11 @@ pub struct StoreStats {
     pub dead_letters: Vec<(Option<String>, DeadLetterReason, u64)>,
     /// Succeeded jobs still kept (retention).
     pub succeeded: u64,
+    /// Transactions this process committed (group commit: one per group).
+    pub commits: u64,
+    /// Commands those transactions carried; `commands / commits` is how
+    /// many requests shared each fsync.
+    pub commands: u64,
 }
 
 /// Job counts in one lane.

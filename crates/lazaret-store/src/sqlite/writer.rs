@@ -102,6 +102,9 @@ pub(super) struct Writer {
     pairs: HashMap<Lane, HashMap<TenantId, Pair>>,
     scheduled: HashMap<Lane, u64>,
     succeeded: u64,
+    /// Groups committed and the commands in them, since start.
+    commits: u64,
+    commands: u64,
     next_id: u64,
     /// A command failed after touching the counts: rebuild them after the group.
     dirty: bool,
@@ -144,6 +147,8 @@ impl Writer {
             scheduled: HashMap::new(),
             succeeded: 0,
             next_id: next_id as u64 + 1,
+            commits: 0,
+            commands: 0,
             dirty: false,
             isolated_groups: 0,
             grants: Vec::new(),
@@ -212,7 +217,7 @@ impl Writer {
                     Err(_) => break,
                 }
             }
-            let closing = self.run_group(&mut batch);
+            let closing = self.run_group(&mut batch, &rx);
             if closing {
                 return;
             }
@@ -234,7 +239,10 @@ impl Writer {
     /// happened; the caller may retry), and the next [`ISOLATED_GROUPS`]
     /// groups run each command in its own savepoint, so a command that keeps
     /// failing cannot take other requests down with it for long.
-    fn run_group(&mut self, batch: &mut Vec<Cmd>) -> bool {
+    ///
+    /// Commands that arrive while the group runs join it before its COMMIT
+    /// (up to [`GROUP_MAX`]): they share its fsync at no cost in latency.
+    fn run_group(&mut self, batch: &mut Vec<Cmd>, rx: &mpsc::Receiver<Cmd>) -> bool {
         let mut pending: Vec<Pending> = Vec::with_capacity(batch.len());
         let mut close: Option<Reply<()>> = None;
         let isolated = self.isolated_groups > 0;
@@ -248,42 +256,58 @@ impl Writer {
             return false;
         }
         let mut group_error: Option<String> = None;
-        for cmd in batch.drain(..) {
-            if let Cmd::Close(tx) = cmd {
-                close = Some(tx);
-                continue;
-            }
-            if let Some(msg) = &group_error {
-                fail_cmd(cmd, msg);
-                continue;
-            }
-            if isolated {
-                if let Err(e) = self.exec("SAVEPOINT cmd") {
-                    fail_cmd(cmd, &e.to_string());
+        let mut taken = 0;
+        loop {
+            taken += batch.len();
+            for cmd in batch.drain(..) {
+                if let Cmd::Close(tx) = cmd {
+                    close = Some(tx);
                     continue;
                 }
+                if let Some(msg) = &group_error {
+                    fail_cmd(cmd, msg);
+                    continue;
+                }
+                if isolated {
+                    if let Err(e) = self.exec("SAVEPOINT cmd") {
+                        fail_cmd(cmd, &e.to_string());
+                        continue;
+                    }
+                }
+                let (p, ok) = self.execute(cmd);
+                pending.push(p);
+                if ok && !isolated {
+                    continue;
+                }
+                if !ok {
+                    self.dirty = true;
+                }
+                if !isolated {
+                    group_error = Some("another request in the same transaction failed, so none of it was applied; retry".into());
+                    continue;
+                }
+                let end = if ok {
+                    self.exec("RELEASE cmd")
+                } else {
+                    self.exec("ROLLBACK TO cmd")
+                        .and_then(|()| self.exec("RELEASE cmd"))
+                };
+                if let Err(e) = end {
+                    tracing::error!(error = %e, "savepoint release failed");
+                    self.dirty = true;
+                }
             }
-            let (p, ok) = self.execute(cmd);
-            pending.push(p);
-            if ok && !isolated {
-                continue;
+            if group_error.is_some() || close.is_some() {
+                break;
             }
-            if !ok {
-                self.dirty = true;
+            while taken + batch.len() < GROUP_MAX {
+                match rx.try_recv() {
+                    Ok(cmd) => batch.push(cmd),
+                    Err(_) => break,
+                }
             }
-            if !isolated {
-                group_error = Some("another request in the same transaction failed, so none of it was applied; retry".into());
-                continue;
-            }
-            let end = if ok {
-                self.exec("RELEASE cmd")
-            } else {
-                self.exec("ROLLBACK TO cmd")
-                    .and_then(|()| self.exec("RELEASE cmd"))
-            };
-            if let Err(e) = end {
-                tracing::error!(error = %e, "savepoint release failed");
-                self.dirty = true;
+            if batch.is_empty() {
+                break;
             }
         }
         if let Some(msg) = group_error {
@@ -307,6 +331,10 @@ impl Writer {
         }
         let commit = self.exec("COMMIT");
         let commit_error = commit.as_ref().err().map(|e| e.to_string());
+        if commit_error.is_none() {
+            self.commits += 1;
+            self.commands += taken as u64;
+        }
         if commit_error.is_some() {
             let _ = self.conn.execute_batch("ROLLBACK");
             self.dirty = true;
@@ -1068,6 +1096,8 @@ impl Writer {
             lanes,
             dead_letters,
             succeeded: self.succeeded,
+            commits: self.commits,
+            commands: self.commands,
         })
     }
 

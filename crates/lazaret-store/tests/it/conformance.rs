@@ -91,7 +91,10 @@ macro_rules! conformance_suite {
                 purge_removes_the_dead_letter_and_its_job,
             ],
             audit: [audit_entries_are_listed_newest_first],
-            stats: [stats_count_jobs_per_lane],
+            stats: [
+                stats_count_jobs_per_lane,
+                stats_count_commits_and_the_commands_in_them,
+            ],
             tokens: [
                 created_tokens_are_listed_oldest_first_and_survive_a_restart,
                 a_taken_name_or_secret_is_refused_and_changes_nothing,

@@ -163,7 +163,9 @@ async fn migrates_a_version_1_database_in_place() {
             "INSERT INTO jobs (id, type, tenant, lane, state, run_at, attempts, lease_token,
              lease_expires_at, idempotency_key, created_at, finished_at, envelope, payload)
              VALUES (?1, 'resize', 'acme', 'default', ?2, 1, ?3, ?4, ?5, ?6, 1, ?7, ?8, ?9)";
-        let rows: [(&Envelope, &str, Option<i64>, Option<i64>, Option<i64>); 3] = [
+        // (envelope, state, lease token, lease expiry, finished at)
+        type Row<'a> = (&'a Envelope, &'a str, Option<i64>, Option<i64>, Option<i64>);
+        let rows: [Row<'_>; 3] = [
             (&queued, "queued", None, None, None),
             (&leased, "leased", Some(old_token), Some(60_000), None),
             (&done, "succeeded", None, None, Some(6)),

@@ -73,3 +73,27 @@ pub async fn stats_count_jobs_per_lane<S: Store>(dir: &Path, open: impl Fn(&Path
     let stats = s.stats().await.unwrap();
     assert_eq!(lane_counts(&stats, "fast"), counts(2, 2, 0));
 }
+
+/// Commits and the commands in them are counted: called one at a time,
+/// every command is a group of its own.
+pub async fn stats_count_commits_and_the_commands_in_them<S: Store>(
+    dir: &Path,
+    open: impl Fn(&Path) -> S,
+) {
+    let s = open(dir);
+    let before = s.stats().await.unwrap();
+    let (jobs, leases) = (8, 4);
+    for i in 0..jobs {
+        s.enqueue(vec![new_job("resize", &format!("t-{i}"), "default")])
+            .await
+            .unwrap();
+    }
+    for _ in 0..leases {
+        s.lease(lease_req(at(10), 1)).await.unwrap();
+    }
+    let after = s.stats().await.unwrap();
+    // The enqueues, the leases and the first stats call.
+    let calls = jobs + leases + 1;
+    assert_eq!(after.commands - before.commands, calls);
+    assert_eq!(after.commits - before.commits, calls);
+}
