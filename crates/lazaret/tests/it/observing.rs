@@ -191,5 +191,18 @@ async fn metrics_carry_every_name_the_contract_lists() {
     assert!(labelled("lazaret_breaker_open", &["type"]), "{text}");
 
     let r = api.get("/v1/stats").await;
-    assert!(r.expect(200).is_object(), "{}", r.text());
+    let stats = r.expect(200);
+    // Group commit is visible: the requests above were committed, and no
+    // commit carried nothing.
+    let store = &stats["store"];
+    let (commits, commands) = (
+        store["commits"].as_u64().expect("store.commits"),
+        store["commands"].as_u64().expect("store.commands"),
+    );
+    assert!(commits > 0 && commands >= commits, "{stats}");
+    let ratio = store["commands_per_commit"].as_f64().expect("a ratio");
+    assert!(
+        (ratio - commands as f64 / commits as f64).abs() < 1e-9,
+        "{stats}"
+    );
 }
