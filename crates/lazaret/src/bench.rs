@@ -6,6 +6,7 @@
 //! run at once; the clock runs from the first enqueue to the last ack, and
 //! every enqueued id must come back acked exactly once.
 
+mod http;
 mod load;
 mod server;
 mod stats;
@@ -18,7 +19,7 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use serde::Serialize;
 
-use load::{Api, Load};
+use load::Load;
 use server::ServerProcess;
 use stats::{Latency, Verify};
 
@@ -223,13 +224,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
 }
 
 async fn run_async(args: BenchArgs) -> anyhow::Result<()> {
-    let client = reqwest::Client::builder()
-        .tcp_nodelay(true)
-        .pool_max_idle_per_host(1024)
-        .timeout(Duration::from_secs(120))
-        .build()
-        .context("building the HTTP client")?;
-
+    // A bad --server URL (https, say) is refused before anything starts.
+    if let Some(url) = &args.server {
+        http::parse_base_url(url).context("bad --server URL")?;
+    }
     let specs = match args.scenario {
         Some(s) => RunSpec::scenario(&args, s),
         None => vec![RunSpec::from_args(&args)],
@@ -247,7 +245,7 @@ async fn run_async(args: BenchArgs) -> anyhow::Result<()> {
             "bench {}: {} jobs, batch {}, {} producers + {} consumers, backlog {}",
             spec.name, spec.jobs, spec.batch, spec.producers, spec.consumers, spec.backlog
         );
-        match run_one(&args, &client, spec).await {
+        match run_one(&args, spec).await {
             Ok(report) => {
                 write!(human, "{}", render_run(&report))?;
                 human.flush()?;
@@ -296,16 +294,12 @@ async fn run_async(args: BenchArgs) -> anyhow::Result<()> {
 }
 
 /// Starts a server (unless --server), fills the backlog, runs the load.
-async fn run_one(
-    args: &BenchArgs,
-    client: &reqwest::Client,
-    spec: &RunSpec,
-) -> anyhow::Result<RunReport> {
+async fn run_one(args: &BenchArgs, spec: &RunSpec) -> anyhow::Result<RunReport> {
     let mut spawned = match &args.server {
         Some(_) => None,
-        None => Some(ServerProcess::spawn(args.config.as_deref(), client).await?),
+        None => Some(ServerProcess::spawn(args.config.as_deref()).await?),
     };
-    let result = measure(args, client, spec, spawned.as_mut()).await;
+    let result = measure(args, spec, spawned.as_mut()).await;
     if let Some(server) = spawned {
         let log = server.log_excerpt();
         server.stop().await;
@@ -316,7 +310,6 @@ async fn run_one(
 
 async fn measure(
     args: &BenchArgs,
-    client: &reqwest::Client,
     spec: &RunSpec,
     mut server: Option<&mut ServerProcess>,
 ) -> anyhow::Result<RunReport> {
@@ -325,7 +318,7 @@ async fn measure(
         (None, Some(s)) => s.url().to_owned(),
         (None, None) => bail!("no server to drive"),
     };
-    let api = Api::new(client.clone(), &url, args.token.clone());
+    let client = http::Client::new(&url, args.token.as_deref())?;
     let rss =
         |server: &Option<&mut ServerProcess>| server.as_ref().map(|s| server::rss_kb(s.pid()));
     let mut memory = Memory {
@@ -336,7 +329,7 @@ async fn measure(
     let load = spec.load();
     let mut backlog_fill = Duration::ZERO;
     if spec.backlog > 0 {
-        backlog_fill = load::fill_backlog(&api, spec.backlog, &load).await?;
+        backlog_fill = load::fill_backlog(&client, spec.backlog, &load).await?;
         eprintln!(
             "  backlog of {} queued in {:.2} s ({:.0} jobs/s)",
             spec.backlog,
@@ -354,7 +347,7 @@ async fn measure(
         )
     };
     let cpu_before = cpu_at();
-    let mut m = load::run_load(&api, &load).await?;
+    let mut m = load::run_load(&client, &load).await?;
     let cpu_after = cpu_at();
     let used = |a: Option<f64>, b: Option<f64>| Some(b? - a?);
     let server_s = used(cpu_before.1, cpu_after.1);
