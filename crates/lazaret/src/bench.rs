@@ -185,6 +185,9 @@ struct Memory {
 struct Cpu {
     /// This bench process (the clients).
     client_s: Option<f64>,
+    /// Client CPU microseconds per job: what the load generator takes from
+    /// the cores it shares with the server.
+    client_us_per_job: Option<f64>,
     /// The server, when the bench started it.
     server_s: Option<f64>,
     /// Server CPU microseconds per job.
@@ -356,11 +359,16 @@ async fn measure(
     let mut m = load::run_load(&client, &load).await?;
     let cpu_after = cpu_at();
     let used = |a: Option<f64>, b: Option<f64>| Some(b? - a?);
-    let server_s = used(cpu_before.1, cpu_after.1);
+    let per_job = |s: Option<f64>| s.map(|s| s * 1e6 / spec.jobs as f64);
+    let (client_s, server_s) = (
+        used(cpu_before.0, cpu_after.0),
+        used(cpu_before.1, cpu_after.1),
+    );
     let cpu = Cpu {
-        client_s: used(cpu_before.0, cpu_after.0),
+        client_s,
+        client_us_per_job: per_job(client_s),
         server_s,
-        server_us_per_job: server_s.map(|s| s * 1e6 / spec.jobs as f64),
+        server_us_per_job: per_job(server_s),
     };
     if let Some(r) = rss(&server) {
         (memory.rss_end_kb, memory.rss_peak_kb) = r;
@@ -468,8 +476,12 @@ fn render_run(r: &RunReport) -> String {
     let secs = |s: Option<f64>| s.map_or_else(|| "-".into(), |s| format!("{s:.2} s"));
     let _ = writeln!(
         out,
-        "  CPU         client {}, server {}{}",
+        "  CPU         client {}{}, server {}{}",
         secs(r.cpu.client_s),
+        r.cpu
+            .client_us_per_job
+            .map(|us| format!(" ({us:.0} us per job)"))
+            .unwrap_or_default(),
         secs(r.cpu.server_s),
         r.cpu
             .server_us_per_job
