@@ -5,9 +5,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use std::borrow::Cow;
+
 use anyhow::{Context, bail};
-use serde::Deserialize;
-use serde_json::Value;
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use super::http::{self, Connection};
 
 /// Jobs per request when filling the backlog.
 pub const BACKLOG_BATCH: u64 = 1000;
@@ -21,52 +26,12 @@ pub const BACKLOG_LANE: &str = "backlog";
 const JOB_TYPE: &str = "bench";
 /// Long-poll of each lease request.
 const LEASE_WAIT_MS: u64 = 1000;
+/// The lease endpoint.
+const LEASES: &str = "/v1/leases";
+/// The batch ack endpoint.
+const ACKS: &str = "/v1/acks";
 /// Errors kept verbatim for the report.
 const ERRORS_KEPT: usize = 5;
-
-/// A thin HTTP client for the few endpoints the bench uses.
-#[derive(Debug, Clone)]
-pub struct Api {
-    client: reqwest::Client,
-    base: String,
-    token: Option<String>,
-}
-
-impl Api {
-    pub fn new(client: reqwest::Client, base: &str, token: Option<String>) -> Self {
-        Api {
-            client,
-            base: base.trim_end_matches('/').to_owned(),
-            token,
-        }
-    }
-
-    /// POSTs a JSON body and decodes the 2xx answer as `T`; any other
-    /// status is an error naming the endpoint, status and body.
-    async fn post<T: serde::de::DeserializeOwned>(
-        &self,
-        path: &str,
-        body: String,
-    ) -> anyhow::Result<T> {
-        let mut req = self
-            .client
-            .post(format!("{}{path}", self.base))
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(body);
-        if let Some(token) = &self.token {
-            req = req.bearer_auth(token);
-        }
-        let resp = req.send().await.with_context(|| format!("POST {path}"))?;
-        let status = resp.status();
-        if !status.is_success() {
-            let text = resp.text().await.unwrap_or_default();
-            bail!("POST {path}: {status}: {text}");
-        }
-        resp.json()
-            .await
-            .with_context(|| format!("POST {path}: unexpected answer"))
-    }
-}
 
 /// The shape of the load.
 #[derive(Debug, Clone)]
@@ -106,57 +71,138 @@ pub fn batch_body(from: u64, to: u64, lane: &str, tenants: u64, data: &str) -> S
     out
 }
 
-/// An id as text, whether the server sends numbers or strings.
-fn id_key(id: &Value) -> String {
-    match id {
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
+/// An id or lease token as text, whether the server writes it as a JSON
+/// string (borrowed from the reply unless it holds escapes) or a number.
+#[derive(Debug, PartialEq, Eq)]
+struct Text<'a>(Cow<'a, str>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit<'a>(std::marker::PhantomData<&'a ()>);
+        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visit<'a> {
+            type Value = Text<'a>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string or an integer")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Text<'a>, E> {
+                Ok(Text(Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Text<'a>, E> {
+                Ok(Text(Cow::Owned(v.to_owned())))
+            }
+            fn visit_u64<E>(self, v: u64) -> Result<Text<'a>, E> {
+                Ok(Text(Cow::Owned(v.to_string())))
+            }
+            fn visit_i64<E>(self, v: i64) -> Result<Text<'a>, E> {
+                Ok(Text(Cow::Owned(v.to_string())))
+            }
+        }
+        d.deserialize_any(Visit(std::marker::PhantomData))
     }
 }
 
-#[derive(Deserialize)]
-struct Enqueued {
-    id: Value,
+impl Text<'_> {
+    fn as_str(&self) -> &str {
+        &self.0
+    }
 }
 
-#[derive(Deserialize)]
-struct BatchReply {
-    results: Vec<BatchItem>,
+/// `POST /v1/jobs` (the other fields of the reply are skipped).
+#[derive(Debug, Deserialize)]
+struct Enqueued<'a> {
+    #[serde(borrow)]
+    id: Text<'a>,
 }
 
-#[derive(Deserialize)]
-struct BatchItem {
-    id: Option<Value>,
-    error: Option<Value>,
+/// `POST /v1/jobs/batch`: per job, its id or the server's error, kept verbatim.
+#[derive(Debug, Deserialize)]
+struct BatchReply<'a> {
+    #[serde(borrow)]
+    results: Vec<BatchItem<'a>>,
 }
 
-#[derive(Deserialize)]
-struct LeaseReply {
-    jobs: Vec<Leased>,
+#[derive(Debug, Deserialize)]
+struct BatchItem<'a> {
+    #[serde(borrow)]
+    id: Option<Text<'a>>,
+    #[serde(borrow)]
+    error: Option<&'a RawValue>,
 }
 
-#[derive(Deserialize)]
-struct Leased {
-    id: Value,
-    lease_token: Value,
+/// `POST /v1/leases`: only what an ack needs (payloads are skipped unread).
+#[derive(Debug, Deserialize)]
+struct LeaseReply<'a> {
+    #[serde(borrow)]
+    jobs: Vec<Leased<'a>>,
 }
 
-#[derive(Deserialize)]
-struct AcksReply {
-    results: Vec<AckItem>,
+#[derive(Debug, Deserialize)]
+struct Leased<'a> {
+    #[serde(borrow)]
+    id: Text<'a>,
+    #[serde(borrow)]
+    lease_token: Text<'a>,
 }
 
-#[derive(Deserialize)]
-struct AckItem {
-    error: Option<Value>,
+/// `POST /v1/acks`: per item, the server's error if it refused it.
+#[derive(Debug, Deserialize)]
+struct AcksReply<'a> {
+    #[serde(borrow)]
+    results: Vec<AckItem<'a>>,
+}
+
+#[derive(Debug, Deserialize)]
+struct AckItem<'a> {
+    #[serde(borrow)]
+    error: Option<&'a RawValue>,
+}
+
+/// The body of `POST /v1/leases`; the same for every lease of a consumer.
+#[derive(Debug, Serialize)]
+struct LeaseBody<'a> {
+    worker_id: &'a str,
+    lanes: [&'a str; 1],
+    types: Option<&'a [&'a str]>,
+    max_jobs: u64,
+    lease_ms: u64,
+    wait_ms: u64,
+}
+
+/// The body of `POST /v1/jobs/{id}/ack`.
+#[derive(Debug, Serialize)]
+struct AckBody<'a> {
+    lease_token: &'a str,
+}
+
+/// The body of `POST /v1/acks`.
+#[derive(Debug, Serialize)]
+struct AcksBody<'a> {
+    items: Vec<AckBodyItem<'a>>,
+}
+
+#[derive(Debug, Serialize)]
+struct AckBodyItem<'a> {
+    id: &'a str,
+    lease_token: &'a str,
+}
+
+/// Decodes a 2xx answer of `POST {path}`.
+fn decode<'a, T: Deserialize<'a>>(path: &str, body: &'a [u8]) -> anyhow::Result<T> {
+    serde_json::from_slice(body).with_context(|| format!("POST {path}: unexpected answer"))
 }
 
 /// Enqueues a batch and returns the ids in order; any refused job is an error.
-async fn enqueue_batch(api: &Api, body: String, expect: u64) -> anyhow::Result<Vec<String>> {
-    let reply: BatchReply = api.post("/v1/jobs/batch", body).await?;
+async fn enqueue_batch(
+    conn: &mut Connection,
+    body: String,
+    expect: u64,
+) -> anyhow::Result<Vec<String>> {
+    const PATH: &str = "/v1/jobs/batch";
+    let bytes = conn.post(PATH, body).await?;
+    let reply: BatchReply<'_> = decode(PATH, &bytes)?;
     if reply.results.len() as u64 != expect {
         bail!(
-            "POST /v1/jobs/batch: {} results for {expect} jobs",
+            "POST {PATH}: {} results for {expect} jobs",
             reply.results.len()
         );
     }
@@ -164,23 +210,72 @@ async fn enqueue_batch(api: &Api, body: String, expect: u64) -> anyhow::Result<V
         .results
         .into_iter()
         .map(|r| match (r.error, r.id) {
-            (None, Some(id)) => Ok(id_key(&id)),
-            (Some(e), _) => bail!("POST /v1/jobs/batch refused a job: {e}"),
-            (None, None) => bail!("POST /v1/jobs/batch: a result with neither id nor error"),
+            (None, Some(id)) => Ok(id.0.into_owned()),
+            (Some(e), _) => bail!("POST {PATH} refused a job: {e}"),
+            (None, None) => bail!("POST {PATH}: a result with neither id nor error"),
         })
         .collect()
 }
 
+/// Enqueues one job (`POST /v1/jobs`) and returns its id.
+async fn enqueue_one(conn: &mut Connection, body: String) -> anyhow::Result<String> {
+    const PATH: &str = "/v1/jobs";
+    let bytes = conn.post(PATH, body).await?;
+    let reply: Enqueued<'_> = decode(PATH, &bytes)?;
+    Ok(reply.id.0.into_owned())
+}
+
+/// Acks one leased job (`POST /v1/jobs/{id}/ack`); the answer's fields are not needed.
+async fn ack_one(conn: &mut Connection, job: &Leased<'_>) -> anyhow::Result<()> {
+    let mut path = String::with_capacity(32);
+    path.push_str("/v1/jobs/");
+    http::push_segment(&mut path, job.id.as_str());
+    path.push_str("/ack");
+    let body = serde_json::to_vec(&AckBody {
+        lease_token: job.lease_token.as_str(),
+    })?;
+    conn.post(&path, body).await?;
+    Ok(())
+}
+
+/// The lease request of consumer `index`, encoded once and sent for every lease.
+fn lease_body(index: u64, load: &Load) -> Bytes {
+    let worker_id = format!("bench-{index}");
+    let body = LeaseBody {
+        worker_id: &worker_id,
+        lanes: [BENCH_LANE],
+        types: None,
+        max_jobs: load.batch,
+        lease_ms: load.lease_ms,
+        wait_ms: LEASE_WAIT_MS,
+    };
+    Bytes::from(serde_json::to_vec(&body).expect("a struct of strings and numbers encodes"))
+}
+
+/// `{"items":[{"id", "lease_token"}, ...]}` for the jobs of one lease.
+fn acks_body(jobs: &[Leased<'_>]) -> Vec<u8> {
+    let body = AcksBody {
+        items: jobs
+            .iter()
+            .map(|j| AckBodyItem {
+                id: j.id.as_str(),
+                lease_token: j.lease_token.as_str(),
+            })
+            .collect(),
+    };
+    serde_json::to_vec(&body).expect("a struct of strings encodes")
+}
+
 /// Fills lane `backlog` with `n` jobs in batches of 1000; returns the time it took.
-pub async fn fill_backlog(api: &Api, n: u64, load: &Load) -> anyhow::Result<Duration> {
+pub async fn fill_backlog(client: &http::Client, n: u64, load: &Load) -> anyhow::Result<Duration> {
     let start = Instant::now();
     let next = Arc::new(AtomicU64::new(0));
     let done = Arc::new(AtomicU64::new(0));
     let data = Arc::new("x".repeat(load.payload_bytes));
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..BACKLOG_CONCURRENCY {
-        let (api, next, done, data, tenants) = (
-            api.clone(),
+        let (mut conn, next, done, data, tenants) = (
+            client.connection(),
             next.clone(),
             done.clone(),
             data.clone(),
@@ -201,7 +296,7 @@ pub async fn fill_backlog(api: &Api, n: u64, load: &Load) -> anyhow::Result<Dura
                     tenants,
                     &data,
                 );
-                enqueue_batch(&api, body, to - from).await?;
+                enqueue_batch(&mut conn, body, to - from).await?;
                 let total = done.fetch_add(to - from, Ordering::Relaxed) + (to - from);
                 if total % 100_000 < BACKLOG_BATCH && n >= 200_000 {
                     eprintln!("  backlog: {total}/{n} queued");
@@ -235,7 +330,7 @@ pub struct Measured {
 }
 
 struct Shared {
-    api: Api,
+    client: http::Client,
     load: Load,
     data: String,
     next_job: AtomicU64,
@@ -277,6 +372,7 @@ fn micros(since: Instant) -> u64 {
 
 async fn producer(s: Arc<Shared>) -> ProducerOut {
     let mut out = ProducerOut::default();
+    let mut conn = s.client.connection();
     let batch = s.load.batch;
     while !s.stopping() {
         let from = s.next_job.fetch_add(batch, Ordering::Relaxed);
@@ -288,13 +384,10 @@ async fn producer(s: Arc<Shared>) -> ProducerOut {
         let result = if batch == 1 {
             let mut body = String::with_capacity(s.data.len() + 96);
             push_job(&mut body, from, BENCH_LANE, s.load.tenants, &s.data);
-            s.api
-                .post::<Enqueued>("/v1/jobs", body)
-                .await
-                .map(|e| vec![id_key(&e.id)])
+            enqueue_one(&mut conn, body).await.map(|id| vec![id])
         } else {
             let body = batch_body(from, to, BENCH_LANE, s.load.tenants, &s.data);
-            enqueue_batch(&s.api, body, to - from).await
+            enqueue_batch(&mut conn, body, to - from).await
         };
         out.lat.push(micros(t));
         match result {
@@ -311,15 +404,8 @@ async fn producer(s: Arc<Shared>) -> ProducerOut {
 
 async fn consumer(s: Arc<Shared>, index: u64) -> ConsumerOut {
     let mut out = ConsumerOut::default();
-    let lease_body = serde_json::json!({
-        "worker_id": format!("bench-{index}"),
-        "lanes": [BENCH_LANE],
-        "types": null,
-        "max_jobs": s.load.batch,
-        "lease_ms": s.load.lease_ms,
-        "wait_ms": LEASE_WAIT_MS,
-    })
-    .to_string();
+    let mut conn = s.client.connection();
+    let lease_body = lease_body(index, &s.load);
     let fail = |out: &mut ConsumerOut, e: anyhow::Error| {
         if out.errors.len() < ERRORS_KEPT {
             out.errors.push(format!("{e:#}"));
@@ -336,12 +422,16 @@ async fn consumer(s: Arc<Shared>, index: u64) -> ConsumerOut {
             break;
         }
         let t = Instant::now();
-        let leased = s
-            .api
-            .post::<LeaseReply>("/v1/leases", lease_body.clone())
-            .await;
+        let leased = conn.post(LEASES, lease_body.clone()).await;
         let lat = micros(t);
-        let jobs = match leased {
+        let reply = match leased {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                fail(&mut out, e);
+                break;
+            }
+        };
+        let jobs = match decode::<LeaseReply<'_>>(LEASES, &reply) {
             Ok(r) => r.jobs,
             Err(e) => {
                 fail(&mut out, e);
@@ -357,28 +447,31 @@ async fn consumer(s: Arc<Shared>, index: u64) -> ConsumerOut {
         out.leased += jobs.len() as u64;
 
         if s.load.batch > 1 {
-            let items: Vec<Value> = jobs
-                .iter()
-                .map(|j| serde_json::json!({"id": j.id, "lease_token": j.lease_token}))
-                .collect();
-            let body = serde_json::json!({ "items": items }).to_string();
+            let body = acks_body(&jobs);
             let t = Instant::now();
-            let acked = s.api.post::<AcksReply>("/v1/acks", body).await;
+            let acked = conn.post(ACKS, body).await;
             out.ack_lat.push(micros(t));
+            let acked = acked.and_then(|bytes| {
+                let r: AcksReply<'_> = decode(ACKS, &bytes)?;
+                Ok(r.results
+                    .iter()
+                    .map(|i| i.error.map(|e| e.get().to_owned()))
+                    .collect::<Vec<_>>())
+            });
             match acked {
-                Ok(r) if r.results.len() == jobs.len() => {
+                Ok(results) if results.len() == jobs.len() => {
                     let mut ok = 0;
-                    for (job, item) in jobs.iter().zip(r.results) {
-                        match item.error {
+                    for (job, error) in jobs.iter().zip(results) {
+                        match error {
                             None => {
-                                out.acked.push(id_key(&job.id));
+                                out.acked.push(job.id.as_str().to_owned());
                                 ok += 1;
                             }
                             Some(e) => {
                                 out.ack_errors += 1;
                                 fail(
                                     &mut out,
-                                    anyhow::anyhow!("ack of job {} refused: {e}", job.id),
+                                    anyhow::anyhow!("ack of job {} refused: {e}", job.id.as_str()),
                                 );
                             }
                         }
@@ -386,11 +479,11 @@ async fn consumer(s: Arc<Shared>, index: u64) -> ConsumerOut {
                     s.acked.fetch_add(ok, Ordering::Relaxed);
                     out.last_ack = Some(Instant::now());
                 }
-                Ok(r) => {
+                Ok(results) => {
                     out.ack_errors += jobs.len() as u64;
                     let e = anyhow::anyhow!(
-                        "POST /v1/acks: {} results for {} items",
-                        r.results.len(),
+                        "POST {ACKS}: {} results for {} items",
+                        results.len(),
                         jobs.len()
                     );
                     fail(&mut out, e);
@@ -402,14 +495,12 @@ async fn consumer(s: Arc<Shared>, index: u64) -> ConsumerOut {
             }
         } else {
             for job in &jobs {
-                let body = serde_json::json!({ "lease_token": job.lease_token }).to_string();
-                let path = format!("/v1/jobs/{}/ack", id_key(&job.id));
                 let t = Instant::now();
-                let acked = s.api.post::<serde::de::IgnoredAny>(&path, body).await;
+                let acked = ack_one(&mut conn, job).await;
                 out.ack_lat.push(micros(t));
                 match acked {
-                    Ok(_) => {
-                        out.acked.push(id_key(&job.id));
+                    Ok(()) => {
+                        out.acked.push(job.id.as_str().to_owned());
                         s.acked.fetch_add(1, Ordering::Relaxed);
                         out.last_ack = Some(Instant::now());
                     }
@@ -426,10 +517,10 @@ async fn consumer(s: Arc<Shared>, index: u64) -> ConsumerOut {
 
 /// Runs `load.producers` producers and `load.consumers` consumers at once,
 /// from the first enqueue until the last of `load.jobs` jobs is acked.
-pub async fn run_load(api: &Api, load: &Load) -> anyhow::Result<Measured> {
+pub async fn run_load(client: &http::Client, load: &Load) -> anyhow::Result<Measured> {
     let start = Instant::now();
     let shared = Arc::new(Shared {
-        api: api.clone(),
+        client: client.clone(),
         load: load.clone(),
         data: "x".repeat(load.payload_bytes),
         next_job: AtomicU64::new(0),
@@ -495,6 +586,8 @@ pub async fn run_load(api: &Api, load: &Load) -> anyhow::Result<Measured> {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::{Value, json};
+
     use super::*;
 
     #[test]
@@ -508,15 +601,87 @@ mod tests {
         assert_eq!(jobs[2]["tenant"], "t0");
         assert_eq!(jobs[1]["lane"], "bench");
         assert_eq!(jobs[1]["type"], "bench");
-        assert_eq!(
-            jobs[1]["payload"],
-            serde_json::json!({"seq": 11, "data": "xxxx"})
-        );
+        assert_eq!(jobs[1]["payload"], json!({"seq": 11, "data": "xxxx"}));
     }
 
     #[test]
     fn ids_of_either_json_kind_become_text() {
-        assert_eq!(id_key(&serde_json::json!(42)), "42");
-        assert_eq!(id_key(&serde_json::json!("j_42")), "j_42");
+        let text = |json: &str| serde_json::from_str::<Text<'_>>(json).map(|t| t.0.into_owned());
+        assert_eq!(text("42").unwrap(), "42");
+        assert_eq!(text(r#""j_42""#).unwrap(), "j_42");
+        assert_eq!(text(r#""a\"b""#).unwrap(), r#"a"b"#);
+        assert!(text("null").is_err());
+        assert!(text("[1]").is_err());
+        // Plain strings are borrowed from the reply, not copied.
+        let t: Text<'_> = serde_json::from_str(r#""17""#).unwrap();
+        assert!(matches!(t.0, Cow::Borrowed("17")));
+    }
+
+    #[test]
+    fn a_lease_reply_gives_ids_and_tokens_and_skips_the_rest() {
+        let reply = br#"{"jobs":[
+            {"id":"7","type":"bench","tenant":"t0","lane":"bench","payload":{"seq":1,"data":"x\"y"},
+             "attempt":1,"idempotency_key":null,"schema_version":null,"lease_token":"99",
+             "lease_expires_at":"2026-11-30T07:00:00.000Z","created_at":"2026-11-30T07:00:00.000Z"},
+            {"id":8,"lease_token":"100"}]}"#;
+        let r: LeaseReply<'_> = decode(LEASES, reply).unwrap();
+        let got: Vec<_> = r
+            .jobs
+            .iter()
+            .map(|j| (j.id.as_str(), j.lease_token.as_str()))
+            .collect();
+        assert_eq!(got, [("7", "99"), ("8", "100")]);
+        let bad = decode::<LeaseReply<'_>>(LEASES, b"<html>").unwrap_err();
+        assert_eq!(bad.to_string(), "POST /v1/leases: unexpected answer");
+    }
+
+    #[test]
+    fn batch_replies_keep_the_servers_error_verbatim() {
+        let reply = br#"{"results":[{"id":"1","state":"queued"},{"error":{"code":"POISON","message":"too big"}}]}"#;
+        let r: BatchReply<'_> = decode("/v1/jobs/batch", reply).unwrap();
+        assert_eq!(r.results[0].id.as_ref().map(Text::as_str), Some("1"));
+        assert!(r.results[0].error.is_none());
+        assert_eq!(
+            r.results[1].error.map(RawValue::get),
+            Some(r#"{"code":"POISON","message":"too big"}"#)
+        );
+        let acks: AcksReply<'_> = decode(
+            ACKS,
+            br#"{"results":[{"state":"succeeded"},{"error":{"code":"LEASE_LOST"}}]}"#,
+        )
+        .unwrap();
+        let errors: Vec<_> = acks
+            .results
+            .iter()
+            .map(|i| i.error.map(RawValue::get))
+            .collect();
+        assert_eq!(errors, [None, Some(r#"{"code":"LEASE_LOST"}"#)]);
+    }
+
+    #[test]
+    fn request_bodies_are_what_the_api_expects() {
+        let load = Load {
+            jobs: 10,
+            batch: 100,
+            producers: 1,
+            consumers: 1,
+            payload_bytes: 4,
+            tenants: 2,
+            lease_ms: 30_000,
+            timeout: Duration::from_secs(1),
+        };
+        let lease: Value = serde_json::from_slice(&lease_body(3, &load)).unwrap();
+        assert_eq!(
+            lease,
+            json!({"worker_id": "bench-3", "lanes": ["bench"], "types": null,
+                   "max_jobs": 100, "lease_ms": 30_000, "wait_ms": LEASE_WAIT_MS})
+        );
+        let reply = br#"{"jobs":[{"id":"7","lease_token":"99"},{"id":"8","lease_token":"1\"0"}]}"#;
+        let leased: LeaseReply<'_> = decode(LEASES, reply).unwrap();
+        let acks: Value = serde_json::from_slice(&acks_body(&leased.jobs)).unwrap();
+        assert_eq!(
+            acks,
+            json!({"items": [{"id": "7", "lease_token": "99"}, {"id": "8", "lease_token": "1\"0"}]})
+        );
     }
 }

@@ -5,8 +5,12 @@ use std::process::Stdio;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
+use bytes::Bytes;
+use hyper::{Method, StatusCode};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
+
+use super::http;
 
 /// What the server prints as its first stdout line.
 const LISTENING_PREFIX: &str = "lazaret listening on ";
@@ -121,7 +125,7 @@ pub struct ServerProcess {
 impl ServerProcess {
     /// Starts `current_exe serve --listen 127.0.0.1:0 --data DIR [--config FILE]`
     /// and waits until `GET /healthz` answers 200.
-    pub async fn spawn(config: Option<&Path>, client: &reqwest::Client) -> anyhow::Result<Self> {
+    pub async fn spawn(config: Option<&Path>) -> anyhow::Result<Self> {
         let exe = server_binary()?;
         let dir = TempDir::new()?;
         let data = dir.0.join("data");
@@ -179,29 +183,27 @@ impl ServerProcess {
         // Keep draining stdout so the server never blocks on a full pipe.
         tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
 
-        if let Err(e) = server.wait_healthy(client).await {
+        if let Err(e) = server.wait_healthy().await {
             return Err(server.fail(e).await);
         }
         Ok(server)
     }
 
-    async fn wait_healthy(&mut self, client: &reqwest::Client) -> anyhow::Result<()> {
+    async fn wait_healthy(&mut self) -> anyhow::Result<()> {
         let url = format!("{}/healthz", self.url);
+        let mut conn = http::Client::new(&self.url, None)?.connection();
         let deadline = Instant::now() + START_TIMEOUT;
         let mut last = String::from("no answer yet");
         loop {
             if let Some(status) = self.child.try_wait()? {
                 bail!("server exited ({status}) before /healthz answered 200 ({last})");
             }
-            match client
-                .get(&url)
-                .timeout(Duration::from_secs(5))
-                .send()
-                .await
-            {
-                Ok(r) if r.status() == reqwest::StatusCode::OK => return Ok(()),
-                Ok(r) => last = format!("last answer {}", r.status()),
-                Err(e) => last = format!("last error {e}"),
+            let health = conn.send(Method::GET, "/healthz", Bytes::new());
+            match tokio::time::timeout(Duration::from_secs(5), health).await {
+                Ok(Ok(r)) if r.status == StatusCode::OK => return Ok(()),
+                Ok(Ok(r)) => last = format!("last answer {}", r.status),
+                Ok(Err(e)) => last = format!("last error {e:#}"),
+                Err(_) => last = "last try timed out".into(),
             }
             if Instant::now() > deadline {
                 bail!("GET {url} did not answer 200 within {START_TIMEOUT:?} ({last})");
