@@ -72,6 +72,9 @@ fn pend<T: Send + 'static>(tx: Reply<T>, result: Result<T, StoreError>) -> Pendi
 const ISOLATED_GROUPS: u32 = 100;
 /// Commands taken into one transaction at most.
 const GROUP_MAX: usize = 1024;
+/// Commands arriving while a group runs join it only during this window,
+/// so a steady stream of arrivals cannot hold a group's commit back.
+const LATE_JOIN_WINDOW: std::time::Duration = std::time::Duration::from_millis(2);
 /// Scheduled jobs promoted per tick at most; the rest go on the next.
 const PROMOTE_MAX: i64 = 20_000;
 /// Expired leases handled per tick at most.
@@ -241,7 +244,8 @@ impl Writer {
     /// failing cannot take other requests down with it for long.
     ///
     /// Commands that arrive while the group runs join it before its COMMIT
-    /// (up to [`GROUP_MAX`]): they share its fsync at no cost in latency.
+    /// (up to [`GROUP_MAX`], for [`LATE_JOIN_WINDOW`]): they share its fsync
+    /// instead of waiting for the next one.
     fn run_group(&mut self, batch: &mut Vec<Cmd>, rx: &mpsc::Receiver<Cmd>) -> bool {
         let mut pending: Vec<Pending> = Vec::with_capacity(batch.len());
         let mut close: Option<Reply<()>> = None;
@@ -257,6 +261,7 @@ impl Writer {
         }
         let mut group_error: Option<String> = None;
         let mut taken = 0;
+        let began_at = std::time::Instant::now();
         loop {
             taken += batch.len();
             for cmd in batch.drain(..) {
@@ -297,7 +302,7 @@ impl Writer {
                     self.dirty = true;
                 }
             }
-            if group_error.is_some() || close.is_some() {
+            if group_error.is_some() || close.is_some() || began_at.elapsed() > LATE_JOIN_WINDOW {
                 break;
             }
             while taken + batch.len() < GROUP_MAX {
