@@ -759,14 +759,15 @@ impl Writer {
         token: LeaseToken,
         now: Timestamp,
     ) -> Result<Option<Completed>, StoreError> {
+        // A read, then a write by rowid: `UPDATE … RETURNING` would build
+        // and tear down an ephemeral table for every ack.
         let row = db(self
             .conn
             .prepare_cached(
-                "UPDATE OR FAIL jobs SET state = 'succeeded', finished_at = ?2, lease_token = NULL, lease_expires_at = NULL
-                 WHERE id = ?1 AND state = 'leased' AND lease_token = ?3 AND lease_started_at IS NOT NULL
-                 RETURNING type, tenant, lane, attempts, redrives",
+                "SELECT type, tenant, lane, attempts, redrives FROM jobs
+                 WHERE id = ?1 AND state = 'leased' AND lease_token = ?2 AND lease_started_at IS NOT NULL",
             )?
-            .query_row(params![id.0 as i64, ms(now), token.0 as i64], |r| {
+            .query_row(params![id.0 as i64, token.0 as i64], |r| {
                 Ok((
                     r.get::<_, String>(0)?,
                     r.get::<_, String>(1)?,
@@ -779,6 +780,13 @@ impl Writer {
         let Some((job_type, tenant, lane, attempts, redrives)) = row else {
             return Ok(None);
         };
+        db(self
+            .conn
+            .prepare_cached(
+                "UPDATE jobs SET state = 'succeeded', finished_at = ?2, lease_token = NULL, lease_expires_at = NULL
+                 WHERE id = ?1",
+            )?
+            .execute(params![id.0 as i64, ms(now)]))?;
         let lane = Lane::new(lane);
         let p = self.pair(&lane, &TenantId::new(tenant));
         p.inflight = p.inflight.saturating_sub(1);
