@@ -72,6 +72,8 @@ fn pend<T: Send + 'static>(tx: Reply<T>, result: Result<T, StoreError>) -> Pendi
 const ISOLATED_GROUPS: u32 = 100;
 /// Commands taken into one transaction at most.
 const GROUP_MAX: usize = 1024;
+/// A lease token is `(leases << 40) | (id & TOKEN_ID_MASK)`.
+const TOKEN_ID_MASK: i64 = (1 << 40) - 1;
 /// Commands arriving while a group runs join it only during this window,
 /// so a steady stream of arrivals cannot hold a group's commit back.
 const LATE_JOIN_WINDOW: std::time::Duration = std::time::Duration::from_millis(2);
@@ -578,9 +580,8 @@ impl Writer {
     }
 
     /// Leases up to `count` queued jobs of one (lane, tenant), oldest first,
-    /// in one statement that writes only columns: the attempt is charged and
-    /// the running attempt recorded in `lease_started_at` and `worker_id`
-    /// (see `super::stored`). The token, `(leases << 40) | (id mod 2^40)`,
+    /// writing only columns: the attempt is charged and the running attempt
+    /// recorded in `lease_started_at` and `worker_id` (see `super::stored`). The token, `(leases << 40) | (id mod 2^40)`,
     /// is new for every lease of a job, across restarts and redrives, since
     /// `leases` only grows; and unique across jobs below 2^40 ids.
     fn lease_from_pair(
@@ -603,17 +604,12 @@ impl Writer {
         // plus keeps the plan independent of the value.
         let expires = req.now.saturating_add(req.lease);
         let mut values: Vec<rusqlite::types::Value> = vec![
-            ms(expires).into(),
-            ms(req.now).into(),
-            req.worker_id.as_str().to_owned().into(),
             lane.as_str().to_owned().into(),
             tenant.as_str().to_owned().into(),
         ];
         let mut sql = String::from(
-            "UPDATE OR FAIL jobs SET state = 'leased', attempts = attempts + 1, leases = leases + 1,
-                 lease_token = ((leases + 1) << 40) | (id & 1099511627775),
-                 lease_expires_at = ?1, lease_started_at = ?2, worker_id = ?3
-             WHERE id IN (SELECT id FROM jobs WHERE lane = ?4 AND tenant = ?5 AND state = 'queued'",
+            "SELECT id, type, idempotency_key, schema_version, created_at, payload, attempts, leases
+             FROM jobs WHERE lane = ?1 AND tenant = ?2 AND state = 'queued'",
         );
         let list =
             |sql: &mut String, values: &mut Vec<rusqlite::types::Value>, items: &[String]| {
@@ -636,40 +632,52 @@ impl Writer {
             list(&mut sql, &mut values, filter.excluded);
         }
         values.push(i64::from(count).into());
-        sql.push_str(&format!(
-            " ORDER BY run_at, id LIMIT +?{})
-             RETURNING id, type, idempotency_key, schema_version, created_at, payload, attempts, lease_token, run_at",
-            values.len()
-        ));
-        let mut rows: Vec<(i64, i64, LeasedJob)> = Vec::with_capacity(count as usize);
+        sql.push_str(&format!(" ORDER BY run_at, id LIMIT +?{}", values.len()));
+        let start = out.len();
         {
             let mut stmt = db(self.conn.prepare_cached(&sql))?;
             let mut q = db(stmt.query(rusqlite::params_from_iter(values.iter())))?;
             while let Some(r) = db(q.next())? {
                 let id: i64 = db(r.get(0))?;
-                let job = LeasedJob {
+                let leases: i64 = db(r.get(7))?;
+                let token = ((leases + 1) << 40) | (id & TOKEN_ID_MASK);
+                out.push(LeasedJob {
                     id: JobId(id as u64),
                     job_type: JobType::new(db(r.get::<_, String>(1))?),
                     tenant: tenant.clone(),
                     lane: lane.clone(),
                     payload: db(r.get(5))?,
-                    attempt: db(r.get::<_, i64>(6))? as u32,
+                    attempt: db(r.get::<_, i64>(6))? as u32 + 1,
                     idempotency_key: db(r.get(2))?,
                     schema_version: db(r.get::<_, Option<i64>>(3))?.map(|v| v as u32),
-                    lease_token: LeaseToken(db(r.get::<_, i64>(7))? as u64),
+                    lease_token: LeaseToken(token as u64),
                     lease_expires_at: expires,
                     created_at: Timestamp::from_millis(db(r.get(4))?),
-                };
-                rows.push((db(r.get(8))?, id, job));
+                });
             }
         }
-        // RETURNING gives no order: hand them out oldest first.
-        rows.sort_unstable_by_key(|(run_at, id, _)| (*run_at, *id));
-        let got = rows.len() as u32;
+        // One write by rowid per job: a multi-row `UPDATE … WHERE id IN
+        // (…) RETURNING` builds two ephemeral tables per statement, which
+        // costs more than it saves when leases are small.
+        let mut update = db(self.conn.prepare_cached(
+            "UPDATE jobs SET state = 'leased', attempts = attempts + 1, leases = leases + 1,
+                 lease_token = ?2, lease_expires_at = ?3, lease_started_at = ?4, worker_id = ?5
+             WHERE id = ?1",
+        ))?;
+        for job in &out[start..] {
+            db(update.execute(params![
+                job.id.0 as i64,
+                job.lease_token.0 as i64,
+                ms(expires),
+                ms(req.now),
+                req.worker_id.as_str(),
+            ]))?;
+        }
+        drop(update);
+        let got = (out.len() - start) as u32;
         let p = self.pair(lane, tenant);
         p.ready = p.ready.saturating_sub(got);
         p.inflight += got;
-        out.extend(rows.into_iter().map(|(_, _, job)| job));
         Ok(got)
     }
 
