@@ -24,7 +24,7 @@ use serde_json::Value;
 pub use args::ClientCommand;
 use args::{
     DlqCommand, DlqLsArgs, DlqPayloadArgs, DlqPurgeArgs, DlqRedriveArgs, EnqueueArgs, JobsCommand,
-    PurgeBody, RedriveBody, Selection,
+    PurgeBody, RedriveBody, Selection, TokensCommand,
 };
 use http::{Client, Reply, ServerError};
 
@@ -131,6 +131,20 @@ async fn execute(
             }
             DlqCommand::Redrive(a) => dlq_redrive(client, &a, out).await,
             DlqCommand::Purge(a) => dlq_purge(client, &a, out, width).await,
+        },
+        ClientCommand::Tokens { command } => match command {
+            TokensCommand::Ls(_) => {
+                let reply = client.get(&["v1", "tokens"], &[]).await?;
+                emit(out, json, &reply, |o, v| render::tokens(o, v, width))
+            }
+            TokensCommand::Create(a) => {
+                let reply = client.post(&["v1", "tokens"], &a).await?;
+                emit(out, json, &reply, render::token_created)
+            }
+            TokensCommand::Revoke(a) => {
+                let reply = client.delete(&["v1", "tokens", &a.name]).await?;
+                emit(out, json, &reply, render::token_revoked)
+            }
         },
     }
 }

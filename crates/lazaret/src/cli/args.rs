@@ -44,6 +44,45 @@ pub enum ClientCommand {
     },
     /// Print the server's stats (GET /v1/stats).
     Stats(StatsArgs),
+    /// Manage API tokens (admin): list, create, revoke (/v1/tokens).
+    Tokens {
+        #[command(subcommand)]
+        command: TokensCommand,
+    },
+}
+
+/// `lazaret tokens …`
+#[derive(Debug, clap::Subcommand)]
+pub enum TokensCommand {
+    /// List tokens, from the config and created through the API, never
+    /// their secrets (GET /v1/tokens).
+    #[command(visible_alias = "list")]
+    Ls(StatsArgs),
+    /// Create a token and print its secret, shown this once (POST /v1/tokens).
+    Create(TokenCreateArgs),
+    /// Revoke a token created through the API (DELETE /v1/tokens/{name}).
+    Revoke(TokenRevokeArgs),
+}
+
+/// `tokens create NAME --role ROLE`
+#[derive(Debug, clap::Args, Serialize)]
+pub struct TokenCreateArgs {
+    /// Its name: the actor in the audit log.
+    pub name: String,
+    /// What it may do.
+    #[arg(long, value_parser = ["producer", "worker", "operator", "admin"])]
+    pub role: String,
+    #[command(flatten)]
+    #[serde(skip)]
+    pub opts: ClientOpts,
+}
+
+/// `tokens revoke NAME`
+#[derive(Debug, clap::Args)]
+pub struct TokenRevokeArgs {
+    pub name: String,
+    #[command(flatten)]
+    pub opts: ClientOpts,
 }
 
 /// `lazaret jobs …`
@@ -241,6 +280,11 @@ impl ClientCommand {
                 DlqCommand::Reasons(a) => &a.opts,
                 DlqCommand::Redrive(a) => &a.opts,
                 DlqCommand::Purge(a) => &a.opts,
+            },
+            Self::Tokens { command } => match command {
+                TokensCommand::Ls(a) => &a.opts,
+                TokensCommand::Create(a) => &a.opts,
+                TokensCommand::Revoke(a) => &a.opts,
             },
         }
     }

@@ -177,6 +177,12 @@ impl Client {
         self.read(resp, &url).await
     }
 
+    pub async fn delete(&self, segments: &[&str]) -> anyhow::Result<Reply> {
+        let url = self.url(segments);
+        let resp = self.send(self.http.delete(url.clone()), &url).await?;
+        self.read(resp, &url).await
+    }
+
     /// A GET whose 2xx body the caller streams (`Response::chunk`).
     pub async fn get_stream(&self, segments: &[&str]) -> anyhow::Result<Response> {
         let url = self.url(segments);

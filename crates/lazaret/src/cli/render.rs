@@ -351,6 +351,52 @@ pub fn purged(out: Out, v: &Value) -> io::Result<()> {
     fields(out, &[("purged", text(v, "purged"))])
 }
 
+/// `GET /v1/tokens`: one row per token, never a secret.
+pub fn tokens(out: Out, v: &Value, width: Option<usize>) -> io::Result<()> {
+    let rows = items(v, "items");
+    if rows.is_empty() {
+        return writeln!(out, "no tokens");
+    }
+    let mut t = Table::new(vec![
+        Column::new("NAME"),
+        Column::new("ROLE"),
+        Column::new("SOURCE"),
+        Column::new("CREATED_AT"),
+        Column::new("CREATED_BY"),
+    ]);
+    for r in rows {
+        t.push([
+            text(r, "name"),
+            text(r, "role"),
+            text(r, "source"),
+            short_time(r, "created_at"),
+            text(r, "created_by"),
+        ]);
+    }
+    write_lines(out, &t.lines(width), "")
+}
+
+/// `POST /v1/tokens`: the secret, with the warning that it is shown once.
+pub fn token_created(out: Out, v: &Value) -> io::Result<()> {
+    fields(
+        out,
+        &[
+            ("name", text(v, "name")),
+            ("role", text(v, "role")),
+            ("token", text(v, "token")),
+        ],
+    )?;
+    writeln!(
+        out,
+        "the token is shown this once: store it now (the server keeps only its SHA-256)"
+    )
+}
+
+/// `DELETE /v1/tokens/{name}`.
+pub fn token_revoked(out: Out, v: &Value) -> io::Result<()> {
+    fields(out, &[("revoked", text(v, "name"))])
+}
+
 /// `GET /v1/stats`: the contract leaves its shape open, so it is shown as
 /// a tree: scalars as `key: value`, objects as indented sections, lists of
 /// objects as tables.

@@ -357,3 +357,66 @@ async fn a_reply_that_is_not_an_api_error_still_says_what_happened() {
     assert!(msg.starts_with("HTTP 502 Bad Gateway from "), "{msg}");
     assert!(msg.ends_with("<html>bad gateway</html>"), "{msg}");
 }
+
+#[tokio::test]
+async fn tokens_create_ls_and_revoke_speak_the_tokens_api() {
+    let (url, seen) = stub(vec![
+        ok(
+            201,
+            r#"{"name":"ci-bot","role":"producer","token":"lzt_abc","created_at":"2026-11-30T09:00:00Z"}"#,
+        ),
+        ok(
+            200,
+            r#"{"items":[{"name":"root","role":"admin","source":"config","created_at":null,"created_by":null},{"name":"ci-bot","role":"producer","source":"api","created_at":"2026-11-30T09:00:00Z","created_by":"root"}]}"#,
+        ),
+        ok(200, r#"{"name":"ci-bot","revoked":true}"#),
+    ])
+    .await;
+    let (result, created) = lazaret(
+        &url,
+        Some("adm"),
+        &["tokens", "create", "ci-bot", "--role", "producer"],
+    )
+    .await;
+    result.unwrap();
+    assert!(
+        created.contains("token:") && created.contains("lzt_abc"),
+        "{created}"
+    );
+    assert!(created.contains("shown this once"), "{created}");
+    let (result, listed) = lazaret(&url, Some("adm"), &["tokens", "ls"]).await;
+    result.unwrap();
+    let rows: Vec<&str> = listed.lines().collect();
+    assert_eq!(rows.len(), 3, "{listed}");
+    assert!(rows[0].starts_with("NAME") && rows[0].contains("SOURCE"));
+    assert!(rows[2].contains("ci-bot") && rows[2].contains("api") && rows[2].contains("root"));
+    let (result, revoked) = lazaret(&url, Some("adm"), &["tokens", "revoke", "ci-bot"]).await;
+    result.unwrap();
+    assert!(revoked.contains("ci-bot"), "{revoked}");
+
+    let seen = seen.lock().unwrap().clone();
+    let calls: Vec<(&str, &str)> = seen
+        .iter()
+        .map(|s| (s.method.as_str(), s.target.as_str()))
+        .collect();
+    assert_eq!(
+        calls,
+        vec![
+            ("POST", "/v1/tokens"),
+            ("GET", "/v1/tokens"),
+            ("DELETE", "/v1/tokens/ci-bot")
+        ]
+    );
+    assert_eq!(seen[0].body, r#"{"name":"ci-bot","role":"producer"}"#);
+    assert!(
+        seen.iter()
+            .all(|s| s.authorization.as_deref() == Some("Bearer adm"))
+    );
+}
+
+#[test]
+fn tokens_create_refuses_an_unknown_role_before_sending() {
+    let err = TestCli::try_parse_from(["lazaret", "tokens", "create", "x", "--role", "root"])
+        .expect_err("root is not a role");
+    assert!(err.to_string().contains("producer"), "{err}");
+}
