@@ -1286,11 +1286,9 @@ async fn create_token<S: Store>(
         )));
     }
     let secret = new_secret().map_err(|e| {
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            crate::error::Code::Internal,
-            format!("the operating system's random generator failed ({e}); retry"),
-        )
+        ApiError::internal(format!(
+            "the operating system's random generator failed ({e}); retry"
+        ))
     })?;
     let sha256 = token_sha256(&secret);
     let now = now();
@@ -1319,11 +1317,9 @@ async fn create_token<S: Store>(
             )));
         }
         Err(e) => {
-            return Err(ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                crate::error::Code::Internal,
-                format!("the new token was not stored: {e}"),
-            ));
+            return Err(ApiError::internal(format!(
+                "the new token was not stored: {e}"
+            )));
         }
     }
     // In force before the 201 leaves: the caller may use it at once.

@@ -85,6 +85,11 @@ impl ApiError {
         }
     }
 
+    /// 500 INTERNAL: the server itself failed, not the request.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, Code::Internal, message)
+    }
+
     /// 400 BAD_REQUEST.
     pub fn bad_request(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, Code::BadRequest, message)
@@ -188,11 +193,7 @@ impl From<StoreError> for ApiError {
             ),
             other => {
                 tracing::error!(error = %other, "store error");
-                Self::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    Code::Internal,
-                    other.to_string(),
-                )
+                Self::internal(other.to_string())
             }
         }
     }

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use clap::builder::NonEmptyStringValueParser;
+use lazaret_server::config::Role;
 use serde::Serialize;
 use serde_json::value::RawValue;
 
@@ -70,7 +71,7 @@ pub struct TokenCreateArgs {
     /// Its name: the actor in the audit log.
     pub name: String,
     /// What it may do.
-    #[arg(long, value_parser = ["producer", "worker", "operator", "admin"])]
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(Role::ALL.map(Role::as_str)))]
     pub role: String,
     #[command(flatten)]
     #[serde(skip)]
