@@ -1199,6 +1199,8 @@ async fn snapshot<S: Store>(app: &App<S>) -> Result<Value, ApiError> {
             "commits": s.commits,
             "commands": s.commands,
             "commands_per_commit": if s.commits == 0 { 0.0 } else { s.commands as f64 / s.commits as f64 },
+            "syncs": s.syncs,
+            "commands_per_sync": if s.syncs == 0 { 0.0 } else { s.commands as f64 / s.syncs as f64 },
         },
         "dead_letters": {
             "total": dl_total,

@@ -404,8 +404,12 @@ pub struct StoreStats {
     /// Transactions this process committed (group commit: one per group).
     pub commits: u64,
     /// Commands those transactions carried; `commands / commits` is how
-    /// many requests shared each fsync.
+    /// many requests shared each transaction.
     pub commands: u64,
+    /// fsyncs that made those transactions durable, with
+    /// `durability = "full"` (0 otherwise): one can cover several
+    /// transactions, so `commands / syncs` is how many requests shared each.
+    pub syncs: u64,
 }
 
 /// Job counts in one lane.
@@ -442,4 +446,12 @@ pub enum StoreError {
     /// A stored row could not be read back.
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),
+    /// The request's transaction was rolled back, for the reason given;
+    /// nothing of it happened.
+    #[error("not applied: {0}")]
+    NotApplied(String),
+    /// The change was committed but could not be made durable (a failed
+    /// fsync); the store takes no more writes.
+    #[error("{0}")]
+    NotDurable(String),
 }

@@ -14,6 +14,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::oneshot;
 
 use super::stored::{COLUMNS, StoredJob};
+use super::sync::Syncer;
 use crate::{
     AdmissionRecord, AuditEntry, Completed, Completion, DeadLetterId, Decider, EnqueueOutcome,
     ItemError, LaneCounts, LeaseRequest, LeaseToken, LeasedJob, NewJob, StoreError, StoreStats,
@@ -53,15 +54,16 @@ pub(super) enum Cmd {
     RevokeToken(String, AuditEntry, Reply<bool>),
 }
 
-/// An answer held back until the group's commit.
-type Pending = Box<dyn FnOnce(Option<&str>) + Send>;
+/// An answer held back until the group's commit is durable; called with the
+/// error that undid the group, if any.
+pub(super) type Pending = Box<dyn FnOnce(Option<StoreError>) + Send>;
 
 fn pend<T: Send + 'static>(tx: Reply<T>, result: Result<T, StoreError>) -> Pending {
-    Box::new(move |commit_error: Option<&str>| {
+    Box::new(move |group_error: Option<StoreError>| {
         // A command's own failure is the better answer than the group's.
-        let r = match (commit_error, result) {
+        let r = match (group_error, result) {
             (_, Err(e)) => Err(e),
-            (Some(e), Ok(_)) => Err(StoreError::Corrupt(format!("not applied: {e}"))),
+            (Some(e), Ok(_)) => Err(e),
             (None, ok) => ok,
         };
         let _ = tx.send(r);
@@ -117,6 +119,9 @@ pub(super) struct Writer {
     isolated_groups: u32,
 
     grants: Vec<Grant>,
+    /// Makes commits durable and sends their answers (`Durability::Full`);
+    /// `None`: answers go out at COMMIT.
+    syncer: Option<Syncer>,
 }
 
 fn db<T>(r: rusqlite::Result<T>) -> Result<T, StoreError> {
@@ -157,7 +162,13 @@ impl Writer {
             dirty: false,
             isolated_groups: 0,
             grants: Vec::new(),
+            syncer: None,
         })
+    }
+
+    /// From now on, answers go out after the syncer's fsync.
+    pub(super) fn set_syncer(&mut self, syncer: Syncer) {
+        self.syncer = Some(syncer);
     }
 
     /// Recounts queued, scheduled, leased and succeeded jobs from the database.
@@ -253,15 +264,26 @@ impl Writer {
         let mut close: Option<Reply<()>> = None;
         let isolated = self.isolated_groups > 0;
         self.isolated_groups = self.isolated_groups.saturating_sub(1);
-        let began = self.exec("BEGIN IMMEDIATE");
-        if let Err(e) = began {
-            let msg = e.to_string();
+        let refused = match self.syncer.as_ref().and_then(Syncer::failure) {
+            Some(msg) => Some(StoreError::NotDurable(msg)),
+            None => self
+                .exec("BEGIN IMMEDIATE")
+                .err()
+                .map(|e| StoreError::NotApplied(format!("could not start a transaction: {e}"))),
+        };
+        if let Some(e) = refused {
+            let mut closing = false;
             for cmd in batch.drain(..) {
-                fail_cmd(cmd, &msg);
+                if let Cmd::Close(tx) = cmd {
+                    closing = true;
+                    self.close(tx);
+                    continue;
+                }
+                fail_cmd(cmd, &e);
             }
-            return false;
+            return closing;
         }
-        let mut group_error: Option<String> = None;
+        let mut group_error: Option<StoreError> = None;
         let mut taken = 0;
         let began_at = std::time::Instant::now();
         loop {
@@ -271,13 +293,13 @@ impl Writer {
                     close = Some(tx);
                     continue;
                 }
-                if let Some(msg) = &group_error {
-                    fail_cmd(cmd, msg);
+                if let Some(e) = &group_error {
+                    fail_cmd(cmd, e);
                     continue;
                 }
                 if isolated {
                     if let Err(e) = self.exec("SAVEPOINT cmd") {
-                        fail_cmd(cmd, &e.to_string());
+                        fail_cmd(cmd, &StoreError::NotApplied(format!("savepoint: {e}")));
                         continue;
                     }
                 }
@@ -290,7 +312,9 @@ impl Writer {
                     self.dirty = true;
                 }
                 if !isolated {
-                    group_error = Some("another request in the same transaction failed, so none of it was applied; retry".into());
+                    group_error = Some(StoreError::NotApplied(
+                        "another request in the same transaction failed, so none of it was applied; retry".into(),
+                    ));
                     continue;
                 }
                 let end = if ok {
@@ -317,7 +341,7 @@ impl Writer {
                 break;
             }
         }
-        if let Some(msg) = group_error {
+        if let Some(error) = group_error {
             tracing::warn!(
                 "a command failed; its group was rolled back and the next groups run isolated"
             );
@@ -328,21 +352,19 @@ impl Writer {
                 tracing::error!(error = %e, "rebuilding counts failed");
             }
             for p in pending {
-                p(Some(&msg));
+                p(Some(clone_error(&error)));
             }
             if let Some(tx) = close {
-                let _ = tx.send(Ok(()));
+                self.close(tx);
                 return true;
             }
             return false;
         }
-        let commit = self.exec("COMMIT");
-        let commit_error = commit.as_ref().err().map(|e| e.to_string());
+        let commit_error = self.exec("COMMIT").err();
         if commit_error.is_none() {
             self.commits += 1;
             self.commands += taken as u64;
-        }
-        if commit_error.is_some() {
+        } else {
             let _ = self.conn.execute_batch("ROLLBACK");
             self.dirty = true;
         }
@@ -351,15 +373,36 @@ impl Writer {
                 tracing::error!(error = %e, "rebuilding counts failed");
             }
         }
-        for p in pending {
-            p(commit_error.as_deref());
+        match (commit_error, &self.syncer) {
+            (Some(e), _) => {
+                let e = StoreError::NotApplied(format!("the commit failed: {e}"));
+                for p in pending {
+                    p(Some(clone_error(&e)));
+                }
+            }
+            // Answered once the WAL is flushed, while this thread goes on.
+            (None, Some(syncer)) => syncer.submit(pending),
+            (None, None) => {
+                for p in pending {
+                    p(None);
+                }
+            }
         }
         if let Some(tx) = close {
-            let _ = self.conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)");
-            let _ = tx.send(Ok(()));
+            self.close(tx);
             return true;
         }
         false
+    }
+
+    /// Closes the store: every answer out (after its fsync), the WAL folded
+    /// into the database and truncated, then `tx` answered.
+    fn close(&mut self, tx: Reply<()>) {
+        if let Some(syncer) = &mut self.syncer {
+            syncer.finish();
+        }
+        let _ = self.conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)");
+        let _ = tx.send(Ok(()));
     }
 
     /// Runs one command; returns its held-back answer and whether it succeeded.
@@ -1119,6 +1162,7 @@ impl Writer {
             succeeded: self.succeeded,
             commits: self.commits,
             commands: self.commands,
+            syncs: self.syncer.as_ref().map_or(0, Syncer::syncs),
         })
     }
 
@@ -1191,8 +1235,17 @@ impl Writer {
 }
 
 /// Answers a command that never ran.
-fn fail_cmd(cmd: Cmd, msg: &str) {
-    let e = || StoreError::Corrupt(format!("could not start a transaction: {msg}"));
+/// The errors a whole group fails with, for each of its commands.
+fn clone_error(e: &StoreError) -> StoreError {
+    match e {
+        StoreError::NotApplied(m) => StoreError::NotApplied(m.clone()),
+        StoreError::NotDurable(m) => StoreError::NotDurable(m.clone()),
+        other => StoreError::NotApplied(other.to_string()),
+    }
+}
+
+fn fail_cmd(cmd: Cmd, error: &StoreError) {
+    let e = || clone_error(error);
     match cmd {
         Cmd::Enqueue(_, tx) => drop(tx.send(Err(e()))),
         Cmd::Lease(_, tx) => drop(tx.send(Err(e()))),

@@ -1,0 +1,250 @@
+//! Durability without stalling the writer.
+//!
+//! With [`Durability::Full`](super::Durability::Full) the connection runs
+//! `synchronous = NORMAL` (a WAL commit writes its frames and does not wait
+//! for the disk) and this thread makes each commit durable instead: it
+//! fsyncs the WAL file, and only then sends the answers of every group
+//! committed before that fsync began. That is the guarantee of
+//! `synchronous = FULL` — nothing is answered before its commit is on stable
+//! storage — but the fsync no longer holds the single writer: while the disk
+//! flushes group N, the writer already runs group N+1, and one fsync covers
+//! every group that committed while the previous one ran.
+//!
+//! SQLite in NORMAL mode still fsyncs the WAL before each checkpoint copies
+//! it into the database, and the database after; a WAL restart rewrites the
+//! file only after such a checkpoint. So the frames an answer depends on are
+//! never overwritten before this thread has flushed them, and the file it
+//! flushes is the one SQLite writes (the WAL is deleted only when the last
+//! connection closes, after this thread has stopped).
+//!
+//! Reads on other connections can see a commit before its fsync ends, as
+//! with any write-ahead log that releases locks at commit; no answer to the
+//! request that made the change goes out before it.
+
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::thread::JoinHandle;
+
+use super::writer::Pending;
+use crate::StoreError;
+
+/// Flushes the write-ahead log to stable storage.
+pub(super) type SyncFn = Box<dyn FnMut() -> io::Result<()> + Send>;
+
+/// The syncing thread and what the writer needs to talk to it.
+pub(super) struct Syncer {
+    tx: Option<mpsc::Sender<Vec<Pending>>>,
+    handle: Option<JoinHandle<()>>,
+    shared: Arc<Shared>,
+}
+
+#[derive(Default)]
+struct Shared {
+    /// fsyncs done since start.
+    syncs: AtomicU64,
+    /// Set for good by a failed fsync (see [`Syncer::failure`]).
+    failed: AtomicBool,
+    failure: Mutex<Option<String>>,
+}
+
+impl Syncer {
+    /// Starts the thread; `sync` flushes the WAL.
+    pub(super) fn start(mut sync: SyncFn) -> io::Result<Self> {
+        let (tx, rx) = mpsc::channel::<Vec<Pending>>();
+        let shared = Arc::new(Shared::default());
+        let s = Arc::clone(&shared);
+        let handle = std::thread::Builder::new()
+            .name("lazaret-fsync".into())
+            .spawn(move || {
+                while let Ok(mut answers) = rx.recv() {
+                    // Everything queued so far committed before this fsync
+                    // starts: one flush covers it all.
+                    while let Ok(more) = rx.try_recv() {
+                        answers.extend(more);
+                    }
+                    let error = if s.failed.load(Ordering::Acquire) {
+                        s.failure.lock().ok().and_then(|f| f.clone())
+                    } else {
+                        match sync() {
+                            Ok(()) => {
+                                s.syncs.fetch_add(1, Ordering::Relaxed);
+                                None
+                            }
+                            Err(e) => {
+                                // After a failed fsync the kernel may have
+                                // dropped the dirty pages and a later fsync
+                                // can succeed without them: never trust the
+                                // file again in this process.
+                                let msg = format!(
+                                    "committed, but the fsync that makes it durable failed ({e}), so it may not survive a power loss; lazaret stopped writing: check the disk, then restart it"
+                                );
+                                tracing::error!(error = %e, "fsync of the write-ahead log failed; refusing further writes");
+                                if let Ok(mut f) = s.failure.lock() {
+                                    *f = Some(msg.clone());
+                                }
+                                s.failed.store(true, Ordering::Release);
+                                Some(msg)
+                            }
+                        }
+                    };
+                    for answer in answers {
+                        answer(error.clone().map(StoreError::NotDurable));
+                    }
+                }
+            })?;
+        Ok(Syncer {
+            tx: Some(tx),
+            handle: Some(handle),
+            shared,
+        })
+    }
+
+    /// Hands over a committed group's answers; they go out after the next
+    /// fsync.
+    pub(super) fn submit(&self, answers: Vec<Pending>) {
+        if answers.is_empty() {
+            return;
+        }
+        if let Some(tx) = &self.tx {
+            if let Err(mpsc::SendError(answers)) = tx.send(answers) {
+                for answer in answers {
+                    answer(Some(StoreError::NotDurable(
+                        "committed, but the store's sync thread is gone, so it may not be durable; restart lazaret".into(),
+                    )));
+                }
+            }
+        }
+    }
+
+    /// Why writes are refused, once an fsync has failed.
+    pub(super) fn failure(&self) -> Option<String> {
+        if !self.shared.failed.load(Ordering::Acquire) {
+            return None;
+        }
+        self.shared.failure.lock().ok().and_then(|f| f.clone())
+    }
+
+    /// fsyncs done since start.
+    pub(super) fn syncs(&self) -> u64 {
+        self.shared.syncs.load(Ordering::Relaxed)
+    }
+
+    /// Flushes and answers everything submitted, then stops the thread.
+    pub(super) fn finish(&mut self) {
+        self.tx = None;
+        if let Some(handle) = self.handle.take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+impl Drop for Syncer {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// An answer that reports what it was called with on `tx`.
+    fn answer(tx: &mpsc::Sender<Option<String>>) -> Pending {
+        let tx = tx.clone();
+        Box::new(move |e: Option<StoreError>| {
+            let _ = tx.send(e.map(|e| e.to_string()));
+        })
+    }
+
+    const LONG: Duration = Duration::from_secs(10);
+
+    #[test]
+    fn answers_wait_for_the_fsync_that_covers_them() {
+        let (gate, opened) = mpsc::channel::<()>();
+        let syncer = Syncer::start(Box::new(move || {
+            opened.recv().map_err(|_| io::Error::other("gate dropped"))
+        }))
+        .expect("thread");
+        let (tx, rx) = mpsc::channel();
+        syncer.submit(vec![answer(&tx), answer(&tx)]);
+        assert!(
+            rx.recv_timeout(Duration::from_millis(100)).is_err(),
+            "an answer went out before its fsync"
+        );
+        gate.send(()).expect("syncer waiting");
+        assert_eq!(rx.recv_timeout(LONG).expect("answered"), None);
+        assert_eq!(rx.recv_timeout(LONG).expect("answered"), None);
+        assert_eq!(syncer.syncs(), 1);
+        assert_eq!(syncer.failure(), None);
+    }
+
+    #[test]
+    fn one_fsync_covers_every_group_queued_while_the_last_ran() {
+        let (gate, opened) = mpsc::channel::<()>();
+        let (started_tx, started) = mpsc::channel::<()>();
+        let mut syncer = Syncer::start(Box::new(move || {
+            let _ = started_tx.send(());
+            opened.recv().map_err(|_| io::Error::other("gate dropped"))
+        }))
+        .expect("thread");
+        let (tx, rx) = mpsc::channel();
+        syncer.submit(vec![answer(&tx)]);
+        started.recv_timeout(LONG).expect("first fsync started");
+        // Three groups commit while the first fsync runs.
+        for _ in 0..3 {
+            syncer.submit(vec![answer(&tx)]);
+        }
+        gate.send(()).expect("first fsync waiting");
+        assert_eq!(rx.recv_timeout(LONG).expect("first group"), None);
+        started.recv_timeout(LONG).expect("second fsync started");
+        gate.send(()).expect("second fsync waiting");
+        for _ in 0..3 {
+            assert_eq!(rx.recv_timeout(LONG).expect("later groups"), None);
+        }
+        syncer.finish();
+        assert_eq!(syncer.syncs(), 2, "the three later groups shared one fsync");
+    }
+
+    #[test]
+    fn a_failed_fsync_fails_its_answers_and_nothing_is_flushed_after_it() {
+        let calls = Arc::new(AtomicU64::new(0));
+        let c = Arc::clone(&calls);
+        let mut syncer = Syncer::start(Box::new(move || {
+            c.fetch_add(1, Ordering::SeqCst);
+            Err(io::Error::other("EIO from the test disk"))
+        }))
+        .expect("thread");
+        let (tx, rx) = mpsc::channel();
+        syncer.submit(vec![answer(&tx)]);
+        let first = rx.recv_timeout(LONG).expect("answered").expect("an error");
+        assert!(first.contains("EIO from the test disk"), "{first}");
+        assert!(first.contains("restart"), "says what to do: {first}");
+        assert_eq!(syncer.failure().as_deref(), Some(first.as_str()));
+        syncer.submit(vec![answer(&tx)]);
+        let second = rx.recv_timeout(LONG).expect("answered").expect("an error");
+        assert_eq!(second, first);
+        syncer.finish();
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            1,
+            "no fsync is trusted after a failed one"
+        );
+        assert_eq!(syncer.syncs(), 0);
+    }
+
+    #[test]
+    fn finish_answers_everything_submitted() {
+        let mut syncer = Syncer::start(Box::new(|| Ok(()))).expect("thread");
+        let (tx, rx) = mpsc::channel();
+        for _ in 0..5 {
+            syncer.submit(vec![answer(&tx), answer(&tx)]);
+        }
+        syncer.finish();
+        drop(tx);
+        let answers: Vec<_> = rx.iter().collect();
+        assert_eq!(answers, vec![None; 10]);
+    }
+}
