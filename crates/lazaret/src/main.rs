@@ -81,7 +81,16 @@ fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
             ),
         },
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    // The store's writer thread keeps a core busy under load: leave it one.
+    // On two cores a second HTTP worker only competes with the writer (the
+    // unbatched bench made x1.13 with one, see docs/benchmarks.md).
+    // TOKIO_WORKER_THREADS still overrides.
+    if std::env::var_os("TOKIO_WORKER_THREADS").is_none() {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        builder.worker_threads(cores.saturating_sub(1).max(1));
+    }
+    let runtime = builder
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
