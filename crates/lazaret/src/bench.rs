@@ -43,10 +43,10 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     batch: u64,
     /// Concurrent producer clients.
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=1024))]
     producers: u64,
     /// Concurrent consumer clients.
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=1024))]
     consumers: u64,
     /// Jobs queued in lane `backlog` before measuring; nobody leases them, so
     /// the queue holds this many while the measured jobs go through.
@@ -82,7 +82,7 @@ enum Scenario {
     /// Batches of 100, 1,000,000 jobs queued.
     #[value(name = "batched-1m")]
     Batched1m,
-    /// One job per request, 16 clients (8 producers + 8 consumers), 20,000 queued.
+    /// One job per request, 16 clients (6 producers + 10 consumers), 20,000 queued.
     Unbatched,
     /// All three in sequence, with a summary.
     All,
@@ -136,11 +136,14 @@ impl RunSpec {
             target_jobs_per_s: Some(30_000.0),
             ..base.clone()
         };
+        // A job costs a producer one request and a consumer two (lease, ack):
+        // 6 + 10 keeps all 16 clients busy to the end, where 8 + 8 leaves
+        // the producers done early and measures 8 consumers.
         let unbatched = RunSpec {
             name: "unbatched-20k".into(),
             batch: 1,
-            producers: 8,
-            consumers: 8,
+            producers: 6,
+            consumers: 10,
             backlog: 20_000,
             target_jobs_per_s: Some(5_000.0),
             ..base.clone()
@@ -607,7 +610,7 @@ mod tests {
         let a = parse(&[]);
         assert_eq!(
             (a.jobs, a.batch, a.producers, a.consumers),
-            (100_000, 100, 4, 4)
+            (100_000, 100, 8, 8)
         );
         assert_eq!(
             (a.backlog, a.payload_bytes, a.tenants, a.lease_ms),
@@ -633,8 +636,8 @@ mod tests {
         assert_eq!(
             shape,
             vec![
-                ("batched-20k", 100, 8, 20_000, 5000),
-                ("batched-1m", 100, 8, 1_000_000, 5000),
+                ("batched-20k", 100, 16, 20_000, 5000),
+                ("batched-1m", 100, 16, 1_000_000, 5000),
                 ("unbatched-20k", 1, 16, 20_000, 5000),
             ]
         );
