@@ -41,7 +41,8 @@ pub enum Durability {
     /// guarantee of `synchronous = FULL`, survives power loss. The default.
     /// Implemented as `synchronous = NORMAL` plus an fsync of the WAL on a
     /// thread of its own before the answers go out (see `sync`), so the
-    /// writer never waits for the disk.
+    /// writer does not wait for each commit's fsync. (Reads on the reader
+    /// connection may see a commit up to one fsync before it is durable.)
     #[default]
     Full,
     /// `synchronous = NORMAL` and answers at COMMIT: survives a process
@@ -82,6 +83,7 @@ fn open_conn(path: &Path) -> Result<Connection, StoreError> {
          PRAGMA cache_size = -4000;
          PRAGMA temp_store = MEMORY;",
     )?;
+
     Ok(conn)
 }
 
@@ -315,6 +317,16 @@ impl Store for SqliteStore {
     async fn close(&self) -> Result<(), StoreError> {
         self.closed.store(true, Ordering::Release);
         let r = self.call(Cmd::Close).await;
+        if let Err(StoreError::NotDurable(_)) = &r {
+            // After a failed fsync the last connection to close must not
+            // checkpoint either (see `writer::Writer::close`).
+            if let Ok(reader) = self.reader.lock() {
+                let _ = reader.set_db_config(
+                    rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
+                    true,
+                );
+            }
+        }
         let handle = self.writer.lock().ok().and_then(|mut h| h.take());
         if let Some(handle) = handle {
             let _ = tokio::task::spawn_blocking(move || handle.join()).await;
@@ -405,11 +417,22 @@ mod tests {
             "{first}"
         );
         let second = s.enqueue(vec![job("k2")]).await.expect_err("refused");
-        assert!(matches!(second, StoreError::NotDurable(_)), "{second}");
-        s.close().await.unwrap();
+        assert!(
+            matches!(second, StoreError::NotApplied(ref m) if m.contains("nothing of this request was applied") && m.contains("restart")),
+            "{second}"
+        );
+        let closed = s
+            .close()
+            .await
+            .expect_err("closing says the WAL was left as it is");
+        assert!(
+            matches!(closed, StoreError::NotDurable(ref m) if m.contains("without a checkpoint")),
+            "{closed}"
+        );
 
         // A restart on a healthy disk takes writes again; the refused
-        // enqueue was never applied, the unsynced one was committed.
+        // enqueue was never applied, the unsynced one was committed (and,
+        // the WAL being left unchecked at close, recovered at open).
         let s = open(dir.path(), Box::new(|| Ok(())));
         let out = s.enqueue(vec![job("k1"), job("k2")]).await.unwrap();
         assert!(

@@ -8,7 +8,9 @@
 //! `synchronous = FULL` — nothing is answered before its commit is on stable
 //! storage — but the fsync no longer holds the single writer: while the disk
 //! flushes group N, the writer already runs group N+1, and one fsync covers
-//! every group that committed while the previous one ran.
+//! every group that committed while the previous one ran. (The writer still
+//! waits for the disk when a COMMIT runs SQLite's automatic checkpoint,
+//! about every 1,000 WAL pages.)
 //!
 //! SQLite in NORMAL mode still fsyncs the WAL before each checkpoint copies
 //! it into the database, and the database after; a WAL restart rewrites the
@@ -17,13 +19,15 @@
 //! flushes is the one SQLite writes (the WAL is deleted only when the last
 //! connection closes, after this thread has stopped).
 //!
-//! Reads on other connections can see a commit before its fsync ends, as
-//! with any write-ahead log that releases locks at commit; no answer to the
-//! request that made the change goes out before it.
+//! One difference from `FULL` remains: reads on other connections (job and
+//! dead-letter lookups) can see a commit before its fsync ends, up to one
+//! fsync plus this thread's queue earlier; a power loss in that window takes
+//! back what they saw. No answer to the request that made the change goes
+//! out before the fsync.
 
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, mpsc};
 use std::thread::JoinHandle;
 
 use super::writer::Pending;
@@ -43,9 +47,16 @@ pub(super) struct Syncer {
 struct Shared {
     /// fsyncs done since start.
     syncs: AtomicU64,
-    /// Set for good by a failed fsync (see [`Syncer::failure`]).
-    failed: AtomicBool,
-    failure: Mutex<Option<String>>,
+    /// Set for good by a failed fsync or a lost sync thread: what the
+    /// answers of unflushed commits say (see [`Syncer::failure`]).
+    failure: OnceLock<String>,
+}
+
+impl Shared {
+    /// Records the first failure for good; returns the one in force.
+    fn fail(&self, msg: String) -> String {
+        self.failure.get_or_init(|| msg).clone()
+    }
 }
 
 impl Syncer {
@@ -63,8 +74,8 @@ impl Syncer {
                     while let Ok(more) = rx.try_recv() {
                         answers.extend(more);
                     }
-                    let error = if s.failed.load(Ordering::Acquire) {
-                        s.failure.lock().ok().and_then(|f| f.clone())
+                    let error = if let Some(msg) = s.failure.get() {
+                        Some(msg.clone())
                     } else {
                         match sync() {
                             Ok(()) => {
@@ -80,11 +91,7 @@ impl Syncer {
                                     "committed, but the fsync that makes it durable failed ({e}), so it may not survive a power loss; lazaret stopped writing: check the disk, then restart it"
                                 );
                                 tracing::error!(error = %e, "fsync of the write-ahead log failed; refusing further writes");
-                                if let Ok(mut f) = s.failure.lock() {
-                                    *f = Some(msg.clone());
-                                }
-                                s.failed.store(true, Ordering::Release);
-                                Some(msg)
+                                Some(s.fail(msg))
                             }
                         }
                     };
@@ -106,23 +113,24 @@ impl Syncer {
         if answers.is_empty() {
             return;
         }
-        if let Some(tx) = &self.tx {
-            if let Err(mpsc::SendError(answers)) = tx.send(answers) {
-                for answer in answers {
-                    answer(Some(StoreError::NotDurable(
-                        "committed, but the store's sync thread is gone, so it may not be durable; restart lazaret".into(),
-                    )));
-                }
+        let lost = match &self.tx {
+            Some(tx) => tx.send(answers).err().map(|mpsc::SendError(a)| a),
+            None => Some(answers),
+        };
+        if let Some(answers) = lost {
+            tracing::error!("the store's sync thread is gone; refusing further writes");
+            let msg = self.shared.fail(
+                "committed, but the store's sync thread is gone, so it may not survive a power loss; lazaret stopped writing: restart it".into(),
+            );
+            for answer in answers {
+                answer(Some(StoreError::NotDurable(msg.clone())));
             }
         }
     }
 
     /// Why writes are refused, once an fsync has failed.
     pub(super) fn failure(&self) -> Option<String> {
-        if !self.shared.failed.load(Ordering::Acquire) {
-            return None;
-        }
-        self.shared.failure.lock().ok().and_then(|f| f.clone())
+        self.shared.failure.get().cloned()
     }
 
     /// fsyncs done since start.

@@ -102,6 +102,10 @@ struct Pair {
 }
 
 pub(super) struct Writer {
+    /// Makes commits durable and sends their answers (`Durability::Full`);
+    /// `None`: answers go out at COMMIT. Declared before `conn` so that it is
+    /// dropped, and its answers flushed, before the connection closes.
+    syncer: Option<Syncer>,
     conn: Connection,
     scheduler: FairScheduler,
     decider: Arc<dyn Decider>,
@@ -119,9 +123,6 @@ pub(super) struct Writer {
     isolated_groups: u32,
 
     grants: Vec<Grant>,
-    /// Makes commits durable and sends their answers (`Durability::Full`);
-    /// `None`: answers go out at COMMIT.
-    syncer: Option<Syncer>,
 }
 
 fn db<T>(r: rusqlite::Result<T>) -> Result<T, StoreError> {
@@ -265,11 +266,14 @@ impl Writer {
         let isolated = self.isolated_groups > 0;
         self.isolated_groups = self.isolated_groups.saturating_sub(1);
         let refused = match self.syncer.as_ref().and_then(Syncer::failure) {
-            Some(msg) => Some(StoreError::NotDurable(msg)),
-            None => self
-                .exec("BEGIN IMMEDIATE")
-                .err()
-                .map(|e| StoreError::NotApplied(format!("could not start a transaction: {e}"))),
+            Some(why) => Some(StoreError::NotApplied(format!(
+                "lazaret stopped writing after an earlier commit could not be made durable, so nothing of this request was applied; check the disk, then restart lazaret (the earlier failure: {why})"
+            ))),
+            None => self.exec("BEGIN IMMEDIATE").err().map(|e| {
+                StoreError::NotApplied(format!(
+                    "could not start a transaction ({e}); retry, and if it persists check the data directory's disk space and permissions"
+                ))
+            }),
         };
         if let Some(e) = refused {
             let mut closing = false;
@@ -299,7 +303,12 @@ impl Writer {
                 }
                 if isolated {
                     if let Err(e) = self.exec("SAVEPOINT cmd") {
-                        fail_cmd(cmd, &StoreError::NotApplied(format!("savepoint: {e}")));
+                        fail_cmd(
+                            cmd,
+                            &StoreError::NotApplied(format!(
+                                "could not open a savepoint ({e}); retry, and if it persists check the data directory's disk space and permissions"
+                            )),
+                        );
                         continue;
                     }
                 }
@@ -375,7 +384,9 @@ impl Writer {
         }
         match (commit_error, &self.syncer) {
             (Some(e), _) => {
-                let e = StoreError::NotApplied(format!("the commit failed: {e}"));
+                let e = StoreError::NotApplied(format!(
+                    "the commit failed ({e}); retry, and if it persists check the data directory's disk space and permissions"
+                ));
                 for p in pending {
                     p(Some(clone_error(&e)));
                 }
@@ -397,12 +408,34 @@ impl Writer {
 
     /// Closes the store: every answer out (after its fsync), the WAL folded
     /// into the database and truncated, then `tx` answered.
+    ///
+    ///
+    /// After a failed fsync the WAL is left as it is, and `tx` answered
+    /// `NotDurable`: a checkpoint would copy frames the kernel may have lost
+    /// into the database unchecked, while recovery at the next start
+    /// verifies their checksums. This connection then closes without a
+    /// checkpoint, and so must the reader (`SqliteStore::close`).
     fn close(&mut self, tx: Reply<()>) {
-        if let Some(syncer) = &mut self.syncer {
+        let failure = self.syncer.as_mut().and_then(|syncer| {
             syncer.finish();
-        }
-        let _ = self.conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)");
-        let _ = tx.send(Ok(()));
+            syncer.failure()
+        });
+        let r = match failure {
+            None => {
+                let _ = self.conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)");
+                Ok(())
+            }
+            Some(why) => {
+                let _ = self.conn.set_db_config(
+                    rusqlite::config::DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE,
+                    true,
+                );
+                Err(StoreError::NotDurable(format!(
+                    "closed without a checkpoint, the write-ahead log left for recovery to verify at the next start: {why}"
+                )))
+            }
+        };
+        let _ = tx.send(r);
     }
 
     /// Runs one command; returns its held-back answer and whether it succeeded.
