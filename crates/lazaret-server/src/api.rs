@@ -41,7 +41,7 @@ const WAIT_MS_MAX: u64 = 60_000;
 /// The router, with every route of the API.
 pub fn router<S: Store>(app: Arc<App<S>>) -> Router {
     Router::new()
-        .route("/healthz", get(healthz))
+        .route("/healthz", get(healthz::<S>))
         .route("/metrics", get(metrics::<S>))
         .route("/v1/jobs", post(enqueue::<S>))
         .route("/v1/jobs/batch", post(enqueue_batch::<S>))
@@ -117,8 +117,18 @@ fn parse_id(id: &str, what: &str) -> Result<u64, ApiError> {
         .map_err(|_| ApiError::not_found(format!("no {what} with id {id:?}")))
 }
 
-async fn healthz() -> &'static str {
-    "ok"
+/// 200 while the store takes work; once it has stopped writing for good (a
+/// commit could not be made durable), 503 `UNAVAILABLE` with why, so a load
+/// balancer or supervisor takes the node out and restarts it.
+async fn healthz<S: Store>(State(app): Shared<S>) -> Result<&'static str, ApiError> {
+    match app.store.failure() {
+        None => Ok("ok"),
+        Some(why) => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            crate::error::Code::Unavailable,
+            why,
+        )),
+    }
 }
 
 // ---------------------------------------------------------------- producers

@@ -155,6 +155,13 @@ pub trait Store: Send + Sync + 'static {
     /// Every API token, oldest first.
     fn tokens(&self) -> impl Future<Output = Result<Vec<ApiToken>, StoreError>> + Send;
 
+    /// Why the store takes no more writes, once it has failed for good (a
+    /// commit that could not be made durable); `None` while healthy.
+    /// `/healthz` reports it.
+    fn failure(&self) -> Option<String> {
+        None
+    }
+
     /// Flushes and closes; later calls fail with [`StoreError::Closed`].
     fn close(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
 }

@@ -62,6 +62,8 @@ pub struct SqliteStore {
     writer: Mutex<Option<JoinHandle<()>>>,
     path: PathBuf,
     closed: AtomicBool,
+    /// Set by the sync thread if a commit could not be made durable.
+    failure: sync::Failure,
 }
 
 /// Both durabilities run `synchronous = NORMAL`: SQLite fsyncs around
@@ -138,14 +140,17 @@ impl SqliteStore {
         let reader = open_conn(&path)?;
         let mut w = writer::Writer::new(conn, scheduler, decider)?;
         w.rebuild_counts()?;
+        let failure = sync::Failure::default();
         if durability == Durability::Full {
             let sync = match sync {
                 Some(f) => f,
                 None => wal_sync(dir, &path)?,
             };
-            let syncer = sync::Syncer::start(sync).map_err(|source| StoreError::Open {
-                path: dir.display().to_string(),
-                source,
+            let syncer = sync::Syncer::start(sync, Arc::clone(&failure)).map_err(|source| {
+                StoreError::Open {
+                    path: dir.display().to_string(),
+                    source,
+                }
             })?;
             w.set_syncer(syncer);
         }
@@ -163,6 +168,7 @@ impl SqliteStore {
             writer: Mutex::new(Some(handle)),
             path,
             closed: AtomicBool::new(false),
+            failure,
         })
     }
 
@@ -314,6 +320,10 @@ impl Store for SqliteStore {
         self.read(reader::tokens).await
     }
 
+    fn failure(&self) -> Option<String> {
+        self.failure.get().cloned()
+    }
+
     async fn close(&self) -> Result<(), StoreError> {
         self.closed.store(true, Ordering::Release);
         let r = self.call(Cmd::Close).await;
@@ -416,6 +426,11 @@ mod tests {
             matches!(first, StoreError::NotDurable(ref m) if m.contains("EIO from the test disk") && m.contains("restart")),
             "{first}"
         );
+        assert_eq!(
+            s.failure().as_deref(),
+            Some(first.to_string().as_str()),
+            "the store reports why it stopped writing"
+        );
         let second = s.enqueue(vec![job("k2")]).await.expect_err("refused");
         assert!(
             matches!(second, StoreError::NotApplied(ref m) if m.contains("nothing of this request was applied") && m.contains("restart")),
@@ -434,6 +449,7 @@ mod tests {
         // enqueue was never applied, the unsynced one was committed (and,
         // the WAL being left unchecked at close, recovered at open).
         let s = open(dir.path(), Box::new(|| Ok(())));
+        assert_eq!(s.failure(), None);
         let out = s.enqueue(vec![job("k1"), job("k2")]).await.unwrap();
         assert!(
             matches!(

@@ -43,13 +43,15 @@ pub(super) struct Syncer {
     shared: Arc<Shared>,
 }
 
-#[derive(Default)]
+/// Why the store stopped writing: set for good by a failed fsync or a lost
+/// sync thread; what the answers of unflushed commits say. Shared with the
+/// store, which reports it (`Store::failure`).
+pub(super) type Failure = Arc<OnceLock<String>>;
+
 struct Shared {
     /// fsyncs done since start.
     syncs: AtomicU64,
-    /// Set for good by a failed fsync or a lost sync thread: what the
-    /// answers of unflushed commits say (see [`Syncer::failure`]).
-    failure: OnceLock<String>,
+    failure: Failure,
 }
 
 impl Shared {
@@ -60,10 +62,14 @@ impl Shared {
 }
 
 impl Syncer {
-    /// Starts the thread; `sync` flushes the WAL.
-    pub(super) fn start(mut sync: SyncFn) -> io::Result<Self> {
+    /// Starts the thread; `sync` flushes the WAL, `failure` records why it
+    /// could not.
+    pub(super) fn start(mut sync: SyncFn, failure: Failure) -> io::Result<Self> {
         let (tx, rx) = mpsc::channel::<Vec<Pending>>();
-        let shared = Arc::new(Shared::default());
+        let shared = Arc::new(Shared {
+            syncs: AtomicU64::new(0),
+            failure,
+        });
         let s = Arc::clone(&shared);
         let handle = std::thread::Builder::new()
             .name("lazaret-fsync".into())
@@ -172,9 +178,10 @@ mod tests {
     #[test]
     fn answers_wait_for_the_fsync_that_covers_them() {
         let (gate, opened) = mpsc::channel::<()>();
-        let syncer = Syncer::start(Box::new(move || {
-            opened.recv().map_err(|_| io::Error::other("gate dropped"))
-        }))
+        let syncer = Syncer::start(
+            Box::new(move || opened.recv().map_err(|_| io::Error::other("gate dropped"))),
+            Failure::default(),
+        )
         .expect("thread");
         let (tx, rx) = mpsc::channel();
         syncer.submit(vec![answer(&tx), answer(&tx)]);
@@ -193,10 +200,13 @@ mod tests {
     fn one_fsync_covers_every_group_queued_while_the_last_ran() {
         let (gate, opened) = mpsc::channel::<()>();
         let (started_tx, started) = mpsc::channel::<()>();
-        let mut syncer = Syncer::start(Box::new(move || {
-            let _ = started_tx.send(());
-            opened.recv().map_err(|_| io::Error::other("gate dropped"))
-        }))
+        let mut syncer = Syncer::start(
+            Box::new(move || {
+                let _ = started_tx.send(());
+                opened.recv().map_err(|_| io::Error::other("gate dropped"))
+            }),
+            Failure::default(),
+        )
         .expect("thread");
         let (tx, rx) = mpsc::channel();
         syncer.submit(vec![answer(&tx)]);
@@ -220,10 +230,13 @@ mod tests {
     fn a_failed_fsync_fails_its_answers_and_nothing_is_flushed_after_it() {
         let calls = Arc::new(AtomicU64::new(0));
         let c = Arc::clone(&calls);
-        let mut syncer = Syncer::start(Box::new(move || {
-            c.fetch_add(1, Ordering::SeqCst);
-            Err(io::Error::other("EIO from the test disk"))
-        }))
+        let mut syncer = Syncer::start(
+            Box::new(move || {
+                c.fetch_add(1, Ordering::SeqCst);
+                Err(io::Error::other("EIO from the test disk"))
+            }),
+            Failure::default(),
+        )
         .expect("thread");
         let (tx, rx) = mpsc::channel();
         syncer.submit(vec![answer(&tx)]);
@@ -245,7 +258,7 @@ mod tests {
 
     #[test]
     fn finish_answers_everything_submitted() {
-        let mut syncer = Syncer::start(Box::new(|| Ok(()))).expect("thread");
+        let mut syncer = Syncer::start(Box::new(|| Ok(())), Failure::default()).expect("thread");
         let (tx, rx) = mpsc::channel();
         for _ in 0..5 {
             syncer.submit(vec![answer(&tx), answer(&tx)]);
