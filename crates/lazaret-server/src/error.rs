@@ -68,7 +68,8 @@ pub struct ApiError {
     pub message: String,
     /// Schema violations.
     pub details: Vec<Violation>,
-    /// For SHED: seconds to wait.
+    /// For SHED and UNAVAILABLE after a rolled-back transaction: seconds to
+    /// wait.
     pub retry_after_s: Option<u64>,
 }
 
@@ -191,6 +192,17 @@ impl From<StoreError> for ApiError {
                 Code::Unavailable,
                 e.to_string(),
             ),
+            // Nothing of the request happened: say so, and when to retry.
+            StoreError::NotApplied(_) => {
+                tracing::warn!(error = %e, "a request's transaction was not applied");
+                let mut err = Self::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    Code::Unavailable,
+                    e.to_string(),
+                );
+                err.retry_after_s = Some(1);
+                err
+            }
             other => {
                 tracing::error!(error = %other, "store error");
                 Self::internal(other.to_string())
@@ -208,5 +220,33 @@ impl IntoResponse for ApiError {
             }
         }
         resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_errors_say_whether_to_retry() {
+        let undone = ApiError::from(StoreError::NotApplied(
+            "another request in the same transaction failed, so none of it was applied; retry"
+                .into(),
+        ));
+        assert_eq!(undone.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(undone.code.as_str(), "UNAVAILABLE");
+        assert_eq!(undone.retry_after_s, Some(1));
+        let resp = undone.into_response();
+        assert_eq!(resp.headers()[header::RETRY_AFTER], "1");
+
+        let closed = ApiError::from(StoreError::Closed);
+        assert_eq!(closed.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(closed.retry_after_s, None);
+
+        // Committed but maybe not durable: the outcome is unknown, so no
+        // blanket "retry"; the message says what happened.
+        let unknown = ApiError::from(StoreError::NotDurable("committed, but …".into()));
+        assert_eq!(unknown.status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(unknown.code.as_str(), "INTERNAL");
     }
 }
