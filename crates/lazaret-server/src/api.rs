@@ -12,8 +12,8 @@ use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use futures_util::StreamExt;
 use lazaret_core::{
-    AdmissionRequest, DeadLetterReason, ErrorKind, Event, Failure, FailureClass, JobId, JobType,
-    Lane, TenantId, Timestamp, Transition, Verdict, WorkerId, admit, payload_preview,
+    AdmissionRequest, DeadLetterReason, ErrorKind, Event, Failure, FailureClass, JobId, JobState,
+    JobType, Lane, TenantId, Timestamp, Transition, Verdict, WorkerId, admit, payload_preview,
     payload_sha256,
 };
 use lazaret_store::{
@@ -309,6 +309,18 @@ struct Admitted {
     tenant: TenantId,
 }
 
+/// Whether an enqueue put a job in the queue now (not a duplicate, not
+/// scheduled for later: promotion wakes the waiters then).
+fn made_ready(outcome: &EnqueueOutcome) -> bool {
+    matches!(
+        outcome,
+        EnqueueOutcome::Created {
+            state: JobState::Queued,
+            ..
+        }
+    )
+}
+
 impl Admitted {
     fn of(job: &NewJob) -> Self {
         Admitted {
@@ -442,8 +454,8 @@ async fn enqueue<S: Store>(State(app): Shared<S>, headers: HeaderMap, body: Body
     let admitted = Admitted::of(&job);
     let outcome = app.store.enqueue(vec![job]).await?;
     let (status, body) = enqueue_reply(&app, &admitted, &outcome[0]);
-    if status == StatusCode::CREATED {
-        app.ready.notify_waiters();
+    if made_ready(&outcome[0]) {
+        app.ready.jobs([(&admitted.lane, &admitted.job_type)]);
     }
     Ok((status, Json(body)).into_response())
 }
@@ -498,7 +510,13 @@ async fn enqueue_batch<S: Store>(
         for ((i, job), outcome) in admitted.iter().zip(&outcomes) {
             results[*i] = Some(enqueue_reply(&app, job, outcome).1);
         }
-        app.ready.notify_waiters();
+        app.ready.jobs(
+            admitted
+                .iter()
+                .zip(&outcomes)
+                .filter(|(_, o)| made_ready(o))
+                .map(|((_, job), _)| (&job.lane, &job.job_type)),
+        );
     }
     ok(json!({ "results": results }))
 }
@@ -562,10 +580,15 @@ async fn lease<S: Store>(State(app): Shared<S>, headers: HeaderMap, body: Bytes)
     let types = b
         .types
         .map(|ts| ts.into_iter().map(JobType::new).collect::<Vec<_>>());
+    let interest = crate::ready::Interest {
+        lanes: lanes.as_deref(),
+        types: types.as_deref(),
+    };
     loop {
         let notified = app.ready.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
+        let mut seen = app.ready.seq();
         let now = now();
         let (exclude_types, exclude_lanes, type_limits) = app.lease_filters(now);
         let req = LeaseRequest {
@@ -594,7 +617,29 @@ async fn lease<S: Store>(State(app): Shared<S>, headers: HeaderMap, body: Bytes)
             })
             .into_response());
         }
-        let _ = tokio::time::timeout_at(deadline, notified).await;
+        // Sleep until something may have made a job this lease takes
+        // ready (or the wait ends): an enqueue of other lanes or types
+        // costs this waiter no store call.
+        loop {
+            if tokio::time::timeout_at(deadline, notified.as_mut())
+                .await
+                .is_err()
+            {
+                break;
+            }
+            let (relevant, newest) = app.ready.relevant_since(seen, interest);
+            if relevant {
+                break;
+            }
+            notified.set(app.ready.notified());
+            notified.as_mut().enable();
+            // An event between the check and `enable` woke nobody: look again.
+            let (relevant, newest) = app.ready.relevant_since(newest, interest);
+            if relevant {
+                break;
+            }
+            seen = newest;
+        }
     }
 }
 
@@ -700,7 +745,7 @@ async fn complete<S: Store>(
         .flatten()
         .any(|c| matches!(c.transition.next_state(now), lazaret_core::JobState::Queued))
     {
-        app.ready.notify_waiters();
+        app.ready.anything();
     }
     Ok(slots
         .into_iter()
@@ -1006,7 +1051,7 @@ async fn redrive<S: Store>(State(app): Shared<S>, headers: HeaderMap, body: Byte
                 tokio::time::sleep(Duration::from_secs(1)).await;
             }
             job_ids.extend(app.store.redrive(part.to_vec(), now()).await?);
-            app.ready.notify_waiters();
+            app.ready.anything();
         }
         m::redriven(job_ids.len() as u64);
     }
@@ -1101,7 +1146,7 @@ async fn pause_resume<S: Store>(
         }
     }
     if !pause {
-        app.ready.notify_waiters();
+        app.ready.anything();
     }
     let action = if pause { "pause" } else { "resume" };
     let request: Value = serde_json::from_slice(body).unwrap_or(Value::Null);

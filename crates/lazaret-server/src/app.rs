@@ -10,11 +10,11 @@ use lazaret_core::{
     Lane, Policies, SplitMix64, Timestamp, Transition, decide,
 };
 use lazaret_store::{Completed, Decider, Store};
-use tokio::sync::Notify;
 
 use crate::auth::ApiTokens;
 use crate::config::ServerConfig;
 use crate::metrics as m;
+use crate::ready::Ready;
 
 /// The wall clock, the one place the server reads it.
 pub fn now() -> Timestamp {
@@ -77,7 +77,7 @@ pub struct App<S> {
     /// Paused types and lanes.
     pub paused: Mutex<Paused>,
     /// Woken when a job may have become ready (long-polls wait on it).
-    pub ready: Notify,
+    pub ready: Ready,
     /// Admission records kept per tenant in the current minute.
     admission_records: Mutex<HashMap<String, (i64, u32)>>,
     /// Tokens created through the API that are in force: loaded at start,
@@ -97,7 +97,7 @@ impl<S: Store> App<S> {
             breakers: Mutex::new(breakers),
             failures: Mutex::new(FailureStats::default()),
             paused: Mutex::new(Paused::default()),
-            ready: Notify::new(),
+            ready: Ready::default(),
             admission_records: Mutex::new(HashMap::new()),
             api_tokens: RwLock::new(ApiTokens::default()),
             token_changes: tokio::sync::Mutex::new(()),

@@ -176,7 +176,7 @@ async fn housekeeping<S: Store>(app: Arc<App<S>>, mut stop: tokio::sync::watch::
             Ok(t) => {
                 app.observe(&t.expired, now);
                 if t.promoted > 0 || !t.expired.is_empty() {
-                    app.ready.notify_waiters();
+                    app.ready.anything();
                 }
             }
             Err(e) => tracing::error!(error = %e, "housekeeping failed"),

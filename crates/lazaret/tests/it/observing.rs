@@ -215,3 +215,50 @@ async fn metrics_carry_every_name_the_contract_lists() {
         "{stats}"
     );
 }
+
+#[tokio::test]
+async fn waiting_leases_of_other_types_cost_no_store_work_and_the_right_waiter_still_wakes() {
+    let server = Server::start(QUICK).await;
+    let api = server.api();
+    let long_poll = |worker: String, job_type: &'static str, wait_ms: u64| {
+        let api = api.clone();
+        tokio::spawn(async move {
+            let mut req = lease_req(&worker, 1, 30_000);
+            req["types"] = json!([job_type]);
+            req["wait_ms"] = json!(wait_ms);
+            api.lease(&req).await
+        })
+    };
+    // Eight idle workers of another type, and one for the jobs to come.
+    let idle: Vec<_> = (0..8)
+        .map(|n| long_poll(format!("sms-{n}"), "sms", 20_000))
+        .collect();
+    let waiter = long_poll("email-1".into(), "email", 20_000);
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+
+    let commands = |stats: serde_json::Value| stats["store"]["commands"].as_u64().expect("count");
+    let before = commands(api.get("/v1/stats").await.expect(200).clone());
+    let first = api.enqueue_ok(&job("email", "acme", json!({"n": 0}))).await;
+    let got = waiter.await.expect("the email waiter");
+    assert_eq!(
+        got.len(),
+        1,
+        "the waiter of the enqueued type wakes and leases it"
+    );
+    assert_eq!(got[0]["id"], first);
+    for n in 1..20 {
+        api.enqueue_ok(&job("email", "acme", json!({"n": n}))).await;
+    }
+    let after = commands(api.get("/v1/stats").await.expect(200).clone());
+
+    // 20 enqueues, one lease, one stats read, and at most one first look
+    // each for waiters that were slow to start. Waking the sms waiters for
+    // every email and letting them ask the store would be 8 more per
+    // enqueue.
+    let spent = after - before;
+    assert!(spent <= 20 + 1 + 1 + 9, "{spent} store commands");
+    for h in idle {
+        assert!(!h.is_finished(), "an sms waiter returned with no sms job");
+        h.abort();
+    }
+}
