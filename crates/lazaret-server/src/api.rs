@@ -123,11 +123,7 @@ fn parse_id(id: &str, what: &str) -> Result<u64, ApiError> {
 async fn healthz<S: Store>(State(app): Shared<S>) -> Result<&'static str, ApiError> {
     match app.store.failure() {
         None => Ok("ok"),
-        Some(why) => Err(ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            crate::error::Code::Unavailable,
-            why,
-        )),
+        Some(why) => Err(ApiError::unavailable(why)),
     }
 }
 
@@ -627,14 +623,10 @@ async fn lease<S: Store>(State(app): Shared<S>, headers: HeaderMap, body: Bytes)
             {
                 break;
             }
-            let (relevant, newest) = app.ready.relevant_since(seen, interest);
-            if relevant {
-                break;
-            }
+            // Re-armed before looking, so an event after the look wakes it.
             notified.set(app.ready.notified());
             notified.as_mut().enable();
-            // An event between the check and `enable` woke nobody: look again.
-            let (relevant, newest) = app.ready.relevant_since(newest, interest);
+            let (relevant, newest) = app.ready.relevant_since(seen, interest);
             if relevant {
                 break;
             }

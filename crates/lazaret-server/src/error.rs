@@ -86,6 +86,12 @@ impl ApiError {
         }
     }
 
+    /// 503 UNAVAILABLE: the store takes no work now; the message says why
+    /// and whether to retry.
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, Code::Unavailable, message)
+    }
+
     /// 500 INTERNAL: the server itself failed, not the request.
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, Code::Internal, message)
@@ -187,19 +193,11 @@ impl ApiError {
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
         match e {
-            StoreError::Closed => Self::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                Code::Unavailable,
-                e.to_string(),
-            ),
+            StoreError::Closed => Self::unavailable(e.to_string()),
             // Nothing of the request happened: say so, and when to retry.
             StoreError::NotApplied(_) => {
                 tracing::warn!(error = %e, "a request's transaction was not applied");
-                let mut err = Self::new(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    Code::Unavailable,
-                    e.to_string(),
-                );
+                let mut err = Self::unavailable(e.to_string());
                 err.retry_after_s = Some(1);
                 err
             }

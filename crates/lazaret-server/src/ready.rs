@@ -4,9 +4,11 @@
 //! enqueue says which (lane, type) it made ready, so a waiter whose lanes or
 //! types cannot match goes back to sleep without asking the store: with
 //! workers dedicated to some types, an enqueue no longer costs one store
-//! command per idle worker of the other types. Every other change
-//! (promotions, expiries, retries, redrives, resumes, freed tenant capacity)
-//! concerns everyone.
+//! command per idle worker of the other types. Every other change that
+//! wakes them (promotions of due jobs, expired leases, failures queued for
+//! retry, redrives, resumes) concerns everyone. An ack that frees a tenant's
+//! in-flight slot publishes nothing: a waiter held back only by that cap
+//! looks again at the next event or at the end of its wait.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;

@@ -265,17 +265,18 @@ impl Writer {
         let mut close: Option<Reply<()>> = None;
         let isolated = self.isolated_groups > 0;
         self.isolated_groups = self.isolated_groups.saturating_sub(1);
+        // Why the whole group is not applied (`StoreError::NotApplied`), if so.
         let refused = match self.syncer.as_ref().and_then(Syncer::failure) {
-            Some(why) => Some(StoreError::NotApplied(format!(
+            Some(why) => Some(format!(
                 "lazaret stopped writing after an earlier commit could not be made durable, so nothing of this request was applied; check the disk, then restart lazaret (the earlier failure: {why})"
-            ))),
+            )),
             None => self.exec("BEGIN IMMEDIATE").err().map(|e| {
-                StoreError::NotApplied(format!(
+                format!(
                     "could not start a transaction ({e}); retry, and if it persists check the data directory's disk space and permissions"
-                ))
+                )
             }),
         };
-        if let Some(e) = refused {
+        if let Some(why) = refused {
             let mut closing = false;
             for cmd in batch.drain(..) {
                 if let Cmd::Close(tx) = cmd {
@@ -283,11 +284,11 @@ impl Writer {
                     self.close(tx);
                     continue;
                 }
-                fail_cmd(cmd, &e);
+                fail_cmd(cmd, &why);
             }
             return closing;
         }
-        let mut group_error: Option<StoreError> = None;
+        let mut group_error: Option<String> = None;
         let mut taken = 0;
         let began_at = std::time::Instant::now();
         loop {
@@ -297,17 +298,17 @@ impl Writer {
                     close = Some(tx);
                     continue;
                 }
-                if let Some(e) = &group_error {
-                    fail_cmd(cmd, e);
+                if let Some(why) = &group_error {
+                    fail_cmd(cmd, why);
                     continue;
                 }
                 if isolated {
                     if let Err(e) = self.exec("SAVEPOINT cmd") {
                         fail_cmd(
                             cmd,
-                            &StoreError::NotApplied(format!(
+                            &format!(
                                 "could not open a savepoint ({e}); retry, and if it persists check the data directory's disk space and permissions"
-                            )),
+                            ),
                         );
                         continue;
                     }
@@ -321,9 +322,9 @@ impl Writer {
                     self.dirty = true;
                 }
                 if !isolated {
-                    group_error = Some(StoreError::NotApplied(
+                    group_error = Some(
                         "another request in the same transaction failed, so none of it was applied; retry".into(),
-                    ));
+                    );
                     continue;
                 }
                 let end = if ok {
@@ -350,7 +351,7 @@ impl Writer {
                 break;
             }
         }
-        if let Some(error) = group_error {
+        if let Some(why) = group_error {
             tracing::warn!(
                 "a command failed; its group was rolled back and the next groups run isolated"
             );
@@ -361,7 +362,7 @@ impl Writer {
                 tracing::error!(error = %e, "rebuilding counts failed");
             }
             for p in pending {
-                p(Some(clone_error(&error)));
+                p(Some(StoreError::NotApplied(why.clone())));
             }
             if let Some(tx) = close {
                 self.close(tx);
@@ -384,11 +385,11 @@ impl Writer {
         }
         match (commit_error, &self.syncer) {
             (Some(e), _) => {
-                let e = StoreError::NotApplied(format!(
+                let why = format!(
                     "the commit failed ({e}); retry, and if it persists check the data directory's disk space and permissions"
-                ));
+                );
                 for p in pending {
-                    p(Some(clone_error(&e)));
+                    p(Some(StoreError::NotApplied(why.clone())));
                 }
             }
             // Answered once the WAL is flushed, while this thread goes on.
@@ -408,7 +409,6 @@ impl Writer {
 
     /// Closes the store: every answer out (after its fsync), the WAL folded
     /// into the database and truncated, then `tx` answered.
-    ///
     ///
     /// After a failed fsync the WAL is left as it is, and `tx` answered
     /// `NotDurable`: a checkpoint would copy frames the kernel may have lost
@@ -657,9 +657,10 @@ impl Writer {
 
     /// Leases up to `count` queued jobs of one (lane, tenant), oldest first,
     /// writing only columns: the attempt is charged and the running attempt
-    /// recorded in `lease_started_at` and `worker_id` (see `super::stored`). The token, `(leases << 40) | (id mod 2^40)`,
-    /// is new for every lease of a job, across restarts and redrives, since
-    /// `leases` only grows; and unique across jobs below 2^40 ids.
+    /// recorded in `lease_started_at` and `worker_id` (see `super::stored`).
+    /// The token, `(leases << 40) | (id mod 2^40)`, is new for every lease of
+    /// a job, across restarts and redrives, since `leases` only grows; and
+    /// unique across jobs below 2^40 ids.
     fn lease_from_pair(
         &mut self,
         req: &LeaseRequest,
@@ -1267,18 +1268,9 @@ impl Writer {
     }
 }
 
-/// Answers a command that never ran.
-/// The errors a whole group fails with, for each of its commands.
-fn clone_error(e: &StoreError) -> StoreError {
-    match e {
-        StoreError::NotApplied(m) => StoreError::NotApplied(m.clone()),
-        StoreError::NotDurable(m) => StoreError::NotDurable(m.clone()),
-        other => StoreError::NotApplied(other.to_string()),
-    }
-}
-
-fn fail_cmd(cmd: Cmd, error: &StoreError) {
-    let e = || clone_error(error);
+/// Answers a command that never ran: `StoreError::NotApplied`, for `why`.
+fn fail_cmd(cmd: Cmd, why: &str) {
+    let e = || StoreError::NotApplied(why.to_owned());
     match cmd {
         Cmd::Enqueue(_, tx) => drop(tx.send(Err(e()))),
         Cmd::Lease(_, tx) => drop(tx.send(Err(e()))),
