@@ -89,6 +89,14 @@ fn open_conn(path: &Path) -> Result<Connection, StoreError> {
     Ok(conn)
 }
 
+/// The error for an I/O failure while opening the store in `dir`.
+fn open_error(dir: &Path) -> impl Fn(std::io::Error) -> StoreError + Copy + '_ {
+    move |source| StoreError::Open {
+        path: dir.display().to_string(),
+        source,
+    }
+}
+
 /// Opens the WAL of the database at `path` (it exists once a connection has
 /// read the database) and returns the function that flushes it. The
 /// directory is flushed once too, so the WAL's own entry survives a power
@@ -96,10 +104,7 @@ fn open_conn(path: &Path) -> Result<Connection, StoreError> {
 fn wal_sync(dir: &Path, path: &Path) -> Result<sync::SyncFn, StoreError> {
     let mut wal_path = path.as_os_str().to_owned();
     wal_path.push("-wal");
-    let io_error = |source| StoreError::Open {
-        path: dir.display().to_string(),
-        source,
-    };
+    let io_error = open_error(dir);
     let wal = std::fs::File::open(&wal_path).map_err(io_error)?;
     wal.sync_data().map_err(io_error)?;
     std::fs::File::open(dir)
@@ -130,10 +135,7 @@ impl SqliteStore {
         decider: Arc<dyn Decider>,
         sync: Option<sync::SyncFn>,
     ) -> Result<Self, StoreError> {
-        std::fs::create_dir_all(dir).map_err(|source| StoreError::Open {
-            path: dir.display().to_string(),
-            source,
-        })?;
+        std::fs::create_dir_all(dir).map_err(open_error(dir))?;
         let path = dir.join(DB_FILE);
         let conn = open_conn(&path)?;
         schema::migrate(&conn)?;
@@ -146,22 +148,15 @@ impl SqliteStore {
                 Some(f) => f,
                 None => wal_sync(dir, &path)?,
             };
-            let syncer = sync::Syncer::start(sync, Arc::clone(&failure)).map_err(|source| {
-                StoreError::Open {
-                    path: dir.display().to_string(),
-                    source,
-                }
-            })?;
+            let syncer =
+                sync::Syncer::start(sync, Arc::clone(&failure)).map_err(open_error(dir))?;
             w.set_syncer(syncer);
         }
         let (tx, rx) = mpsc::channel();
         let handle = std::thread::Builder::new()
             .name("lazaret-sqlite-writer".into())
             .spawn(move || w.run(rx))
-            .map_err(|source| StoreError::Open {
-                path: dir.display().to_string(),
-                source,
-            })?;
+            .map_err(open_error(dir))?;
         Ok(SqliteStore {
             tx,
             reader: Arc::new(Mutex::new(reader)),
