@@ -1248,6 +1248,7 @@ async fn snapshot<S: Store>(app: &App<S>) -> Result<Value, ApiError> {
             "commands_per_commit": if s.commits == 0 { 0.0 } else { s.commands as f64 / s.commits as f64 },
             "syncs": s.syncs,
             "commands_per_sync": if s.syncs == 0 { 0.0 } else { s.commands as f64 / s.syncs as f64 },
+            "sync_avg_ms": if s.syncs == 0 { 0.0 } else { s.sync_micros as f64 / s.syncs as f64 / 1000.0 },
         },
         "dead_letters": {
             "total": dl_total,

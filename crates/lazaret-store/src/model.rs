@@ -410,6 +410,9 @@ pub struct StoreStats {
     /// `durability = "full"` (0 otherwise): one can cover several
     /// transactions, so `commands / syncs` is how many requests shared each.
     pub syncs: u64,
+    /// Time those fsyncs took, in microseconds: `sync_micros / syncs` is
+    /// what the disk makes every durable request wait, on average.
+    pub sync_micros: u64,
 }
 
 /// Job counts in one lane.

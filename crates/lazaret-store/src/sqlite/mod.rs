@@ -14,6 +14,7 @@ mod reader;
 mod schema;
 mod stored;
 mod sync;
+mod tokens;
 mod writer;
 
 use std::path::{Path, PathBuf};
@@ -406,6 +407,84 @@ mod tests {
             "{out:?}"
         );
         gate.send(()).unwrap();
+        s.close().await.unwrap();
+    }
+
+    fn lease_one() -> LeaseRequest {
+        LeaseRequest {
+            worker_id: "w-1".into(),
+            lanes: None,
+            types: None,
+            exclude_types: Vec::new(),
+            exclude_lanes: Vec::new(),
+            type_limits: Vec::new(),
+            max_jobs: 1,
+            lease: Duration::from_secs(30),
+            now: Timestamp::from_millis(0),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_lease_is_answered_at_commit_once_its_token_is_reserved_on_disk() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let (gate, opened) = std::sync::mpsc::channel::<()>();
+        let s = Arc::new(open(
+            dir.path(),
+            Box::new(move || {
+                opened
+                    .recv()
+                    .map_err(|_| std::io::Error::other("gate dropped"))
+            }),
+        ));
+        let s2 = Arc::clone(&s);
+        let enqueued = tokio::spawn(async move { s2.enqueue(vec![job("k1"), job("k2")]).await });
+        gate.send(()).unwrap();
+        enqueued.await.unwrap().expect("enqueued");
+
+        // The first lease writes the first reservation: it waits for its fsync.
+        let s2 = Arc::clone(&s);
+        let first = tokio::spawn(async move { s2.lease(lease_one()).await });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(
+            !first.is_finished(),
+            "answered before its reservation was on disk"
+        );
+        gate.send(()).unwrap();
+        let first = first.await.unwrap().expect("leased");
+
+        // The next is answered with no fsync at all (the gate stays shut).
+        let second = tokio::time::timeout(Duration::from_secs(10), s.lease(lease_one()))
+            .await
+            .expect("answered at COMMIT, without waiting for an fsync")
+            .expect("leased");
+        assert_eq!((first.len(), second.len()), (1, 1));
+        assert_ne!(first[0].id, second[0].id);
+        assert!(
+            second[0].lease_token.0 > first[0].lease_token.0,
+            "one sequence: {:?} then {:?}",
+            first[0].lease_token,
+            second[0].lease_token
+        );
+        drop(gate);
+        let _ = s.close().await;
+    }
+
+    #[tokio::test]
+    async fn a_restart_issues_tokens_above_every_earlier_one() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let s = open(dir.path(), Box::new(|| Ok(())));
+        s.enqueue(vec![job("k1"), job("k2")]).await.unwrap();
+        let before = s.lease(lease_one()).await.unwrap();
+        // Dropped without a clean close: the reservation is what remains.
+        drop(s);
+        let s = open(dir.path(), Box::new(|| Ok(())));
+        let after = s.lease(lease_one()).await.unwrap();
+        assert!(
+            after[0].lease_token.0 > before[0].lease_token.0,
+            "{:?} after {:?}",
+            after[0].lease_token,
+            before[0].lease_token
+        );
         s.close().await.unwrap();
     }
 

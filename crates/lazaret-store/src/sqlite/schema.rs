@@ -3,7 +3,7 @@
 use rusqlite::Connection;
 
 /// The schema version this build writes; `PRAGMA user_version` records it.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// The current schema, for a new database (and the tables a migration adds).
 const CURRENT: &str = r#"
@@ -15,9 +15,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     state            TEXT    NOT NULL,  -- JobState words: queued, scheduled, leased, succeeded, dead_lettered
     run_at           INTEGER NOT NULL,  -- ms since the epoch
     attempts         INTEGER NOT NULL,  -- authoritative; the envelope's count lags by the running attempt
-    leases           INTEGER NOT NULL DEFAULT 0,  -- leases granted, never reset: tokens are
-                                                  -- (leases << 40) | (id mod 2^40)
-    lease_token      INTEGER,
+    leases           INTEGER NOT NULL DEFAULT 0,  -- leases granted, never reset
+    lease_token      INTEGER,           -- from the store's one sequence (meta.lease_tokens_reserved)
     lease_expires_at INTEGER,
     lease_started_at INTEGER,           -- the running (or succeeded) attempt: when it was leased
     worker_id        TEXT,              -- and by whom
@@ -68,6 +67,13 @@ CREATE TABLE IF NOT EXISTS audit (
     count   INTEGER NOT NULL
 );
 
+-- Store-wide values. lease_tokens_reserved: lease tokens below it may have
+-- been handed out; a start continues from it (see sqlite::tokens).
+CREATE TABLE IF NOT EXISTS meta (
+    key   TEXT    PRIMARY KEY,
+    value INTEGER NOT NULL
+);
+
 CREATE TABLE IF NOT EXISTS tokens (
     name         TEXT    PRIMARY KEY,   -- API-created tokens; [[tokens]] from the config are not stored
     role         TEXT    NOT NULL,
@@ -112,6 +118,10 @@ DROP TABLE jobs_v1;
 "#;
 
 /// Creates or migrates the schema; refuses a database from a newer build.
+///
+/// Version 2 → 3 only adds the `meta` table, which `CURRENT` creates; the
+/// lease-token sequence then starts above every version-2 token
+/// (`sqlite::tokens`).
 pub fn migrate(conn: &Connection) -> Result<(), crate::StoreError> {
     let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
     if version > SCHEMA_VERSION {

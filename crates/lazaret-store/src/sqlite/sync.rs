@@ -38,7 +38,7 @@ pub(super) type SyncFn = Box<dyn FnMut() -> io::Result<()> + Send>;
 
 /// The syncing thread and what the writer needs to talk to it.
 pub(super) struct Syncer {
-    tx: Option<mpsc::Sender<Vec<Pending>>>,
+    tx: Option<mpsc::Sender<(u64, Vec<Pending>)>>,
     handle: Option<JoinHandle<()>>,
     shared: Arc<Shared>,
 }
@@ -51,6 +51,10 @@ pub(super) type Failure = Arc<OnceLock<String>>;
 struct Shared {
     /// fsyncs done since start.
     syncs: AtomicU64,
+    /// Time spent in them, in microseconds.
+    sync_micros: AtomicU64,
+    /// The last commit (by number) that an fsync covered.
+    synced: AtomicU64,
     failure: Failure,
 }
 
@@ -65,27 +69,37 @@ impl Syncer {
     /// Starts the thread; `sync` flushes the WAL, `failure` records why it
     /// could not.
     pub(super) fn start(mut sync: SyncFn, failure: Failure) -> io::Result<Self> {
-        let (tx, rx) = mpsc::channel::<Vec<Pending>>();
+        let (tx, rx) = mpsc::channel::<(u64, Vec<Pending>)>();
         let shared = Arc::new(Shared {
             syncs: AtomicU64::new(0),
+            sync_micros: AtomicU64::new(0),
+            synced: AtomicU64::new(0),
             failure,
         });
         let s = Arc::clone(&shared);
         let handle = std::thread::Builder::new()
             .name("lazaret-fsync".into())
             .spawn(move || {
-                while let Ok(mut answers) = rx.recv() {
+                while let Ok((mut last, mut answers)) = rx.recv() {
                     // Everything queued so far committed before this fsync
                     // starts: one flush covers it all.
-                    while let Ok(more) = rx.try_recv() {
+                    while let Ok((commit, more)) = rx.try_recv() {
+                        last = commit;
                         answers.extend(more);
                     }
                     let error = if let Some(msg) = s.failure.get() {
                         Some(msg.clone())
                     } else {
+                        let began = std::time::Instant::now();
                         match sync() {
                             Ok(()) => {
+                                let took = began.elapsed().as_micros();
+                                s.sync_micros.fetch_add(
+                                    u64::try_from(took).unwrap_or(u64::MAX),
+                                    Ordering::Relaxed,
+                                );
                                 s.syncs.fetch_add(1, Ordering::Relaxed);
+                                s.synced.store(last, Ordering::Release);
                                 None
                             }
                             Err(e) => {
@@ -113,14 +127,18 @@ impl Syncer {
         })
     }
 
-    /// Hands over a committed group's answers; they go out after the next
-    /// fsync.
-    pub(super) fn submit(&self, answers: Vec<Pending>) {
-        if answers.is_empty() {
+    /// Hands over the answers of commit number `commit`; they go out after
+    /// the next fsync. A commit with no answers is flushed only if `flush`
+    /// (the next fsync covers it anyway).
+    pub(super) fn submit(&self, commit: u64, answers: Vec<Pending>, flush: bool) {
+        if answers.is_empty() && !flush {
             return;
         }
         let lost = match &self.tx {
-            Some(tx) => tx.send(answers).err().map(|mpsc::SendError(a)| a),
+            Some(tx) => tx
+                .send((commit, answers))
+                .err()
+                .map(|mpsc::SendError((_, a))| a),
             None => Some(answers),
         };
         if let Some(answers) = lost {
@@ -142,6 +160,16 @@ impl Syncer {
     /// fsyncs done since start.
     pub(super) fn syncs(&self) -> u64 {
         self.shared.syncs.load(Ordering::Relaxed)
+    }
+
+    /// The last commit (by number) that an fsync covered.
+    pub(super) fn synced(&self) -> u64 {
+        self.shared.synced.load(Ordering::Acquire)
+    }
+
+    /// Time the fsyncs done since start took, in microseconds.
+    pub(super) fn sync_micros(&self) -> u64 {
+        self.shared.sync_micros.load(Ordering::Relaxed)
     }
 
     /// Flushes and answers everything submitted, then stops the thread.
@@ -184,15 +212,17 @@ mod tests {
         )
         .expect("thread");
         let (tx, rx) = mpsc::channel();
-        syncer.submit(vec![answer(&tx), answer(&tx)]);
+        syncer.submit(1, vec![answer(&tx), answer(&tx)], false);
         assert!(
             rx.recv_timeout(Duration::from_millis(100)).is_err(),
             "an answer went out before its fsync"
         );
+        assert_eq!(syncer.synced(), 0);
         gate.send(()).expect("syncer waiting");
         assert_eq!(rx.recv_timeout(LONG).expect("answered"), None);
         assert_eq!(rx.recv_timeout(LONG).expect("answered"), None);
         assert_eq!(syncer.syncs(), 1);
+        assert_eq!(syncer.synced(), 1, "commit 1 is on disk");
         assert_eq!(syncer.failure(), None);
     }
 
@@ -209,12 +239,14 @@ mod tests {
         )
         .expect("thread");
         let (tx, rx) = mpsc::channel();
-        syncer.submit(vec![answer(&tx)]);
+        syncer.submit(1, vec![answer(&tx)], false);
         started.recv_timeout(LONG).expect("first fsync started");
-        // Three groups commit while the first fsync runs.
-        for _ in 0..3 {
-            syncer.submit(vec![answer(&tx)]);
+        // Three groups commit while the first fsync runs, and one with no
+        // answers and nothing to flush, which is not queued.
+        for commit in 2..5 {
+            syncer.submit(commit, vec![answer(&tx)], false);
         }
+        syncer.submit(5, Vec::new(), false);
         gate.send(()).expect("first fsync waiting");
         assert_eq!(rx.recv_timeout(LONG).expect("first group"), None);
         started.recv_timeout(LONG).expect("second fsync started");
@@ -224,6 +256,15 @@ mod tests {
         }
         syncer.finish();
         assert_eq!(syncer.syncs(), 2, "the three later groups shared one fsync");
+        assert_eq!(syncer.synced(), 4);
+    }
+
+    #[test]
+    fn a_commit_without_answers_is_flushed_when_asked() {
+        let mut syncer = Syncer::start(Box::new(|| Ok(())), Failure::default()).expect("thread");
+        syncer.submit(7, Vec::new(), true);
+        syncer.finish();
+        assert_eq!((syncer.syncs(), syncer.synced()), (1, 7));
     }
 
     #[test]
@@ -239,12 +280,12 @@ mod tests {
         )
         .expect("thread");
         let (tx, rx) = mpsc::channel();
-        syncer.submit(vec![answer(&tx)]);
+        syncer.submit(1, vec![answer(&tx)], false);
         let first = rx.recv_timeout(LONG).expect("answered").expect("an error");
         assert!(first.contains("EIO from the test disk"), "{first}");
         assert!(first.contains("restart"), "says what to do: {first}");
         assert_eq!(syncer.failure().as_deref(), Some(first.as_str()));
-        syncer.submit(vec![answer(&tx)]);
+        syncer.submit(2, vec![answer(&tx)], false);
         let second = rx.recv_timeout(LONG).expect("answered").expect("an error");
         assert_eq!(second, first);
         syncer.finish();
@@ -254,14 +295,15 @@ mod tests {
             "no fsync is trusted after a failed one"
         );
         assert_eq!(syncer.syncs(), 0);
+        assert_eq!(syncer.synced(), 0, "nothing counts as on disk");
     }
 
     #[test]
     fn finish_answers_everything_submitted() {
         let mut syncer = Syncer::start(Box::new(|| Ok(())), Failure::default()).expect("thread");
         let (tx, rx) = mpsc::channel();
-        for _ in 0..5 {
-            syncer.submit(vec![answer(&tx), answer(&tx)]);
+        for commit in 1..=5 {
+            syncer.submit(commit, vec![answer(&tx), answer(&tx)], false);
         }
         syncer.finish();
         drop(tx);

@@ -15,6 +15,7 @@ use tokio::sync::oneshot;
 
 use super::stored::{COLUMNS, StoredJob};
 use super::sync::Syncer;
+use super::tokens::Tokens;
 use crate::{
     AdmissionRecord, AuditEntry, Completed, Completion, DeadLetterId, Decider, EnqueueOutcome,
     ItemError, LaneCounts, LeaseRequest, LeaseToken, LeasedJob, NewJob, StoreError, StoreStats,
@@ -74,8 +75,6 @@ fn pend<T: Send + 'static>(tx: Reply<T>, result: Result<T, StoreError>) -> Pendi
 const ISOLATED_GROUPS: u32 = 100;
 /// Commands taken into one transaction at most.
 const GROUP_MAX: usize = 1024;
-/// A lease token is `(leases << 40) | (id & TOKEN_ID_MASK)`.
-const TOKEN_ID_MASK: i64 = (1 << 40) - 1;
 /// Commands arriving while a group runs join it only during this window,
 /// so a steady stream of arrivals cannot hold a group's commit back.
 const LATE_JOIN_WINDOW: std::time::Duration = std::time::Duration::from_millis(2);
@@ -117,6 +116,8 @@ pub(super) struct Writer {
     commits: u64,
     commands: u64,
     next_id: u64,
+    /// Lease tokens, reserved ahead so that leases can be answered at COMMIT.
+    tokens: Tokens,
     /// A command failed after touching the counts: rebuild them after the group.
     dirty: bool,
     /// Groups still to run with a savepoint per command (after a failure).
@@ -150,7 +151,9 @@ impl Writer {
             [],
             |r| r.get(0),
         ))?;
+        let tokens = Tokens::load(&conn)?;
         Ok(Writer {
+            tokens,
             conn,
             scheduler,
             decider,
@@ -262,6 +265,9 @@ impl Writer {
     /// instead of waiting for the next one.
     fn run_group(&mut self, batch: &mut Vec<Cmd>, rx: &mpsc::Receiver<Cmd>) -> bool {
         let mut pending: Vec<Pending> = Vec::with_capacity(batch.len());
+        // Leases whose tokens are all below a reservation on disk: answered
+        // at COMMIT, before the fsync (see `super::tokens`).
+        let mut early: Vec<Pending> = Vec::new();
         let mut close: Option<Reply<()>> = None;
         let isolated = self.isolated_groups > 0;
         self.isolated_groups = self.isolated_groups.saturating_sub(1);
@@ -288,6 +294,9 @@ impl Writer {
             }
             return closing;
         }
+        if let Some(syncer) = &self.syncer {
+            self.tokens.flushed(syncer.synced());
+        }
         let mut group_error: Option<String> = None;
         let mut taken = 0;
         let began_at = std::time::Instant::now();
@@ -313,8 +322,14 @@ impl Writer {
                         continue;
                     }
                 }
+                let mark = self.tokens.mark();
+                let is_lease = matches!(cmd, Cmd::Lease(..));
                 let (p, ok) = self.execute(cmd);
-                pending.push(p);
+                if is_lease && !self.tokens.take_late() && self.syncer.is_some() {
+                    early.push(p);
+                } else {
+                    pending.push(p);
+                }
                 if ok && !isolated {
                     continue;
                 }
@@ -330,6 +345,7 @@ impl Writer {
                 let end = if ok {
                     self.exec("RELEASE cmd")
                 } else {
+                    self.tokens.rolled_back_to(mark);
                     self.exec("ROLLBACK TO cmd")
                         .and_then(|()| self.exec("RELEASE cmd"))
                 };
@@ -356,12 +372,13 @@ impl Writer {
                 "a command failed; its group was rolled back and the next groups run isolated"
             );
             let _ = self.exec("ROLLBACK");
+            self.tokens.rolled_back();
             self.isolated_groups = ISOLATED_GROUPS;
             self.dirty = true;
             if let Err(e) = self.rebuild_counts() {
                 tracing::error!(error = %e, "rebuilding counts failed");
             }
-            for p in pending {
+            for p in pending.into_iter().chain(early) {
                 p(Some(StoreError::NotApplied(why.clone())));
             }
             if let Some(tx) = close {
@@ -371,12 +388,21 @@ impl Writer {
             return false;
         }
         let commit_error = self.exec("COMMIT").err();
+        // Whether the commit carries a new token reservation, which needs
+        // its fsync even when no answer waits for it.
+        let mut reserved = false;
         if commit_error.is_none() {
             self.commits += 1;
             self.commands += taken as u64;
+            reserved = self.tokens.committed(self.commits);
+            for p in early.drain(..) {
+                p(None);
+            }
         } else {
             let _ = self.conn.execute_batch("ROLLBACK");
+            self.tokens.rolled_back();
             self.dirty = true;
+            pending.append(&mut early);
         }
         if self.dirty {
             if let Err(e) = self.rebuild_counts() {
@@ -393,11 +419,13 @@ impl Writer {
                 }
             }
             // Answered once the WAL is flushed, while this thread goes on.
-            (None, Some(syncer)) => syncer.submit(pending),
+            (None, Some(syncer)) => syncer.submit(self.commits, pending, reserved),
             (None, None) => {
                 for p in pending {
                     p(None);
                 }
+                // `Durability::Normal` counts a commit as written.
+                self.tokens.flushed(self.commits);
             }
         }
         if let Some(tx) = close {
@@ -658,9 +686,8 @@ impl Writer {
     /// Leases up to `count` queued jobs of one (lane, tenant), oldest first,
     /// writing only columns: the attempt is charged and the running attempt
     /// recorded in `lease_started_at` and `worker_id` (see `super::stored`).
-    /// The token, `(leases << 40) | (id mod 2^40)`, is new for every lease of
-    /// a job, across restarts and redrives, since `leases` only grows; and
-    /// unique across jobs below 2^40 ids.
+    /// The token comes from the store's one sequence (`super::tokens`):
+    /// new for every lease, across restarts, redrives and power losses.
     fn lease_from_pair(
         &mut self,
         req: &LeaseRequest,
@@ -685,7 +712,7 @@ impl Writer {
             tenant.as_str().to_owned().into(),
         ];
         let mut sql = String::from(
-            "SELECT id, type, idempotency_key, schema_version, created_at, payload, attempts, leases
+            "SELECT id, type, idempotency_key, schema_version, created_at, payload, attempts
              FROM jobs WHERE lane = ?1 AND tenant = ?2 AND state = 'queued'",
         );
         let list =
@@ -716,8 +743,7 @@ impl Writer {
             let mut q = db(stmt.query(rusqlite::params_from_iter(values.iter())))?;
             while let Some(r) = db(q.next())? {
                 let id: i64 = db(r.get(0))?;
-                let leases: i64 = db(r.get(7))?;
-                let token = ((leases + 1) << 40) | (id & TOKEN_ID_MASK);
+                let token = self.tokens.issue(&self.conn)?;
                 out.push(LeasedJob {
                     id: JobId(id as u64),
                     job_type: JobType::new(db(r.get::<_, String>(1))?),
@@ -727,7 +753,7 @@ impl Writer {
                     attempt: db(r.get::<_, i64>(6))? as u32 + 1,
                     idempotency_key: db(r.get(2))?,
                     schema_version: db(r.get::<_, Option<i64>>(3))?.map(|v| v as u32),
-                    lease_token: LeaseToken(token as u64),
+                    lease_token: LeaseToken(token),
                     lease_expires_at: expires,
                     created_at: Timestamp::from_millis(db(r.get(4))?),
                 });
@@ -1197,6 +1223,7 @@ impl Writer {
             commits: self.commits,
             commands: self.commands,
             syncs: self.syncer.as_ref().map_or(0, Syncer::syncs),
+            sync_micros: self.syncer.as_ref().map_or(0, Syncer::sync_micros),
         })
     }
 

@@ -205,8 +205,9 @@ async fn metrics_carry_every_name_the_contract_lists() {
         (ratio - commands as f64 / commits as f64).abs() < 1e-9,
         "{stats}"
     );
-    // With the durable default every commit was flushed before its answer,
-    // by fsyncs that each cover one commit or more.
+    // With the durable default every commit with an answer that waits for
+    // the disk was flushed before it, by fsyncs that each cover one commit
+    // or more.
     let syncs = store["syncs"].as_u64().expect("store.syncs");
     assert!(syncs > 0 && syncs <= commits, "{stats}");
     let per_sync = store["commands_per_sync"].as_f64().expect("a ratio");
@@ -214,6 +215,8 @@ async fn metrics_carry_every_name_the_contract_lists() {
         (per_sync - commands as f64 / syncs as f64).abs() < 1e-9,
         "{stats}"
     );
+    let avg = store["sync_avg_ms"].as_f64().expect("store.sync_avg_ms");
+    assert!(avg.is_finite() && avg >= 0.0, "{stats}");
 }
 
 #[tokio::test]
