@@ -43,11 +43,16 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     batch: u64,
     /// Concurrent producer clients.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(0..=1024))]
     producers: u64,
     /// Concurrent consumer clients.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(0..=1024))]
     consumers: u64,
+    /// Concurrent clients that each enqueue, lease and ack in turn, like a
+    /// service that both submits work and runs it (with or instead of
+    /// producers and consumers).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1024))]
+    cyclers: u64,
     /// Jobs queued in lane `backlog` before measuring; nobody leases them, so
     /// the queue holds this many while the measured jobs go through.
     #[arg(long, default_value_t = 0)]
@@ -74,6 +79,19 @@ pub struct BenchArgs {
     json: bool,
 }
 
+impl BenchArgs {
+    /// Refuses a run in which nobody would enqueue or nobody would lease.
+    fn check(&self) -> anyhow::Result<()> {
+        if self.producers + self.cyclers == 0 {
+            anyhow::bail!("nobody would enqueue: give --producers or --cyclers at least 1");
+        }
+        if self.consumers + self.cyclers == 0 {
+            anyhow::bail!("nobody would lease: give --consumers or --cyclers at least 1");
+        }
+        Ok(())
+    }
+}
+
 /// The scenarios.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum Scenario {
@@ -96,6 +114,7 @@ struct RunSpec {
     batch: u64,
     producers: u64,
     consumers: u64,
+    cyclers: u64,
     backlog: u64,
     payload_bytes: usize,
     tenants: u64,
@@ -107,6 +126,28 @@ struct RunSpec {
 }
 
 impl RunSpec {
+    /// The clients, in words.
+    fn clients(&self) -> String {
+        let split = format!(
+            "{} producers + {} consumers",
+            self.producers, self.consumers
+        );
+        match (self.cyclers, self.producers + self.consumers) {
+            (0, _) => split,
+            (c, 0) => format!("{c} cyclers (enqueue, lease, ack in turn)"),
+            (c, _) => format!("{split} + {c} cyclers"),
+        }
+    }
+
+    /// The clients, for the summary table: `P+C`, or `Nc` for N cyclers.
+    fn clients_short(&self) -> String {
+        match (self.cyclers, self.producers + self.consumers) {
+            (0, _) => format!("{}+{}", self.producers, self.consumers),
+            (c, 0) => format!("{c}c"),
+            (c, _) => format!("{}+{}+{c}c", self.producers, self.consumers),
+        }
+    }
+
     fn from_args(a: &BenchArgs) -> Self {
         RunSpec {
             name: if a.batch > 1 {
@@ -118,6 +159,7 @@ impl RunSpec {
             batch: a.batch,
             producers: a.producers,
             consumers: a.consumers,
+            cyclers: a.cyclers,
             backlog: a.backlog,
             payload_bytes: a.payload_bytes,
             tenants: a.tenants,
@@ -144,6 +186,7 @@ impl RunSpec {
             batch: 1,
             producers: 6,
             consumers: 10,
+            cyclers: 0,
             backlog: 20_000,
             target_jobs_per_s: Some(5_000.0),
             ..base.clone()
@@ -166,6 +209,7 @@ impl RunSpec {
             batch: self.batch,
             producers: self.producers,
             consumers: self.consumers,
+            cyclers: self.cyclers,
             payload_bytes: self.payload_bytes,
             tenants: self.tenants,
             lease_ms: self.lease_ms,
@@ -236,6 +280,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
 }
 
 async fn run_async(args: BenchArgs) -> anyhow::Result<()> {
+    args.check()?;
     // A bad --server URL (https, say) is refused before anything starts.
     if let Some(url) = &args.server {
         http::parse_base_url(url).context("bad --server URL")?;
@@ -254,8 +299,12 @@ async fn run_async(args: BenchArgs) -> anyhow::Result<()> {
     let mut broken = Vec::new();
     for spec in &specs {
         eprintln!(
-            "bench {}: {} jobs, batch {}, {} producers + {} consumers, backlog {}",
-            spec.name, spec.jobs, spec.batch, spec.producers, spec.consumers, spec.backlog
+            "bench {}: {} jobs, batch {}, {}, backlog {}",
+            spec.name,
+            spec.jobs,
+            spec.batch,
+            spec.clients(),
+            spec.backlog
         );
         match run_one(&args, spec).await {
             Ok(report) => {
@@ -426,8 +475,13 @@ fn render_run(r: &RunReport) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "\n== {}: batch {}, {} producers + {} consumers, backlog {}, payload {} B, {} tenants",
-        s.name, s.batch, s.producers, s.consumers, s.backlog, s.payload_bytes, s.tenants
+        "\n== {}: batch {}, {}, backlog {}, payload {} B, {} tenants",
+        s.name,
+        s.batch,
+        s.clients(),
+        s.backlog,
+        s.payload_bytes,
+        s.tenants
     );
     let target = s
         .target_jobs_per_s
@@ -547,7 +601,7 @@ fn render_summary(reports: &[RunReport]) -> String {
             "  {:<14} {:>5} {:>7} {:>9} {:>9.0} {:>7} {:>8} {:>8} {:>8} {:>10} {:>10} {:>10}  {}",
             s.name,
             s.batch,
-            format!("{}+{}", s.producers, s.consumers),
+            s.clients_short(),
             s.backlog,
             r.jobs_per_s,
             s.target_jobs_per_s
@@ -654,7 +708,19 @@ mod tests {
         };
         assert!(bad(&["--batch", "0"]));
         assert!(bad(&["--jobs", "0"]));
-        assert!(bad(&["--consumers", "0"]));
+        let unchecked = |args: &[&str]| parse(args).check().map_err(|e| e.to_string());
+        assert_eq!(
+            unchecked(&["--consumers", "0"]),
+            Err("nobody would lease: give --consumers or --cyclers at least 1".into())
+        );
+        assert_eq!(
+            unchecked(&["--producers", "0"]),
+            Err("nobody would enqueue: give --producers or --cyclers at least 1".into())
+        );
+        assert_eq!(
+            unchecked(&["--producers", "0", "--consumers", "0", "--cyclers", "16"]),
+            Ok(())
+        );
         assert!(bad(&[
             "--server",
             "http://127.0.0.1:1",

@@ -19,7 +19,11 @@
 //! flushes is the one SQLite writes (the WAL is deleted only when the last
 //! connection closes, after this thread has stopped).
 //!
-//! One difference from `FULL` remains: reads on other connections (job and
+//! Leases are the exception: the writer answers one at COMMIT when its
+//! tokens are covered by a reservation already on disk (`super::tokens`),
+//! since a power loss that takes it back only delivers the job again.
+//!
+//! One more difference from `FULL` remains: reads on other connections (job and
 //! dead-letter lookups) can see a commit before its fsync ends, up to one
 //! fsync plus this thread's queue earlier; a power loss in that window takes
 //! back what they saw. No answer to the request that made the change goes

@@ -40,6 +40,8 @@ pub struct Load {
     pub batch: u64,
     pub producers: u64,
     pub consumers: u64,
+    /// Clients that each enqueue, lease and ack in turn.
+    pub cyclers: u64,
     pub payload_bytes: usize,
     pub tenants: u64,
     pub lease_ms: u64,
@@ -355,6 +357,8 @@ struct ProducerOut {
 
 #[derive(Default)]
 struct ConsumerOut {
+    /// A cycler's own enqueues.
+    produced: ProducerOut,
     acked: Vec<String>,
     lease_lat: Vec<u64>,
     ack_lat: Vec<u64>,
@@ -373,37 +377,47 @@ fn micros(since: Instant) -> u64 {
 async fn producer(s: Arc<Shared>) -> ProducerOut {
     let mut out = ProducerOut::default();
     let mut conn = s.client.connection();
-    let batch = s.load.batch;
-    while !s.stopping() {
-        let from = s.next_job.fetch_add(batch, Ordering::Relaxed);
-        if from >= s.load.jobs {
-            break;
-        }
-        let to = (from + batch).min(s.load.jobs);
-        let t = Instant::now();
-        let result = if batch == 1 {
-            let mut body = String::with_capacity(s.data.len() + 96);
-            push_job(&mut body, from, BENCH_LANE, s.load.tenants, &s.data);
-            enqueue_one(&mut conn, body).await.map(|id| vec![id])
-        } else {
-            let body = batch_body(from, to, BENCH_LANE, s.load.tenants, &s.data);
-            enqueue_batch(&mut conn, body, to - from).await
-        };
-        out.lat.push(micros(t));
-        match result {
-            Ok(ids) => out.ids.extend(ids),
-            Err(e) => {
-                out.error = Some(format!("{e:#}"));
-                s.abort.store(true, Ordering::Relaxed);
-                break;
-            }
-        }
-    }
+    while !s.stopping() && produce(&s, &mut conn, &mut out).await {}
     out
 }
 
-async fn consumer(s: Arc<Shared>, index: u64) -> ConsumerOut {
+/// Enqueues the next request's worth of jobs; false once there are no more
+/// to enqueue or the request failed (then the run aborts).
+async fn produce(s: &Shared, conn: &mut http::Connection, out: &mut ProducerOut) -> bool {
+    let batch = s.load.batch;
+    let from = s.next_job.fetch_add(batch, Ordering::Relaxed);
+    if from >= s.load.jobs {
+        return false;
+    }
+    let to = (from + batch).min(s.load.jobs);
+    let t = Instant::now();
+    let result = if batch == 1 {
+        let mut body = String::with_capacity(s.data.len() + 96);
+        push_job(&mut body, from, BENCH_LANE, s.load.tenants, &s.data);
+        enqueue_one(conn, body).await.map(|id| vec![id])
+    } else {
+        let body = batch_body(from, to, BENCH_LANE, s.load.tenants, &s.data);
+        enqueue_batch(conn, body, to - from).await
+    };
+    out.lat.push(micros(t));
+    match result {
+        Ok(ids) => {
+            out.ids.extend(ids);
+            true
+        }
+        Err(e) => {
+            out.error = Some(format!("{e:#}"));
+            s.abort.store(true, Ordering::Relaxed);
+            false
+        }
+    }
+}
+
+/// A consumer; with `cycle`, a cycler: it enqueues before each lease while
+/// there are jobs left to enqueue.
+async fn consumer(s: Arc<Shared>, index: u64, cycle: bool) -> ConsumerOut {
     let mut out = ConsumerOut::default();
+    let mut producing = cycle;
     let mut conn = s.client.connection();
     let lease_body = lease_body(index, &s.load);
     let fail = |out: &mut ConsumerOut, e: anyhow::Error| {
@@ -420,6 +434,12 @@ async fn consumer(s: Arc<Shared>, index: u64) -> ConsumerOut {
             out.timed_out = true;
             s.abort.store(true, Ordering::Relaxed);
             break;
+        }
+        if producing {
+            producing = produce(&s, &mut conn, &mut out.produced).await;
+            if s.stopping() {
+                break;
+            }
         }
         let t = Instant::now();
         let leased = conn.post(LEASES, lease_body.clone()).await;
@@ -529,8 +549,8 @@ pub async fn run_load(client: &http::Client, load: &Load) -> anyhow::Result<Meas
         deadline: start + load.timeout,
         start,
     });
-    let consumers: Vec<_> = (0..load.consumers)
-        .map(|i| tokio::spawn(consumer(shared.clone(), i)))
+    let consumers: Vec<_> = (0..load.consumers + load.cyclers)
+        .map(|i| tokio::spawn(consumer(shared.clone(), i, i >= load.consumers)))
         .collect();
     let producers: Vec<_> = (0..load.producers)
         .map(|_| tokio::spawn(producer(shared.clone())))
@@ -551,6 +571,13 @@ pub async fn run_load(client: &http::Client, load: &Load) -> anyhow::Result<Meas
     let mut timed_out = false;
     for c in consumers {
         let out = c.await.context("consumer task panicked")?;
+        m.enqueued_ids.extend(out.produced.ids);
+        m.enqueue_us.extend(out.produced.lat);
+        if let Some(e) = out.produced.error {
+            if m.errors.len() < ERRORS_KEPT {
+                m.errors.push(e);
+            }
+        }
         m.acked_ids.extend(out.acked);
         m.lease_us.extend(out.lease_lat);
         m.ack_us.extend(out.ack_lat);
@@ -665,6 +692,7 @@ mod tests {
             batch: 100,
             producers: 1,
             consumers: 1,
+            cyclers: 0,
             payload_bytes: 4,
             tenants: 2,
             lease_ms: 30_000,

@@ -5,6 +5,7 @@
 
 mod admission;
 mod auth;
+mod bench;
 mod dead_letters;
 mod errors;
 mod fairness;
