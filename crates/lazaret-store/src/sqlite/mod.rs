@@ -12,9 +12,9 @@
 
 mod reader;
 mod schema;
+mod sequence;
 mod stored;
 mod sync;
-mod tokens;
 mod writer;
 
 use std::path::{Path, PathBuf};
@@ -465,6 +465,68 @@ mod tests {
             first[0].lease_token,
             second[0].lease_token
         );
+
+        // An ack still waits for its fsync.
+        let s2 = Arc::clone(&s);
+        let (id, token) = (second[0].id, second[0].lease_token);
+        let acked = tokio::spawn(async move {
+            s2.complete(
+                vec![Completion {
+                    id,
+                    token,
+                    event: Event::Succeeded,
+                }],
+                Timestamp::from_millis(1),
+            )
+            .await
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!acked.is_finished(), "an ack answered before its fsync");
+        // The fsync the early lease asked for, then the ack's.
+        gate.send(()).unwrap();
+        gate.send(()).unwrap();
+        let acked = acked.await.unwrap().expect("acked");
+        assert!(acked[0].is_ok(), "{acked:?}");
+        drop(gate);
+        let _ = s.close().await;
+    }
+
+    #[tokio::test]
+    async fn a_lease_goes_out_at_once_even_when_its_jobs_enqueue_is_not_on_disk() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let (gate, opened) = std::sync::mpsc::channel::<()>();
+        let s = Arc::new(open(
+            dir.path(),
+            Box::new(move || {
+                opened
+                    .recv()
+                    .map_err(|_| std::io::Error::other("gate dropped"))
+            }),
+        ));
+        // A first enqueue and lease put both reservations on disk.
+        let s2 = Arc::clone(&s);
+        let warm = tokio::spawn(async move {
+            s2.enqueue(vec![job("k0")]).await.unwrap();
+            s2.lease(lease_one()).await.unwrap()
+        });
+        while !warm.is_finished() {
+            let _ = gate.send(());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        warm.await.unwrap();
+
+        // This enqueue's commit is not flushed (the gate stays shut) ...
+        let s2 = Arc::clone(&s);
+        let enqueued = tokio::spawn(async move { s2.enqueue(vec![job("k1")]).await });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!enqueued.is_finished());
+        // ... but its id is below the reservation on disk: a power loss
+        // cannot give the id to another job, so its lease goes out at once.
+        let leased = tokio::time::timeout(Duration::from_secs(10), s.lease(lease_one()))
+            .await
+            .expect("answered at COMMIT")
+            .expect("leased");
+        assert_eq!(leased.len(), 1);
         drop(gate);
         let _ = s.close().await;
     }
@@ -475,15 +537,23 @@ mod tests {
         let s = open(dir.path(), Box::new(|| Ok(())));
         s.enqueue(vec![job("k1"), job("k2")]).await.unwrap();
         let before = s.lease(lease_one()).await.unwrap();
-        // Dropped without a clean close: the reservation is what remains.
         drop(s);
         let s = open(dir.path(), Box::new(|| Ok(())));
         let after = s.lease(lease_one()).await.unwrap();
+        // The first start reserved a block of tokens past the first; the
+        // restart continues from the end of that block, not from what the
+        // jobs table shows.
+        assert_eq!(before[0].lease_token.0, 1 << 40);
+        assert_eq!(
+            after[0].lease_token.0,
+            (1 << 40) + sequence::TOKENS.1,
+            "{after:?}"
+        );
+        // Job ids continue from their reservation the same way.
+        let out = s.enqueue(vec![job("k3")]).await.unwrap();
         assert!(
-            after[0].lease_token.0 > before[0].lease_token.0,
-            "{:?} after {:?}",
-            after[0].lease_token,
-            before[0].lease_token
+            matches!(out[..], [EnqueueOutcome::Created { id, .. }] if id.0 == 1 + sequence::JOB_IDS.1),
+            "{out:?}"
         );
         s.close().await.unwrap();
     }

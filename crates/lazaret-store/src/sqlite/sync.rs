@@ -20,8 +20,9 @@
 //! connection closes, after this thread has stopped).
 //!
 //! Leases are the exception: the writer answers one at COMMIT when its
-//! tokens are covered by a reservation already on disk (`super::tokens`),
-//! since a power loss that takes it back only delivers the job again.
+//! tokens and job ids are covered by reservations already on disk
+//! (`super::sequence`), since a power loss that takes it back only delivers
+//! the job again.
 //!
 //! One more difference from `FULL` remains: reads on other connections (job and
 //! dead-letter lookups) can see a commit before its fsync ends, up to one

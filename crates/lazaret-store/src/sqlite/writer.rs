@@ -13,9 +13,9 @@ use lazaret_core::{
 use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::oneshot;
 
+use super::sequence::{self, Sequence};
 use super::stored::{COLUMNS, StoredJob};
 use super::sync::Syncer;
-use super::tokens::Tokens;
 use crate::{
     AdmissionRecord, AuditEntry, Completed, Completion, DeadLetterId, Decider, EnqueueOutcome,
     ItemError, LaneCounts, LeaseRequest, LeaseToken, LeasedJob, NewJob, StoreError, StoreStats,
@@ -115,9 +115,13 @@ pub(super) struct Writer {
     /// Groups committed and the commands in them, since start.
     commits: u64,
     commands: u64,
-    next_id: u64,
-    /// Lease tokens, reserved ahead so that leases can be answered at COMMIT.
-    tokens: Tokens,
+    /// Job ids and lease tokens, reserved ahead so that a lease can be
+    /// answered at COMMIT (`super::sequence`).
+    ids: Sequence,
+    tokens: Sequence,
+    /// The lease running now handed out an id or a token that a power loss
+    /// could bring back: its answer waits for the fsync.
+    lease_late: bool,
     /// A command failed after touching the counts: rebuild them after the group.
     dirty: bool,
     /// Groups still to run with a savepoint per command (after a failure).
@@ -146,21 +150,18 @@ impl Writer {
     ) -> Result<Self, StoreError> {
         // One cached statement per shape of lease filter, besides the fixed ones.
         conn.set_prepared_statement_cache_capacity(128);
-        let next_id: i64 = db(conn.query_row(
-            "SELECT COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'jobs'), 0)",
-            [],
-            |r| r.get(0),
-        ))?;
-        let tokens = Tokens::load(&conn)?;
+        let ids = Sequence::load(&conn, sequence::JOB_IDS, sequence::job_id_floor(&conn)?)?;
+        let tokens = Sequence::load(&conn, sequence::TOKENS, sequence::token_floor(&conn)?)?;
         Ok(Writer {
+            ids,
             tokens,
+            lease_late: false,
             conn,
             scheduler,
             decider,
             pairs: HashMap::new(),
             scheduled: HashMap::new(),
             succeeded: 0,
-            next_id: next_id as u64 + 1,
             commits: 0,
             commands: 0,
             dirty: false,
@@ -266,7 +267,7 @@ impl Writer {
     fn run_group(&mut self, batch: &mut Vec<Cmd>, rx: &mpsc::Receiver<Cmd>) -> bool {
         let mut pending: Vec<Pending> = Vec::with_capacity(batch.len());
         // Leases whose tokens are all below a reservation on disk: answered
-        // at COMMIT, before the fsync (see `super::tokens`).
+        // at COMMIT, before the fsync (see `super::sequence`).
         let mut early: Vec<Pending> = Vec::new();
         let mut close: Option<Reply<()>> = None;
         let isolated = self.isolated_groups > 0;
@@ -295,7 +296,9 @@ impl Writer {
             return closing;
         }
         if let Some(syncer) = &self.syncer {
-            self.tokens.flushed(syncer.synced());
+            let synced = syncer.synced();
+            self.ids.flushed(synced);
+            self.tokens.flushed(synced);
         }
         let mut group_error: Option<String> = None;
         let mut taken = 0;
@@ -322,10 +325,11 @@ impl Writer {
                         continue;
                     }
                 }
-                let mark = self.tokens.mark();
+                let marks = (self.ids.mark(), self.tokens.mark());
                 let is_lease = matches!(cmd, Cmd::Lease(..));
+                self.lease_late = false;
                 let (p, ok) = self.execute(cmd);
-                if is_lease && !self.tokens.take_late() && self.syncer.is_some() {
+                if is_lease && !self.lease_late && self.syncer.is_some() {
                     early.push(p);
                 } else {
                     pending.push(p);
@@ -345,7 +349,8 @@ impl Writer {
                 let end = if ok {
                     self.exec("RELEASE cmd")
                 } else {
-                    self.tokens.rolled_back_to(mark);
+                    self.ids.rolled_back_to(marks.0);
+                    self.tokens.rolled_back_to(marks.1);
                     self.exec("ROLLBACK TO cmd")
                         .and_then(|()| self.exec("RELEASE cmd"))
                 };
@@ -372,6 +377,7 @@ impl Writer {
                 "a command failed; its group was rolled back and the next groups run isolated"
             );
             let _ = self.exec("ROLLBACK");
+            self.ids.rolled_back();
             self.tokens.rolled_back();
             self.isolated_groups = ISOLATED_GROUPS;
             self.dirty = true;
@@ -388,18 +394,28 @@ impl Writer {
             return false;
         }
         let commit_error = self.exec("COMMIT").err();
-        // Whether the commit carries a new token reservation, which needs
-        // its fsync even when no answer waits for it.
+        // Whether the commit needs an fsync even when no answer waits for
+        // it: it carries a new reservation, or early leases.
         let mut reserved = false;
         if commit_error.is_none() {
             self.commits += 1;
             self.commands += taken as u64;
-            reserved = self.tokens.committed(self.commits);
+            // Both, always: `|` does not short-circuit. Early leases ask
+            // for an fsync too, though nobody waits for it, so that the
+            // attempts they charged reach the disk soon.
+            reserved = self.ids.committed(self.commits) | self.tokens.committed(self.commits);
+            reserved |= !early.is_empty();
+            if self.syncer.as_ref().and_then(Syncer::failure).is_some() {
+                // The store stopped writing while this group ran: these
+                // leases will never be durable; answer them as such.
+                pending.append(&mut early);
+            }
             for p in early.drain(..) {
                 p(None);
             }
         } else {
             let _ = self.conn.execute_batch("ROLLBACK");
+            self.ids.rolled_back();
             self.tokens.rolled_back();
             self.dirty = true;
             pending.append(&mut early);
@@ -425,6 +441,7 @@ impl Writer {
                     p(None);
                 }
                 // `Durability::Normal` counts a commit as written.
+                self.ids.flushed(self.commits);
                 self.tokens.flushed(self.commits);
             }
         }
@@ -531,8 +548,7 @@ impl Writer {
                     continue;
                 }
             }
-            let id = JobId(self.next_id);
-            self.next_id += 1;
+            let id = JobId(self.ids.issue(&self.conn)?);
             let state = if job.run_at > job.now {
                 JobState::Scheduled
             } else {
@@ -686,7 +702,7 @@ impl Writer {
     /// Leases up to `count` queued jobs of one (lane, tenant), oldest first,
     /// writing only columns: the attempt is charged and the running attempt
     /// recorded in `lease_started_at` and `worker_id` (see `super::stored`).
-    /// The token comes from the store's one sequence (`super::tokens`):
+    /// The token comes from the store's one sequence (`super::sequence`):
     /// new for every lease, across restarts, redrives and power losses.
     fn lease_from_pair(
         &mut self,
@@ -744,6 +760,8 @@ impl Writer {
             while let Some(r) = db(q.next())? {
                 let id: i64 = db(r.get(0))?;
                 let token = self.tokens.issue(&self.conn)?;
+                self.lease_late |=
+                    id as u64 >= self.ids.durable() || token >= self.tokens.durable();
                 out.push(LeasedJob {
                     id: JobId(id as u64),
                     job_type: JobType::new(db(r.get::<_, String>(1))?),
