@@ -558,6 +558,73 @@ mod tests {
         s.close().await.unwrap();
     }
 
+    /// Runs `sql` on the writer once `gate` opens (a dropped sender opens it).
+    fn sql(
+        s: &SqliteStore,
+        sql: &str,
+        gate: mpsc::Receiver<()>,
+    ) -> oneshot::Receiver<Result<(), StoreError>> {
+        let (tx, rx) = oneshot::channel();
+        s.tx.send(Cmd::Sql(sql.into(), gate, tx))
+            .expect("writer running");
+        rx
+    }
+
+    fn open_gate() -> mpsc::Receiver<()> {
+        mpsc::channel().1
+    }
+
+    fn enqueue_cmd(
+        s: &SqliteStore,
+        key: &str,
+    ) -> oneshot::Receiver<Result<Vec<EnqueueOutcome>, StoreError>> {
+        let (tx, rx) = oneshot::channel();
+        s.tx.send(Cmd::Enqueue(vec![job(key)], tx))
+            .expect("writer running");
+        rx
+    }
+
+    #[tokio::test]
+    async fn when_sqlite_rolls_a_whole_group_back_nothing_after_it_commits_alone() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let s = open(dir.path(), Box::new(|| Ok(())));
+        // A failing command rolls its group back; the next groups run with
+        // a savepoint per command.
+        let failed = sql(&s, "SELECT no_such_column", open_gate()).await.unwrap();
+        assert!(failed.is_err());
+
+        // Three commands queue while the writer is held, so they share a
+        // group; the middle one ends the transaction, as SQLite does by
+        // itself after some disk-full and I/O errors, and then fails.
+        let (release, held) = mpsc::channel();
+        let pause = sql(&s, "SELECT 1", held);
+        let first = enqueue_cmd(&s, "k1");
+        let breaker = sql(&s, "ROLLBACK; SELECT no_such_column", open_gate());
+        let after = enqueue_cmd(&s, "k2");
+        release.send(()).unwrap();
+        let _ = pause.await.unwrap();
+        assert!(breaker.await.unwrap().is_err());
+        for (key, answer) in [("k1", first.await.unwrap()), ("k2", after.await.unwrap())] {
+            assert!(
+                matches!(answer, Err(StoreError::NotApplied(_))),
+                "{key}: {answer:?}"
+            );
+        }
+        // Neither is in the database: both enqueue as new jobs.
+        let out = s.enqueue(vec![job("k1"), job("k2")]).await.unwrap();
+        assert!(
+            matches!(
+                out[..],
+                [
+                    EnqueueOutcome::Created { .. },
+                    EnqueueOutcome::Created { .. }
+                ]
+            ),
+            "{out:?}"
+        );
+        s.close().await.unwrap();
+    }
+
     #[tokio::test]
     async fn after_a_failed_fsync_the_store_refuses_writes_until_restarted() {
         let dir = tempfile::TempDir::new().unwrap();

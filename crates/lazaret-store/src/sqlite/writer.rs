@@ -53,6 +53,9 @@ pub(super) enum Cmd {
         Reply<Result<(), crate::TokenError>>,
     ),
     RevokeToken(String, AuditEntry, Reply<bool>),
+    /// Tests: waits for the gate to open (or close), then runs the SQL.
+    #[cfg(test)]
+    Sql(String, mpsc::Receiver<()>, Reply<()>),
 }
 
 /// An answer held back until the group's commit is durable; called with the
@@ -346,6 +349,16 @@ impl Writer {
                     );
                     continue;
                 }
+                if !ok && self.conn.is_autocommit() {
+                    // SQLite rolled the whole transaction back by itself
+                    // (a full disk, an I/O error): nothing of the group is
+                    // left, and a savepoint now would start a transaction
+                    // of its own, committed by its RELEASE.
+                    group_error = Some(
+                        "the database rolled the transaction back after an error in another request, so none of it was applied; retry, and if it persists check the data directory's disk space".into(),
+                    );
+                    continue;
+                }
                 let end = if ok {
                     self.exec("RELEASE cmd")
                 } else {
@@ -507,6 +520,11 @@ impl Writer {
             Cmd::Close(tx) => run!(tx, Ok(())),
             Cmd::CreateToken(token, entry, tx) => run!(tx, self.create_token(&token, &entry)),
             Cmd::RevokeToken(name, entry, tx) => run!(tx, self.revoke_token(&name, &entry)),
+            #[cfg(test)]
+            Cmd::Sql(sql, gate, tx) => {
+                let _ = gate.recv();
+                run!(tx, db(self.conn.execute_batch(&sql)))
+            }
         }
     }
 
@@ -1331,5 +1349,7 @@ fn fail_cmd(cmd: Cmd, why: &str) {
         Cmd::Close(tx) => drop(tx.send(Err(e()))),
         Cmd::CreateToken(_, _, tx) => drop(tx.send(Err(e()))),
         Cmd::RevokeToken(_, _, tx) => drop(tx.send(Err(e()))),
+        #[cfg(test)]
+        Cmd::Sql(_, _, tx) => drop(tx.send(Err(e()))),
     }
 }
