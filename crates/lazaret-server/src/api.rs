@@ -732,11 +732,11 @@ async fn complete<S: Store>(
         app.store.complete(valid, now).await?
     };
     app.observe(results.iter().filter_map(|r| r.as_ref().ok()), now);
-    if results
-        .iter()
-        .flatten()
-        .any(|c| matches!(c.transition.next_state(now), lazaret_core::JobState::Queued))
-    {
+    // A job queued again, or a slot freed for a tenant held at its cap
+    // with jobs waiting, may let a waiting lease take something.
+    if results.iter().flatten().any(|c| {
+        c.freed_slot || matches!(c.transition.next_state(now), lazaret_core::JobState::Queued)
+    }) {
         app.ready.anything();
     }
     Ok(slots

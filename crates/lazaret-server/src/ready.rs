@@ -6,9 +6,9 @@
 //! workers dedicated to some types, an enqueue no longer costs one store
 //! command per idle worker of the other types. Every other change that
 //! wakes them (promotions of due jobs, expired leases, failures queued for
-//! retry, redrives, resumes) concerns everyone. An ack that frees a tenant's
-//! in-flight slot publishes nothing: a waiter held back only by that cap
-//! looks again at the next event or at the end of its wait.
+//! retry, redrives, resumes) concerns everyone; so does an ack or a fail
+//! that frees an in-flight slot of a tenant held at its cap with jobs
+//! ready (other acks publish nothing, so that they wake nobody in vain).
 
 use std::collections::VecDeque;
 use std::sync::Mutex;

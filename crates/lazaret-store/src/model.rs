@@ -160,6 +160,9 @@ pub struct Completed {
     pub message: Option<String>,
     /// Redrives of the job so far (outcomes of redriven jobs are counted).
     pub redrives: u32,
+    /// The job's tenant was at its in-flight cap in the job's lane and has
+    /// jobs ready there: a lease waiting only for that cap can now take one.
+    pub freed_slot: bool,
 }
 
 /// Why one item of a call was refused; the rest of the call goes on.

@@ -871,7 +871,7 @@ impl Writer {
         let mut env = stored.envelope()?;
         let attempt = env.attempts;
         let transition = self.decider.decide(&mut env, event, now);
-        let dead_letter = self.apply(&env, transition, now, &stored.payload)?;
+        let (dead_letter, freed_slot) = self.apply(&env, transition, now, &stored.payload)?;
         let (kind, class, message) = env
             .history
             .last()
@@ -892,7 +892,18 @@ impl Writer {
             dead_letter,
             message,
             redrives,
+            freed_slot,
         }))
+    }
+
+    /// A leased job of (lane, tenant) leaves the in-flight set; returns
+    /// whether that freed a slot of a tenant at its cap with jobs ready.
+    fn release_slot(&mut self, lane: &Lane, tenant: &TenantId) -> bool {
+        let inflight = self.pair(lane, tenant).inflight;
+        let capped = self.scheduler.at_cap(tenant, inflight);
+        let p = self.pair(lane, tenant);
+        p.inflight = p.inflight.saturating_sub(1);
+        capped && p.ready > 0
     }
 
     /// A success: `decide`'s first rule needs neither policy nor history, so
@@ -935,8 +946,7 @@ impl Writer {
             )?
             .execute(params![id.0 as i64, ms(now)]))?;
         let lane = Lane::new(lane);
-        let p = self.pair(&lane, &TenantId::new(tenant));
-        p.inflight = p.inflight.saturating_sub(1);
+        let freed_slot = self.release_slot(&lane, &TenantId::new(tenant));
         self.succeeded += 1;
         Ok(Some(Completed {
             id,
@@ -949,6 +959,7 @@ impl Writer {
             dead_letter: None,
             message: None,
             redrives: redrives as u32,
+            freed_slot,
         }))
     }
 
@@ -967,22 +978,22 @@ impl Writer {
 
     /// Writes a leased job's transition after a failure or an expiry (the
     /// whole envelope: counters and history changed); returns the dead
-    /// letter written, if any.
+    /// letter written, if any, and whether a capped tenant's slot was freed
+    /// (`release_slot`).
     fn apply(
         &mut self,
         env: &Envelope,
         transition: Transition,
         now: Timestamp,
         payload: &[u8],
-    ) -> Result<Option<DeadLetterId>, StoreError> {
+    ) -> Result<(Option<DeadLetterId>, bool), StoreError> {
         let id = env.id.0 as i64;
-        let p = self.pair(&env.lane, &env.tenant);
-        p.inflight = p.inflight.saturating_sub(1);
+        let freed_slot = self.release_slot(&env.lane, &env.tenant);
         match transition {
             Transition::Succeeded => {
                 self.finish(env, JobState::Succeeded, now)?;
                 self.succeeded += 1;
-                Ok(None)
+                Ok((None, freed_slot))
             }
             Transition::Retry { at, .. } | Transition::Defer { until: at } => {
                 let state = transition.next_state(now);
@@ -998,7 +1009,7 @@ impl Writer {
                 } else {
                     *self.scheduled.entry(env.lane.clone()).or_default() += 1;
                 }
-                Ok(None)
+                Ok((None, freed_slot))
             }
             Transition::DeadLetter { reason } => {
                 self.finish(env, JobState::DeadLettered, now)?;
@@ -1027,7 +1038,10 @@ impl Writer {
                         env.payload_sha256,
                         payload_preview(payload, 4096),
                     ]))?;
-                Ok(Some(DeadLetterId(self.conn.last_insert_rowid() as u64)))
+                Ok((
+                    Some(DeadLetterId(self.conn.last_insert_rowid() as u64)),
+                    freed_slot,
+                ))
             }
         }
     }

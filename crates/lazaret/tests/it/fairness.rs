@@ -53,6 +53,47 @@ backoff_cap_ms = 100
 }
 
 #[tokio::test]
+async fn a_lease_waiting_on_a_tenants_cap_wakes_when_an_ack_frees_a_slot() {
+    let server = Server::start("[tenants]\ninflight_max = 1\n").await;
+    let api = server.api();
+    let a1 = api
+        .enqueue_ok(&job("report", "acme", json!({"n": 1})))
+        .await;
+    let a2 = api
+        .enqueue_ok(&job("report", "acme", json!({"n": 2})))
+        .await;
+    let first = api.lease_one(&lease_req("w-1", 1, 30_000)).await;
+    assert_eq!(first["id"], a1);
+
+    // acme is at its cap: a second worker long-polls for 20 s.
+    let waiting = {
+        let api = api.clone();
+        tokio::spawn(async move {
+            let mut req = lease_req("w-2", 1, 30_000);
+            req["wait_ms"] = json!(20_000);
+            let started = std::time::Instant::now();
+            (api.lease(&req).await, started.elapsed())
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(
+        !waiting.is_finished(),
+        "acme's second job leased past its cap"
+    );
+
+    // The ack frees acme's slot: the waiter gets the job long before its
+    // wait runs out (no other event happens meanwhile).
+    api.ack(&a1, &first["lease_token"]).await.expect(200);
+    let (got, waited) = waiting.await.expect("the waiter");
+    assert_eq!(got.len(), 1, "the waiter got acme's next job");
+    assert_eq!(got[0]["id"], a2);
+    assert!(
+        waited < std::time::Duration::from_secs(15),
+        "woken by the ack, not by the end of its wait: {waited:?}"
+    );
+}
+
+#[tokio::test]
 async fn a_poison_job_at_the_head_of_a_lane_does_not_delay_the_healthy_jobs_behind_it() {
     let server = Server::start(QUICK).await;
     let api = server.api();
