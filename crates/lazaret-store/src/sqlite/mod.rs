@@ -86,7 +86,6 @@ fn open_conn(path: &Path) -> Result<Connection, StoreError> {
          PRAGMA cache_size = -4000;
          PRAGMA temp_store = MEMORY;",
     )?;
-
     Ok(conn)
 }
 
@@ -384,18 +383,25 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn an_enqueue_is_answered_only_after_the_fsync_of_its_commit() {
-        let dir = tempfile::TempDir::new().unwrap();
-        let (gate, opened) = std::sync::mpsc::channel::<()>();
-        let s = Arc::new(open(
-            dir.path(),
+    /// A store whose every fsync waits for one message on the returned
+    /// sender (and fails once it is dropped).
+    fn open_gated(dir: &Path) -> (Arc<SqliteStore>, mpsc::Sender<()>) {
+        let (gate, opened) = mpsc::channel::<()>();
+        let s = open(
+            dir,
             Box::new(move || {
                 opened
                     .recv()
                     .map_err(|_| std::io::Error::other("gate dropped"))
             }),
-        ));
+        );
+        (Arc::new(s), gate)
+    }
+
+    #[tokio::test]
+    async fn an_enqueue_is_answered_only_after_the_fsync_of_its_commit() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let (s, gate) = open_gated(dir.path());
         let s2 = Arc::clone(&s);
         let answer = tokio::spawn(async move { s2.enqueue(vec![job("k1")]).await });
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -427,15 +433,7 @@ mod tests {
     #[tokio::test]
     async fn a_lease_is_answered_at_commit_once_its_token_is_reserved_on_disk() {
         let dir = tempfile::TempDir::new().unwrap();
-        let (gate, opened) = std::sync::mpsc::channel::<()>();
-        let s = Arc::new(open(
-            dir.path(),
-            Box::new(move || {
-                opened
-                    .recv()
-                    .map_err(|_| std::io::Error::other("gate dropped"))
-            }),
-        ));
+        let (s, gate) = open_gated(dir.path());
         let s2 = Arc::clone(&s);
         let enqueued = tokio::spawn(async move { s2.enqueue(vec![job("k1"), job("k2")]).await });
         gate.send(()).unwrap();
@@ -494,15 +492,7 @@ mod tests {
     #[tokio::test]
     async fn a_lease_goes_out_at_once_even_when_its_jobs_enqueue_is_not_on_disk() {
         let dir = tempfile::TempDir::new().unwrap();
-        let (gate, opened) = std::sync::mpsc::channel::<()>();
-        let s = Arc::new(open(
-            dir.path(),
-            Box::new(move || {
-                opened
-                    .recv()
-                    .map_err(|_| std::io::Error::other("gate dropped"))
-            }),
-        ));
+        let (s, gate) = open_gated(dir.path());
         // A first enqueue and lease put both reservations on disk.
         let s2 = Arc::clone(&s);
         let warm = tokio::spawn(async move {

@@ -172,6 +172,60 @@ impl Sequence {
     }
 }
 
+/// The writer's two sequences, which roll back, commit and reach the disk
+/// together, as the transactions that write their reservations do.
+#[derive(Debug)]
+pub(super) struct Reserved {
+    pub(super) ids: Sequence,
+    pub(super) tokens: Sequence,
+}
+
+impl Reserved {
+    /// Both sequences of the database, from their reservations or floors.
+    pub(super) fn load(conn: &Connection) -> Result<Self, StoreError> {
+        Ok(Reserved {
+            ids: Sequence::load(conn, JOB_IDS, job_id_floor(conn)?)?,
+            tokens: Sequence::load(conn, TOKENS, token_floor(conn)?)?,
+        })
+    }
+
+    /// Whether a worker may get job `id` with `token` before the fsync:
+    /// neither can be issued again, whatever a power loss takes back.
+    pub(super) fn durable(&self, id: u64, token: u64) -> bool {
+        id < self.ids.durable() && token < self.tokens.durable()
+    }
+
+    /// See [`Sequence::mark`].
+    pub(super) fn mark(&self) -> (u64, u64) {
+        (self.ids.mark(), self.tokens.mark())
+    }
+
+    /// See [`Sequence::rolled_back_to`].
+    pub(super) fn rolled_back_to(&mut self, (ids, tokens): (u64, u64)) {
+        self.ids.rolled_back_to(ids);
+        self.tokens.rolled_back_to(tokens);
+    }
+
+    /// See [`Sequence::rolled_back`].
+    pub(super) fn rolled_back(&mut self) {
+        self.ids.rolled_back();
+        self.tokens.rolled_back();
+    }
+
+    /// See [`Sequence::committed`]: whether either carried a new
+    /// reservation.
+    pub(super) fn committed(&mut self, seq: u64) -> bool {
+        // Both, always: `|` does not short-circuit.
+        self.ids.committed(seq) | self.tokens.committed(seq)
+    }
+
+    /// See [`Sequence::flushed`].
+    pub(super) fn flushed(&mut self, seq: u64) {
+        self.ids.flushed(seq);
+        self.tokens.flushed(seq);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeSet;

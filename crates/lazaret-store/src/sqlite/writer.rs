@@ -13,7 +13,7 @@ use lazaret_core::{
 use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::oneshot;
 
-use super::sequence::{self, Sequence};
+use super::sequence::Reserved;
 use super::stored::{COLUMNS, StoredJob};
 use super::sync::Syncer;
 use crate::{
@@ -120,8 +120,7 @@ pub(super) struct Writer {
     commands: u64,
     /// Job ids and lease tokens, reserved ahead so that a lease can be
     /// answered at COMMIT (`super::sequence`).
-    ids: Sequence,
-    tokens: Sequence,
+    seq: Reserved,
     /// The lease running now handed out an id or a token that a power loss
     /// could bring back: its answer waits for the fsync.
     lease_late: bool,
@@ -153,11 +152,9 @@ impl Writer {
     ) -> Result<Self, StoreError> {
         // One cached statement per shape of lease filter, besides the fixed ones.
         conn.set_prepared_statement_cache_capacity(128);
-        let ids = Sequence::load(&conn, sequence::JOB_IDS, sequence::job_id_floor(&conn)?)?;
-        let tokens = Sequence::load(&conn, sequence::TOKENS, sequence::token_floor(&conn)?)?;
+        let seq = Reserved::load(&conn)?;
         Ok(Writer {
-            ids,
-            tokens,
+            seq,
             lease_late: false,
             conn,
             scheduler,
@@ -299,9 +296,7 @@ impl Writer {
             return closing;
         }
         if let Some(syncer) = &self.syncer {
-            let synced = syncer.synced();
-            self.ids.flushed(synced);
-            self.tokens.flushed(synced);
+            self.seq.flushed(syncer.synced());
         }
         let mut group_error: Option<String> = None;
         let mut taken = 0;
@@ -328,7 +323,7 @@ impl Writer {
                         continue;
                     }
                 }
-                let marks = (self.ids.mark(), self.tokens.mark());
+                let mark = self.seq.mark();
                 let is_lease = matches!(cmd, Cmd::Lease(..));
                 self.lease_late = false;
                 let (p, ok) = self.execute(cmd);
@@ -362,8 +357,7 @@ impl Writer {
                 let end = if ok {
                     self.exec("RELEASE cmd")
                 } else {
-                    self.ids.rolled_back_to(marks.0);
-                    self.tokens.rolled_back_to(marks.1);
+                    self.seq.rolled_back_to(mark);
                     self.exec("ROLLBACK TO cmd")
                         .and_then(|()| self.exec("RELEASE cmd"))
                 };
@@ -390,8 +384,7 @@ impl Writer {
                 "a command failed; its group was rolled back and the next groups run isolated"
             );
             let _ = self.exec("ROLLBACK");
-            self.ids.rolled_back();
-            self.tokens.rolled_back();
+            self.seq.rolled_back();
             self.isolated_groups = ISOLATED_GROUPS;
             self.dirty = true;
             if let Err(e) = self.rebuild_counts() {
@@ -408,16 +401,13 @@ impl Writer {
         }
         let commit_error = self.exec("COMMIT").err();
         // Whether the commit needs an fsync even when no answer waits for
-        // it: it carries a new reservation, or early leases.
-        let mut reserved = false;
+        // it: it carries a new reservation, or early leases (so that the
+        // attempts they charged reach the disk soon).
+        let mut needs_fsync = false;
         if commit_error.is_none() {
             self.commits += 1;
             self.commands += taken as u64;
-            // Both, always: `|` does not short-circuit. Early leases ask
-            // for an fsync too, though nobody waits for it, so that the
-            // attempts they charged reach the disk soon.
-            reserved = self.ids.committed(self.commits) | self.tokens.committed(self.commits);
-            reserved |= !early.is_empty();
+            needs_fsync = self.seq.committed(self.commits) | !early.is_empty();
             if self.syncer.as_ref().and_then(Syncer::failure).is_some() {
                 // The store stopped writing while this group ran: these
                 // leases will never be durable; answer them as such.
@@ -428,8 +418,7 @@ impl Writer {
             }
         } else {
             let _ = self.conn.execute_batch("ROLLBACK");
-            self.ids.rolled_back();
-            self.tokens.rolled_back();
+            self.seq.rolled_back();
             self.dirty = true;
             pending.append(&mut early);
         }
@@ -448,14 +437,13 @@ impl Writer {
                 }
             }
             // Answered once the WAL is flushed, while this thread goes on.
-            (None, Some(syncer)) => syncer.submit(self.commits, pending, reserved),
+            (None, Some(syncer)) => syncer.submit(self.commits, pending, needs_fsync),
             (None, None) => {
                 for p in pending {
                     p(None);
                 }
                 // `Durability::Normal` counts a commit as written.
-                self.ids.flushed(self.commits);
-                self.tokens.flushed(self.commits);
+                self.seq.flushed(self.commits);
             }
         }
         if let Some(tx) = close {
@@ -566,7 +554,7 @@ impl Writer {
                     continue;
                 }
             }
-            let id = JobId(self.ids.issue(&self.conn)?);
+            let id = JobId(self.seq.ids.issue(&self.conn)?);
             let state = if job.run_at > job.now {
                 JobState::Scheduled
             } else {
@@ -777,9 +765,8 @@ impl Writer {
             let mut q = db(stmt.query(rusqlite::params_from_iter(values.iter())))?;
             while let Some(r) = db(q.next())? {
                 let id: i64 = db(r.get(0))?;
-                let token = self.tokens.issue(&self.conn)?;
-                self.lease_late |=
-                    id as u64 >= self.ids.durable() || token >= self.tokens.durable();
+                let token = self.seq.tokens.issue(&self.conn)?;
+                self.lease_late |= !self.seq.durable(id as u64, token);
                 out.push(LeasedJob {
                     id: JobId(id as u64),
                     job_type: JobType::new(db(r.get::<_, String>(1))?),
@@ -899,9 +886,9 @@ impl Writer {
     /// A leased job of (lane, tenant) leaves the in-flight set; returns
     /// whether that freed a slot of a tenant at its cap with jobs ready.
     fn release_slot(&mut self, lane: &Lane, tenant: &TenantId) -> bool {
-        let inflight = self.pair(lane, tenant).inflight;
-        let capped = self.scheduler.at_cap(tenant, inflight);
+        let cap = self.scheduler.inflight_max(tenant);
         let p = self.pair(lane, tenant);
+        let capped = p.inflight >= cap;
         p.inflight = p.inflight.saturating_sub(1);
         capped && p.ready > 0
     }
