@@ -194,11 +194,27 @@ pub enum DeadLetterReason {
     SchemaInvalid,
     /// Admission: unknown schema version.
     UnknownSchemaVersion,
+    /// Broker (RabbitMQ `x-death`): rejected or negatively acknowledged
+    /// without requeue; also a broker dead letter that names no reason.
+    Rejected,
+    /// Broker (RabbitMQ): its message TTL ran out.
+    Expired,
+    /// Broker (RabbitMQ): dropped from the head of a queue at its length limit.
+    Maxlen,
+    /// Broker (RabbitMQ quorum queue): `x-delivery-limit` reached.
+    DeliveryLimit,
+    /// Broker (SQS): `maxReceiveCount` reached.
+    MaxReceives,
+    /// Broker (NATS JetStream): the consumer's `MaxDeliver` reached.
+    MaxDeliveries,
+    /// Broker (a Kafka dead-letter topic): the listener failed; the
+    /// exception's class is the error kind.
+    ListenerFailed,
 }
 
 impl DeadLetterReason {
     /// Every reason, in documentation order.
-    pub const ALL: [DeadLetterReason; 9] = [
+    pub const ALL: [DeadLetterReason; 16] = [
         DeadLetterReason::Permanent,
         DeadLetterReason::Exhausted,
         DeadLetterReason::KindExhausted,
@@ -208,6 +224,13 @@ impl DeadLetterReason {
         DeadLetterReason::InvalidJson,
         DeadLetterReason::SchemaInvalid,
         DeadLetterReason::UnknownSchemaVersion,
+        DeadLetterReason::Rejected,
+        DeadLetterReason::Expired,
+        DeadLetterReason::Maxlen,
+        DeadLetterReason::DeliveryLimit,
+        DeadLetterReason::MaxReceives,
+        DeadLetterReason::MaxDeliveries,
+        DeadLetterReason::ListenerFailed,
     ];
 
     /// The dead-letter reason of a poison verdict.
@@ -232,6 +255,13 @@ impl DeadLetterReason {
             DeadLetterReason::InvalidJson => "invalid_json",
             DeadLetterReason::SchemaInvalid => "schema_invalid",
             DeadLetterReason::UnknownSchemaVersion => "unknown_schema_version",
+            DeadLetterReason::Rejected => "rejected",
+            DeadLetterReason::Expired => "expired",
+            DeadLetterReason::Maxlen => "maxlen",
+            DeadLetterReason::DeliveryLimit => "delivery_limit",
+            DeadLetterReason::MaxReceives => "max_receives",
+            DeadLetterReason::MaxDeliveries => "max_deliveries",
+            DeadLetterReason::ListenerFailed => "listener_failed",
         }
     }
 
@@ -245,6 +275,21 @@ impl DeadLetterReason {
                 | DeadLetterReason::UnknownSchemaVersion
         )
     }
+
+    /// Whether this reason is a broker's own, for dead letters taken in
+    /// from a broker's dead-letter queue (`stage: "broker"`).
+    pub const fn is_broker(self) -> bool {
+        matches!(
+            self,
+            DeadLetterReason::Rejected
+                | DeadLetterReason::Expired
+                | DeadLetterReason::Maxlen
+                | DeadLetterReason::DeliveryLimit
+                | DeadLetterReason::MaxReceives
+                | DeadLetterReason::MaxDeliveries
+                | DeadLetterReason::ListenerFailed
+        )
+    }
 }
 
 impl fmt::Display for DeadLetterReason {
@@ -256,7 +301,7 @@ impl fmt::Display for DeadLetterReason {
 /// A word that names no dead-letter reason.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "unknown dead-letter reason {0:?}; expected one of permanent, exhausted, kind_exhausted, crash_loop, deferrals_exhausted, payload_too_large, invalid_json, schema_invalid, unknown_schema_version"
+    "unknown dead-letter reason {0:?}; expected one of permanent, exhausted, kind_exhausted, crash_loop, deferrals_exhausted, payload_too_large, invalid_json, schema_invalid, unknown_schema_version, rejected, expired, maxlen, delivery_limit, max_receives, max_deliveries, listener_failed"
 )]
 pub struct UnknownReason(pub String);
 

@@ -18,6 +18,7 @@ pub mod breaker;
 pub mod decide;
 pub mod envelope;
 pub mod failure;
+pub mod foreign;
 pub mod ids;
 pub mod policy;
 pub mod rng;
@@ -38,6 +39,7 @@ pub use envelope::{
     AttemptOutcome, AttemptRecord, Envelope, HISTORY_MAX, normalize_attempt_header, payload_sha256,
 };
 pub use failure::{DeadLetterReason, Failure, FailureClass, PoisonReason};
+pub use foreign::{absorb_earlier_deliveries, attempts_spent};
 pub use ids::{ErrorKind, JobId, JobType, Lane, TenantId, WorkerId};
 pub use policy::{Backoff, Policies, PolicyError, TypePolicy};
 pub use rng::{Entropy, SplitMix64};

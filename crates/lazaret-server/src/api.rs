@@ -889,6 +889,8 @@ struct DlQuery {
     tenant: Option<String>,
     lane: Option<String>,
     reason: Option<String>,
+    source: Option<String>,
+    job_id: Option<String>,
     limit: Option<u32>,
     cursor: Option<String>,
 }
@@ -916,6 +918,12 @@ async fn dead_letters<S: Store>(
         tenant: empty_none(q.tenant),
         lane: empty_none(q.lane),
         reason: empty_none(q.reason),
+        source: empty_none(q.source),
+        stage: None,
+        job_id: match empty_none(q.job_id) {
+            Some(j) => Some(parse_id(&j, "job")?),
+            None => None,
+        },
     };
     check_reason(&filter.reason)?;
     let limit = q.limit.unwrap_or(50).clamp(1, 1000);
@@ -1007,6 +1015,21 @@ fn selector(b: &SelectBody) -> Result<Selector, ApiError> {
                 tenant: empty_none(f.tenant.clone()),
                 lane: empty_none(f.lane.clone()),
                 reason: empty_none(f.reason.clone()),
+                source: empty_none(f.source.clone()),
+                stage: match empty_none(f.stage.clone()) {
+                    Some(s) => Some(
+                        Stage::parse(&s)
+                            .ok_or_else(|| {
+                                ApiError::bad_request(format!(
+                                    "unknown stage {s:?}; expected admission, processing or broker"
+                                ))
+                            })?
+                            .as_str()
+                            .to_owned(),
+                    ),
+                    None => None,
+                },
+                job_id: f.job_id,
             };
             Ok(Selector::Filter(f))
         }

@@ -152,6 +152,49 @@ pub trait Store: Send + Sync + 'static {
         audit: AuditEntry,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
+    /// Quarantines a broker message: writes its dead letter unless the same
+    /// (source, message id) is there already, and drops its parked retry,
+    /// in one transaction. The caller acknowledges the broker message only
+    /// after this returns.
+    fn quarantine_message(
+        &self,
+        dl: SourceDeadLetter,
+    ) -> impl Future<Output = Result<Quarantined, StoreError>> + Send;
+
+    /// Holds a broker message's retry or deferral until `due_at` (replacing
+    /// the one held for the same source and message id). The caller
+    /// acknowledges the broker message only after this returns.
+    fn park_message(&self, p: ParkedMessage) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Drops a held retry (it succeeded); whether one was held.
+    fn unpark_message(
+        &self,
+        source: String,
+        message_id: String,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// The held retries of a source that are due at `now`, earliest first.
+    fn due_messages(
+        &self,
+        source: String,
+        now: Timestamp,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<ParkedMessage>, StoreError>> + Send;
+
+    /// When the next held retry of a source is due.
+    fn next_message_due(
+        &self,
+        source: String,
+    ) -> impl Future<Output = Result<Option<Timestamp>, StoreError>> + Send;
+
+    /// What the store holds of a broker message already (a redelivery after
+    /// a crash between a write and the broker acknowledgement).
+    fn message_held(
+        &self,
+        source: String,
+        message_id: String,
+    ) -> impl Future<Output = Result<Held, StoreError>> + Send;
+
     /// Every API token, oldest first.
     fn tokens(&self) -> impl Future<Output = Result<Vec<ApiToken>, StoreError>> + Send;
 

@@ -197,6 +197,9 @@ pub enum Stage {
     Admission,
     /// Ran and lost.
     Processing,
+    /// Dead-lettered by a broker before lazaret saw it, and taken in from
+    /// the broker's dead-letter queue by a `watch` source.
+    Broker,
 }
 
 impl Stage {
@@ -205,8 +208,114 @@ impl Stage {
         match self {
             Stage::Admission => "admission",
             Stage::Processing => "processing",
+            Stage::Broker => "broker",
         }
     }
+
+    /// The stage a word names (`None` for an unknown word).
+    pub fn parse(word: &str) -> Option<Stage> {
+        match word {
+            "admission" => Some(Stage::Admission),
+            "processing" => Some(Stage::Processing),
+            "broker" => Some(Stage::Broker),
+            _ => None,
+        }
+    }
+}
+
+/// Where a broker message came from: what a dead letter of a source keeps
+/// so that it can be read and republished.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SourceRef {
+    /// The `[[sources]]` entry's name.
+    pub name: String,
+    /// `rabbitmq`, `nats`, `redis`, `kafka` or `sqs`.
+    pub broker: String,
+    /// The queue, stream or topic the message was originally on (for a
+    /// watch source: the original queue the broker dead-lettered it from,
+    /// when the message says).
+    pub queue: String,
+    /// The message's id, as the contract's table derives it per broker.
+    pub message_id: String,
+    /// The broker message's own headers, as one JSON object (values that
+    /// are not UTF-8 as `{"base64": …}`).
+    #[serde(default)]
+    pub headers: serde_json::Map<String, serde_json::Value>,
+    /// The broker's coordinates (`{"stream_seq": 42}`, `{"entry_id": …}`).
+    #[serde(default)]
+    pub position: serde_json::Value,
+    /// The message's content type, when it had one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_type: Option<String>,
+}
+
+/// A broker message to quarantine (guard: the policy dead-lettered it;
+/// watch: the broker did).
+#[derive(Clone, Debug)]
+pub struct SourceDeadLetter {
+    /// Where it came from.
+    pub source: SourceRef,
+    /// The lazaret job type whose policy applied (a Celery task's name in
+    /// watch mode).
+    pub job_type: Option<String>,
+    /// Tenant.
+    pub tenant: Option<String>,
+    /// Lane.
+    pub lane: Option<String>,
+    /// Why.
+    pub reason: DeadLetterReason,
+    /// `Processing` (guard) or `Broker` (watch).
+    pub stage: Stage,
+    /// Attempts charged (guard) or the broker's delivery count (watch).
+    pub attempts: u32,
+    /// The last failure, or the error text the broker carried.
+    pub error: Option<Failure>,
+    /// Counters and attempt history (guard).
+    pub envelope: Option<lazaret_core::Envelope>,
+    /// `<source>:<message id>`, or a Celery task's id.
+    pub idempotency_key: Option<String>,
+    /// When the message was first seen (or first dead-lettered by the broker).
+    pub created_at: Timestamp,
+    /// Quarantine time.
+    pub now: Timestamp,
+    /// The message body, byte for byte.
+    pub payload: Vec<u8>,
+}
+
+/// What quarantining a broker message did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Quarantined {
+    /// The dead letter holding it.
+    pub id: DeadLetterId,
+    /// `false` when it was there already (a redelivery after a crash
+    /// between quarantine and acknowledgement): nothing new was written.
+    pub created: bool,
+}
+
+/// A broker message whose retry or deferral lazaret holds in its own store
+/// until it is due (the broker message was acknowledged once this was
+/// durable).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ParkedMessage {
+    /// Where it came from (name, queue, id, headers, position).
+    pub source: SourceRef,
+    /// When it is delivered again.
+    pub due_at: Timestamp,
+    /// Counters and attempt history so far.
+    pub envelope: lazaret_core::Envelope,
+    /// The message body, byte for byte.
+    pub body: Vec<u8>,
+}
+
+/// What lazaret's store holds of a broker message already.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Held {
+    /// Nothing: the message is new to lazaret.
+    Nothing,
+    /// Parked for a retry or deferral.
+    Parked,
+    /// In the dead letters.
+    Quarantined(DeadLetterId),
 }
 
 /// A payload refused at admission, as recorded.
@@ -275,6 +384,8 @@ pub struct DeadLetter {
     pub redrive_count: u32,
     /// Schema version.
     pub schema_version: Option<u32>,
+    /// The broker message it holds (`None` for lazaret's own jobs).
+    pub source: Option<SourceRef>,
 }
 
 /// Which dead letters (every field optional; all given must match).
@@ -292,6 +403,15 @@ pub struct DeadLetterFilter {
     /// Reason word.
     #[serde(default)]
     pub reason: Option<String>,
+    /// Source name (`[[sources]]`).
+    #[serde(default)]
+    pub source: Option<String>,
+    /// Stage word (`admission`, `processing`, `broker`).
+    #[serde(default)]
+    pub stage: Option<String>,
+    /// The lazaret job it holds.
+    #[serde(default)]
+    pub job_id: Option<u64>,
 }
 
 /// Ids or a filter.

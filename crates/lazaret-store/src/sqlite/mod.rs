@@ -13,6 +13,7 @@
 mod reader;
 mod schema;
 mod sequence;
+mod sources;
 mod stored;
 mod sync;
 mod writer;
@@ -309,6 +310,42 @@ impl Store for SqliteStore {
 
     async fn revoke_token(&self, name: String, audit: AuditEntry) -> Result<bool, StoreError> {
         self.call(|tx| Cmd::RevokeToken(name, audit, tx)).await
+    }
+
+    async fn quarantine_message(
+        &self,
+        dl: crate::SourceDeadLetter,
+    ) -> Result<crate::Quarantined, StoreError> {
+        self.call(|tx| Cmd::Quarantine(Box::new(dl), tx)).await
+    }
+
+    async fn park_message(&self, p: crate::ParkedMessage) -> Result<(), StoreError> {
+        self.call(|tx| Cmd::Park(Box::new(p), tx)).await
+    }
+
+    async fn unpark_message(&self, source: String, message_id: String) -> Result<bool, StoreError> {
+        self.call(|tx| Cmd::Unpark(source, message_id, tx)).await
+    }
+
+    async fn due_messages(
+        &self,
+        source: String,
+        now: Timestamp,
+        limit: u32,
+    ) -> Result<Vec<crate::ParkedMessage>, StoreError> {
+        self.read(move |c| sources::due(c, &source, now, limit)).await
+    }
+
+    async fn next_message_due(&self, source: String) -> Result<Option<Timestamp>, StoreError> {
+        self.read(move |c| sources::next_due(c, &source)).await
+    }
+
+    async fn message_held(
+        &self,
+        source: String,
+        message_id: String,
+    ) -> Result<crate::Held, StoreError> {
+        self.read(move |c| sources::held(c, &source, &message_id)).await
     }
 
     async fn tokens(&self) -> Result<Vec<crate::ApiToken>, StoreError> {

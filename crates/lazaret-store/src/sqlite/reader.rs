@@ -49,7 +49,7 @@ pub(super) fn job(c: &Connection, id: JobId) -> Result<Option<JobView>, StoreErr
 }
 
 const DL_COLUMNS: &str = "d.id, d.job_id, d.type, d.tenant, d.lane, d.reason, d.stage, d.attempts, d.error,
-    d.idempotency_key, d.created_at, d.dead_lettered_at, d.payload_size, d.payload_sha256, d.payload_preview, j.envelope";
+    d.idempotency_key, d.created_at, d.dead_lettered_at, d.payload_size, d.payload_sha256, d.payload_preview, COALESCE(j.envelope, d.envelope), d.source";
 
 fn dead_letter_row(r: &Row<'_>) -> rusqlite::Result<(DeadLetterRaw, Option<String>)> {
     Ok((
@@ -69,6 +69,7 @@ fn dead_letter_row(r: &Row<'_>) -> rusqlite::Result<(DeadLetterRaw, Option<Strin
             payload_size: r.get(12)?,
             payload_sha256: r.get(13)?,
             payload_preview: r.get(14)?,
+            source: r.get(16)?,
         },
         r.get(15)?,
     ))
@@ -90,6 +91,7 @@ struct DeadLetterRaw {
     payload_size: i64,
     payload_sha256: Option<String>,
     payload_preview: String,
+    source: Option<String>,
 }
 
 fn finish(raw: DeadLetterRaw, envelope: Option<String>) -> Result<DeadLetter, StoreError> {
@@ -109,11 +111,7 @@ fn finish(raw: DeadLetterRaw, envelope: Option<String>) -> Result<DeadLetter, St
         tenant: raw.tenant,
         lane: raw.lane,
         reason: raw.reason.parse().map_err(corrupt)?,
-        stage: if raw.stage == "admission" {
-            Stage::Admission
-        } else {
-            Stage::Processing
-        },
+        stage: stage(&raw.stage),
         attempts: raw.attempts as u32,
         error,
         history: env.as_ref().map(|e| e.history.clone()).unwrap_or_default(),
@@ -125,11 +123,22 @@ fn finish(raw: DeadLetterRaw, envelope: Option<String>) -> Result<DeadLetter, St
         payload_preview: raw.payload_preview,
         redrive_count: env.as_ref().map_or(0, |e| e.redrives),
         schema_version: env.as_ref().and_then(|e| e.schema_version),
+        source: raw
+            .source
+            .map(|s| serde_json::from_str(&s))
+            .transpose()
+            .map_err(corrupt)?,
     })
 }
 
+fn stage(word: &str) -> Stage {
+    Stage::parse(word).unwrap_or(Stage::Processing)
+}
+
 const FILTER: &str = "(?1 IS NULL OR d.type = ?1) AND (?2 IS NULL OR d.tenant = ?2)
-    AND (?3 IS NULL OR d.lane = ?3) AND (?4 IS NULL OR d.reason = ?4)";
+    AND (?3 IS NULL OR d.lane = ?3) AND (?4 IS NULL OR d.reason = ?4)
+    AND (?5 IS NULL OR d.source_name = ?5) AND (?6 IS NULL OR d.stage = ?6)
+    AND (?7 IS NULL OR d.job_id = ?7)";
 
 pub(super) fn dead_letters(
     c: &Connection,
@@ -139,7 +148,7 @@ pub(super) fn dead_letters(
 ) -> Result<(Vec<DeadLetter>, Option<DeadLetterId>), StoreError> {
     let sql = format!(
         "SELECT {DL_COLUMNS} FROM dead_letters d LEFT JOIN jobs j ON j.id = d.job_id
-         WHERE {FILTER} AND (?5 IS NULL OR d.id < ?5) ORDER BY d.id DESC LIMIT +?6"
+         WHERE {FILTER} AND (?8 IS NULL OR d.id < ?8) ORDER BY d.id DESC LIMIT +?9"
     );
     let mut stmt = db(c.prepare_cached(&sql))?;
     let rows = db(stmt.query_map(
@@ -148,6 +157,9 @@ pub(super) fn dead_letters(
             f.tenant,
             f.lane,
             f.reason,
+            f.source,
+            f.stage,
+            f.job_id.map(|j| j as i64),
             cursor.map(|c| c.0 as i64),
             i64::from(limit) + 1
         ],
@@ -187,7 +199,7 @@ pub(super) fn dead_letter_payload(
 ) -> Result<Option<Option<Vec<u8>>>, StoreError> {
     let row = db(c
         .prepare_cached(
-            "SELECT CASE WHEN d.stage = 'processing' THEN j.payload ELSE d.payload END
+            "SELECT CASE WHEN d.job_id IS NOT NULL THEN j.payload ELSE d.payload END
              FROM dead_letters d LEFT JOIN jobs j ON j.id = d.job_id WHERE d.id = ?1",
         )?
         .query_row(params![id.0 as i64], |r| r.get::<_, Option<Vec<u8>>>(0))
@@ -242,22 +254,24 @@ pub(super) fn match_dead_letters(
             let sql =
                 format!("SELECT d.id, d.stage FROM dead_letters d WHERE {FILTER} ORDER BY d.id");
             let mut stmt = db(c.prepare_cached(&sql))?;
-            let rows = db(stmt.query_map(params![f.job_type, f.tenant, f.lane, f.reason], map))?;
+            let rows = db(stmt.query_map(
+                params![
+                    f.job_type,
+                    f.tenant,
+                    f.lane,
+                    f.reason,
+                    f.source,
+                    f.stage,
+                    f.job_id.map(|j| j as i64)
+                ],
+                map,
+            ))?;
             rows.collect::<Result<_, _>>()?
         }
     };
     Ok(rows
         .into_iter()
-        .map(|(id, st)| {
-            (
-                DeadLetterId(id as u64),
-                if st == "admission" {
-                    Stage::Admission
-                } else {
-                    Stage::Processing
-                },
-            )
-        })
+        .map(|(id, st)| (DeadLetterId(id as u64), stage(&st)))
         .collect())
 }
 

@@ -3,7 +3,7 @@
 use rusqlite::Connection;
 
 /// The schema version this build writes; `PRAGMA user_version` records it.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// The current schema, for a new database (and the tables a migration adds).
 const CURRENT: &str = r#"
@@ -53,7 +53,11 @@ CREATE TABLE IF NOT EXISTS dead_letters (
     payload_size     INTEGER NOT NULL,
     payload_sha256   TEXT,
     payload_preview  TEXT    NOT NULL,
-    payload          BLOB               -- admission records only; processing ones read the job's
+    payload          BLOB,              -- admission records and broker messages; lazaret's jobs read the job's
+    source           TEXT,              -- broker messages: SourceRef as JSON
+    source_name      TEXT,              -- broker messages: the source's name
+    message_id       TEXT,              -- broker messages: the message id
+    envelope         TEXT               -- broker messages: counters and history (Envelope as JSON)
 );
 CREATE INDEX IF NOT EXISTS dead_letters_reason ON dead_letters (reason, type);
 CREATE UNIQUE INDEX IF NOT EXISTS dead_letters_job ON dead_letters (job_id) WHERE job_id IS NOT NULL;
@@ -81,6 +85,33 @@ CREATE TABLE IF NOT EXISTS tokens (
     created_at   INTEGER NOT NULL,
     created_by   TEXT    NOT NULL
 );
+"#;
+
+/// What version 4 added: broker messages' dead letters are unique per
+/// (source, message id), so a redelivery after a crash between quarantine
+/// and acknowledgement is recognised; retries of broker messages wait in
+/// `source_parked` until they are due.
+const V4_OBJECTS: &str = r#"
+CREATE UNIQUE INDEX IF NOT EXISTS dead_letters_message ON dead_letters (source_name, message_id)
+    WHERE source_name IS NOT NULL;
+CREATE TABLE IF NOT EXISTS source_parked (
+    source     TEXT    NOT NULL,        -- the source's name
+    message_id TEXT    NOT NULL,
+    due_at     INTEGER NOT NULL,        -- ms since the epoch
+    ref        TEXT    NOT NULL,        -- SourceRef as JSON
+    envelope   TEXT    NOT NULL,        -- Envelope as JSON
+    body       BLOB    NOT NULL,
+    PRIMARY KEY (source, message_id)
+);
+CREATE INDEX IF NOT EXISTS source_parked_due ON source_parked (source, due_at);
+"#;
+
+/// Version 3 → 4: broker messages in the dead letters.
+const V3_TO_V4: &str = r#"
+ALTER TABLE dead_letters ADD COLUMN source TEXT;
+ALTER TABLE dead_letters ADD COLUMN source_name TEXT;
+ALTER TABLE dead_letters ADD COLUMN message_id TEXT;
+ALTER TABLE dead_letters ADD COLUMN envelope TEXT;
 "#;
 
 /// Version 1 → 2: the envelope becomes nullable (written only on failures
@@ -140,6 +171,11 @@ pub fn migrate(conn: &Connection) -> Result<(), crate::StoreError> {
     } else {
         script.push_str(CURRENT);
     }
+    if version != 0 {
+        // `CURRENT` left the existing `dead_letters` table as it was.
+        script.push_str(V3_TO_V4);
+    }
+    script.push_str(V4_OBJECTS);
     script.push_str(&format!("PRAGMA user_version = {SCHEMA_VERSION};\nCOMMIT;"));
     if let Err(e) = conn.execute_batch(&script) {
         let _ = conn.execute_batch("ROLLBACK");

@@ -53,6 +53,9 @@ pub(super) enum Cmd {
         Reply<Result<(), crate::TokenError>>,
     ),
     RevokeToken(String, AuditEntry, Reply<bool>),
+    Quarantine(Box<crate::SourceDeadLetter>, Reply<crate::Quarantined>),
+    Park(Box<crate::ParkedMessage>, Reply<()>),
+    Unpark(String, String, Reply<bool>),
     /// Tests: waits for the gate to open (or close), then runs the SQL.
     #[cfg(test)]
     Sql(String, mpsc::Receiver<()>, Reply<()>),
@@ -508,6 +511,11 @@ impl Writer {
             Cmd::Close(tx) => run!(tx, Ok(())),
             Cmd::CreateToken(token, entry, tx) => run!(tx, self.create_token(&token, &entry)),
             Cmd::RevokeToken(name, entry, tx) => run!(tx, self.revoke_token(&name, &entry)),
+            Cmd::Quarantine(dl, tx) => run!(tx, super::sources::quarantine(&self.conn, &dl)),
+            Cmd::Park(p, tx) => run!(tx, super::sources::park(&self.conn, &p)),
+            Cmd::Unpark(source, id, tx) => {
+                run!(tx, super::sources::unpark(&self.conn, &source, &id))
+            }
             #[cfg(test)]
             Cmd::Sql(sql, gate, tx) => {
                 let _ = gate.recv();
@@ -1350,6 +1358,9 @@ fn fail_cmd(cmd: Cmd, why: &str) {
         Cmd::Close(tx) => drop(tx.send(Err(e()))),
         Cmd::CreateToken(_, _, tx) => drop(tx.send(Err(e()))),
         Cmd::RevokeToken(_, _, tx) => drop(tx.send(Err(e()))),
+        Cmd::Quarantine(_, tx) => drop(tx.send(Err(e()))),
+        Cmd::Park(_, tx) => drop(tx.send(Err(e()))),
+        Cmd::Unpark(_, _, tx) => drop(tx.send(Err(e()))),
         #[cfg(test)]
         Cmd::Sql(_, _, tx) => drop(tx.send(Err(e()))),
     }

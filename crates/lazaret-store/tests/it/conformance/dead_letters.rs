@@ -171,6 +171,7 @@ pub async fn dead_letters_page_newest_first_with_cursor_and_filters<S: Store>(
             tenant: tenant.map(str::to_owned),
             lane: lane.map(str::to_owned),
             reason: reason.map(str::to_owned),
+            ..DeadLetterFilter::default()
         }
     };
     let resize = by(Some("resize"), None, None, None);

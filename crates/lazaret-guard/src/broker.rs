@@ -1,0 +1,194 @@
+//! The seam every broker adapter implements: consume, acknowledge, keep a
+//! message from redelivery while it runs, publish with confirmation. An
+//! adapter only moves messages; every decision is the runtime's (and so
+//! `lazaret-core`'s).
+
+use std::fmt;
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+
+use crate::message::{Delivery, Republish};
+use crate::spec::SourceSpec;
+use crate::watch::TakenIn;
+
+/// A broker failure. The runtime reconnects after a consumer's error and
+/// never acknowledges a message whose write failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BrokerError {
+    /// Connecting, or the connection was lost.
+    #[error("cannot reach the {broker} broker at {url}: {why}; check that it runs and that the source's url is right")]
+    Connect {
+        /// `rabbitmq`, `nats`, `redis`.
+        broker: &'static str,
+        /// The URL, without its password.
+        url: String,
+        /// What the client said.
+        why: String,
+    },
+    /// The broker refused or failed an operation.
+    #[error("{broker}: {op} failed: {why}")]
+    Op {
+        /// `rabbitmq`, `nats`, `redis`.
+        broker: &'static str,
+        /// What was being done (`ack`, `publish to orders`, …).
+        op: String,
+        /// What the broker said.
+        why: String,
+    },
+    /// A publish was not confirmed (nacked, returned unroutable, or no
+    /// confirmation came).
+    #[error("{broker}: the publish to {queue} was not confirmed: {why}; nothing was removed from the dead letters")]
+    NotConfirmed {
+        /// `rabbitmq`, `nats`, `redis`.
+        broker: &'static str,
+        /// Where it was sent.
+        queue: String,
+        /// Why.
+        why: String,
+    },
+    /// This build has no adapter for the broker.
+    #[error("this lazaret was built without the {0} adapter; build it with the cargo feature \"{0}\" (on by default)")]
+    NotBuilt(&'static str),
+    /// The source's configuration does not fit the broker.
+    #[error("{0}")]
+    Config(String),
+}
+
+/// A consumed message and the handle that settles it.
+pub struct Incoming {
+    /// The message.
+    pub delivery: Delivery,
+    /// Acknowledges it, or keeps it from redelivery while it runs.
+    pub ack: Box<dyn Acker>,
+}
+
+impl fmt::Debug for Incoming {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Incoming")
+            .field("delivery", &self.delivery)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Settles one consumed message.
+pub trait Acker: Send + Sync {
+    /// Acknowledges the message: the broker forgets it (RabbitMQ ack,
+    /// JetStream ack awaited, Redis `XACK`). Called only after lazaret's own
+    /// write for the message is durable, or after a success.
+    fn ack(self: Box<Self>) -> BoxFuture<'static, Result<(), BrokerError>>;
+
+    /// Keeps the broker from redelivering the message while its handler
+    /// still runs (JetStream in-progress ack; a no-op where the broker
+    /// never redelivers an unacknowledged message to a live consumer).
+    fn progress(&self) -> BoxFuture<'_, Result<(), BrokerError>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    /// Hands the message back undelivered (lazaret could not record what
+    /// happened to it): the broker redelivers it later.
+    fn release(self: Box<Self>) -> BoxFuture<'static, Result<(), BrokerError>>;
+}
+
+/// A stream of messages from one queue.
+pub trait Consumer: Send {
+    /// The next message; `Ok(None)` when the broker closed the consumer.
+    /// Called only when the runtime can start delivering it, so a broker
+    /// that buffers ahead should be asked for no more than it was.
+    fn next(&mut self) -> BoxFuture<'_, Result<Option<Incoming>, BrokerError>>;
+}
+
+/// One broker, as a source's runtime and its redrive use it.
+pub trait Broker: Send + Sync {
+    /// `rabbitmq`, `nats`, `redis`.
+    fn kind(&self) -> &'static str;
+
+    /// Opens a consumer on the source's queue (its consumer group, durable
+    /// consumer, prefetch of `concurrency`). Called again after an error.
+    fn consume(&self) -> BoxFuture<'_, Result<Box<dyn Consumer>, BrokerError>>;
+
+    /// Publishes and returns once the broker confirmed it (publisher
+    /// confirms with `mandatory`; a JetStream PubAck; `XADD`'s reply).
+    fn publish(&self, msg: Republish) -> BoxFuture<'_, Result<(), BrokerError>>;
+
+    /// Limits the broker enforces itself that could dead-letter a message
+    /// before the policy would (quorum `x-delivery-limit`, `MaxDeliver`),
+    /// as warnings for the log; `attempts_max` is the policy's.
+    fn check_limits(&self, attempts_max: u32) -> BoxFuture<'_, Vec<String>> {
+        let _ = attempts_max;
+        Box::pin(async { Vec::new() })
+    }
+
+    /// Watch mode: what a message of the broker's dead-letter queue says of
+    /// itself (reason, error text, original queue and coordinates, delivery
+    /// count). The default knows nothing but that the broker rejected it.
+    fn interpret<'a>(&'a self, d: &'a Delivery) -> BoxFuture<'a, Result<TakenIn, BrokerError>> {
+        let _ = d;
+        Box::pin(async { Ok(TakenIn::default()) })
+    }
+}
+
+/// Opens the adapter for a source's broker.
+pub async fn connect(spec: &SourceSpec) -> Result<Box<dyn Broker>, BrokerError> {
+    match spec.broker {
+        crate::spec::BrokerKind::RabbitMq => {
+            #[cfg(feature = "rabbitmq")]
+            return crate::rabbitmq::connect(spec).await;
+            #[cfg(not(feature = "rabbitmq"))]
+            return Err(BrokerError::NotBuilt("rabbitmq"));
+        }
+        crate::spec::BrokerKind::Nats => {
+            #[cfg(feature = "nats")]
+            return crate::nats::connect(spec).await;
+            #[cfg(not(feature = "nats"))]
+            return Err(BrokerError::NotBuilt("nats"));
+        }
+        crate::spec::BrokerKind::Redis => {
+            #[cfg(feature = "redis")]
+            return crate::redis::connect(spec).await;
+            #[cfg(not(feature = "redis"))]
+            return Err(BrokerError::NotBuilt("redis"));
+        }
+        crate::spec::BrokerKind::Kafka => Err(BrokerError::NotBuilt("kafka")),
+        crate::spec::BrokerKind::Sqs => Err(BrokerError::NotBuilt("sqs")),
+    }
+}
+
+/// A URL fit for logs: the password replaced by `***`.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            match userinfo.find(':') {
+                Some(colon) => format!(
+                    "{}{}:***{}",
+                    &url[..scheme + 3],
+                    &userinfo[..colon],
+                    &url[at..]
+                ),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// How long to wait before reconnecting after the `n`-th failure in a row.
+pub fn reconnect_delay(n: u32) -> Duration {
+    Duration::from_millis(100u64.saturating_mul(1 << n.min(6))).min(Duration::from_secs(5))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_stay_out_of_logs() {
+        assert_eq!(
+            redact("amqp://guest:secret@127.0.0.1:5672/%2f"),
+            "amqp://guest:***@127.0.0.1:5672/%2f"
+        );
+        assert_eq!(redact("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+    }
+}

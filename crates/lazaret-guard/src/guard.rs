@@ -1,0 +1,598 @@
+//! Guard mode: consume a broker's queue, deliver each message to the
+//! handler, let `lazaret-core` decide, and carry the decision out on the
+//! broker.
+//!
+//! The order of writes is the whole point:
+//! - **success** → acknowledge;
+//! - **retry or deferral** → hold the message in lazaret's store until it
+//!   is due (`park_message`), *then* acknowledge: the wait holds up nothing
+//!   behind it on the broker and survives a restart; when due, the runtime
+//!   delivers it again from the store with its envelope (attempts, history);
+//! - **dead letter** → quarantine (`quarantine_message`), *then*
+//!   acknowledge. A crash between the write and the acknowledgement makes
+//!   the broker redeliver; the redelivery is recognised
+//!   (`message_held`) and only acknowledged, so there is exactly one dead
+//!   letter (or one held retry).
+//!
+//! While the type's breaker is open or the type or lane is paused, the
+//! runtime takes no message from the broker (the broker keeps them) and
+//! delivers no held retry.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use lazaret_core::{
+    Envelope, Event, Failure, FailureClass, JobId, SplitMix64, TenantId, Timestamp, Transition,
+    TypePolicy, WorkerId, absorb_earlier_deliveries, decide, grant_lease,
+};
+use lazaret_store::{
+    Completed, Held, ParkedMessage, SourceDeadLetter, SourceRef, Stage, Store, StoreError,
+};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+
+use crate::broker::{Acker, Broker, BrokerError, Consumer, Incoming, reconnect_delay};
+use crate::handler::{Call, Handler, Outcome};
+use crate::host::Host;
+use crate::message::Delivery;
+use crate::spec::{SourceSpec, TenantFrom};
+
+/// The wall clock, read by the runtime only (the core gets `now`).
+pub fn now() -> Timestamp {
+    let ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64);
+    Timestamp::from_millis(ms)
+}
+
+/// Held retries taken from the store per look.
+const DUE_BATCH: u32 = 256;
+/// The longest a held retry waits past its due time for the next look.
+const DUE_POLL: Duration = Duration::from_millis(100);
+
+/// Decides, for a message, whether an injected crash happens now.
+pub type CrashHook = Arc<dyn Fn(&Delivery) -> bool + Send + Sync>;
+
+/// Faults to inject, for tests of what a crash leaves behind.
+#[derive(Clone, Default)]
+pub struct Faults {
+    /// Called after lazaret's write for a message is durable and before the
+    /// broker acknowledgement; `true` stops the runtime right there, as
+    /// `kill -9` would: nothing is acknowledged, the connection is dropped.
+    pub crash_after_write: Option<CrashHook>,
+}
+
+impl fmt::Debug for Faults {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Faults")
+            .field("crash_after_write", &self.crash_after_write.is_some())
+            .finish()
+    }
+}
+
+/// Why a guard stopped other than by shutdown.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum GuardError {
+    /// An injected fault stopped it (tests).
+    #[error("stopped by an injected crash")]
+    Crashed,
+    /// The broker is unusable in a way a reconnect does not mend.
+    #[error(transparent)]
+    Broker(#[from] BrokerError),
+}
+
+/// One guard source, ready to run.
+pub struct Guard<H: Host> {
+    inner: Arc<Inner<H>>,
+}
+
+impl<H: Host> fmt::Debug for Guard<H> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Guard")
+            .field("source", &self.inner.spec.name)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Inner<H: Host> {
+    spec: SourceSpec,
+    host: Arc<H>,
+    broker: Arc<dyn Broker>,
+    handler: Arc<dyn Handler>,
+    rng: Mutex<SplitMix64>,
+    permits: Arc<Semaphore>,
+    /// Held retries being delivered now, by message id.
+    running: Mutex<HashSet<String>>,
+    faults: Faults,
+    crashed: watch::Sender<bool>,
+}
+
+/// Where a delivery came from, and so how it is settled.
+enum Origin {
+    /// Straight from the broker: acknowledge it once settled.
+    Broker(Box<dyn Acker>),
+    /// A held retry from lazaret's store.
+    Parked,
+}
+
+impl<H: Host> Guard<H> {
+    /// A guard of `spec`'s queue on `broker`, delivering to `handler`.
+    pub fn new(
+        spec: SourceSpec,
+        host: Arc<H>,
+        broker: Arc<dyn Broker>,
+        handler: Arc<dyn Handler>,
+    ) -> Guard<H> {
+        let seed = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64)
+            ^ u64::from(std::process::id()).rotate_left(32);
+        let permits = Arc::new(Semaphore::new(spec.concurrency.max(1) as usize));
+        Guard {
+            inner: Arc::new(Inner {
+                spec,
+                host,
+                broker,
+                handler,
+                rng: Mutex::new(SplitMix64::new(seed)),
+                permits,
+                running: Mutex::new(HashSet::new()),
+                faults: Faults::default(),
+                crashed: watch::channel(false).0,
+            }),
+        }
+    }
+
+    /// Injects faults (tests).
+    pub fn with_faults(self, faults: Faults) -> Guard<H> {
+        let mut inner = Arc::try_unwrap(self.inner)
+            .unwrap_or_else(|_| unreachable!("a new guard is not shared yet"));
+        inner.faults = faults;
+        Guard {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// Runs until `shutdown` turns true: consumes, delivers, settles, and
+    /// delivers held retries when due. Deliveries in flight at shutdown are
+    /// given up to the delivery timeout to finish; what is left unsettled
+    /// the broker redelivers.
+    pub async fn run(self, shutdown: watch::Receiver<bool>) -> Result<(), GuardError> {
+        let inner = self.inner;
+        let attempts_max = inner.host.policy(&inner.spec.job_type).attempts_max;
+        for warning in inner.broker.check_limits(attempts_max).await {
+            tracing::warn!(source = %inner.spec.name, "{warning}");
+        }
+        let mut crashed = inner.crashed.subscribe();
+        let parked = tokio::spawn(Arc::clone(&inner).deliver_due(shutdown.clone()));
+        let result = tokio::select! {
+            r = Arc::clone(&inner).consume(shutdown.clone()) => r,
+            _ = crashed.wait_for(|c| *c) => Err(GuardError::Crashed),
+        };
+        parked.abort();
+        if result.is_ok() && !*inner.crashed.borrow() {
+            // Let deliveries in flight settle, for at most one delivery timeout.
+            let all = inner.spec.concurrency.max(1);
+            let _ = tokio::time::timeout(
+                inner.spec.delivery_timeout + Duration::from_secs(1),
+                inner.permits.acquire_many(all),
+            )
+            .await;
+        }
+        result
+    }
+}
+
+impl<H: Host> Inner<H> {
+    /// Waits until the type and lane may be delivered, or shutdown.
+    async fn gate(&self, shutdown: &mut watch::Receiver<bool>) -> bool {
+        loop {
+            if *shutdown.borrow() {
+                return false;
+            }
+            match self
+                .host
+                .try_deliver(&self.spec.job_type, &self.spec.lane, now())
+            {
+                Ok(()) => return true,
+                Err(wait) => {
+                    let wait = wait.clamp(Duration::from_millis(10), Duration::from_secs(1));
+                    tokio::select! {
+                        _ = tokio::time::sleep(wait) => {}
+                        _ = shutdown.changed() => {}
+                    }
+                }
+            }
+        }
+    }
+
+    async fn consume(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) -> Result<(), GuardError> {
+        let mut failures = 0u32;
+        let mut consumer: Option<Box<dyn Consumer>> = None;
+        loop {
+            let Ok(permit) = Arc::clone(&self.permits).acquire_owned().await else {
+                return Ok(());
+            };
+            if !self.gate(&mut shutdown).await {
+                return Ok(());
+            }
+            if consumer.is_none() {
+                match self.broker.consume().await {
+                    Ok(c) => consumer = Some(c),
+                    Err(e) => {
+                        failures += 1;
+                        tracing::warn!(source = %self.spec.name, "{e}; retrying");
+                        tokio::select! {
+                            _ = tokio::time::sleep(reconnect_delay(failures)) => continue,
+                            _ = shutdown.changed() => return Ok(()),
+                        }
+                    }
+                }
+            }
+            let Some(c) = consumer.as_mut() else { continue };
+            let next = tokio::select! {
+                n = c.next() => n,
+                _ = shutdown.changed() => return Ok(()),
+            };
+            match next {
+                Ok(Some(incoming)) => {
+                    failures = 0;
+                    tokio::spawn(Arc::clone(&self).take(incoming, permit));
+                }
+                Ok(None) => {
+                    tracing::warn!(source = %self.spec.name, "the broker closed the consumer; reconnecting");
+                    consumer = None;
+                }
+                Err(e) => {
+                    failures += 1;
+                    tracing::warn!(source = %self.spec.name, "{e}; reconnecting");
+                    consumer = None;
+                    tokio::select! {
+                        _ = tokio::time::sleep(reconnect_delay(failures)) => {}
+                        _ = shutdown.changed() => return Ok(()),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Delivers held retries as they come due.
+    async fn deliver_due(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
+        let name = self.spec.name.clone();
+        loop {
+            if !self.gate(&mut shutdown).await {
+                return;
+            }
+            let due = match self
+                .host
+                .store()
+                .due_messages(name.clone(), now(), DUE_BATCH)
+                .await
+            {
+                Ok(d) => d,
+                Err(e) => {
+                    tracing::warn!(source = %name, "cannot read held retries: {e}");
+                    Vec::new()
+                }
+            };
+            let mut started = 0;
+            for p in due {
+                let id = p.source.message_id.clone();
+                if !self.lock_running().insert(id.clone()) {
+                    continue;
+                }
+                let Ok(permit) = Arc::clone(&self.permits).acquire_owned().await else {
+                    return;
+                };
+                if started > 0 && !self.gate(&mut shutdown).await {
+                    self.lock_running().remove(&id);
+                    return;
+                }
+                started += 1;
+                let me = Arc::clone(&self);
+                tokio::spawn(async move {
+                    let delivery = parked_delivery(&p);
+                    let policy = me.host.policy(&me.spec.job_type);
+                    let settled = me
+                        .attempt(Origin::Parked, delivery, p.envelope, policy)
+                        .await;
+                    if !settled {
+                        // The store refused: leave the retry held, look again later.
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                    me.lock_running().remove(&id);
+                    drop(permit);
+                });
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(DUE_POLL) => {}
+                _ = shutdown.changed() => return,
+            }
+        }
+    }
+
+    fn lock_running(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.running.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A message fresh from the broker.
+    async fn take(self: Arc<Self>, incoming: Incoming, permit: OwnedSemaphorePermit) {
+        let Incoming { mut delivery, ack } = incoming;
+        delivery.resolve_id();
+        if delivery.redelivered || delivery.broker_prior > 0 {
+            let held = self
+                .host
+                .store()
+                .message_held(self.spec.name.clone(), delivery.message_id.clone())
+                .await;
+            match held {
+                Ok(Held::Nothing) => {}
+                Ok(held) => {
+                    // lazaret wrote it down before a crash kept the ack from
+                    // the broker: it is settled already.
+                    tracing::info!(source = %self.spec.name, message_id = %delivery.message_id, ?held,
+                        "a redelivered message is held already; acknowledging it");
+                    self.settle(Origin::Broker(ack), &delivery).await;
+                    drop(permit);
+                    return;
+                }
+                Err(e) => {
+                    self.give_back(ack, &e).await;
+                    drop(permit);
+                    return;
+                }
+            }
+        }
+        let at = now();
+        let mut env = self.envelope(&delivery, at);
+        let policy = self.host.policy(&self.spec.job_type);
+        let header = delivery.attempt_header();
+        let spent = {
+            let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
+            absorb_earlier_deliveries(
+                &mut env,
+                &policy,
+                header.as_deref(),
+                delivery.broker_prior,
+                at,
+                &mut *rng,
+            )
+        };
+        if let Some(reason) = spent {
+            // It killed its consumers often enough: quarantine it undelivered.
+            let transition = Transition::DeadLetter { reason };
+            self.finish(Origin::Broker(ack), &delivery, env, transition, at)
+                .await;
+        } else {
+            self.attempt(Origin::Broker(ack), delivery, env, policy)
+                .await;
+        }
+        drop(permit);
+    }
+
+    fn tenant(&self, d: &Delivery) -> TenantId {
+        match &self.spec.tenant {
+            TenantFrom::Fixed(t) => TenantId::from(t.as_str()),
+            TenantFrom::Header(h) => TenantId::from(
+                d.header(h)
+                    .filter(|t| !t.is_empty())
+                    .unwrap_or_else(|| "default".into()),
+            ),
+        }
+    }
+
+    fn envelope(&self, d: &Delivery, at: Timestamp) -> Envelope {
+        let mut env = Envelope::new(
+            JobId(0),
+            self.spec.job_type.clone(),
+            self.tenant(d),
+            self.spec.lane.clone(),
+            &d.body,
+            at,
+        );
+        env.idempotency_key = Some(self.idempotency_key(d));
+        env
+    }
+
+    fn idempotency_key(&self, d: &Delivery) -> String {
+        format!("{}:{}", self.spec.name, d.message_id)
+    }
+
+    /// Delivers once and settles; `false` when the outcome could not be
+    /// recorded (the message was then handed back or left held).
+    async fn attempt(
+        &self,
+        origin: Origin,
+        delivery: Delivery,
+        mut env: Envelope,
+        policy: TypePolicy,
+    ) -> bool {
+        let started = now();
+        let worker = WorkerId::from(self.spec.worker_id());
+        let attempt = grant_lease(&mut env, Some(&worker), started);
+        let key = self.idempotency_key(&delivery);
+        let call = Call {
+            delivery: &delivery,
+            attempt,
+            source: &self.spec.name,
+            idempotency_key: &key,
+        };
+        let outcome = {
+            let run = tokio::time::timeout(self.spec.delivery_timeout, self.handler.handle(call));
+            tokio::pin!(run);
+            let every = (self.spec.delivery_timeout / 4).clamp(
+                Duration::from_millis(500),
+                Duration::from_secs(10),
+            );
+            loop {
+                tokio::select! {
+                    r = &mut run => break r,
+                    _ = tokio::time::sleep(every) => {
+                        if let Origin::Broker(ack) = &origin {
+                            if let Err(e) = ack.progress().await {
+                                tracing::debug!(source = %self.spec.name, "in-progress ack failed: {e}");
+                            }
+                        }
+                    }
+                }
+            }
+        };
+        let event = match outcome {
+            Ok(Outcome::Success) => Event::Succeeded,
+            Ok(Outcome::Failure(f)) => Event::Failed(f),
+            Err(_) => Event::Failed(
+                Failure::new(
+                    "timeout",
+                    format!(
+                        "the handler took longer than delivery_timeout_ms = {}",
+                        self.spec.delivery_timeout.as_millis()
+                    ),
+                )
+                .with_class(FailureClass::Transient),
+            ),
+        };
+        let ended = now();
+        let transition = {
+            let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
+            decide(&mut env, &policy, event, ended, &mut *rng)
+        };
+        self.finish(origin, &delivery, env, transition, ended).await
+    }
+
+    /// Carries a transition out: the store first, then the broker.
+    async fn finish(
+        &self,
+        origin: Origin,
+        delivery: &Delivery,
+        env: Envelope,
+        transition: Transition,
+        at: Timestamp,
+    ) -> bool {
+        let store = self.host.store();
+        let source = self.source_ref(delivery);
+        let mut dead_letter = None;
+        let written: Result<(), StoreError> = match transition {
+            Transition::Succeeded => match origin {
+                Origin::Parked => store
+                    .unpark_message(source.name.clone(), source.message_id.clone())
+                    .await
+                    .map(drop),
+                Origin::Broker(_) => Ok(()),
+            },
+            Transition::Retry { at: due, .. } | Transition::Defer { until: due } => store
+                .park_message(ParkedMessage {
+                    source,
+                    due_at: due,
+                    envelope: env.clone(),
+                    body: delivery.body.clone(),
+                })
+                .await,
+            Transition::DeadLetter { reason } => {
+                let dl = SourceDeadLetter {
+                    source,
+                    job_type: Some(self.spec.job_type.to_string()),
+                    tenant: Some(env.tenant.to_string()),
+                    lane: Some(self.spec.lane.to_string()),
+                    reason,
+                    stage: Stage::Processing,
+                    attempts: env.attempts,
+                    error: env.last_error().cloned(),
+                    envelope: Some(env.clone()),
+                    idempotency_key: env.idempotency_key.clone(),
+                    created_at: env.created_at,
+                    now: at,
+                    payload: delivery.body.clone(),
+                };
+                store.quarantine_message(dl).await.map(|q| {
+                    dead_letter = Some(q.id);
+                })
+            }
+        };
+        let last = env.last_error();
+        self.host.observe(
+            &self.spec.name,
+            &Completed {
+                id: JobId(0),
+                job_type: self.spec.job_type.clone(),
+                lane: self.spec.lane.clone(),
+                transition,
+                attempt: env.attempts,
+                kind: last
+                    .filter(|_| transition != Transition::Succeeded)
+                    .map(|f| f.kind.clone()),
+                class: last
+                    .filter(|_| transition != Transition::Succeeded)
+                    .and_then(|f| f.class),
+                dead_letter,
+                message: last.map(|f| f.message.clone()),
+                redrives: env.redrives,
+                freed_slot: false,
+            },
+            at,
+        );
+        if let Err(e) = written {
+            if let Origin::Broker(ack) = origin {
+                self.give_back(ack, &e).await;
+            } else {
+                tracing::warn!(source = %self.spec.name, "cannot record the outcome of a held retry: {e}; it stays held");
+            }
+            return false;
+        }
+        if transition != Transition::Succeeded {
+            if let Some(crash) = &self.faults.crash_after_write {
+                if crash(delivery) {
+                    let _ = self.crashed.send(true);
+                    // Never acknowledge: as if the process died here.
+                    drop(origin);
+                    return true;
+                }
+            }
+        }
+        self.settle(origin, delivery).await;
+        true
+    }
+
+    async fn settle(&self, origin: Origin, delivery: &Delivery) {
+        if let Origin::Broker(ack) = origin {
+            if let Err(e) = ack.ack().await {
+                // The broker redelivers it; the redelivery is recognised.
+                tracing::warn!(source = %self.spec.name, message_id = %delivery.message_id, "acknowledgement failed: {e}");
+            }
+        }
+    }
+
+    async fn give_back(&self, ack: Box<dyn Acker>, e: &StoreError) {
+        tracing::warn!(source = %self.spec.name, "cannot record a message's outcome: {e}; handing it back to the broker");
+        if let Err(e) = ack.release().await {
+            tracing::warn!(source = %self.spec.name, "handing it back failed too: {e}; the broker redelivers it when the connection drops");
+        }
+    }
+
+    fn source_ref(&self, d: &Delivery) -> SourceRef {
+        SourceRef {
+            name: self.spec.name.clone(),
+            broker: self.broker.kind().to_owned(),
+            queue: d.queue.clone(),
+            message_id: d.message_id.clone(),
+            headers: d.headers.clone(),
+            position: d.position.clone(),
+            content_type: d.content_type.clone(),
+        }
+    }
+}
+
+/// A held retry as a delivery again.
+fn parked_delivery(p: &ParkedMessage) -> Delivery {
+    Delivery {
+        message_id: p.source.message_id.clone(),
+        body: p.body.clone(),
+        content_type: p.source.content_type.clone(),
+        headers: p.source.headers.clone(),
+        broker_prior: 0,
+        redelivered: false,
+        queue: p.source.queue.clone(),
+        position: p.source.position.clone(),
+    }
+}

@@ -1,0 +1,50 @@
+//! lazaret in front of the brokers teams already run.
+//!
+//! A *source* is a queue on RabbitMQ, NATS JetStream or Redis Streams.
+//! In **guard** mode ([`Guard`]) lazaret consumes it and delivers each
+//! message to the team's handler (an HTTP endpoint, [`HttpHandler`], or a
+//! Rust closure, [`handler_fn`]), with every gate of lazaret's own jobs:
+//! the attempt counted on the message (the `x-lazaret-attempt` header,
+//! with the broker's delivery count as floor), failures classified and
+//! decided by `lazaret-core`, retries held in lazaret's store without
+//! holding the line, breakers and pauses, and quarantine before the
+//! acknowledgement. In **watch** mode ([`Watch`]) the queue is a
+//! dead-letter queue the broker already fills (RabbitMQ `x-death`, Celery
+//! tasks on it, a Redis or JetStream stream of dead messages): each message
+//! becomes a readable lazaret dead letter. [`SourceSet::redrive`] sends a
+//! dead letter back to its broker.
+//!
+//! One adapter module per broker, each behind a cargo feature (`rabbitmq`,
+//! `nats`, `redis`; all on by default), implements [`Broker`]: consume,
+//! acknowledge, keep a running message from redelivery, publish with
+//! confirmation. Adapters only move messages; the gates are shared.
+//!
+//! What it deliberately does not do: decide (that is `lazaret-core`), keep
+//! state of its own (that is the `Store`), or parse configuration files
+//! (the server builds a [`SourceSpec`]).
+
+pub mod broker;
+pub mod celery;
+pub mod guard;
+pub mod handler;
+pub mod host;
+pub mod message;
+pub mod redrive;
+pub mod spec;
+pub mod watch;
+
+#[cfg(feature = "nats")]
+pub mod nats;
+#[cfg(feature = "rabbitmq")]
+pub mod rabbitmq;
+#[cfg(feature = "redis")]
+pub mod redis;
+
+pub use broker::{Acker, Broker, BrokerError, Consumer, Incoming, connect};
+pub use guard::{Faults, Guard, GuardError};
+pub use handler::{Call, Handler, HttpHandler, OwnedCall, Outcome, handler_fn};
+pub use host::{Host, LocalHost};
+pub use message::{Delivery, Republish};
+pub use redrive::{RedriveError, SourceSet};
+pub use spec::{BrokerKind, Mode, SourceSpec, TenantFrom};
+pub use watch::{TakenIn, Watch};

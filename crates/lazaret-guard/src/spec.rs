@@ -1,0 +1,147 @@
+//! A source as configured (`[[sources]]` in the server's TOML file, or built
+//! by a library user): which broker, which queue, what to do with it.
+
+use std::time::Duration;
+
+use lazaret_core::{JobType, Lane};
+
+/// The brokers a source can name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BrokerKind {
+    /// RabbitMQ (AMQP 0-9-1), Celery on it included.
+    RabbitMq,
+    /// NATS JetStream.
+    Nats,
+    /// Redis Streams.
+    Redis,
+    /// Kafka (not in this build yet).
+    Kafka,
+    /// Amazon SQS (not in this build yet).
+    Sqs,
+}
+
+impl BrokerKind {
+    /// The word used in the config and in dead letters.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            BrokerKind::RabbitMq => "rabbitmq",
+            BrokerKind::Nats => "nats",
+            BrokerKind::Redis => "redis",
+            BrokerKind::Kafka => "kafka",
+            BrokerKind::Sqs => "sqs",
+        }
+    }
+
+    /// The broker a word names.
+    pub fn parse(word: &str) -> Option<BrokerKind> {
+        match word {
+            "rabbitmq" => Some(BrokerKind::RabbitMq),
+            "nats" => Some(BrokerKind::Nats),
+            "redis" => Some(BrokerKind::Redis),
+            "kafka" => Some(BrokerKind::Kafka),
+            "sqs" => Some(BrokerKind::Sqs),
+            _ => None,
+        }
+    }
+}
+
+/// What a source does with its queue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Consume the queue and deliver each message to the handler, with
+    /// every gate applied.
+    Guard,
+    /// The queue is a dead-letter queue the broker fills: take each message
+    /// in as a dead letter (`stage: "broker"`).
+    Watch,
+}
+
+/// Where a message's tenant comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TenantFrom {
+    /// Every message of the source has this tenant.
+    Fixed(String),
+    /// The tenant is in this message header (`default` when absent).
+    Header(String),
+}
+
+/// One source.
+#[derive(Clone, Debug)]
+pub struct SourceSpec {
+    /// Unique; dead letters and metrics carry it.
+    pub name: String,
+    /// Which broker.
+    pub broker: BrokerKind,
+    /// How to reach it (`amqp://…`, `nats://…`, `redis://…`).
+    pub url: String,
+    /// RabbitMQ queue · JetStream stream · Redis stream.
+    pub queue: String,
+    /// JetStream durable consumer · Redis consumer group (default `lazaret`).
+    pub group: String,
+    /// Guard or watch.
+    pub mode: Mode,
+    /// Guard: the URL each message is POSTed to (`None` for a handler
+    /// passed to the library).
+    pub deliver: Option<String>,
+    /// The lazaret job type whose policy applies.
+    pub job_type: JobType,
+    /// The lane its dead letters are filed under.
+    pub lane: Lane,
+    /// The tenant.
+    pub tenant: TenantFrom,
+    /// Guard: deliveries in flight.
+    pub concurrency: u32,
+    /// Guard: a delivery slower than this failed (kind `timeout`).
+    pub delivery_timeout: Duration,
+    /// Where a redrive republishes (default: the source queue, or for watch
+    /// the message's original queue).
+    pub redrive_to: Option<String>,
+}
+
+impl SourceSpec {
+    /// A guard source with the contract's defaults, for library users and
+    /// tests: group `lazaret`, tenant `default`, lane `default`, 16 in
+    /// flight, 30 s per delivery.
+    pub fn guard(
+        name: impl Into<String>,
+        broker: BrokerKind,
+        url: impl Into<String>,
+        queue: impl Into<String>,
+        job_type: impl Into<String>,
+    ) -> SourceSpec {
+        SourceSpec {
+            name: name.into(),
+            broker,
+            url: url.into(),
+            queue: queue.into(),
+            group: "lazaret".into(),
+            mode: Mode::Guard,
+            deliver: None,
+            job_type: JobType::from(job_type.into().as_str()),
+            lane: Lane::from("default"),
+            tenant: TenantFrom::Fixed("default".into()),
+            concurrency: 16,
+            delivery_timeout: Duration::from_secs(30),
+            redrive_to: None,
+        }
+    }
+
+    /// A watch source with the same defaults.
+    pub fn watch(
+        name: impl Into<String>,
+        broker: BrokerKind,
+        url: impl Into<String>,
+        queue: impl Into<String>,
+        job_type: impl Into<String>,
+    ) -> SourceSpec {
+        SourceSpec {
+            mode: Mode::Watch,
+            ..SourceSpec::guard(name, broker, url, queue, job_type)
+        }
+    }
+
+    /// The worker id recorded in attempt histories.
+    pub fn worker_id(&self) -> String {
+        format!("source:{}", self.name)
+    }
+}

@@ -1,0 +1,166 @@
+//! Broker messages: their dead letters (unique per source and message id)
+//! and the retries lazaret holds for them until they are due.
+
+use lazaret_core::{Envelope, Timestamp, payload_preview, payload_sha256};
+use rusqlite::{Connection, OptionalExtension, params};
+
+use crate::{
+    DeadLetterId, Held, ParkedMessage, Quarantined, SourceDeadLetter, SourceRef, StoreError,
+};
+
+fn db<T>(r: rusqlite::Result<T>) -> Result<T, StoreError> {
+    r.map_err(StoreError::Db)
+}
+
+fn corrupt(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(e.to_string())
+}
+
+fn json(v: &impl serde::Serialize) -> Result<String, StoreError> {
+    serde_json::to_string(v).map_err(corrupt)
+}
+
+/// Writes the dead letter unless this (source, message id) is there
+/// already, and drops the message's parked retry in the same transaction.
+pub(super) fn quarantine(
+    c: &Connection,
+    dl: &SourceDeadLetter,
+) -> Result<Quarantined, StoreError> {
+    let src = &dl.source;
+    let existing: Option<i64> = db(c
+        .prepare_cached(
+            "SELECT id FROM dead_letters WHERE source_name = ?1 AND message_id = ?2",
+        )?
+        .query_row(params![src.name, src.message_id], |r| r.get(0))
+        .optional())?;
+    unpark(c, &src.name, &src.message_id)?;
+    if let Some(id) = existing {
+        return Ok(Quarantined {
+            id: DeadLetterId(id as u64),
+            created: false,
+        });
+    }
+    let error = dl.error.as_ref().map(json).transpose()?;
+    let envelope = dl.envelope.as_ref().map(Envelope::to_json);
+    db(c.prepare_cached(
+        "INSERT INTO dead_letters (job_id, type, tenant, lane, reason, stage, attempts, error, idempotency_key,
+           created_at, dead_lettered_at, payload_size, payload_sha256, payload_preview, payload,
+           source, source_name, message_id, envelope)
+         VALUES (NULL, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
+    )?
+    .execute(params![
+        dl.job_type,
+        dl.tenant,
+        dl.lane,
+        dl.reason.as_str(),
+        dl.stage.as_str(),
+        i64::from(dl.attempts),
+        error,
+        dl.idempotency_key,
+        dl.created_at.as_millis(),
+        dl.now.as_millis(),
+        dl.payload.len() as i64,
+        payload_sha256(&dl.payload)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>(),
+        payload_preview(&dl.payload, 4096),
+        dl.payload,
+        json(src)?,
+        src.name,
+        src.message_id,
+        envelope,
+    ]))?;
+    Ok(Quarantined {
+        id: DeadLetterId(c.last_insert_rowid() as u64),
+        created: true,
+    })
+}
+
+/// Holds a retry (insert or replace).
+pub(super) fn park(c: &Connection, p: &ParkedMessage) -> Result<(), StoreError> {
+    db(c.prepare_cached(
+        "INSERT OR REPLACE INTO source_parked (source, message_id, due_at, ref, envelope, body)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+    )?
+    .execute(params![
+        p.source.name,
+        p.source.message_id,
+        p.due_at.as_millis(),
+        json(&p.source)?,
+        p.envelope.to_json(),
+        p.body,
+    ]))?;
+    Ok(())
+}
+
+/// Drops a held retry; whether there was one.
+pub(super) fn unpark(c: &Connection, source: &str, message_id: &str) -> Result<bool, StoreError> {
+    let n = db(c
+        .prepare_cached("DELETE FROM source_parked WHERE source = ?1 AND message_id = ?2")?
+        .execute(params![source, message_id]))?;
+    Ok(n > 0)
+}
+
+/// The held retries of `source` due at `now`, earliest first.
+pub(super) fn due(
+    c: &Connection,
+    source: &str,
+    now: Timestamp,
+    limit: u32,
+) -> Result<Vec<ParkedMessage>, StoreError> {
+    let mut stmt = db(c.prepare_cached(
+        "SELECT due_at, ref, envelope, body FROM source_parked
+         WHERE source = ?1 AND due_at <= ?2 ORDER BY due_at LIMIT +?3",
+    ))?;
+    let rows = db(stmt.query_map(
+        params![source, now.as_millis(), i64::from(limit)],
+        |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, Vec<u8>>(3)?,
+            ))
+        },
+    ))?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (due_at, src, env, body) = db(row)?;
+        out.push(ParkedMessage {
+            source: serde_json::from_str::<SourceRef>(&src).map_err(corrupt)?,
+            due_at: Timestamp::from_millis(due_at),
+            envelope: Envelope::from_json(&env).map_err(corrupt)?,
+            body,
+        });
+    }
+    Ok(out)
+}
+
+/// The earliest due time of `source`'s held retries.
+pub(super) fn next_due(c: &Connection, source: &str) -> Result<Option<Timestamp>, StoreError> {
+    let at: Option<i64> = db(c
+        .prepare_cached("SELECT MIN(due_at) FROM source_parked WHERE source = ?1")?
+        .query_row(params![source], |r| r.get(0)))?;
+    Ok(at.map(Timestamp::from_millis))
+}
+
+/// What the store holds of a message already.
+pub(super) fn held(c: &Connection, source: &str, message_id: &str) -> Result<Held, StoreError> {
+    let dl: Option<i64> = db(c
+        .prepare_cached("SELECT id FROM dead_letters WHERE source_name = ?1 AND message_id = ?2")?
+        .query_row(params![source, message_id], |r| r.get(0))
+        .optional())?;
+    if let Some(id) = dl {
+        return Ok(Held::Quarantined(DeadLetterId(id as u64)));
+    }
+    let parked: Option<i64> = db(c
+        .prepare_cached("SELECT 1 FROM source_parked WHERE source = ?1 AND message_id = ?2")?
+        .query_row(params![source, message_id], |r| r.get(0))
+        .optional())?;
+    Ok(if parked.is_some() {
+        Held::Parked
+    } else {
+        Held::Nothing
+    })
+}
