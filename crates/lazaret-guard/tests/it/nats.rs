@@ -1,0 +1,1 @@
+//! nats tests (being written).

@@ -1,0 +1,1 @@
+//! rabbitmq tests (being written).

@@ -1,0 +1,1 @@
+//! redis tests (being written).

@@ -1,0 +1,1 @@
+//! The shared scenarios (being written).
