@@ -98,6 +98,9 @@ pub struct Republish {
     /// A fresh deduplication id, for brokers that drop a repeated one
     /// (JetStream `Nats-Msg-Id`).
     pub dedup_id: String,
+    /// Where the message was (its dead letter's `position`), for brokers
+    /// that need more than `queue` to publish (a JetStream subject).
+    pub position: Value,
 }
 
 /// A broker header value as JSON: text as a string, numbers and booleans as

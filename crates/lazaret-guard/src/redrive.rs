@@ -95,5 +95,6 @@ pub fn republish(spec: &SourceSpec, src: &lazaret_store::SourceRef, payload: Vec
         headers: republish_headers(&src.headers, &src.message_id),
         message_id: src.message_id.clone(),
         dedup_id: format!("{}:redrive:{nanos}", src.message_id),
+        position: src.position.clone(),
     }
 }
