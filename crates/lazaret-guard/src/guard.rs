@@ -54,19 +54,41 @@ const DUE_POLL: Duration = Duration::from_millis(100);
 /// Decides, for a message, whether an injected crash happens now.
 pub type CrashHook = Arc<dyn Fn(&Delivery) -> bool + Send + Sync>;
 
-/// Faults to inject, for tests of what a crash leaves behind.
+/// Told how each broker message was settled (tests).
+pub type SettledHook = Arc<dyn Fn(&Delivery, Settled) + Send + Sync>;
+
+/// How a broker message was settled, for [`Faults::settled`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Settled {
+    /// Acknowledged after the handler succeeded.
+    Succeeded,
+    /// Acknowledged after its retry or deferral was held in the store.
+    Parked,
+    /// Acknowledged after it was quarantined.
+    Quarantined,
+    /// A redelivery of a message the store already held: acknowledged
+    /// without delivering it again.
+    HeldAlready,
+}
+
+/// Faults to inject and hooks to observe, for tests of what a crash leaves
+/// behind.
 #[derive(Clone, Default)]
 pub struct Faults {
     /// Called after lazaret's write for a message is durable and before the
     /// broker acknowledgement; `true` stops the runtime right there, as
     /// `kill -9` would: nothing is acknowledged, the connection is dropped.
     pub crash_after_write: Option<CrashHook>,
+    /// Called once a message is settled: its broker acknowledgement
+    /// succeeded, or, for a held retry, its outcome was written.
+    pub settled: Option<SettledHook>,
 }
 
 impl fmt::Debug for Faults {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Faults")
             .field("crash_after_write", &self.crash_after_write.is_some())
+            .field("settled", &self.settled.is_some())
             .finish()
     }
 }
@@ -208,7 +230,10 @@ impl<H: Host> Inner<H> {
         }
     }
 
-    async fn consume(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) -> Result<(), GuardError> {
+    async fn consume(
+        self: Arc<Self>,
+        mut shutdown: watch::Receiver<bool>,
+    ) -> Result<(), GuardError> {
         let mut failures = 0u32;
         let mut consumer: Option<Box<dyn Consumer>> = None;
         loop {
@@ -334,7 +359,8 @@ impl<H: Host> Inner<H> {
                     // the broker: it is settled already.
                     tracing::info!(source = %self.spec.name, message_id = %delivery.message_id, ?held,
                         "a redelivered message is held already; acknowledging it");
-                    self.settle(Origin::Broker(ack), &delivery).await;
+                    self.settle(Origin::Broker(ack), &delivery, Settled::HeldAlready)
+                        .await;
                     drop(permit);
                     return;
                 }
@@ -422,10 +448,8 @@ impl<H: Host> Inner<H> {
         let outcome = {
             let run = tokio::time::timeout(self.spec.delivery_timeout, self.handler.handle(call));
             tokio::pin!(run);
-            let every = (self.spec.delivery_timeout / 4).clamp(
-                Duration::from_millis(500),
-                Duration::from_secs(10),
-            );
+            let every = (self.spec.delivery_timeout / 4)
+                .clamp(Duration::from_millis(500), Duration::from_secs(10));
             loop {
                 tokio::select! {
                     r = &mut run => break r,
@@ -481,14 +505,16 @@ impl<H: Host> Inner<H> {
                     .map(drop),
                 Origin::Broker(_) => Ok(()),
             },
-            Transition::Retry { at: due, .. } | Transition::Defer { until: due } => store
-                .park_message(ParkedMessage {
-                    source,
-                    due_at: due,
-                    envelope: env.clone(),
-                    body: delivery.body.clone(),
-                })
-                .await,
+            Transition::Retry { at: due, .. } | Transition::Defer { until: due } => {
+                store
+                    .park_message(ParkedMessage {
+                        source,
+                        due_at: due,
+                        envelope: env.clone(),
+                        body: delivery.body.clone(),
+                    })
+                    .await
+            }
             Transition::DeadLetter { reason } => {
                 let dl = SourceDeadLetter {
                     source,
@@ -550,16 +576,27 @@ impl<H: Host> Inner<H> {
                 }
             }
         }
-        self.settle(origin, delivery).await;
+        let how = match transition {
+            Transition::Succeeded => Settled::Succeeded,
+            Transition::Retry { .. } | Transition::Defer { .. } => Settled::Parked,
+            Transition::DeadLetter { .. } => Settled::Quarantined,
+        };
+        self.settle(origin, delivery, how).await;
         true
     }
 
-    async fn settle(&self, origin: Origin, delivery: &Delivery) {
+    /// Acknowledges a broker message (a held retry is settled by its store
+    /// write alone), then tells the test hook.
+    async fn settle(&self, origin: Origin, delivery: &Delivery, how: Settled) {
         if let Origin::Broker(ack) = origin {
             if let Err(e) = ack.ack().await {
                 // The broker redelivers it; the redelivery is recognised.
                 tracing::warn!(source = %self.spec.name, message_id = %delivery.message_id, "acknowledgement failed: {e}");
+                return;
             }
+        }
+        if let Some(hook) = &self.faults.settled {
+            hook(delivery, how);
         }
     }
 

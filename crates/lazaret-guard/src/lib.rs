@@ -41,8 +41,8 @@ pub mod rabbitmq;
 pub mod redis;
 
 pub use broker::{Acker, Broker, BrokerError, Consumer, Incoming, connect};
-pub use guard::{Faults, Guard, GuardError};
-pub use handler::{Call, Handler, HttpHandler, OwnedCall, Outcome, handler_fn};
+pub use guard::{Faults, Guard, GuardError, Settled};
+pub use handler::{Call, Handler, HttpHandler, Outcome, OwnedCall, handler_fn};
 pub use host::{Host, LocalHost};
 pub use message::{Delivery, Republish};
 pub use redrive::{RedriveError, SourceSet};

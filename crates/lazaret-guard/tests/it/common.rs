@@ -89,6 +89,19 @@ pub trait TestBroker: Send + Sync + 'static {
         queue: &str,
         wait: Duration,
     ) -> impl Future<Output = Option<(Vec<u8>, Map<String, Value>)>> + Send;
+
+    /// The broker adapter for `spec` (the real one, by default).
+    fn connect<'a>(
+        &'a self,
+        spec: &'a SourceSpec,
+    ) -> impl Future<Output = Arc<dyn Broker>> + Send + 'a {
+        async move {
+            lazaret_guard::connect(spec)
+                .await
+                .expect("connect to the broker")
+                .into()
+        }
+    }
 }
 
 /// A decider the store needs for its own jobs; sources never call it.
@@ -164,16 +177,13 @@ impl Running {
 
 /// Starts a guard of `spec` delivering to `handler`.
 pub async fn start_guard<B: TestBroker>(
-    _b: &B,
+    b: &B,
     spec: SourceSpec,
     host: Arc<LocalHost<SqliteStore>>,
     handler: Arc<dyn Handler>,
     faults: Faults,
 ) -> Running {
-    let broker: Arc<dyn Broker> = lazaret_guard::connect(&spec)
-        .await
-        .expect("connect to the broker")
-        .into();
+    let broker = b.connect(&spec).await;
     let (stop, rx) = watch::channel(false);
     let guard = Guard::new(spec, host, broker, handler).with_faults(faults);
     Running {
@@ -182,8 +192,28 @@ pub async fn start_guard<B: TestBroker>(
     }
 }
 
+/// Starts a watch of `spec` on `b`'s adapter.
+pub async fn start_watch_on<B: TestBroker>(
+    b: &B,
+    spec: SourceSpec,
+    host: Arc<LocalHost<SqliteStore>>,
+    faults: Faults,
+) -> Running {
+    let broker = b.connect(&spec).await;
+    let (stop, rx) = watch::channel(false);
+    let w = Watch::new(spec, host, broker).with_faults(faults);
+    Running {
+        stop,
+        task: tokio::spawn(w.run(rx)),
+    }
+}
+
 /// Starts a watch of `spec`.
-pub async fn start_watch(spec: SourceSpec, host: Arc<LocalHost<SqliteStore>>, faults: Faults) -> Running {
+pub async fn start_watch(
+    spec: SourceSpec,
+    host: Arc<LocalHost<SqliteStore>>,
+    faults: Faults,
+) -> Running {
     let broker: Arc<dyn Broker> = lazaret_guard::connect(&spec)
         .await
         .expect("connect to the broker")
@@ -283,12 +313,21 @@ pub async fn dead_letters_of(store: &impl Store, source: &str) -> Vec<DeadLetter
 }
 
 /// Waits until `source` has `n` dead letters.
-pub async fn wait_dead_letters(store: &impl Store, source: &str, n: usize, within: Duration) -> Vec<DeadLetter> {
+pub async fn wait_dead_letters(
+    store: &impl Store,
+    source: &str,
+    n: usize,
+    within: Duration,
+) -> Vec<DeadLetter> {
     let deadline = tokio::time::Instant::now() + within;
     loop {
         let d = dead_letters_of(store, source).await;
         if d.len() >= n || tokio::time::Instant::now() >= deadline {
-            assert_eq!(d.len(), n, "dead letters of {source} within {within:?}: {d:#?}");
+            assert_eq!(
+                d.len(),
+                n,
+                "dead letters of {source} within {within:?}: {d:#?}"
+            );
             return d;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;

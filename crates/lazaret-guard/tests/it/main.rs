@@ -5,6 +5,7 @@
 //! without it (under `CI=true` a missing one fails).
 
 mod common;
+mod memory;
 mod scenarios;
 
 #[cfg(feature = "nats")]

@@ -1,0 +1,440 @@
+//! An in-memory broker: queues, delivery counts, acknowledgements, and
+//! redelivery of what a dropped connection left unacknowledged. The shared
+//! scenarios run on it everywhere (no service needed), and the runtime's
+//! own rules (breakers, crash loops, shutdown) are tested on it alone.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use lazaret_core::DeadLetterReason;
+use lazaret_guard::watch::TakenIn;
+use lazaret_guard::{
+    Acker, Broker, BrokerError, BrokerKind, Consumer, Delivery, Incoming, Mode, Republish,
+    SourceSpec,
+};
+use serde_json::{Map, Value, json};
+use tokio::sync::Notify;
+
+use crate::common::{TestBroker, unique};
+
+#[derive(Clone, Debug)]
+struct Msg {
+    id: String,
+    body: Vec<u8>,
+    headers: Map<String, Value>,
+    /// Deliveries so far.
+    deliveries: u32,
+    seq: u64,
+}
+
+#[derive(Default)]
+struct State {
+    queues: HashMap<String, VecDeque<Msg>>,
+    /// Unacknowledged, by (connection, tag).
+    unacked: HashMap<(u64, u64), (String, Msg)>,
+    next: u64,
+}
+
+/// The broker itself, shared by every connection.
+#[derive(Clone, Default)]
+pub struct Memory {
+    state: Arc<Mutex<State>>,
+    ready: Arc<Notify>,
+}
+
+impl Memory {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap()
+    }
+
+    fn push(&self, queue: &str, msg: Msg) {
+        self.lock()
+            .queues
+            .entry(queue.to_owned())
+            .or_default()
+            .push_back(msg);
+        self.ready.notify_waiters();
+    }
+
+    /// Messages ready plus unacknowledged on `queue`.
+    pub fn depth(&self, queue: &str) -> usize {
+        let s = self.lock();
+        s.queues.get(queue).map_or(0, VecDeque::len)
+            + s.unacked.values().filter(|(q, _)| q == queue).count()
+    }
+
+    /// Puts a message as if a consumer had died with it `times` times.
+    #[allow(dead_code)]
+    pub fn produce_delivered(&self, queue: &str, id: &str, body: &[u8], times: u32) {
+        let seq = self.seq();
+        self.push(
+            queue,
+            Msg {
+                id: id.into(),
+                body: body.to_vec(),
+                headers: Map::new(),
+                deliveries: times,
+                seq,
+            },
+        );
+    }
+
+    fn seq(&self) -> u64 {
+        let mut s = self.lock();
+        s.next += 1;
+        s.next
+    }
+}
+
+/// One connection: what it leaves unacknowledged goes back when dropped.
+struct Conn {
+    broker: Memory,
+    id: u64,
+    spec: SourceSpec,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        let mut s = self.broker.lock();
+        let mine: Vec<(u64, u64)> = s
+            .unacked
+            .keys()
+            .filter(|(c, _)| *c == self.id)
+            .copied()
+            .collect();
+        for key in mine {
+            if let Some((q, msg)) = s.unacked.remove(&key) {
+                s.queues.entry(q).or_default().push_front(msg);
+            }
+        }
+        drop(s);
+        self.broker.ready.notify_waiters();
+    }
+}
+
+struct MemConsumer {
+    conn: Arc<Conn>,
+}
+
+struct MemAck {
+    conn: Arc<Conn>,
+    tag: u64,
+}
+
+impl Acker for MemAck {
+    fn ack(self: Box<Self>) -> BoxFuture<'static, Result<(), BrokerError>> {
+        Box::pin(async move {
+            self.conn
+                .broker
+                .lock()
+                .unacked
+                .remove(&(self.conn.id, self.tag));
+            Ok(())
+        })
+    }
+
+    fn release(self: Box<Self>) -> BoxFuture<'static, Result<(), BrokerError>> {
+        Box::pin(async move {
+            let mut s = self.conn.broker.lock();
+            if let Some((q, msg)) = s.unacked.remove(&(self.conn.id, self.tag)) {
+                s.queues.entry(q).or_default().push_front(msg);
+            }
+            drop(s);
+            self.conn.broker.ready.notify_waiters();
+            Ok(())
+        })
+    }
+}
+
+impl Consumer for MemConsumer {
+    fn next(&mut self) -> BoxFuture<'_, Result<Option<Incoming>, BrokerError>> {
+        Box::pin(async move {
+            let queue = self.conn.spec.queue.clone();
+            loop {
+                let notified = self.conn.broker.ready.notified();
+                {
+                    let mut s = self.conn.broker.lock();
+                    if let Some(mut msg) = s.queues.get_mut(&queue).and_then(VecDeque::pop_front) {
+                        msg.deliveries += 1;
+                        s.next += 1;
+                        let tag = s.next;
+                        s.unacked
+                            .insert((self.conn.id, tag), (queue.clone(), msg.clone()));
+                        let delivery = Delivery {
+                            message_id: msg.id.clone(),
+                            body: msg.body.clone(),
+                            content_type: Some("application/json".into()),
+                            headers: msg.headers.clone(),
+                            broker_prior: msg.deliveries - 1,
+                            redelivered: msg.deliveries > 1,
+                            queue: queue.clone(),
+                            position: json!({"seq": msg.seq}),
+                        };
+                        return Ok(Some(Incoming {
+                            delivery,
+                            ack: Box::new(MemAck {
+                                conn: Arc::clone(&self.conn),
+                                tag,
+                            }),
+                        }));
+                    }
+                }
+                tokio::select! {
+                    _ = notified => {}
+                    _ = tokio::time::sleep(Duration::from_millis(50)) => {}
+                }
+            }
+        })
+    }
+}
+
+/// A connection as a `Broker`.
+struct MemBroker {
+    conn: Arc<Conn>,
+}
+
+impl Broker for MemBroker {
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
+
+    fn consume(&self) -> BoxFuture<'_, Result<Box<dyn Consumer>, BrokerError>> {
+        Box::pin(async move {
+            Ok(Box::new(MemConsumer {
+                conn: Arc::clone(&self.conn),
+            }) as Box<dyn Consumer>)
+        })
+    }
+
+    fn publish(&self, msg: Republish) -> BoxFuture<'_, Result<(), BrokerError>> {
+        Box::pin(async move {
+            let seq = self.conn.broker.seq();
+            self.conn.broker.push(
+                &msg.queue,
+                Msg {
+                    id: msg.message_id,
+                    body: msg.body,
+                    headers: msg.headers,
+                    deliveries: 0,
+                    seq,
+                },
+            );
+            Ok(())
+        })
+    }
+
+    fn interpret<'a>(&'a self, d: &'a Delivery) -> BoxFuture<'a, Result<TakenIn, BrokerError>> {
+        Box::pin(async move {
+            Ok(TakenIn {
+                reason: Some(DeadLetterReason::Rejected),
+                original_queue: d.header("original-queue"),
+                attempts: 1,
+                ..TakenIn::default()
+            })
+        })
+    }
+}
+
+impl TestBroker for Memory {
+    async fn fresh_queue(&self, prefix: &str) -> String {
+        unique(prefix)
+    }
+
+    fn spec(&self, name: &str, queue: &str, mode: Mode) -> SourceSpec {
+        let mut spec = SourceSpec::guard(name, BrokerKind::Redis, "memory://", queue, "orders");
+        spec.mode = mode;
+        spec.delivery_timeout = Duration::from_secs(5);
+        spec
+    }
+
+    async fn produce(
+        &self,
+        queue: &str,
+        message_id: &str,
+        body: &[u8],
+        headers: Map<String, Value>,
+    ) {
+        let seq = self.seq();
+        self.push(
+            queue,
+            Msg {
+                id: message_id.into(),
+                body: body.to_vec(),
+                headers,
+                deliveries: 0,
+                seq,
+            },
+        );
+    }
+
+    async fn broker_dead_letter(
+        &self,
+        prefix: &str,
+        message_id: &str,
+        body: &[u8],
+    ) -> (String, String) {
+        let dlq = unique(&format!("{prefix}-dlq"));
+        let original = unique(prefix);
+        let mut headers = Map::new();
+        headers.insert("original-queue".into(), Value::String(original.clone()));
+        self.produce(&dlq, message_id, body, headers).await;
+        (dlq, original)
+    }
+
+    fn broker_reason(&self) -> DeadLetterReason {
+        DeadLetterReason::Rejected
+    }
+
+    async fn take_one(&self, queue: &str, wait: Duration) -> Option<(Vec<u8>, Map<String, Value>)> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            if let Some(m) = self
+                .lock()
+                .queues
+                .get_mut(queue)
+                .and_then(VecDeque::pop_front)
+            {
+                return Some((m.body, m.headers));
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn connect<'a>(
+        &'a self,
+        spec: &'a SourceSpec,
+    ) -> impl Future<Output = Arc<dyn Broker>> + Send + 'a {
+        async move {
+            let id = self.seq();
+            Arc::new(MemBroker {
+                conn: Arc::new(Conn {
+                    broker: self.clone(),
+                    id,
+                    spec: spec.clone(),
+                }),
+            }) as Arc<dyn Broker>
+        }
+    }
+}
+
+async fn memory() -> Option<Memory> {
+    Some(Memory::default())
+}
+
+crate::scenarios::scenario_suite!(crate::memory::memory());
+
+mod runtime {
+    //! What the runtime does whatever the broker: crash loops, breakers.
+
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use lazaret_core::{BreakerConfig, Breakers, DeadLetterReason, JobType};
+    use lazaret_guard::{Faults, Host, LocalHost, Mode, Outcome};
+    use serde_json::json;
+
+    use super::Memory;
+    use crate::common::*;
+
+    /// A message whose consumers died with it `crash_loop_max` times is
+    /// quarantined as `crash_loop` before it is delivered again.
+    #[tokio::test]
+    async fn a_message_that_kept_killing_its_consumers_is_quarantined_undelivered() {
+        let b = Memory::default();
+        let dir = tempfile::tempdir().unwrap();
+        let queue = b.fresh_queue("crashloop").await;
+        let name = unique("crashloop");
+        let spec = b.spec(&name, &queue, Mode::Guard);
+        // The default crash_loop_max is 3: three earlier deliveries died.
+        b.produce_delivered(&queue, "m-c", b"{}", 3);
+        b.produce(&queue, "m-ok", b"{}", headers(json!({}))).await;
+        let h = host(
+            dir.path(),
+            policies("orders", 10, Duration::from_millis(100)),
+        );
+        let log = Log::default();
+        let g = start_guard(
+            &b,
+            spec,
+            Arc::clone(&h),
+            recording(&log, |_| Outcome::Success),
+            Faults::default(),
+        )
+        .await;
+        let dls = wait_dead_letters(h.store(), &name, 1, Duration::from_secs(10)).await;
+        log.wait_for(Duration::from_secs(10), |s| {
+            s.iter().any(|x| x.message_id == "m-ok")
+        })
+        .await;
+        assert_eq!(dls[0].reason, DeadLetterReason::CrashLoop);
+        assert_eq!(dls[0].attempts, 3);
+        assert!(
+            log.all().iter().all(|s| s.message_id != "m-c"),
+            "it was delivered"
+        );
+        g.stop().await.unwrap();
+        assert_eq!(b.depth(&queue), 0);
+    }
+
+    /// While the type's breaker is open the source takes nothing from the
+    /// broker: the messages wait there, spending no attempt.
+    #[tokio::test]
+    async fn an_open_breaker_stops_the_source_taking_messages() {
+        let b = Memory::default();
+        let dir = tempfile::tempdir().unwrap();
+        let queue = b.fresh_queue("breaker").await;
+        let name = unique("breaker");
+        let mut spec = b.spec(&name, &queue, Mode::Guard);
+        spec.concurrency = 1;
+        for i in 0..10 {
+            b.produce(&queue, &format!("m-{i}"), b"{}", headers(json!({})))
+                .await;
+        }
+        let mut per_type = BTreeMap::new();
+        per_type.insert(
+            JobType::from("orders"),
+            BreakerConfig {
+                failures_min: 3,
+                failure_ratio: 0.5,
+                window: Duration::from_secs(30),
+                cooldown: Duration::from_secs(60),
+                probes: 1,
+            },
+        );
+        let h = Arc::new(LocalHost::new(
+            open_store(dir.path()),
+            policies("orders", 10, Duration::from_secs(30)),
+            Breakers::new(None, per_type),
+        ));
+        let log = Log::default();
+        let g = start_guard(
+            &b,
+            spec,
+            Arc::clone(&h),
+            recording(&log, |_| {
+                Outcome::Failure(
+                    lazaret_core::Failure::new("http_503", "down")
+                        .with_class(lazaret_core::FailureClass::Transient),
+                )
+            }),
+            Faults::default(),
+        )
+        .await;
+        log.wait_for(Duration::from_secs(10), |s| s.len() == 3)
+            .await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(log.all().len(), 3, "delivered while the breaker was open");
+        assert_eq!(
+            b.depth(&queue),
+            7,
+            "the broker keeps what lazaret does not take"
+        );
+        g.stop().await.unwrap();
+    }
+}
