@@ -164,7 +164,8 @@ pub trait Store: Send + Sync + 'static {
     /// Holds a broker message's retry or deferral until `due_at` (replacing
     /// the one held for the same source and message id). The caller
     /// acknowledges the broker message only after this returns.
-    fn park_message(&self, p: ParkedMessage) -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn park_message(&self, p: ParkedMessage)
+    -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Drops a held retry (it succeeded); whether one was held.
     fn unpark_message(

@@ -333,7 +333,8 @@ impl Store for SqliteStore {
         now: Timestamp,
         limit: u32,
     ) -> Result<Vec<crate::ParkedMessage>, StoreError> {
-        self.read(move |c| sources::due(c, &source, now, limit)).await
+        self.read(move |c| sources::due(c, &source, now, limit))
+            .await
     }
 
     async fn next_message_due(&self, source: String) -> Result<Option<Timestamp>, StoreError> {
@@ -345,7 +346,8 @@ impl Store for SqliteStore {
         source: String,
         message_id: String,
     ) -> Result<crate::Held, StoreError> {
-        self.read(move |c| sources::held(c, &source, &message_id)).await
+        self.read(move |c| sources::held(c, &source, &message_id))
+            .await
     }
 
     async fn tokens(&self) -> Result<Vec<crate::ApiToken>, StoreError> {

@@ -22,15 +22,10 @@ fn json(v: &impl serde::Serialize) -> Result<String, StoreError> {
 
 /// Writes the dead letter unless this (source, message id) is there
 /// already, and drops the message's parked retry in the same transaction.
-pub(super) fn quarantine(
-    c: &Connection,
-    dl: &SourceDeadLetter,
-) -> Result<Quarantined, StoreError> {
+pub(super) fn quarantine(c: &Connection, dl: &SourceDeadLetter) -> Result<Quarantined, StoreError> {
     let src = &dl.source;
     let existing: Option<i64> = db(c
-        .prepare_cached(
-            "SELECT id FROM dead_letters WHERE source_name = ?1 AND message_id = ?2",
-        )?
+        .prepare_cached("SELECT id FROM dead_letters WHERE source_name = ?1 AND message_id = ?2")?
         .query_row(params![src.name, src.message_id], |r| r.get(0))
         .optional())?;
     unpark(c, &src.name, &src.message_id)?;
@@ -113,17 +108,16 @@ pub(super) fn due(
         "SELECT due_at, ref, envelope, body FROM source_parked
          WHERE source = ?1 AND due_at <= ?2 ORDER BY due_at LIMIT +?3",
     ))?;
-    let rows = db(stmt.query_map(
-        params![source, now.as_millis(), i64::from(limit)],
-        |r| {
+    let rows = db(
+        stmt.query_map(params![source, now.as_millis(), i64::from(limit)], |r| {
             Ok((
                 r.get::<_, i64>(0)?,
                 r.get::<_, String>(1)?,
                 r.get::<_, String>(2)?,
                 r.get::<_, Vec<u8>>(3)?,
             ))
-        },
-    ))?;
+        }),
+    )?;
     let mut out = Vec::new();
     for row in rows {
         let (due_at, src, env, body) = db(row)?;

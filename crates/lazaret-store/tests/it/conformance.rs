@@ -24,6 +24,7 @@ pub mod lease;
 pub mod lifecycle;
 pub mod outcomes;
 pub mod redrive;
+pub mod sources;
 pub mod stats;
 pub mod tokens;
 
@@ -89,6 +90,11 @@ macro_rules! conformance_suite {
                 redrive_keeps_id_key_and_history_with_a_fresh_budget,
                 redrive_skips_admission_records,
                 purge_removes_the_dead_letter_and_its_job,
+            ],
+            sources: [
+                a_broker_message_is_quarantined_once_with_its_source_and_payload,
+                held_retries_come_due_in_order_and_are_replaced_or_dropped,
+                held_retries_and_broker_dead_letters_survive_a_restart,
             ],
             audit: [audit_entries_are_listed_newest_first],
             stats: [

@@ -119,8 +119,9 @@ async fn a_failing_command_changes_nothing_and_the_store_goes_on() {
 }
 
 /// A version-1 database (every envelope whole, a running attempt inside it,
-/// tokens from the old clock-derived counter) opens as version 2 and reads,
-/// acks and leases on as if it had been written by this build.
+/// tokens from the old clock-derived counter) opens as the current version and
+/// reads, acks and leases on as if it had been written by this build, and takes
+/// broker dead letters and held retries (version 4).
 #[tokio::test]
 async fn migrates_a_version_1_database_in_place() {
     use crate::conformance::{at, complete, job_view, lease_one, lease_req, new_job};
@@ -238,5 +239,52 @@ async fn migrates_a_version_1_database_in_place() {
     );
     let fresh = crate::conformance::enqueue_one(&s, new_job("resize", "acme", "default")).await;
     assert_eq!(fresh, JobId(11));
+
+    // Version 4's broker dead letters and held retries work on the migrated file.
+    let msg = lazaret_store::SourceRef {
+        name: "orders".into(),
+        broker: "redis".into(),
+        queue: "orders".into(),
+        message_id: "m-1".into(),
+        headers: serde_json::Map::new(),
+        position: serde_json::json!({"entry_id": "1-0"}),
+        content_type: None,
+    };
+    let parked = lazaret_store::ParkedMessage {
+        source: msg.clone(),
+        due_at: at(9),
+        envelope: env(0, "orders"),
+        body: b"x".to_vec(),
+    };
+    s.park_message(parked.clone()).await.unwrap();
+    assert_eq!(
+        s.due_messages("orders".into(), at(9), 5).await.unwrap(),
+        vec![parked]
+    );
+    let q = s
+        .quarantine_message(lazaret_store::SourceDeadLetter {
+            source: msg.clone(),
+            job_type: Some("orders".into()),
+            tenant: None,
+            lane: None,
+            reason: lazaret_core::DeadLetterReason::Rejected,
+            stage: lazaret_store::Stage::Broker,
+            attempts: 1,
+            error: None,
+            envelope: None,
+            idempotency_key: None,
+            created_at: at(9),
+            now: at(9),
+            payload: b"x".to_vec(),
+        })
+        .await
+        .unwrap();
+    assert!(q.created);
+    assert!(
+        s.due_messages("orders".into(), at(9), 5)
+            .await
+            .unwrap()
+            .is_empty()
+    );
     s.close().await.unwrap();
 }

@@ -1,0 +1,275 @@
+//! Broker messages: their dead letters are unique per (source, message id)
+//! and carry the source, payload and history; their held retries come due
+//! in order, are replaced, dropped, and dropped with their quarantine; all
+//! of it survives a restart.
+
+use std::path::Path;
+
+use lazaret_core::{
+    DeadLetterReason, Envelope, Failure, FailureClass, JobId, Timestamp, grant_lease,
+};
+use lazaret_store::{
+    DeadLetterFilter, Held, ParkedMessage, Selector, SourceDeadLetter, SourceRef, Stage, Store,
+};
+use serde_json::json;
+
+use super::at;
+
+fn source(name: &str, id: &str) -> SourceRef {
+    SourceRef {
+        name: name.into(),
+        broker: "rabbitmq".into(),
+        queue: "orders".into(),
+        message_id: id.into(),
+        headers: json!({"x-app": "shop", "bin": {"base64": "/wA="}})
+            .as_object()
+            .cloned()
+            .unwrap_or_default(),
+        position: json!({"exchange": "", "routing_key": "orders"}),
+        content_type: Some("application/json".into()),
+    }
+}
+
+fn envelope(ms: i64, attempts: u32) -> Envelope {
+    let mut env = Envelope::new(
+        JobId(0),
+        "orders".into(),
+        "acme".into(),
+        "default".into(),
+        b"{\"order\": 1}",
+        at(ms),
+    );
+    for _ in 0..attempts {
+        grant_lease(&mut env, None, at(ms));
+    }
+    env
+}
+
+fn quarantined(name: &str, id: &str, stage: Stage, ms: i64) -> SourceDeadLetter {
+    SourceDeadLetter {
+        source: source(name, id),
+        job_type: Some("orders".into()),
+        tenant: Some("acme".into()),
+        lane: Some("default".into()),
+        reason: if stage == Stage::Broker {
+            DeadLetterReason::DeliveryLimit
+        } else {
+            DeadLetterReason::Exhausted
+        },
+        stage,
+        attempts: 2,
+        error: Some(Failure::new("http_503", "down").with_class(FailureClass::Transient)),
+        envelope: Some(envelope(ms, 2)),
+        idempotency_key: Some(format!("{name}:{id}")),
+        created_at: at(ms),
+        now: at(ms + 5),
+        payload: b"\xff binary \x00 body".to_vec(),
+    }
+}
+
+fn parked(name: &str, id: &str, due: Timestamp) -> ParkedMessage {
+    ParkedMessage {
+        source: source(name, id),
+        due_at: due,
+        envelope: envelope(0, 1),
+        body: b"{\"order\": 1}".to_vec(),
+    }
+}
+
+pub async fn a_broker_message_is_quarantined_once_with_its_source_and_payload<S: Store>(
+    dir: &Path,
+    open: impl Fn(&Path) -> S,
+) {
+    let s = open(dir);
+    let first = s
+        .quarantine_message(quarantined("orders-src", "m-1", Stage::Processing, 0))
+        .await
+        .expect("quarantine");
+    assert!(first.created);
+    let again = s
+        .quarantine_message(quarantined("orders-src", "m-1", Stage::Processing, 100))
+        .await
+        .expect("quarantine again");
+    assert_eq!((again.id, again.created), (first.id, false));
+    // The same id from another source is another message.
+    let other = s
+        .quarantine_message(quarantined("other-src", "m-1", Stage::Broker, 0))
+        .await
+        .expect("quarantine");
+    assert!(other.created);
+    assert_ne!(other.id, first.id);
+
+    let dl = s
+        .dead_letter(first.id)
+        .await
+        .unwrap()
+        .expect("the dead letter");
+    assert_eq!(dl.job_id, None);
+    assert_eq!(dl.stage, Stage::Processing);
+    assert_eq!(dl.reason, DeadLetterReason::Exhausted);
+    assert_eq!(dl.attempts, 2);
+    assert_eq!(dl.history.len(), 2, "the envelope's history is kept");
+    assert_eq!(dl.source, Some(source("orders-src", "m-1")));
+    assert_eq!(dl.payload_size, 15);
+    assert_eq!(
+        s.dead_letter_payload(first.id).await.unwrap(),
+        Some(Some(b"\xff binary \x00 body".to_vec()))
+    );
+    assert_eq!(
+        s.message_held("orders-src".into(), "m-1".into())
+            .await
+            .unwrap(),
+        Held::Quarantined(first.id)
+    );
+    assert_eq!(
+        s.message_held("orders-src".into(), "m-2".into())
+            .await
+            .unwrap(),
+        Held::Nothing
+    );
+
+    let by = |f: DeadLetterFilter| async { s.dead_letters(f, 10, None).await.unwrap().0 };
+    let of_source = by(DeadLetterFilter {
+        source: Some("other-src".into()),
+        ..DeadLetterFilter::default()
+    })
+    .await;
+    assert_eq!(
+        of_source.iter().map(|d| d.id).collect::<Vec<_>>(),
+        vec![other.id]
+    );
+    let broker_stage = by(DeadLetterFilter {
+        stage: Some("broker".into()),
+        ..DeadLetterFilter::default()
+    })
+    .await;
+    assert_eq!(
+        broker_stage.iter().map(|d| d.id).collect::<Vec<_>>(),
+        vec![other.id]
+    );
+    assert_eq!(
+        s.match_dead_letters(Selector::Filter(DeadLetterFilter {
+            source: Some("orders-src".into()),
+            ..DeadLetterFilter::default()
+        }))
+        .await
+        .unwrap(),
+        vec![(first.id, Stage::Processing)]
+    );
+    assert_eq!(
+        s.match_dead_letters(Selector::Ids(vec![other.id]))
+            .await
+            .unwrap(),
+        vec![(other.id, Stage::Broker)]
+    );
+    // Purged, the same message may be quarantined anew (after a redrive).
+    assert_eq!(s.purge(vec![first.id]).await.unwrap(), 1);
+    let anew = s
+        .quarantine_message(quarantined("orders-src", "m-1", Stage::Processing, 200))
+        .await
+        .unwrap();
+    assert!(anew.created);
+}
+
+pub async fn held_retries_come_due_in_order_and_are_replaced_or_dropped<S: Store>(
+    dir: &Path,
+    open: impl Fn(&Path) -> S,
+) {
+    let s = open(dir);
+    s.park_message(parked("src", "late", at(3_000)))
+        .await
+        .unwrap();
+    s.park_message(parked("src", "early", at(1_000)))
+        .await
+        .unwrap();
+    s.park_message(parked("other", "x", at(0))).await.unwrap();
+    assert_eq!(
+        s.message_held("src".into(), "early".into()).await.unwrap(),
+        Held::Parked
+    );
+    assert!(
+        s.due_messages("src".into(), at(999), 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let due = s.due_messages("src".into(), at(5_000), 10).await.unwrap();
+    assert_eq!(
+        due.iter()
+            .map(|p| p.source.message_id.as_str())
+            .collect::<Vec<_>>(),
+        vec!["early", "late"]
+    );
+    assert_eq!(
+        due[0],
+        parked("src", "early", at(1_000)),
+        "read back as written"
+    );
+    assert_eq!(
+        s.due_messages("src".into(), at(5_000), 1)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    assert_eq!(
+        s.next_message_due("src".into()).await.unwrap(),
+        Some(at(1_000))
+    );
+
+    // Parked again (the next retry): replaced, not added.
+    let mut again = parked("src", "early", at(9_000));
+    again.envelope = envelope(0, 2);
+    s.park_message(again.clone()).await.unwrap();
+    let due = s.due_messages("src".into(), at(10_000), 10).await.unwrap();
+    assert_eq!(due.len(), 2);
+    assert_eq!(due[1], again);
+
+    assert!(s.unpark_message("src".into(), "late".into()).await.unwrap());
+    assert!(!s.unpark_message("src".into(), "late".into()).await.unwrap());
+    // Quarantining a held message drops its retry in the same call.
+    s.quarantine_message(quarantined("src", "early", Stage::Processing, 0))
+        .await
+        .unwrap();
+    assert!(
+        s.due_messages("src".into(), at(10_000), 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(s.next_message_due("src".into()).await.unwrap(), None);
+    assert_eq!(
+        s.due_messages("other".into(), at(0), 10)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+}
+
+pub async fn held_retries_and_broker_dead_letters_survive_a_restart<S: Store>(
+    dir: &Path,
+    open: impl Fn(&Path) -> S,
+) {
+    let s = open(dir);
+    s.park_message(parked("src", "p", at(1_000))).await.unwrap();
+    let q = s
+        .quarantine_message(quarantined("src", "q", Stage::Broker, 0))
+        .await
+        .unwrap();
+    s.close().await.unwrap();
+    drop(s);
+    let s = open(dir);
+    assert_eq!(
+        s.due_messages("src".into(), at(1_000), 10).await.unwrap(),
+        vec![parked("src", "p", at(1_000))]
+    );
+    assert_eq!(
+        s.message_held("src".into(), "q".into()).await.unwrap(),
+        Held::Quarantined(q.id)
+    );
+    assert_eq!(
+        s.dead_letter(q.id).await.unwrap().and_then(|d| d.source),
+        Some(source("src", "q"))
+    );
+}
