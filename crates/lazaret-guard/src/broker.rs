@@ -18,7 +18,9 @@ use crate::watch::TakenIn;
 #[non_exhaustive]
 pub enum BrokerError {
     /// Connecting, or the connection was lost.
-    #[error("cannot reach the {broker} broker at {url}: {why}; check that it runs and that the source's url is right")]
+    #[error(
+        "cannot reach the {broker} broker at {url}: {why}; check that it runs and that the source's url is right"
+    )]
     Connect {
         /// `rabbitmq`, `nats`, `redis`.
         broker: &'static str,
@@ -39,7 +41,9 @@ pub enum BrokerError {
     },
     /// A publish was not confirmed (nacked, returned unroutable, or no
     /// confirmation came).
-    #[error("{broker}: the publish to {queue} was not confirmed: {why}; nothing was removed from the dead letters")]
+    #[error(
+        "{broker}: the publish to {queue} was not confirmed: {why}; nothing was removed from the dead letters"
+    )]
     NotConfirmed {
         /// `rabbitmq`, `nats`, `redis`.
         broker: &'static str,
@@ -49,7 +53,9 @@ pub enum BrokerError {
         why: String,
     },
     /// This build has no adapter for the broker.
-    #[error("this lazaret was built without the {0} adapter; build it with the cargo feature \"{0}\" (on by default)")]
+    #[error(
+        "this lazaret was built without the {0} adapter; build it with the cargo feature \"{0}\" (on by default)"
+    )]
     NotBuilt(&'static str),
     /// The source's configuration does not fit the broker.
     #[error("{0}")]

@@ -269,7 +269,10 @@ mod tests {
             retry.map(Duration::from_secs),
             b"",
         );
-        (f.class.unwrap_or(FailureClass::Transient), f.kind.to_string())
+        (
+            f.class.unwrap_or(FailureClass::Transient),
+            f.kind.to_string(),
+        )
     }
 
     #[test]

@@ -6,7 +6,9 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use lazaret_core::{Breakers, FailureClass, JobType, Lane, Policies, Timestamp, Transition, TypePolicy};
+use lazaret_core::{
+    Breakers, FailureClass, JobType, Lane, Policies, Timestamp, Transition, TypePolicy,
+};
 use lazaret_store::{Completed, SourceDeadLetter, Store};
 
 /// A source's window on the rest of lazaret.

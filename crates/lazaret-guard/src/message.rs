@@ -47,8 +47,8 @@ pub struct Delivery {
     pub redelivered: bool,
     /// The queue, stream or topic it was consumed from.
     pub queue: String,
-    /// The broker's coordinates (`{"stream_seq": 42}`, `{"entry_id": …}`,
-    /// `{"delivery_tag": 7}`).
+    /// The broker's coordinates (`{"stream_seq": 42, "subject": …}`,
+    /// `{"entry_id": …}`, `{"exchange": …, "routing_key": …}`).
     pub position: Value,
 }
 
@@ -149,10 +149,12 @@ pub fn header_text(v: &Value) -> Option<String> {
 /// Whether a header is the broker's own (dropped on republish).
 pub fn is_broker_own(name: &str) -> bool {
     let name = name.to_ascii_lowercase();
-    BROKER_OWN_HEADERS.iter().any(|p| match p.strip_suffix('*') {
-        Some(prefix) => name.starts_with(prefix),
-        None => name == *p,
-    })
+    BROKER_OWN_HEADERS
+        .iter()
+        .any(|p| match p.strip_suffix('*') {
+            Some(prefix) => name.starts_with(prefix),
+            None => name == *p,
+        })
 }
 
 /// The headers a republish carries: the original ones minus the broker's
@@ -244,9 +246,6 @@ mod tests {
             content_id(b"body", a.as_object().unwrap_or(&empty)),
             content_id(b"body", b.as_object().unwrap_or(&empty))
         );
-        assert_ne!(
-            content_id(b"body", &empty),
-            content_id(b"other", &empty)
-        );
+        assert_ne!(content_id(b"body", &empty), content_id(b"other", &empty));
     }
 }

@@ -36,7 +36,9 @@ pub enum RedriveError {
     #[error("dead letter {0} is not a broker message")]
     NotASource(u64),
     /// No running source has that name (it was removed from the config).
-    #[error("dead letter {id} came from source {name:?}, which this server does not run; add it back to [[sources]] to redrive it")]
+    #[error(
+        "dead letter {id} came from source {name:?}, which this server does not run; add it back to [[sources]] to redrive it"
+    )]
     UnknownSource {
         /// The dead letter.
         id: u64,
@@ -68,7 +70,10 @@ impl SourceSet {
     /// original, or an operator's correction) and waits for the broker's
     /// confirmation; returns the message id it was sent with.
     pub async fn redrive(&self, dl: &DeadLetter, payload: Vec<u8>) -> Result<String, RedriveError> {
-        let src = dl.source.as_ref().ok_or(RedriveError::NotASource(dl.id.0))?;
+        let src = dl
+            .source
+            .as_ref()
+            .ok_or(RedriveError::NotASource(dl.id.0))?;
         let (spec, broker) =
             self.sources
                 .get(&src.name)

@@ -150,7 +150,12 @@ impl<H: Host> Watch<H> {
     }
 
     /// Files a broker's dead letter.
-    pub fn dead_letter(&self, delivery: Delivery, taken: TakenIn, at: Timestamp) -> SourceDeadLetter {
+    pub fn dead_letter(
+        &self,
+        delivery: Delivery,
+        taken: TakenIn,
+        at: Timestamp,
+    ) -> SourceDeadLetter {
         let msg = taken.original.unwrap_or(delivery);
         let celery = celery::Task::recognise(&msg.headers);
         let tenant = match &self.spec.tenant {
@@ -161,14 +166,19 @@ impl<H: Host> Watch<H> {
             .original_queue
             .or_else(|| self.spec.redrive_to.clone())
             .unwrap_or_else(|| msg.queue.clone());
-        let error = taken.error.or_else(|| {
-            celery.as_ref().map(|t| {
-                Failure::new(
-                    "celery_task",
-                    format!("the broker dead-lettered Celery task {} ({})", t.name, t.id),
-                )
-            })
-        });
+        // A Celery task's dead letter names the task beside the broker's reason.
+        let error = match (taken.error, celery.as_ref()) {
+            (Some(mut e), Some(t)) => {
+                e.message = format!("Celery task {} ({}): {}", t.name, t.id, e.message);
+                Some(e)
+            }
+            (Some(e), None) => Some(e),
+            (None, Some(t)) => Some(Failure::new(
+                "celery_task",
+                format!("the broker dead-lettered Celery task {} ({})", t.name, t.id),
+            )),
+            (None, None) => None,
+        };
         SourceDeadLetter {
             source: SourceRef {
                 name: self.spec.name.clone(),
@@ -191,11 +201,10 @@ impl<H: Host> Watch<H> {
             attempts: taken.attempts,
             error,
             envelope: None,
-            idempotency_key: Some(
-                celery
-                    .as_ref()
-                    .map_or_else(|| format!("{}:{}", self.spec.name, msg.message_id), |t| t.id.clone()),
-            ),
+            idempotency_key: Some(celery.as_ref().map_or_else(
+                || format!("{}:{}", self.spec.name, msg.message_id),
+                |t| t.id.clone(),
+            )),
             created_at: taken.first_at.unwrap_or(at),
             now: at,
             payload: msg.body,

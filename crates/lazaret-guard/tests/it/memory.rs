@@ -305,20 +305,15 @@ impl TestBroker for Memory {
         }
     }
 
-    fn connect<'a>(
-        &'a self,
-        spec: &'a SourceSpec,
-    ) -> impl Future<Output = Arc<dyn Broker>> + Send + 'a {
-        async move {
-            let id = self.seq();
-            Arc::new(MemBroker {
-                conn: Arc::new(Conn {
-                    broker: self.clone(),
-                    id,
-                    spec: spec.clone(),
-                }),
-            }) as Arc<dyn Broker>
-        }
+    async fn connect(&self, spec: &SourceSpec) -> Arc<dyn Broker> {
+        let id = self.seq();
+        Arc::new(MemBroker {
+            conn: Arc::new(Conn {
+                broker: self.clone(),
+                id,
+                spec: spec.clone(),
+            }),
+        })
     }
 }
 

@@ -1,1 +1,742 @@
-//! rabbitmq tests (being written).
+//! RabbitMQ against a real broker (`LAZARET_TEST_AMQP_URL`, e.g.
+//! `amqp://guest:guest@127.0.0.1:5672/%2f`): the shared scenarios, and what
+//! only RabbitMQ has — how a delivery's properties and headers map, a quorum
+//! queue's `x-delivery-count` as the attempt floor, `x-death` read by a
+//! watch source, publisher confirms refusing an unroutable redrive, and a
+//! connection that dies under a running guard.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lapin::options::{
+    BasicGetOptions, BasicNackOptions, BasicPublishOptions, BasicRejectOptions,
+    ConfirmSelectOptions, QueueDeclareOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, LongString};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use lazaret_core::{DeadLetterReason, Failure, FailureClass};
+use lazaret_guard::message::header_text;
+use lazaret_guard::rabbitmq::{json_to_table, table_to_json};
+use lazaret_guard::{
+    BrokerError, BrokerKind, Delivery, Faults, Host, Mode, Outcome, OwnedCall, Republish, Settled,
+    SourceSet, SourceSpec, handler_fn,
+};
+use lazaret_store::Stage;
+use serde_json::{Map, Value, json};
+
+use crate::common::{self, TestBroker, dead_letters_of, headers, host, policies, unique};
+
+/// How long any one wait here may take before the test fails.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// A RabbitMQ the tests produce to and read from directly, as the team's
+/// own producers and consumers would.
+pub struct Rabbit {
+    url: String,
+    conn: Connection,
+}
+
+/// The broker of `LAZARET_TEST_AMQP_URL`, or `None` (the test is skipped).
+pub async fn rabbit_or_skip() -> Option<Rabbit> {
+    let url = common::service("LAZARET_TEST_AMQP_URL")?;
+    let conn = Connection::connect(&url, props())
+        .await
+        .unwrap_or_else(|e| panic!("connect to RabbitMQ at {url}: {e}"));
+    Some(Rabbit { url, conn })
+}
+
+fn props() -> ConnectionProperties {
+    ConnectionProperties::default()
+        .with_executor(tokio_executor_trait::Tokio::current())
+        .with_reactor(tokio_reactor_trait::Tokio::current())
+}
+
+fn quorum() -> FieldTable {
+    let mut args = FieldTable::default();
+    args.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".into()),
+    );
+    args
+}
+
+fn durable() -> QueueDeclareOptions {
+    QueueDeclareOptions {
+        durable: true,
+        ..QueueDeclareOptions::default()
+    }
+}
+
+impl Rabbit {
+    async fn channel(&self) -> Channel {
+        self.conn.create_channel().await.expect("open a channel")
+    }
+
+    /// Publishes with confirms, as a careful producer does.
+    async fn publish(&self, queue: &str, props: BasicProperties, body: &[u8]) {
+        let ch = self.channel().await;
+        ch.confirm_select(ConfirmSelectOptions::default())
+            .await
+            .expect("confirm mode");
+        let confirm = ch
+            .basic_publish(
+                "",
+                queue,
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..BasicPublishOptions::default()
+                },
+                body,
+                props,
+            )
+            .await
+            .expect("publish")
+            .await
+            .expect("confirmation");
+        assert_eq!(
+            confirm,
+            lapin::publisher_confirm::Confirmation::Ack(None),
+            "published to {queue}"
+        );
+    }
+
+    /// Takes one message with `basic.get`, polling until `wait` ends.
+    async fn get(
+        &self,
+        queue: &str,
+        no_ack: bool,
+        wait: Duration,
+    ) -> Option<(Channel, lapin::message::Delivery)> {
+        let ch = self.channel().await;
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            if let Some(m) = ch
+                .basic_get(queue, BasicGetOptions { no_ack })
+                .await
+                .expect("basic.get")
+            {
+                return Some((ch, m.delivery));
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The number of messages ready in `queue`.
+    async fn ready(&self, queue: &str) -> u32 {
+        self.channel()
+            .await
+            .queue_declare(
+                queue,
+                QueueDeclareOptions {
+                    passive: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .expect("the queue exists")
+            .message_count()
+    }
+}
+
+impl TestBroker for Rabbit {
+    async fn fresh_queue(&self, prefix: &str) -> String {
+        let queue = unique(prefix);
+        self.channel()
+            .await
+            .queue_declare(&queue, durable(), quorum())
+            .await
+            .expect("declare a quorum queue");
+        queue
+    }
+
+    fn spec(&self, name: &str, queue: &str, mode: Mode) -> SourceSpec {
+        let mut spec = SourceSpec::guard(
+            name,
+            BrokerKind::RabbitMq,
+            self.url.clone(),
+            queue,
+            "orders",
+        );
+        spec.mode = mode;
+        spec.delivery_timeout = Duration::from_secs(5);
+        spec
+    }
+
+    async fn produce(
+        &self,
+        queue: &str,
+        message_id: &str,
+        body: &[u8],
+        headers: Map<String, Value>,
+    ) {
+        let props = BasicProperties::default()
+            .with_message_id(message_id.into())
+            .with_delivery_mode(2)
+            .with_headers(json_to_table(&headers));
+        self.publish(queue, props, body).await;
+    }
+
+    async fn broker_dead_letter(
+        &self,
+        prefix: &str,
+        message_id: &str,
+        body: &[u8],
+    ) -> (String, String) {
+        let dlq = unique(&format!("{prefix}-dlq"));
+        let original = unique(prefix);
+        let ch = self.channel().await;
+        ch.queue_declare(&dlq, durable(), quorum())
+            .await
+            .expect("declare the dead-letter queue");
+        let mut args = quorum();
+        args.insert(
+            "x-dead-letter-exchange".into(),
+            AMQPValue::LongString("".into()),
+        );
+        args.insert(
+            "x-dead-letter-routing-key".into(),
+            AMQPValue::LongString(dlq.as_str().into()),
+        );
+        ch.queue_declare(&original, durable(), args)
+            .await
+            .expect("declare the original queue");
+        self.produce(
+            &original,
+            message_id,
+            body,
+            headers(json!({"x-app": "shop"})),
+        )
+        .await;
+        let (_ch, d) = self
+            .get(&original, false, PATIENCE)
+            .await
+            .expect("the message is on the original queue");
+        // The team's consumer rejects it: RabbitMQ dead-letters it with x-death.
+        assert!(
+            d.acker
+                .reject(BasicRejectOptions { requeue: false })
+                .await
+                .expect("basic.reject")
+        );
+        (dlq, original)
+    }
+
+    fn broker_reason(&self) -> DeadLetterReason {
+        DeadLetterReason::Rejected
+    }
+
+    async fn take_one(&self, queue: &str, wait: Duration) -> Option<(Vec<u8>, Map<String, Value>)> {
+        let (_ch, d) = self.get(queue, true, wait).await?;
+        let h = d
+            .properties
+            .headers()
+            .as_ref()
+            .map(table_to_json)
+            .unwrap_or_default();
+        Some((d.data, h))
+    }
+}
+
+/// What a handler saw: the delivery as the gates hand it over, the attempt.
+#[derive(Clone, Default)]
+struct Calls(Arc<Mutex<Vec<OwnedCall>>>);
+
+impl Calls {
+    fn handler(&self, answer: fn(&OwnedCall) -> Outcome) -> Arc<dyn lazaret_guard::Handler> {
+        let calls = self.clone();
+        Arc::new(handler_fn(move |call: OwnedCall| {
+            let out = answer(&call);
+            calls.0.lock().unwrap().push(call);
+            async move { out }
+        }))
+    }
+
+    async fn wait(&self, n: usize) -> Vec<OwnedCall> {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            let seen = self.0.lock().unwrap().clone();
+            if seen.len() >= n {
+                return seen;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{n} calls not seen: {seen:#?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn of(&self, id: &str) -> Delivery {
+        let seen = self.0.lock().unwrap();
+        seen.iter()
+            .find(|c| c.delivery.message_id == id)
+            .map(|c| c.delivery.clone())
+            .unwrap_or_else(|| panic!("{id} not delivered: {seen:#?}"))
+    }
+}
+
+/// (message id, how it was settled), in order.
+type SettledLog = Arc<Mutex<Vec<(String, Settled)>>>;
+
+/// A hook recording how each message was settled.
+fn settled() -> (Faults, SettledLog) {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let l = Arc::clone(&log);
+    let faults = Faults {
+        settled: Some(Arc::new(move |d, how| {
+            l.lock().unwrap().push((d.message_id.clone(), how))
+        })),
+        ..Faults::default()
+    };
+    (faults, log)
+}
+
+async fn wait_settled(log: &Mutex<Vec<(String, Settled)>>, id: &str, how: Settled) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !log
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|(i, h)| i == id && *h == how)
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{id} not {how:?}: {:?}",
+            log.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delivery_carries_its_id_headers_and_content_type() {
+    let Some(b) = rabbit_or_skip().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let queue = b.fresh_queue("mapping").await;
+    let name = unique("mapping");
+    let host = host(
+        dir.path(),
+        policies("orders", 3, Duration::from_millis(100)),
+    );
+
+    // The message_id property, with headers of every shape.
+    let mut h = json_to_table(&headers(json!({
+        "x-app": "shop", "n": 3, "ok": true, "ratio": 0.5,
+        "nested": {"list": [1, "two", {"three": 3}]}
+    })));
+    h.insert(
+        "raw".into(),
+        AMQPValue::LongString(LongString::from(vec![0xffu8, 0x00])),
+    );
+    h.insert("at".into(), AMQPValue::Timestamp(1_700_000_000));
+    let props = BasicProperties::default()
+        .with_message_id("m-props".into())
+        .with_content_type("application/json".into())
+        .with_headers(h);
+    b.publish(&queue, props, b"{\"a\": 1}").await;
+    // No message_id: a Celery task's id header.
+    let celery = json_to_table(&headers(
+        json!({"task": "tasks.add", "id": "celery-7", "retries": 0}),
+    ));
+    b.publish(
+        &queue,
+        BasicProperties::default().with_headers(celery),
+        b"[[1, 2], {}, {}]",
+    )
+    .await;
+    // Neither: a hash of the body and the headers that are not x- ones.
+    b.publish(&queue, BasicProperties::default(), b"anonymous")
+        .await;
+
+    let calls = Calls::default();
+    let spec = b.spec(&name, &queue, Mode::Guard);
+    let g = common::start_guard(
+        &b,
+        spec,
+        host,
+        calls.handler(|_| Outcome::Success),
+        Faults::default(),
+    )
+    .await;
+    let seen = calls.wait(3).await;
+    assert!(seen.iter().all(|c| c.attempt == 1), "{seen:#?}");
+
+    let d = calls.of("m-props");
+    assert_eq!(d.body, b"{\"a\": 1}");
+    assert_eq!(d.content_type.as_deref(), Some("application/json"));
+    assert_eq!(
+        Value::Object(d.headers.clone()),
+        json!({
+            "x-app": "shop", "n": 3, "ok": true, "ratio": 0.5,
+            "nested": {"list": [1, "two", {"three": 3}]},
+            "raw": {"base64": "/wA="}, "at": 1_700_000_000
+        })
+    );
+    assert_eq!(d.broker_prior, 0);
+    assert!(!d.redelivered);
+    assert_eq!(d.queue, queue);
+    assert_eq!(d.position, json!({"exchange": "", "routing_key": queue}));
+
+    assert_eq!(calls.of("celery-7").body, b"[[1, 2], {}, {}]");
+    let anon = seen
+        .iter()
+        .find(|c| c.delivery.body == b"anonymous")
+        .expect("the anonymous message");
+    assert!(anon.delivery.message_id.starts_with("sha256:"), "{anon:#?}");
+    assert_eq!(anon.delivery.content_type, None);
+    g.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permanent_failure_is_one_dead_letter_and_leaves_the_queue() {
+    let Some(b) = rabbit_or_skip().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let queue = b.fresh_queue("permanent").await;
+    let name = unique("permanent");
+    let host = host(
+        dir.path(),
+        policies("orders", 3, Duration::from_millis(100)),
+    );
+    b.produce(
+        &queue,
+        "m-p",
+        b"{\"customer\": 9}",
+        headers(json!({"x-app": "shop", "trace": "t-9"})),
+    )
+    .await;
+    let calls = Calls::default();
+    let (faults, log) = settled();
+    let g = common::start_guard(
+        &b,
+        b.spec(&name, &queue, Mode::Guard),
+        Arc::clone(&host),
+        calls.handler(|_| {
+            Outcome::Failure(
+                Failure::new("http_422", "no such customer").with_class(FailureClass::Permanent),
+            )
+        }),
+        faults,
+    )
+    .await;
+    wait_settled(&log, "m-p", Settled::Quarantined).await;
+    g.stop().await.unwrap();
+
+    let dls = dead_letters_of(host.store(), &name).await;
+    assert_eq!(dls.len(), 1, "{dls:#?}");
+    let dl = &dls[0];
+    assert_eq!(dl.reason, DeadLetterReason::Permanent);
+    assert_eq!(dl.stage, Stage::Processing);
+    assert_eq!(dl.attempts, 1);
+    let src = dl.source.as_ref().expect("the source");
+    assert_eq!(src.name, name);
+    assert_eq!(src.broker, "rabbitmq");
+    assert_eq!(src.queue, queue);
+    assert_eq!(src.message_id, "m-p");
+    assert_eq!(
+        Value::Object(src.headers.clone()),
+        json!({"x-app": "shop", "trace": "t-9"})
+    );
+    assert_eq!(src.position, json!({"exchange": "", "routing_key": queue}));
+    // Acknowledged: with the guard's connection closed nothing came back.
+    assert_eq!(b.ready(&queue).await, 0);
+    assert_eq!(calls.wait(1).await.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_another_consumer_gave_back_arrives_as_attempt_2() {
+    let Some(b) = rabbit_or_skip().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let queue = b.fresh_queue("given-back").await;
+    let name = unique("given-back");
+    let host = host(
+        dir.path(),
+        policies("orders", 3, Duration::from_millis(100)),
+    );
+    b.produce(&queue, "m-g", b"{}", headers(json!({}))).await;
+    {
+        // A plain consumer takes it and hands it back (as one that died would).
+        let (_ch, d) = b.get(&queue, false, PATIENCE).await.expect("the message");
+        assert!(
+            d.acker
+                .nack(BasicNackOptions {
+                    multiple: false,
+                    requeue: true
+                })
+                .await
+                .expect("basic.nack")
+        );
+    }
+    let calls = Calls::default();
+    let g = common::start_guard(
+        &b,
+        b.spec(&name, &queue, Mode::Guard),
+        host,
+        calls.handler(|_| Outcome::Success),
+        Faults::default(),
+    )
+    .await;
+    let seen = calls.wait(1).await;
+    assert_eq!(
+        seen[0].attempt, 2,
+        "the quorum queue's x-delivery-count is the floor"
+    );
+    let d = &seen[0].delivery;
+    assert_eq!(d.broker_prior, 1);
+    assert!(d.redelivered);
+    assert_eq!(d.headers.get("x-delivery-count"), Some(&json!(1)));
+    g.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_source_reads_x_death_and_a_redrive_goes_back_persistent() {
+    let Some(b) = rabbit_or_skip().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (dlq, original) = b.broker_dead_letter("xdeath", "m-x", b"{\"x\": 1}").await;
+    let name = unique("xdeath");
+    let host = host(
+        dir.path(),
+        policies("orders", 3, Duration::from_millis(100)),
+    );
+    let spec = b.spec(&name, &dlq, Mode::Watch);
+    let w = common::start_watch(spec.clone(), Arc::clone(&host), Faults::default()).await;
+    let dl = common::wait_dead_letters(host.store(), &name, 1, PATIENCE)
+        .await
+        .remove(0);
+    w.stop().await.unwrap();
+    assert_eq!(b.ready(&dlq).await, 0, "the watch acknowledged it");
+
+    assert_eq!(dl.stage, Stage::Broker);
+    assert_eq!(dl.reason, DeadLetterReason::Rejected);
+    assert_eq!(dl.attempts, 1);
+    let e = dl.error.as_ref().expect("the broker's reason as the error");
+    assert_eq!(e.kind.as_str(), "rejected");
+    assert_eq!(
+        e.message,
+        format!("RabbitMQ dead-lettered it from queue {original} (rejected, once)")
+    );
+    let src = dl.source.as_ref().expect("the source");
+    assert_eq!(src.broker, "rabbitmq");
+    assert_eq!(src.queue, original);
+    assert_eq!(src.message_id, "m-x");
+    assert_eq!(
+        src.position,
+        json!({"exchange": "", "routing_keys": [original]})
+    );
+    assert!(src.headers.contains_key("x-death"), "{:#?}", src.headers);
+    assert!(dl.created_at.as_millis() > 0);
+
+    let mut set = SourceSet::default();
+    set.insert(spec.clone(), b.connect(&spec).await);
+    let sent = set
+        .redrive(&dl, b"{\"x\": 2}".to_vec())
+        .await
+        .expect("confirmed");
+    assert_eq!(sent, "m-x");
+    let (_ch, d) = b
+        .get(&original, true, PATIENCE)
+        .await
+        .expect("the redriven message");
+    assert_eq!(d.data, b"{\"x\": 2}");
+    assert_eq!(
+        d.properties.message_id().as_ref().map(|s| s.as_str()),
+        Some("m-x")
+    );
+    assert_eq!(*d.properties.delivery_mode(), Some(2), "persistent");
+    let h = d
+        .properties
+        .headers()
+        .as_ref()
+        .map(table_to_json)
+        .unwrap_or_default();
+    let text = |k: &str| h.get(k).and_then(header_text);
+    assert_eq!(text("x-lazaret-attempt").as_deref(), Some("0"));
+    assert_eq!(text("x-lazaret-message-id").as_deref(), Some("m-x"));
+    assert_eq!(text("x-app").as_deref(), Some("shop"));
+    assert!(
+        !h.keys()
+            .any(|k| k.starts_with("x-death") || k.starts_with("x-first-death")),
+        "{h:#?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_publish_to_a_missing_queue_is_not_confirmed() {
+    let Some(b) = rabbit_or_skip().await else {
+        return;
+    };
+    let queue = b.fresh_queue("exists").await;
+    let spec = b.spec(&unique("missing"), &queue, Mode::Guard);
+    let broker = b.connect(&spec).await;
+    let missing = unique("no-such-queue");
+    let msg = |queue: &str| Republish {
+        queue: queue.to_owned(),
+        body: b"{}".to_vec(),
+        content_type: Some("application/json".into()),
+        headers: headers(json!({"x-lazaret-attempt": "0", "bin": {"base64": "/wA="}})),
+        message_id: "m-1".into(),
+        dedup_id: "m-1:redrive".into(),
+        position: Value::Null,
+    };
+    match broker.publish(msg(&missing)).await {
+        Err(BrokerError::NotConfirmed { queue, why, .. }) => {
+            assert_eq!(queue, missing);
+            assert!(why.contains("unroutable"), "{why}");
+        }
+        other => panic!("expected NotConfirmed, got {other:?}"),
+    }
+    // The same channel still publishes where the queue exists.
+    broker.publish(msg(&queue)).await.expect("confirmed");
+    let (body, h) = b.take_one(&queue, PATIENCE).await.expect("published");
+    assert_eq!(body, b"{}");
+    assert_eq!(h.get("bin"), Some(&json!({"base64": "/wA="})));
+}
+
+#[tokio::test]
+async fn an_unreachable_broker_is_a_connect_error_without_the_password() {
+    // Port 1 on loopback refuses: no broker needed.
+    let spec = SourceSpec::guard(
+        "nowhere",
+        BrokerKind::RabbitMq,
+        "amqp://guest:s3cret@127.0.0.1:1/%2f",
+        "orders",
+        "orders",
+    );
+    match lazaret_guard::connect(&spec).await {
+        Err(e @ BrokerError::Connect { .. }) => {
+            let text = e.to_string();
+            assert!(text.contains("amqp://guest:***@127.0.0.1:1/%2f"), "{text}");
+            assert!(!text.contains("s3cret"), "{text}");
+        }
+        Err(other) => panic!("expected a connect error, got {other}"),
+        Ok(_) => panic!("connected to port 1"),
+    }
+}
+
+#[tokio::test]
+async fn an_amqps_url_says_this_build_has_no_tls() {
+    let spec = SourceSpec::guard(
+        "tls",
+        BrokerKind::RabbitMq,
+        "amqps://guest:s3cret@127.0.0.1:5671/%2f",
+        "orders",
+        "orders",
+    );
+    match lazaret_guard::connect(&spec).await {
+        Err(e @ BrokerError::Config(_)) => {
+            let text = e.to_string();
+            assert!(text.contains("TLS"), "{text}");
+            assert!(!text.contains("s3cret"), "{text}");
+        }
+        Err(other) => panic!("expected a config error, got {other}"),
+        Ok(_) => panic!("connected without TLS support"),
+    }
+}
+
+/// Closes the connections RabbitMQ knows by this client-given name, with
+/// `rabbitmqctl`; `false` when there is no `rabbitmqctl` to do it with.
+fn close_connections_named(name: &str) -> bool {
+    let Ok(out) = std::process::Command::new("rabbitmqctl")
+        .args([
+            "list_connections",
+            "-q",
+            "--no-table-headers",
+            "pid",
+            "user_provided_name",
+        ])
+        .output()
+    else {
+        return false;
+    };
+    if !out.status.success() {
+        return false;
+    }
+    let mut closed = 0;
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        if let Some((pid, conn_name)) = line.split_once('\t') {
+            if conn_name.trim() == name {
+                let ok = std::process::Command::new("rabbitmqctl")
+                    .args(["close_connection", pid.trim(), "closed by a lazaret test"])
+                    .status()
+                    .is_ok_and(|s| s.success());
+                closed += usize::from(ok);
+            }
+        }
+    }
+    assert!(closed > 0, "no connection named {name:?} to close");
+    true
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guard_and_a_redrive_reconnect_after_the_connection_died() {
+    let Some(b) = rabbit_or_skip().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let queue = b.fresh_queue("reconnect").await;
+    let name = unique("reconnect");
+    let host = host(
+        dir.path(),
+        policies("orders", 3, Duration::from_millis(100)),
+    );
+    let spec = b.spec(&name, &queue, Mode::Guard);
+    let broker = b.connect(&spec).await;
+    let calls = Calls::default();
+    let (stop, rx) = tokio::sync::watch::channel(false);
+    let guard = lazaret_guard::Guard::new(
+        spec.clone(),
+        host,
+        Arc::clone(&broker),
+        calls.handler(|_| Outcome::Success),
+    );
+    let task = tokio::spawn(guard.run(rx));
+    b.produce(&queue, "before", b"{}", headers(json!({}))).await;
+    calls.wait(1).await;
+
+    if !tokio::task::spawn_blocking(move || {
+        close_connections_named(&format!("lazaret source {name}"))
+    })
+    .await
+    .unwrap()
+    {
+        eprintln!("skipped the reconnect: no rabbitmqctl here");
+        let _ = stop.send(true);
+        task.await.unwrap().unwrap();
+        return;
+    }
+    b.produce(&queue, "after", b"{}", headers(json!({}))).await;
+    calls.wait(2).await;
+    assert_eq!(calls.of("after").message_id, "after");
+    // The redrive publishes on the reopened connection too.
+    let msg = Republish {
+        queue: queue.clone(),
+        body: b"{}".to_vec(),
+        content_type: None,
+        headers: headers(json!({"x-lazaret-message-id": "again", "x-lazaret-attempt": "0"})),
+        message_id: "again".into(),
+        dedup_id: String::new(),
+        position: Value::Null,
+    };
+    broker
+        .publish(msg)
+        .await
+        .expect("confirmed after the reconnect");
+    calls.wait(3).await;
+    assert_eq!(calls.of("again").message_id, "again");
+    let _ = stop.send(true);
+    task.await.unwrap().unwrap();
+}
+
+// The behaviours every broker must show (tests/it/scenarios.rs).
+crate::scenarios::scenario_suite!(crate::rabbitmq::rabbit_or_skip());

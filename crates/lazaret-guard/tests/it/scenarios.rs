@@ -78,8 +78,11 @@ fn permanent(msg: &str) -> Outcome {
     Outcome::Failure(Failure::new("http_400", msg).with_class(FailureClass::Permanent))
 }
 
+/// What a settled hook recorded: (message id, how), in order.
+type SettledLog = Arc<std::sync::Mutex<Vec<(String, Settled)>>>;
+
 /// A settled hook that records (message id, how) in order.
-fn settled_log() -> (Faults, Arc<std::sync::Mutex<Vec<(String, Settled)>>>) {
+fn settled_log() -> (Faults, SettledLog) {
     let log = Arc::new(std::sync::Mutex::new(Vec::new()));
     let l = Arc::clone(&log);
     let faults = Faults {
