@@ -106,7 +106,7 @@ pub trait Consumer: Send {
 }
 
 /// One broker, as a source's runtime and its redrive use it.
-pub trait Broker: Send + Sync {
+pub trait Broker: Send + Sync + fmt::Debug {
     /// `rabbitmq`, `nats`, `redis`.
     fn kind(&self) -> &'static str;
 

@@ -29,7 +29,7 @@ struct Msg {
     seq: u64,
 }
 
-#[derive(Default)]
+#[derive(Default, Debug)]
 struct State {
     queues: HashMap<String, VecDeque<Msg>>,
     /// Unacknowledged, by (connection, tag).
@@ -38,7 +38,7 @@ struct State {
 }
 
 /// The broker itself, shared by every connection.
-#[derive(Clone, Default)]
+#[derive(Clone, Default, Debug)]
 pub struct Memory {
     state: Arc<Mutex<State>>,
     ready: Arc<Notify>,
@@ -89,6 +89,7 @@ impl Memory {
 }
 
 /// One connection: what it leaves unacknowledged goes back when dropped.
+#[derive(Debug)]
 struct Conn {
     broker: Memory,
     id: u64,
@@ -191,6 +192,7 @@ impl Consumer for MemConsumer {
 }
 
 /// A connection as a `Broker`.
+#[derive(Debug)]
 struct MemBroker {
     conn: Arc<Conn>,
 }
