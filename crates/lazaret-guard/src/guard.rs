@@ -345,6 +345,19 @@ impl<H: Host> Inner<H> {
     /// A message fresh from the broker.
     async fn take(self: Arc<Self>, incoming: Incoming, permit: OwnedSemaphorePermit) {
         let Incoming { mut delivery, ack } = incoming;
+        // The gate was open when the runtime asked the broker, but a pause or
+        // a breaker may have closed it while `next` waited: hold the message
+        // (kept from redelivery) until it opens again.
+        while let Some(wait) = self
+            .host
+            .held_back(&self.spec.job_type, &self.spec.lane, now())
+        {
+            if let Err(e) = ack.progress().await {
+                tracing::debug!(source = %self.spec.name, "in-progress ack failed: {e}");
+            }
+            tokio::time::sleep(wait.clamp(Duration::from_millis(10), Duration::from_secs(1)))
+                .await;
+        }
         delivery.resolve_id();
         if delivery.redelivered || delivery.broker_prior > 0 {
             let held = self

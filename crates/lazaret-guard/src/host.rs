@@ -27,6 +27,14 @@ pub trait Host: Send + Sync + 'static {
     /// or lane stays parked (breaker open, paused), at most as a hint.
     fn try_deliver(&self, ty: &JobType, lane: &Lane, now: Timestamp) -> Result<(), Duration>;
 
+    /// `Some(wait)` while `ty` or `lane` is parked (paused, breaker open),
+    /// without spending a half-open probe: a message taken from the broker
+    /// just before a pause waits here instead of being delivered.
+    fn held_back(&self, ty: &JobType, lane: &Lane, now: Timestamp) -> Option<Duration> {
+        let _ = (ty, lane, now);
+        None
+    }
+
     /// An attempt ended as `done` says (breakers, statistics, metrics).
     fn observe(&self, source: &str, done: &Completed, now: Timestamp);
 
@@ -75,6 +83,11 @@ impl<S: Store> Host for LocalHost<S> {
     fn try_deliver(&self, ty: &JobType, _lane: &Lane, now: Timestamp) -> Result<(), Duration> {
         let mut b = self.breakers.lock().unwrap_or_else(|p| p.into_inner());
         try_breakers(&mut b, ty, now)
+    }
+
+    fn held_back(&self, ty: &JobType, _lane: &Lane, now: Timestamp) -> Option<Duration> {
+        let mut b = self.breakers.lock().unwrap_or_else(|p| p.into_inner());
+        b.parked_until(ty, now).map(|until| until.saturating_since(now))
     }
 
     fn observe(&self, _source: &str, done: &Completed, now: Timestamp) {

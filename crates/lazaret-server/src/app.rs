@@ -1,7 +1,7 @@
 //! The server's shared state: the store, the configuration and the live
 //! policy state the core keeps (breakers, failure statistics).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -9,7 +9,8 @@ use lazaret_core::{
     Breakers, DeadLetterReason, Envelope, ErrorKind, Event, FailureClass, FailureStats, JobType,
     Lane, Policies, SplitMix64, Timestamp, Transition, decide,
 };
-use lazaret_store::{Completed, Decider, Store};
+use lazaret_guard::SourceSet;
+use lazaret_store::{Completed, DeadLetterId, Decider, Store};
 
 use crate::auth::ApiTokens;
 use crate::config::ServerConfig;
@@ -86,6 +87,27 @@ pub struct App<S> {
     /// Held across a token change (store, then [`App::api_tokens`]), so that
     /// concurrent changes cannot leave the two disagreeing.
     pub token_changes: tokio::sync::Mutex<()>,
+    /// The `[[sources]]` connected to their brokers so far (a source joins
+    /// once its broker answers): where redrives of broker dead letters go.
+    pub sources: RwLock<SourceSet>,
+    /// Broker dead letters being republished now (see [`App::claim_redrive`]).
+    redriving: Mutex<HashSet<DeadLetterId>>,
+}
+
+/// A broker dead letter claimed for one redrive; released when dropped.
+#[derive(Debug)]
+pub struct RedriveClaim<'a> {
+    set: &'a Mutex<HashSet<DeadLetterId>>,
+    id: DeadLetterId,
+}
+
+impl Drop for RedriveClaim<'_> {
+    fn drop(&mut self) {
+        self.set
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&self.id);
+    }
 }
 
 impl<S: Store> App<S> {
@@ -101,7 +123,30 @@ impl<S: Store> App<S> {
             admission_records: Mutex::new(HashMap::new()),
             api_tokens: RwLock::new(ApiTokens::default()),
             token_changes: tokio::sync::Mutex::new(()),
+            sources: RwLock::new(SourceSet::default()),
+            redriving: Mutex::new(HashSet::new()),
             config,
+        })
+    }
+
+    /// The sources connected now, for a redrive (a copy: the broker
+    /// handles are shared, and no lock is held across the publish).
+    pub fn source_set(&self) -> SourceSet {
+        self.sources
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Claims a broker dead letter for one redrive, or `None` while
+    /// another redrive holds it: two requests republishing the same message
+    /// at once would put it on the broker twice (the second one, once the
+    /// first is done, finds the dead letter gone).
+    pub fn claim_redrive(&self, id: DeadLetterId) -> Option<RedriveClaim<'_>> {
+        let mut set = self.redriving.lock().unwrap_or_else(|p| p.into_inner());
+        set.insert(id).then_some(RedriveClaim {
+            set: &self.redriving,
+            id,
         })
     }
 

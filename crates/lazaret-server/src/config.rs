@@ -75,10 +75,34 @@
 //! name = "ingest"
 //! role = "producer"
 //! token_sha256 = "2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824" # instead of token
+//!
+//! [[sources]]                         # a queue on a broker the team already runs (docs/brokers.md)
+//! name = "orders"                     # unique; letters, digits, _ - . (at most 64); dead letters and metrics carry it
+//! broker = "rabbitmq"                 # rabbitmq | nats | redis (kafka and sqs come in a later release)
+//! url = "amqp://guest:guest@127.0.0.1:5672/%2f" # nats://…, redis://…; logs show it without the password
+//! queue = "orders"                    # RabbitMQ queue · JetStream stream · Redis stream
+//! group = "lazaret"                   # JetStream durable consumer · Redis consumer group
+//! mode = "guard"                      # guard: deliver each message to `deliver`; watch: take in a dead-letter queue
+//! deliver = "http://127.0.0.1:8080/orders" # guard (required there, refused for watch): each message is POSTed here
+//! type = "orders"                     # the job type whose policy applies ([types.orders]); default: the name
+//! tenant = "default"                  # every message's tenant; or tenant_header = "x-tenant" (not both)
+//! lane = "default"                    # the lane its dead letters are filed under; pausing the lane holds the source
+//! concurrency = 16                    # guard: deliveries in flight (at least 1)
+//! delivery_timeout_ms = 30000         # guard: a slower delivery failed with kind "timeout" (at least 1)
+//! redrive_to = "orders"               # optional: where a redrive republishes (default: where the message came from)
+//!
+//! [[sources]]
+//! name = "celery-dlq"
+//! broker = "redis"
+//! url = "redis://127.0.0.1:6379"
+//! queue = "celery-dead"
+//! mode = "watch"
+//! tenant_header = "x-tenant"          # absent or empty on a message: tenant "default"
 //! ```
 //!
 //! Durations are integer milliseconds (`*_ms`); `"30s"` is refused with the
-//! number to write instead. Two tokens may not share a name or a secret.
+//! number to write instead. Two tokens may not share a name or a secret, two
+//! sources not a name.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -92,6 +116,7 @@ use lazaret_core::{
     Lane, Policies, PolicyError, SchedulerConfig, SchedulerConfigError, TenantId, TypePolicy,
     TypeSchemas,
 };
+use lazaret_guard::{BrokerKind, Mode, SourceSpec, TenantFrom};
 use serde::Deserialize;
 use serde::de::{self, Deserializer};
 use sha2::{Digest, Sha256};
@@ -134,6 +159,9 @@ pub struct ServerConfig {
     pub lease_ms_default: u64,
     /// The longest lease a worker may ask for, in ms.
     pub lease_ms_max: u64,
+    /// `[[sources]]`, in file order: the broker queues `lazaret serve`
+    /// guards or watches next to its own queue.
+    pub sources: Vec<SourceSpec>,
 }
 
 impl Default for ServerConfig {
@@ -159,6 +187,7 @@ impl Default for ServerConfig {
             durability: Durability::Full,
             lease_ms_default: 30_000,
             lease_ms_max: 3_600_000,
+            sources: Vec::new(),
         }
     }
 }
@@ -406,6 +435,8 @@ struct RawConfig {
     types: BTreeMap<String, RawPolicy>,
     #[serde(default)]
     tokens: Vec<RawToken>,
+    #[serde(default)]
+    sources: Vec<RawSource>,
 }
 
 #[derive(Deserialize)]
@@ -481,6 +512,30 @@ struct RawToken {
     role: Option<String>,
     token: Option<String>,
     token_sha256: Option<String>,
+}
+
+/// `[[sources]]`: exactly the contract's keys, plus `lane`.
+#[derive(Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a source table with name, broker, url, queue and (for a guard) deliver"
+)]
+struct RawSource {
+    name: Option<String>,
+    broker: Option<String>,
+    url: Option<String>,
+    queue: Option<String>,
+    group: Option<String>,
+    mode: Option<String>,
+    deliver: Option<String>,
+    #[serde(rename = "type")]
+    job_type: Option<String>,
+    tenant: Option<String>,
+    tenant_header: Option<String>,
+    lane: Option<String>,
+    concurrency: Option<u32>,
+    delivery_timeout_ms: Option<Ms>,
+    redrive_to: Option<String>,
 }
 
 /// Integer milliseconds; a string like `"30s"` is refused with the number to write.
@@ -831,6 +886,7 @@ impl<'a> Ctx<'a> {
             types: self.schemas(&raw, base_dir)?,
         };
         cfg.tokens = self.tokens(&raw)?;
+        cfg.sources = self.sources(&raw)?;
         Ok(cfg)
     }
 
@@ -1128,9 +1184,202 @@ impl<'a> Ctx<'a> {
         Ok(out)
     }
 
+    /// Every `[[sources]]` entry as a [`SourceSpec`], with the contract's
+    /// defaults filled in.
+    fn sources(&self, raw: &RawConfig) -> Result<Vec<SourceSpec>, ConfigError> {
+        let mut out: Vec<SourceSpec> = Vec::with_capacity(raw.sources.len());
+        for (i, s) in raw.sources.iter().enumerate() {
+            let path = root("sources").index(i);
+            // A present key that is blank is as wrong as a missing one, but
+            // is reported on its own line.
+            let text = |key: &str, v: &Option<String>| -> Result<Option<String>, ConfigError> {
+                match v {
+                    Some(t) if t.trim().is_empty() => Err(self.invalid(
+                        &path.key(key),
+                        format!("{key} is empty; give a value or remove the key"),
+                    )),
+                    Some(t) => Ok(Some(t.clone())),
+                    None => Ok(None),
+                }
+            };
+            let required = |key: &str, v: &Option<String>, hint: &str| {
+                text(key, v)?.ok_or_else(|| {
+                    self.invalid(
+                        &path.key(key),
+                        format!("every source needs {key}: add {key} = {hint}"),
+                    )
+                })
+            };
+
+            let name = required(
+                "name",
+                &s.name,
+                "\"orders\" (unique; dead letters and metrics carry it)",
+            )?;
+            let name_ok = name.len() <= 64
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+            if !name_ok {
+                return Err(self.invalid(
+                    &path.key("name"),
+                    format!(
+                        "source name {name:?} may hold only ASCII letters, digits, `_`, `-` and `.`, at most 64 of them: it travels in HTTP headers (Lazaret-Source) and metric labels; rename it"
+                    ),
+                ));
+            }
+            if let Some(j) = out.iter().position(|o| o.name == name) {
+                return Err(self.invalid(
+                    &path.key("name"),
+                    format!(
+                        "source name `{name}` is already used by sources[{j}]{}; dead letters are filed and redriven by source name, so rename one",
+                        self.on_line(&root("sources").index(j).key("name"))
+                    ),
+                ));
+            }
+
+            let word = required("broker", &s.broker, "\"rabbitmq\", \"nats\" or \"redis\"")?;
+            let broker = match BrokerKind::parse(&word) {
+                Some(b @ (BrokerKind::RabbitMq | BrokerKind::Nats | BrokerKind::Redis)) => b,
+                Some(later @ (BrokerKind::Kafka | BrokerKind::Sqs)) => {
+                    return Err(self.invalid(
+                        &path.key("broker"),
+                        format!(
+                            "broker \"{}\" comes in a later release of lazaret; this one runs rabbitmq, nats and redis sources: remove this source for now",
+                            later.as_str()
+                        ),
+                    ));
+                }
+                None => {
+                    return Err(self.invalid(
+                        &path.key("broker"),
+                        format!(
+                            "unknown broker \"{word}\": use \"rabbitmq\", \"nats\" or \"redis\""
+                        ),
+                    ));
+                }
+            };
+
+            let url = required("url", &s.url, "\"amqp://…\", \"nats://…\" or \"redis://…\"")?;
+            if let Some(other) = url_broker(&url).filter(|b| *b != broker) {
+                return Err(self.invalid(
+                    &path.key("url"),
+                    format!(
+                        "this is a {} URL but broker = \"{}\": fix the url or the broker",
+                        other.as_str(),
+                        broker.as_str()
+                    ),
+                ));
+            }
+            let queue = required(
+                "queue",
+                &s.queue,
+                "\"orders\" (the RabbitMQ queue, JetStream stream or Redis stream)",
+            )?;
+
+            let mode = match s.mode.as_deref() {
+                None | Some("guard") => Mode::Guard,
+                Some("watch") => Mode::Watch,
+                Some(other) => {
+                    return Err(self.invalid(
+                        &path.key("mode"),
+                        format!(
+                            "unknown mode \"{other}\": use \"guard\" (deliver each message to `deliver`) or \"watch\" (take in a dead-letter queue)"
+                        ),
+                    ));
+                }
+            };
+            let deliver = text("deliver", &s.deliver)?;
+            match (mode, &deliver) {
+                (Mode::Guard, None) => {
+                    return Err(self.invalid(
+                        &path.key("deliver"),
+                        "a guard source needs deliver = \"http://…\", the URL each message is POSTed to (or mode = \"watch\" for a dead-letter queue)",
+                    ));
+                }
+                (Mode::Guard, Some(d))
+                    if !(d.starts_with("http://") || d.starts_with("https://")) =>
+                {
+                    return Err(self.invalid(
+                        &path.key("deliver"),
+                        format!("deliver {d:?} is not an http:// or https:// URL; give the URL of the team's handler"),
+                    ));
+                }
+                (Mode::Watch, Some(_)) => {
+                    return Err(self.invalid(
+                        &path.key("deliver"),
+                        "a watch source delivers nothing (it takes a dead-letter queue in): remove deliver, or set mode = \"guard\"",
+                    ));
+                }
+                _ => {}
+            }
+
+            let job_type = text("type", &s.job_type)?.unwrap_or_else(|| name.clone());
+            let mut spec = match mode {
+                Mode::Guard => SourceSpec::guard(&name, broker, &url, &queue, job_type),
+                Mode::Watch => SourceSpec::watch(&name, broker, &url, &queue, job_type),
+            };
+            spec.deliver = deliver;
+            if let Some(g) = text("group", &s.group)? {
+                spec.group = g;
+            }
+            spec.tenant = match (
+                text("tenant", &s.tenant)?,
+                text("tenant_header", &s.tenant_header)?,
+            ) {
+                (Some(_), Some(_)) => {
+                    return Err(self.invalid(
+                        &path.key("tenant_header"),
+                        "set either tenant (one tenant for every message) or tenant_header (read from each message), not both",
+                    ));
+                }
+                (Some(t), None) => TenantFrom::Fixed(t),
+                (None, Some(h)) => TenantFrom::Header(h),
+                (None, None) => TenantFrom::Fixed("default".into()),
+            };
+            if let Some(l) = text("lane", &s.lane)? {
+                spec.lane = Lane::new(l.as_str());
+            }
+            if let Some(n) = s.concurrency {
+                if n == 0 {
+                    return Err(self.invalid(
+                        &path.key("concurrency"),
+                        "concurrency must be at least 1 (got 0), or nothing is ever delivered; to hold a source, pause its type or lane",
+                    ));
+                }
+                spec.concurrency = n;
+            }
+            if let Some(Ms(v)) = s.delivery_timeout_ms {
+                if v == 0 {
+                    return Err(self.invalid(
+                        &path.key("delivery_timeout_ms"),
+                        "delivery_timeout_ms must be at least 1 (got 0), or every delivery times out",
+                    ));
+                }
+                spec.delivery_timeout = Duration::from_millis(v);
+            }
+            spec.redrive_to = text("redrive_to", &s.redrive_to)?;
+            out.push(spec);
+        }
+        Ok(out)
+    }
+
     fn on_line(&self, path: &KeyPath) -> String {
         self.line_of(path)
             .map_or_else(String::new, |l| format!(" (line {l})"))
+    }
+}
+
+/// The broker a URL's scheme names, when it names one: a `redis://` URL
+/// under `broker = "rabbitmq"` is a copy-paste slip worth refusing at start
+/// rather than a connection that fails for ever in the background.
+fn url_broker(url: &str) -> Option<BrokerKind> {
+    let (scheme, _) = url.split_once("://")?;
+    match scheme.to_ascii_lowercase().as_str() {
+        "amqp" | "amqps" => Some(BrokerKind::RabbitMq),
+        "nats" => Some(BrokerKind::Nats),
+        "redis" | "rediss" | "redis+unix" => Some(BrokerKind::Redis),
+        _ => None,
     }
 }
 
@@ -1309,6 +1558,204 @@ token = "..."                       # or token_sha256 = "hex"
             "timeout inherited, parse and validation added"
         );
         assert_eq!(send.kind_classes, d.kind_classes);
+        let names: Vec<&str> = cfg.sources.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["orders", "celery-dlq"]);
+        let orders = &cfg.sources[0];
+        assert_eq!(orders.broker, BrokerKind::RabbitMq);
+        assert_eq!(
+            orders.deliver.as_deref(),
+            Some("http://127.0.0.1:8080/orders")
+        );
+        assert_eq!(orders.redrive_to.as_deref(), Some("orders"));
+        let dlq = &cfg.sources[1];
+        assert_eq!(dlq.mode, Mode::Watch);
+        assert_eq!(dlq.tenant, TenantFrom::Header("x-tenant".into()));
+        assert_eq!(
+            dlq.job_type.as_str(),
+            "celery-dlq",
+            "the type defaults to the name"
+        );
+    }
+
+    const GUARD: &str = "[[sources]]\nname = \"orders\"\nbroker = \"redis\"\nurl = \"redis://127.0.0.1:6379\"\nqueue = \"orders\"\n";
+
+    #[test]
+    fn a_source_gets_the_contracts_defaults() {
+        let cfg = parse(&format!("{GUARD}deliver = \"http://127.0.0.1:9/h\"\n")).unwrap();
+        let s = &cfg.sources[0];
+        assert_eq!(s.name, "orders");
+        assert_eq!(s.broker, BrokerKind::Redis);
+        assert_eq!(s.url, "redis://127.0.0.1:6379");
+        assert_eq!(s.queue, "orders");
+        assert_eq!(s.group, "lazaret");
+        assert_eq!(s.mode, Mode::Guard);
+        assert_eq!(s.job_type.as_str(), "orders");
+        assert_eq!(s.lane.as_str(), "default");
+        assert_eq!(s.tenant, TenantFrom::Fixed("default".into()));
+        assert_eq!(s.concurrency, 16);
+        assert_eq!(s.delivery_timeout, Duration::from_secs(30));
+        assert_eq!(s.redrive_to, None);
+        assert!(parse("").unwrap().sources.is_empty());
+    }
+
+    #[test]
+    fn every_source_key_is_read() {
+        let cfg = parse(
+            "[[sources]]\nname = \"a.b-c_1\"\nbroker = \"nats\"\nurl = \"nats://127.0.0.1:4222\"\n\
+             queue = \"ORDERS\"\ngroup = \"g\"\nmode = \"guard\"\ndeliver = \"https://h/x\"\n\
+             type = \"t\"\ntenant = \"acme\"\nlane = \"batch\"\nconcurrency = 3\n\
+             delivery_timeout_ms = 1500\nredrive_to = \"ORDERS.retry\"\n",
+        )
+        .unwrap();
+        let s = &cfg.sources[0];
+        assert_eq!(s.broker, BrokerKind::Nats);
+        assert_eq!(s.group, "g");
+        assert_eq!(s.job_type.as_str(), "t");
+        assert_eq!(s.tenant, TenantFrom::Fixed("acme".into()));
+        assert_eq!(s.lane.as_str(), "batch");
+        assert_eq!(s.concurrency, 3);
+        assert_eq!(s.delivery_timeout, ms(1500));
+        assert_eq!(s.redrive_to.as_deref(), Some("ORDERS.retry"));
+    }
+
+    #[test]
+    fn a_guard_needs_somewhere_to_deliver_and_a_watch_has_none() {
+        assert_refused(
+            GUARD,
+            "sources[0].deliver",
+            1,
+            "a guard source needs deliver",
+        );
+        assert_refused(
+            &format!("{GUARD}deliver = \"127.0.0.1:8080\"\n"),
+            "sources[0].deliver",
+            6,
+            "not an http:// or https:// URL",
+        );
+        assert_refused(
+            &format!("{GUARD}mode = \"watch\"\ndeliver = \"http://h/\"\n"),
+            "sources[0].deliver",
+            7,
+            "a watch source delivers nothing",
+        );
+        let cfg = parse(&format!("{GUARD}mode = \"watch\"\n")).unwrap();
+        assert_eq!(cfg.sources[0].mode, Mode::Watch);
+        assert_refused(
+            &format!("{GUARD}mode = \"tail\"\n"),
+            "sources[0].mode",
+            6,
+            "\"guard\"",
+        );
+    }
+
+    #[test]
+    fn source_names_are_unique_and_header_safe() {
+        let twice = format!("{GUARD}deliver = \"http://h/\"\n{GUARD}deliver = \"http://h/\"\n");
+        let e = assert_refused(
+            &twice,
+            "sources[1].name",
+            8,
+            "already used by sources[0] (line 2)",
+        );
+        assert!(e.to_string().contains("`orders`"), "{e}");
+        assert_refused(
+            "[[sources]]\nname = \"ordres été\"\n",
+            "sources[0].name",
+            2,
+            "ASCII letters",
+        );
+        assert_refused(
+            "[[sources]]\nbroker = \"redis\"\n",
+            "sources[0].name",
+            1,
+            "every source needs name",
+        );
+        assert_refused(
+            "[[sources]]\nname = \" \"\n",
+            "sources[0].name",
+            2,
+            "name is empty",
+        );
+    }
+
+    #[test]
+    fn kafka_and_sqs_wait_for_a_later_release() {
+        for word in ["kafka", "sqs"] {
+            let text = GUARD.replace("\"redis\"", &format!("\"{word}\""));
+            let e = assert_refused(&text, "sources[0].broker", 3, "later release");
+            assert!(e.to_string().contains(word), "{e}");
+        }
+        assert_refused(
+            &GUARD.replace("\"redis\"", "\"kinesis\""),
+            "sources[0].broker",
+            3,
+            "unknown broker \"kinesis\"",
+        );
+    }
+
+    #[test]
+    fn an_unknown_source_key_is_refused_where_it_is() {
+        let e = assert_refused(
+            &format!("{GUARD}deliver = \"http://h/\"\ndelivr = \"http://h/\"\n"),
+            "sources[0].delivr",
+            7,
+            "unknown field `delivr`",
+        );
+        assert!(e.to_string().contains("fix its spelling"), "{e}");
+        let (_dir, file) = config_dir(&format!("{GUARD}deliver = \"http://h/\"\nretries = 3\n"));
+        let e = ServerConfig::load(&file).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with(&format!("{}:7: sources[0].retries: ", file.display())),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn other_source_mistakes_are_refused_with_their_key() {
+        let base = format!("{GUARD}deliver = \"http://h/\"\n");
+        assert_refused(
+            &format!("{base}tenant = \"a\"\ntenant_header = \"x-tenant\"\n"),
+            "sources[0].tenant_header",
+            8,
+            "not both",
+        );
+        assert_refused(
+            &format!("{base}concurrency = 0\n"),
+            "sources[0].concurrency",
+            7,
+            "at least 1",
+        );
+        assert_refused(
+            &format!("{base}delivery_timeout_ms = 0\n"),
+            "sources[0].delivery_timeout_ms",
+            7,
+            "at least 1",
+        );
+        assert_refused(
+            &format!("{base}delivery_timeout_ms = \"5s\"\n"),
+            "sources[0].delivery_timeout_ms",
+            7,
+            "write 5000",
+        );
+        assert_refused(
+            &GUARD.replace("redis://127.0.0.1:6379", "amqp://guest:guest@h/%2f"),
+            "sources[0].url",
+            4,
+            "a rabbitmq URL but broker = \"redis\"",
+        );
+        assert_refused(
+            "[[sources]]\nname = \"a\"\nbroker = \"redis\"\nurl = \"redis://h\"\n",
+            "sources[0].queue",
+            1,
+            "every source needs queue",
+        );
+        assert_refused(
+            &format!("{base}lane = \"\"\n"),
+            "sources[0].lane",
+            7,
+            "lane is empty",
+        );
     }
 
     #[test]

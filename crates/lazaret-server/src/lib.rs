@@ -2,8 +2,10 @@
 //!
 //! A thin shell: handlers parse and answer HTTP, `lazaret-core` decides
 //! (admission, scheduling, outcomes, breakers), `lazaret-store` applies.
-//! What it deliberately does not do: decide policy in a handler, or read the
-//! clock anywhere but `app::now`.
+//! `[[sources]]` (`sources.rs`) run `lazaret-guard`'s guards and watches
+//! on the same `App`. What it deliberately does not do: decide policy in a
+//! handler, or read the clock anywhere but `app::now` (the sources' runtime
+//! reads its own, `lazaret_guard::guard::now`).
 
 pub mod api;
 pub mod app;
@@ -13,6 +15,7 @@ pub mod error;
 pub mod metrics;
 pub mod ready;
 pub mod serve;
+pub mod sources;
 pub mod views;
 
 pub use serve::{ServeError, ServeOptions, serve};

@@ -65,6 +65,40 @@ pub fn redrive_outcome(outcome: &'static str) {
     metrics::counter!("lazaret_redrive_outcomes_total", "outcome" => outcome).increment(1);
 }
 
+/// What became of one delivery of a source's message (`succeeded`,
+/// `retried`, `deferred`, `dead_lettered`). Source names come from the
+/// config, so the series stay bounded.
+pub fn source_delivery(source: &str, outcome: &'static str) {
+    metrics::counter!("lazaret_source_deliveries_total", "source" => source.to_owned(), "outcome" => outcome)
+        .increment(1);
+}
+
+/// A watch source took in one of its broker's dead letters.
+pub fn source_taken_in(source: &str) {
+    metrics::counter!("lazaret_source_taken_in_total", "source" => source.to_owned()).increment(1);
+}
+
+/// Makes a configured source's series exist from the start at 0, so a
+/// scrape before its first message lists it.
+pub fn describe_source(source: &str) {
+    metrics::describe_counter!(
+        "lazaret_source_deliveries_total",
+        "Deliveries of source messages to their handler, by source and outcome (succeeded, retried, deferred, dead_lettered)"
+    );
+    metrics::describe_counter!(
+        "lazaret_source_taken_in_total",
+        "Dead letters a watch source took in from its broker, by source"
+    );
+    for outcome in SOURCE_OUTCOMES {
+        metrics::counter!("lazaret_source_deliveries_total", "source" => source.to_owned(), "outcome" => outcome)
+            .increment(0);
+    }
+    metrics::counter!("lazaret_source_taken_in_total", "source" => source.to_owned()).increment(0);
+}
+
+/// The `outcome` label values of `lazaret_source_deliveries_total`.
+pub const SOURCE_OUTCOMES: [&str; 4] = ["succeeded", "retried", "deferred", "dead_lettered"];
+
 /// A refused request, by code.
 pub fn rejected(code: &'static str) {
     metrics::counter!("lazaret_rejected_total", "code" => code).increment(1);

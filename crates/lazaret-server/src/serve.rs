@@ -1,4 +1,5 @@
-//! `lazaret serve`: open the store, bind, run housekeeping, shut down cleanly.
+//! `lazaret serve`: open the store, bind, run housekeeping and the
+//! `[[sources]]`, shut down cleanly.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -12,6 +13,7 @@ use tokio::net::TcpListener;
 use crate::app::{App, CoreDecider, now};
 use crate::auth::api_token_entry;
 use crate::config::{Durability, ServerConfig};
+use crate::sources::{self, Sources};
 use crate::{api, metrics};
 
 /// What `serve` needs.
@@ -108,16 +110,37 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
             );
         }
     }
+    for spec in &app.config.sources {
+        println!("{}", sources::describe(spec));
+    }
     tracing::info!(%addr, data = %db_path, "lazaret serving");
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let housekeeping = tokio::spawn(housekeeping(Arc::clone(&app), stop_rx.clone()));
     let retention = tokio::spawn(retention(Arc::clone(&app), stop_rx));
+    // Sources connect in the background: a broker that is down delays its
+    // source, never the server.
+    let sources = Sources::start(&app);
+    let (sources_stop_tx, sources_stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let sources_stopped = tokio::spawn(async move {
+        // Stopped as soon as the signal comes, alongside the HTTP side's
+        // own graceful shutdown: both end before the store closes.
+        let _ = sources_stop_rx.await;
+        sources.stop().await;
+    });
     let router = api::router(Arc::clone(&app));
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown_signal())
-        .await?;
-    tracing::info!("shutting down: in-flight requests finished; closing the store");
+    let signalled = async move {
+        shutdown_signal().await;
+        let _ = sources_stop_tx.send(());
+    };
+    let served = axum::serve(listener, router)
+        .with_graceful_shutdown(signalled)
+        .await;
+    // Whatever ended the HTTP side, the sources end too (the sender is
+    // dropped with the signal future, which ends their wait).
+    let _ = sources_stopped.await;
+    served?;
+    tracing::info!("shutting down: in-flight requests and deliveries finished; closing the store");
     let _ = stop_tx.send(true);
     let _ = housekeeping.await;
     let _ = retention.await;

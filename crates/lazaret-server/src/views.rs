@@ -4,7 +4,8 @@
 use std::time::{Duration, UNIX_EPOCH};
 
 use lazaret_core::{AttemptRecord, Failure, JobState, Timestamp};
-use lazaret_store::{ApiToken, DeadLetter, JobView, LeasedJob, ReasonCount};
+use lazaret_guard::celery::{Task, arguments};
+use lazaret_store::{ApiToken, DeadLetter, JobView, LeasedJob, ReasonCount, SourceRef};
 use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
@@ -152,8 +153,11 @@ pub struct LeaseReply<'a> {
     pub jobs: Vec<LeasedBody<'a>>,
 }
 
-/// A dead letter.
-pub fn dead_letter(d: &DeadLetter) -> Value {
+/// A dead letter. `payload` is its whole body when the caller read it (a
+/// Celery task's arguments are then read from it); otherwise the preview
+/// stands in.
+pub fn dead_letter(d: &DeadLetter, payload: Option<&[u8]>) -> Value {
+    let body = payload.unwrap_or(d.payload_preview.as_bytes());
     json!({
         "id": d.id.to_string(),
         "job_id": d.job_id.map(|j| j.to_string()),
@@ -173,7 +177,39 @@ pub fn dead_letter(d: &DeadLetter) -> Value {
         "payload_sha256": d.payload_sha256,
         "payload_preview": d.payload_preview,
         "redrive_count": d.redrive_count,
+        "source": d.source.as_ref().map(source),
+        "celery": d.source.as_ref().and_then(|s| celery(s, body)),
     })
+}
+
+/// Where a broker dead letter came from (`null` for lazaret's own).
+fn source(s: &SourceRef) -> Value {
+    json!({
+        "name": s.name,
+        "broker": s.broker,
+        "queue": s.queue,
+        "message_id": s.message_id,
+        "headers": s.headers,
+        "position": s.position,
+        "content_type": s.content_type,
+    })
+}
+
+/// Whether a broker message is a Celery task (protocol 2 headers).
+pub fn is_celery(s: &SourceRef) -> bool {
+    Task::recognise(&s.headers).is_some()
+}
+
+/// A Celery task's name, id, retries and readable arguments; `None` for
+/// any other message. A body that is not JSON is never deserialised.
+fn celery(s: &SourceRef, body: &[u8]) -> Option<Value> {
+    let t = Task::recognise(&s.headers)?;
+    Some(json!({
+        "task": t.name,
+        "id": t.id,
+        "retries": t.retries,
+        "arguments": arguments(&s.headers, s.content_type.as_deref(), body),
+    }))
 }
 
 /// A reason group.
@@ -213,6 +249,68 @@ mod tests {
             time(Timestamp::from_millis(1_700_000_000_123)),
             "2023-11-14T22:13:20.123Z"
         );
+    }
+
+    fn dead_letter_of(source: Option<SourceRef>, preview: &str) -> DeadLetter {
+        DeadLetter {
+            id: lazaret_store::DeadLetterId(3),
+            job_id: None,
+            job_type: Some("tasks.add".into()),
+            tenant: Some("default".into()),
+            lane: Some("default".into()),
+            reason: lazaret_core::DeadLetterReason::DeliveryLimit,
+            stage: lazaret_store::Stage::Broker,
+            attempts: 3,
+            error: None,
+            history: Vec::new(),
+            idempotency_key: Some("5f1c".into()),
+            created_at: Timestamp::from_millis(0),
+            dead_lettered_at: Timestamp::from_millis(0),
+            payload_size: preview.len() as u64,
+            payload_sha256: None,
+            payload_preview: preview.into(),
+            redrive_count: 0,
+            schema_version: None,
+            source,
+        }
+    }
+
+    #[test]
+    fn a_broker_dead_letter_names_its_source_and_celery_task() {
+        let headers =
+            json!({"task": "tasks.add", "id": "5f1c", "retries": 2, "argsrepr": "(1, 2)"});
+        let source = SourceRef {
+            name: "celery".into(),
+            broker: "rabbitmq".into(),
+            queue: "celery".into(),
+            message_id: "5f1c".into(),
+            headers: headers.as_object().cloned().unwrap_or_default(),
+            position: json!({"delivery_tag": 1}),
+            content_type: Some("application/json".into()),
+        };
+        let body = br#"[[1, 2], {"x": 3}, {}]"#;
+        let v = dead_letter(
+            &dead_letter_of(Some(source.clone()), "[[1, 2], {"),
+            Some(body),
+        );
+        assert_eq!(
+            v["source"],
+            json!({"name": "celery", "broker": "rabbitmq", "queue": "celery", "message_id": "5f1c",
+                   "headers": headers, "position": {"delivery_tag": 1}, "content_type": "application/json"})
+        );
+        assert_eq!(
+            v["celery"],
+            json!({"task": "tasks.add", "id": "5f1c", "retries": 2,
+                   "arguments": {"args": [1, 2], "kwargs": {"x": 3}}})
+        );
+        // Without the body, a cut preview is not JSON: Celery's reprs stand in.
+        let v = dead_letter(&dead_letter_of(Some(source), "[[1, 2], {"), None);
+        assert_eq!(
+            v["celery"]["arguments"],
+            json!({"argsrepr": "(1, 2)", "kwargsrepr": null})
+        );
+        let own = dead_letter(&dead_letter_of(None, "{}"), None);
+        assert!(own["source"].is_null() && own["celery"].is_null(), "{own}");
     }
 
     #[test]

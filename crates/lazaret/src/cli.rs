@@ -5,7 +5,8 @@
 //! column layout. This file wires them: one current-thread runtime per
 //! command, replies to stdout, errors to stderr as `error: …`.
 //!
-//! Exit status: 0 done, 1 the server or the connection failed, 2 the
+//! Exit status: 0 done, 1 the server or the connection failed (or a
+//! redrive left some dead letters in place: a broker did not confirm), 2 the
 //! command itself was refused before anything changed (an empty redrive or
 //! purge selection, a purge without `--confirm`) — clap's usage errors
 //! also exit 2.
@@ -277,7 +278,17 @@ async fn dlq_redrive(client: &Client, a: &DlqRedriveArgs, out: Out<'_>) -> anyho
         .await?;
     emit(out, a.opts.json, &reply, |o, v| {
         render::redriven(o, v, a.dry_run)
-    })
+    })?;
+    // A broker that did not confirm leaves its dead letters in place: the
+    // command did not do all it was asked, and scripts must see that.
+    let failed = render::redrive_failures(&reply.json::<Value>()?);
+    if failed > 0 {
+        return Err(anyhow!(
+            "{failed} dead letter(s) were not redriven and stay in the dead letters; \
+             the reason is given for each (--json: `error`); run the redrive again once it is fixed"
+        ));
+    }
+    Ok(())
 }
 
 async fn dlq_purge(

@@ -434,4 +434,55 @@ mod runtime {
         );
         g.stop().await.unwrap();
     }
+
+    /// A breaker that opens while the source waits on the broker holds the
+    /// message it then gets: it is not delivered until the breaker lets it.
+    #[tokio::test]
+    async fn a_breaker_that_opens_while_the_source_waits_holds_the_next_message() {
+        let b = Memory::default();
+        let dir = tempfile::tempdir().unwrap();
+        let queue = b.fresh_queue("late-breaker").await;
+        let name = unique("late-breaker");
+        let spec = b.spec(&name, &queue, Mode::Guard);
+        let ty = JobType::from("orders");
+        let mut per_type = BTreeMap::new();
+        per_type.insert(
+            ty.clone(),
+            BreakerConfig {
+                failures_min: 3,
+                failure_ratio: 0.5,
+                window: Duration::from_secs(30),
+                cooldown: Duration::from_secs(60),
+                probes: 1,
+            },
+        );
+        let h = Arc::new(LocalHost::new(
+            open_store(dir.path()),
+            policies("orders", 10, Duration::from_secs(30)),
+            Breakers::new(None, per_type),
+        ));
+        let log = Log::default();
+        let g = start_guard(
+            &b,
+            spec,
+            Arc::clone(&h),
+            recording(&log, |_| Outcome::Success),
+            Faults::default(),
+        )
+        .await;
+        // The source is waiting on an empty queue; the breaker opens.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = lazaret_guard::guard::now();
+        h.with_breakers(|br| {
+            for _ in 0..3 {
+                br.record_failure(&ty, &lazaret_core::ErrorKind::from("http_503"), now);
+            }
+            assert!(br.parked_until(&ty, now).is_some(), "the breaker opened");
+        });
+        b.produce(&queue, "m-late", b"{}", headers(json!({}))).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(log.all().is_empty(), "delivered while the breaker was open");
+        assert_eq!(b.depth(&queue), 1, "held unacknowledged");
+        g.stop().await.unwrap();
+    }
 }

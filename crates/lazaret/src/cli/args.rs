@@ -105,7 +105,8 @@ pub enum DlqCommand {
     Payload(DlqPayloadArgs),
     /// Count dead letters by reason and type.
     Reasons(StatsArgs),
-    /// Put dead letters back in their queue with a fresh attempt budget.
+    /// Put dead letters back in their queue with a fresh attempt budget
+    /// (a broker message: republished to its broker).
     Redrive(DlqRedriveArgs),
     /// Delete dead letters for good (admin); needs --confirm.
     Purge(DlqPurgeArgs),
@@ -176,6 +177,14 @@ pub struct DlqFilter {
     #[arg(long, value_parser = NonEmptyStringValueParser::new())]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// Only messages of this broker source (a `[[sources]]` name).
+    #[arg(long, value_name = "NAME", value_parser = NonEmptyStringValueParser::new())]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// Only this stage: admission, processing or broker.
+    #[arg(long, value_parser = ["admission", "processing", "broker"])]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stage: Option<String>,
 }
 
 impl DlqFilter {
@@ -190,6 +199,8 @@ impl DlqFilter {
             ("tenant", &self.tenant),
             ("lane", &self.lane),
             ("reason", &self.reason),
+            ("source", &self.source),
+            ("stage", &self.stage),
         ]
         .into_iter()
         .filter_map(|(k, v)| v.as_deref().map(|v| (k, v)))
@@ -231,7 +242,7 @@ pub struct DlqSelectArgs {
         long = "id",
         value_name = "ID",
         value_parser = NonEmptyStringValueParser::new(),
-        conflicts_with_all = ["job_type", "tenant", "lane", "reason"]
+        conflicts_with_all = ["job_type", "tenant", "lane", "reason", "source", "stage"]
     )]
     pub ids: Vec<String>,
     #[command(flatten)]
@@ -246,7 +257,7 @@ pub struct DlqRedriveArgs {
     /// Only count what would be redriven.
     #[arg(long)]
     pub dry_run: bool,
-    /// Redrive at most N jobs per second.
+    /// Redrive at most N dead letters (jobs or broker messages) per second.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub rate: Option<u32>,
     #[command(flatten)]
@@ -309,7 +320,7 @@ impl DlqSelectArgs {
         if self.filter.is_empty() {
             bail!(
                 "say which dead letters to {verb}: --id ID (repeatable) or at least one of \
-                 --type, --tenant, --lane, --reason"
+                 --type, --tenant, --lane, --reason, --source, --stage"
             );
         }
         Ok(Selection::Filter(self.filter.clone()))
@@ -608,13 +619,49 @@ mod tests {
     }
 
     #[test]
+    fn source_and_stage_filter_ls_and_redrive() {
+        let ClientCommand::Dlq {
+            command: DlqCommand::Ls(a),
+        } = ok(&["dlq", "ls", "--source", "orders", "--stage", "broker"])
+        else {
+            panic!()
+        };
+        assert_eq!(
+            a.filter.pairs(),
+            [("source", "orders"), ("stage", "broker")]
+        );
+        let a = redrive(&["--source", "orders"]);
+        let sel = a.select.selection("redrive").unwrap();
+        let body = RedriveBody {
+            selection: &sel,
+            dry_run: a.dry_run,
+            rate_per_sec: a.rate,
+        };
+        assert_eq!(
+            serde_json::to_value(&body).unwrap(),
+            json!({"filter": {"source": "orders"}, "dry_run": false})
+        );
+        assert_eq!(sel.to_string(), "source=orders");
+        assert!(parse(&["dlq", "ls", "--stage", "parked"]).is_err());
+        assert!(parse(&["dlq", "ls", "--source", ""]).is_err());
+        let mixed = parse(&["dlq", "redrive", "--id", "d1", "--source", "orders"]);
+        assert_eq!(
+            mixed.unwrap_err().kind(),
+            clap::error::ErrorKind::ArgumentConflict
+        );
+    }
+
+    #[test]
     fn redrive_refuses_an_empty_selection() {
         let err = redrive(&["--dry-run"])
             .select
             .selection("redrive")
             .unwrap_err()
             .to_string();
-        assert!(err.contains("--id") && err.contains("--reason"), "{err}");
+        assert!(
+            err.contains("--id") && err.contains("--reason") && err.contains("--source"),
+            "{err}"
+        );
         assert!(err.contains("redrive"), "{err}");
     }
 

@@ -60,10 +60,20 @@ pub fn error_summary(e: Option<&Value>) -> String {
 
 /// `label:  value` lines with the values lined up.
 fn fields(out: Out, pairs: &[(&str, String)]) -> io::Result<()> {
-    let width = pairs.iter().map(|(k, _)| k.len() + 1).max().unwrap_or(0);
-    for (label, value) in pairs {
-        let label = format!("{label}:");
-        writeln!(out, "{label:<width$}  {}", clean_line(value))?;
+    indented_fields(out, pairs, "")
+}
+
+/// [`fields`] under a heading. Labels may come from a broker message's
+/// headers, so they are cleaned like values.
+fn indented_fields(out: Out, pairs: &[(&str, String)], indent: &str) -> io::Result<()> {
+    let labels: Vec<String> = pairs
+        .iter()
+        .map(|(k, _)| format!("{}:", clean_line(k)))
+        .collect();
+    let width = labels.iter().map(|l| l.chars().count()).max().unwrap_or(0);
+    for (label, (_, value)) in labels.iter().zip(pairs) {
+        let pad = width - label.chars().count();
+        writeln!(out, "{indent}{label}{:pad$}  {}", "", clean_line(value))?;
     }
     Ok(())
 }
@@ -173,9 +183,16 @@ pub fn job(out: Out, v: &Value, width: Option<usize>) -> io::Result<()> {
 }
 
 fn dead_letter_table(items: &[Value]) -> Table {
-    let mut t = Table::new(vec![
-        Column::new("ID"),
-        Column::new("JOB_ID"),
+    // The SOURCE column only when a broker message is on the page: most
+    // installations have no sources, and their tables stay as they were.
+    let sources = items
+        .iter()
+        .any(|d| d.get("source").is_some_and(|s| !s.is_null()));
+    let mut columns = vec![Column::new("ID"), Column::new("JOB_ID")];
+    if sources {
+        columns.push(Column::new("SOURCE"));
+    }
+    columns.extend([
         Column::new("TYPE"),
         Column::new("TENANT"),
         Column::new("LANE"),
@@ -185,10 +202,16 @@ fn dead_letter_table(items: &[Value]) -> Table {
         Column::new("DEAD_LETTERED_AT"),
         Column::new("ERROR").width_max(ERROR_WIDTH_MAX).flex(),
     ]);
+    let mut t = Table::new(columns);
     for d in items {
-        t.push([
-            text(d, "id"),
-            text(d, "job_id"),
+        let mut row = vec![text(d, "id"), text(d, "job_id")];
+        if sources {
+            row.push(
+                d.get("source")
+                    .map_or_else(|| "-".to_owned(), |s| text(s, "name")),
+            );
+        }
+        row.extend([
             text(d, "type"),
             text(d, "tenant"),
             text(d, "lane"),
@@ -198,6 +221,7 @@ fn dead_letter_table(items: &[Value]) -> Table {
             short_time(d, "dead_lettered_at"),
             error_summary(d.get("error")),
         ]);
+        t.push(row);
     }
     t
 }
@@ -265,8 +289,76 @@ pub fn dead_letter(out: Out, v: &Value, width: Option<usize>) -> io::Result<()> 
             }
         }
     }
+    source(out, v)?;
+    celery(out, v)?;
     history(out, v, width)?;
     payload_preview(out, v)
+}
+
+/// A JSON value on one line: strings bare, the rest as compact JSON.
+fn compact(v: Option<&Value>) -> String {
+    match v {
+        Some(Value::Object(m)) if m.is_empty() => "{}".to_owned(),
+        other => scalar(other),
+    }
+}
+
+/// Where a broker dead letter came from: its source, broker coordinates
+/// and the message's own headers.
+fn source(out: Out, v: &Value) -> io::Result<()> {
+    let Some(s) = v.get("source").filter(|s| s.is_object()) else {
+        return Ok(());
+    };
+    writeln!(out, "\nsource:")?;
+    let mut pairs = vec![
+        ("name", text(s, "name")),
+        ("broker", text(s, "broker")),
+        ("queue", text(s, "queue")),
+        ("message_id", text(s, "message_id")),
+        ("position", compact(s.get("position"))),
+    ];
+    push_if_present(&mut pairs, s, "content_type");
+    indented_fields(out, &pairs, "  ")?;
+    match s.get("headers").and_then(Value::as_object) {
+        Some(h) if !h.is_empty() => {
+            writeln!(out, "  headers:")?;
+            let rows: Vec<(&str, String)> = h
+                .iter()
+                .map(|(k, v)| (k.as_str(), compact(Some(v))))
+                .collect();
+            indented_fields(out, &rows, "    ")
+        }
+        _ => writeln!(out, "  headers:     none"),
+    }
+}
+
+/// A Celery task's name, id, retries and arguments.
+fn celery(out: Out, v: &Value) -> io::Result<()> {
+    let Some(c) = v.get("celery").filter(|c| c.is_object()) else {
+        return Ok(());
+    };
+    writeln!(out, "\ncelery task:")?;
+    let mut pairs = vec![
+        ("task", text(c, "task")),
+        ("id", text(c, "id")),
+        ("retries", text(c, "retries")),
+    ];
+    let args = c.get("arguments");
+    match args.and_then(|a| a.get("args")) {
+        Some(a) => {
+            pairs.push(("args", compact(Some(a))));
+            pairs.push(("kwargs", compact(args.and_then(|a| a.get("kwargs")))));
+        }
+        // A body that is not JSON: what Celery's own repr headers say.
+        None => {
+            pairs.push(("argsrepr", compact(args.and_then(|a| a.get("argsrepr")))));
+            pairs.push((
+                "kwargsrepr",
+                compact(args.and_then(|a| a.get("kwargsrepr"))),
+            ));
+        }
+    }
+    indented_fields(out, &pairs, "  ")
 }
 
 fn payload_preview(out: Out, v: &Value) -> io::Result<()> {
@@ -317,7 +409,8 @@ pub fn reasons(out: Out, v: &Value, width: Option<usize>) -> io::Result<()> {
     write_lines(out, &t.lines(width), "")
 }
 
-/// `POST /v1/dead-letters/redrive`.
+/// `POST /v1/dead-letters/redrive`: the counts, then what happened to
+/// each dead letter (a server that sends no `items` gets the job ids).
 pub fn redriven(out: Out, v: &Value, dry_run: bool) -> io::Result<()> {
     fields(
         out,
@@ -327,23 +420,94 @@ pub fn redriven(out: Out, v: &Value, dry_run: bool) -> io::Result<()> {
         ],
     )?;
     if dry_run {
-        return writeln!(out, "dry run: nothing was redriven");
+        writeln!(out, "dry run: nothing was redriven")?;
     }
-    let ids = items(v, "job_ids");
-    if !ids.is_empty() {
-        writeln!(out, "job ids:")?;
-        for id in ids.iter().take(JOB_IDS_SHOWN_MAX) {
-            writeln!(out, "  {}", clean_line(&scalar(Some(id))))?;
+    let per_item = items(v, "items");
+    if v.get("items").is_some_and(Value::is_array) {
+        if !per_item.is_empty() {
+            redrive_items(out, per_item, dry_run)?;
         }
-        if ids.len() > JOB_IDS_SHOWN_MAX {
-            writeln!(
-                out,
-                "  … and {} more (--json for all)",
-                ids.len() - JOB_IDS_SHOWN_MAX
-            )?;
+    } else if !dry_run {
+        let ids = items(v, "job_ids");
+        if !ids.is_empty() {
+            writeln!(out, "job ids:")?;
+            for id in ids.iter().take(JOB_IDS_SHOWN_MAX) {
+                writeln!(out, "  {}", clean_line(&scalar(Some(id))))?;
+            }
+            if ids.len() > JOB_IDS_SHOWN_MAX {
+                writeln!(
+                    out,
+                    "  … and {} more (--json for all)",
+                    ids.len() - JOB_IDS_SHOWN_MAX
+                )?;
+            }
         }
+    }
+    let missing: Vec<String> = items(v, "not_found")
+        .iter()
+        .map(|x| scalar(Some(x)))
+        .collect();
+    if !missing.is_empty() {
+        writeln!(
+            out,
+            "not found (or not redrivable): {}",
+            clean_line(&missing.join(", "))
+        )?;
+    }
+    match v.get("skipped_admission_records").and_then(Value::as_u64) {
+        Some(n) if n > 0 => writeln!(
+            out,
+            "skipped {n} admission record(s): nothing valid was admitted, so there is nothing to run again"
+        ),
+        _ => Ok(()),
+    }
+}
+
+/// One row per dead letter: which job or broker message, and its result.
+fn redrive_items(out: Out, rows: &[Value], dry_run: bool) -> io::Result<()> {
+    let mut t = Table::new(vec![
+        Column::new("DEAD_LETTER"),
+        Column::new("JOB_ID"),
+        Column::new("SOURCE"),
+        Column::new("MESSAGE_ID"),
+        Column::new("RESULT").width_max(ERROR_WIDTH_MAX * 2).flex(),
+    ]);
+    for r in rows.iter().take(JOB_IDS_SHOWN_MAX) {
+        let result = match (dry_run, r.get("error").and_then(Value::as_str)) {
+            (true, _) => "would be redriven".to_owned(),
+            (false, Some(e)) if r.get("redriven") == Some(&Value::Bool(true)) => {
+                format!("redriven, but: {e}")
+            }
+            (false, Some(e)) => format!("not redriven: {e}"),
+            (false, None) => "redriven".to_owned(),
+        };
+        t.push([
+            text(r, "dead_letter_id"),
+            text(r, "job_id"),
+            text(r, "source"),
+            text(r, "message_id"),
+            result,
+        ]);
+    }
+    write_lines(out, &t.lines(None), "")?;
+    if rows.len() > JOB_IDS_SHOWN_MAX {
+        writeln!(
+            out,
+            "… and {} more (--json for all)",
+            rows.len() - JOB_IDS_SHOWN_MAX
+        )?;
     }
     Ok(())
+}
+
+/// How many dead letters of a redrive reply were not redriven, for the
+/// exit status.
+pub fn redrive_failures(v: &Value) -> usize {
+    items(v, "items")
+        .iter()
+        .filter(|r| r.get("error").is_some_and(|e| !e.is_null()))
+        .filter(|r| r.get("redriven") != Some(&Value::Bool(true)))
+        .count()
 }
 
 /// `POST /v1/dead-letters/purge`.
@@ -656,6 +820,111 @@ mod tests {
         let v = json!({"matched": 25, "redriven": 25, "job_ids": many});
         assert!(render(|o| redriven(o, &v, false)).ends_with("  … and 5 more (--json for all)\n"));
         assert_eq!(render(|o| purged(o, &json!({"purged": 7}))), "purged:  7\n");
+    }
+
+    fn broker_dead_letter_json() -> Value {
+        let mut d = dead_letter_json();
+        d["id"] = json!("d2");
+        d["job_id"] = Value::Null;
+        d["type"] = json!("tasks.charge");
+        d["stage"] = json!("broker");
+        d["reason"] = json!("delivery_limit");
+        d["source"] = json!({
+            "name": "orders", "broker": "rabbitmq", "queue": "orders",
+            "message_id": "task-7", "position": {"delivery_tag": 3},
+            "headers": {"task": "tasks.charge", "id": "task-7", "x-evil\u{1b}[2J": "a\nb"},
+            "content_type": "application/json"
+        });
+        d["celery"] = json!({
+            "task": "tasks.charge", "id": "task-7", "retries": 2,
+            "arguments": {"args": ["order-1", 4200], "kwargs": {"currency": "EUR"}}
+        });
+        d
+    }
+
+    #[test]
+    fn a_page_with_broker_messages_gets_a_source_column() {
+        let v =
+            json!({"items": [broker_dead_letter_json(), dead_letter_json()], "next_cursor": null});
+        let out = render(|o| dead_letters(o, &v, None));
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(lines[0].starts_with("ID  JOB_ID  SOURCE  TYPE"), "{out}");
+        assert!(
+            lines[1].starts_with("d2  -       orders  tasks.charge"),
+            "{out}"
+        );
+        assert!(
+            lines[2].starts_with("d1  j1      -       send_email"),
+            "{out}"
+        );
+    }
+
+    #[test]
+    fn a_broker_dead_letter_shows_its_source_and_celery_task() {
+        let out = render(|o| dead_letter(o, &broker_dead_letter_json(), None));
+        assert!(
+            out.contains(
+                "\nsource:\n  name:          orders\n  broker:        rabbitmq\n  queue:         orders\n  \
+                 message_id:    task-7\n  position:      {\"delivery_tag\":3}\n  content_type:  application/json\n"
+            ),
+            "{out}"
+        );
+        assert!(
+            out.contains("\n  headers:\n    id:          task-7\n    task:        tasks.charge\n"),
+            "{out}"
+        );
+        assert!(
+            !out.contains('\u{1b}'),
+            "no escape reaches the terminal: {out}"
+        );
+        assert!(
+            out.contains(
+                "\ncelery task:\n  task:     tasks.charge\n  id:       task-7\n  retries:  2\n  \
+                 args:     [\"order-1\",4200]\n  kwargs:   {\"currency\":\"EUR\"}\n"
+            ),
+            "{out}"
+        );
+        let mut repr = broker_dead_letter_json();
+        repr["celery"]["arguments"] = json!({"argsrepr": "('order-1', 4200)", "kwargsrepr": "{}"});
+        let out = render(|o| dead_letter(o, &repr, None));
+        assert!(out.contains("  argsrepr:    ('order-1', 4200)\n"), "{out}");
+        // lazaret's own jobs show neither block.
+        let own = render(|o| dead_letter(o, &dead_letter_json(), None));
+        assert!(!own.contains("source:") && !own.contains("celery"), "{own}");
+    }
+
+    #[test]
+    fn a_redrive_prints_each_dead_letters_result() {
+        let v = json!({
+            "matched": 3, "redriven": 2, "job_ids": ["j1"],
+            "items": [
+                {"dead_letter_id": "d1", "job_id": "j1", "source": null, "message_id": null, "redriven": true, "error": null},
+                {"dead_letter_id": "d2", "job_id": null, "source": "orders", "message_id": "m-7", "redriven": true, "error": null},
+                {"dead_letter_id": "d3", "job_id": null, "source": "orders", "message_id": "m-8", "redriven": false,
+                 "error": "redis: the publish to orders was not confirmed"}
+            ],
+            "not_found": ["d9"], "dry_run": false, "skipped_admission_records": 1
+        });
+        assert_eq!(
+            render(|o| redriven(o, &v, false)),
+            "matched:   3\nredriven:  2\n\
+             DEAD_LETTER  JOB_ID  SOURCE  MESSAGE_ID  RESULT\n\
+             d1           j1      -       -           redriven\n\
+             d2           -       orders  m-7         redriven\n\
+             d3           -       orders  m-8         not redriven: redis: the publish to orders was not confirmed\n\
+             not found (or not redrivable): d9\n\
+             skipped 1 admission record(s): nothing valid was admitted, so there is nothing to run again\n"
+        );
+        assert_eq!(redrive_failures(&v), 1);
+        let dry = json!({"matched": 1, "redriven": 0, "job_ids": [], "dry_run": true, "not_found": [],
+            "items": [{"dead_letter_id": "d2", "job_id": null, "source": "orders", "message_id": "m-7"}]});
+        assert_eq!(
+            render(|o| redriven(o, &dry, true)),
+            "matched:   1\nredriven:  0\ndry run: nothing was redriven\n\
+             DEAD_LETTER  JOB_ID  SOURCE  MESSAGE_ID  RESULT\n\
+             d2           -       orders  m-7         would be redriven\n"
+        );
+        assert_eq!(redrive_failures(&dry), 0);
     }
 
     #[test]

@@ -240,6 +240,52 @@ async fn redrive_posts_the_selection_and_prints_counts() {
 }
 
 #[tokio::test]
+async fn redrive_by_source_prints_each_item_and_fails_when_one_stayed() {
+    let reply = r#"{"matched":2,"redriven":1,"job_ids":[],"not_found":[],"dry_run":false,
+        "skipped_admission_records":0,"items":[
+        {"dead_letter_id":"5","job_id":null,"source":"orders","message_id":"m-1","redriven":true,"error":null},
+        {"dead_letter_id":"6","job_id":null,"source":"orders","message_id":"m-2","redriven":false,
+         "error":"source \"orders\" is not connected to its broker yet"}]}"#;
+    let (url, seen) = stub(vec![ok(200, reply)]).await;
+    let (result, out) = lazaret(&url, None, &["dlq", "redrive", "--source", "orders"]).await;
+    let err = result.unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("1 dead letter(s) were not redriven"),
+        "{err:#}"
+    );
+    assert!(err.downcast_ref::<Refused>().is_none(), "exit 1, not 2");
+    let body: Value = serde_json::from_str(&seen.lock().unwrap()[0].body).unwrap();
+    assert_eq!(
+        body,
+        serde_json::json!({"filter": {"source": "orders"}, "dry_run": false})
+    );
+    assert!(
+        out.contains("\n5            -       orders  m-1         redriven\n"),
+        "{out}"
+    );
+    assert!(
+        out.contains("not redriven: source \"orders\" is not connected"),
+        "{out}"
+    );
+}
+
+#[tokio::test]
+async fn dlq_ls_filters_by_source() {
+    let page = r#"{"items":[{"id":"5","job_id":null,"type":"orders","reason":"permanent",
+        "stage":"processing","source":{"name":"orders","broker":"redis"}}],"next_cursor":null}"#;
+    let (url, seen) = stub(vec![ok(200, page)]).await;
+    let (result, out) = lazaret(&url, None, &["dlq", "ls", "--source", "orders"]).await;
+    result.unwrap();
+    assert_eq!(
+        seen.lock().unwrap()[0].target,
+        "/v1/dead-letters?source=orders"
+    );
+    assert!(out.starts_with("ID  JOB_ID  SOURCE  TYPE"), "{out}");
+    assert!(out.contains("\n5   -       orders  orders"), "{out}");
+}
+
+#[tokio::test]
 async fn redrive_without_a_selection_sends_nothing() {
     // No stub: a request would fail to connect instead of being refused.
     let (result, _) = lazaret("http://127.0.0.1:9", None, &["dlq", "redrive"]).await;

@@ -15,5 +15,6 @@ mod python_worker;
 mod restart;
 mod retries;
 mod running;
+mod sources;
 mod tokens;
 mod workers;

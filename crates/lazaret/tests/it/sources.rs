@@ -1,0 +1,667 @@
+//! `[[sources]]` end to end: `lazaret serve` guarding a Redis stream and
+//! delivering to a handler in this test; the contract's delivery headers,
+//! quarantine of a message the handler refuses, its dead letter read over
+//! the API and the CLI, and a redrive that republishes it to the stream.
+//! Config mistakes in `[[sources]]` are refused at start.
+//!
+//! The Redis tests need `LAZARET_TEST_REDIS_URL` (`redis://127.0.0.1:6379`);
+//! without it they are skipped with a message, and fail under `CI=true`.
+
+use std::io::Write;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use serde_json::{Value, json};
+
+use crate::harness::{EVENTUALLY, QUICK, Server, id_text, serve_refused};
+
+/// The source's name.
+const SOURCE: &str = "orders";
+
+/// The Redis URL, or `None` after saying the test is skipped (a failure
+/// under `CI=true`, where `.ci/run` must start Redis and set it).
+fn redis_url(test: &str) -> Option<String> {
+    match std::env::var("LAZARET_TEST_REDIS_URL") {
+        Ok(url) if !url.trim().is_empty() => Some(url),
+        _ => {
+            let why = format!(
+                "{test}: set LAZARET_TEST_REDIS_URL (redis://127.0.0.1:6379) to run it against a real Redis"
+            );
+            assert!(
+                std::env::var("CI").map_or(true, |v| v != "true"),
+                "under CI=true this test must run: {why}"
+            );
+            // Straight to stderr, past the test harness's capture, so the
+            // skip shows in a passing run.
+            let _ = writeln!(std::io::stderr(), "SKIPPED {why}");
+            None
+        }
+    }
+}
+
+/// A stream of its own, deleted when dropped.
+struct Stream {
+    client: redis::Client,
+    key: String,
+}
+
+impl Stream {
+    fn new(url: &str) -> Stream {
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .expect("after 1970")
+            .as_nanos();
+        Stream {
+            client: redis::Client::open(url).expect("a valid Redis URL"),
+            key: format!("lz-sources-{}-{nanos}", std::process::id()),
+        }
+    }
+
+    /// `XADD` as the team's producer would: a JSON body, a message id, a
+    /// content type and one header of the team's own.
+    async fn produce(&self, message_id: &str, body: &str, tenant: &str) {
+        let mut con = self
+            .client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("Redis answers");
+        let _: String = redis::cmd("XADD")
+            .arg(&self.key)
+            .arg("*")
+            .arg("body")
+            .arg(body)
+            .arg("message_id")
+            .arg(message_id)
+            .arg("content_type")
+            .arg("application/json")
+            .arg("tenant")
+            .arg(tenant)
+            .query_async(&mut con)
+            .await
+            .expect("XADD");
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        if let Ok(mut con) = self.client.get_connection() {
+            let _: Result<i64, _> = redis::cmd("DEL").arg(&self.key).query(&mut con);
+        }
+    }
+}
+
+/// One delivery as the handler saw it.
+#[derive(Clone, Debug)]
+struct Seen {
+    headers: HeaderMap,
+    body: Vec<u8>,
+}
+
+impl Seen {
+    fn header(&self, name: &str) -> String {
+        self.headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_else(|| panic!("no {name} header: {:?}", self.headers))
+            .to_owned()
+    }
+
+    fn message_id(&self) -> String {
+        percent_decode(&self.header("lazaret-message-id"))
+    }
+}
+
+/// The team's handler: records every delivery; while `broken`, refuses
+/// order 2 as a permanent failure (400) with the contract's error body.
+#[derive(Clone, Default)]
+struct Handler {
+    seen: Arc<Mutex<Vec<Seen>>>,
+    broken: Arc<AtomicBool>,
+}
+
+impl Handler {
+    /// Serves on a free loopback port; returns the URL to deliver to.
+    async fn start(&self) -> String {
+        async fn handle(State(h): State<Handler>, headers: HeaderMap, body: Bytes) -> Response {
+            let refuse = h.broken.load(Ordering::SeqCst) && body.as_ref() == ORDER_2.as_bytes();
+            h.seen.lock().expect("not poisoned").push(Seen {
+                headers,
+                body: body.to_vec(),
+            });
+            if refuse {
+                let error =
+                    json!({"error": {"kind": "validation", "message": "order 2 has no amount"}});
+                return (StatusCode::BAD_REQUEST, Json(error)).into_response();
+            }
+            StatusCode::NO_CONTENT.into_response()
+        }
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a free port");
+        let addr = listener.local_addr().expect("bound");
+        let app = Router::new()
+            .route("/orders", post(handle))
+            .with_state(self.clone());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        format!("http://{addr}/orders")
+    }
+
+    fn of(&self, message_id: &str) -> Vec<Seen> {
+        self.seen
+            .lock()
+            .expect("not poisoned")
+            .iter()
+            .filter(|s| s.message_id() == message_id)
+            .cloned()
+            .collect()
+    }
+
+    /// Waits until the handler saw `message_id` `n` times.
+    async fn deliveries(&self, message_id: &str, n: usize, server: &Server) -> Vec<Seen> {
+        let deadline = Instant::now() + EVENTUALLY;
+        loop {
+            let seen = self.of(message_id);
+            if seen.len() >= n {
+                return seen;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{message_id} delivered {} time(s), not {n}, within {EVENTUALLY:?}\n--- lazaret ---\n{}",
+                seen.len(),
+                server.output()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+const ORDER_1: &str = r#"{"order": 1, "amount": 4200}"#;
+const ORDER_2: &str = r#"{"order": 2}"#;
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(b)) => {
+                out.push(b);
+                i += 3;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).expect("UTF-8")
+}
+
+/// Runs the `lazaret` CLI against `server`; returns its stdout, or panics
+/// with everything it printed.
+async fn cli(server: &Server, args: &[&str]) -> String {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_lazaret"));
+    cmd.args(args)
+        .args(["--server", server.base()])
+        .env_remove("LAZARET_TOKEN")
+        .env_remove("LAZARET_SERVER")
+        .env_remove("COLUMNS")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
+        .await
+        .unwrap_or_else(|_| panic!("`lazaret {}` hung", args.join(" ")))
+        .expect("the lazaret binary runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "`lazaret {}` failed ({}):\n{stdout}{}",
+        args.join(" "),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+/// The value of a counter series whose line holds every one of `labels`.
+fn counter(metrics: &str, name: &str, labels: &[&str]) -> Option<f64> {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+        .find(|l| labels.iter().all(|want| l.contains(want)))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guarded_redis_stream_delivers_quarantines_and_redrives() {
+    let test = "a_guarded_redis_stream_delivers_quarantines_and_redrives";
+    let Some(url) = redis_url(test) else { return };
+    let stream = Stream::new(&url);
+    let handler = Handler::default();
+    handler.broken.store(true, Ordering::SeqCst);
+    let deliver = handler.start().await;
+    let config = format!(
+        r#"{QUICK}
+[[sources]]
+name = "{SOURCE}"
+broker = "redis"
+url = "{url}"
+queue = "{queue}"
+deliver = "{deliver}"
+tenant_header = "tenant"
+delivery_timeout_ms = 5000
+"#,
+        queue = stream.key
+    );
+    let server = Server::start(&config).await;
+    let api = server.api();
+    assert!(
+        server
+            .output()
+            .contains(&format!("source {SOURCE}: guard redis ")),
+        "a line per source at start:\n{}",
+        server.output()
+    );
+
+    // (a) A healthy message is delivered once, with the contract's headers.
+    stream.produce("m1", ORDER_1, "acme").await;
+    let seen = handler.deliveries("m1", 1, &server).await;
+    let d = &seen[0];
+    assert_eq!(d.body, ORDER_1.as_bytes(), "the body byte for byte");
+    assert_eq!(d.header("content-type"), "application/json");
+    assert_eq!(d.header("lazaret-attempt"), "1");
+    assert_eq!(d.header("lazaret-source"), SOURCE);
+    assert_eq!(d.message_id(), "m1");
+    assert_eq!(
+        percent_decode(&d.header("lazaret-idempotency-key")),
+        format!("{SOURCE}:m1")
+    );
+    let broker_headers: Value =
+        serde_json::from_str(&d.header("lazaret-headers")).expect("Lazaret-Headers is JSON");
+    assert_eq!(
+        broker_headers,
+        json!({"tenant": "acme"}),
+        "the entry's other fields"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(handler.of("m1").len(), 1, "delivered once");
+    let metrics = api.get("/metrics").await.text();
+    assert_eq!(
+        counter(
+            &metrics,
+            "lazaret_source_deliveries_total",
+            &[r#"source="orders""#, r#"outcome="succeeded""#]
+        ),
+        Some(1.0),
+        "{metrics}"
+    );
+
+    // (b) A message the handler refuses (400) becomes exactly one dead
+    // letter, with its source and its bytes.
+    stream.produce("m2", ORDER_2, "acme").await;
+    let deadline = Instant::now() + EVENTUALLY;
+    loop {
+        if !api
+            .dead_letters(&format!("source={SOURCE}"))
+            .await
+            .is_empty()
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no dead letter of source {SOURCE} within {EVENTUALLY:?}\n{}",
+            server.output()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        handler.of("m2").len(),
+        1,
+        "a permanent failure is not retried"
+    );
+    let items = api.dead_letters(&format!("source={SOURCE}")).await;
+    assert_eq!(items.len(), 1, "exactly one dead letter: {items:?}");
+    let dl = &items[0];
+    assert_eq!(dl["reason"], "permanent", "{dl}");
+    assert_eq!(dl["stage"], "processing", "{dl}");
+    assert_eq!(
+        dl["type"], SOURCE,
+        "the type defaults to the source's name: {dl}"
+    );
+    assert_eq!(dl["tenant"], "acme", "from tenant_header: {dl}");
+    assert_eq!(dl["lane"], "default", "{dl}");
+    assert!(dl["job_id"].is_null(), "a broker message, not a job: {dl}");
+    assert_eq!(dl["attempts"], 1, "{dl}");
+    assert_eq!(
+        dl["error"]["kind"], "validation",
+        "from the handler's body: {dl}"
+    );
+    assert_eq!(dl["idempotency_key"], format!("{SOURCE}:m2"), "{dl}");
+    assert_eq!(dl["payload_size"], ORDER_2.len(), "{dl}");
+    assert!(dl["celery"].is_null(), "{dl}");
+    let source = &dl["source"];
+    assert_eq!(source["name"], SOURCE, "{dl}");
+    assert_eq!(source["broker"], "redis", "{dl}");
+    assert_eq!(source["queue"], stream.key.as_str(), "{dl}");
+    assert_eq!(source["message_id"], "m2", "{dl}");
+    assert_eq!(source["headers"], json!({"tenant": "acme"}), "{dl}");
+    assert!(
+        source["position"]["entry_id"].is_string(),
+        "the entry id: {dl}"
+    );
+    let id = id_text(&dl["id"]);
+    let payload = api.get(&format!("/v1/dead-letters/{id}/payload")).await;
+    assert_eq!(payload.status, 200, "{}", payload.text());
+    assert_eq!(
+        payload.bytes,
+        ORDER_2.as_bytes(),
+        "the message body byte for byte"
+    );
+    assert_eq!(
+        payload.headers["content-type"], "application/json",
+        "the message's own content type"
+    );
+    assert_eq!(
+        api.dead_letters(&format!("source={SOURCE}&stage=processing"))
+            .await
+            .len(),
+        1
+    );
+    assert!(
+        api.dead_letters(&format!("source={SOURCE}&stage=broker"))
+            .await
+            .is_empty()
+    );
+    assert!(api.dead_letters("source=elsewhere").await.is_empty());
+    let r = api.get("/v1/dead-letters?sourse=orders").await;
+    crate::harness::assert_error(&r, 400, "BAD_REQUEST", None);
+    let metrics = api.get("/metrics").await.text();
+    assert_eq!(
+        counter(
+            &metrics,
+            "lazaret_source_deliveries_total",
+            &[r#"source="orders""#, r#"outcome="dead_lettered""#]
+        ),
+        Some(1.0),
+        "{metrics}"
+    );
+
+    // The CLI shows where it came from.
+    let listed = cli(&server, &["dlq", "ls", "--source", SOURCE]).await;
+    assert!(listed.starts_with("ID  JOB_ID  SOURCE"), "{listed}");
+    let shown = cli(&server, &["dlq", "show", &id]).await;
+    for needle in [
+        "\nsource:\n",
+        "  broker:",
+        "redis",
+        "m2",
+        "entry_id",
+        "tenant:",
+    ] {
+        assert!(
+            shown.contains(needle),
+            "`dlq show` has {needle:?}:\n{shown}"
+        );
+    }
+
+    // (c) The handler is fixed. A dry run lists what would be redriven and
+    // moves nothing; the CLI's redrive republishes it to the stream, the
+    // handler sees it afresh under the same id, and the dead letter is gone.
+    handler.broken.store(false, Ordering::SeqCst);
+    let r = api
+        .post(
+            "/v1/dead-letters/redrive",
+            &json!({"filter": {"source": SOURCE}, "dry_run": true}),
+        )
+        .await;
+    let body = r.expect(200);
+    assert_eq!(body["matched"], 1, "{body}");
+    assert_eq!(body["redriven"], 0, "{body}");
+    assert_eq!(body["job_ids"], json!([]), "{body}");
+    assert_eq!(body["not_found"], json!([]), "{body}");
+    assert_eq!(body["items"].as_array().map(Vec::len), Some(1), "{body}");
+    let item = &body["items"][0];
+    assert_eq!(id_text(&item["dead_letter_id"]), id, "{body}");
+    assert!(item["job_id"].is_null(), "{body}");
+    assert_eq!(item["source"], SOURCE, "{body}");
+    assert_eq!(item["message_id"], "m2", "{body}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(handler.of("m2").len(), 1, "a dry run publishes nothing");
+    assert_eq!(api.dead_letters(&format!("source={SOURCE}")).await.len(), 1);
+
+    let redriven = cli(&server, &["dlq", "redrive", "--source", SOURCE]).await;
+    assert!(redriven.contains("redriven:  1\n"), "{redriven}");
+    assert!(
+        redriven.contains(" m2 "),
+        "the message is listed: {redriven}"
+    );
+    let again = handler.deliveries("m2", 2, &server).await;
+    let d = &again[1];
+    assert_eq!(d.header("lazaret-attempt"), "1", "a fresh budget");
+    assert_eq!(d.message_id(), "m2", "the same message id");
+    assert_eq!(d.body, ORDER_2.as_bytes());
+    assert!(
+        api.dead_letters(&format!("source={SOURCE}"))
+            .await
+            .is_empty(),
+        "the dead letter left once the broker confirmed"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        api.dead_letters(&format!("source={SOURCE}"))
+            .await
+            .is_empty(),
+        "and it succeeded this time"
+    );
+    let audit = api.get("/v1/audit").await;
+    let entries = audit.expect(200)["items"].clone();
+    let redrives: Vec<&Value> = entries
+        .as_array()
+        .expect("items")
+        .iter()
+        .filter(|e| e["action"] == "redrive")
+        .collect();
+    assert!(
+        redrives
+            .iter()
+            .any(|e| e["count"] == 1 && e["request"]["filter"]["source"] == SOURCE),
+        "the redrive is audited with its count: {entries}"
+    );
+    let metrics = api.get("/metrics").await.text();
+    assert_eq!(
+        counter(&metrics, "lazaret_redriven_total", &[]),
+        Some(1.0),
+        "{metrics}"
+    );
+}
+
+/// A job dead letter for the redrive tests: enqueued, leased, failed for good.
+async fn job_dead_letter(api: &crate::harness::Api, n: u32) -> (Value, String) {
+    let id = api
+        .enqueue_ok(&crate::harness::job("report", "acme", json!({"n": n})))
+        .await;
+    let leased = api
+        .lease_one(&crate::harness::lease_req("w", 1, 30_000))
+        .await;
+    assert_eq!(leased["id"], id);
+    let failed = api
+        .fail(
+            &id,
+            &leased["lease_token"],
+            json!({"class": "permanent", "kind": "bad", "message": "no"}),
+        )
+        .await;
+    assert_eq!(failed.expect(200)["state"], "dead_lettered");
+    let dl = api.dead_letter_of(&id).await;
+    (id, id_text(&dl["id"]))
+}
+
+#[tokio::test]
+async fn a_redrive_lists_each_item_and_the_ids_it_could_not_find() {
+    let server = Server::start(QUICK).await;
+    let api = server.api();
+    let (job_a, dl_a) = job_dead_letter(&api, 1).await;
+    let (_job_b, dl_b) = job_dead_letter(&api, 2).await;
+    let unknown = crate::harness::unknown_id_like(&json!(dl_b));
+
+    // The filter keys are the contract's; anything else is refused, and an
+    // empty filter must say it means everything.
+    for body in [
+        json!({"filter": {"job_id": 1}}),
+        json!({"filter": {"reason": "permanent"}, "dryrun": true}),
+        json!({"filter": {}}),
+        json!({"filter": {"stage": "parked"}}),
+    ] {
+        let r = api.post("/v1/dead-letters/redrive", &body).await;
+        crate::harness::assert_error(&r, 400, "BAD_REQUEST", None);
+    }
+    let r = api
+        .post(
+            "/v1/dead-letters/redrive",
+            &json!({"filter": {}, "all": true, "dry_run": true}),
+        )
+        .await;
+    assert_eq!(r.expect(200)["matched"], 2, "{}", r.text());
+
+    let r = api
+        .post("/v1/dead-letters/redrive", &json!({"ids": [dl_a, unknown]}))
+        .await;
+    let body = r.expect(200);
+    assert_eq!(body["matched"], 1, "{body}");
+    assert_eq!(body["redriven"], 1, "{body}");
+    assert_eq!(body["job_ids"], json!([job_a]), "{body}");
+    assert_eq!(body["not_found"], json!([unknown]), "{body}");
+    let item = &body["items"][0];
+    assert_eq!(id_text(&item["dead_letter_id"]), dl_a, "{body}");
+    assert_eq!(item["job_id"], job_a, "{body}");
+    assert!(
+        item["source"].is_null() && item["message_id"].is_null(),
+        "{body}"
+    );
+    assert_eq!(body["dry_run"], false, "{body}");
+    // By stage: lazaret's own jobs dead-letter in processing.
+    let r = api
+        .post(
+            "/v1/dead-letters/redrive",
+            &json!({"filter": {"stage": "processing"}, "dry_run": true}),
+        )
+        .await;
+    let body = r.expect(200);
+    assert_eq!(body["matched"], 1, "{body}");
+    assert_eq!(id_text(&body["items"][0]["dead_letter_id"]), dl_b, "{body}");
+}
+
+#[tokio::test]
+async fn a_broker_that_is_down_does_not_keep_the_server_from_starting() {
+    // Nothing listens on port 1: the source keeps retrying in the background.
+    let config = format!(
+        r#"{QUICK}
+[[sources]]
+name = "{SOURCE}"
+broker = "redis"
+url = "redis://:hunter2@127.0.0.1:1"
+queue = "orders"
+deliver = "http://127.0.0.1:9/orders"
+"#
+    );
+    let mut server = Server::start(&config).await;
+    let api = server.api();
+    assert_eq!(api.get("/healthz").await.status, 200);
+    let deadline = Instant::now() + EVENTUALLY;
+    while !server.output().contains("keeps retrying") {
+        assert!(
+            Instant::now() < deadline,
+            "no warning about the broker:\n{}",
+            server.output()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let output = server.output();
+    assert!(
+        output.contains("source orders: guard redis redis://:***@127.0.0.1:1 queue orders"),
+        "{output}"
+    );
+    assert!(
+        !output.contains("hunter2"),
+        "the password stays out: {output}"
+    );
+    // A redrive by source finds nothing and says so; nothing is refused.
+    let r = api
+        .post(
+            "/v1/dead-letters/redrive",
+            &json!({"filter": {"source": SOURCE}}),
+        )
+        .await;
+    assert_eq!(r.expect(200)["matched"], 0);
+    // It stops promptly: the source's retries do not hold up shutdown.
+    let started = Instant::now();
+    server.restart().await;
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "restart took {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn source_config_mistakes_are_refused_at_start_naming_the_key() {
+    let source = |extra: &str| {
+        format!(
+            "[[sources]]\nname = \"orders\"\nbroker = \"redis\"\nurl = \"redis://127.0.0.1:6379\"\nqueue = \"orders\"\n{extra}"
+        )
+    };
+    let deliver = "deliver = \"http://127.0.0.1:9/orders\"\n";
+    let cases = [
+        (
+            source(""),
+            "sources[0].deliver",
+            "a guard source needs deliver",
+        ),
+        (
+            format!("{}{}", source(deliver), source(deliver)),
+            "sources[1].name",
+            "already used by sources[0]",
+        ),
+        (
+            source(&format!("{deliver}delivr = \"http://h/\"\n")),
+            "sources[0].delivr",
+            "unknown field",
+        ),
+        (
+            source(deliver).replace("\"redis\"", "\"kafka\""),
+            "sources[0].broker",
+            "later release",
+        ),
+    ];
+    for (config, key, words) in cases {
+        let (status, printed) = serve_refused(&config, "127.0.0.1:0").await;
+        assert!(
+            !status.success(),
+            "started with:\n{config}\nprinted:\n{printed}"
+        );
+        assert!(
+            printed.contains(&format!(":{key}: ")) || printed.contains(&format!(" {key}: ")),
+            "names {key}:\n{printed}"
+        );
+        assert!(printed.contains(words), "says {words:?}:\n{printed}");
+        assert!(
+            !printed.contains("lazaret listening on"),
+            "refused before listening:\n{printed}"
+        );
+    }
+}
