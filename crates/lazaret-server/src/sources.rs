@@ -16,7 +16,7 @@ use std::time::Duration;
 use lazaret_core::{JobType, Lane, Timestamp, Transition, TypePolicy};
 use lazaret_guard::broker::{reconnect_delay, redact};
 use lazaret_guard::{
-    Broker, BrokerError, Guard, Host, HttpHandler, Mode, SourceSpec, TenantFrom, Watch,
+    Broker, BrokerError, Faults, Guard, Host, HttpHandler, Mode, SourceSpec, TenantFrom, Watch,
 };
 use lazaret_store::{Completed, SourceDeadLetter, Store};
 use tokio::sync::watch;
@@ -190,6 +190,37 @@ impl Sources {
     }
 }
 
+/// The environment variable naming a source that stops dead between its
+/// write and the broker acknowledgement, for tests that `kill -9` lazaret
+/// exactly there. Never set it in production.
+pub const FAULT_HANG_AFTER_WRITE: &str = "LAZARET_FAULT_HANG_AFTER_WRITE";
+
+/// Test hooks from the environment: with [`FAULT_HANG_AFTER_WRITE`] naming
+/// this source, the first message written (quarantined or held) prints
+/// `lazaret-fault: …` to stderr and blocks its thread forever, before the
+/// broker acknowledgement, so the test can kill the process there.
+fn fault_hooks(source: &str) -> Faults {
+    if std::env::var(FAULT_HANG_AFTER_WRITE).ok().as_deref() != Some(source) {
+        return Faults::default();
+    }
+    tracing::warn!(
+        source,
+        "{FAULT_HANG_AFTER_WRITE} is set: this source hangs after its first write (tests only)"
+    );
+    Faults {
+        crash_after_write: Some(Arc::new(|d| {
+            eprintln!(
+                "lazaret-fault: wrote message {}, hanging before the broker acknowledgement",
+                d.message_id
+            );
+            loop {
+                std::thread::sleep(Duration::from_secs(3600));
+            }
+        })),
+        ..Faults::default()
+    }
+}
+
 /// One source, from connecting to shutdown.
 async fn run<S: Store>(app: Arc<App<S>>, spec: SourceSpec, mut stop: watch::Receiver<bool>) {
     let Some(broker) = connect(&spec, &mut stop).await else {
@@ -209,9 +240,19 @@ async fn run<S: Store>(app: Arc<App<S>>, spec: SourceSpec, mut stop: watch::Rece
                 return;
             };
             let handler = Arc::new(HttpHandler::new(url));
-            Guard::new(spec, app, broker, handler).run(stop).await
+            let faults = fault_hooks(&spec.name);
+            Guard::new(spec, app, broker, handler)
+                .with_faults(faults)
+                .run(stop)
+                .await
         }
-        Mode::Watch => Watch::new(spec, app, broker).run(stop).await,
+        Mode::Watch => {
+            let faults = fault_hooks(&spec.name);
+            Watch::new(spec, app, broker)
+                .with_faults(faults)
+                .run(stop)
+                .await
+        }
     };
     if let Err(e) = result {
         tracing::error!(source = %name, "the source stopped: {e}; restart lazaret to run it again");

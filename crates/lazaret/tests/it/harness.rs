@@ -50,9 +50,38 @@ pub struct Server {
     child: Option<Child>,
     base: String,
     starts: u32,
+    /// Environment variables for the next start.
+    env: Vec<(String, String)>,
 }
 
 impl Server {
+    /// Starts a server with `config` and these environment variables (which
+    /// stay for restarts until [`Server::set_env`] changes them).
+    pub async fn start_env(config: &str, env: &[(&str, &str)]) -> Server {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        std::fs::write(dir.path().join("lazaret.toml"), config).expect("config written");
+        let mut server = Server {
+            dir,
+            child: None,
+            base: String::new(),
+            starts: 0,
+            env: env
+                .iter()
+                .map(|(k, v)| ((*k).into(), (*v).into()))
+                .collect(),
+        };
+        server.spawn().await;
+        server
+    }
+
+    /// The environment variables of the next start.
+    pub fn set_env(&mut self, env: &[(&str, &str)]) {
+        self.env = env
+            .iter()
+            .map(|(k, v)| ((*k).into(), (*v).into()))
+            .collect();
+    }
+
     /// Starts a server with `config` as its TOML file.
     pub async fn start(config: &str) -> Server {
         Server::start_with(config, &[]).await
@@ -71,6 +100,7 @@ impl Server {
             child: None,
             base: String::new(),
             starts: 0,
+            env: Vec::new(),
         };
         server.spawn().await;
         server
@@ -152,6 +182,7 @@ impl Server {
             .arg(&data)
             .arg("--config")
             .arg(&config)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(log))

@@ -665,3 +665,97 @@ async fn source_config_mistakes_are_refused_at_start_naming_the_key() {
         );
     }
 }
+
+/// The number of entries of `stream`'s group `lazaret` still pending
+/// (delivered, never acknowledged).
+async fn pending(stream: &Stream) -> i64 {
+    let mut con = stream
+        .client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("Redis answers");
+    let reply: redis::Value = redis::cmd("XPENDING")
+        .arg(&stream.key)
+        .arg("lazaret")
+        .query_async(&mut con)
+        .await
+        .expect("XPENDING");
+    match reply {
+        redis::Value::Array(items) => match items.first() {
+            Some(redis::Value::Int(n)) => *n,
+            other => panic!("XPENDING summary starts with {other:?}"),
+        },
+        other => panic!("XPENDING answered {other:?}"),
+    }
+}
+
+/// `kill -9` of lazaret after the dead letter is durable and before Redis
+/// got its `XACK`: the restarted lazaret claims the entry the dead process
+/// left pending, recognises it as quarantined, acknowledges it without
+/// delivering it again, and there is exactly one dead letter.
+#[tokio::test]
+async fn kill_9_between_quarantine_and_ack_leaves_exactly_one_dead_letter() {
+    let test = "kill_9_between_quarantine_and_ack_leaves_exactly_one_dead_letter";
+    let Some(url) = redis_url(test) else { return };
+    let stream = Stream::new(&url);
+    let handler = Handler::default();
+    handler.broken.store(true, Ordering::SeqCst);
+    let deliver = handler.start().await;
+    // Entries a dead consumer left are claimed after twice the delivery timeout.
+    let config = format!(
+        r#"{QUICK}
+[[sources]]
+name = "{SOURCE}"
+broker = "redis"
+url = "{url}"
+queue = "{queue}"
+deliver = "{deliver}"
+delivery_timeout_ms = 500
+"#,
+        queue = stream.key
+    );
+    let mut server = Server::start_env(
+        &config,
+        &[(lazaret_server::sources::FAULT_HANG_AFTER_WRITE, SOURCE)],
+    )
+    .await;
+    stream.produce("m-k", ORDER_2, "acme").await;
+    let deadline = Instant::now() + EVENTUALLY;
+    while !server.log().contains("lazaret-fault: wrote message m-k") {
+        assert!(
+            Instant::now() < deadline,
+            "the fault hook never fired:\n{}",
+            server.output()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(pending(&stream).await, 1, "written, not acknowledged");
+
+    server.set_env(&[]);
+    server.kill_and_restart().await;
+    let deadline = Instant::now() + EVENTUALLY;
+    while pending(&stream).await != 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the entry left pending was never acknowledged:\n{}",
+            server.output()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let dead = server
+        .api()
+        .get(&format!("/v1/dead-letters?source={SOURCE}"))
+        .await;
+    let items = dead.expect(200)["items"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(items.len(), 1, "exactly one dead letter: {items:#?}");
+    assert_eq!(items[0]["reason"], "permanent");
+    assert_eq!(items[0]["source"]["message_id"], "m-k");
+    assert_eq!(
+        handler.of("m-k").len(),
+        1,
+        "the redelivery was recognised, not delivered again"
+    );
+}
