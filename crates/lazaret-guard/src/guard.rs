@@ -355,8 +355,7 @@ impl<H: Host> Inner<H> {
             if let Err(e) = ack.progress().await {
                 tracing::debug!(source = %self.spec.name, "in-progress ack failed: {e}");
             }
-            tokio::time::sleep(wait.clamp(Duration::from_millis(10), Duration::from_secs(1)))
-                .await;
+            tokio::time::sleep(wait.clamp(Duration::from_millis(10), Duration::from_secs(1))).await;
         }
         delivery.resolve_id();
         if delivery.redelivered || delivery.broker_prior > 0 {

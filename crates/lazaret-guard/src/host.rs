@@ -87,7 +87,8 @@ impl<S: Store> Host for LocalHost<S> {
 
     fn held_back(&self, ty: &JobType, _lane: &Lane, now: Timestamp) -> Option<Duration> {
         let mut b = self.breakers.lock().unwrap_or_else(|p| p.into_inner());
-        b.parked_until(ty, now).map(|until| until.saturating_since(now))
+        b.parked_until(ty, now)
+            .map(|until| until.saturating_since(now))
     }
 
     fn observe(&self, _source: &str, done: &Completed, now: Timestamp) {

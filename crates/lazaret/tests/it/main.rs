@@ -6,6 +6,7 @@
 mod admission;
 mod auth;
 mod bench;
+mod celery;
 mod dead_letters;
 mod errors;
 mod fairness;
