@@ -1,0 +1,141 @@
+//! Sets a broker up as `docs/brokers.md` describes and puts demo orders on
+//! it, for the configs in `examples/brokers/`:
+//!
+//! ```sh
+//! cargo run -p lazaret-guard --example demo_orders -- rabbitmq
+//! cargo run -p lazaret-guard --example demo_orders -- nats
+//! cargo run -p lazaret-guard --example demo_orders -- redis
+//! ```
+//!
+//! Each puts four orders on `orders` (a RabbitMQ quorum queue dead-lettering
+//! into `orders.dlq`; the JetStream stream `ORDERS` with its advisories
+//! captured in `ORDERS_DEAD`; the Redis stream `orders`): a good one, one
+//! that fails twice before it succeeds, one that can never succeed (no
+//! amount) and one whose downstream is busy. `examples/python_handler.py`
+//! answers each as its docstring says.
+
+use std::time::Duration;
+
+use serde_json::json;
+
+const ORDERS: [&str; 4] = [
+    r#"{"order_id": "o-1", "amount": 42}"#,
+    r#"{"order_id": "o-2", "amount": 7, "fail_attempts": 2}"#,
+    r#"{"order_id": "o-3"}"#,
+    r#"{"order_id": "o-4", "amount": 5, "busy": true}"#,
+];
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let broker = std::env::args().nth(1).unwrap_or_default();
+    match broker.as_str() {
+        "rabbitmq" => rabbitmq().await?,
+        "nats" => nats().await?,
+        "redis" => redis().await?,
+        _ => return Err("usage: demo_orders rabbitmq|nats|redis".into()),
+    }
+    println!("put {} orders on {broker}; now watch lazaret dlq ls", ORDERS.len());
+    Ok(())
+}
+
+async fn rabbitmq() -> Result<(), Box<dyn std::error::Error>> {
+    use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
+    use lapin::types::{AMQPValue, FieldTable};
+    use lapin::{BasicProperties, Connection, ConnectionProperties};
+
+    let url = std::env::var("AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into());
+    let props = ConnectionProperties::default()
+        .with_executor(tokio_executor_trait::Tokio::current())
+        .with_reactor(tokio_reactor_trait::Tokio::current());
+    let conn = Connection::connect(&url, props).await?;
+    let ch = conn.create_channel().await?;
+    let durable = QueueDeclareOptions {
+        durable: true,
+        ..QueueDeclareOptions::default()
+    };
+    ch.queue_declare("orders.dlq", durable, FieldTable::default())
+        .await?;
+    let mut args = FieldTable::default();
+    args.insert("x-queue-type".into(), AMQPValue::LongString("quorum".into()));
+    args.insert("x-delivery-limit".into(), AMQPValue::LongInt(20));
+    args.insert("x-dead-letter-exchange".into(), AMQPValue::LongString("".into()));
+    args.insert(
+        "x-dead-letter-routing-key".into(),
+        AMQPValue::LongString("orders.dlq".into()),
+    );
+    ch.queue_declare("orders", durable, args).await?;
+    ch.confirm_select(ConfirmSelectOptions::default()).await?;
+    for (i, order) in ORDERS.iter().enumerate() {
+        ch.basic_publish(
+            "",
+            "orders",
+            BasicPublishOptions::default(),
+            order.as_bytes(),
+            BasicProperties::default()
+                .with_message_id(format!("order-{}", i + 1).into())
+                .with_content_type("application/json".into())
+                .with_delivery_mode(2),
+        )
+        .await?
+        .await?;
+    }
+    Ok(())
+}
+
+async fn nats() -> Result<(), Box<dyn std::error::Error>> {
+    use async_nats::jetstream::{self, stream};
+
+    let url = std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
+    let js = jetstream::new(async_nats::connect(&url).await?);
+    js.get_or_create_stream(stream::Config {
+        name: "ORDERS".into(),
+        subjects: vec!["orders".into()],
+        ..Default::default()
+    })
+    .await?;
+    js.get_or_create_stream(stream::Config {
+        name: "ORDERS_DEAD".into(),
+        subjects: vec![
+            "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.ORDERS.*".into(),
+            "$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.ORDERS.*".into(),
+        ],
+        ..Default::default()
+    })
+    .await?;
+    for (i, order) in ORDERS.iter().enumerate() {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Nats-Msg-Id", format!("order-{}", i + 1).as_str());
+        headers.insert("Content-Type", "application/json");
+        js.publish_with_headers("orders", headers, order.as_bytes().to_vec().into())
+            .await?
+            .await?;
+    }
+    Ok(())
+}
+
+async fn redis() -> Result<(), Box<dyn std::error::Error>> {
+    let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let client = redis::Client::open(url)?;
+    let mut con = tokio::time::timeout(
+        Duration::from_secs(5),
+        client.get_multiplexed_async_connection(),
+    )
+    .await??;
+    for (i, order) in ORDERS.iter().enumerate() {
+        let _: String = redis::cmd("XADD")
+            .arg("orders")
+            .arg("*")
+            .arg("body")
+            .arg(*order)
+            .arg("message_id")
+            .arg(format!("order-{}", i + 1))
+            .arg("content_type")
+            .arg("application/json")
+            .arg("shop")
+            .arg(json!({"region": "eu"}).to_string())
+            .query_async(&mut con)
+            .await?;
+    }
+    Ok(())
+}
