@@ -14,6 +14,9 @@
 //! amount) and one whose downstream is busy. `examples/python_handler.py`
 //! answers each as its docstring says.
 
+// What it put where is for the person running it.
+#![allow(clippy::print_stdout)]
+
 use std::time::Duration;
 
 use serde_json::json;
@@ -34,7 +37,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "redis" => redis().await?,
         _ => return Err("usage: demo_orders rabbitmq|nats|redis".into()),
     }
-    println!("put {} orders on {broker}; now watch lazaret dlq ls", ORDERS.len());
+    println!(
+        "put {} orders on {broker}; now watch lazaret dlq ls",
+        ORDERS.len()
+    );
     Ok(())
 }
 
@@ -57,9 +63,15 @@ async fn rabbitmq() -> Result<(), Box<dyn std::error::Error>> {
     ch.queue_declare("orders.dlq", durable, FieldTable::default())
         .await?;
     let mut args = FieldTable::default();
-    args.insert("x-queue-type".into(), AMQPValue::LongString("quorum".into()));
+    args.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".into()),
+    );
     args.insert("x-delivery-limit".into(), AMQPValue::LongInt(20));
-    args.insert("x-dead-letter-exchange".into(), AMQPValue::LongString("".into()));
+    args.insert(
+        "x-dead-letter-exchange".into(),
+        AMQPValue::LongString("".into()),
+    );
     args.insert(
         "x-dead-letter-routing-key".into(),
         AMQPValue::LongString("orders.dlq".into()),

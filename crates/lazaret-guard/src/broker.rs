@@ -135,6 +135,82 @@ pub trait Broker: Send + Sync + fmt::Debug {
     }
 }
 
+/// A broker's messages, reconnecting after errors: what guard and watch
+/// sources share.
+pub(crate) struct Reconnecting<'a> {
+    broker: &'a dyn Broker,
+    source: &'a str,
+    consumer: Option<Box<dyn Consumer>>,
+    failures: u32,
+}
+
+impl<'a> Reconnecting<'a> {
+    pub(crate) fn new(broker: &'a dyn Broker, source: &'a str) -> Self {
+        Reconnecting {
+            broker,
+            source,
+            consumer: None,
+            failures: 0,
+        }
+    }
+
+    /// The next message; `None` once `shutdown` turns true. Opens the
+    /// consumer when there is none, and after an error waits
+    /// [`reconnect_delay`] before opening it again.
+    pub(crate) async fn next(
+        &mut self,
+        shutdown: &mut tokio::sync::watch::Receiver<bool>,
+    ) -> Option<Incoming> {
+        loop {
+            if *shutdown.borrow() {
+                return None;
+            }
+            let consumer = match &mut self.consumer {
+                Some(c) => c,
+                None => match self.broker.consume().await {
+                    Ok(c) => self.consumer.insert(c),
+                    Err(e) => {
+                        self.failed(&e.to_string(), shutdown).await?;
+                        continue;
+                    }
+                },
+            };
+            let next = tokio::select! {
+                n = consumer.next() => n,
+                _ = shutdown.changed() => return None,
+            };
+            match next {
+                Ok(Some(incoming)) => {
+                    self.failures = 0;
+                    return Some(incoming);
+                }
+                Ok(None) => {
+                    tracing::warn!(source = %self.source, "the broker closed the consumer; reconnecting");
+                    self.consumer = None;
+                }
+                Err(e) => {
+                    self.consumer = None;
+                    self.failed(&e.to_string(), shutdown).await?;
+                }
+            }
+        }
+    }
+
+    /// Logs, then waits out the reconnect delay; `None` at shutdown.
+    async fn failed(
+        &mut self,
+        why: &str,
+        shutdown: &mut tokio::sync::watch::Receiver<bool>,
+    ) -> Option<()> {
+        self.failures += 1;
+        tracing::warn!(source = %self.source, "{why}; reconnecting");
+        tokio::select! {
+            _ = tokio::time::sleep(reconnect_delay(self.failures)) => Some(()),
+            _ = shutdown.changed() => None,
+        }
+    }
+}
+
 /// Opens the adapter for a source's broker.
 pub async fn connect(spec: &SourceSpec) -> Result<Box<dyn Broker>, BrokerError> {
     match spec.broker {

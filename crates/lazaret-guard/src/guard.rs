@@ -32,7 +32,7 @@ use lazaret_store::{
 };
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 
-use crate::broker::{Acker, Broker, BrokerError, Consumer, Incoming, reconnect_delay};
+use crate::broker::{Acker, Broker, BrokerError, Incoming, Reconnecting};
 use crate::handler::{Call, Handler, Outcome};
 use crate::host::Host;
 use crate::message::Delivery;
@@ -234,8 +234,7 @@ impl<H: Host> Inner<H> {
         self: Arc<Self>,
         mut shutdown: watch::Receiver<bool>,
     ) -> Result<(), GuardError> {
-        let mut failures = 0u32;
-        let mut consumer: Option<Box<dyn Consumer>> = None;
+        let mut messages = Reconnecting::new(self.broker.as_ref(), &self.spec.name);
         loop {
             let Ok(permit) = Arc::clone(&self.permits).acquire_owned().await else {
                 return Ok(());
@@ -243,43 +242,10 @@ impl<H: Host> Inner<H> {
             if !self.gate(&mut shutdown).await {
                 return Ok(());
             }
-            if consumer.is_none() {
-                match self.broker.consume().await {
-                    Ok(c) => consumer = Some(c),
-                    Err(e) => {
-                        failures += 1;
-                        tracing::warn!(source = %self.spec.name, "{e}; retrying");
-                        tokio::select! {
-                            _ = tokio::time::sleep(reconnect_delay(failures)) => continue,
-                            _ = shutdown.changed() => return Ok(()),
-                        }
-                    }
-                }
-            }
-            let Some(c) = consumer.as_mut() else { continue };
-            let next = tokio::select! {
-                n = c.next() => n,
-                _ = shutdown.changed() => return Ok(()),
+            let Some(incoming) = messages.next(&mut shutdown).await else {
+                return Ok(());
             };
-            match next {
-                Ok(Some(incoming)) => {
-                    failures = 0;
-                    tokio::spawn(Arc::clone(&self).take(incoming, permit));
-                }
-                Ok(None) => {
-                    tracing::warn!(source = %self.spec.name, "the broker closed the consumer; reconnecting");
-                    consumer = None;
-                }
-                Err(e) => {
-                    failures += 1;
-                    tracing::warn!(source = %self.spec.name, "{e}; reconnecting");
-                    consumer = None;
-                    tokio::select! {
-                        _ = tokio::time::sleep(reconnect_delay(failures)) => {}
-                        _ = shutdown.changed() => return Ok(()),
-                    }
-                }
-            }
+            tokio::spawn(Arc::clone(&self).take(incoming, permit));
         }
     }
 

@@ -11,7 +11,7 @@ use lazaret_store::{SourceDeadLetter, SourceRef, Stage, Store};
 use serde_json::{Map, Value};
 use tokio::sync::watch;
 
-use crate::broker::{Broker, Consumer, reconnect_delay};
+use crate::broker::{Broker, Reconnecting};
 use crate::celery;
 use crate::guard::{Faults, GuardError, now};
 use crate::host::Host;
@@ -74,47 +74,11 @@ impl<H: Host> Watch<H> {
 
     /// Runs until `shutdown` turns true.
     pub async fn run(self, mut shutdown: watch::Receiver<bool>) -> Result<(), GuardError> {
-        let mut failures = 0u32;
-        let mut consumer: Option<Box<dyn Consumer>> = None;
+        let mut messages = Reconnecting::new(self.broker.as_ref(), &self.spec.name);
         loop {
-            if *shutdown.borrow() {
+            let Some(incoming) = messages.next(&mut shutdown).await else {
                 return Ok(());
-            }
-            if consumer.is_none() {
-                match self.broker.consume().await {
-                    Ok(c) => consumer = Some(c),
-                    Err(e) => {
-                        failures += 1;
-                        tracing::warn!(source = %self.spec.name, "{e}; retrying");
-                        tokio::select! {
-                            _ = tokio::time::sleep(reconnect_delay(failures)) => continue,
-                            _ = shutdown.changed() => return Ok(()),
-                        }
-                    }
-                }
-            }
-            let Some(c) = consumer.as_mut() else { continue };
-            let next = tokio::select! {
-                n = c.next() => n,
-                _ = shutdown.changed() => return Ok(()),
             };
-            let incoming = match next {
-                Ok(Some(i)) => i,
-                Ok(None) => {
-                    consumer = None;
-                    continue;
-                }
-                Err(e) => {
-                    failures += 1;
-                    tracing::warn!(source = %self.spec.name, "{e}; reconnecting");
-                    consumer = None;
-                    tokio::select! {
-                        _ = tokio::time::sleep(reconnect_delay(failures)) => continue,
-                        _ = shutdown.changed() => return Ok(()),
-                    }
-                }
-            };
-            failures = 0;
             let mut delivery = incoming.delivery;
             delivery.resolve_id();
             let taken = match self.broker.interpret(&delivery).await {

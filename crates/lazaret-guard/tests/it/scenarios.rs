@@ -22,48 +22,27 @@ use lazaret_guard::Host;
 /// after saying so).
 macro_rules! scenario_suite {
     ($make:expr) => {
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn a_poison_message_at_the_head_does_not_delay_the_healthy_ones_behind_it() {
-            let Some(b) = $make.await else { return };
-            crate::scenarios::poison_at_the_head(&b).await;
-        }
-
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn a_transient_failure_is_retried_after_its_backoff_and_then_succeeds() {
-            let Some(b) = $make.await else { return };
-            crate::scenarios::transient_then_success(&b).await;
-        }
-
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn a_restart_mid_retry_keeps_the_attempt_count() {
-            let Some(b) = $make.await else { return };
-            crate::scenarios::restart_mid_retry(&b).await;
-        }
-
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn a_message_that_always_fails_ends_as_exactly_one_dead_letter_with_its_history() {
-            let Some(b) = $make.await else { return };
-            crate::scenarios::always_fails(&b).await;
-        }
-
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn a_crash_between_quarantine_and_ack_leaves_exactly_one_dead_letter() {
-            let Some(b) = $make.await else { return };
-            crate::scenarios::crash_between_quarantine_and_ack(&b).await;
-        }
-
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn a_redrive_republishes_and_the_message_is_processed() {
-            let Some(b) = $make.await else { return };
-            crate::scenarios::redrive_republishes(&b).await;
-        }
-
-        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-        async fn a_watch_source_files_the_brokers_own_dead_letter() {
-            let Some(b) = $make.await else { return };
-            crate::scenarios::watch_files_broker_dead_letters(&b).await;
-        }
+        $crate::scenarios::scenario_suite!(@tests $make;
+            a_poison_message_at_the_head_does_not_delay_the_healthy_ones_behind_it
+                => poison_at_the_head,
+            a_transient_failure_is_retried_after_its_backoff_and_then_succeeds
+                => transient_then_success,
+            a_restart_mid_retry_keeps_the_attempt_count => restart_mid_retry,
+            a_message_that_always_fails_ends_as_exactly_one_dead_letter_with_its_history
+                => always_fails,
+            a_crash_between_quarantine_and_ack_leaves_exactly_one_dead_letter
+                => crash_between_quarantine_and_ack,
+            a_redrive_republishes_and_the_message_is_processed => redrive_republishes,
+            a_watch_source_files_the_brokers_own_dead_letter => watch_files_broker_dead_letters,
+        );
     };
+    (@tests $make:expr; $($test:ident => $scenario:ident),+ $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $test() {
+            let Some(b) = $make.await else { return };
+            $crate::scenarios::$scenario(&b).await;
+        }
+    )+};
 }
 pub(crate) use scenario_suite;
 

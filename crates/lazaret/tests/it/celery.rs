@@ -19,7 +19,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
 
-use crate::harness::Server;
+use crate::harness::{Server, cli};
 
 /// The source's name in lazaret.
 const SOURCE: &str = "celery-orders";
@@ -206,31 +206,6 @@ impl Drop for Worker {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-/// Runs the `lazaret` CLI against `server`; returns its stdout, or panics
-/// with everything it printed.
-async fn cli(server: &Server, args: &[&str]) -> String {
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_lazaret"));
-    cmd.args(args)
-        .args(["--server", server.base()])
-        .env_remove("LAZARET_TOKEN")
-        .env_remove("LAZARET_SERVER")
-        .stdin(Stdio::null())
-        .kill_on_drop(true);
-    let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
-        .await
-        .unwrap_or_else(|_| panic!("`lazaret {}` hung", args.join(" ")))
-        .expect("the lazaret binary runs");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "`lazaret {}` failed ({}):\n{stdout}{}",
-        args.join(" "),
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

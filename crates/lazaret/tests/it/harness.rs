@@ -756,3 +756,29 @@ fn parse_reply(buf: &[u8]) -> Option<RawReply> {
         text: String::from_utf8_lossy(&body).into_owned(),
     })
 }
+
+/// Runs the `lazaret` CLI against `server`; returns its stdout, or panics
+/// with everything it printed.
+pub async fn cli(server: &Server, args: &[&str]) -> String {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_lazaret"));
+    cmd.args(args)
+        .args(["--server", server.base()])
+        .env_remove("LAZARET_TOKEN")
+        .env_remove("LAZARET_SERVER")
+        .env_remove("COLUMNS")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
+        .await
+        .unwrap_or_else(|_| panic!("`lazaret {}` hung", args.join(" ")))
+        .expect("the lazaret binary runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "`lazaret {}` failed ({}):\n{stdout}{}",
+        args.join(" "),
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}

@@ -8,7 +8,6 @@
 //! without it they are skipped with a message, and fail under `CI=true`.
 
 use std::io::Write;
-use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -21,7 +20,7 @@ use axum::routing::post;
 use axum::{Json, Router};
 use serde_json::{Value, json};
 
-use crate::harness::{EVENTUALLY, QUICK, Server, id_text, serve_refused};
+use crate::harness::{EVENTUALLY, QUICK, Server, cli, id_text, serve_refused};
 
 /// The source's name.
 const SOURCE: &str = "orders";
@@ -207,32 +206,6 @@ fn percent_decode(s: &str) -> String {
         }
     }
     String::from_utf8(out).expect("UTF-8")
-}
-
-/// Runs the `lazaret` CLI against `server`; returns its stdout, or panics
-/// with everything it printed.
-async fn cli(server: &Server, args: &[&str]) -> String {
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_lazaret"));
-    cmd.args(args)
-        .args(["--server", server.base()])
-        .env_remove("LAZARET_TOKEN")
-        .env_remove("LAZARET_SERVER")
-        .env_remove("COLUMNS")
-        .stdin(Stdio::null())
-        .kill_on_drop(true);
-    let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
-        .await
-        .unwrap_or_else(|_| panic!("`lazaret {}` hung", args.join(" ")))
-        .expect("the lazaret binary runs");
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "`lazaret {}` failed ({}):\n{stdout}{}",
-        args.join(" "),
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
 }
 
 /// The value of a counter series whose line holds every one of `labels`.
