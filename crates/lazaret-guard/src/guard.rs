@@ -474,7 +474,22 @@ impl<H: Host> Inner<H> {
     ) -> bool {
         let store = self.host.store();
         let source = self.source_ref(delivery);
-        let mut dead_letter = None;
+        // What the host observes, read before the envelope moves into the store.
+        let failed = transition != Transition::Succeeded;
+        let last = env.last_error().filter(|_| failed);
+        let mut done = Completed {
+            id: JobId(0),
+            job_type: self.spec.job_type.clone(),
+            lane: self.spec.lane.clone(),
+            transition,
+            attempt: env.attempts,
+            kind: last.map(|f| f.kind.clone()),
+            class: last.and_then(|f| f.class),
+            dead_letter: None,
+            message: last.map(|f| f.message.clone()),
+            redrives: env.redrives,
+            freed_slot: false,
+        };
         let written: Result<(), StoreError> = match transition {
             Transition::Succeeded => match origin {
                 Origin::Parked => store
@@ -488,7 +503,7 @@ impl<H: Host> Inner<H> {
                     .park_message(ParkedMessage {
                         source,
                         due_at: due,
-                        envelope: env.clone(),
+                        envelope: env,
                         body: delivery.body.clone(),
                     })
                     .await
@@ -503,39 +518,18 @@ impl<H: Host> Inner<H> {
                     stage: Stage::Processing,
                     attempts: env.attempts,
                     error: env.last_error().cloned(),
-                    envelope: Some(env.clone()),
                     idempotency_key: env.idempotency_key.clone(),
                     created_at: env.created_at,
+                    envelope: Some(env),
                     now: at,
                     payload: delivery.body.clone(),
                 };
                 store.quarantine_message(dl).await.map(|q| {
-                    dead_letter = Some(q.id);
+                    done.dead_letter = Some(q.id);
                 })
             }
         };
-        let last = env.last_error();
-        self.host.observe(
-            &self.spec.name,
-            &Completed {
-                id: JobId(0),
-                job_type: self.spec.job_type.clone(),
-                lane: self.spec.lane.clone(),
-                transition,
-                attempt: env.attempts,
-                kind: last
-                    .filter(|_| transition != Transition::Succeeded)
-                    .map(|f| f.kind.clone()),
-                class: last
-                    .filter(|_| transition != Transition::Succeeded)
-                    .and_then(|f| f.class),
-                dead_letter,
-                message: last.map(|f| f.message.clone()),
-                redrives: env.redrives,
-                freed_slot: false,
-            },
-            at,
-        );
+        self.host.observe(&self.spec.name, &done, at);
         if let Err(e) = written {
             if let Origin::Broker(ack) = origin {
                 self.give_back(ack, &e).await;

@@ -93,6 +93,8 @@ where
 #[derive(Clone, Debug)]
 pub struct HttpHandler {
     url: String,
+    /// Parsed once: reqwest would parse the string on every request.
+    parsed: Option<reqwest::Url>,
     client: reqwest::Client,
 }
 
@@ -102,8 +104,10 @@ pub const RETRY_AFTER_MAX: Duration = Duration::from_secs(12 * 3600);
 impl HttpHandler {
     /// A handler that POSTs to `url`, with connections kept alive.
     pub fn new(url: impl Into<String>) -> HttpHandler {
+        let url = url.into();
         HttpHandler {
-            url: url.into(),
+            parsed: reqwest::Url::parse(&url).ok(),
+            url,
             client: reqwest::Client::builder()
                 .pool_max_idle_per_host(256)
                 .build()
@@ -116,10 +120,12 @@ impl Handler for HttpHandler {
     fn handle<'a>(&'a self, call: Call<'a>) -> BoxFuture<'a, Outcome> {
         Box::pin(async move {
             let d = call.delivery;
-            let headers = serde_json::Value::Object(d.headers.clone()).to_string();
-            let req = self
-                .client
-                .post(&self.url)
+            let headers = serde_json::to_string(&d.headers).unwrap_or_else(|_| "{}".into());
+            let req = match &self.parsed {
+                Some(url) => self.client.post(url.clone()),
+                None => self.client.post(&self.url),
+            };
+            let req = req
                 .header(
                     "Content-Type",
                     d.content_type

@@ -24,24 +24,15 @@ fn json(v: &impl serde::Serialize) -> Result<String, StoreError> {
 /// already, and drops the message's parked retry in the same transaction.
 pub(super) fn quarantine(c: &Connection, dl: &SourceDeadLetter) -> Result<Quarantined, StoreError> {
     let src = &dl.source;
-    let existing: Option<i64> = db(c
-        .prepare_cached("SELECT id FROM dead_letters WHERE source_name = ?1 AND message_id = ?2")?
-        .query_row(params![src.name, src.message_id], |r| r.get(0))
-        .optional())?;
     unpark(c, &src.name, &src.message_id)?;
-    if let Some(id) = existing {
-        return Ok(Quarantined {
-            id: DeadLetterId(id as u64),
-            created: false,
-        });
-    }
     let error = dl.error.as_ref().map(json).transpose()?;
     let envelope = dl.envelope.as_ref().map(Envelope::to_json);
-    db(c.prepare_cached(
+    let inserted = db(c.prepare_cached(
         "INSERT INTO dead_letters (job_id, type, tenant, lane, reason, stage, attempts, error, idempotency_key,
            created_at, dead_lettered_at, payload_size, payload_sha256, payload_preview, payload,
            source, source_name, message_id, envelope)
-         VALUES (NULL, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
+         VALUES (NULL, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)
+         ON CONFLICT (source_name, message_id) WHERE source_name IS NOT NULL DO NOTHING",
     )?
     .execute(params![
         dl.job_type,
@@ -66,6 +57,18 @@ pub(super) fn quarantine(c: &Connection, dl: &SourceDeadLetter) -> Result<Quaran
         src.message_id,
         envelope,
     ]))?;
+    if inserted == 0 {
+        // Quarantined before (a redelivery after a crash before the ack).
+        let id: i64 = db(c
+            .prepare_cached(
+                "SELECT id FROM dead_letters WHERE source_name = ?1 AND message_id = ?2",
+            )?
+            .query_row(params![src.name, src.message_id], |r| r.get(0)))?;
+        return Ok(Quarantined {
+            id: DeadLetterId(id as u64),
+            created: false,
+        });
+    }
     Ok(Quarantined {
         id: DeadLetterId(c.last_insert_rowid() as u64),
         created: true,
