@@ -871,10 +871,11 @@ async fn heartbeat<S: Store>(
             app.config.lease_ms_max
         )));
     }
-    let until = now().saturating_add(Duration::from_millis(extend));
+    let at = now();
+    let until = at.saturating_add(Duration::from_millis(extend));
     match app
         .store
-        .heartbeat(job, token(&b.lease_token)?, until)
+        .heartbeat(job, token(&b.lease_token)?, until, at)
         .await?
     {
         Ok(t) => ok(json!({ "lease_expires_at": views::time(t) })),

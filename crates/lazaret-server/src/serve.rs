@@ -41,7 +41,7 @@ pub enum ServeError {
     #[error("invalid scheduler configuration: {0}")]
     Scheduler(#[from] lazaret_core::SchedulerConfigError),
     /// The store could not open.
-    #[error("{0}")]
+    #[error(transparent)]
     Store(#[from] lazaret_store::StoreError),
     /// Binding or serving failed.
     #[error(

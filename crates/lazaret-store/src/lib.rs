@@ -45,19 +45,25 @@ pub trait Store: Send + Sync + 'static {
         req: LeaseRequest,
     ) -> impl Future<Output = Result<Vec<LeasedJob>, StoreError>> + Send;
 
-    /// Applies worker outcomes (ack or fail), each checked against its lease token.
+    /// Applies worker outcomes (ack or fail), each checked against its lease
+    /// token and its lease's end: an outcome at or after `lease_expires_at`
+    /// (`now` being the outcome's time) is [`ItemError::LeaseLost`] and
+    /// changes nothing, as if the reaper ([`Store::tick`]) had run first.
     fn complete(
         &self,
         items: Vec<Completion>,
         now: Timestamp,
     ) -> impl Future<Output = Result<Vec<Result<Completed, ItemError>>, StoreError>> + Send;
 
-    /// Extends a lease.
+    /// Extends a lease to `expires_at`. Like an outcome, a heartbeat at
+    /// `now` at or after the lease's end is [`ItemError::LeaseLost`] and
+    /// changes nothing: a lease past its end is not revived.
     fn heartbeat(
         &self,
         id: JobId,
         token: LeaseToken,
         expires_at: Timestamp,
+        now: Timestamp,
     ) -> impl Future<Output = Result<Result<Timestamp, ItemError>, StoreError>> + Send;
 
     /// Housekeeping due at `now`: promotes scheduled jobs whose time came and

@@ -569,6 +569,18 @@ pub enum StoreError {
         /// Why.
         source: std::io::Error,
     },
+    /// Another store holds the data directory's lock (`lazaret.lock`): two
+    /// stores on one directory would issue the same ids and lease tokens.
+    #[error(
+        "another lazaret is using {path}{}; stop it or use another --data directory",
+        pid.map(|p| format!(" (pid {p})")).unwrap_or_default()
+    )]
+    InUse {
+        /// The data directory.
+        path: String,
+        /// The process holding it, when its lock file says.
+        pid: Option<u32>,
+    },
     /// A stored row could not be read back.
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),

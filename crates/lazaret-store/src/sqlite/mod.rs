@@ -9,6 +9,11 @@
 //! committed while the previous one ran, so durability costs neither one
 //! fsync per job nor a writer waiting on the disk, and nothing is answered
 //! before it is durable.
+//!
+//! One store at a time per data directory: `open` takes an exclusive lock
+//! on `lazaret.lock` there (see `lock_dir`), held by the writer thread until
+//! its connection is closed, so a second server on the same directory is
+//! refused instead of issuing the same job ids and lease tokens.
 
 mod reader;
 mod schema;
@@ -18,6 +23,8 @@ mod stored;
 mod sync;
 mod writer;
 
+use std::fs::File;
+use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
@@ -56,6 +63,12 @@ pub enum Durability {
 /// The file name inside the data directory.
 pub const DB_FILE: &str = "lazaret.db";
 
+/// The lock file inside the data directory: whoever holds an exclusive lock
+/// on it owns the directory; it holds that process's id, for the message
+/// the next one gets. It stays when the store closes (the lock, not the
+/// file, is what counts; the kernel drops the lock when a process dies).
+pub const LOCK_FILE: &str = "lazaret.lock";
+
 /// The SQLite [`Store`].
 #[derive(Debug)]
 pub struct SqliteStore {
@@ -88,6 +101,50 @@ fn open_conn(path: &Path) -> Result<Connection, StoreError> {
          PRAGMA temp_store = MEMORY;",
     )?;
     Ok(conn)
+}
+
+/// Takes the exclusive lock on `dir`'s [`LOCK_FILE`] and writes this
+/// process's id into it; [`StoreError::InUse`] when another store (in this
+/// process or another) holds it. The lock lasts as long as the returned file.
+fn lock_dir(dir: &Path) -> Result<File, StoreError> {
+    let io_error = open_error(dir);
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(dir.join(LOCK_FILE))
+        .map_err(io_error)?;
+    if !try_lock(&file).map_err(io_error)? {
+        let mut held = String::new();
+        let _ = file.read_to_string(&mut held);
+        return Err(StoreError::InUse {
+            path: dir.display().to_string(),
+            pid: held.trim().parse().ok(),
+        });
+    }
+    file.set_len(0).map_err(io_error)?;
+    writeln!(file, "{}", std::process::id()).map_err(io_error)?;
+    Ok(file)
+}
+
+/// Takes an exclusive `flock(2)` on `file` without waiting; `false` when
+/// another open file holds it (in this process or another). The kernel
+/// drops it when the file is closed or its process dies.
+#[cfg(unix)]
+fn try_lock(file: &File) -> std::io::Result<bool> {
+    use rustix::fs::{FlockOperation, flock};
+    match flock(file, FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(true),
+        Err(e) if e == rustix::io::Errno::WOULDBLOCK => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Elsewhere no lock is taken (std's `File::try_lock` needs Rust 1.89).
+#[cfg(not(unix))]
+fn try_lock(_: &File) -> std::io::Result<bool> {
+    Ok(true)
 }
 
 /// The error for an I/O failure while opening the store in `dir`.
@@ -137,6 +194,7 @@ impl SqliteStore {
         sync: Option<sync::SyncFn>,
     ) -> Result<Self, StoreError> {
         std::fs::create_dir_all(dir).map_err(open_error(dir))?;
+        let lock = lock_dir(dir)?;
         let path = dir.join(DB_FILE);
         let conn = open_conn(&path)?;
         schema::migrate(&conn)?;
@@ -156,7 +214,12 @@ impl SqliteStore {
         let (tx, rx) = mpsc::channel();
         let handle = std::thread::Builder::new()
             .name("lazaret-sqlite-writer".into())
-            .spawn(move || w.run(rx))
+            .spawn(move || {
+                // The writer's connection closes when `run` returns; only
+                // then may another store take the directory.
+                w.run(rx);
+                drop(lock);
+            })
             .map_err(open_error(dir))?;
         Ok(SqliteStore {
             tx,
@@ -199,6 +262,20 @@ impl SqliteStore {
     }
 }
 
+impl Drop for SqliteStore {
+    /// Stops the writer and waits for it: it runs what was already sent,
+    /// closes its connection and releases the directory's lock, so the
+    /// directory can be opened again as soon as the store is gone. (`close`
+    /// is the graceful way, with a checkpoint; after it this does nothing.)
+    fn drop(&mut self) {
+        drop(std::mem::replace(&mut self.tx, mpsc::channel().0));
+        let handle = self.writer.get_mut().ok().and_then(Option::take);
+        if let Some(handle) = handle {
+            let _ = handle.join();
+        }
+    }
+}
+
 impl Store for SqliteStore {
     async fn enqueue(&self, jobs: Vec<NewJob>) -> Result<Vec<EnqueueOutcome>, StoreError> {
         self.call(|tx| Cmd::Enqueue(jobs, tx)).await
@@ -221,8 +298,9 @@ impl Store for SqliteStore {
         id: JobId,
         token: LeaseToken,
         expires_at: Timestamp,
+        now: Timestamp,
     ) -> Result<Result<Timestamp, ItemError>, StoreError> {
-        self.call(|tx| Cmd::Heartbeat(id, token, expires_at, tx))
+        self.call(|tx| Cmd::Heartbeat(id, token, expires_at, now, tx))
             .await
     }
 

@@ -37,6 +37,7 @@ pub(super) enum Cmd {
         JobId,
         LeaseToken,
         Timestamp,
+        Timestamp,
         Reply<Result<Timestamp, ItemError>>,
     ),
     Tick(Timestamp, Reply<Tick>),
@@ -500,7 +501,9 @@ impl Writer {
             Cmd::Enqueue(jobs, tx) => run!(tx, self.enqueue(jobs)),
             Cmd::Lease(req, tx) => run!(tx, self.lease(&req)),
             Cmd::Complete(items, now, tx) => run!(tx, self.complete(items, now)),
-            Cmd::Heartbeat(id, token, until, tx) => run!(tx, self.heartbeat(id, token, until)),
+            Cmd::Heartbeat(id, token, until, now, tx) => {
+                run!(tx, self.heartbeat(id, token, until, now))
+            }
             Cmd::Tick(now, tx) => run!(tx, self.tick(now)),
             Cmd::RecordAdmission(rec, tx) => run!(tx, self.record_admission(&rec)),
             Cmd::Redrive(ids, now, tx) => run!(tx, self.redrive(&ids, now)),
@@ -828,6 +831,10 @@ impl Writer {
     }
 
     /// Applies one outcome. `token: None` is the reaper (no worker token).
+    ///
+    /// A worker's outcome counts only while its lease runs: at or after
+    /// `lease_expires_at` it is `LeaseLost` and changes nothing, as if the
+    /// reaper had run first (it expires leases with `lease_expires_at <= now`).
     fn complete_one(
         &mut self,
         id: JobId,
@@ -845,23 +852,28 @@ impl Writer {
         let row = db(self
             .conn
             .prepare_cached(&format!(
-                "SELECT {COLUMNS}, lease_token FROM jobs WHERE id = ?1"
+                "SELECT {COLUMNS}, lease_token, lease_expires_at FROM jobs WHERE id = ?1"
             ))?
             .query_row(params![id.0 as i64], |r| {
+                let extra = super::stored::COLUMN_COUNT;
                 Ok((
                     StoredJob::from_row(r)?,
-                    r.get::<_, Option<i64>>(super::stored::COLUMN_COUNT)?,
+                    r.get::<_, Option<i64>>(extra)?,
+                    r.get::<_, Option<i64>>(extra + 1)?,
                 ))
             })
             .optional())?;
-        let Some((stored, current)) = row else {
+        let Some((stored, current, expires_at)) = row else {
             return Ok(Err(ItemError::NotFound));
         };
         if stored.state != JobState::Leased {
             return Ok(Err(ItemError::LeaseLost));
         }
-        if token.is_some_and(|t| Some(t.0 as i64) != current) {
-            return Ok(Err(ItemError::LeaseLost));
+        if let Some(token) = token {
+            let ended = expires_at.is_some_and(|end| end <= ms(now));
+            if Some(token.0 as i64) != current || ended {
+                return Ok(Err(ItemError::LeaseLost));
+            }
         }
         let mut env = stored.envelope()?;
         let attempt = env.attempts;
@@ -905,7 +917,8 @@ impl Writer {
     /// it is one statement on columns. The record of the attempt that
     /// succeeded is rebuilt from `lease_started_at`, `worker_id` and
     /// `finished_at` when read (see `super::stored`). `None` when `token` is
-    /// not the job's current lease with its running attempt in columns.
+    /// not the job's current, unexpired lease with its running attempt in
+    /// columns.
     fn succeed(
         &mut self,
         id: JobId,
@@ -918,9 +931,10 @@ impl Writer {
             .conn
             .prepare_cached(
                 "SELECT type, tenant, lane, attempts, redrives FROM jobs
-                 WHERE id = ?1 AND state = 'leased' AND lease_token = ?2 AND lease_started_at IS NOT NULL",
+                 WHERE id = ?1 AND state = 'leased' AND lease_token = ?2 AND lease_started_at IS NOT NULL
+                   AND lease_expires_at > ?3",
             )?
-            .query_row(params![id.0 as i64, token.0 as i64], |r| {
+            .query_row(params![id.0 as i64, token.0 as i64, ms(now)], |r| {
                 Ok((
                     r.get::<_, String>(0)?,
                     r.get::<_, String>(1)?,
@@ -1064,13 +1078,16 @@ impl Writer {
         id: JobId,
         token: LeaseToken,
         until: Timestamp,
+        now: Timestamp,
     ) -> Result<Result<Timestamp, ItemError>, StoreError> {
+        // A lease at or past its end is not revived (see `complete_one`).
         let changed = db(self
             .conn
             .prepare_cached(
-                "UPDATE jobs SET lease_expires_at = ?2 WHERE id = ?1 AND state = 'leased' AND lease_token = ?3",
+                "UPDATE jobs SET lease_expires_at = ?2
+                 WHERE id = ?1 AND state = 'leased' AND lease_token = ?3 AND lease_expires_at > ?4",
             )?
-            .execute(params![id.0 as i64, ms(until), token.0 as i64]))?;
+            .execute(params![id.0 as i64, ms(until), token.0 as i64, ms(now)]))?;
         if changed == 0 {
             return self.not_leased(id);
         }
@@ -1347,7 +1364,7 @@ fn fail_cmd(cmd: Cmd, why: &str) {
         Cmd::Enqueue(_, tx) => drop(tx.send(Err(e()))),
         Cmd::Lease(_, tx) => drop(tx.send(Err(e()))),
         Cmd::Complete(_, _, tx) => drop(tx.send(Err(e()))),
-        Cmd::Heartbeat(_, _, _, tx) => drop(tx.send(Err(e()))),
+        Cmd::Heartbeat(_, _, _, _, tx) => drop(tx.send(Err(e()))),
         Cmd::Tick(_, tx) => drop(tx.send(Err(e()))),
         Cmd::RecordAdmission(_, tx) => drop(tx.send(Err(e()))),
         Cmd::Redrive(_, _, tx) => drop(tx.send(Err(e()))),

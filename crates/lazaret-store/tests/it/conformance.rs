@@ -74,6 +74,7 @@ macro_rules! conformance_suite {
                 deferral_does_not_advance_the_attempt,
                 history_reads_right_after_every_step,
                 every_lease_of_a_job_gets_a_new_token,
+                an_outcome_at_or_after_the_lease_end_is_lease_lost_and_changes_nothing,
             ],
             housekeeping: [
                 lease_expiry_charges_an_attempt,

@@ -37,6 +37,47 @@ async fn creates_its_file_in_the_data_directory() {
 }
 
 #[tokio::test]
+async fn a_second_store_on_the_same_directory_is_refused_until_the_first_is_closed() {
+    use crate::conformance::{enqueue_one, job_view, new_job};
+
+    let dir = tempfile::TempDir::new().unwrap();
+    let first = open(dir.path());
+    let err = try_open(dir.path()).expect_err("the directory is taken");
+    let pid = std::process::id();
+    assert!(
+        matches!(err, StoreError::InUse { pid: Some(p), .. } if p == pid),
+        "{err:?}"
+    );
+    let message = err.to_string();
+    for part in [
+        format!("another lazaret is using {}", dir.path().display()),
+        format!("(pid {pid})"),
+        "stop it or use another --data directory".into(),
+    ] {
+        assert!(message.contains(&part), "{part:?} missing from: {message}");
+    }
+
+    // The refused open disturbed nothing: the first store goes on.
+    let id = enqueue_one(&first, new_job("t", "acme", "default")).await;
+    // Closed, it lets the directory go, though the value lives on.
+    first.close().await.unwrap();
+    let second = open(dir.path());
+    assert_eq!(
+        job_view(&second, id).await.state,
+        lazaret_core::JobState::Queued
+    );
+    // Dropped without a close, too.
+    drop(second);
+    let third = open(dir.path());
+    assert!(
+        try_open(dir.path()).is_err(),
+        "and the third holds it again"
+    );
+    third.close().await.unwrap();
+    drop(first);
+}
+
+#[tokio::test]
 async fn refuses_a_database_from_a_newer_build() {
     let dir = tempfile::TempDir::new().unwrap();
     open(dir.path()).close().await.unwrap();
@@ -168,7 +209,13 @@ async fn migrates_a_version_1_database_in_place() {
         type Row<'a> = (&'a Envelope, &'a str, Option<i64>, Option<i64>, Option<i64>);
         let rows: [Row<'_>; 3] = [
             (&queued, "queued", None, None, None),
-            (&leased, "leased", Some(old_token), Some(60_000), None),
+            (
+                &leased,
+                "leased",
+                Some(old_token),
+                Some(at(60_000).as_millis()),
+                None,
+            ),
             (&done, "succeeded", None, None, Some(6)),
         ];
         for (e, state, token, expires, finished) in rows {

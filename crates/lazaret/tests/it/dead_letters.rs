@@ -325,3 +325,46 @@ async fn redrive_with_a_rate_moves_everything_in_paced_chunks() {
         .await;
     crate::harness::assert_error(&r, 400, "BAD_REQUEST", None);
 }
+
+/// Issue 11, item 4: a misspelt filter key once purged every dead letter.
+/// Unknown keys are refused, and an empty filter needs an explicit `all`.
+#[tokio::test]
+async fn a_misspelt_or_empty_filter_never_purges_everything() {
+    let server = start().await;
+    let api = server.api();
+    dead_letter(&api, &job("report", "acme", json!({"n": 1})), permanent()).await;
+    dead_letter(&api, &job("report", "globex", json!({"n": 2})), permanent()).await;
+    let held = || async { api.dead_letters("").await.len() };
+    assert_eq!(held().await, 2);
+
+    for body in [
+        json!({"filter": {"tennant": "acme"}, "confirm": true}),
+        json!({"filter": {}, "confirm": true}),
+        json!({"filter": {"tenant": "acme"}, "confirm": true, "dryrun": true}),
+    ] {
+        let r = api.post("/v1/dead-letters/purge", &body).await;
+        crate::harness::assert_error(&r, 400, "BAD_REQUEST", None);
+        assert_eq!(held().await, 2, "{body} changed something");
+    }
+    let r = api
+        .post(
+            "/v1/dead-letters/redrive",
+            &json!({"filter": {"tennant": "acme"}}),
+        )
+        .await;
+    crate::harness::assert_error(&r, 400, "BAD_REQUEST", None);
+    assert_eq!(
+        api.get("/v1/dead-letters?tennant=acme").await.status,
+        400,
+        "an unknown query parameter is refused"
+    );
+
+    let r = api
+        .post(
+            "/v1/dead-letters/purge",
+            &json!({"filter": {}, "all": true, "confirm": true}),
+        )
+        .await;
+    assert_eq!(r.expect(200)["purged"], 2);
+    assert_eq!(held().await, 0);
+}

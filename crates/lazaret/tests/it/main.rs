@@ -7,6 +7,7 @@ mod admission;
 mod auth;
 mod bench;
 mod celery;
+mod data_dir;
 mod dead_letters;
 mod errors;
 mod fairness;

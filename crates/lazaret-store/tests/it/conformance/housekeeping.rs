@@ -72,7 +72,7 @@ pub async fn lease_expiry_charges_an_attempt<S: Store>(dir: &Path, open: impl Fn
     let out = s.complete(vec![late_ack], now).await.unwrap();
     assert_eq!(out[0].as_ref().unwrap_err(), &ItemError::LeaseLost);
     let hb = s
-        .heartbeat(id, first.lease_token, at(90_000))
+        .heartbeat(id, first.lease_token, at(90_000), now)
         .await
         .unwrap();
     assert_eq!(hb, Err(ItemError::LeaseLost));
@@ -148,7 +148,10 @@ pub async fn heartbeat_extends_the_lease<S: Store>(dir: &Path, open: impl Fn(&Pa
     assert_eq!(acked.lease_expires_at, at(30_000));
 
     for j in &held {
-        let hb = s.heartbeat(j.id, j.lease_token, at(60_000)).await.unwrap();
+        let hb = s
+            .heartbeat(j.id, j.lease_token, at(60_000), at(1_000))
+            .await
+            .unwrap();
         assert_eq!(hb, Ok(at(60_000)));
         assert_eq!(job_view(&s, j.id).await.lease_expires_at, Some(at(60_000)));
     }

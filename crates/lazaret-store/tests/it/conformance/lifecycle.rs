@@ -140,11 +140,11 @@ async fn restart_keeps_everything<S: Store>(dir: &Path, open: impl Fn(&Path) -> 
     );
     // The lease granted before the restart is still good.
     let hb = s
-        .heartbeat(leased_id, kept.lease_token, at(50_000))
+        .heartbeat(leased_id, kept.lease_token, at(50_000), at(100))
         .await
         .unwrap();
     assert_eq!(hb, Ok(at(50_000)));
-    complete(&s, &kept, Event::Succeeded, at(50_001)).await;
+    complete(&s, &kept, Event::Succeeded, at(40_000)).await;
 
     // New ids and tokens never repeat old ones.
     let fresh = enqueue_one(&s, new_job("keep", "t-n", "default")).await;

@@ -112,7 +112,10 @@ pub async fn wrong_token_is_lease_lost_and_changes_nothing<S: Store>(
     );
     assert_eq!(out[2].as_ref().unwrap().transition, Transition::Succeeded);
 
-    let hb = s.heartbeat(mine.id, forged, at(90_000)).await.unwrap();
+    let hb = s
+        .heartbeat(mine.id, forged, at(90_000), at(20))
+        .await
+        .unwrap();
     assert_eq!(hb, Err(ItemError::LeaseLost));
 
     let after = job_view(&s, mine.id).await;
@@ -160,7 +163,7 @@ pub async fn unknown_id_is_not_found<S: Store>(dir: &Path, open: impl Fn(&Path) 
         vec![ItemError::NotFound, ItemError::NotFound]
     );
     let hb = s
-        .heartbeat(ghost, leased.lease_token, at(60_000))
+        .heartbeat(ghost, leased.lease_token, at(60_000), at(2))
         .await
         .unwrap();
     assert_eq!(hb, Err(ItemError::NotFound));
@@ -521,4 +524,106 @@ pub async fn every_lease_of_a_job_gets_a_new_token<S: Store>(
         );
     }
     complete(&s, &held[held.len() - 1], Event::Succeeded, now).await;
+}
+
+pub async fn an_outcome_at_or_after_the_lease_end_is_lease_lost_and_changes_nothing<S: Store>(
+    dir: &Path,
+    open: impl Fn(&Path) -> S,
+) {
+    let s = open(dir);
+    enqueue_one(&s, new_job("resize", "acme", "default")).await;
+    enqueue_one(&s, new_job("resize", "globex", "default")).await;
+    let held = lease(&s, lease_req(at(10), 2)).await;
+    assert_eq!(held.len(), 2);
+    let (late, kept) = (&held[0], &held[1]);
+    let end = late.lease_expires_at;
+    assert_eq!(end, at(10).saturating_add(super::LEASE));
+    let before = job_view(&s, late.id).await;
+
+    // The reaper has not run: the lease is still `leased` in the table, but
+    // its end has come. Ack, fail and heartbeat at the end and after it
+    // are all refused, alone or beside an accepted item.
+    let past = end.saturating_add(Duration::from_secs(5));
+    for now in [end, past] {
+        for event in [
+            Event::Succeeded,
+            Event::Failed(transient("http_503")),
+            Event::Failed(permanent()),
+        ] {
+            let item = Completion {
+                id: late.id,
+                token: late.lease_token,
+                event,
+            };
+            assert_eq!(
+                try_complete(&s, item, now).await.map(|c| c.transition),
+                Err(ItemError::LeaseLost),
+                "an outcome at {now:?}, the lease ended at {end:?}"
+            );
+        }
+        let hb = s
+            .heartbeat(
+                late.id,
+                late.lease_token,
+                now.saturating_add(super::LEASE),
+                now,
+            )
+            .await
+            .unwrap();
+        assert_eq!(hb, Err(ItemError::LeaseLost), "a heartbeat at {now:?}");
+    }
+    let after = job_view(&s, late.id).await;
+    assert_eq!(after.state, JobState::Leased);
+    assert_eq!(after.lease_expires_at, Some(end));
+    assert_eq!(after.envelope, before.envelope, "nothing changed");
+    assert!(
+        s.dead_letters(Default::default(), 10, None)
+            .await
+            .unwrap()
+            .0
+            .is_empty()
+    );
+
+    // One millisecond before its end a lease is still good: a heartbeat
+    // extends it, and an ack before the new end is accepted.
+    let last = end.saturating_sub(Duration::from_millis(1));
+    let extended = at(90_000);
+    let hb = s
+        .heartbeat(kept.id, kept.lease_token, extended, last)
+        .await
+        .unwrap();
+    assert_eq!(hb, Ok(extended));
+
+    // The reaper then does what it would have done had it run first.
+    let tick = s.tick(past).await.unwrap();
+    assert_eq!(
+        tick.expired.iter().map(|c| c.id).collect::<Vec<_>>(),
+        vec![late.id]
+    );
+    assert_eq!(
+        tick.expired[0].kind.as_ref().map(|k| k.as_str()),
+        Some("lease_expired")
+    );
+    let reaped = job_view(&s, late.id).await;
+    assert_ne!(reaped.state, JobState::Leased);
+    assert_eq!(reaped.envelope.attempts, 1);
+    assert_eq!(reaped.envelope.history.len(), 1);
+
+    let done = complete(
+        &s,
+        kept,
+        Event::Succeeded,
+        extended.saturating_sub(Duration::from_millis(1)),
+    )
+    .await;
+    assert_eq!(done.transition, Transition::Succeeded);
+    let ack_at_end = Completion {
+        id: kept.id,
+        token: kept.lease_token,
+        event: Event::Succeeded,
+    };
+    assert_eq!(
+        try_complete(&s, ack_at_end, extended).await.unwrap_err(),
+        ItemError::LeaseLost
+    );
 }
