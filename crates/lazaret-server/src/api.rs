@@ -39,9 +39,32 @@ type ApiResult = Result<Response, ApiError>;
 const LEASE_JOBS_MAX: u32 = 1000;
 /// Longest long-poll.
 const WAIT_MS_MAX: u64 = 60_000;
+/// Longest `delay_ms` (enqueue) and `retry_after_ms` (a fail's error): 366
+/// days. Anything longer is refused before it is written, so every time the
+/// server keeps stays far inside what it can format and compute with.
+pub const DELAY_MS_MAX: u64 = 366 * 24 * 60 * 60 * 1000;
+
+/// `400 BAD_REQUEST` when a client's duration is over `max`.
+fn check_duration(name: &str, ms: Option<u64>, max: u64) -> Result<(), ApiError> {
+    match ms {
+        Some(ms) if ms > max => Err(ApiError::bad_request(format!(
+            "{name} must be at most {max} (366 days; got {ms}); for a longer wait, \
+             keep the job outside lazaret and enqueue it nearer the time"
+        ))),
+        _ => Ok(()),
+    }
+}
 
 /// The router, with every route of the API.
 pub fn router<S: Store>(app: Arc<App<S>>) -> Router {
+    // The envelope wraps the whole router, outside axum's method routing,
+    // so that a 405 already carries its `Allow` header when it is mapped.
+    Router::new()
+        .fallback_service(routes(app))
+        .layer(axum::middleware::from_fn(envelope))
+}
+
+fn routes<S: Store>(app: Arc<App<S>>) -> Router {
     Router::new()
         .route("/healthz", get(healthz::<S>))
         .route("/metrics", get(metrics::<S>))
@@ -72,6 +95,88 @@ pub fn router<S: Store>(app: Arc<App<S>>) -> Router {
         .route("/v1/tokens/{name}", delete(revoke_token::<S>))
         .fallback(|| async { ApiError::not_found("no such route; see docs/api.md") })
         .with_state(app)
+}
+
+/// Whether a path has a `%` not followed by two hex digits.
+fn bad_percent_encoding(path: &str) -> bool {
+    let b = path.as_bytes();
+    b.iter().enumerate().any(|(i, &c)| {
+        c == b'%'
+            && !(b.get(i + 1).is_some_and(u8::is_ascii_hexdigit)
+                && b.get(i + 2).is_some_and(u8::is_ascii_hexdigit))
+    })
+}
+
+/// Puts every error answer in the contract's envelope: axum's own answers
+/// (405, and the rejections of its extractors: a query string, a path or a
+/// body it could not read) are plain text; they become
+/// `{"error": {"code", "reason", "message"}}`, keeping their status and
+/// `Allow` header.
+async fn envelope(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let method = req.method().clone();
+    let path = req.uri().path().to_owned();
+    if bad_percent_encoding(&path) {
+        m::rejected("BAD_REQUEST");
+        return ApiError::bad_request(format!(
+            "the path {path:?} has a `%` not followed by two hex digits; percent-encode it (`%` is `%25`)"
+        ))
+        .into_response();
+    }
+    let resp = next.run(req).await;
+    let status = resp.status();
+    let json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || json {
+        return resp;
+    }
+    let (parts, body) = resp.into_parts();
+    let text = axum::body::to_bytes(body, 16 * 1024)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
+        .unwrap_or_default();
+    let allow = parts.headers.get(header::ALLOW).cloned();
+    let mut err = match status {
+        StatusCode::METHOD_NOT_ALLOWED => {
+            let methods = allow
+                .as_ref()
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_owned();
+            ApiError::new(
+                status,
+                crate::error::Code::BadRequest,
+                format!(
+                    "{method} is not allowed on {path}; it takes {methods} (the Allow header lists them)"
+                ),
+            )
+        }
+        StatusCode::PAYLOAD_TOO_LARGE => {
+            ApiError::too_large(format!("{text}; the request body is too large for {path}"))
+        }
+        StatusCode::NOT_FOUND => ApiError::not_found(format!("{text}; see docs/api.md")),
+        s if s.is_server_error() => ApiError::new(
+            s,
+            crate::error::Code::Internal,
+            format!("{text}; the server failed"),
+        ),
+        s => ApiError::new(
+            s,
+            crate::error::Code::BadRequest,
+            format!("{text}; see docs/api.md for {method} {path}"),
+        ),
+    };
+    if err.message.starts_with(';') {
+        err.message = err.message.trim_start_matches(';').trim_start().to_owned();
+    }
+    m::rejected(err.code.as_str());
+    let mut out = err.into_response();
+    if let Some(allow) = allow {
+        out.headers_mut().insert(header::ALLOW, allow);
+    }
+    out
 }
 
 fn ok(v: Value) -> ApiResult {
@@ -110,8 +215,22 @@ async fn allow<S: Store>(
 }
 
 fn parse_json<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(bytes)
-        .map_err(|e| ApiError::bad_request(format!("the request body is not valid: {e}")))
+    serde_json::from_slice(bytes).map_err(|e| {
+        ApiError::bad_request(format!(
+            "the request body is not valid: {}",
+            not_object(bytes, &e)
+        ))
+    })
+}
+
+/// A parse error, saying so first when the body is JSON but not an object.
+fn not_object(bytes: &[u8], e: &serde_json::Error) -> String {
+    let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
+    match first {
+        Some(b'{') | None => e.to_string(),
+        Some(_) if e.is_data() => format!("it must be a JSON object ({{...}}): {e}"),
+        Some(_) => e.to_string(),
+    }
 }
 
 fn parse_id(id: &str, what: &str) -> Result<u64, ApiError> {
@@ -222,6 +341,10 @@ async fn admit_one<S: Store>(
     enqueued_by: Option<&str>,
     now: Timestamp,
 ) -> Result<NewJob, ApiError> {
+    if let Err(e) = check_duration("delay_ms", body.delay_ms, DELAY_MS_MAX) {
+        m::rejected(e.code.as_str());
+        return Err(e);
+    }
     let payload = body.payload.map(|p| p.get().as_bytes()).unwrap_or_default();
     let lane = body.lane.clone().unwrap_or_else(|| "default".to_owned());
     let shed = body
@@ -446,7 +569,12 @@ async fn enqueue<S: Store>(State(app): Shared<S>, headers: HeaderMap, body: Body
             err.reason = Some("invalid_json");
             return Err(err);
         }
-        Err(e) => return Err(ApiError::bad_request(format!("the job is not valid: {e}"))),
+        Err(e) => {
+            return Err(ApiError::bad_request(format!(
+                "the job is not valid: {}",
+                not_object(&bytes, &e)
+            )));
+        }
     };
     let job = admit_one(&app, &parsed, enqueuer(&app, &caller), now).await?;
     let admitted = Admitted::of(&job);
@@ -670,6 +798,7 @@ fn token(t: &str) -> Result<LeaseToken, ApiError> {
 }
 
 fn failure(e: ErrorBody) -> Result<Failure, ApiError> {
+    check_duration("error.retry_after_ms", e.retry_after_ms, DELAY_MS_MAX)?;
     let class = match e.class.as_deref() {
         None => None,
         Some("transient") => Some(FailureClass::Transient),

@@ -140,6 +140,12 @@ pub fn check_token_name(name: &str) -> Result<(), String> {
             "name is required: send \"name\": \"...\" (it is the actor in the audit log)".into(),
         );
     }
+    if name == "." || name == ".." {
+        return Err(format!(
+            "token name {name:?} is not allowed: it is a path segment of its own in \
+             /v1/tokens/{{name}}; use letters or digits as well"
+        ));
+    }
     if name.len() > TOKEN_NAME_BYTES_MAX
         || !name
             .bytes()
@@ -159,6 +165,17 @@ pub fn new_secret() -> Result<String, getrandom::Error> {
     let mut bytes = [0u8; SECRET_BYTES];
     getrandom::fill(&mut bytes)?;
     Ok(format!("{SECRET_PREFIX}{}", hex::encode(bytes)))
+}
+
+/// The token of an `Authorization` value of the `Bearer` scheme, trimmed;
+/// `None` for another scheme. The scheme is case-insensitive (RFC 7235
+/// §2.1): `bearer` and `BEARER` are `Bearer`.
+fn bearer_token(value: &str) -> Option<&str> {
+    let value = value.trim_start();
+    let scheme = value.get(..6)?;
+    let rest = &value[6..];
+    (scheme.eq_ignore_ascii_case("bearer") && (rest.is_empty() || rest.starts_with([' ', '\t'])))
+        .then(|| rest.trim())
 }
 
 /// Checks the bearer token against the configured ones and those created
@@ -182,10 +199,13 @@ pub fn authenticate(
     let text = value
         .to_str()
         .map_err(|_| unauthorized("the Authorization header is not text"))?;
-    let token = text
-        .strip_prefix("Bearer ")
-        .ok_or_else(|| unauthorized("the Authorization header must be `Bearer <token>`"))?
-        .trim();
+    let token = bearer_token(text)
+        .ok_or_else(|| unauthorized("the Authorization header must be `Bearer <token>`"))?;
+    if token.is_empty() {
+        return Err(unauthorized(
+            "the bearer token is empty; send `Authorization: Bearer <token>`",
+        ));
+    }
     let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
     tokens
         .iter()
@@ -257,6 +277,50 @@ mod tests {
             format!("Bearer {token}").parse().unwrap(),
         );
         h
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        let tokens = vec![TokenConfig {
+            name: "ops".into(),
+            role: Role::Operator,
+            sha256: Sha256::digest(b"s3cret").into(),
+        }];
+        let api = ApiTokens::default();
+        let with = |value: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(header::AUTHORIZATION, value.parse().unwrap());
+            authenticate(&tokens, &api, &h)
+        };
+        for ok in [
+            "Bearer s3cret",
+            "bearer s3cret",
+            "BEARER s3cret",
+            "bEaReR s3cret",
+            "Bearer  s3cret ",
+            "Bearer\ts3cret",
+        ] {
+            assert_eq!(
+                with(ok).map(|c| c.name).ok().as_deref(),
+                Some("ops"),
+                "{ok:?}"
+            );
+        }
+        for bad in [
+            "Basic s3cret",
+            "Bearers3cret",
+            "Bearerx s3cret",
+            "s3cret",
+            "Bear s3cret",
+        ] {
+            let e = with(bad).unwrap_err();
+            assert_eq!(e.code, Code::Unauthorized, "{bad:?}");
+        }
+        for empty in ["Bearer", "Bearer ", "bearer    ", "Bearer \t "] {
+            let e = with(empty).unwrap_err();
+            assert_eq!(e.code, Code::Unauthorized, "{empty:?}");
+            assert!(e.message.contains("empty"), "{empty:?}: {}", e.message);
+        }
     }
 
     #[test]
@@ -332,7 +396,7 @@ mod tests {
             assert_eq!(check_token_name(ok), Ok(()), "{ok}");
         }
         let long = "x".repeat(TOKEN_NAME_BYTES_MAX + 1);
-        for bad in ["", "a b", "a/b", "é", long.as_str()] {
+        for bad in ["", ".", "..", " ", "\t", "a b", "a/b", "é", long.as_str()] {
             assert!(check_token_name(bad).is_err(), "{bad:?}");
         }
     }

@@ -12,9 +12,15 @@ use serde_json::{Value, json};
 
 use crate::config::TokenConfig;
 
-/// RFC 3339 with milliseconds, UTC.
+/// The last millisecond RFC 3339 can write with four year digits:
+/// 9999-12-31T23:59:59.999Z.
+pub const TIME_MS_MAX: i64 = 253_402_300_799_999;
+
+/// RFC 3339 with milliseconds, UTC. Never panics: an instant before the
+/// epoch is written as the epoch, one after year 9999 as its last
+/// millisecond (a reply about a committed job must always be writable).
 pub fn time(t: Timestamp) -> String {
-    let ms = t.as_millis().max(0) as u64;
+    let ms = t.as_millis().clamp(0, TIME_MS_MAX) as u64;
     humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
 }
 
@@ -248,6 +254,22 @@ mod tests {
         assert_eq!(
             time(Timestamp::from_millis(1_700_000_000_123)),
             "2023-11-14T22:13:20.123Z"
+        );
+    }
+
+    #[test]
+    fn times_past_year_9999_are_clamped_not_panicking() {
+        assert_eq!(
+            time(Timestamp::from_millis(i64::MAX)),
+            "9999-12-31T23:59:59.999Z"
+        );
+        assert_eq!(
+            time(Timestamp::from_millis(TIME_MS_MAX + 1)),
+            "9999-12-31T23:59:59.999Z"
+        );
+        assert_eq!(
+            time(Timestamp::from_millis(i64::MIN)),
+            "1970-01-01T00:00:00.000Z"
         );
     }
 

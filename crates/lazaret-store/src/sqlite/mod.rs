@@ -155,6 +155,62 @@ fn open_error(dir: &Path) -> impl Fn(std::io::Error) -> StoreError + Copy + '_ {
     }
 }
 
+/// Refuses a database file that is there but empty; `Ok(true)` when there
+/// is none (a new store is created).
+///
+/// SQLite takes an empty file for a new database, so a lazaret.db truncated
+/// to 0 bytes (a failed copy, a restore gone wrong) would start a fresh
+/// store that issues job ids from 1 again: the data loss would go unseen.
+/// A new database is never left empty: `PRAGMA journal_mode = WAL` writes
+/// its first page before anything else happens (and a failed first open
+/// removes the file, see `remove_if_empty`).
+fn check_db_file(path: &Path) -> Result<bool, StoreError> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_file() && m.len() == 0 => Err(StoreError::Corrupt(format!(
+            "the database file {} is empty (0 bytes): this is not a new database but one whose \
+             data is gone (truncated, or a copy that failed), and starting it empty would issue \
+             job ids from 1 again; restore it from a backup, or delete it to start a new, empty store",
+            path.display()
+        ))),
+        Ok(_) => Ok(false),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(true),
+        // Let SQLite say what is wrong with it.
+        Err(_) => Ok(false),
+    }
+}
+
+/// Removes the database file at `path` if it is empty, with its WAL and
+/// shared-memory files; best effort.
+fn remove_if_empty(path: &Path) {
+    if std::fs::metadata(path).is_ok_and(|m| m.len() == 0) {
+        for suffix in ["-wal", "-shm", ""] {
+            let mut p = path.as_os_str().to_owned();
+            p.push(suffix);
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// `e`, or, when SQLite found the file at `path` is not a database or is
+/// damaged, a [`StoreError::Corrupt`] that says so and what to do.
+fn corrupt_error(path: &Path, e: StoreError) -> StoreError {
+    use rusqlite::ErrorCode::{DatabaseCorrupt, NotADatabase};
+    match e {
+        StoreError::Db(rusqlite::Error::SqliteFailure(f, _))
+            if matches!(f.code, NotADatabase | DatabaseCorrupt) =>
+        {
+            StoreError::Corrupt(format!(
+                "the database file {} is corrupt or not a lazaret database (SQLite: {}); \
+                 lazaret will not start on it: restore it from a backup, or move it aside \
+                 to start a new, empty store (its job ids start from 1 again)",
+                path.display(),
+                f
+            ))
+        }
+        other => other,
+    }
+}
+
 /// Opens the WAL of the database at `path` (it exists once a connection has
 /// read the database) and returns the function that flushes it. The
 /// directory is flushed once too, so the WAL's own entry survives a power
@@ -196,11 +252,26 @@ impl SqliteStore {
         std::fs::create_dir_all(dir).map_err(open_error(dir))?;
         let lock = lock_dir(dir)?;
         let path = dir.join(DB_FILE);
-        let conn = open_conn(&path)?;
-        schema::migrate(&conn)?;
-        let reader = open_conn(&path)?;
-        let mut w = writer::Writer::new(conn, scheduler, decider)?;
-        w.rebuild_counts()?;
+        let new = check_db_file(&path)?;
+        let opened = open_conn(&path).and_then(|conn| {
+            schema::migrate(&conn)?;
+            let reader = open_conn(&path)?;
+            let mut w = writer::Writer::new(conn, scheduler, decider)?;
+            w.rebuild_counts()?;
+            Ok((reader, w))
+        });
+        let (reader, mut w) = match opened {
+            Ok(opened) => opened,
+            Err(e) => {
+                if new {
+                    // A new database that could not be set up (a full disk,
+                    // say) must not stay behind as an empty file, which the
+                    // next start would refuse as a truncated database.
+                    remove_if_empty(&path);
+                }
+                return Err(corrupt_error(&path, e));
+            }
+        };
         let failure = sync::Failure::default();
         if durability == Durability::Full {
             let sync = match sync {

@@ -335,3 +335,57 @@ async fn migrates_a_version_1_database_in_place() {
     );
     s.close().await.unwrap();
 }
+
+/// Opens `dir` expecting a refusal; returns its message.
+fn refused(dir: &Path) -> String {
+    match try_open(dir) {
+        Ok(_) => panic!("{} was opened", dir.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[tokio::test]
+async fn a_zero_byte_database_file_is_refused_not_started_empty() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let db = dir.path().join(DB_FILE);
+    std::fs::write(&db, b"").unwrap();
+    let message = refused(dir.path());
+    for part in [
+        db.display().to_string(),
+        "is empty (0 bytes)".into(),
+        "not a new database".into(),
+        "restore it from a backup".into(),
+        "delete it to start a new, empty store".into(),
+    ] {
+        assert!(message.contains(&part), "{part:?} missing from: {message}");
+    }
+    assert_eq!(
+        std::fs::metadata(&db).unwrap().len(),
+        0,
+        "the file is left as it was"
+    );
+    // Deleted, the directory starts a new store.
+    std::fs::remove_file(&db).unwrap();
+    open(dir.path()).close().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_file_that_is_not_sqlite_is_refused_as_corrupt() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let db = dir.path().join(DB_FILE);
+    let junk = vec![0x5au8; 8192];
+    std::fs::write(&db, &junk).unwrap();
+    let message = refused(dir.path());
+    for part in [
+        db.display().to_string(),
+        "is corrupt or not a lazaret database".into(),
+        "restore it from a backup".into(),
+    ] {
+        assert!(message.contains(&part), "{part:?} missing from: {message}");
+    }
+    assert_eq!(
+        std::fs::read(&db).unwrap(),
+        junk,
+        "the file is left as it was"
+    );
+}
