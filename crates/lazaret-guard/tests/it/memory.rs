@@ -379,6 +379,27 @@ mod runtime {
         assert_eq!(b.depth(&queue), 0);
     }
 
+    /// A host whose `orders` breaker opens after 3 failures and stays open
+    /// for a minute.
+    fn breaker_host(dir: &std::path::Path) -> Arc<LocalHost<lazaret_store::SqliteStore>> {
+        let mut per_type = BTreeMap::new();
+        per_type.insert(
+            JobType::from("orders"),
+            BreakerConfig {
+                failures_min: 3,
+                failure_ratio: 0.5,
+                window: Duration::from_secs(30),
+                cooldown: Duration::from_secs(60),
+                probes: 1,
+            },
+        );
+        Arc::new(LocalHost::new(
+            open_store(dir),
+            policies("orders", 10, Duration::from_secs(30)),
+            Breakers::new(None, per_type),
+        ))
+    }
+
     /// While the type's breaker is open the source takes nothing from the
     /// broker: the messages wait there, spending no attempt.
     #[tokio::test]
@@ -393,22 +414,7 @@ mod runtime {
             b.produce(&queue, &format!("m-{i}"), b"{}", headers(json!({})))
                 .await;
         }
-        let mut per_type = BTreeMap::new();
-        per_type.insert(
-            JobType::from("orders"),
-            BreakerConfig {
-                failures_min: 3,
-                failure_ratio: 0.5,
-                window: Duration::from_secs(30),
-                cooldown: Duration::from_secs(60),
-                probes: 1,
-            },
-        );
-        let h = Arc::new(LocalHost::new(
-            open_store(dir.path()),
-            policies("orders", 10, Duration::from_secs(30)),
-            Breakers::new(None, per_type),
-        ));
+        let h = breaker_host(dir.path());
         let log = Log::default();
         let g = start_guard(
             &b,
@@ -445,22 +451,7 @@ mod runtime {
         let name = unique("late-breaker");
         let spec = b.spec(&name, &queue, Mode::Guard);
         let ty = JobType::from("orders");
-        let mut per_type = BTreeMap::new();
-        per_type.insert(
-            ty.clone(),
-            BreakerConfig {
-                failures_min: 3,
-                failure_ratio: 0.5,
-                window: Duration::from_secs(30),
-                cooldown: Duration::from_secs(60),
-                probes: 1,
-            },
-        );
-        let h = Arc::new(LocalHost::new(
-            open_store(dir.path()),
-            policies("orders", 10, Duration::from_secs(30)),
-            Breakers::new(None, per_type),
-        ));
+        let h = breaker_host(dir.path());
         let log = Log::default();
         let g = start_guard(
             &b,
