@@ -30,7 +30,9 @@
 //! Options: `--url` (default `amqp://guest:guest@127.0.0.1:5672/%2f`),
 //! `--messages`, `--rounds`, `--concurrency`, `--poison-every`,
 //! `--settle-ms` (pause after a fill, so the broker's own disk writes of
-//! the fill are done before the clock starts; default 2000), `--phases`
+//! the fill are done before the clock starts; default 2000), `--linger-ms`
+//! (how long a dead letter waits to share its durable write with others;
+//! default `QUARANTINE_LINGER`, 0 writes each alone), `--phases`
 //! (a comma list of `plain`, `guarded`, `poison`, e.g. to profile one; the
 //! order is rotated by one each round so no phase always runs first).
 
@@ -61,7 +63,7 @@ use lazaret_core::{
 };
 use lazaret_guard::{
     Broker, BrokerError, BrokerKind, Consumer, Delivery, Faults, Guard, Host, HttpHandler,
-    Incoming, LocalHost, Republish, Settled, SourceSpec, TakenIn,
+    Incoming, LocalHost, QUARANTINE_LINGER, Republish, Settled, SourceSpec, TakenIn,
 };
 use lazaret_store::{Decider, Durability, SqliteStore, Store};
 use tokio::sync::{Notify, Semaphore, watch};
@@ -83,6 +85,7 @@ struct Args {
     concurrency: usize,
     poison_every: usize,
     settle: Duration,
+    linger: Duration,
     phases: Vec<Kind>,
 }
 
@@ -94,6 +97,7 @@ fn args() -> Res<Args> {
         concurrency: 16,
         poison_every: 10,
         settle: Duration::from_millis(2000),
+        linger: QUARANTINE_LINGER,
         phases: vec![Kind::Plain, Kind::Guarded, Kind::Poison],
     };
     let mut it = std::env::args().skip(1);
@@ -106,6 +110,7 @@ fn args() -> Res<Args> {
             "--concurrency" => a.concurrency = value()?.parse()?,
             "--poison-every" => a.poison_every = value()?.parse()?,
             "--settle-ms" => a.settle = Duration::from_millis(value()?.parse()?),
+            "--linger-ms" => a.linger = Duration::from_millis(value()?.parse()?),
             "--phases" => {
                 a.phases = value()?
                     .split(',')
@@ -115,7 +120,7 @@ fn args() -> Res<Args> {
             "-h" | "--help" => {
                 println!(
                     "source_bench [--url AMQP_URL] [--messages N] [--rounds R] \
-                     [--concurrency C] [--poison-every K] [--settle-ms MS] \
+                     [--concurrency C] [--poison-every K] [--settle-ms MS] [--linger-ms MS] \
                      [--phases plain,guarded,poison]"
                 );
                 std::process::exit(0);
@@ -605,7 +610,8 @@ async fn guarded(args: &Args, queue: &str, handler_url: &str) -> Res<(Arc<Clock>
         broker,
         Arc::new(HttpHandler::new(handler_url)),
     )
-    .with_faults(faults);
+    .with_faults(faults)
+    .with_quarantine_linger(args.linger);
     let task = tokio::spawn(guard.run(rx));
     let waited = clock.wait().await;
     let _ = stop.send(true);

@@ -28,9 +28,10 @@ use lazaret_core::{
     TypePolicy, WorkerId, absorb_earlier_deliveries, decide, grant_lease,
 };
 use lazaret_store::{
-    Completed, Held, ParkedMessage, SourceDeadLetter, SourceRef, Stage, Store, StoreError,
+    Completed, Held, ParkedMessage, Quarantined, SourceDeadLetter, SourceRef, Stage, Store,
+    StoreError,
 };
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot, watch};
 
 use crate::broker::{Acker, Broker, BrokerError, Incoming, Reconnecting};
 use crate::handler::{Call, Handler, Outcome};
@@ -50,6 +51,12 @@ pub fn now() -> Timestamp {
 const DUE_BATCH: u32 = 256;
 /// The longest a held retry waits past its due time for the next look.
 const DUE_POLL: Duration = Duration::from_millis(100);
+
+/// How long the first dead letter of a batch waits for others to share its
+/// durable write (see [`Quarantines`]).
+pub const QUARANTINE_LINGER: Duration = Duration::from_millis(2);
+/// Dead letters written in one transaction at most.
+const QUARANTINE_BATCH: usize = 256;
 
 /// Decides, for a message, whether an injected crash happens now.
 pub type CrashHook = Arc<dyn Fn(&Delivery) -> bool + Send + Sync>;
@@ -129,6 +136,53 @@ struct Inner<H: Host> {
     running: Mutex<HashSet<String>>,
     faults: Faults,
     crashed: watch::Sender<bool>,
+    quarantines: Arc<Quarantines>,
+}
+
+type QuarantineReply = oneshot::Sender<Result<Quarantined, StoreError>>;
+
+/// Dead letters waiting to be written together. A quarantine must be durable
+/// before its message is acknowledged, and alone each one is a transaction
+/// and an fsync, which cost more than a whole healthy delivery; so the first
+/// of a batch waits `linger` (2 ms by default) for others, and all are
+/// written in one transaction and answered after its one fsync. Poison
+/// storms are what this is for: the more dead letters arrive together, the
+/// less each costs. Only the poison message's own acknowledgement waits.
+struct Quarantines {
+    pending: Mutex<Vec<(SourceDeadLetter, QuarantineReply)>>,
+    linger: Duration,
+}
+
+impl Quarantines {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(SourceDeadLetter, QuarantineReply)>> {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Writes what is pending, answering each waiter.
+    async fn flush<S: Store>(&self, store: &S) {
+        let batch = std::mem::take(&mut *self.lock());
+        if batch.is_empty() {
+            return;
+        }
+        let (dls, replies): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
+        match store.quarantine_messages(dls).await {
+            Ok(written) => {
+                for (reply, q) in replies.into_iter().zip(written) {
+                    let _ = reply.send(Ok(q));
+                }
+            }
+            Err(e) => {
+                let why = e.to_string();
+                let mut e = Some(e);
+                for reply in replies {
+                    let err = e
+                        .take()
+                        .unwrap_or_else(|| StoreError::NotApplied(why.clone()));
+                    let _ = reply.send(Err(err));
+                }
+            }
+        }
+    }
 }
 
 /// Where a delivery came from, and so how it is settled.
@@ -163,7 +217,25 @@ impl<H: Host> Guard<H> {
                 running: Mutex::new(HashSet::new()),
                 faults: Faults::default(),
                 crashed: watch::channel(false).0,
+                quarantines: Arc::new(Quarantines {
+                    pending: Mutex::new(Vec::new()),
+                    linger: QUARANTINE_LINGER,
+                }),
             }),
+        }
+    }
+
+    /// How long a dead letter waits for others to share its durable write
+    /// ([`QUARANTINE_LINGER`] by default; zero writes each alone).
+    pub fn with_quarantine_linger(self, linger: Duration) -> Guard<H> {
+        let mut inner = Arc::try_unwrap(self.inner)
+            .unwrap_or_else(|_| unreachable!("a new guard is not shared yet"));
+        inner.quarantines = Arc::new(Quarantines {
+            pending: Mutex::new(Vec::new()),
+            linger,
+        });
+        Guard {
+            inner: Arc::new(inner),
         }
     }
 
@@ -524,7 +596,7 @@ impl<H: Host> Inner<H> {
                     now: at,
                     payload: delivery.body.clone(),
                 };
-                store.quarantine_message(dl).await.map(|q| {
+                self.quarantine(dl).await.map(|q| {
                     done.dead_letter = Some(q.id);
                 })
             }
@@ -555,6 +627,34 @@ impl<H: Host> Inner<H> {
         };
         self.settle(origin, delivery, how).await;
         true
+    }
+
+    /// Quarantines one message, in a batch with those that arrive within the
+    /// linger; answers once its write is durable.
+    async fn quarantine(&self, dl: SourceDeadLetter) -> Result<Quarantined, StoreError> {
+        let batch = &self.quarantines;
+        if batch.linger.is_zero() {
+            return self.host.store().quarantine_message(dl).await;
+        }
+        let (reply, answer) = oneshot::channel();
+        let (first, full) = {
+            let mut pending = batch.lock();
+            pending.push((dl, reply));
+            (pending.len() == 1, pending.len() >= QUARANTINE_BATCH)
+        };
+        if first || full {
+            // A task of its own, so that a waiter dropped (shutdown) never
+            // strands the others.
+            let host = Arc::clone(&self.host);
+            let batch = Arc::clone(batch);
+            tokio::spawn(async move {
+                if !full {
+                    tokio::time::sleep(batch.linger).await;
+                }
+                batch.flush(host.store()).await;
+            });
+        }
+        answer.await.unwrap_or(Err(StoreError::Closed))
     }
 
     /// Acknowledges a broker message (a held retry is settled by its store

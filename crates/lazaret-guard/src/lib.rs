@@ -41,7 +41,7 @@ pub mod rabbitmq;
 pub mod redis;
 
 pub use broker::{Acker, Broker, BrokerError, Consumer, Incoming, connect};
-pub use guard::{Faults, Guard, GuardError, Settled};
+pub use guard::{Faults, Guard, GuardError, QUARANTINE_LINGER, Settled};
 pub use handler::{Call, Handler, HttpHandler, Outcome, OwnedCall, handler_fn};
 pub use host::{Host, LocalHost};
 pub use message::{Delivery, Republish};

@@ -167,6 +167,14 @@ pub trait Store: Send + Sync + 'static {
         dl: SourceDeadLetter,
     ) -> impl Future<Output = Result<Quarantined, StoreError>> + Send;
 
+    /// Quarantines several broker messages in one transaction, answered
+    /// once that is durable (one fsync for all of them), each as
+    /// [`Store::quarantine_message`] would; in the order given.
+    fn quarantine_messages(
+        &self,
+        dls: Vec<SourceDeadLetter>,
+    ) -> impl Future<Output = Result<Vec<Quarantined>, StoreError>> + Send;
+
     /// Holds a broker message's retry or deferral until `due_at` (replacing
     /// the one held for the same source and message id). The caller
     /// acknowledges the broker message only after this returns.

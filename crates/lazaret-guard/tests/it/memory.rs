@@ -334,6 +334,7 @@ mod runtime {
 
     use lazaret_core::{BreakerConfig, Breakers, DeadLetterReason, JobType};
     use lazaret_guard::{Faults, Host, LocalHost, Mode, Outcome};
+    use lazaret_store::Store as _;
     use serde_json::json;
 
     use super::Memory;
@@ -377,6 +378,61 @@ mod runtime {
         );
         g.stop().await.unwrap();
         assert_eq!(b.depth(&queue), 0);
+    }
+
+    /// Dead letters that arrive within the linger share one transaction and
+    /// one fsync: a poison storm costs the store far less than one durable
+    /// write per message.
+    #[tokio::test]
+    async fn dead_letters_arriving_within_the_linger_share_one_durable_write() {
+        const N: usize = 8;
+        let b = Memory::default();
+        let dir = tempfile::tempdir().unwrap();
+        let queue = b.fresh_queue("storm").await;
+        let name = unique("storm");
+        let spec = b.spec(&name, &queue, Mode::Guard);
+        for i in 0..N {
+            b.produce(&queue, &format!("m-{i}"), b"{}", headers(json!({})))
+                .await;
+        }
+        let h = host(
+            dir.path(),
+            policies("orders", 10, Duration::from_millis(100)),
+        );
+        // The handler calls fail permanently 15 ms apart: alone, each would
+        // be its own transaction and fsync.
+        let handler = Arc::new(lazaret_guard::handler_fn(move |call| {
+            let i: u64 = call.delivery.message_id[2..].parse().unwrap();
+            async move {
+                tokio::time::sleep(Duration::from_millis(15 * i)).await;
+                Outcome::Failure(
+                    lazaret_core::Failure::new("http_400", "poison")
+                        .with_class(lazaret_core::FailureClass::Permanent),
+                )
+            }
+        }));
+        let before = h.store().stats().await.unwrap().syncs;
+        let broker = b.connect(&spec).await;
+        let (stop, rx) = tokio::sync::watch::channel(false);
+        // A linger far longer than the N failures take to arrive (~105 ms),
+        // so the batch does not depend on the machine's speed.
+        let guard = lazaret_guard::Guard::new(spec, Arc::clone(&h), broker, handler)
+            .with_quarantine_linger(Duration::from_millis(500));
+        let task = tokio::spawn(guard.run(rx));
+        let dls = wait_dead_letters(h.store(), &name, N, Duration::from_secs(20)).await;
+        let _ = stop.send(true);
+        task.await.unwrap().unwrap();
+        assert_eq!(dls.len(), N);
+        assert!(
+            dls.iter().all(|d| d.reason == DeadLetterReason::Permanent),
+            "{dls:#?}"
+        );
+        let syncs = h.store().stats().await.unwrap().syncs - before;
+        assert!(
+            (1..=2).contains(&syncs),
+            "{N} dead letters written together took {syncs} fsyncs"
+        );
+        assert_eq!(b.depth(&queue), 0, "every poison message was acknowledged");
     }
 
     /// A host whose `orders` breaker opens after 3 failures and stays open

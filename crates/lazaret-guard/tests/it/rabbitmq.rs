@@ -51,12 +51,16 @@ fn props() -> ConnectionProperties {
         .with_reactor(tokio_reactor_trait::Tokio::current())
 }
 
+/// A quorum queue that RabbitMQ deletes by itself once it has gone unused
+/// for 15 minutes, so the queues of a test that failed (or of a run that
+/// was killed) do not pile up on a broker that CI shares with later runs.
 fn quorum() -> FieldTable {
     let mut args = FieldTable::default();
     args.insert(
         "x-queue-type".into(),
         AMQPValue::LongString("quorum".into()),
     );
+    args.insert("x-expires".into(), AMQPValue::LongInt(15 * 60 * 1000));
     args
 }
 

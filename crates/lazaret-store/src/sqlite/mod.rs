@@ -468,6 +468,16 @@ impl Store for SqliteStore {
         self.call(|tx| Cmd::Quarantine(Box::new(dl), tx)).await
     }
 
+    async fn quarantine_messages(
+        &self,
+        dls: Vec<crate::SourceDeadLetter>,
+    ) -> Result<Vec<crate::Quarantined>, StoreError> {
+        if dls.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.call(|tx| Cmd::QuarantineMany(dls, tx)).await
+    }
+
     async fn park_message(&self, p: crate::ParkedMessage) -> Result<(), StoreError> {
         self.call(|tx| Cmd::Park(Box::new(p), tx)).await
     }

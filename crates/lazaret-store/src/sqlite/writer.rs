@@ -55,6 +55,7 @@ pub(super) enum Cmd {
     ),
     RevokeToken(String, AuditEntry, Reply<bool>),
     Quarantine(Box<crate::SourceDeadLetter>, Reply<crate::Quarantined>),
+    QuarantineMany(Vec<crate::SourceDeadLetter>, Reply<Vec<crate::Quarantined>>),
     Park(Box<crate::ParkedMessage>, Reply<()>),
     Unpark(String, String, Reply<bool>),
     /// Tests: waits for the gate to open (or close), then runs the SQL.
@@ -515,6 +516,12 @@ impl Writer {
             Cmd::CreateToken(token, entry, tx) => run!(tx, self.create_token(&token, &entry)),
             Cmd::RevokeToken(name, entry, tx) => run!(tx, self.revoke_token(&name, &entry)),
             Cmd::Quarantine(dl, tx) => run!(tx, super::sources::quarantine(&self.conn, &dl)),
+            Cmd::QuarantineMany(dls, tx) => run!(
+                tx,
+                dls.iter()
+                    .map(|dl| super::sources::quarantine(&self.conn, dl))
+                    .collect::<Result<Vec<_>, _>>()
+            ),
             Cmd::Park(p, tx) => run!(tx, super::sources::park(&self.conn, &p)),
             Cmd::Unpark(source, id, tx) => {
                 run!(tx, super::sources::unpark(&self.conn, &source, &id))
@@ -1376,6 +1383,7 @@ fn fail_cmd(cmd: Cmd, why: &str) {
         Cmd::CreateToken(_, _, tx) => drop(tx.send(Err(e()))),
         Cmd::RevokeToken(_, _, tx) => drop(tx.send(Err(e()))),
         Cmd::Quarantine(_, tx) => drop(tx.send(Err(e()))),
+        Cmd::QuarantineMany(_, tx) => drop(tx.send(Err(e()))),
         Cmd::Park(_, tx) => drop(tx.send(Err(e()))),
         Cmd::Unpark(_, _, tx) => drop(tx.send(Err(e()))),
         #[cfg(test)]

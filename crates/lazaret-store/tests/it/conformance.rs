@@ -94,6 +94,7 @@ macro_rules! conformance_suite {
             ],
             sources: [
                 a_broker_message_is_quarantined_once_with_its_source_and_payload,
+                a_batch_of_quarantines_answers_each_in_order,
                 held_retries_come_due_in_order_and_are_replaced_or_dropped,
                 held_retries_and_broker_dead_letters_survive_a_restart,
             ],

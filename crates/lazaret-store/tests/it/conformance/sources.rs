@@ -171,6 +171,55 @@ pub async fn a_broker_message_is_quarantined_once_with_its_source_and_payload<S:
     assert!(anew.created);
 }
 
+pub async fn a_batch_of_quarantines_answers_each_in_order<S: Store>(
+    dir: &Path,
+    open: impl Fn(&Path) -> S,
+) {
+    let s = open(dir);
+    assert_eq!(s.quarantine_messages(Vec::new()).await.unwrap(), Vec::new());
+    let before = s
+        .quarantine_message(quarantined("orders-src", "m-2", Stage::Processing, 0))
+        .await
+        .unwrap();
+    s.park_message(parked("orders-src", "m-3", at(1_000)))
+        .await
+        .unwrap();
+    let batch = s
+        .quarantine_messages(vec![
+            quarantined("orders-src", "m-1", Stage::Processing, 10),
+            quarantined("orders-src", "m-2", Stage::Processing, 10),
+            quarantined("orders-src", "m-3", Stage::Processing, 10),
+            // The same message twice in one batch: one dead letter.
+            quarantined("orders-src", "m-1", Stage::Processing, 20),
+        ])
+        .await
+        .expect("quarantine a batch");
+    let got: Vec<(bool, bool)> = batch
+        .iter()
+        .map(|q| (q.created, q.id == before.id))
+        .collect();
+    assert_eq!(
+        got,
+        vec![(true, false), (false, true), (true, false), (false, false)],
+        "each answer is the one its message would get alone: {batch:?}"
+    );
+    assert_eq!(batch[3].id, batch[0].id);
+    assert_ne!(batch[2].id, batch[0].id);
+    // The held retry of m-3 left with its quarantine, as for one message.
+    assert_eq!(
+        s.message_held("orders-src".into(), "m-3".into())
+            .await
+            .unwrap(),
+        Held::Quarantined(batch[2].id)
+    );
+    assert!(
+        s.due_messages("orders-src".into(), at(10_000), 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
 pub async fn held_retries_come_due_in_order_and_are_replaced_or_dropped<S: Store>(
     dir: &Path,
     open: impl Fn(&Path) -> S,
