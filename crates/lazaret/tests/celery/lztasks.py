@@ -30,6 +30,8 @@ DELIVERY_LIMIT = int(os.environ.get("LZ_CELERY_DELIVERY_LIMIT", "2"))
 # three times), with reason `delivery_limit`, through the default exchange
 # to `<queue>.dlq`. (A topic exchange, not direct: Celery
 # 5.5 warns that its native delayed delivery cannot use a direct one.)
+QUEUE_EXPIRES_MS = 15 * 60 * 1000
+
 task_queue = Queue(
     QUEUE,
     Exchange(QUEUE, type="topic", durable=True),
@@ -40,6 +42,9 @@ task_queue = Queue(
         "x-delivery-limit": DELIVERY_LIMIT,
         "x-dead-letter-exchange": "",
         "x-dead-letter-routing-key": DEAD_LETTER_QUEUE,
+        # RabbitMQ deletes it by itself after 15 minutes unused, should the
+        # test die before `lzctl.py delete` runs (the broker outlives runs).
+        "x-expires": QUEUE_EXPIRES_MS,
     },
 )
 
@@ -51,6 +56,7 @@ dead_letter_queue = Queue(
     exchange=None,
     routing_key=DEAD_LETTER_QUEUE,
     durable=True,
+    queue_arguments={"x-expires": QUEUE_EXPIRES_MS},
 )
 
 app = Celery("lztasks")
