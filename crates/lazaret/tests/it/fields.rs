@@ -292,6 +292,30 @@ async fn limit_zero_is_an_error_on_every_list() {
 }
 
 #[tokio::test]
+async fn long_or_control_character_token_names_are_refused_through_the_api() {
+    const ADMIN: &str = "tok-admin-fields-0123456789";
+    let server = Server::start(&format!(
+        "{QUICK}\n[[tokens]]\nname = \"root\"\nrole = \"admin\"\ntoken = \"{ADMIN}\"\n"
+    ))
+    .await;
+    let admin = server.api_as(ADMIN);
+    for name in ["t".repeat(65), "ci\u{0}bot".into(), "ci\nbot".into()] {
+        let r = admin
+            .post("/v1/tokens", &json!({"name": name, "role": "producer"}))
+            .await;
+        let e = assert_error(&r, 400, "BAD_REQUEST", None);
+        assert!(e["message"].as_str().unwrap_or("").contains("64"), "{e}");
+    }
+    admin
+        .post(
+            "/v1/tokens",
+            &json!({"name": "t".repeat(64), "role": "producer"}),
+        )
+        .await
+        .expect(201);
+}
+
+#[tokio::test]
 async fn config_tokens_that_cannot_work_are_refused_at_start() {
     for (name, token, key, says) in [
         ("ops", "   ", "tokens[0].token", "whitespace"),
