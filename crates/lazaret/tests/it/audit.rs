@@ -136,6 +136,52 @@ async fn a_redrive_killed_halfway_leaves_an_audit_entry_that_matches_what_moved(
     assert_eq!(leased.len(), moved);
 }
 
+/// The redrive entry's count, read between two equal counts of the dead
+/// letters held (so that no batch committed meanwhile), and that count.
+async fn settled_count(api: &crate::harness::Api) -> (u64, usize) {
+    loop {
+        let before = held(api).await;
+        let log = whole_log(api, "&action=redrive").await;
+        let after = held(api).await;
+        if before == after {
+            let count = log.first().map_or(0, |e| e["count"].as_u64().unwrap_or(0));
+            return (count, after);
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_redrive_whose_client_went_away_is_audited_as_far_as_it_got() {
+    const N: usize = 300;
+    let server = Server::start(QUICK).await;
+    let api = server.api();
+    dead_letters(&api, N).await;
+    let url = format!("{}/v1/dead-letters/redrive", server.base());
+    let redrive = tokio::spawn(async move {
+        let _ = reqwest::Client::new()
+            .post(url)
+            .json(&json!({"filter": {"type": "report"}, "rate_per_sec": 50}))
+            .send()
+            .await;
+    });
+    let deadline = Instant::now() + EVENTUALLY;
+    while held(&api).await == N {
+        assert!(Instant::now() < deadline, "the first batch never moved");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The client goes away: its connection is closed mid-request.
+    redrive.abort();
+    let _ = redrive.await;
+    // Whether the server stops or finishes, at every moment the entry
+    // counts exactly what has left the dead letters.
+    for _ in 0..3 {
+        let (count, left) = settled_count(&api).await;
+        assert!(left < N);
+        assert_eq!(count as usize, N - left, "the entry matches what moved");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
 #[tokio::test]
 async fn a_request_nested_too_deep_or_too_long_is_audited_as_received_and_bounded() {
     let server = Server::start(QUICK).await;
