@@ -67,7 +67,7 @@ fn check_field(field: &str, value: Option<&str>, max: usize) -> Result<(), ApiEr
         Some(Err(e)) => {
             m::rejected("BAD_REQUEST");
             Err(ApiError::bad_request(format!(
-                "{e}; these names travel on every job and attempt record (see docs/api.md, Limits)"
+                "{e}; these names travel on every job and attempt record (see docs/api.md, Limits on names)"
             )))
         }
         _ => Ok(()),
