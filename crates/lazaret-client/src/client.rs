@@ -422,12 +422,35 @@ impl Client {
 
     /// `GET /v1/audit` (operator, admin): the newest `limit` entries.
     pub async fn audit(&self, limit: Option<u32>) -> Result<Vec<AuditEntry>, ClientError> {
+        let page = self
+            .audit_page(&AuditRequest {
+                limit,
+                ..AuditRequest::default()
+            })
+            .await?;
+        Ok(page.items)
+    }
+
+    /// `GET /v1/audit` (operator, admin): one page, newest first; follow
+    /// `next_cursor` for older entries.
+    pub async fn audit_page(&self, req: &AuditRequest) -> Result<AuditPage, ClientError> {
         let mut url = self.url(&["v1", "audit"]);
-        if let Some(l) = limit {
-            url.query_pairs_mut().append_pair("limit", &l.to_string());
+        {
+            let mut q = url.query_pairs_mut();
+            if let Some(l) = req.limit {
+                q.append_pair("limit", &l.to_string());
+            }
+            for (key, value) in [
+                ("cursor", &req.cursor),
+                ("action", &req.action),
+                ("actor", &req.actor),
+            ] {
+                if let Some(v) = value {
+                    q.append_pair(key, v);
+                }
+            }
         }
-        let r: Audit = self.get(url).await?;
-        Ok(r.items)
+        self.get(url).await
     }
 }
 

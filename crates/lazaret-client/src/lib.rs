@@ -111,9 +111,9 @@ pub use lazaret_core::{
     AttemptOutcome, DeadLetterReason, ErrorKind, JobId, JobState, JobType, Lane, TenantId, WorkerId,
 };
 pub use model::{
-    AckItem, Admission, Attempt, AuditEntry, Breaker, BreakerStatus, DeadLetter, DeadLetterFilter,
-    DeadLetterId, DeadLetterPage, DeadLetterQuery, Enqueued, FailItem, JobInfo, LeaseRequest,
-    LeaseToken, LeasedJob, NewJob, Outcome, PauseTarget, ReasonCount, Redrive, Redriven, Selection,
-    Stage,
+    AckItem, Admission, Attempt, AuditEntry, AuditPage, AuditRequest, Breaker, BreakerStatus,
+    DeadLetter, DeadLetterFilter, DeadLetterId, DeadLetterPage, DeadLetterQuery, Enqueued,
+    FailItem, JobInfo, LeaseRequest, LeaseToken, LeasedJob, NewJob, Outcome, PauseTarget,
+    ReasonCount, Redrive, Redriven, Selection, Stage,
 };
 pub use worker::{Job, JobReport, JobResult, RunReport, Worker, WorkerBuilder, WorkerError};

@@ -631,22 +631,44 @@ pub(crate) struct PauseBody<'a> {
 /// One entry of the audit log.
 #[derive(Clone, Debug, Deserialize)]
 pub struct AuditEntry {
+    /// Its id (`None` from a server older than the audit cursor).
+    #[serde(default)]
+    pub id: Option<String>,
     /// When.
     #[serde(with = "wire::time")]
     pub at: SystemTime,
     /// The token's name.
     pub actor: String,
-    /// `redrive`, `purge`, `pause`, `resume`, `token_create`, `token_revoke`, `denied`.
+    /// `redrive`, `purge`, `pause`, `resume`, `token_create`, `token_revoke`, `denied`, `cancel`.
     pub action: String,
-    /// The request as sent.
+    /// The request as received (or `{"raw", "bytes", "truncated"}` when it
+    /// was longer than 16 KiB or not readable as JSON).
     pub request: Value,
     /// Jobs or dead letters affected.
     pub count: u64,
 }
 
-#[derive(Deserialize)]
-pub(crate) struct Audit {
-    pub(crate) items: Vec<AuditEntry>,
+/// One page of the audit log, newest first.
+#[derive(Clone, Debug, Deserialize)]
+pub struct AuditPage {
+    /// The entries.
+    pub items: Vec<AuditEntry>,
+    /// Pass it as `cursor` for the next (older) page; `None` on the last.
+    #[serde(default)]
+    pub next_cursor: Option<String>,
+}
+
+/// Which page of the audit log to read (`GET /v1/audit`).
+#[derive(Clone, Debug, Default)]
+pub struct AuditRequest {
+    /// At most this many (1 to 1000; the server's default when `None`).
+    pub limit: Option<u32>,
+    /// The `next_cursor` of the page before.
+    pub cursor: Option<String>,
+    /// Only this action (`purge`, `denied`, …).
+    pub action: Option<String>,
+    /// Only this actor (a token's name).
+    pub actor: Option<String>,
 }
 
 /// A batch reply: one result per item, in order.

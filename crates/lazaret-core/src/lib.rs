@@ -40,7 +40,10 @@ pub use envelope::{
 };
 pub use failure::{DeadLetterReason, Failure, FailureClass, PoisonReason};
 pub use foreign::{absorb_earlier_deliveries, attempts_spent};
-pub use ids::{ErrorKind, JobId, JobType, Lane, TenantId, WorkerId};
+pub use ids::{
+    ErrorKind, IDEMPOTENCY_KEY_BYTES_MAX, JobId, JobType, Lane, NAME_BYTES_MAX, NameError,
+    TenantId, WorkerId, check_name,
+};
 pub use policy::{Backoff, Policies, PolicyError, TypePolicy};
 pub use rng::{Entropy, SplitMix64};
 pub use scheduler::{Demand, FairScheduler, Grant, SchedulerConfig, SchedulerConfigError};

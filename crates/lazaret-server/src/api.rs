@@ -13,14 +13,15 @@ use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use futures_util::StreamExt;
 use lazaret_core::{
-    AdmissionRequest, DeadLetterReason, ErrorKind, Event, Failure, FailureClass, JobId, JobState,
-    JobType, Lane, TenantId, Timestamp, Transition, Verdict, WorkerId, admit, payload_preview,
-    payload_sha256,
+    AdmissionRequest, DeadLetterReason, ErrorKind, Event, Failure, FailureClass,
+    IDEMPOTENCY_KEY_BYTES_MAX, JobId, JobState, JobType, Lane, NAME_BYTES_MAX, TenantId, Timestamp,
+    Transition, Verdict, WorkerId, admit, check_name, payload_preview, payload_sha256,
 };
 use lazaret_guard::{RedriveError, SourceSet};
 use lazaret_store::{
-    AdmissionRecord, ApiToken, AuditEntry, Completed, Completion, DeadLetterFilter, DeadLetterId,
-    EnqueueOutcome, LeaseRequest, LeaseToken, NewJob, Selector, Stage, Store, TokenError,
+    AdmissionRecord, ApiToken, AuditEntry, AuditId, AuditQuery, Completed, Completion,
+    DeadLetterFilter, DeadLetterId, EnqueueOutcome, LeaseRequest, LeaseToken, NewJob, Selector,
+    Stage, Store, TokenError,
 };
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -52,6 +53,36 @@ fn check_duration(name: &str, ms: Option<u64>, max: u64) -> Result<(), ApiError>
              keep the job outside lazaret and enqueue it nearer the time"
         ))),
         _ => Ok(()),
+    }
+}
+
+/// Most lanes or types one lease request may name.
+const LEASE_NAMES_MAX: usize = 256;
+
+/// `400 BAD_REQUEST` naming the field and its limit when a client-chosen
+/// name is longer than `max` bytes or holds a control character; counted
+/// as a rejection.
+fn check_field(field: &str, value: Option<&str>, max: usize) -> Result<(), ApiError> {
+    match value.map(|v| check_name(field, v, max)) {
+        Some(Err(e)) => {
+            m::rejected("BAD_REQUEST");
+            Err(ApiError::bad_request(format!(
+                "{e}; these names travel on every job and attempt record (see docs/api.md, Limits on names)"
+            )))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// A list endpoint's `limit`: 1 to `max` (over `max` is clamped), `default`
+/// when absent; 0 is refused rather than quietly read as "some".
+fn page_limit(limit: Option<u32>, default: u32, max: u32) -> Result<u32, ApiError> {
+    match limit {
+        None => Ok(default),
+        Some(0) => Err(ApiError::bad_request(format!(
+            "limit must be at least 1 (at most {max}; leave it out for {default})"
+        ))),
+        Some(n) => Ok(n.min(max)),
     }
 }
 
@@ -179,6 +210,32 @@ async fn envelope(req: axum::extract::Request, next: axum::middleware::Next) -> 
     out
 }
 
+/// The longest request text an audit entry keeps, in bytes.
+pub const AUDIT_REQUEST_BYTES_MAX: usize = 16 * 1024;
+
+/// A request as its audit entry keeps it: the JSON body as received when
+/// it reads as JSON (nested at most 128 deep, serde_json's limit) and is at
+/// most [`AUDIT_REQUEST_BYTES_MAX`] bytes; otherwise its text, cut at that
+/// size: `{"raw": TEXT, "bytes": N, "truncated": BOOL}`. Never `null` for a
+/// request that was acted on.
+pub fn audit_request(body: &[u8]) -> Value {
+    if body.len() <= AUDIT_REQUEST_BYTES_MAX {
+        if let Ok(v) = serde_json::from_slice::<Value>(body) {
+            return v;
+        }
+    }
+    let head = &body[..body.len().min(AUDIT_REQUEST_BYTES_MAX)];
+    // Cut on a character boundary; bytes that are not UTF-8 become U+FFFD.
+    let text = match std::str::from_utf8(head) {
+        Ok(t) => t.to_owned(),
+        Err(e) if e.error_len().is_none() => {
+            String::from_utf8_lossy(&head[..e.valid_up_to()]).into_owned()
+        }
+        Err(_) => String::from_utf8_lossy(head).into_owned(),
+    };
+    json!({ "raw": text, "bytes": body.len(), "truncated": head.len() < body.len() })
+}
+
 fn ok(v: Value) -> ApiResult {
     Ok(Json(v).into_response())
 }
@@ -250,13 +307,22 @@ async fn healthz<S: Store>(State(app): Shared<S>) -> Result<&'static str, ApiErr
 
 // ---------------------------------------------------------------- producers
 
+/// A field that is there, even as `null` (`Option`'s own deserializer reads
+/// `null` as absent).
+fn present<'de: 'a, 'a, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<&'a RawValue>, D::Error> {
+    <&'a RawValue>::deserialize(d).map(Some)
+}
+
 #[derive(Debug, Deserialize)]
 struct EnqueueBody<'a> {
     #[serde(rename = "type")]
     job_type: Option<String>,
     tenant: Option<String>,
     lane: Option<String>,
-    #[serde(borrow)]
+    /// `None` only when the key is absent: `"payload": null` is a payload.
+    #[serde(borrow, default, deserialize_with = "present")]
     payload: Option<&'a RawValue>,
     idempotency_key: Option<String>,
     schema_version: Option<u32>,
@@ -345,6 +411,14 @@ async fn admit_one<S: Store>(
         m::rejected(e.code.as_str());
         return Err(e);
     }
+    check_field("type", body.job_type.as_deref(), NAME_BYTES_MAX)?;
+    check_field("tenant", body.tenant.as_deref(), NAME_BYTES_MAX)?;
+    check_field("lane", body.lane.as_deref(), NAME_BYTES_MAX)?;
+    check_field(
+        "idempotency_key",
+        body.idempotency_key.as_deref(),
+        IDEMPOTENCY_KEY_BYTES_MAX,
+    )?;
     let payload = body.payload.map(|p| p.get().as_bytes()).unwrap_or_default();
     let lane = body.lane.clone().unwrap_or_else(|| "default".to_owned());
     let shed = body
@@ -697,6 +771,19 @@ async fn lease<S: Store>(State(app): Shared<S>, headers: HeaderMap, body: Bytes)
             app.config.lease_ms_max
         )));
     }
+    check_field("worker_id", b.worker_id.as_deref(), NAME_BYTES_MAX)?;
+    for (field, names) in [("lanes", &b.lanes), ("types", &b.types)] {
+        let names = names.as_deref().unwrap_or_default();
+        if names.len() > LEASE_NAMES_MAX {
+            return Err(ApiError::bad_request(format!(
+                "{field} names {} entries; a lease may name at most {LEASE_NAMES_MAX}",
+                names.len()
+            )));
+        }
+        for n in names {
+            check_field(&format!("{field}[]"), Some(n), NAME_BYTES_MAX)?;
+        }
+    }
     let wait = Duration::from_millis(b.wait_ms.unwrap_or(0).min(WAIT_MS_MAX));
     let deadline = tokio::time::Instant::now() + wait;
     let worker_id = WorkerId::new(b.worker_id.unwrap_or_else(|| "anonymous".into()));
@@ -799,6 +886,7 @@ fn token(t: &str) -> Result<LeaseToken, ApiError> {
 
 fn failure(e: ErrorBody) -> Result<Failure, ApiError> {
     check_duration("error.retry_after_ms", e.retry_after_ms, DELAY_MS_MAX)?;
+    check_field("error.kind", e.kind.as_deref(), NAME_BYTES_MAX)?;
     let class = match e.class.as_deref() {
         None => None,
         Some("transient") => Some(FailureClass::Transient),
@@ -1084,7 +1172,7 @@ async fn dead_letters<S: Store>(
         },
     };
     check_reason(&filter.reason)?;
-    let limit = q.limit.unwrap_or(50).clamp(1, 1000);
+    let limit = page_limit(q.limit, 50, 1000)?;
     let cursor = match empty_none(q.cursor) {
         Some(c) => Some(DeadLetterId(c.parse().map_err(|_| {
             ApiError::bad_request(format!("cursor {c:?} is not one this server gave"))
@@ -1269,6 +1357,19 @@ async fn redrive<S: Store>(State(app): Shared<S>, headers: HeaderMap, body: Byte
         Selector::Ids(ids) => ids.clone(),
         Selector::Filter(_) => Vec::new(),
     };
+    // The entry is written before anything moves and each batch adds what
+    // it moved in its own transaction: a client gone or a process killed
+    // halfway leaves an entry that says exactly what was redriven.
+    let entry = app
+        .store
+        .audit(AuditEntry {
+            at: now(),
+            actor: caller.name,
+            action: "redrive".into(),
+            request: audit_request(&body),
+            count: 0,
+        })
+        .await?;
     let matched = app.store.match_dead_letters(sel).await?;
     let mut skipped = 0usize;
     let mut targets = Vec::new();
@@ -1318,7 +1419,7 @@ async fn redrive<S: Store>(State(app): Shared<S>, headers: HeaderMap, body: Byte
             let moved: Vec<JobId> = if jobs.is_empty() {
                 Vec::new()
             } else {
-                let moved = app.store.redrive(jobs, now()).await?;
+                let moved = app.store.redrive(jobs, now(), Some(entry)).await?;
                 app.ready.anything();
                 moved
             };
@@ -1338,7 +1439,7 @@ async fn redrive<S: Store>(State(app): Shared<S>, headers: HeaderMap, body: Byte
                                 .into(),
                         ),
                     },
-                    (Some(_), _) => redrive_message(&app, &sources, t.id).await,
+                    (Some(_), _) => redrive_message(&app, &sources, t.id, entry).await,
                 };
                 if done.redriven {
                     redriven += 1;
@@ -1348,16 +1449,6 @@ async fn redrive<S: Store>(State(app): Shared<S>, headers: HeaderMap, body: Byte
         }
         m::redriven(redriven);
     }
-    let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    app.store
-        .audit(AuditEntry {
-            at: now(),
-            actor: caller.name,
-            action: "redrive".into(),
-            request,
-            count: redriven,
-        })
-        .await?;
     ok(json!({
         "matched": targets.len(),
         "redriven": redriven,
@@ -1372,7 +1463,12 @@ async fn redrive<S: Store>(State(app): Shared<S>, headers: HeaderMap, body: Byte
 /// Republishes one broker dead letter and, only once the broker confirmed
 /// it, removes the dead letter. A failure leaves the dead letter where it
 /// is and says why.
-async fn redrive_message<S: Store>(app: &App<S>, sources: &SourceSet, id: DeadLetterId) -> Done {
+async fn redrive_message<S: Store>(
+    app: &App<S>,
+    sources: &SourceSet,
+    id: DeadLetterId,
+    entry: AuditId,
+) -> Done {
     let failed = |error: String| Done {
         redriven: false,
         error: Some(error),
@@ -1403,7 +1499,7 @@ async fn redrive_message<S: Store>(app: &App<S>, sources: &SourceSet, id: DeadLe
             e => e.to_string(),
         });
     }
-    match app.store.purge(vec![id]).await {
+    match app.store.purge(vec![id], Some(entry)).await {
         Ok(_) => Done {
             redriven: true,
             error: None,
@@ -1436,17 +1532,18 @@ async fn purge<S: Store>(State(app): Shared<S>, headers: HeaderMap, body: Bytes)
         .into_iter()
         .map(|(i, _)| i)
         .collect();
-    let purged = app.store.purge(ids).await?;
-    let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    app.store
+    // Written first; the purge adds its count in its own transaction.
+    let entry = app
+        .store
         .audit(AuditEntry {
             at: now(),
             actor: caller.name,
             action: "purge".into(),
-            request,
-            count: purged,
+            request: audit_request(&body),
+            count: 0,
         })
         .await?;
+    let purged = app.store.purge(ids, Some(entry)).await?;
     ok(json!({ "purged": purged }))
 }
 
@@ -1467,6 +1564,8 @@ async fn pause_resume<S: Store>(
 ) -> ApiResult {
     let caller = allow(app, headers, Action::Operate).await?;
     let b: PauseBody = parse_json(body)?;
+    check_field("type", b.job_type.as_deref(), NAME_BYTES_MAX)?;
+    check_field("lane", b.lane.as_deref(), NAME_BYTES_MAX)?;
     {
         let mut p = app.paused.lock().unwrap_or_else(|p| p.into_inner());
         match (&b.job_type, &b.lane) {
@@ -1495,13 +1594,12 @@ async fn pause_resume<S: Store>(
         app.ready.anything();
     }
     let action = if pause { "pause" } else { "resume" };
-    let request: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
     app.store
         .audit(AuditEntry {
             at: now(),
             actor: caller.name,
             action: action.into(),
-            request,
+            request: audit_request(body),
             count: 0,
         })
         .await?;
@@ -1516,24 +1614,73 @@ async fn resume<S: Store>(State(app): Shared<S>, headers: HeaderMap, body: Bytes
     pause_resume(&app, &headers, &body, false).await
 }
 
+/// The query of `GET /v1/audit`.
 #[derive(Debug, Deserialize)]
-struct AuditQuery {
+#[serde(deny_unknown_fields)]
+struct AuditParams {
     limit: Option<u32>,
+    cursor: Option<String>,
+    action: Option<String>,
+    actor: Option<String>,
 }
+
+/// The actions the audit log records.
+const AUDIT_ACTIONS: [&str; 8] = [
+    "redrive",
+    "purge",
+    "pause",
+    "resume",
+    "token_create",
+    "token_revoke",
+    "denied",
+    "cancel",
+];
 
 async fn audit<S: Store>(
     State(app): Shared<S>,
     headers: HeaderMap,
-    Query(q): Query<AuditQuery>,
+    query: Result<Query<AuditParams>, QueryRejection>,
 ) -> ApiResult {
     allow(&app, &headers, Action::ReadDeadLetters).await?;
-    let items = app
+    let Query(q) = query.map_err(|e| {
+        ApiError::bad_request(format!(
+            "{}; the parameters are limit, cursor, action and actor",
+            e.body_text()
+        ))
+    })?;
+    let action = empty_none(q.action);
+    if let Some(a) = &action {
+        if !AUDIT_ACTIONS.contains(&a.as_str()) {
+            return Err(ApiError::bad_request(format!(
+                "unknown action {a:?}; the audit log records {}",
+                AUDIT_ACTIONS.join(", ")
+            )));
+        }
+    }
+    let before = match empty_none(q.cursor) {
+        Some(c) => Some(AuditId(c.parse().map_err(|_| {
+            ApiError::bad_request(format!(
+                "cursor {c:?} is not one this server gave (use next_cursor)"
+            ))
+        })?)),
+        None => None,
+    };
+    let (items, next) = app
         .store
-        .audit_log(q.limit.unwrap_or(100).clamp(1, 1000))
+        .audit_page(AuditQuery {
+            limit: page_limit(q.limit, 100, 1000)?,
+            before,
+            action,
+            actor: empty_none(q.actor),
+        })
         .await?;
-    ok(json!({ "items": items.iter().map(|e| json!({
-        "at": views::time(e.at), "actor": e.actor, "action": e.action, "request": e.request, "count": e.count,
-    })).collect::<Vec<_>>() }))
+    ok(json!({
+        "items": items.iter().map(|(id, e)| json!({
+            "id": id.to_string(), "at": views::time(e.at), "actor": e.actor, "action": e.action,
+            "request": e.request, "count": e.count,
+        })).collect::<Vec<_>>(),
+        "next_cursor": next.map(|c| c.to_string()),
+    }))
 }
 
 async fn breakers<S: Store>(State(app): Shared<S>, headers: HeaderMap) -> ApiResult {

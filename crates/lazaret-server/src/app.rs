@@ -79,8 +79,9 @@ pub struct App<S> {
     pub paused: Mutex<Paused>,
     /// Woken when a job may have become ready (long-polls wait on it).
     pub ready: Ready,
-    /// Admission records kept per tenant in the current minute.
-    admission_records: Mutex<HashMap<String, (i64, u32)>>,
+    /// Admission records kept per tenant in the current minute, and (under
+    /// `None`) over all tenants.
+    admission_records: Mutex<HashMap<Option<String>, (i64, u32)>>,
     /// Tokens created through the API that are in force: loaded at start,
     /// changed with the store, read by every authentication.
     pub api_tokens: RwLock<ApiTokens>,
@@ -156,7 +157,10 @@ impl<S: Store> App<S> {
         !self.config.tokens.is_empty()
     }
 
-    /// Whether another admission record may be kept for `tenant` now.
+    /// Whether another admission record may be kept for `tenant` now: the
+    /// tenant is under `admission_records_per_minute` this minute and all
+    /// tenants together under `admission_records_all_per_minute` (one batch
+    /// naming 5,000 tenants must not write 5,000 records).
     pub fn admission_record_allowed(&self, tenant: Option<&str>, now: Timestamp) -> bool {
         let minute = now.as_millis() / 60_000;
         let mut map = self
@@ -166,16 +170,25 @@ impl<S: Store> App<S> {
         if map.len() > 10_000 {
             map.retain(|_, (m, _)| *m == minute);
         }
-        let entry = map
-            .entry(tenant.unwrap_or("").to_owned())
-            .or_insert((minute, 0));
-        if entry.0 != minute {
-            *entry = (minute, 0);
-        }
-        if entry.1 >= self.config.admission_records_per_minute {
+        let used = |map: &mut HashMap<Option<String>, (i64, u32)>, key: Option<String>| {
+            let entry = map.entry(key).or_insert((minute, 0));
+            if entry.0 != minute {
+                *entry = (minute, 0);
+            }
+            entry.1
+        };
+        let all = used(&mut map, None);
+        let one = used(&mut map, Some(tenant.unwrap_or("").to_owned()));
+        if all >= self.config.admission_records_all_per_minute
+            || one >= self.config.admission_records_per_minute
+        {
             return false;
         }
-        entry.1 += 1;
+        for key in [None, Some(tenant.unwrap_or("").to_owned())] {
+            if let Some(e) = map.get_mut(&key) {
+                e.1 += 1;
+            }
+        }
         true
     }
 

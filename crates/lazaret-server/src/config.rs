@@ -19,6 +19,7 @@
 //! accept_unknown_types = true         # false: UNKNOWN_TYPE for types not listed under [types]
 //! dead_letters_warn = 100000          # warn (log + metric) once the dead letters outnumber this
 //! admission_records_per_minute = 60   # per tenant: admission (POISON) dead-letter records kept per minute
+//! admission_records_all_per_minute = 600 # all tenants together: the same records kept per minute
 //! durability = "full"                 # "full": a commit survives power loss; "normal": faster,
 //!                                     # survives a process crash, may lose the last commits on power loss
 //! lease_ms_default = 30000            # a lease's length when the worker asks for none (at least 1)
@@ -153,6 +154,9 @@ pub struct ServerConfig {
     pub dead_letters_warn: u64,
     /// Admission (POISON) dead-letter records kept per tenant per minute.
     pub admission_records_per_minute: u32,
+    /// Admission dead-letter records kept per minute over all tenants
+    /// together, so many tenants cannot multiply the per-tenant cap.
+    pub admission_records_all_per_minute: u32,
     /// What a commit survives (`durability`).
     pub durability: Durability,
     /// A lease's length when the worker asks for none, in ms.
@@ -184,6 +188,7 @@ impl Default for ServerConfig {
             retention: RetentionConfig::default(),
             dead_letters_warn: 100_000,
             admission_records_per_minute: 60,
+            admission_records_all_per_minute: 600,
             durability: Durability::Full,
             lease_ms_default: 30_000,
             lease_ms_max: 3_600_000,
@@ -423,6 +428,7 @@ struct RawConfig {
     accept_unknown_types: Option<bool>,
     dead_letters_warn: Option<u64>,
     admission_records_per_minute: Option<u32>,
+    admission_records_all_per_minute: Option<u32>,
     durability: Option<String>,
     lease_ms_default: Option<Ms>,
     lease_ms_max: Option<Ms>,
@@ -817,6 +823,9 @@ impl<'a> Ctx<'a> {
         if let Some(v) = raw.admission_records_per_minute {
             cfg.admission_records_per_minute = v;
         }
+        if let Some(v) = raw.admission_records_all_per_minute {
+            cfg.admission_records_all_per_minute = v;
+        }
         if let Some(d) = &raw.durability {
             cfg.durability = match d.as_str() {
                 "full" => Durability::Full,
@@ -1113,6 +1122,23 @@ impl<'a> Ctx<'a> {
                     "every token needs a name (it is the actor in the audit log): add name = \"...\"",
                 ));
             }
+            if name == "." || name == ".." {
+                return Err(self.invalid(
+                    &path.key("name"),
+                    format!(
+                        "token name {name:?} is not allowed: it is a path segment of its own in \
+                         /v1/tokens/{{name}}; use letters or digits as well"
+                    ),
+                ));
+            }
+            if let Err(e) =
+                lazaret_core::check_name("name", name, crate::auth::TOKEN_NAME_BYTES_MAX)
+            {
+                return Err(self.invalid(
+                    &path.key("name"),
+                    format!("{e}; the name is the actor in the audit log"),
+                ));
+            }
             let role = match t.role.as_deref() {
                 None => {
                     return Err(self.invalid(
@@ -1138,10 +1164,11 @@ impl<'a> Ctx<'a> {
                     ));
                 }
                 (Some(token), None) => {
-                    if token.is_empty() {
+                    if token.trim().is_empty() {
                         return Err(self.invalid(
                             &path.key("token"),
-                            "the token is empty; give a long random secret",
+                            "the token is empty or only whitespace (a client cannot send it: \
+                             the Authorization header's value is trimmed); give a long random secret",
                         ));
                     }
                     ("token", token_sha256(token))
@@ -1790,6 +1817,7 @@ token = "..."                       # or token_sha256 = "hex"
         );
         assert_eq!(cfg.dead_letters_warn, 100_000);
         assert_eq!(cfg.admission_records_per_minute, 60);
+        assert_eq!(cfg.admission_records_all_per_minute, 600);
         assert_eq!(cfg.durability, Durability::Full);
         assert_eq!(
             (cfg.lease_ms_default, cfg.lease_ms_max),

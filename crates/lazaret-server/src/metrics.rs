@@ -1,7 +1,15 @@
 //! Prometheus metrics: counters bumped where things happen, gauges set from
 //! the store when `/metrics` is scraped.
+//!
+//! Label values are bounded, so a client cannot grow `/metrics` (and the
+//! recorder's memory) without limit by sending random types or lanes: the
+//! types and lanes named in the config (and the `default` lane) keep their
+//! own series; of the others, the first [`LABEL_VALUES_MAX`] seen keep
+//! theirs and every later one counts under `other`. A value that has a
+//! series keeps it for the life of the process, so no counter goes
+//! backwards.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Mutex, OnceLock};
 
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
@@ -9,6 +17,65 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 static GAUGE_LABELS: Mutex<BTreeSet<(String, String)>> = Mutex::new(BTreeSet::new());
 static BREAKER_TYPES: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+static TYPES: Mutex<Bounded> = Mutex::new(Bounded::new());
+static LANES: Mutex<Bounded> = Mutex::new(Bounded::new());
+
+/// Values of the `type` label, and of the `lane` label, that are not in the
+/// config and still get a series of their own: the first ones seen.
+pub const LABEL_VALUES_MAX: usize = 64;
+
+/// The label value that stands for every value past the bound.
+pub const OTHER: &str = "other";
+
+/// One label's values: the configured ones and the first
+/// [`LABEL_VALUES_MAX`] others seen.
+#[derive(Debug)]
+struct Bounded {
+    configured: BTreeSet<String>,
+    seen: BTreeSet<String>,
+}
+
+impl Bounded {
+    const fn new() -> Self {
+        Bounded {
+            configured: BTreeSet::new(),
+            seen: BTreeSet::new(),
+        }
+    }
+
+    fn label(&mut self, value: &str) -> String {
+        if self.configured.contains(value) || self.seen.contains(value) {
+            return value.to_owned();
+        }
+        if self.seen.len() < LABEL_VALUES_MAX {
+            self.seen.insert(value.to_owned());
+            return value.to_owned();
+        }
+        OTHER.to_owned()
+    }
+}
+
+/// Names the configured types and lanes: they always keep their own series.
+pub fn configure<'a>(
+    types: impl IntoIterator<Item = &'a str>,
+    lanes: impl IntoIterator<Item = &'a str>,
+) {
+    let mut t = TYPES.lock().unwrap_or_else(|p| p.into_inner());
+    t.configured.extend(types.into_iter().map(str::to_owned));
+    let mut l = LANES.lock().unwrap_or_else(|p| p.into_inner());
+    l.configured.insert("default".to_owned());
+    l.configured.extend(lanes.into_iter().map(str::to_owned));
+}
+
+/// The `type` label value for `ty`: itself, or `other` past the bound.
+pub fn type_label(ty: &str) -> String {
+    TYPES.lock().unwrap_or_else(|p| p.into_inner()).label(ty)
+}
+
+/// The `lane` label value for `lane`: itself, or `other` past the bound.
+pub fn lane_label(lane: &str) -> String {
+    LANES.lock().unwrap_or_else(|p| p.into_inner()).label(lane)
+}
 
 /// Installs the process-wide recorder once; later calls reuse it.
 pub fn install() -> &'static PrometheusHandle {
@@ -26,22 +93,22 @@ pub fn install() -> &'static PrometheusHandle {
 
 /// A job admitted.
 pub fn enqueued(ty: &str, lane: &str) {
-    metrics::counter!("lazaret_jobs_enqueued_total", "type" => ty.to_owned(), "lane" => lane.to_owned()).increment(1);
+    metrics::counter!("lazaret_jobs_enqueued_total", "type" => type_label(ty), "lane" => lane_label(lane)).increment(1);
 }
 
 /// A job acknowledged.
 pub fn succeeded(ty: &str) {
-    metrics::counter!("lazaret_jobs_succeeded_total", "type" => ty.to_owned()).increment(1);
+    metrics::counter!("lazaret_jobs_succeeded_total", "type" => type_label(ty)).increment(1);
 }
 
 /// A retry scheduled.
 pub fn retried(ty: &str) {
-    metrics::counter!("lazaret_jobs_retried_total", "type" => ty.to_owned()).increment(1);
+    metrics::counter!("lazaret_jobs_retried_total", "type" => type_label(ty)).increment(1);
 }
 
 /// A job or payload dead-lettered.
 pub fn dead_lettered(ty: &str, reason: &str, stage: &str) {
-    metrics::counter!("lazaret_dead_lettered_total", "type" => ty.to_owned(), "reason" => reason.to_owned(), "stage" => stage.to_owned())
+    metrics::counter!("lazaret_dead_lettered_total", "type" => type_label(ty), "reason" => reason.to_owned(), "stage" => stage.to_owned())
         .increment(1);
 }
 
@@ -111,17 +178,29 @@ pub fn set_gauges(
     breakers: &[(String, bool)],
     dead_letters_over_warn: bool,
 ) {
-    let mut seen = BTreeSet::new();
+    // Lanes and types past the bound are summed under `other`.
+    let mut by_lane: BTreeMap<String, (u64, u64, u64)> = BTreeMap::new();
     for (lane, queued, scheduled, leased) in lanes {
+        let e = by_lane.entry(lane_label(lane)).or_default();
+        e.0 += queued;
+        e.1 += scheduled;
+        e.2 += leased;
+    }
+    for (lane, (queued, scheduled, leased)) in by_lane {
         metrics::gauge!("lazaret_queue_depth", "lane" => lane.clone())
             .set((queued + scheduled) as f64);
-        metrics::gauge!("lazaret_jobs_ready", "lane" => lane.clone()).set(*queued as f64);
-        metrics::gauge!("lazaret_jobs_leased", "lane" => lane.clone()).set(*leased as f64);
+        metrics::gauge!("lazaret_jobs_ready", "lane" => lane.clone()).set(queued as f64);
+        metrics::gauge!("lazaret_jobs_leased", "lane" => lane).set(leased as f64);
     }
+    let mut by_type: BTreeMap<(String, String), u64> = BTreeMap::new();
     for (ty, reason, n) in dead_letters {
+        *by_type.entry((type_label(ty), reason.clone())).or_default() += n;
+    }
+    let mut seen = BTreeSet::new();
+    for ((ty, reason), n) in by_type {
         metrics::gauge!("lazaret_dead_letters", "type" => ty.clone(), "reason" => reason.clone())
-            .set(*n as f64);
-        seen.insert((ty.clone(), reason.clone()));
+            .set(n as f64);
+        seen.insert((ty, reason));
     }
     let mut old = GAUGE_LABELS.lock().unwrap_or_else(|p| p.into_inner());
     for (ty, reason) in old.difference(&seen) {
@@ -131,7 +210,11 @@ pub fn set_gauges(
     *old = seen;
     // A type reported once stays reported: 0 once its breakers close.
     let mut types = BREAKER_TYPES.lock().unwrap_or_else(|p| p.into_inner());
-    for (ty, _) in breakers {
+    let breakers: Vec<(String, bool)> = breakers
+        .iter()
+        .map(|(ty, open)| (type_label(ty), *open))
+        .collect();
+    for (ty, _) in &breakers {
         types.insert(ty.clone());
     }
     for ty in types.iter() {
@@ -166,4 +249,22 @@ pub fn describe() {
     metrics::gauge!("lazaret_breaker_open", "type" => "").set(0.0);
     metrics::gauge!("lazaret_dead_letters", "type" => "", "reason" => "").set(0.0);
     metrics::gauge!("lazaret_queue_depth", "lane" => "default").set(0.0);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configured_values_and_the_first_others_keep_their_label() {
+        let mut b = Bounded::new();
+        b.configured.insert("send_email".into());
+        for i in 0..LABEL_VALUES_MAX {
+            assert_eq!(b.label(&format!("t{i}")), format!("t{i}"));
+        }
+        assert_eq!(b.label("late"), OTHER);
+        assert_eq!(b.label("t0"), "t0", "a value with a series keeps it");
+        assert_eq!(b.label("send_email"), "send_email");
+        assert_eq!(b.seen.len(), LABEL_VALUES_MAX);
+    }
 }

@@ -74,6 +74,14 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
     }
     metrics::install();
     metrics::describe();
+    metrics::configure(
+        opts.config.policies.types.keys().map(|t| t.as_str()),
+        opts.config
+            .scheduler
+            .lane_weights
+            .keys()
+            .map(|l| l.as_str()),
+    );
     let scheduler = FairScheduler::new(opts.config.scheduler.clone())?;
     let durability = match opts.config.durability {
         Durability::Full => lazaret_store::Durability::Full,

@@ -110,25 +110,50 @@ pub trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Vec<(DeadLetterId, Stage)>, StoreError>> + Send;
 
     /// Moves processing dead letters back into line (same job id and key,
-    /// fresh budget, history kept). Admission records are skipped.
+    /// fresh budget, history kept). Admission records are skipped. With
+    /// `audit`, the jobs moved are added to that entry's `count` in the
+    /// same transaction, so the audit log never says less (or more) than
+    /// was done, whenever the process stops.
     fn redrive(
         &self,
         ids: Vec<DeadLetterId>,
         now: Timestamp,
+        audit: Option<AuditId>,
     ) -> impl Future<Output = Result<Vec<JobId>, StoreError>> + Send;
 
-    /// Deletes dead letters (and their jobs) for good.
-    fn purge(&self, ids: Vec<DeadLetterId>)
-    -> impl Future<Output = Result<u64, StoreError>> + Send;
+    /// Deletes dead letters (and their jobs) for good; with `audit`, adds
+    /// the number deleted to that entry's `count` in the same transaction.
+    fn purge(
+        &self,
+        ids: Vec<DeadLetterId>,
+        audit: Option<AuditId>,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
-    /// Appends to the audit log.
-    fn audit(&self, entry: AuditEntry) -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// Appends to the audit log; the new entry's id.
+    fn audit(&self, entry: AuditEntry) -> impl Future<Output = Result<AuditId, StoreError>> + Send;
+
+    /// A page of the audit log, newest first, and the cursor of the next
+    /// (older) page when there may be one.
+    fn audit_page(
+        &self,
+        query: AuditQuery,
+    ) -> impl Future<Output = Result<AuditPage, StoreError>> + Send;
 
     /// The newest audit entries.
     fn audit_log(
         &self,
         limit: u32,
-    ) -> impl Future<Output = Result<Vec<AuditEntry>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Vec<AuditEntry>, StoreError>> + Send {
+        async move {
+            let (page, _) = self
+                .audit_page(AuditQuery {
+                    limit,
+                    ..AuditQuery::default()
+                })
+                .await?;
+            Ok(page.into_iter().map(|(_, e)| e).collect())
+        }
+    }
 
     /// Counters for stats and metrics.
     fn stats(&self) -> impl Future<Output = Result<StoreStats, StoreError>> + Send;

@@ -31,6 +31,35 @@ impl fmt::Display for DeadLetterId {
     }
 }
 
+/// An audit entry's id: entries are numbered in the order they were
+/// written, so a larger id is a later entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct AuditId(pub u64);
+
+impl fmt::Display for AuditId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// Which audit entries to list: newest first, before a cursor.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AuditQuery {
+    /// At most this many.
+    pub limit: u32,
+    /// Only entries older than this one (the `next_cursor` of the page before).
+    pub before: Option<AuditId>,
+    /// Only entries of this action (`purge`, `denied`, …).
+    pub action: Option<String>,
+    /// Only entries of this actor (a token's name).
+    pub actor: Option<String>,
+}
+
+/// A page of the audit log: entries with their ids, newest first, and the
+/// cursor of the next (older) page when there may be one.
+pub type AuditPage = (Vec<(AuditId, AuditEntry)>, Option<AuditId>);
+
 /// An admitted job to insert.
 #[derive(Clone, Debug)]
 pub struct NewJob {
@@ -445,7 +474,7 @@ pub struct AuditEntry {
     pub at: Timestamp,
     /// The token's name.
     pub actor: String,
-    /// `redrive`, `purge`, `pause`, `resume`, `token_create`, `token_revoke`, `denied`.
+    /// `redrive`, `purge`, `pause`, `resume`, `token_create`, `token_revoke`, `denied`, `cancel`.
     pub action: String,
     /// The request as received.
     pub request: serde_json::Value,

@@ -416,7 +416,7 @@ pub async fn redrive_republishes(b: &impl TestBroker) {
         .await
         .expect("the broker confirms");
     assert_eq!(sent, "m-d");
-    assert_eq!(host.store().purge(vec![dl.id]).await.unwrap(), 1);
+    assert_eq!(host.store().purge(vec![dl.id], None).await.unwrap(), 1);
 
     wait_settled(&settled, "m-d", Settled::Succeeded).await;
     let seen = log.all();

@@ -35,9 +35,10 @@ use rusqlite::Connection;
 use tokio::sync::oneshot;
 
 use crate::{
-    AdmissionRecord, AuditEntry, Completed, Completion, DeadLetter, DeadLetterFilter, DeadLetterId,
-    Decider, EnqueueOutcome, ItemError, JobView, LeaseRequest, LeaseToken, LeasedJob, NewJob,
-    ReasonCount, Selector, Stage, Store, StoreError, StoreStats, Tick,
+    AdmissionRecord, AuditEntry, AuditId, AuditPage, AuditQuery, Completed, Completion, DeadLetter,
+    DeadLetterFilter, DeadLetterId, Decider, EnqueueOutcome, ItemError, JobView, LeaseRequest,
+    LeaseToken, LeasedJob, NewJob, ReasonCount, Selector, Stage, Store, StoreError, StoreStats,
+    Tick,
 };
 
 pub use schema::SCHEMA_VERSION;
@@ -424,20 +425,25 @@ impl Store for SqliteStore {
         &self,
         ids: Vec<DeadLetterId>,
         now: Timestamp,
+        audit: Option<AuditId>,
     ) -> Result<Vec<JobId>, StoreError> {
-        self.call(|tx| Cmd::Redrive(ids, now, tx)).await
+        self.call(|tx| Cmd::Redrive(ids, now, audit, tx)).await
     }
 
-    async fn purge(&self, ids: Vec<DeadLetterId>) -> Result<u64, StoreError> {
-        self.call(|tx| Cmd::Purge(ids, tx)).await
+    async fn purge(
+        &self,
+        ids: Vec<DeadLetterId>,
+        audit: Option<AuditId>,
+    ) -> Result<u64, StoreError> {
+        self.call(|tx| Cmd::Purge(ids, audit, tx)).await
     }
 
-    async fn audit(&self, entry: AuditEntry) -> Result<(), StoreError> {
+    async fn audit(&self, entry: AuditEntry) -> Result<AuditId, StoreError> {
         self.call(|tx| Cmd::Audit(entry, tx)).await
     }
 
-    async fn audit_log(&self, limit: u32) -> Result<Vec<AuditEntry>, StoreError> {
-        self.read(move |c| reader::audit_log(c, limit)).await
+    async fn audit_page(&self, query: AuditQuery) -> Result<AuditPage, StoreError> {
+        self.read(move |c| reader::audit_page(c, &query)).await
     }
 
     async fn stats(&self) -> Result<StoreStats, StoreError> {

@@ -275,31 +275,56 @@ pub(super) fn match_dead_letters(
         .collect())
 }
 
-pub(super) fn audit_log(c: &Connection, limit: u32) -> Result<Vec<AuditEntry>, StoreError> {
+pub(super) fn audit_page(
+    c: &Connection,
+    q: &crate::AuditQuery,
+) -> Result<crate::AuditPage, StoreError> {
+    // One more than asked says whether an older page exists.
     let mut stmt = db(c.prepare_cached(
-        "SELECT at, actor, action, request, count FROM audit ORDER BY id DESC LIMIT +?1",
+        "SELECT id, at, actor, action, request, count FROM audit
+         WHERE (?1 IS NULL OR id < ?1) AND (?2 IS NULL OR action = ?2) AND (?3 IS NULL OR actor = ?3)
+         ORDER BY id DESC LIMIT +?4",
     ))?;
-    let rows = db(stmt.query_map(params![i64::from(limit)], |r| {
-        Ok((
-            r.get::<_, i64>(0)?,
-            r.get::<_, String>(1)?,
-            r.get::<_, String>(2)?,
-            r.get::<_, String>(3)?,
-            r.get::<_, i64>(4)?,
-        ))
-    }))?;
+    let rows = db(stmt.query_map(
+        params![
+            q.before.map(|b| b.0 as i64),
+            q.action,
+            q.actor,
+            i64::from(q.limit) + 1
+        ],
+        |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, String>(3)?,
+                r.get::<_, String>(4)?,
+                r.get::<_, i64>(5)?,
+            ))
+        },
+    ))?;
     let mut out = Vec::new();
     for row in rows {
-        let (at, actor, action, request, count) = db(row)?;
-        out.push(AuditEntry {
-            at: Timestamp::from_millis(at),
-            actor,
-            action,
-            request: serde_json::from_str(&request).unwrap_or(serde_json::Value::String(request)),
-            count: count as u64,
-        });
+        let (id, at, actor, action, request, count) = db(row)?;
+        out.push((
+            crate::AuditId(id as u64),
+            AuditEntry {
+                at: Timestamp::from_millis(at),
+                actor,
+                action,
+                request: serde_json::from_str(&request)
+                    .unwrap_or(serde_json::Value::String(request)),
+                count: count as u64,
+            },
+        ));
     }
-    Ok(out)
+    let next = if out.len() > q.limit as usize {
+        out.truncate(q.limit as usize);
+        out.last().map(|(id, _)| *id)
+    } else {
+        None
+    };
+    Ok((out, next))
 }
 
 pub(super) fn tokens(c: &Connection) -> Result<Vec<crate::ApiToken>, StoreError> {

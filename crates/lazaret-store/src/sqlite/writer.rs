@@ -42,9 +42,14 @@ pub(super) enum Cmd {
     ),
     Tick(Timestamp, Reply<Tick>),
     RecordAdmission(AdmissionRecord, Reply<DeadLetterId>),
-    Redrive(Vec<DeadLetterId>, Timestamp, Reply<Vec<JobId>>),
-    Purge(Vec<DeadLetterId>, Reply<u64>),
-    Audit(AuditEntry, Reply<()>),
+    Redrive(
+        Vec<DeadLetterId>,
+        Timestamp,
+        Option<crate::AuditId>,
+        Reply<Vec<JobId>>,
+    ),
+    Purge(Vec<DeadLetterId>, Option<crate::AuditId>, Reply<u64>),
+    Audit(AuditEntry, Reply<crate::AuditId>),
     Stats(Reply<StoreStats>),
     RemoveSucceeded(Timestamp, u32, Reply<u64>),
     Close(Reply<()>),
@@ -507,8 +512,8 @@ impl Writer {
             }
             Cmd::Tick(now, tx) => run!(tx, self.tick(now)),
             Cmd::RecordAdmission(rec, tx) => run!(tx, self.record_admission(&rec)),
-            Cmd::Redrive(ids, now, tx) => run!(tx, self.redrive(&ids, now)),
-            Cmd::Purge(ids, tx) => run!(tx, self.purge(&ids)),
+            Cmd::Redrive(ids, now, audit, tx) => run!(tx, self.redrive(&ids, now, audit)),
+            Cmd::Purge(ids, audit, tx) => run!(tx, self.purge(&ids, audit)),
             Cmd::Audit(entry, tx) => run!(tx, self.audit(&entry)),
             Cmd::Stats(tx) => run!(tx, self.stats()),
             Cmd::RemoveSucceeded(before, n, tx) => run!(tx, self.remove_succeeded(before, n)),
@@ -1178,7 +1183,12 @@ impl Writer {
         Ok(DeadLetterId(self.conn.last_insert_rowid() as u64))
     }
 
-    fn redrive(&mut self, ids: &[DeadLetterId], now: Timestamp) -> Result<Vec<JobId>, StoreError> {
+    fn redrive(
+        &mut self,
+        ids: &[DeadLetterId],
+        now: Timestamp,
+        audit: Option<crate::AuditId>,
+    ) -> Result<Vec<JobId>, StoreError> {
         let mut out = Vec::new();
         for dl in ids {
             let job_id: Option<i64> = db(self
@@ -1214,10 +1224,26 @@ impl Writer {
             self.pair(&env.lane, &env.tenant).ready += 1;
             out.push(env.id);
         }
+        self.audit_add(audit, out.len() as u64)?;
         Ok(out)
     }
 
-    fn purge(&mut self, ids: &[DeadLetterId]) -> Result<u64, StoreError> {
+    /// Adds `n` to an audit entry's count, in the transaction of what it counts.
+    fn audit_add(&mut self, audit: Option<crate::AuditId>, n: u64) -> Result<(), StoreError> {
+        if let (Some(id), 1..) = (audit, n) {
+            db(self
+                .conn
+                .prepare_cached("UPDATE audit SET count = count + ?2 WHERE id = ?1")?
+                .execute(params![id.0 as i64, n as i64]))?;
+        }
+        Ok(())
+    }
+
+    fn purge(
+        &mut self,
+        ids: &[DeadLetterId],
+        audit: Option<crate::AuditId>,
+    ) -> Result<u64, StoreError> {
         let mut n = 0;
         for dl in ids {
             let job_id: Option<Option<i64>> = db(self
@@ -1234,10 +1260,11 @@ impl Writer {
             }
             n += 1;
         }
+        self.audit_add(audit, n)?;
         Ok(n)
     }
 
-    fn audit(&mut self, e: &AuditEntry) -> Result<(), StoreError> {
+    fn audit(&mut self, e: &AuditEntry) -> Result<crate::AuditId, StoreError> {
         db(self
             .conn
             .prepare_cached(
@@ -1250,7 +1277,7 @@ impl Writer {
                 e.request.to_string(),
                 e.count as i64
             ]))?;
-        Ok(())
+        Ok(crate::AuditId(self.conn.last_insert_rowid() as u64))
     }
 
     fn stats(&mut self) -> Result<StoreStats, StoreError> {
@@ -1374,8 +1401,8 @@ fn fail_cmd(cmd: Cmd, why: &str) {
         Cmd::Heartbeat(_, _, _, _, tx) => drop(tx.send(Err(e()))),
         Cmd::Tick(_, tx) => drop(tx.send(Err(e()))),
         Cmd::RecordAdmission(_, tx) => drop(tx.send(Err(e()))),
-        Cmd::Redrive(_, _, tx) => drop(tx.send(Err(e()))),
-        Cmd::Purge(_, tx) => drop(tx.send(Err(e()))),
+        Cmd::Redrive(_, _, _, tx) => drop(tx.send(Err(e()))),
+        Cmd::Purge(_, _, tx) => drop(tx.send(Err(e()))),
         Cmd::Audit(_, tx) => drop(tx.send(Err(e()))),
         Cmd::Stats(tx) => drop(tx.send(Err(e()))),
         Cmd::RemoveSucceeded(_, _, tx) => drop(tx.send(Err(e()))),

@@ -98,7 +98,11 @@ macro_rules! conformance_suite {
                 held_retries_come_due_in_order_and_are_replaced_or_dropped,
                 held_retries_and_broker_dead_letters_survive_a_restart,
             ],
-            audit: [audit_entries_are_listed_newest_first],
+            audit: [
+                audit_entries_are_listed_newest_first,
+                the_audit_log_pages_by_cursor_and_filters_by_action_and_actor,
+                redrive_and_purge_count_onto_their_audit_entry,
+            ],
             stats: [
                 stats_count_jobs_per_lane,
                 stats_count_commits_and_the_commands_in_them,

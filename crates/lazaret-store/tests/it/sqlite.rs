@@ -127,7 +127,7 @@ async fn a_failing_command_changes_nothing_and_the_store_goes_on() {
         .unwrap();
     // Redriving it fails with a typed error and changes nothing…
     let err = s
-        .redrive(vec![all[0].0], at(3))
+        .redrive(vec![all[0].0], at(3), None)
         .await
         .expect_err("a corrupt envelope cannot be redriven");
     assert!(matches!(err, StoreError::Corrupt(_)), "{err}");

@@ -4,6 +4,7 @@
 //! test starts its own server (see `harness`).
 
 mod admission;
+mod audit;
 mod auth;
 mod bench;
 mod celery;
@@ -11,6 +12,7 @@ mod data_dir;
 mod dead_letters;
 mod errors;
 mod fairness;
+mod fields;
 mod harness;
 mod hostile;
 mod observing;

@@ -90,7 +90,7 @@ async fn restart_keeps_everything<S: Store>(dir: &Path, open: impl Fn(&Path) -> 
     // The newest job goes for good: its id must not come back either.
     let (purged, purged_dl) =
         super::dead_letter_job(&s, new_job("gone", "t-g", "default"), at(50)).await;
-    assert_eq!(s.purge(vec![purged_dl]).await.unwrap(), 1);
+    assert_eq!(s.purge(vec![purged_dl], None).await.unwrap(), 1);
     let last_id = purged;
 
     if close {

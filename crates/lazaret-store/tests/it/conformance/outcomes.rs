@@ -498,7 +498,7 @@ pub async fn every_lease_of_a_job_gets_a_new_token<S: Store>(
         .await
         .dead_letter
         .expect("dead-lettered");
-    assert_eq!(s.redrive(vec![dl], now).await.unwrap(), vec![id]);
+    assert_eq!(s.redrive(vec![dl], now, None).await.unwrap(), vec![id]);
     let j = lease_one(&s, lease_req(now, 1)).await;
     held.push(j.clone());
 

@@ -25,7 +25,7 @@ pub async fn redrive_keeps_id_key_and_history_with_a_fresh_budget<S: Store>(
     let (id, dl) = dead_letter_job(&s, job.clone(), at(100)).await;
     assert_eq!(lane_counts(&s.stats().await.unwrap(), "default").queued, 0);
 
-    assert_eq!(s.redrive(vec![dl], at(200)).await.unwrap(), vec![id]);
+    assert_eq!(s.redrive(vec![dl], at(200), None).await.unwrap(), vec![id]);
     assert!(
         s.dead_letter(dl).await.unwrap().is_none(),
         "the dead letter is gone"
@@ -56,7 +56,7 @@ pub async fn redrive_keeps_id_key_and_history_with_a_fresh_budget<S: Store>(
         }]
     );
     // Redriving it again finds nothing to do.
-    assert!(s.redrive(vec![dl], at(210)).await.unwrap().is_empty());
+    assert!(s.redrive(vec![dl], at(210), None).await.unwrap().is_empty());
 
     let leased = lease_one(&s, lease_req(at(300), 10)).await;
     assert_eq!((leased.id, leased.attempt), (id, 1));
@@ -91,7 +91,10 @@ pub async fn redrive_skips_admission_records<S: Store>(dir: &Path, open: impl Fn
         .unwrap();
     let (id, dl) = dead_letter_job(&s, new_job("resize", "acme", "default"), at(100)).await;
 
-    assert_eq!(s.redrive(vec![adm, dl], at(200)).await.unwrap(), vec![id]);
+    assert_eq!(
+        s.redrive(vec![adm, dl], at(200), None).await.unwrap(),
+        vec![id]
+    );
     assert_eq!(
         s.match_dead_letters(Selector::Filter(DeadLetterFilter::default()))
             .await
@@ -119,7 +122,7 @@ pub async fn purge_removes_the_dead_letter_and_its_job<S: Store>(
     let live = super::enqueue_one(&s, new_job("resize", "acme", "default")).await;
 
     let ghost = DeadLetterId(dl.0.max(adm.0) + 1_000);
-    assert_eq!(s.purge(vec![dl, adm, ghost]).await.unwrap(), 2);
+    assert_eq!(s.purge(vec![dl, adm, ghost], None).await.unwrap(), 2);
     assert!(s.dead_letter(dl).await.unwrap().is_none());
     assert!(s.dead_letter(adm).await.unwrap().is_none());
     assert_eq!(s.dead_letter_payload(dl).await.unwrap(), None);
@@ -130,8 +133,12 @@ pub async fn purge_removes_the_dead_letter_and_its_job<S: Store>(
         "live jobs stay"
     );
 
-    assert_eq!(s.purge(vec![dl, adm]).await.unwrap(), 0, "already gone");
-    assert!(s.redrive(vec![dl], at(200)).await.unwrap().is_empty());
+    assert_eq!(
+        s.purge(vec![dl, adm], None).await.unwrap(),
+        0,
+        "already gone"
+    );
+    assert!(s.redrive(vec![dl], at(200), None).await.unwrap().is_empty());
     let (page, next) = s
         .dead_letters(DeadLetterFilter::default(), 10, None)
         .await

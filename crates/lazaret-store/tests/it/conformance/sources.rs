@@ -163,7 +163,7 @@ pub async fn a_broker_message_is_quarantined_once_with_its_source_and_payload<S:
         vec![(other.id, Stage::Broker)]
     );
     // Purged, the same message may be quarantined anew (after a redrive).
-    assert_eq!(s.purge(vec![first.id]).await.unwrap(), 1);
+    assert_eq!(s.purge(vec![first.id], None).await.unwrap(), 1);
     let anew = s
         .quarantine_message(quarantined("orders-src", "m-1", Stage::Processing, 200))
         .await
