@@ -2215,4 +2215,38 @@ failures_min = 3
         assert!(matches!(e, ConfigError::Read { .. }));
         assert!(e.to_string().contains("/nonexistent/lazaret.toml"), "{e}");
     }
+
+    #[test]
+    fn the_http_table_sets_timeouts_cap_and_grace_and_refuses_zero_timeouts() {
+        let d = parse("").unwrap().http;
+        assert_eq!(d, HttpConfig::default());
+        assert_eq!(d.connections_max, None);
+        let c = parse(
+            "[http]\nheader_read_timeout_ms = 5\nbody_read_timeout_ms = 6\nidle_timeout_ms = 7\n\
+             connections_max = 8\nshutdown_grace_ms = 0\n",
+        )
+        .unwrap()
+        .http;
+        assert_eq!(
+            c,
+            HttpConfig {
+                header_read_timeout_ms: 5,
+                body_read_timeout_ms: 6,
+                idle_timeout_ms: 7,
+                connections_max: Some(8),
+                shutdown_grace_ms: 0,
+            }
+        );
+        assert_eq!(
+            parse("[http]\nconnections_max = 0\n")
+                .unwrap()
+                .http
+                .connections_max,
+            None
+        );
+        let e = parse("[http]\nidle_timeout_ms = 0\n").unwrap_err();
+        assert!(e.to_string().contains("http.idle_timeout_ms"), "{e}");
+        let e = parse("[http]\nidle_timeout = 5\n").unwrap_err();
+        assert!(e.to_string().contains("idle_timeout"), "{e}");
+    }
 }

@@ -18,8 +18,12 @@
 //! - **A bounded shutdown**: once the stop future ends, the listener closes,
 //!   every connection is told to finish (an idle one or one still sending
 //!   its headers closes at once; long-polls answer at once through
-//!   `App::stop`), and whatever is still running after
+//!   `App::begin_stop`), and whatever is still running after
 //!   `shutdown_grace_ms` is dropped.
+//!
+//! A connection with no request running when the shutdown begins (idle, or
+//! still sending its headers) is dropped at once: its request, if any, was
+//! neither applied nor answered.
 
 use std::future::Future;
 use std::io;
@@ -44,12 +48,15 @@ use crate::config::HttpConfig;
 use crate::error::ApiError;
 use crate::metrics as m;
 
-/// Descriptors kept out of the connection cap: the store's files, broker
-/// connections, the listener, logs, and the sockets being refused.
-pub const FD_RESERVE: u64 = 512;
+/// Descriptors kept out of the connection cap (the store's files, broker
+/// connections, the listener, logs, the sockets being refused): a quarter
+/// of the limit, at least 32 and at most 512.
+pub fn fd_reserve(limit: u64) -> u64 {
+    (limit / 4).clamp(32, 512)
+}
 /// Refused connections being answered at once, at most; past that a
 /// connection over the cap is closed without an answer.
-const REFUSING_MAX: usize = 256;
+const REFUSING_MAX: usize = 32;
 /// The cap when the descriptor limit is unlimited or unknown.
 const CONNECTIONS_MAX_UNLIMITED: usize = 65_536;
 
@@ -90,10 +97,10 @@ pub fn raise_fd_limit() -> FdLimit {
 }
 
 /// The connection cap: `configured` if set and within what the descriptor
-/// limit allows, else the limit less [`FD_RESERVE`].
+/// limit allows, else the limit less [`fd_reserve`].
 pub fn connections_max(configured: Option<usize>, fd_limit: Option<u64>) -> usize {
     let derived = fd_limit.map_or(CONNECTIONS_MAX_UNLIMITED, |n| {
-        (n.saturating_sub(FD_RESERVE).max(16)).min(usize::MAX as u64) as usize
+        (n.saturating_sub(fd_reserve(n)).max(16)).min(usize::MAX as u64) as usize
     });
     match configured {
         Some(c) if c > derived => {
@@ -250,6 +257,55 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Watched<T> {
     }
 }
 
+/// A request body that fails once the shutdown begins while it still waits
+/// for bytes: a half-sent body is dropped then (its handler answers 400 and
+/// applies nothing), while a request whose body is in keeps its grace.
+struct StopBody {
+    inner: Incoming,
+    closing: Pin<Box<dyn Future<Output = ()> + Send + Sync>>,
+}
+
+impl StopBody {
+    fn new(inner: Incoming, mut close: watch::Receiver<bool>) -> Self {
+        StopBody {
+            inner,
+            closing: Box::pin(async move {
+                let _ = close.wait_for(|c| *c).await;
+            }),
+        }
+    }
+}
+
+impl hyper::body::Body for StopBody {
+    type Data = bytes::Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        let this = self.get_mut();
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(frame) => Poll::Ready(frame.map(|f| f.map_err(Into::into))),
+            Poll::Pending => match this.closing.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Some(Err(
+                    "the server is shutting down; the request body was not finished: send it again"
+                        .into(),
+                ))),
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 /// Serves `router` on `listener` until `stop` ends, then shuts down within
 /// `http.shutdown_grace_ms` (see the module doc).
 pub async fn run(
@@ -288,8 +344,16 @@ pub async fn run(
                     }
                     Err(_) => {
                         m::connection_refused();
-                        if let Ok(p) = Arc::clone(&refusing).try_acquire_owned() {
-                            tokio::spawn(refuse(stream, p, cap));
+                        match Arc::clone(&refusing).try_acquire_owned() {
+                            Ok(p) => {
+                                tokio::spawn(refuse(stream, p, cap));
+                            }
+                            // Too many being refused at once: the answer
+                            // fits an empty send buffer, so write it without
+                            // waiting, and close.
+                            Err(_) => {
+                                let _ = stream.try_write(refusal(cap).as_bytes());
+                            }
                         }
                     }
                 }
@@ -323,11 +387,15 @@ async fn connection(
     let _ = stream.set_nodelay(true);
     let state = Arc::new(ConnState::default());
     let io = TokioIo::new(Watched::new(stream, Arc::clone(&state), &http));
+    let state_at_close = Arc::clone(&state);
+    let closing = close.clone();
     let svc = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
         let running = Running::enter(&state);
         let router = router.clone();
+        let closing = closing.clone();
         async move {
-            let resp = router.oneshot(req.map(Body::new)).await;
+            let req = req.map(|b| Body::new(StopBody::new(b, closing)));
+            let resp = router.oneshot(req).await;
             drop(running);
             resp
         }
@@ -344,30 +412,40 @@ async fn connection(
             }
         }
         () = async { let _ = close.wait_for(|c| *c).await; } => {
-            conn.as_mut().graceful_shutdown();
-            let _ = conn.await;
+            // No request running (idle, or headers still coming): dropped
+            // now, unanswered and not applied. A request running gets the
+            // grace, and the connection closes after its answer.
+            if state_at_close.in_flight.load(Ordering::Acquire) > 0 {
+                conn.as_mut().graceful_shutdown();
+                let _ = conn.await;
+            }
         }
     }
     drop(permit);
     m::connections(cap - permits.available_permits());
 }
 
-/// Answers a connection over the cap: 503 in the envelope, then closes
-/// (reading what the client sent meanwhile, briefly, so the close does not
-/// reset the answer away).
-async fn refuse(mut stream: TcpStream, _slot: OwnedSemaphorePermit, cap: usize) {
+/// The whole 503 answer to a connection over the cap.
+fn refusal(cap: usize) -> String {
     let body = ApiError::unavailable(format!(
         "the server has {cap} connections open, its cap ([http] connections_max, or the open-file limit); \
          retry after the Retry-After seconds, and reuse connections (keep-alive) rather than opening many"
     ))
     .body()
     .to_string();
-    let reply = format!(
+    format!(
         "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
          retry-after: 1\r\nconnection: close\r\n\r\n{body}",
         body.len()
-    );
-    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+    )
+}
+
+/// Answers a connection over the cap: 503 in the envelope, then closes
+/// (reading what the client sent meanwhile, for at most 250 ms, so the
+/// close does not reset the answer away).
+async fn refuse(mut stream: TcpStream, _slot: OwnedSemaphorePermit, cap: usize) {
+    let reply = refusal(cap);
+    let _ = tokio::time::timeout(Duration::from_millis(250), async {
         stream.write_all(reply.as_bytes()).await?;
         stream.shutdown().await?;
         let mut sink = [0u8; 4096];
@@ -392,7 +470,9 @@ mod tests {
         assert_eq!(connections_max(None, Some(20_000)), 20_000 - 512);
         assert_eq!(connections_max(Some(100), Some(20_000)), 100);
         assert_eq!(connections_max(Some(50_000), Some(20_000)), 20_000 - 512);
-        assert_eq!(connections_max(None, Some(256)), 16);
+        assert_eq!(connections_max(None, Some(1024)), 768);
+        assert_eq!(connections_max(None, Some(256)), 192);
+        assert_eq!(connections_max(None, Some(40)), 16);
         assert_eq!(connections_max(None, None), CONNECTIONS_MAX_UNLIMITED);
     }
 }

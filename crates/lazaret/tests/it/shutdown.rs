@@ -1,6 +1,7 @@
 //! Shutdown (issue 11, item 2): SIGTERM ends the process within the grace
 //! whatever clients do. Long-polls answer `{"jobs": []}` at once, partial
-//! requests are dropped, and a redrive stops between batches with what it
+//! requests (a head or a body half-sent) are dropped at once without
+//! waiting for the grace, and a redrive stops between batches with what it
 //! did answered and audited.
 
 use std::time::Duration;
@@ -11,14 +12,16 @@ use tokio::io::AsyncWriteExt;
 use crate::harness::{EVENTUALLY, QUICK, Server, job, lease_req};
 use crate::sockets::{Ended, connect, read_reply, request};
 
-/// A bound far above the 1 s grace these tests configure, so a slow machine
-/// does not fail them, and far below forever (what the server did before).
+/// How long SIGTERM may take here: far above what the server needs, so a
+/// slow machine does not fail the tests, and far below the grace and the
+/// timeouts the first test configures (ten minutes), so none of them may
+/// be what ended the process.
 const EXIT_BOUND: Duration = Duration::from_secs(20);
 
 #[tokio::test]
 async fn sigterm_with_partial_requests_and_a_long_poll_exits_and_answers_the_poll() {
     let mut server = Server::start(&format!(
-        "{QUICK}\n[http]\nshutdown_grace_ms = 1000\nheader_read_timeout_ms = 600000\nbody_read_timeout_ms = 600000\n"
+        "{QUICK}\n[http]\nshutdown_grace_ms = 600000\nheader_read_timeout_ms = 600000\nbody_read_timeout_ms = 600000\n"
     ))
     .await;
     // Half a request line and headers, never finished.
