@@ -15,13 +15,17 @@ use crate::sockets::{Ended, connect, exchange, read_reply, request};
 pub const WORKER: &str = "tok-worker-0123456789";
 pub const ADMIN: &str = "tok-admin-0123456789";
 
-/// `QUICK` with a worker and an admin token, and `http` as the `[http]` table.
+/// `QUICK` with a worker and an admin token, and `http` as the `[http]`
+/// table (none when empty).
 pub fn with_tokens(http: &str) -> String {
+    let http = if http.is_empty() {
+        String::new()
+    } else {
+        format!("[http]\n{http}\n")
+    };
     format!(
         r#"{QUICK}
-[http]
 {http}
-
 [[tokens]]
 name = "worker"
 role = "worker"
