@@ -118,9 +118,9 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
     tracing::info!(%addr, data = %db_path, "lazaret serving");
     let http = app.config.http;
     tracing::info!(
-        fd_soft_before = ?fds.before,
-        fd_soft = ?fds.now,
-        fd_hard = ?fds.hard,
+        fd_soft_before = %limit_text(fds.before),
+        fd_soft = %limit_text(fds.now),
+        fd_hard = %limit_text(fds.hard),
         connections_max,
         header_read_timeout_ms = http.header_read_timeout_ms,
         body_read_timeout_ms = http.body_read_timeout_ms,
@@ -164,6 +164,11 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
     let _ = retention.await;
     app.store.close().await?;
     Ok(())
+}
+
+/// A resource limit as logged: its number, or `unlimited`.
+fn limit_text(limit: Option<u64>) -> String {
+    limit.map_or_else(|| "unlimited".to_owned(), |n| n.to_string())
 }
 
 /// Puts the tokens created through the API in force; returns how many.
