@@ -86,6 +86,8 @@ def idle_then_normal_nofile_256(binary):
     p, addr, base = start(binary, nofile=256)
     socks = [socket.create_connection(addr) for _ in range(300)]
     out = {"normal_request_with_300_idle": get(base, "/v1/stats"), "fds_with_300_idle": fds(p.pid)}
+    time.sleep(1)
+    out["normal_request_1s_later"] = get(base, "/v1/stats")
     p.kill()
     return out
 

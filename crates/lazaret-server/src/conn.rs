@@ -2,10 +2,12 @@
 //! client meets (docs/reliability.md, "Connections").
 //!
 //! - **A cap on open connections**, derived from the file-descriptor limit
-//!   (raised to the hard limit at start, [`raise_fd_limit`]). One more
-//!   connection is accepted, answered `503 UNAVAILABLE` with `Retry-After`
-//!   in the contract's envelope, and closed: the listener never stops
-//!   accepting for want of descriptors.
+//!   (raised to the hard limit at start, [`raise_fd_limit`]). At the cap,
+//!   the connection idle the longest is closed to make room (as nginx
+//!   reuses its keep-alive connections); when every connection is running
+//!   a request (long-polls), the new one is answered `503 UNAVAILABLE`
+//!   with `Retry-After` in the contract's envelope and closed: the
+//!   listener never stops accepting for want of descriptors.
 //! - **A header timeout** from a request's first byte to the end of its
 //!   headers (slowloris), and **an idle timeout** for a connection with no
 //!   request running and no bytes moving (a long-poll is a request running,
@@ -25,11 +27,13 @@
 //! still sending its headers) is dropped at once: its request, if any, was
 //! neither applied nor answered.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -39,7 +43,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinSet;
 use tokio::time::{Instant, Sleep};
 use tower::ServiceExt;
@@ -54,9 +58,12 @@ use crate::metrics as m;
 pub fn fd_reserve(limit: u64) -> u64 {
     (limit / 4).clamp(32, 512)
 }
-/// Refused connections being answered at once, at most; past that a
-/// connection over the cap is closed without an answer.
+/// Connections over the cap waiting for room or being refused at once, at
+/// most; past that one is answered 503 without waiting, and closed.
 const REFUSING_MAX: usize = 32;
+/// How long a connection over the cap waits for the idle connection closed
+/// for it to free its place.
+const EVICTION_WAIT: Duration = Duration::from_millis(250);
 /// The cap when the descriptor limit is unlimited or unknown.
 const CONNECTIONS_MAX_UNLIMITED: usize = 65_536;
 
@@ -117,13 +124,73 @@ pub fn connections_max(configured: Option<usize>, fd_limit: Option<u64>) -> usiz
     }
 }
 
-/// What the socket wrapper and the service share about one connection.
+/// What the socket wrapper, the service and the accept loop share about
+/// one connection.
 #[derive(Debug, Default)]
 struct ConnState {
     /// Requests whose handler is running.
     in_flight: AtomicUsize,
     /// Requests whose headers were read, in all.
     requests: AtomicU64,
+    /// When a byte last moved either way ([`ms_now`]).
+    last_io_ms: AtomicU64,
+    /// Chosen to make room (see [`Registry::evict_idlest`]).
+    evicting: AtomicBool,
+    /// Woken when chosen.
+    evict: Notify,
+}
+
+/// Milliseconds since the first call: a cheap clock for [`ConnState`].
+fn ms_now() -> u64 {
+    static EPOCH: OnceLock<std::time::Instant> = OnceLock::new();
+    EPOCH
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_millis() as u64
+}
+
+/// The open connections, so that one may be closed to make room.
+#[derive(Debug, Default)]
+struct Registry {
+    next: AtomicU64,
+    conns: Mutex<HashMap<u64, Arc<ConnState>>>,
+}
+
+impl Registry {
+    fn add(&self, state: &Arc<ConnState>) -> u64 {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        self.lock().insert(id, Arc::clone(state));
+        id
+    }
+
+    fn remove(&self, id: u64) {
+        self.lock().remove(&id);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<ConnState>>> {
+        self.conns.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// At the cap, as nginx does with its keep-alive connections: closes the
+    /// connection idle the longest (no request running; a long-poll is a
+    /// request running, so it is never chosen). Whether there was one.
+    fn evict_idlest(&self) -> bool {
+        let conns = self.lock();
+        let victim = conns
+            .values()
+            .filter(|c| {
+                c.in_flight.load(Ordering::Acquire) == 0 && !c.evicting.load(Ordering::Acquire)
+            })
+            .min_by_key(|c| c.last_io_ms.load(Ordering::Relaxed));
+        match victim {
+            Some(v) => {
+                v.evicting.store(true, Ordering::Release);
+                v.evict.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
 }
 
 /// Counts a request as running while it lives.
@@ -219,6 +286,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
                 if buf.filled().len() > before {
                     let now = Instant::now();
                     this.last_io = now;
+                    this.state.last_io_ms.store(ms_now(), Ordering::Relaxed);
                     if this.header_since.is_none()
                         && this.state.in_flight.load(Ordering::Acquire) == 0
                     {
@@ -244,6 +312,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Watched<T> {
         let r = Pin::new(&mut this.io).poll_write(cx, buf);
         if matches!(r, Poll::Ready(Ok(n)) if n > 0) {
             this.last_io = Instant::now();
+            this.state.last_io_ms.store(ms_now(), Ordering::Relaxed);
         }
         r
     }
@@ -315,9 +384,16 @@ pub async fn run(
     cap: usize,
     stop: impl Future<Output = ()>,
 ) {
-    let permits = Arc::new(Semaphore::new(cap));
-    let refusing = Arc::new(Semaphore::new(REFUSING_MAX));
     let (close_tx, close_rx) = watch::channel(false);
+    let shared = Arc::new(Shared {
+        router,
+        http,
+        close: close_rx,
+        permits: Arc::new(Semaphore::new(cap)),
+        cap,
+        registry: Registry::default(),
+    });
+    let waiting = Arc::new(Semaphore::new(REFUSING_MAX));
     let mut conns = JoinSet::new();
     tokio::pin!(stop);
     loop {
@@ -336,25 +412,46 @@ pub async fn run(
                         continue;
                     }
                 };
-                match Arc::clone(&permits).try_acquire_owned() {
-                    Ok(permit) => {
-                        m::connections(cap - permits.available_permits());
-                        let gauge = Arc::clone(&permits);
-                        conns.spawn(connection(stream, router.clone(), http, close_rx.clone(), permit, gauge, cap));
+                if let Ok(permit) = Arc::clone(&shared.permits).try_acquire_owned() {
+                    conns.spawn(connection(stream, Arc::clone(&shared), permit));
+                    continue;
+                }
+                // At the cap: close the connection idle the longest and
+                // take its place; with none idle (every connection is
+                // running a request), or too many waiting, 503.
+                match Arc::clone(&waiting).try_acquire_owned() {
+                    Ok(slot) => {
+                        let shared = Arc::clone(&shared);
+                        conns.spawn(async move {
+                            let permit = if shared.registry.evict_idlest() {
+                                tokio::time::timeout(
+                                    EVICTION_WAIT,
+                                    Arc::clone(&shared.permits).acquire_owned(),
+                                )
+                                .await
+                                .ok()
+                                .and_then(Result::ok)
+                            } else {
+                                None
+                            };
+                            match permit {
+                                Some(permit) => {
+                                    drop(slot);
+                                    connection(stream, shared, permit).await;
+                                }
+                                None => {
+                                    m::connection_refused();
+                                    refuse(stream, shared.cap).await;
+                                    drop(slot);
+                                }
+                            }
+                        });
                     }
+                    // Too many waiting at once: the answer fits an empty
+                    // send buffer, so write it without waiting, and close.
                     Err(_) => {
                         m::connection_refused();
-                        match Arc::clone(&refusing).try_acquire_owned() {
-                            Ok(p) => {
-                                tokio::spawn(refuse(stream, p, cap));
-                            }
-                            // Too many being refused at once: the answer
-                            // fits an empty send buffer, so write it without
-                            // waiting, and close.
-                            Err(_) => {
-                                let _ = stream.try_write(refusal(cap).as_bytes());
-                            }
-                        }
+                        let _ = stream.try_write(refusal(cap).as_bytes());
                     }
                 }
             }
@@ -375,17 +472,25 @@ pub async fn run(
     }
 }
 
-async fn connection(
-    stream: TcpStream,
+/// What every connection task shares.
+struct Shared {
     router: Router,
     http: HttpConfig,
-    mut close: watch::Receiver<bool>,
-    permit: OwnedSemaphorePermit,
+    close: watch::Receiver<bool>,
     permits: Arc<Semaphore>,
     cap: usize,
-) {
+    registry: Registry,
+}
+
+async fn connection(stream: TcpStream, shared: Arc<Shared>, permit: OwnedSemaphorePermit) {
+    m::connections(shared.cap - shared.permits.available_permits());
+    let http = shared.http;
+    let router = shared.router.clone();
+    let mut close = shared.close.clone();
     let _ = stream.set_nodelay(true);
     let state = Arc::new(ConnState::default());
+    state.last_io_ms.store(ms_now(), Ordering::Relaxed);
+    let id = shared.registry.add(&state);
     let io = TokioIo::new(Watched::new(stream, Arc::clone(&state), &http));
     let state_at_close = Arc::clone(&state);
     let closing = close.clone();
@@ -420,9 +525,19 @@ async fn connection(
                 let _ = conn.await;
             }
         }
+        () = state_at_close.evict.notified() => {
+            // Chosen to make room while idle; should a request have begun
+            // meanwhile, it is answered first.
+            m::connection_evicted();
+            if state_at_close.in_flight.load(Ordering::Acquire) > 0 {
+                conn.as_mut().graceful_shutdown();
+                let _ = conn.await;
+            }
+        }
     }
+    shared.registry.remove(id);
     drop(permit);
-    m::connections(cap - permits.available_permits());
+    m::connections(shared.cap - shared.permits.available_permits());
 }
 
 /// The whole 503 answer to a connection over the cap.
@@ -443,7 +558,7 @@ fn refusal(cap: usize) -> String {
 /// Answers a connection over the cap: 503 in the envelope, then closes
 /// (reading what the client sent meanwhile, for at most 250 ms, so the
 /// close does not reset the answer away).
-async fn refuse(mut stream: TcpStream, _slot: OwnedSemaphorePermit, cap: usize) {
+async fn refuse(mut stream: TcpStream, cap: usize) {
     let reply = refusal(cap);
     let _ = tokio::time::timeout(Duration::from_millis(250), async {
         stream.write_all(reply.as_bytes()).await?;

@@ -109,6 +109,11 @@ pub fn connection_refused() {
     metrics::counter!("lazaret_http_connections_refused_total").increment(1);
 }
 
+/// An idle connection closed to make room for a new one at the cap.
+pub fn connection_evicted() {
+    metrics::counter!("lazaret_http_connections_evicted_total").increment(1);
+}
+
 /// A connection closed by a timeout: `headers` or `idle`.
 pub fn connection_timed_out(what: &'static str) {
     metrics::counter!("lazaret_http_connection_timeouts_total", "timeout" => what).increment(1);

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::harness::{EVENTUALLY, QUICK, Server, assert_error, job, lease_req};
 use crate::sockets::{Ended, connect, exchange, read_reply, request};
@@ -123,87 +123,44 @@ async fn a_3mb_traceback_is_truncated_as_documented_not_refused() {
     assert_error(&r, 413, "POISON", None);
 }
 
-#[tokio::test]
-async fn over_the_connection_cap_a_connection_is_answered_503_with_retry_after() {
-    let server = Server::start(&format!("{QUICK}\n[http]\nconnections_max = 8\n")).await;
-    // Eight connections that each sent a request and keep the connection.
+/// Opens connections each running a long-poll of `wait_ms` (a request
+/// running: never closed to make room) until `n` are held, retrying while
+/// the harness's own connections still take places under the cap.
+async fn hold_long_polls(base: &str, n: usize, wait_ms: u64) -> Vec<tokio::net::TcpStream> {
+    let body = json!({"worker_id": "holder", "max_jobs": 1, "wait_ms": wait_ms}).to_string();
     let mut held = Vec::new();
     let deadline = std::time::Instant::now() + EVENTUALLY;
-    while held.len() < 8 {
-        let mut s = connect(server.base()).await;
-        s.write_all(&request("GET", "/v1/stats", &[], ""))
+    while held.len() < n {
+        let mut s = connect(base).await;
+        s.write_all(&request("POST", "/v1/leases", &[], &body))
             .await
             .expect("written");
-        let r = expect_reply(read_reply(&mut s, EVENTUALLY).await, "a held connection");
-        if r.status == 200 {
-            held.push(s);
-        } else {
-            // The harness's own connections may still be closing.
-            assert!(
-                std::time::Instant::now() < deadline,
-                "never served: {}",
-                r.text
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
+        match read_reply(&mut s, Duration::from_millis(300)).await {
+            // Still waiting: the long-poll holds its place.
+            Ended::StillOpen => held.push(s),
+            other => {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "a long-poll never held a place: {other:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
         }
     }
-    let mut s = connect(server.base()).await;
-    s.write_all(&request("GET", "/v1/stats", &[], ""))
-        .await
-        .expect("written");
-    let r = expect_reply(read_reply(&mut s, EVENTUALLY).await, "the ninth connection");
-    assert_eq!(r.status, 503, "{}", r.text);
-    assert_eq!(r.body["error"]["code"], "UNAVAILABLE", "{}", r.text);
-    // Once the held connections close, the server serves again.
-    drop(held);
-    let api = server.api();
-    let deadline = std::time::Instant::now() + EVENTUALLY;
-    loop {
-        let r = api.get("/v1/stats").await;
-        if r.status == 200 {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "never served again: {}",
-            r.text()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    held
 }
 
 #[tokio::test]
-async fn the_503_over_the_cap_carries_retry_after() {
-    let server = Server::start(&format!("{QUICK}\n[http]\nconnections_max = 1\n")).await;
-    // The one connection the cap allows (the harness's own connections may
-    // still be closing: retry until this one is served).
-    let deadline = std::time::Instant::now() + EVENTUALLY;
-    let _held = loop {
-        let mut held = connect(server.base()).await;
-        held.write_all(&request("GET", "/v1/stats", &[], ""))
-            .await
-            .expect("written");
-        let r = expect_reply(
-            read_reply(&mut held, EVENTUALLY).await,
-            "the held connection",
-        );
-        if r.status == 200 {
-            break held;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "never served: {}",
-            r.text
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+async fn over_the_connection_cap_a_connection_is_answered_503_with_retry_after() {
+    let server = Server::start(&format!("{QUICK}\n[http]\nconnections_max = 8\n")).await;
+    // Eight connections each running a long-poll: nothing to make room of.
+    let held = hold_long_polls(server.base(), 8, 3000).await;
     let mut s = connect(server.base()).await;
     s.write_all(b"GET /v1/stats HTTP/1.1\r\nHost: x\r\n\r\n")
         .await
         .expect("written");
     let mut buf = Vec::new();
     let deadline = tokio::time::Instant::now() + EVENTUALLY;
-    use tokio::io::AsyncReadExt;
     let mut tmp = [0u8; 4096];
     while let Ok(Ok(n)) = tokio::time::timeout_at(deadline, s.read(&mut tmp)).await {
         if n == 0 {
@@ -215,6 +172,56 @@ async fn the_503_over_the_cap_carries_retry_after() {
     assert!(text.starts_with("http/1.1 503"), "{text}");
     assert!(text.contains("\r\nretry-after: 1\r\n"), "{text}");
     assert!(text.contains("application/json"), "{text}");
+    let body = &buf[buf
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a head")
+        + 4..];
+    let body: Value = serde_json::from_slice(body).expect("a JSON body");
+    assert_eq!(body["error"]["code"], "UNAVAILABLE", "{body}");
+    // Once the long-polls end, the server serves again.
+    drop(held);
+    let deadline = std::time::Instant::now() + EVENTUALLY;
+    loop {
+        let r = exchange(server.base(), &request("GET", "/v1/stats", &[], ""), false).await;
+        if matches!(&r, Ended::Reply(r) if r.status == 200) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never served again: {r:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn at_the_cap_the_connection_idle_the_longest_makes_room() {
+    let server = Server::start(&format!("{QUICK}\n[http]\nconnections_max = 6\n")).await;
+    // Two long-polls and four idle sockets fill the cap.
+    let _polls = hold_long_polls(server.base(), 2, 20_000).await;
+    let mut idle = Vec::new();
+    for _ in 0..4 {
+        idle.push(connect(server.base()).await);
+    }
+    // A normal client is served: the oldest idle socket made room.
+    for n in 0..3 {
+        let r = match exchange(server.base(), &request("GET", "/v1/stats", &[], ""), false).await {
+            Ended::Reply(r) => r,
+            other => panic!("request {n}: {other:?}"),
+        };
+        assert_eq!(r.status, 200, "request {n}: {}", r.text);
+    }
+    let mut closed = 0;
+    for s in &mut idle {
+        if matches!(
+            read_reply(s, Duration::from_millis(500)).await,
+            Ended::Closed
+        ) {
+            closed += 1;
+        }
+    }
+    assert!(closed >= 1, "no idle connection was closed to make room");
 }
 
 #[tokio::test]
