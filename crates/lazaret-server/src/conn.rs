@@ -19,9 +19,9 @@
 //!   `half_close`), so a request that was applied is never left unanswered.
 //! - **A bounded shutdown**: once the stop future ends, the listener closes,
 //!   every connection is told to finish (an idle one or one still sending
-//!   its headers closes at once; long-polls answer at once through
-//!   `App::begin_stop`), and whatever is still running after
-//!   `shutdown_grace_ms` is dropped.
+//!   its headers closes at once; a body still arriving fails at once,
+//!   [`StopBody`]; long-polls answer at once through `App::begin_stop`),
+//!   and whatever is still running after `shutdown_grace_ms` is dropped.
 //!
 //! A connection with no request running when the shutdown begins (idle, or
 //! still sending its headers) is dropped at once: its request, if any, was
