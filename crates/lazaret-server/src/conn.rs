@@ -20,7 +20,7 @@
 //! - **A bounded shutdown**: once the stop future ends, the listener closes,
 //!   every connection is told to finish (an idle one or one still sending
 //!   its headers closes at once; a body still arriving fails at once,
-//!   [`StopBody`]; long-polls answer at once through `App::begin_stop`),
+//!   `StopBody`; long-polls answer at once through `App::begin_stop`),
 //!   and whatever is still running after `shutdown_grace_ms` is dropped.
 //!
 //! A connection with no request running when the shutdown begins (idle, or
