@@ -95,23 +95,61 @@ pub fn router<S: Store>(app: Arc<App<S>>) -> Router {
         .layer(axum::middleware::from_fn(envelope))
 }
 
+/// The body cap of a single outcome (`ack`, `fail`, `heartbeat`): 4 MiB,
+/// so a worker's 3 MB traceback arrives whole and is truncated as
+/// documented (`MESSAGE_BYTES_MAX`, `TRACEBACK_BYTES_MAX`) rather than
+/// refused.
+pub const OUTCOME_BODY_BYTES_MAX: usize = 4 * 1024 * 1024;
+/// The body cap of a lease request.
+pub const LEASE_BODY_BYTES_MAX: usize = 64 * 1024;
+/// The body cap of operator requests (redrive, purge, pause, resume): room
+/// for thousands of ids.
+pub const OPERATE_BODY_BYTES_MAX: usize = 1024 * 1024;
+/// The body cap of a token request.
+pub const TOKEN_BODY_BYTES_MAX: usize = 16 * 1024;
+
 fn routes<S: Store>(app: Arc<App<S>>) -> Router {
+    use axum::extract::DefaultBodyLimit as Cap;
+    let batch = app.config.batch_bytes_max;
+    let body_timeout = Duration::from_millis(app.config.http.body_read_timeout_ms);
+    // `/v1/jobs` and `/v1/jobs/batch` read their bodies themselves, capped
+    // while they stream (`read_capped`); every other body is buffered by
+    // axum up to the cap of its route. Every body's read waits at most
+    // `body_read_timeout_ms` for each next piece.
     Router::new()
         .route("/healthz", get(healthz::<S>))
         .route("/metrics", get(metrics::<S>))
         .route("/v1/jobs", post(enqueue::<S>))
         .route("/v1/jobs/batch", post(enqueue_batch::<S>))
         .route("/v1/jobs/{id}", get(job::<S>))
-        .route("/v1/jobs/{id}/ack", post(ack::<S>))
-        .route("/v1/jobs/{id}/fail", post(fail::<S>))
-        .route("/v1/jobs/{id}/heartbeat", post(heartbeat::<S>))
-        .route("/v1/leases", post(lease::<S>))
-        .route("/v1/acks", post(acks::<S>))
-        .route("/v1/fails", post(fails::<S>))
+        .route(
+            "/v1/jobs/{id}/ack",
+            post(ack::<S>).layer(Cap::max(OUTCOME_BODY_BYTES_MAX)),
+        )
+        .route(
+            "/v1/jobs/{id}/fail",
+            post(fail::<S>).layer(Cap::max(OUTCOME_BODY_BYTES_MAX)),
+        )
+        .route(
+            "/v1/jobs/{id}/heartbeat",
+            post(heartbeat::<S>).layer(Cap::max(OUTCOME_BODY_BYTES_MAX)),
+        )
+        .route(
+            "/v1/leases",
+            post(lease::<S>).layer(Cap::max(LEASE_BODY_BYTES_MAX)),
+        )
+        .route("/v1/acks", post(acks::<S>).layer(Cap::max(batch)))
+        .route("/v1/fails", post(fails::<S>).layer(Cap::max(batch)))
         .route("/v1/dead-letters", get(dead_letters::<S>))
         .route("/v1/dead-letters/reasons", get(reasons::<S>))
-        .route("/v1/dead-letters/redrive", post(redrive::<S>))
-        .route("/v1/dead-letters/purge", post(purge::<S>))
+        .route(
+            "/v1/dead-letters/redrive",
+            post(redrive::<S>).layer(Cap::max(OPERATE_BODY_BYTES_MAX)),
+        )
+        .route(
+            "/v1/dead-letters/purge",
+            post(purge::<S>).layer(Cap::max(OPERATE_BODY_BYTES_MAX)),
+        )
         .route("/v1/dead-letters/{id}", get(dead_letter::<S>))
         .route(
             "/v1/dead-letters/{id}/payload",
@@ -119,13 +157,76 @@ fn routes<S: Store>(app: Arc<App<S>>) -> Router {
         )
         .route("/v1/stats", get(stats::<S>))
         .route("/v1/breakers", get(breakers::<S>))
-        .route("/v1/pause", post(pause::<S>))
-        .route("/v1/resume", post(resume::<S>))
+        .route(
+            "/v1/pause",
+            post(pause::<S>).layer(Cap::max(OPERATE_BODY_BYTES_MAX)),
+        )
+        .route(
+            "/v1/resume",
+            post(resume::<S>).layer(Cap::max(OPERATE_BODY_BYTES_MAX)),
+        )
         .route("/v1/audit", get(audit::<S>))
-        .route("/v1/tokens", get(tokens::<S>).post(create_token::<S>))
+        .route(
+            "/v1/tokens",
+            get(tokens::<S>)
+                .post(create_token::<S>)
+                .layer(Cap::max(TOKEN_BODY_BYTES_MAX)),
+        )
         .route("/v1/tokens/{name}", delete(revoke_token::<S>))
+        .route_layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&app),
+            authorize_first::<S>,
+        ))
         .fallback(|| async { ApiError::not_found("no such route; see docs/api.md") })
+        .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
+            body_timeout,
+        ))
         .with_state(app)
+}
+
+/// What a request with a body wants to do, from its method and path.
+fn body_action(method: &axum::http::Method, path: &str) -> Option<Action> {
+    if method != axum::http::Method::POST {
+        return None;
+    }
+    let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    Some(match segs.as_slice() {
+        ["v1", "jobs"] | ["v1", "jobs", "batch"] => Action::Produce,
+        ["v1", "jobs", _, "ack" | "fail" | "heartbeat"] | ["v1", "leases" | "acks" | "fails"] => {
+            Action::Work
+        }
+        ["v1", "dead-letters", "redrive"] | ["v1", "pause" | "resume"] => Action::Operate,
+        ["v1", "dead-letters", "purge"] | ["v1", "tokens"] => Action::Administer,
+        _ => return None,
+    })
+}
+
+/// Authenticates every request, and authorises every request with a body,
+/// before a byte of the body is read: an unknown or unauthorised caller is
+/// refused (401/403, `Connection: close`) without the server buffering what
+/// it sent. The handlers check again (cheaply: tokens are in memory).
+async fn authorize_first<S: Store>(
+    State(app): Shared<S>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if matches!(req.uri().path(), "/healthz" | "/metrics") {
+        return next.run(req).await;
+    }
+    let checked = match body_action(req.method(), req.uri().path()) {
+        Some(action) => allow(&app, req.headers(), action).await.map(|_| ()),
+        None => {
+            let api = app.api_tokens.read().unwrap_or_else(|p| p.into_inner());
+            authenticate(&app.config.tokens, &api, req.headers())
+                .map(|_| ())
+                .inspect_err(|e| m::rejected(e.code.as_str()))
+        }
+    };
+    match checked {
+        Ok(()) => next.run(req).await,
+        // Closed after the answer: the unread body is never drained.
+        Err(e) => connection_close(e.into_response()),
+    }
 }
 
 /// Whether a path has a `%` not followed by two hex digits.
@@ -816,7 +917,7 @@ async fn lease<S: Store>(State(app): Shared<S>, headers: HeaderMap, body: Bytes)
             now,
         };
         let jobs = app.store.lease(req).await?;
-        if !jobs.is_empty() || tokio::time::Instant::now() >= deadline {
+        if !jobs.is_empty() || tokio::time::Instant::now() >= deadline || app.is_stopping() {
             if !type_limits.is_empty() {
                 let mut br = app.breakers.lock().unwrap_or_else(|p| p.into_inner());
                 for j in &jobs {
@@ -834,10 +935,13 @@ async fn lease<S: Store>(State(app): Shared<S>, headers: HeaderMap, body: Bytes)
         // ready (or the wait ends): an enqueue of other lanes or types
         // costs this waiter no store call.
         loop {
-            if tokio::time::timeout_at(deadline, notified.as_mut())
-                .await
-                .is_err()
-            {
+            // A shutdown ends the wait at once: the worker gets no jobs
+            // and polls again (another node, or this one restarted).
+            let woken = tokio::select! {
+                r = tokio::time::timeout_at(deadline, notified.as_mut()) => r.is_ok(),
+                () = app.stopping() => false,
+            };
+            if !woken {
                 break;
             }
             // Re-armed before looking, so an event after the look wakes it.
@@ -1400,6 +1504,7 @@ async fn redrive<S: Store>(State(app): Shared<S>, headers: HeaderMap, body: Byte
     let mut job_ids = Vec::new();
     let mut items = Vec::with_capacity(targets.len());
     let mut redriven = 0u64;
+    let mut interrupted = false;
     if b.dry_run {
         items.extend(targets.iter().map(|t| redrive_item(t, None)));
     } else {
@@ -1409,7 +1514,16 @@ async fn redrive<S: Store>(State(app): Shared<S>, headers: HeaderMap, body: Byte
         let chunk = b.rate_per_sec.map_or(targets.len().max(1), |r| r as usize);
         for (n, part) in targets.chunks(chunk).enumerate() {
             if n > 0 {
-                tokio::time::sleep(Duration::from_secs(1)).await;
+                // A shutdown stops the redrive between batches: what was
+                // redriven so far stands, is answered and audited.
+                let stopped = tokio::select! {
+                    () = tokio::time::sleep(Duration::from_secs(1)) => false,
+                    () = app.stopping() => true,
+                };
+                if stopped || app.is_stopping() {
+                    interrupted = true;
+                    break;
+                }
             }
             let jobs: Vec<DeadLetterId> = part
                 .iter()
@@ -1457,6 +1571,7 @@ async fn redrive<S: Store>(State(app): Shared<S>, headers: HeaderMap, body: Byte
         "not_found": not_found,
         "dry_run": b.dry_run,
         "skipped_admission_records": skipped,
+        "interrupted": interrupted,
     }))
 }
 

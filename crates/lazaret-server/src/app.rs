@@ -93,6 +93,8 @@ pub struct App<S> {
     pub sources: RwLock<SourceSet>,
     /// Broker dead letters being republished now (see [`App::claim_redrive`]).
     redriving: Mutex<HashSet<DeadLetterId>>,
+    /// `true` once the server is shutting down (see [`App::stopping`]).
+    stop: tokio::sync::watch::Sender<bool>,
 }
 
 /// A broker dead letter claimed for one redrive; released when dropped.
@@ -126,8 +128,26 @@ impl<S: Store> App<S> {
             token_changes: tokio::sync::Mutex::new(()),
             sources: RwLock::new(SourceSet::default()),
             redriving: Mutex::new(HashSet::new()),
+            stop: tokio::sync::watch::Sender::new(false),
             config,
         })
+    }
+
+    /// Starts the shutdown: long-polls answer at once, redrives stop
+    /// before their next batch.
+    pub fn begin_stop(&self) {
+        self.stop.send_replace(true);
+    }
+
+    /// Ends once the shutdown has begun.
+    pub async fn stopping(&self) {
+        let mut rx = self.stop.subscribe();
+        let _ = rx.wait_for(|s| *s).await;
+    }
+
+    /// Whether the shutdown has begun.
+    pub fn is_stopping(&self) -> bool {
+        *self.stop.borrow()
     }
 
     /// The sources connected now, for a redrive (a copy: the broker

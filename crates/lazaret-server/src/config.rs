@@ -25,6 +25,14 @@
 //! lease_ms_default = 30000            # a lease's length when the worker asks for none (at least 1)
 //! lease_ms_max = 3600000              # the longest lease a worker may ask for (>= lease_ms_default)
 //!
+//! [http]                            # connections (docs/reliability.md, "Connections")
+//! header_read_timeout_ms = 10000      # from a request's first byte to the end of its headers
+//! body_read_timeout_ms = 30000        # longest wait for the next piece of a request body
+//! idle_timeout_ms = 75000             # a connection with no request running and no bytes moving is closed
+//! connections_max = 0                 # open connections at most (0: from the file-descriptor limit);
+//!                                     # one more is answered 503 UNAVAILABLE with Retry-After and closed
+//! shutdown_grace_ms = 10000           # after SIGTERM, how long requests under way may take to finish
+//!
 //! [tenants]
 //! inflight_max = 2                    # default per-tenant in-flight cap in each lane (at least 1)
 //! [tenants.overrides]                 # per-tenant caps; 0 pauses that tenant
@@ -127,6 +135,35 @@ use toml::de::{DeTable, DeValue};
 /// Default cap on a whole batch body (`batch_bytes_max`): 16 MiB.
 pub const BATCH_BYTES_MAX_DEFAULT: usize = 16 * 1024 * 1024;
 
+/// `[http]`: connection timeouts, the connection cap and the shutdown grace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HttpConfig {
+    /// From a request's first byte to the end of its headers, in ms.
+    pub header_read_timeout_ms: u64,
+    /// Longest wait for the next piece of a request body, in ms.
+    pub body_read_timeout_ms: u64,
+    /// A connection with no request running and no bytes moving for this
+    /// long is closed, in ms.
+    pub idle_timeout_ms: u64,
+    /// Open connections at most; `None`: derived from the file-descriptor
+    /// limit at start.
+    pub connections_max: Option<usize>,
+    /// After SIGTERM, how long requests under way may take, in ms.
+    pub shutdown_grace_ms: u64,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            header_read_timeout_ms: 10_000,
+            body_read_timeout_ms: 30_000,
+            idle_timeout_ms: 75_000,
+            connections_max: None,
+            shutdown_grace_ms: 10_000,
+        }
+    }
+}
+
 /// Everything `lazaret serve` is configured with, checked and merged.
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
@@ -166,6 +203,8 @@ pub struct ServerConfig {
     /// `[[sources]]`, in file order: the broker queues `lazaret serve`
     /// guards or watches next to its own queue.
     pub sources: Vec<SourceSpec>,
+    /// `[http]`: connections and shutdown.
+    pub http: HttpConfig,
 }
 
 impl Default for ServerConfig {
@@ -193,6 +232,7 @@ impl Default for ServerConfig {
             lease_ms_default: 30_000,
             lease_ms_max: 3_600_000,
             sources: Vec::new(),
+            http: HttpConfig::default(),
         }
     }
 }
@@ -436,6 +476,7 @@ struct RawConfig {
     #[serde(default)]
     lanes: BTreeMap<String, RawLane>,
     retention: Option<RawRetention>,
+    http: Option<RawHttp>,
     defaults: Option<RawPolicy>,
     #[serde(default)]
     types: BTreeMap<String, RawPolicy>,
@@ -471,6 +512,19 @@ struct RawRetention {
     succeeded_ms: Option<Ms>,
     cleaner_batch: Option<u32>,
     cleaner_interval_ms: Option<Ms>,
+}
+
+#[derive(Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a table with header_read_timeout_ms, body_read_timeout_ms, idle_timeout_ms, connections_max, shutdown_grace_ms"
+)]
+struct RawHttp {
+    header_read_timeout_ms: Option<Ms>,
+    body_read_timeout_ms: Option<Ms>,
+    idle_timeout_ms: Option<Ms>,
+    connections_max: Option<usize>,
+    shutdown_grace_ms: Option<Ms>,
 }
 
 /// `[defaults]` or `[types.X]`: the same keys, but only a type has schemas.
@@ -884,6 +938,35 @@ impl<'a> Ctx<'a> {
                     ));
                 }
                 cfg.retention.cleaner_interval_ms = v;
+            }
+        }
+
+        if let Some(h) = &raw.http {
+            let path = root("http");
+            let positive = |key: &str, v: u64| {
+                if v == 0 {
+                    Err(self.invalid(
+                        &path.key(key),
+                        format!("{key} must be at least 1 (got 0); leave it out for the default"),
+                    ))
+                } else {
+                    Ok(v)
+                }
+            };
+            if let Some(Ms(v)) = h.header_read_timeout_ms {
+                cfg.http.header_read_timeout_ms = positive("header_read_timeout_ms", v)?;
+            }
+            if let Some(Ms(v)) = h.body_read_timeout_ms {
+                cfg.http.body_read_timeout_ms = positive("body_read_timeout_ms", v)?;
+            }
+            if let Some(Ms(v)) = h.idle_timeout_ms {
+                cfg.http.idle_timeout_ms = positive("idle_timeout_ms", v)?;
+            }
+            if let Some(Ms(v)) = h.shutdown_grace_ms {
+                cfg.http.shutdown_grace_ms = v;
+            }
+            if let Some(v) = h.connections_max {
+                cfg.http.connections_max = (v > 0).then_some(v);
             }
         }
 
@@ -2159,5 +2242,39 @@ failures_min = 3
         let e = ServerConfig::load(Path::new("/nonexistent/lazaret.toml")).unwrap_err();
         assert!(matches!(e, ConfigError::Read { .. }));
         assert!(e.to_string().contains("/nonexistent/lazaret.toml"), "{e}");
+    }
+
+    #[test]
+    fn the_http_table_sets_timeouts_cap_and_grace_and_refuses_zero_timeouts() {
+        let d = parse("").unwrap().http;
+        assert_eq!(d, HttpConfig::default());
+        assert_eq!(d.connections_max, None);
+        let c = parse(
+            "[http]\nheader_read_timeout_ms = 5\nbody_read_timeout_ms = 6\nidle_timeout_ms = 7\n\
+             connections_max = 8\nshutdown_grace_ms = 0\n",
+        )
+        .unwrap()
+        .http;
+        assert_eq!(
+            c,
+            HttpConfig {
+                header_read_timeout_ms: 5,
+                body_read_timeout_ms: 6,
+                idle_timeout_ms: 7,
+                connections_max: Some(8),
+                shutdown_grace_ms: 0,
+            }
+        );
+        assert_eq!(
+            parse("[http]\nconnections_max = 0\n")
+                .unwrap()
+                .http
+                .connections_max,
+            None
+        );
+        let e = parse("[http]\nidle_timeout_ms = 0\n").unwrap_err();
+        assert!(e.to_string().contains("http.idle_timeout_ms"), "{e}");
+        let e = parse("[http]\nidle_timeout = 5\n").unwrap_err();
+        assert!(e.to_string().contains("idle_timeout"), "{e}");
     }
 }

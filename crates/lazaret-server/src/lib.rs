@@ -11,6 +11,7 @@ pub mod api;
 pub mod app;
 pub mod auth;
 pub mod config;
+pub mod conn;
 pub mod error;
 pub mod metrics;
 pub mod ready;

@@ -166,6 +166,26 @@ pub fn describe_source(source: &str) {
 /// The `outcome` label values of `lazaret_source_deliveries_total`.
 pub const SOURCE_OUTCOMES: [&str; 4] = ["succeeded", "retried", "deferred", "dead_lettered"];
 
+/// Open HTTP connections now.
+pub fn connections(n: usize) {
+    metrics::gauge!("lazaret_http_connections").set(n as f64);
+}
+
+/// A connection over the cap, answered 503 and closed.
+pub fn connection_refused() {
+    metrics::counter!("lazaret_http_connections_refused_total").increment(1);
+}
+
+/// An idle connection closed to make room for a new one at the cap.
+pub fn connection_evicted() {
+    metrics::counter!("lazaret_http_connections_evicted_total").increment(1);
+}
+
+/// A connection closed by a timeout: `headers` or `idle`.
+pub fn connection_timed_out(what: &'static str) {
+    metrics::counter!("lazaret_http_connection_timeouts_total", "timeout" => what).increment(1);
+}
+
 /// A refused request, by code.
 pub fn rejected(code: &'static str) {
     metrics::counter!("lazaret_rejected_total", "code" => code).increment(1);

@@ -14,7 +14,7 @@ use crate::app::{App, CoreDecider, now};
 use crate::auth::api_token_entry;
 use crate::config::{Durability, ServerConfig};
 use crate::sources::{self, Sources};
-use crate::{api, metrics};
+use crate::{api, conn, metrics};
 
 /// What `serve` needs.
 #[derive(Debug, Clone)]
@@ -82,6 +82,8 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
             .keys()
             .map(|l| l.as_str()),
     );
+    let fds = conn::raise_fd_limit();
+    let connections_max = conn::connections_max(opts.config.http.connections_max, fds.now);
     let scheduler = FairScheduler::new(opts.config.scheduler.clone())?;
     let durability = match opts.config.durability {
         Durability::Full => lazaret_store::Durability::Full,
@@ -122,6 +124,18 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
         println!("{}", sources::describe(spec));
     }
     tracing::info!(%addr, data = %db_path, "lazaret serving");
+    let http = app.config.http;
+    tracing::info!(
+        fd_soft_before = %limit_text(fds.before),
+        fd_soft = %limit_text(fds.now),
+        fd_hard = %limit_text(fds.hard),
+        connections_max,
+        header_read_timeout_ms = http.header_read_timeout_ms,
+        body_read_timeout_ms = http.body_read_timeout_ms,
+        idle_timeout_ms = http.idle_timeout_ms,
+        shutdown_grace_ms = http.shutdown_grace_ms,
+        "connections: open-file limit raised to its hard limit, cap derived from it"
+    );
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let housekeeping = tokio::spawn(housekeeping(Arc::clone(&app), stop_rx.clone()));
@@ -137,23 +151,32 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
         sources.stop().await;
     });
     let router = api::router(Arc::clone(&app));
+    let stopping = Arc::clone(&app);
     let signalled = async move {
         shutdown_signal().await;
+        tracing::info!(
+            grace_ms = http.shutdown_grace_ms,
+            "stopping: long-polls answer now, redrives stop between batches, \
+             requests under way get the grace, then the store closes"
+        );
+        stopping.begin_stop();
         let _ = sources_stop_tx.send(());
     };
-    let served = axum::serve(listener, router)
-        .with_graceful_shutdown(signalled)
-        .await;
+    conn::run(listener, router, http, connections_max, signalled).await;
     // Whatever ended the HTTP side, the sources end too (the sender is
     // dropped with the signal future, which ends their wait).
     let _ = sources_stopped.await;
-    served?;
-    tracing::info!("shutting down: in-flight requests and deliveries finished; closing the store");
+    tracing::info!("shutting down: requests and deliveries finished or dropped; closing the store");
     let _ = stop_tx.send(true);
     let _ = housekeeping.await;
     let _ = retention.await;
     app.store.close().await?;
     Ok(())
+}
+
+/// A resource limit as logged: its number, or `unlimited`.
+fn limit_text(limit: Option<u64>) -> String {
+    limit.map_or_else(|| "unlimited".to_owned(), |n| n.to_string())
 }
 
 /// Puts the tokens created through the API in force; returns how many.

@@ -164,6 +164,39 @@ impl Server {
         std::fs::read_to_string(self.log_path()).unwrap_or_default()
     }
 
+    /// The server process's id (for `/proc/PID`).
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("a running server").id()
+    }
+
+    /// Sends SIGTERM and waits up to `bound` for the process to exit;
+    /// `None` (after SIGKILL) if it was still running then.
+    pub async fn terminate(&mut self, bound: Duration) -> Option<ExitStatus> {
+        let mut child = self.child.take().expect("a running server");
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + bound;
+        loop {
+            if let Some(status) = child.try_wait().expect("child status") {
+                return Some(status);
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Starts the server again on the same data directory after
+    /// [`Server::terminate`].
+    pub async fn start_again(&mut self) {
+        assert!(self.child.is_none(), "the server is still running");
+        self.spawn().await;
+    }
+
     /// What the server wrote after its first stdout line, and to stderr, in its current run.
     pub fn output(&self) -> String {
         let out = std::fs::read_to_string(self.stdout_path()).unwrap_or_default();
@@ -710,7 +743,7 @@ pub async fn send_streamed(
 }
 
 /// Parses a whole HTTP/1.1 reply out of `buf`, or `None` if more is needed.
-fn parse_reply(buf: &[u8]) -> Option<RawReply> {
+pub fn parse_reply(buf: &[u8]) -> Option<RawReply> {
     let end = buf.windows(4).position(|w| w == b"\r\n\r\n")?;
     let head = String::from_utf8_lossy(&buf[..end]).into_owned();
     let rest = &buf[end + 4..];
