@@ -20,5 +20,7 @@ mod retries;
 mod running;
 mod smaller;
 mod sources;
+#[cfg(feature = "sqs")]
+mod sqs_source;
 mod tokens;
 mod workers;
