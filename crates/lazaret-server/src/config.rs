@@ -1685,11 +1685,9 @@ token = "..."                       # or token_sha256 = "hex"
 
     #[test]
     fn kafka_waits_for_a_later_release() {
-        for word in ["kafka"] {
-            let text = GUARD.replace("\"redis\"", &format!("\"{word}\""));
-            let e = assert_refused(&text, "sources[0].broker", 3, "later release");
-            assert!(e.to_string().contains(word), "{e}");
-        }
+        let text = GUARD.replace("\"redis\"", "\"kafka\"");
+        let e = assert_refused(&text, "sources[0].broker", 3, "later release");
+        assert!(e.to_string().contains("kafka"), "{e}");
         assert_refused(
             &GUARD.replace("\"redis\"", "\"kinesis\""),
             "sources[0].broker",

@@ -130,11 +130,14 @@ impl Drop for Queues {
     }
 }
 
+/// Each delivery's headers and body.
+type Deliveries = Arc<Mutex<Vec<(HeaderMap, Vec<u8>)>>>;
+
 /// The handler: records every delivery; while `broken`, refuses the order
 /// "bad" as a permanent failure (400).
 #[derive(Clone, Default)]
 struct Handler {
-    seen: Arc<Mutex<Vec<(HeaderMap, Vec<u8>)>>>,
+    seen: Deliveries,
     broken: Arc<AtomicBool>,
 }
 
