@@ -546,3 +546,84 @@ async fn wait_settled(log: &Mutex<Vec<(String, Settled)>>, id: &str, how: Settle
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// lazaret dies after recording a FIFO retry and before holding the
+/// message: the message comes back at the receive's visibility timeout,
+/// the restarted guard resumes the recorded envelope, and the receive
+/// lazaret caused is not charged as a crash (attempt 2, not 3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_between_the_record_and_the_hold_charges_nothing_more() {
+    let Some(b) = sqs_or_skip().await else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let queue = b.fifo("fifo-crash").await;
+    let name = common::unique("fifo-crash");
+    let spec = b.spec(&name, &queue, Mode::Guard);
+    let pol = common::policies(TYPE, 5, Duration::from_millis(200));
+    b.produce(&queue, "m-c", b"{}", common::headers(json!({})))
+        .await;
+
+    let first = common::host(dir.path(), pol.clone());
+    let log1 = Log::default();
+    let crash = Faults {
+        crash_after_write: Some(Arc::new(|d| d.message_id == "m-c")),
+        ..Faults::default()
+    };
+    let g1 = common::start_guard(
+        &b,
+        spec.clone(),
+        Arc::clone(&first),
+        common::recording(&log1, |_| transient("busy")),
+        crash,
+    )
+    .await;
+    assert!(matches!(
+        g1.join().await,
+        Err(lazaret_guard::GuardError::Crashed)
+    ));
+    assert_eq!(
+        first
+            .store()
+            .message_held(name.clone(), "m-c".into())
+            .await
+            .unwrap(),
+        Held::Parked,
+        "the record was written before the crash"
+    );
+    first.store().close().await.unwrap();
+    drop(first);
+
+    let second = common::host(dir.path(), pol);
+    let log2 = Log::default();
+    let g2 = common::start_guard(
+        &b,
+        spec,
+        Arc::clone(&second),
+        common::recording(&log2, |_| Outcome::Success),
+        Faults::default(),
+    )
+    .await;
+    let seen = log2.wait_for(PATIENCE, |s| !s.is_empty()).await;
+    assert_eq!((seen[0].message_id.as_str(), seen[0].attempt), ("m-c", 2));
+    g2.stop().await.unwrap();
+}
+
+/// A FIFO queue whose `maxReceiveCount` is at most `attempts_max` would
+/// dead-letter a message lazaret is still retrying: a warning says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fifo_max_receive_count_below_the_budget_is_warned_about() {
+    let Some(b) = sqs_or_skip().await else { return };
+    let (_, fifo) = b.with_dlq("fifo-limit", true, 3).await;
+    let (_, standard) = b.with_dlq("std-limit", false, 3).await;
+    let spec = b.spec(&common::unique("limit"), &fifo, Mode::Guard);
+    let broker = common::TestBroker::connect(&b, &spec).await;
+    let warnings = broker.check_limits(5).await;
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(warnings[0].contains("maxReceiveCount 3"), "{warnings:?}");
+    assert!(broker.check_limits(2).await.is_empty());
+    let spec = b.spec(&common::unique("limit"), &standard, Mode::Guard);
+    let broker = common::TestBroker::connect(&b, &spec).await;
+    assert!(
+        broker.check_limits(5).await.is_empty(),
+        "a standard queue's retries are not receives"
+    );
+}
