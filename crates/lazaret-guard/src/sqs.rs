@@ -532,6 +532,18 @@ impl Consumer for QueueConsumer {
                     let Some(handle) = m.receipt_handle().map(str::to_owned) else {
                         continue;
                     };
+                    // A message of the batch that waited for a free slot:
+                    // past its visibility SQS may have handed it out again
+                    // (its handle is stale, leave it); past half of it,
+                    // keep it hidden for the delivery ahead.
+                    let waited = received.elapsed();
+                    if waited >= self.shared.visibility {
+                        continue;
+                    }
+                    if waited > self.shared.visibility / 2 {
+                        let secs = hold_secs(self.shared.visibility, waited);
+                        self.shared.change_visibility(&handle, secs).await?;
+                    }
                     let delivery = message_delivery(&self.shared.queue_url, &m);
                     return Ok(Some(Incoming {
                         delivery,
