@@ -5,11 +5,13 @@
 //! cargo run -p lazaret-guard --example demo_orders -- rabbitmq
 //! cargo run -p lazaret-guard --example demo_orders -- nats
 //! cargo run -p lazaret-guard --example demo_orders -- redis
+//! cargo run -p lazaret-guard --example demo_orders -- sqs
 //! ```
 //!
 //! Each puts four orders on `orders` (a RabbitMQ quorum queue dead-lettering
 //! into `orders.dlq`; the JetStream stream `ORDERS` with its advisories
-//! captured in `ORDERS_DEAD`; the Redis stream `orders`): a good one, one
+//! captured in `ORDERS_DEAD`; the Redis stream `orders`; the SQS queue
+//! `orders` whose `RedrivePolicy` names `orders-dlq`): a good one, one
 //! that fails twice before it succeeds, one that can never succeed (no
 //! amount) and one whose downstream is busy. `examples/python_handler.py`
 //! answers each as its docstring says.
@@ -35,7 +37,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "rabbitmq" => rabbitmq().await?,
         "nats" => nats().await?,
         "redis" => redis().await?,
-        _ => return Err("usage: demo_orders rabbitmq|nats|redis".into()),
+        "sqs" => sqs().await?,
+        _ => return Err("usage: demo_orders rabbitmq|nats|redis|sqs".into()),
     }
     println!(
         "put {} orders on {broker}; now watch lazaret dlq ls",
@@ -149,5 +152,56 @@ async fn redis() -> Result<(), Box<dyn std::error::Error>> {
             .query_async(&mut con)
             .await?;
     }
+    Ok(())
+}
+
+/// The queues `examples/brokers/sqs.toml` names, on `SQS_URL` (moto's
+/// server on 127.0.0.1:4566 by default), then the orders.
+async fn sqs() -> Result<(), Box<dyn std::error::Error>> {
+    use aws_sdk_sqs::types::{MessageAttributeValue, QueueAttributeName};
+    let url = std::env::var("SQS_URL").unwrap_or_else(|_| "http://127.0.0.1:4566".into());
+    let client = lazaret_guard::sqs::client(&url).await?;
+    let dlq = client
+        .create_queue()
+        .queue_name("orders-dlq")
+        .send()
+        .await?;
+    let dlq_url = dlq.queue_url().ok_or("no queue url")?;
+    let arn = client
+        .get_queue_attributes()
+        .queue_url(dlq_url)
+        .attribute_names(QueueAttributeName::QueueArn)
+        .send()
+        .await?
+        .attributes()
+        .and_then(|a| a.get(&QueueAttributeName::QueueArn).cloned())
+        .ok_or("no queue arn")?;
+    // Above crash_loop_max: on a standard queue only crashes are receives.
+    let policy = json!({"deadLetterTargetArn": arn, "maxReceiveCount": 10});
+    let orders = client
+        .create_queue()
+        .queue_name("orders")
+        .attributes(QueueAttributeName::RedrivePolicy, policy.to_string())
+        .send()
+        .await?;
+    let queue = orders.queue_url().ok_or("no queue url")?;
+    let text = |v: &str| {
+        MessageAttributeValue::builder()
+            .data_type("String")
+            .string_value(v)
+            .build()
+    };
+    for (i, order) in ORDERS.iter().enumerate() {
+        client
+            .send_message()
+            .queue_url(queue)
+            .message_body(*order)
+            .message_attributes("message_id", text(&format!("order-{}", i + 1))?)
+            .message_attributes("content_type", text("application/json")?)
+            .message_attributes("shop", text(&json!({"region": "eu"}).to_string())?)
+            .send()
+            .await?;
+    }
+    println!("queues: {queue} (guarded) and {dlq_url} (watched)");
     Ok(())
 }

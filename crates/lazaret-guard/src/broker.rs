@@ -95,6 +95,15 @@ pub trait Acker: Send + Sync {
     /// Hands the message back undelivered (lazaret could not record what
     /// happened to it): the broker redelivers it later.
     fn release(self: Box<Self>) -> BoxFuture<'static, Result<(), BrokerError>>;
+
+    /// For a broker that [`Broker::holds_retries`]: keeps the message from
+    /// redelivery for `wait` without acknowledging it (SQS
+    /// `ChangeMessageVisibility`), as long as the broker allows; the runtime
+    /// holds it again when it comes back early. Others hand it back.
+    fn hold(self: Box<Self>, wait: Duration) -> BoxFuture<'static, Result<(), BrokerError>> {
+        let _ = wait;
+        self.release()
+    }
 }
 
 /// A stream of messages from one queue.
@@ -117,6 +126,15 @@ pub trait Broker: Send + Sync + fmt::Debug {
     /// Publishes and returns once the broker confirmed it (publisher
     /// confirms with `mandatory`; a JetStream PubAck; `XADD`'s reply).
     fn publish(&self, msg: Republish) -> BoxFuture<'_, Result<(), BrokerError>>;
+
+    /// Whether a retry or deferral waits on the broker instead of in
+    /// lazaret's store: an SQS FIFO message that failed must keep holding
+    /// its message group, so it is held ([`Acker::hold`]), not
+    /// acknowledged, and its redelivery is the retry. The store then only
+    /// records what lazaret charged (`park_message`, never delivered from).
+    fn holds_retries(&self) -> bool {
+        false
+    }
 
     /// Limits the broker enforces itself that could dead-letter a message
     /// before the policy would (quorum `x-delivery-limit`, `MaxDeliver`),
@@ -233,7 +251,12 @@ pub async fn connect(spec: &SourceSpec) -> Result<Box<dyn Broker>, BrokerError> 
             return Err(BrokerError::NotBuilt("redis"));
         }
         crate::spec::BrokerKind::Kafka => Err(BrokerError::NotBuilt("kafka")),
-        crate::spec::BrokerKind::Sqs => Err(BrokerError::NotBuilt("sqs")),
+        crate::spec::BrokerKind::Sqs => {
+            #[cfg(feature = "sqs")]
+            return crate::sqs::connect(spec).await;
+            #[cfg(not(feature = "sqs"))]
+            return Err(BrokerError::NotBuilt("sqs"));
+        }
     }
 }
 

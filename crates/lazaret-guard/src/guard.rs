@@ -14,6 +14,12 @@
 //!   (`message_held`) and only acknowledged, so there is exactly one dead
 //!   letter (or one held retry).
 //!
+//! A broker whose retries must wait on the broker itself (SQS FIFO: a failed
+//! message keeps holding its group, [`Broker::holds_retries`]) is held
+//! there instead of acknowledged; the store records what lazaret charged,
+//! and the redelivery is resumed from that record (a receive lazaret caused
+//! is neither a crash nor, for a deferral, an attempt).
+//!
 //! While the type's breaker is open or the type or lane is paused, the
 //! runtime takes no message from the broker (the broker keeps them) and
 //! delivers no held retry.
@@ -191,7 +197,32 @@ enum Origin {
     Broker(Box<dyn Acker>),
     /// A held retry from lazaret's store.
     Parked,
+    /// A broker redelivery of a retry held on the broker
+    /// ([`Broker::holds_retries`]): settled as from the broker, and its
+    /// record in the store dropped on success.
+    Held(Box<dyn Acker>),
 }
+
+impl Origin {
+    fn acker(&self) -> Option<&dyn Acker> {
+        match self {
+            Origin::Broker(a) | Origin::Held(a) => Some(a.as_ref()),
+            Origin::Parked => None,
+        }
+    }
+
+    fn into_acker(self) -> Option<Box<dyn Acker>> {
+        match self {
+            Origin::Broker(a) | Origin::Held(a) => Some(a),
+            Origin::Parked => None,
+        }
+    }
+}
+
+/// The key of a held-on-the-broker retry's position that records the
+/// broker's count of earlier deliveries when lazaret held it: the next
+/// receive is lazaret's own, any beyond it a consumer that died.
+const HELD_PRIOR: &str = "lazaret_held_prior";
 
 impl<H: Host> Guard<H> {
     /// A guard of `spec`'s queue on `broker`, delivering to `handler`.
@@ -260,12 +291,16 @@ impl<H: Host> Guard<H> {
             tracing::warn!(source = %inner.spec.name, "{warning}");
         }
         let mut crashed = inner.crashed.subscribe();
-        let parked = tokio::spawn(Arc::clone(&inner).deliver_due(shutdown.clone()));
+        // Retries held on the broker come back from it, not from the store.
+        let parked = (!inner.broker.holds_retries())
+            .then(|| tokio::spawn(Arc::clone(&inner).deliver_due(shutdown.clone())));
         let result = tokio::select! {
             r = Arc::clone(&inner).consume(shutdown.clone()) => r,
             _ = crashed.wait_for(|c| *c) => Err(GuardError::Crashed),
         };
-        parked.abort();
+        if let Some(parked) = parked {
+            parked.abort();
+        }
         if result.is_ok() && !*inner.crashed.borrow() {
             // Let deliveries in flight settle, for at most one delivery timeout.
             let all = inner.spec.concurrency.max(1);
@@ -404,6 +439,27 @@ impl<H: Host> Inner<H> {
                 .await;
             match held {
                 Ok(Held::Nothing) => {}
+                Ok(Held::Parked) if self.broker.holds_retries() => {
+                    let record = self
+                        .host
+                        .store()
+                        .parked_message(self.spec.name.clone(), delivery.message_id.clone())
+                        .await;
+                    match record {
+                        // Settled in between: new to lazaret after all.
+                        Ok(None) => {}
+                        Ok(Some(p)) => {
+                            self.resume(ack, delivery, p).await;
+                            drop(permit);
+                            return;
+                        }
+                        Err(e) => {
+                            self.give_back(ack, &e).await;
+                            drop(permit);
+                            return;
+                        }
+                    }
+                }
                 Ok(held) => {
                     // lazaret wrote it down before a crash kept the ack from
                     // the broker: it is settled already.
@@ -446,6 +502,52 @@ impl<H: Host> Inner<H> {
                 .await;
         }
         drop(permit);
+    }
+
+    /// The broker's redelivery of a retry it held: when due, the retry,
+    /// with the envelope lazaret recorded; when early (the broker's longest
+    /// hold ran out, or lazaret stopped before holding it), held again.
+    async fn resume(&self, ack: Box<dyn Acker>, delivery: Delivery, p: ParkedMessage) {
+        let at = now();
+        let recorded = p
+            .source
+            .position
+            .get(HELD_PRIOR)
+            .and_then(serde_json::Value::as_u64)
+            .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX));
+        if p.due_at > at {
+            let wait = p.due_at.saturating_since(at);
+            let again = ParkedMessage {
+                source: self.held_ref(&delivery),
+                ..p
+            };
+            if let Err(e) = self.host.store().park_message(again).await {
+                self.give_back(ack, &e).await;
+                return;
+            }
+            if let Err(e) = ack.hold(wait).await {
+                tracing::warn!(source = %self.spec.name, message_id = %delivery.message_id, "holding a retry failed: {e}; the broker redelivers it early and it is held again");
+            }
+            return;
+        }
+        let mut env = p.envelope;
+        let policy = self.host.policy(&self.spec.job_type);
+        // The receive after lazaret held it is lazaret's own; any before
+        // this one beyond that is a consumer that died with the message.
+        let unseen = delivery
+            .broker_prior
+            .saturating_sub(recorded.saturating_add(1));
+        let spent = {
+            let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
+            absorb_earlier_deliveries(&mut env, &policy, None, unseen, at, &mut *rng)
+        };
+        if let Some(reason) = spent {
+            let transition = Transition::DeadLetter { reason };
+            self.finish(Origin::Held(ack), &delivery, env, transition, at)
+                .await;
+        } else {
+            self.attempt(Origin::Held(ack), delivery, env, policy).await;
+        }
     }
 
     fn tenant(&self, d: &Delivery) -> TenantId {
@@ -504,7 +606,7 @@ impl<H: Host> Inner<H> {
                 tokio::select! {
                     r = &mut run => break r,
                     _ = tokio::time::sleep(every) => {
-                        if let Origin::Broker(ack) = &origin {
+                        if let Some(ack) = origin.acker() {
                             if let Err(e) = ack.progress().await {
                                 tracing::debug!(source = %self.spec.name, "in-progress ack failed: {e}");
                             }
@@ -564,13 +666,18 @@ impl<H: Host> Inner<H> {
         };
         let written: Result<(), StoreError> = match transition {
             Transition::Succeeded => match origin {
-                Origin::Parked => store
+                Origin::Parked | Origin::Held(_) => store
                     .unpark_message(source.name.clone(), source.message_id.clone())
                     .await
                     .map(drop),
                 Origin::Broker(_) => Ok(()),
             },
             Transition::Retry { at: due, .. } | Transition::Defer { until: due } => {
+                let source = if self.broker.holds_retries() {
+                    self.held_ref(delivery)
+                } else {
+                    source
+                };
                 store
                     .park_message(ParkedMessage {
                         source,
@@ -603,7 +710,7 @@ impl<H: Host> Inner<H> {
         };
         self.host.observe(&self.spec.name, &done, at);
         if let Err(e) = written {
-            if let Origin::Broker(ack) = origin {
+            if let Some(ack) = origin.into_acker() {
                 self.give_back(ack, &e).await;
             } else {
                 tracing::warn!(source = %self.spec.name, "cannot record the outcome of a held retry: {e}; it stays held");
@@ -625,6 +732,20 @@ impl<H: Host> Inner<H> {
             Transition::Retry { .. } | Transition::Defer { .. } => Settled::Parked,
             Transition::DeadLetter { .. } => Settled::Quarantined,
         };
+        if let (Transition::Retry { at: due, .. } | Transition::Defer { until: due }, true) =
+            (transition, self.broker.holds_retries())
+        {
+            if let Some(ack) = origin.into_acker() {
+                if let Err(e) = ack.hold(due.saturating_since(now())).await {
+                    tracing::warn!(source = %self.spec.name, message_id = %delivery.message_id, "holding a retry failed: {e}; the broker redelivers it early and it is held again");
+                    return true;
+                }
+            }
+            if let Some(hook) = &self.faults.settled {
+                hook(delivery, how);
+            }
+            return true;
+        }
         self.settle(origin, delivery, how).await;
         true
     }
@@ -660,7 +781,7 @@ impl<H: Host> Inner<H> {
     /// Acknowledges a broker message (a held retry is settled by its store
     /// write alone), then tells the test hook.
     async fn settle(&self, origin: Origin, delivery: &Delivery, how: Settled) {
-        if let Origin::Broker(ack) = origin {
+        if let Some(ack) = origin.into_acker() {
             if let Err(e) = ack.ack().await {
                 // The broker redelivers it; the redelivery is recognised.
                 tracing::warn!(source = %self.spec.name, message_id = %delivery.message_id, "acknowledgement failed: {e}");
@@ -677,6 +798,24 @@ impl<H: Host> Inner<H> {
         if let Err(e) = ack.release().await {
             tracing::warn!(source = %self.spec.name, "handing it back failed too: {e}; the broker redelivers it when the connection drops");
         }
+    }
+
+    /// The source of a retry held on the broker, recording the broker's
+    /// count of earlier deliveries ([`HELD_PRIOR`]).
+    fn held_ref(&self, d: &Delivery) -> SourceRef {
+        let mut source = self.source_ref(d);
+        let mut position = match source.position {
+            serde_json::Value::Object(m) => m,
+            serde_json::Value::Null => serde_json::Map::new(),
+            other => {
+                let mut m = serde_json::Map::new();
+                m.insert("broker".into(), other);
+                m
+            }
+        };
+        position.insert(HELD_PRIOR.into(), d.broker_prior.into());
+        source.position = serde_json::Value::Object(position);
+        source
     }
 
     fn source_ref(&self, d: &Delivery) -> SourceRef {

@@ -39,6 +39,8 @@ pub mod nats;
 pub mod rabbitmq;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(feature = "sqs")]
+pub mod sqs;
 
 pub use broker::{Acker, Broker, BrokerError, Consumer, Incoming, connect};
 pub use guard::{Faults, Guard, GuardError, QUARANTINE_LINGER, Settled};

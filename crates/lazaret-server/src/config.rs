@@ -87,9 +87,9 @@
 //!
 //! [[sources]]                         # a queue on a broker the team already runs (docs/brokers.md)
 //! name = "orders"                     # unique; letters, digits, _ - . (at most 64); dead letters and metrics carry it
-//! broker = "rabbitmq"                 # rabbitmq | nats | redis (kafka and sqs come in a later release)
-//! url = "amqp://guest:guest@127.0.0.1:5672/%2f" # nats://…, redis://…; logs show it without the password
-//! queue = "orders"                    # RabbitMQ queue · JetStream stream · Redis stream
+//! broker = "rabbitmq"                 # rabbitmq | nats | redis | sqs (kafka comes in a later release)
+//! url = "amqp://guest:guest@127.0.0.1:5672/%2f" # nats://…, redis://…, the endpoint URL for sqs; logs show it without the password
+//! queue = "orders"                    # RabbitMQ queue · JetStream stream · Redis stream · SQS queue URL
 //! group = "lazaret"                   # JetStream durable consumer · Redis consumer group
 //! mode = "guard"                      # guard: deliver each message to `deliver`; watch: take in a dead-letter queue
 //! deliver = "http://127.0.0.1:8080/orders" # guard (required there, refused for watch): each message is POSTed here
@@ -1350,12 +1350,17 @@ impl<'a> Ctx<'a> {
 
             let word = required("broker", &s.broker, "\"rabbitmq\", \"nats\" or \"redis\"")?;
             let broker = match BrokerKind::parse(&word) {
-                Some(b @ (BrokerKind::RabbitMq | BrokerKind::Nats | BrokerKind::Redis)) => b,
-                Some(later @ (BrokerKind::Kafka | BrokerKind::Sqs)) => {
+                Some(
+                    b @ (BrokerKind::RabbitMq
+                    | BrokerKind::Nats
+                    | BrokerKind::Redis
+                    | BrokerKind::Sqs),
+                ) => b,
+                Some(later @ BrokerKind::Kafka) => {
                     return Err(self.invalid(
                         &path.key("broker"),
                         format!(
-                            "broker \"{}\" comes in a later release of lazaret; this one runs rabbitmq, nats and redis sources: remove this source for now",
+                            "broker \"{}\" comes in a later release of lazaret; this one runs rabbitmq, nats, redis and sqs sources: remove this source for now",
                             later.as_str()
                         ),
                     ));
@@ -1364,7 +1369,7 @@ impl<'a> Ctx<'a> {
                     return Err(self.invalid(
                         &path.key("broker"),
                         format!(
-                            "unknown broker \"{word}\": use \"rabbitmq\", \"nats\" or \"redis\""
+                            "unknown broker \"{word}\": use \"rabbitmq\", \"nats\", \"redis\" or \"sqs\""
                         ),
                     ));
                 }
@@ -1789,18 +1794,28 @@ token = "..."                       # or token_sha256 = "hex"
     }
 
     #[test]
-    fn kafka_and_sqs_wait_for_a_later_release() {
-        for word in ["kafka", "sqs"] {
-            let text = GUARD.replace("\"redis\"", &format!("\"{word}\""));
-            let e = assert_refused(&text, "sources[0].broker", 3, "later release");
-            assert!(e.to_string().contains(word), "{e}");
-        }
+    fn kafka_waits_for_a_later_release() {
+        let text = GUARD.replace("\"redis\"", "\"kafka\"");
+        let e = assert_refused(&text, "sources[0].broker", 3, "later release");
+        assert!(e.to_string().contains("kafka"), "{e}");
         assert_refused(
             &GUARD.replace("\"redis\"", "\"kinesis\""),
             "sources[0].broker",
             3,
             "unknown broker \"kinesis\"",
         );
+    }
+
+    #[test]
+    fn an_sqs_source_takes_an_endpoint_url_and_a_queue_url() {
+        let cfg = parse(
+            "[[sources]]\nname = \"orders\"\nbroker = \"sqs\"\nurl = \"http://127.0.0.1:4566\"\nqueue = \"http://127.0.0.1:4566/000000000000/orders.fifo\"\nmode = \"watch\"\n",
+        )
+        .unwrap();
+        let s = &cfg.sources[0];
+        assert_eq!(s.broker, BrokerKind::Sqs);
+        assert_eq!(s.url, "http://127.0.0.1:4566");
+        assert_eq!(s.queue, "http://127.0.0.1:4566/000000000000/orders.fifo");
     }
 
     #[test]

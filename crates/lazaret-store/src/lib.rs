@@ -221,6 +221,15 @@ pub trait Store: Send + Sync + 'static {
         limit: u32,
     ) -> impl Future<Output = Result<Vec<ParkedMessage>, StoreError>> + Send;
 
+    /// The retry held for one message (its envelope, due time and where
+    /// it is), if any: for brokers whose retries wait on the broker itself
+    /// (SQS FIFO), the record of what lazaret charged.
+    fn parked_message(
+        &self,
+        source: String,
+        message_id: String,
+    ) -> impl Future<Output = Result<Option<ParkedMessage>, StoreError>> + Send;
+
     /// When the next held retry of a source is due.
     fn next_message_due(
         &self,

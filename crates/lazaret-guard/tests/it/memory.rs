@@ -4,6 +4,7 @@
 //! own rules (breakers, crash loops, shutdown) are tested on it alone.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -42,9 +43,20 @@ struct State {
 pub struct Memory {
     state: Arc<Mutex<State>>,
     ready: Arc<Notify>,
+    /// Retries wait on the broker (as on an SQS FIFO queue): a held
+    /// message comes back when its hold ends.
+    holds: Arc<AtomicBool>,
 }
 
 impl Memory {
+    /// A broker whose retries wait on it ([`Broker::holds_retries`]).
+    #[allow(dead_code)]
+    pub fn holding() -> Memory {
+        let m = Memory::default();
+        m.holds.store(true, Ordering::SeqCst);
+        m
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap()
     }
@@ -136,6 +148,26 @@ impl Acker for MemAck {
         })
     }
 
+    fn hold(self: Box<Self>, wait: Duration) -> BoxFuture<'static, Result<(), BrokerError>> {
+        Box::pin(async move {
+            let held = self
+                .conn
+                .broker
+                .lock()
+                .unacked
+                .remove(&(self.conn.id, self.tag));
+            if let Some((q, msg)) = held {
+                let broker = self.conn.broker.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(wait).await;
+                    broker.lock().queues.entry(q).or_default().push_front(msg);
+                    broker.ready.notify_waiters();
+                });
+            }
+            Ok(())
+        })
+    }
+
     fn release(self: Box<Self>) -> BoxFuture<'static, Result<(), BrokerError>> {
         Box::pin(async move {
             let mut s = self.conn.broker.lock();
@@ -200,6 +232,10 @@ struct MemBroker {
 impl Broker for MemBroker {
     fn kind(&self) -> &'static str {
         "memory"
+    }
+
+    fn holds_retries(&self) -> bool {
+        self.conn.broker.holds.load(Ordering::SeqCst)
     }
 
     fn consume(&self) -> BoxFuture<'_, Result<Box<dyn Consumer>, BrokerError>> {
@@ -433,6 +469,61 @@ mod runtime {
             "{N} dead letters written together took {syncs} fsyncs"
         );
         assert_eq!(b.depth(&queue), 0, "every poison message was acknowledged");
+    }
+
+    /// On a broker that holds retries itself, a deferral and a retry wait
+    /// on the broker, not in the store: the message comes back from the
+    /// broker with the envelope lazaret recorded, the deferral spends no
+    /// attempt, and the receives lazaret caused count as no crash.
+    #[tokio::test]
+    async fn a_retry_held_on_the_broker_resumes_its_envelope() {
+        let b = Memory::holding();
+        let dir = tempfile::tempdir().unwrap();
+        let queue = b.fresh_queue("holding").await;
+        let name = unique("holding");
+        let spec = b.spec(&name, &queue, Mode::Guard);
+        b.produce(&queue, "m-h", b"{}", headers(json!({}))).await;
+        let h = host(dir.path(), policies("orders", 3, Duration::from_millis(50)));
+        let log = Log::default();
+        let calls = Arc::new(std::sync::Mutex::new(0u32));
+        let c = Arc::clone(&calls);
+        let g = start_guard(
+            &b,
+            spec,
+            Arc::clone(&h),
+            recording(&log, move |_| {
+                let mut n = c.lock().unwrap();
+                *n += 1;
+                match *n {
+                    1 => Outcome::Failure(
+                        lazaret_core::Failure::new("http_429", "slow down")
+                            .with_class(lazaret_core::FailureClass::Deferred)
+                            .with_retry_after(Duration::from_millis(100)),
+                    ),
+                    _ => Outcome::Failure(
+                        lazaret_core::Failure::new("http_503", "busy")
+                            .with_class(lazaret_core::FailureClass::Transient),
+                    ),
+                }
+            }),
+            Faults::default(),
+        )
+        .await;
+        // Deferred, then transient failures until attempts_max = 3 is
+        // spent: quarantined as exhausted after attempt 3. Had a receive
+        // lazaret caused been charged (as a crash), the attempts would run
+        // ahead of the deliveries.
+        let dls = wait_dead_letters(h.store(), &name, 1, Duration::from_secs(10)).await;
+        let seen = log.all();
+        assert_eq!(
+            seen.iter().map(|s| s.attempt).collect::<Vec<_>>(),
+            vec![1, 1, 2, 3],
+            "{seen:#?}"
+        );
+        assert_eq!(dls[0].reason, DeadLetterReason::Exhausted);
+        assert_eq!(dls[0].attempts, 3);
+        g.stop().await.unwrap();
+        assert_eq!(b.depth(&queue), 0, "acknowledged after the quarantine");
     }
 
     /// A host whose `orders` breaker opens after 3 failures and stays open

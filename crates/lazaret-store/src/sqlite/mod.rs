@@ -506,6 +506,15 @@ impl Store for SqliteStore {
         self.read(move |c| sources::next_due(c, &source)).await
     }
 
+    async fn parked_message(
+        &self,
+        source: String,
+        message_id: String,
+    ) -> Result<Option<crate::ParkedMessage>, StoreError> {
+        self.read(move |c| sources::parked(c, &source, &message_id))
+            .await
+    }
+
     async fn message_held(
         &self,
         source: String,

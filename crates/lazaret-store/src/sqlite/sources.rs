@@ -134,6 +134,37 @@ pub(super) fn due(
     Ok(out)
 }
 
+/// The retry held for one message, if any.
+pub(super) fn parked(
+    c: &Connection,
+    source: &str,
+    message_id: &str,
+) -> Result<Option<ParkedMessage>, StoreError> {
+    let row = db(c
+        .prepare_cached(
+            "SELECT due_at, ref, envelope, body FROM source_parked
+             WHERE source = ?1 AND message_id = ?2",
+        )?
+        .query_row(params![source, message_id], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, Vec<u8>>(3)?,
+            ))
+        })
+        .optional())?;
+    let Some((due_at, src, env, body)) = row else {
+        return Ok(None);
+    };
+    Ok(Some(ParkedMessage {
+        source: serde_json::from_str::<SourceRef>(&src).map_err(corrupt)?,
+        due_at: Timestamp::from_millis(due_at),
+        envelope: Envelope::from_json(&env).map_err(corrupt)?,
+        body,
+    }))
+}
+
 /// The earliest due time of `source`'s held retries.
 pub(super) fn next_due(c: &Connection, source: &str) -> Result<Option<Timestamp>, StoreError> {
     let at: Option<i64> = db(c

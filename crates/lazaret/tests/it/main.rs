@@ -26,5 +26,7 @@ mod shutdown;
 mod smaller;
 mod sockets;
 mod sources;
+#[cfg(feature = "sqs")]
+mod sqs_source;
 mod tokens;
 mod workers;

@@ -266,10 +266,29 @@ pub async fn held_retries_come_due_in_order_and_are_replaced_or_dropped<S: Store
         Some(at(1_000))
     );
 
+    assert_eq!(
+        s.parked_message("src".into(), "early".into())
+            .await
+            .unwrap(),
+        Some(parked("src", "early", at(1_000))),
+        "one held retry read back by its message id"
+    );
+    assert_eq!(
+        s.parked_message("src".into(), "x".into()).await.unwrap(),
+        None,
+        "another source's message is not this one's"
+    );
+
     // Parked again (the next retry): replaced, not added.
     let mut again = parked("src", "early", at(9_000));
     again.envelope = envelope(0, 2);
     s.park_message(again.clone()).await.unwrap();
+    assert_eq!(
+        s.parked_message("src".into(), "early".into())
+            .await
+            .unwrap(),
+        Some(again.clone())
+    );
     let due = s.due_messages("src".into(), at(10_000), 10).await.unwrap();
     assert_eq!(due.len(), 2);
     assert_eq!(due[1], again);

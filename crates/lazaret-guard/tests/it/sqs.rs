@@ -1,0 +1,629 @@
+//! Amazon SQS against an SQS endpoint (`LAZARET_TEST_SQS_URL`, moto's
+//! server in CI, with `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY` and
+//! `AWS_REGION` set): the shared scenarios on standard queues, through the
+//! [`TestBroker`] below, and what only the SQS adapter has: a FIFO retry
+//! held with a visibility change rather than the queue's whole timeout, a
+//! deferral that spends no attempt, group order kept while another group
+//! moves, a watch of a `RedrivePolicy` dead-letter queue that finds its
+//! source queue, and a redrive to a FIFO queue that keeps the group id with
+//! a fresh deduplication id. Every queue a test creates is deleted when its
+//! [`Sqs`] is dropped (a panicking test included).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use aws_sdk_sqs::Client;
+use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName};
+use lazaret_core::{DeadLetterReason, Failure, FailureClass};
+use lazaret_guard::{BrokerKind, Faults, Host, Mode, Outcome, Settled, SourceSet, SourceSpec};
+use lazaret_store::{Held, Stage, Store};
+use serde_json::{Map, Value, json};
+
+use crate::common::{self, Log, TestBroker};
+
+/// The job type of every source here.
+const TYPE: &str = "orders";
+
+/// How long any one wait here may take before it fails.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// An SQS endpoint, and the queues made on it (deleted on drop).
+pub struct Sqs {
+    url: String,
+    client: Client,
+    created: Mutex<Vec<String>>,
+}
+
+impl Drop for Sqs {
+    fn drop(&mut self) {
+        let queues = std::mem::take(&mut *self.created.lock().unwrap_or_else(|p| p.into_inner()));
+        if queues.is_empty() {
+            return;
+        }
+        let client = self.client.clone();
+        // Drop may run inside the test's runtime: delete from a thread of
+        // its own with a runtime of its own, and wait for it.
+        let done = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime to delete the test queues");
+            rt.block_on(async {
+                for q in queues {
+                    if let Err(e) = client.delete_queue().queue_url(&q).send().await {
+                        eprintln!("could not delete the test queue {q}: {e}");
+                    }
+                }
+            });
+        });
+        let _ = done.join();
+    }
+}
+
+/// The SQS endpoint, or `None` after saying the tests are skipped.
+pub async fn sqs_or_skip() -> Option<Sqs> {
+    let url = common::service("LAZARET_TEST_SQS_URL")?;
+    let client = lazaret_guard::sqs::client(&url)
+        .await
+        .expect("an SQS client (AWS_REGION and credentials set?)");
+    Some(Sqs {
+        url,
+        client,
+        created: Mutex::new(Vec::new()),
+    })
+}
+
+impl Sqs {
+    /// Creates a queue (`.fifo` names a FIFO queue) with these attributes.
+    async fn create(&self, name: &str, attrs: &[(QueueAttributeName, String)]) -> String {
+        let mut req = self.client.create_queue().queue_name(name);
+        if name.ends_with(".fifo") {
+            req = req.attributes(QueueAttributeName::FifoQueue, "true");
+        }
+        for (k, v) in attrs {
+            req = req.attributes(k.clone(), v);
+        }
+        let url = req
+            .send()
+            .await
+            .expect("create the queue")
+            .queue_url()
+            .expect("its url")
+            .to_owned();
+        self.created.lock().unwrap().push(url.clone());
+        url
+    }
+
+    async fn arn(&self, url: &str) -> String {
+        self.client
+            .get_queue_attributes()
+            .queue_url(url)
+            .attribute_names(QueueAttributeName::QueueArn)
+            .send()
+            .await
+            .expect("the queue's attributes")
+            .attributes()
+            .and_then(|a| a.get(&QueueAttributeName::QueueArn))
+            .expect("its arn")
+            .clone()
+    }
+
+    /// A FIFO queue whose visibility timeout is the whole 12 hours.
+    async fn fifo(&self, prefix: &str) -> String {
+        self.create(
+            &format!("{}.fifo", common::unique(prefix)),
+            &[(QueueAttributeName::VisibilityTimeout, "43200".into())],
+        )
+        .await
+    }
+
+    /// A dead-letter queue and a queue that moves a message there after
+    /// `max_receives` receives; (dlq, source).
+    async fn with_dlq(&self, prefix: &str, fifo: bool, max_receives: u32) -> (String, String) {
+        let ext = if fifo { ".fifo" } else { "" };
+        let base = common::unique(prefix);
+        let dlq = self.create(&format!("{base}-dlq{ext}"), &[]).await;
+        let policy =
+            json!({"deadLetterTargetArn": self.arn(&dlq).await, "maxReceiveCount": max_receives});
+        let source = self
+            .create(
+                &format!("{base}{ext}"),
+                &[(QueueAttributeName::RedrivePolicy, policy.to_string())],
+            )
+            .await;
+        (dlq, source)
+    }
+
+    async fn send(
+        &self,
+        queue: &str,
+        message_id: &str,
+        group: &str,
+        body: &[u8],
+        headers: Map<String, Value>,
+    ) {
+        let attr = |v: &str| {
+            MessageAttributeValue::builder()
+                .data_type("String")
+                .string_value(v)
+                .build()
+                .expect("an attribute")
+        };
+        let mut req = self
+            .client
+            .send_message()
+            .queue_url(queue)
+            .message_body(String::from_utf8(body.to_vec()).expect("a text body"))
+            .message_attributes("message_id", attr(message_id));
+        for (k, v) in &headers {
+            req = req.message_attributes(
+                k,
+                attr(&lazaret_guard::message::header_text(v).expect("a text header")),
+            );
+        }
+        if queue.ends_with(".fifo") {
+            req = req
+                .message_group_id(group)
+                .message_deduplication_id(message_id);
+        }
+        req.send().await.expect("send the message");
+    }
+
+    /// Receives one message (body, delivery as lazaret maps it, group id)
+    /// and deletes it.
+    async fn take(
+        &self,
+        queue: &str,
+        wait: Duration,
+    ) -> Option<(Vec<u8>, lazaret_guard::Delivery)> {
+        let deadline = tokio::time::Instant::now() + wait;
+        while tokio::time::Instant::now() < deadline {
+            let out = self
+                .client
+                .receive_message()
+                .queue_url(queue)
+                .wait_time_seconds(1)
+                .message_attribute_names("All")
+                .message_system_attribute_names(MessageSystemAttributeName::All)
+                .send()
+                .await
+                .expect("receive");
+            if let Some(m) = out.messages.unwrap_or_default().into_iter().next() {
+                self.client
+                    .delete_message()
+                    .queue_url(queue)
+                    .receipt_handle(m.receipt_handle().unwrap_or_default())
+                    .send()
+                    .await
+                    .expect("delete");
+                let d = lazaret_guard::sqs::message_delivery(queue, &m);
+                return Some((d.body.clone(), d));
+            }
+        }
+        None
+    }
+
+    async fn count(&self, queue: &str) -> u64 {
+        self.client
+            .get_queue_attributes()
+            .queue_url(queue)
+            .attribute_names(QueueAttributeName::ApproximateNumberOfMessages)
+            .send()
+            .await
+            .expect("the queue's attributes")
+            .attributes()
+            .and_then(|a| a.get(&QueueAttributeName::ApproximateNumberOfMessages))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Sends a message to a queue with `maxReceiveCount = 1` and receives it
+    /// until SQS moves it to the dead-letter queue.
+    async fn dead_letter(
+        &self,
+        dlq: &str,
+        source: &str,
+        message_id: &str,
+        group: &str,
+        body: &[u8],
+    ) {
+        self.send(
+            source,
+            message_id,
+            group,
+            body,
+            common::headers(json!({"tenant": "acme"})),
+        )
+        .await;
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        while self.count(dlq).await == 0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "SQS did not move the message to {dlq}"
+            );
+            let out = self
+                .client
+                .receive_message()
+                .queue_url(source)
+                .visibility_timeout(0)
+                .wait_time_seconds(1)
+                .send()
+                .await
+                .expect("receive");
+            drop(out);
+        }
+    }
+}
+
+impl TestBroker for Sqs {
+    async fn fresh_queue(&self, prefix: &str) -> String {
+        self.create(&common::unique(prefix), &[]).await
+    }
+
+    fn spec(&self, name: &str, queue: &str, mode: Mode) -> SourceSpec {
+        let mut spec = match mode {
+            Mode::Guard => SourceSpec::guard(name, BrokerKind::Sqs, &self.url, queue, TYPE),
+            Mode::Watch => SourceSpec::watch(name, BrokerKind::Sqs, &self.url, queue, TYPE),
+        };
+        spec.concurrency = 4;
+        // A receive hides a message for twice this (at least 5 s): a message
+        // a crashed guard left comes back quickly.
+        spec.delivery_timeout = Duration::from_secs(2);
+        spec
+    }
+
+    async fn produce(
+        &self,
+        queue: &str,
+        message_id: &str,
+        body: &[u8],
+        headers: Map<String, Value>,
+    ) {
+        self.send(queue, message_id, "g", body, headers).await;
+    }
+
+    async fn broker_dead_letter(
+        &self,
+        prefix: &str,
+        message_id: &str,
+        body: &[u8],
+    ) -> (String, String) {
+        let (dlq, source) = self.with_dlq(prefix, false, 1).await;
+        self.dead_letter(&dlq, &source, message_id, "g", body).await;
+        (dlq, source)
+    }
+
+    fn broker_reason(&self) -> DeadLetterReason {
+        DeadLetterReason::MaxReceives
+    }
+
+    async fn take_one(&self, queue: &str, wait: Duration) -> Option<(Vec<u8>, Map<String, Value>)> {
+        self.take(queue, wait).await.map(|(b, d)| (b, d.headers))
+    }
+}
+
+crate::scenarios::scenario_suite!(crate::sqs::sqs_or_skip());
+
+fn transient(msg: &str) -> Outcome {
+    Outcome::Failure(Failure::new("http_503", msg).with_class(FailureClass::Transient))
+}
+
+/// A FIFO message that fails is held on the queue for its backoff
+/// (`ChangeMessageVisibility`), not the queue's 12-hour visibility timeout;
+/// a deferral spends no attempt, and the receives lazaret caused count as
+/// neither crashes nor attempts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fifo_retry_waits_its_backoff_not_the_visibility_timeout() {
+    let Some(b) = sqs_or_skip().await else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let queue = b.fifo("fifo-backoff").await;
+    let name = common::unique("fifo-backoff");
+    let spec = b.spec(&name, &queue, Mode::Guard);
+    let host = common::host(
+        dir.path(),
+        common::policies(TYPE, 5, Duration::from_millis(500)),
+    );
+    b.produce(&queue, "m-1", b"{\"n\": 1}", common::headers(json!({})))
+        .await;
+    let log = Log::default();
+    let calls = Arc::new(Mutex::new(0u32));
+    let c = Arc::clone(&calls);
+    let handler = common::recording(&log, move |_| {
+        let mut n = c.lock().unwrap();
+        *n += 1;
+        match *n {
+            1 => Outcome::Failure(
+                Failure::new("http_429", "slow down")
+                    .with_class(FailureClass::Deferred)
+                    .with_retry_after(Duration::from_secs(1)),
+            ),
+            2 => transient("busy"),
+            _ => Outcome::Success,
+        }
+    });
+    let (faults, settled) = settled_log();
+    let g = common::start_guard(&b, spec, Arc::clone(&host), handler, faults).await;
+    let seen = log.wait_for(PATIENCE, |s| s.len() >= 3).await;
+    wait_settled(&settled, "m-1", Settled::Succeeded).await;
+    assert_eq!(
+        seen.iter().map(|s| s.attempt).collect::<Vec<_>>(),
+        vec![1, 1, 2],
+        "the deferral spent nothing, the retry one attempt, and lazaret's own receives no crash: {seen:#?}"
+    );
+    assert_eq!(
+        settled
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(_, h)| *h)
+            .collect::<Vec<_>>(),
+        vec![Settled::Parked, Settled::Parked, Settled::Succeeded]
+    );
+    assert_eq!(
+        host.store()
+            .message_held(name.clone(), "m-1".into())
+            .await
+            .unwrap(),
+        Held::Nothing,
+        "a success drops the record of what lazaret charged"
+    );
+    assert_eq!(b.count(&queue).await, 0, "the success deleted the message");
+    g.stop().await.unwrap();
+}
+
+/// One failing message holds only its own group: the other group moves
+/// while it waits, and the message behind it in its group waits for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_fifo_message_holds_its_group_and_no_other() {
+    let Some(b) = sqs_or_skip().await else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let queue = b.fifo("fifo-groups").await;
+    let name = common::unique("fifo-groups");
+    let spec = b.spec(&name, &queue, Mode::Guard);
+    // A backoff long enough for group b's three messages to go through
+    // first even when each waits out a receive (moto's long poll does not
+    // see a group freed during it).
+    let host = common::host(
+        dir.path(),
+        common::policies(TYPE, 5, Duration::from_secs(10)),
+    );
+    for (id, group) in [
+        ("a-1", "a"),
+        ("a-2", "a"),
+        ("b-1", "b"),
+        ("b-2", "b"),
+        ("b-3", "b"),
+    ] {
+        b.send(&queue, id, group, b"{}", common::headers(json!({})))
+            .await;
+    }
+    let log = Log::default();
+    let handler = common::recording(&log, |s| {
+        if s.message_id == "a-1" && s.attempt == 1 {
+            transient("downstream refused it")
+        } else {
+            Outcome::Success
+        }
+    });
+    let g = common::start_guard(&b, spec, Arc::clone(&host), handler, Faults::default()).await;
+    let seen = log
+        .wait_for(PATIENCE, |s| s.iter().any(|x| x.message_id == "a-2"))
+        .await;
+    let order: Vec<(&str, u32)> = seen
+        .iter()
+        .map(|s| (s.message_id.as_str(), s.attempt))
+        .collect();
+    let at = |id: &str, attempt: u32| {
+        order
+            .iter()
+            .position(|x| *x == (id, attempt))
+            .unwrap_or_else(|| panic!("{id} attempt {attempt} not seen: {order:?}"))
+    };
+    assert!(
+        at("a-1", 2) < at("a-2", 1),
+        "a-2 ran before a-1 was done: {order:?}"
+    );
+    for b_id in ["b-1", "b-2", "b-3"] {
+        assert!(
+            at(b_id, 1) < at("a-1", 2),
+            "group b waited for group a's retry: {order:?}"
+        );
+    }
+    assert!(
+        at("b-1", 1) < at("b-2", 1) && at("b-2", 1) < at("b-3", 1),
+        "{order:?}"
+    );
+    g.stop().await.unwrap();
+}
+
+/// A watch of a queue that is another FIFO queue's `RedrivePolicy` target
+/// finds that queue through `ListDeadLetterSourceQueues`; a redrive goes
+/// back to it with the message's group id and a fresh deduplication id, so
+/// a second redrive within SQS's five minutes is not dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fifo_dead_letter_is_watched_and_redriven_into_its_group() {
+    let Some(b) = sqs_or_skip().await else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let (dlq, source) = b.with_dlq("fifo-dlq", true, 1).await;
+    b.dead_letter(&dlq, &source, "m-g", "group-7", b"{\"g\": 7}")
+        .await;
+    let name = common::unique("fifo-watch");
+    let spec = b.spec(&name, &dlq, Mode::Watch);
+    let host = common::host(
+        dir.path(),
+        common::policies(TYPE, 3, Duration::from_millis(100)),
+    );
+    let w = common::start_watch_on(&b, spec.clone(), Arc::clone(&host), Faults::default()).await;
+    let dl = common::wait_dead_letters(host.store(), &name, 1, PATIENCE)
+        .await
+        .remove(0);
+    w.stop().await.unwrap();
+    assert_eq!(dl.stage, Stage::Broker);
+    assert_eq!(dl.reason, DeadLetterReason::MaxReceives);
+    assert!(dl.attempts >= 1, "{dl:#?}");
+    let src = dl.source.as_ref().expect("source");
+    assert_eq!(
+        src.queue, source,
+        "the source queue, from ListDeadLetterSourceQueues"
+    );
+    assert_eq!(src.message_id, "m-g");
+    assert_eq!(src.headers.get("tenant"), Some(&Value::from("acme")));
+    assert_eq!(src.position.get("group_id"), Some(&Value::from("group-7")));
+    assert_eq!(
+        b.count(&dlq).await,
+        0,
+        "the watch deleted it from the dead-letter queue"
+    );
+
+    let mut set = SourceSet::default();
+    set.insert(spec.clone(), common::TestBroker::connect(&b, &spec).await);
+    let payload = b"{\"g\": 7}".to_vec();
+    for _ in 0..2 {
+        set.redrive(&dl, payload.clone())
+            .await
+            .expect("SQS takes it");
+    }
+    for _ in 0..2 {
+        let (body, d) = b
+            .take(&source, PATIENCE)
+            .await
+            .expect("each redrive is on the source queue");
+        assert_eq!(body, payload);
+        assert_eq!(d.position.get("group_id"), Some(&Value::from("group-7")));
+        assert_eq!(d.header("x-lazaret-attempt").as_deref(), Some("0"));
+        assert_eq!(d.header("x-lazaret-message-id").as_deref(), Some("m-g"));
+    }
+}
+
+/// A watch of a dead-letter queue that two queues name cannot tell where a
+/// message came from: without `redrive_to` it refuses to start, saying so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_queue_of_two_queues_needs_redrive_to() {
+    let Some(b) = sqs_or_skip().await else { return };
+    let (dlq, _) = b.with_dlq("shared-dlq", false, 3).await;
+    let policy = json!({"deadLetterTargetArn": b.arn(&dlq).await, "maxReceiveCount": 3});
+    b.create(
+        &common::unique("second-source"),
+        &[(QueueAttributeName::RedrivePolicy, policy.to_string())],
+    )
+    .await;
+    let name = common::unique("shared-watch");
+    let mut spec = b.spec(&name, &dlq, Mode::Watch);
+    let err = lazaret_guard::connect(&spec).await.expect_err("refused");
+    assert!(err.to_string().contains("redrive_to"), "{err}");
+    spec.redrive_to = Some("orders".into());
+    assert!(lazaret_guard::connect(&spec).await.is_ok());
+}
+
+/// What a settled hook recorded: (message id, how), in order.
+type SettledLog = Arc<Mutex<Vec<(String, Settled)>>>;
+
+fn settled_log() -> (Faults, SettledLog) {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let l = Arc::clone(&log);
+    let faults = Faults {
+        settled: Some(Arc::new(move |d, how| {
+            l.lock().unwrap().push((d.message_id.clone(), how));
+        })),
+        ..Faults::default()
+    };
+    (faults, log)
+}
+
+async fn wait_settled(log: &Mutex<Vec<(String, Settled)>>, id: &str, how: Settled) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !log
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|(i, h)| i == id && *h == how)
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{id} not settled as {how:?}: {:?}",
+            log.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// lazaret dies after recording a FIFO retry and before holding the
+/// message: the message comes back at the receive's visibility timeout,
+/// the restarted guard resumes the recorded envelope, and the receive
+/// lazaret caused is not charged as a crash (attempt 2, not 3).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_between_the_record_and_the_hold_charges_nothing_more() {
+    let Some(b) = sqs_or_skip().await else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let queue = b.fifo("fifo-crash").await;
+    let name = common::unique("fifo-crash");
+    let spec = b.spec(&name, &queue, Mode::Guard);
+    let pol = common::policies(TYPE, 5, Duration::from_millis(200));
+    b.produce(&queue, "m-c", b"{}", common::headers(json!({})))
+        .await;
+
+    let first = common::host(dir.path(), pol.clone());
+    let log1 = Log::default();
+    let crash = Faults {
+        crash_after_write: Some(Arc::new(|d| d.message_id == "m-c")),
+        ..Faults::default()
+    };
+    let g1 = common::start_guard(
+        &b,
+        spec.clone(),
+        Arc::clone(&first),
+        common::recording(&log1, |_| transient("busy")),
+        crash,
+    )
+    .await;
+    assert!(matches!(
+        g1.join().await,
+        Err(lazaret_guard::GuardError::Crashed)
+    ));
+    assert_eq!(
+        first
+            .store()
+            .message_held(name.clone(), "m-c".into())
+            .await
+            .unwrap(),
+        Held::Parked,
+        "the record was written before the crash"
+    );
+    first.store().close().await.unwrap();
+    drop(first);
+
+    let second = common::host(dir.path(), pol);
+    let log2 = Log::default();
+    let g2 = common::start_guard(
+        &b,
+        spec,
+        Arc::clone(&second),
+        common::recording(&log2, |_| Outcome::Success),
+        Faults::default(),
+    )
+    .await;
+    let seen = log2.wait_for(PATIENCE, |s| !s.is_empty()).await;
+    assert_eq!((seen[0].message_id.as_str(), seen[0].attempt), ("m-c", 2));
+    g2.stop().await.unwrap();
+}
+
+/// A FIFO queue whose `maxReceiveCount` is at most `attempts_max` would
+/// dead-letter a message lazaret is still retrying: a warning says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fifo_max_receive_count_below_the_budget_is_warned_about() {
+    let Some(b) = sqs_or_skip().await else { return };
+    let (_, fifo) = b.with_dlq("fifo-limit", true, 3).await;
+    let (_, standard) = b.with_dlq("std-limit", false, 3).await;
+    let spec = b.spec(&common::unique("limit"), &fifo, Mode::Guard);
+    let broker = common::TestBroker::connect(&b, &spec).await;
+    let warnings = broker.check_limits(5).await;
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(warnings[0].contains("maxReceiveCount 3"), "{warnings:?}");
+    assert!(broker.check_limits(2).await.is_empty());
+    let spec = b.spec(&common::unique("limit"), &standard, Mode::Guard);
+    let broker = common::TestBroker::connect(&b, &spec).await;
+    assert!(
+        broker.check_limits(5).await.is_empty(),
+        "a standard queue's retries are not receives"
+    );
+}
