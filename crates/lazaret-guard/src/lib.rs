@@ -33,6 +33,8 @@ pub mod redrive;
 pub mod spec;
 pub mod watch;
 
+#[cfg(feature = "kafka")]
+pub mod kafka;
 #[cfg(feature = "nats")]
 pub mod nats;
 #[cfg(feature = "rabbitmq")]

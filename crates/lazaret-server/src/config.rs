@@ -78,10 +78,10 @@
 //!
 //! [[sources]]                         # a queue on a broker the team already runs (docs/brokers.md)
 //! name = "orders"                     # unique; letters, digits, _ - . (at most 64); dead letters and metrics carry it
-//! broker = "rabbitmq"                 # rabbitmq | nats | redis (kafka and sqs come in a later release)
-//! url = "amqp://guest:guest@127.0.0.1:5672/%2f" # nats://…, redis://…; logs show it without the password
-//! queue = "orders"                    # RabbitMQ queue · JetStream stream · Redis stream
-//! group = "lazaret"                   # JetStream durable consumer · Redis consumer group
+//! broker = "rabbitmq"                 # rabbitmq | nats | redis | kafka (sqs comes in a later release)
+//! url = "amqp://guest:guest@127.0.0.1:5672/%2f" # nats://…, redis://…, host:port for kafka; logs show it without the password
+//! queue = "orders"                    # RabbitMQ queue · JetStream stream · Redis stream · Kafka topic
+//! group = "lazaret"                   # JetStream durable consumer · Redis consumer group · Kafka group id
 //! mode = "guard"                      # guard: deliver each message to `deliver`; watch: take in a dead-letter queue
 //! deliver = "http://127.0.0.1:8080/orders" # guard (required there, refused for watch): each message is POSTed here
 //! type = "orders"                     # the job type whose policy applies ([types.orders]); default: the name
@@ -1240,12 +1240,17 @@ impl<'a> Ctx<'a> {
 
             let word = required("broker", &s.broker, "\"rabbitmq\", \"nats\" or \"redis\"")?;
             let broker = match BrokerKind::parse(&word) {
-                Some(b @ (BrokerKind::RabbitMq | BrokerKind::Nats | BrokerKind::Redis)) => b,
-                Some(later @ (BrokerKind::Kafka | BrokerKind::Sqs)) => {
+                Some(
+                    b @ (BrokerKind::RabbitMq
+                    | BrokerKind::Nats
+                    | BrokerKind::Redis
+                    | BrokerKind::Kafka),
+                ) => b,
+                Some(later @ BrokerKind::Sqs) => {
                     return Err(self.invalid(
                         &path.key("broker"),
                         format!(
-                            "broker \"{}\" comes in a later release of lazaret; this one runs rabbitmq, nats and redis sources: remove this source for now",
+                            "broker \"{}\" comes in a later release of lazaret; this one runs rabbitmq, nats, redis and kafka sources: remove this source for now",
                             later.as_str()
                         ),
                     ));
@@ -1379,6 +1384,7 @@ fn url_broker(url: &str) -> Option<BrokerKind> {
         "amqp" | "amqps" => Some(BrokerKind::RabbitMq),
         "nats" => Some(BrokerKind::Nats),
         "redis" | "rediss" | "redis+unix" => Some(BrokerKind::Redis),
+        "kafka" => Some(BrokerKind::Kafka),
         _ => None,
     }
 }
@@ -1679,8 +1685,29 @@ token = "..."                       # or token_sha256 = "hex"
     }
 
     #[test]
-    fn kafka_and_sqs_wait_for_a_later_release() {
-        for word in ["kafka", "sqs"] {
+    fn a_kafka_source_is_a_topic_a_group_and_host_port() {
+        let cfg = parse(
+            "[[sources]]\nname = \"orders\"\nbroker = \"kafka\"\nurl = \"127.0.0.1:9092\"\n\
+             queue = \"orders\"\ngroup = \"shop\"\ndeliver = \"http://127.0.0.1:9/h\"\n",
+        )
+        .unwrap();
+        let s = &cfg.sources[0];
+        assert_eq!(s.broker, BrokerKind::Kafka);
+        assert_eq!(
+            (s.url.as_str(), s.queue.as_str(), s.group.as_str()),
+            ("127.0.0.1:9092", "orders", "shop")
+        );
+        assert_refused(
+            &GUARD.replace("\"redis\"", "\"kafka\""),
+            "sources[0].url",
+            4,
+            "this is a redis URL but broker = \"kafka\"",
+        );
+    }
+
+    #[test]
+    fn sqs_waits_for_a_later_release() {
+        for word in ["sqs"] {
             let text = GUARD.replace("\"redis\"", &format!("\"{word}\""));
             let e = assert_refused(&text, "sources[0].broker", 3, "later release");
             assert!(e.to_string().contains(word), "{e}");

@@ -13,6 +13,7 @@ mod errors;
 mod fairness;
 mod harness;
 mod hostile;
+mod kafka_sources;
 mod observing;
 mod python_worker;
 mod restart;

@@ -616,7 +616,7 @@ async fn source_config_mistakes_are_refused_at_start_naming_the_key() {
             "unknown field",
         ),
         (
-            source(deliver).replace("\"redis\"", "\"kafka\""),
+            source(deliver).replace("\"redis\"", "\"sqs\""),
             "sources[0].broker",
             "later release",
         ),
