@@ -165,11 +165,14 @@ impl Drop for Topic {
     }
 }
 
+/// One delivery: its HTTP headers and body.
+type Delivered = (HeaderMap, Vec<u8>);
+
 /// The handler: records every delivery's headers and body; refuses order
 /// 2 (400, permanent) while `broken`.
 #[derive(Clone, Default)]
 struct Handler {
-    seen: Arc<Mutex<Vec<(HeaderMap, Vec<u8>)>>>,
+    seen: Arc<Mutex<Vec<Delivered>>>,
     broken: Arc<std::sync::atomic::AtomicBool>,
 }
 
