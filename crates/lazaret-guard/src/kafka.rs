@@ -421,10 +421,15 @@ struct TopicConsumer {
 }
 
 impl Drop for TopicConsumer {
-    /// Leaving the group waits on the broker: done off the async threads.
+    /// Leaving the group waits on the broker: on a multi-threaded runtime
+    /// it is done in place (the consumer is gone when the drop returns),
+    /// elsewhere on a blocking thread.
     fn drop(&mut self) {
         if let Some(c) = self.consumer.take() {
             match tokio::runtime::Handle::try_current() {
+                Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+                    tokio::task::block_in_place(move || drop(c));
+                }
                 Ok(h) => {
                     h.spawn_blocking(move || drop(c));
                 }

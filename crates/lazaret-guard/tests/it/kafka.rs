@@ -34,8 +34,8 @@ const PATIENCE: Duration = Duration::from_secs(60);
 /// created is deleted on drop.
 pub struct Kafka {
     addr: String,
-    admin: AdminClient<DefaultClientContext>,
-    producer: FutureProducer,
+    admin: Option<AdminClient<DefaultClientContext>>,
+    producer: Option<FutureProducer>,
     topics: Mutex<Vec<String>>,
     groups: Mutex<Vec<String>>,
 }
@@ -56,8 +56,8 @@ impl Kafka {
             .expect("a producer");
         Some(Kafka {
             addr,
-            admin,
-            producer,
+            admin: Some(admin),
+            producer: Some(producer),
             topics: Mutex::new(Vec::new()),
             groups: Mutex::new(Vec::new()),
         })
@@ -68,6 +68,8 @@ impl Kafka {
         let name = common::unique(&format!("lz-{prefix}"));
         let created = self
             .admin
+            .as_ref()
+            .expect("alive until drop")
             .create_topics(
                 &[NewTopic::new(&name, partitions, TopicReplication::Fixed(1))],
                 &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
@@ -102,6 +104,8 @@ impl Kafka {
         }
         let d = self
             .producer
+            .as_ref()
+            .expect("alive until drop")
             .send(rec, Duration::from_secs(30))
             .await
             .unwrap_or_else(|(e, _)| panic!("produce to {topic}: {e}"));
@@ -158,8 +162,16 @@ impl Kafka {
 }
 
 impl Drop for Kafka {
-    /// Deletes the topics and groups the test made, even when it failed.
+    /// Deletes the topics and groups the test made, even when it failed,
+    /// once no client of this process knows them any more: librdkafka
+    /// 2.12 crashes (a NULL topic name in its metadata cache) when tansu
+    /// answers a metadata refresh for a topic deleted under a live client.
     fn drop(&mut self) {
+        drop(self.producer.take());
+        drop(self.admin.take());
+        // Consumers leave their group synchronously when dropped; this
+        // covers one still closing on another thread (a watch's last read).
+        std::thread::sleep(Duration::from_millis(300));
         let topics = std::mem::take(&mut *self.topics.lock().unwrap_or_else(|p| p.into_inner()));
         let groups = std::mem::take(&mut *self.groups.lock().unwrap_or_else(|p| p.into_inner()));
         let addr = self.addr.clone();
