@@ -114,6 +114,11 @@ impl Kafka {
 
     /// The offset `group` committed on partition 0 of `topic` (`None`: none).
     async fn committed(&self, group: &str, topic: &str) -> Option<i64> {
+        self.committed_on(group, topic, 0).await
+    }
+
+    /// The offset `group` committed on `partition` of `topic`.
+    async fn committed_on(&self, group: &str, topic: &str, partition: i32) -> Option<i64> {
         let addr = self.addr.clone();
         let (group, topic) = (group.to_owned(), topic.to_owned());
         tokio::task::spawn_blocking(move || {
@@ -123,7 +128,7 @@ impl Kafka {
                 .create()
                 .expect("a consumer");
             let mut tpl = TopicPartitionList::new();
-            tpl.add_partition(&topic, 0);
+            tpl.add_partition(&topic, partition);
             let got = c
                 .committed_offsets(tpl, Duration::from_secs(10))
                 .expect("fetch committed offsets");
@@ -482,6 +487,93 @@ async fn an_offset_is_committed_only_after_every_record_before_it_settled() {
         "records before the committed offset came again: {seen:#?}"
     );
     g2.stop().await.unwrap();
+}
+
+/// Two guards in one group. The first takes every record and, past its
+/// fifth, holds them unfinished until the second guard has been given a
+/// partition by the rebalance its joining causes and delivered from it.
+/// Every record is delivered (at least once), and in the end each
+/// partition's committed offset is its end: nothing lost, nothing skipped,
+/// whatever the first guard acknowledged after it lost the partition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebalance_loses_and_skips_no_record() {
+    let Some(k) = Kafka::new() else { return };
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let topic = k.topic("rebalance", 2).await;
+    let mut spec = k.spec(&common::unique("rebalance"), &topic, Mode::Guard);
+    let group = spec.group.clone();
+    let mut ends = [0i64; 2];
+    for i in 0..40 {
+        let (p, _) = k
+            .send(
+                &topic,
+                Some(format!("k-{i}").as_bytes()),
+                b"{}",
+                &[("message_id", format!("r-{i}").into_bytes())],
+            )
+            .await;
+        ends[usize::try_from(p).expect("partition 0 or 1")] += 1;
+    }
+    assert!(
+        ends.iter().all(|&n| n > 0),
+        "both partitions hold records: {ends:?}"
+    );
+    let pol = common::policies(TYPE, 3, Duration::from_millis(100));
+    let (all, log_b) = (Log::default(), Log::default());
+    let (b_delivered, b_rx) = tokio::sync::watch::channel(false);
+    let seen_by_a = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (l, n) = (all.clone(), Arc::clone(&seen_by_a));
+    let handler_a = Arc::new(lazaret_guard::handler_fn(
+        move |call: lazaret_guard::OwnedCall| {
+            l.push(common::Seen {
+                message_id: call.delivery.message_id.clone(),
+                attempt: call.attempt,
+                body: call.delivery.body.clone(),
+            });
+            let hold = n.fetch_add(1, std::sync::atomic::Ordering::SeqCst) >= 5;
+            let mut rx = b_rx.clone();
+            async move {
+                if hold {
+                    let _ = rx.wait_for(|b| *b).await;
+                }
+                Outcome::Success
+            }
+        },
+    ));
+    // Free slots keep the first guard reading, and so taking part in the
+    // rebalance, while it holds its records.
+    spec.concurrency = 64;
+    let a = common::start_guard(
+        &k,
+        spec.clone(),
+        common::host(dir_a.path(), pol.clone()),
+        handler_a,
+        Faults::default(),
+    )
+    .await;
+    all.wait_for(PATIENCE, |s| s.len() >= 6).await;
+    let both = all.clone();
+    let b = common::start_guard(
+        &k,
+        spec,
+        common::host(dir_b.path(), pol),
+        common::recording(&log_b, move |s| {
+            both.push(s.clone());
+            Outcome::Success
+        }),
+        Faults::default(),
+    )
+    .await;
+    log_b.wait_for(PATIENCE, |s| !s.is_empty()).await;
+    let _ = b_delivered.send(true);
+    all.wait_for(PATIENCE, |s| common::counts(s).len() == 40)
+        .await;
+    for (p, end) in ends.iter().enumerate() {
+        let p = i32::try_from(p).expect("0 or 1");
+        wait_until_async(|| async { k.committed_on(&group, &topic, p).await == Some(*end) }).await;
+    }
+    a.stop().await.unwrap();
+    b.stop().await.unwrap();
 }
 
 /// A Spring Kafka dead-letter record, binary headers and all, becomes a
