@@ -6,12 +6,15 @@
 //! cargo run -p lazaret-guard --example demo_orders -- nats
 //! cargo run -p lazaret-guard --example demo_orders -- redis
 //! cargo run -p lazaret-guard --example demo_orders -- sqs
+//! cargo run -p lazaret-guard --example demo_orders -- kafka
 //! ```
 //!
 //! Each puts four orders on `orders` (a RabbitMQ quorum queue dead-lettering
 //! into `orders.dlq`; the JetStream stream `ORDERS` with its advisories
 //! captured in `ORDERS_DEAD`; the Redis stream `orders`; the SQS queue
-//! `orders` whose `RedrivePolicy` names `orders-dlq`): a good one, one
+//! `orders` whose `RedrivePolicy` names `orders-dlq`; the Kafka topic
+//! `orders`, keyed by customer, beside `orders.DLT` holding one record as
+//! Spring Kafka's `DeadLetterPublishingRecoverer` writes it): a good one, one
 //! that fails twice before it succeeds, one that can never succeed (no
 //! amount) and one whose downstream is busy. `examples/python_handler.py`
 //! answers each as its docstring says.
@@ -38,7 +41,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "nats" => nats().await?,
         "redis" => redis().await?,
         "sqs" => sqs().await?,
-        _ => return Err("usage: demo_orders rabbitmq|nats|redis|sqs".into()),
+        "kafka" => kafka().await?,
+        _ => return Err("usage: demo_orders rabbitmq|nats|redis|kafka|sqs".into()),
     }
     println!(
         "put {} orders on {broker}; now watch lazaret dlq ls",
@@ -203,5 +207,93 @@ async fn sqs() -> Result<(), Box<dyn std::error::Error>> {
             .await?;
     }
     println!("queues: {queue} (guarded) and {dlq_url} (watched)");
+    Ok(())
+}
+
+/// The topics `examples/brokers/kafka.toml` names, on `KAFKA_ADDR`
+/// (127.0.0.1:9092 by default), then the orders and one Spring dead letter.
+async fn kafka() -> Result<(), Box<dyn std::error::Error>> {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    use rdkafka::config::ClientConfig;
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+
+    let addr = std::env::var("KAFKA_ADDR").unwrap_or_else(|_| "127.0.0.1:9092".into());
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", &addr)
+        .create()?;
+    // Either may exist from an earlier run: that is fine.
+    let _ = admin
+        .create_topics(
+            &[
+                NewTopic::new("orders", 3, TopicReplication::Fixed(1)),
+                NewTopic::new("orders.DLT", 1, TopicReplication::Fixed(1)),
+            ],
+            &AdminOptions::new(),
+        )
+        .await?;
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", &addr)
+        .set("acks", "all")
+        .set("partitioner", "murmur2_random")
+        .create()?;
+    let send = |topic: &'static str, key: String, value: &'static str, headers: OwnedHeaders| {
+        let producer = producer.clone();
+        async move {
+            producer
+                .send(
+                    FutureRecord::to(topic)
+                        .key(&key)
+                        .payload(value)
+                        .headers(headers),
+                    Duration::from_secs(30),
+                )
+                .await
+                .map_err(|(e, _)| e)
+        }
+    };
+    let region = json!({"region": "eu"}).to_string();
+    for (i, order) in ORDERS.iter().enumerate() {
+        let id = format!("order-{}", i + 1);
+        let headers = OwnedHeaders::new()
+            .insert(Header {
+                key: "message_id",
+                value: Some(&id),
+            })
+            .insert(Header {
+                key: "content-type",
+                value: Some("application/json"),
+            })
+            .insert(Header {
+                key: "shop",
+                value: Some(&region),
+            });
+        send("orders", format!("customer-{}", i % 2), order, headers).await?;
+    }
+    // What Spring Kafka writes to the dead-letter topic after a listener threw.
+    let headers = OwnedHeaders::new()
+        .insert(Header { key: "message_id", value: Some("order-0") })
+        .insert(Header { key: "content-type", value: Some("application/json") })
+        .insert(Header { key: "kafka_dlt-original-topic", value: Some("orders") })
+        .insert(Header { key: "kafka_dlt-original-partition", value: Some(&0i32.to_be_bytes()[..]) })
+        .insert(Header { key: "kafka_dlt-original-offset", value: Some(&0i64.to_be_bytes()[..]) })
+        .insert(Header {
+            key: "kafka_dlt-exception-fqcn",
+            value: Some("org.springframework.kafka.listener.ListenerExecutionFailedException"),
+        })
+        .insert(Header { key: "kafka_dlt-exception-cause-fqcn", value: Some("java.lang.IllegalStateException") })
+        .insert(Header { key: "kafka_dlt-exception-message", value: Some("Listener method 'pay' threw exception: card expired") })
+        .insert(Header {
+            key: "kafka_dlt-exception-stacktrace",
+            value: Some("java.lang.IllegalStateException: card expired\n\tat shop.Payments.pay(Payments.java:42)"),
+        });
+    send(
+        "orders.DLT",
+        "customer-0".into(),
+        r#"{"order_id": "o-0", "amount": 1}"#,
+        headers,
+    )
+    .await?;
     Ok(())
 }

@@ -250,7 +250,12 @@ pub async fn connect(spec: &SourceSpec) -> Result<Box<dyn Broker>, BrokerError> 
             #[cfg(not(feature = "redis"))]
             return Err(BrokerError::NotBuilt("redis"));
         }
-        crate::spec::BrokerKind::Kafka => Err(BrokerError::NotBuilt("kafka")),
+        crate::spec::BrokerKind::Kafka => {
+            #[cfg(feature = "kafka")]
+            return crate::kafka::connect(spec).await;
+            #[cfg(not(feature = "kafka"))]
+            return Err(BrokerError::NotBuilt("kafka"));
+        }
         crate::spec::BrokerKind::Sqs => {
             #[cfg(feature = "sqs")]
             return crate::sqs::connect(spec).await;

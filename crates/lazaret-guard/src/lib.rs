@@ -1,6 +1,7 @@
 //! lazaret in front of the brokers teams already run.
 //!
-//! A *source* is a queue on RabbitMQ, NATS JetStream or Redis Streams.
+//! A *source* is a queue on RabbitMQ, NATS JetStream, Redis Streams or a
+//! Kafka topic.
 //! In **guard** mode ([`Guard`]) lazaret consumes it and delivers each
 //! message to the team's handler (an HTTP endpoint, [`HttpHandler`], or a
 //! Rust closure, [`handler_fn`]), with every gate of lazaret's own jobs:
@@ -10,12 +11,13 @@
 //! holding the line, breakers and pauses, and quarantine before the
 //! acknowledgement. In **watch** mode ([`Watch`]) the queue is a
 //! dead-letter queue the broker already fills (RabbitMQ `x-death`, Celery
-//! tasks on it, a Redis or JetStream stream of dead messages): each message
+//! tasks on it, a Redis or JetStream stream of dead messages, a Spring Kafka
+//! dead-letter topic): each message
 //! becomes a readable lazaret dead letter. [`SourceSet::redrive`] sends a
 //! dead letter back to its broker.
 //!
 //! One adapter module per broker, each behind a cargo feature (`rabbitmq`,
-//! `nats`, `redis`; all on by default), implements [`Broker`]: consume,
+//! `nats`, `redis`, `kafka`; all on by default), implements [`Broker`]: consume,
 //! acknowledge, keep a running message from redelivery, publish with
 //! confirmation. Adapters only move messages; the gates are shared.
 //!
@@ -33,6 +35,8 @@ pub mod redrive;
 pub mod spec;
 pub mod watch;
 
+#[cfg(feature = "kafka")]
+pub mod kafka;
 #[cfg(feature = "nats")]
 pub mod nats;
 #[cfg(feature = "rabbitmq")]

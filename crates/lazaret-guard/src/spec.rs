@@ -14,7 +14,7 @@ pub enum BrokerKind {
     Nats,
     /// Redis Streams.
     Redis,
-    /// Kafka (not in this build yet).
+    /// Kafka (a topic read by a consumer group).
     Kafka,
     /// Amazon SQS (not in this build yet).
     Sqs,

@@ -87,10 +87,10 @@
 //!
 //! [[sources]]                         # a queue on a broker the team already runs (docs/brokers.md)
 //! name = "orders"                     # unique; letters, digits, _ - . (at most 64); dead letters and metrics carry it
-//! broker = "rabbitmq"                 # rabbitmq | nats | redis | sqs (kafka comes in a later release)
-//! url = "amqp://guest:guest@127.0.0.1:5672/%2f" # nats://…, redis://…, the endpoint URL for sqs; logs show it without the password
-//! queue = "orders"                    # RabbitMQ queue · JetStream stream · Redis stream · SQS queue URL
-//! group = "lazaret"                   # JetStream durable consumer · Redis consumer group
+//! broker = "rabbitmq"                 # rabbitmq | nats | redis | kafka | sqs
+//! url = "amqp://guest:guest@127.0.0.1:5672/%2f" # nats://…, redis://…, host:port for kafka, the endpoint URL for sqs; logs show it without the password
+//! queue = "orders"                    # RabbitMQ queue · JetStream stream · Redis stream · Kafka topic · SQS queue URL
+//! group = "lazaret"                   # JetStream durable consumer · Redis consumer group · Kafka group id
 //! mode = "guard"                      # guard: deliver each message to `deliver`; watch: take in a dead-letter queue
 //! deliver = "http://127.0.0.1:8080/orders" # guard (required there, refused for watch): each message is POSTed here
 //! type = "orders"                     # the job type whose policy applies ([types.orders]); default: the name
@@ -1348,34 +1348,28 @@ impl<'a> Ctx<'a> {
                 ));
             }
 
-            let word = required("broker", &s.broker, "\"rabbitmq\", \"nats\" or \"redis\"")?;
+            let word = required(
+                "broker",
+                &s.broker,
+                "\"rabbitmq\", \"nats\", \"redis\", \"kafka\" or \"sqs\"",
+            )?;
             let broker = match BrokerKind::parse(&word) {
-                Some(
-                    b @ (BrokerKind::RabbitMq
-                    | BrokerKind::Nats
-                    | BrokerKind::Redis
-                    | BrokerKind::Sqs),
-                ) => b,
-                Some(later @ BrokerKind::Kafka) => {
-                    return Err(self.invalid(
-                        &path.key("broker"),
-                        format!(
-                            "broker \"{}\" comes in a later release of lazaret; this one runs rabbitmq, nats, redis and sqs sources: remove this source for now",
-                            later.as_str()
-                        ),
-                    ));
-                }
+                Some(b) => b,
                 None => {
                     return Err(self.invalid(
                         &path.key("broker"),
                         format!(
-                            "unknown broker \"{word}\": use \"rabbitmq\", \"nats\", \"redis\" or \"sqs\""
+                            "unknown broker \"{word}\": use \"rabbitmq\", \"nats\", \"redis\", \"kafka\" or \"sqs\""
                         ),
                     ));
                 }
             };
 
-            let url = required("url", &s.url, "\"amqp://…\", \"nats://…\" or \"redis://…\"")?;
+            let url = required(
+                "url",
+                &s.url,
+                "\"amqp://…\", \"nats://…\", \"redis://…\", \"host:port\" (kafka) or \"http(s)://…\" (sqs)",
+            )?;
             if let Some(other) = url_broker(&url).filter(|b| *b != broker) {
                 return Err(self.invalid(
                     &path.key("url"),
@@ -1494,6 +1488,7 @@ fn url_broker(url: &str) -> Option<BrokerKind> {
         "amqp" | "amqps" => Some(BrokerKind::RabbitMq),
         "nats" => Some(BrokerKind::Nats),
         "redis" | "rediss" | "redis+unix" => Some(BrokerKind::Redis),
+        "kafka" => Some(BrokerKind::Kafka),
         _ => None,
     }
 }
@@ -1794,10 +1789,28 @@ token = "..."                       # or token_sha256 = "hex"
     }
 
     #[test]
-    fn kafka_waits_for_a_later_release() {
-        let text = GUARD.replace("\"redis\"", "\"kafka\"");
-        let e = assert_refused(&text, "sources[0].broker", 3, "later release");
-        assert!(e.to_string().contains("kafka"), "{e}");
+    fn a_kafka_source_is_a_topic_a_group_and_host_port() {
+        let cfg = parse(
+            "[[sources]]\nname = \"orders\"\nbroker = \"kafka\"\nurl = \"127.0.0.1:9092\"\n\
+             queue = \"orders\"\ngroup = \"shop\"\ndeliver = \"http://127.0.0.1:9/h\"\n",
+        )
+        .unwrap();
+        let s = &cfg.sources[0];
+        assert_eq!(s.broker, BrokerKind::Kafka);
+        assert_eq!(
+            (s.url.as_str(), s.queue.as_str(), s.group.as_str()),
+            ("127.0.0.1:9092", "orders", "shop")
+        );
+        assert_refused(
+            &GUARD.replace("\"redis\"", "\"kafka\""),
+            "sources[0].url",
+            4,
+            "this is a redis URL but broker = \"kafka\"",
+        );
+    }
+
+    #[test]
+    fn an_unknown_broker_is_refused() {
         assert_refused(
             &GUARD.replace("\"redis\"", "\"kinesis\""),
             "sources[0].broker",

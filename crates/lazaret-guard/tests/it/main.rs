@@ -8,6 +8,8 @@ mod common;
 mod memory;
 mod scenarios;
 
+#[cfg(feature = "kafka")]
+mod kafka;
 #[cfg(feature = "nats")]
 mod nats;
 #[cfg(feature = "rabbitmq")]

@@ -17,6 +17,7 @@ mod fields;
 mod harness;
 mod hostile;
 mod hostile_suite;
+mod kafka_sources;
 mod observing;
 mod python_worker;
 mod restart;

@@ -616,9 +616,9 @@ async fn source_config_mistakes_are_refused_at_start_naming_the_key() {
             "unknown field",
         ),
         (
-            source(deliver).replace("\"redis\"", "\"kafka\""),
+            source(deliver).replace("\"redis\"", "\"kinesis\""),
             "sources[0].broker",
-            "later release",
+            "unknown broker \"kinesis\"",
         ),
     ];
     for (config, key, words) in cases {
