@@ -9,16 +9,8 @@
 //! tansu there); without it the test is skipped with a message, and fails
 //! under `CI=true`. The topic and group it makes are deleted at the end.
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use axum::Router;
-use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
-use axum::routing::post;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
@@ -29,25 +21,17 @@ use rdkafka::{Offset, TopicPartitionList};
 use serde_json::{Value, json};
 
 use crate::harness::{EVENTUALLY, QUICK, Server};
+use crate::team_handler::{Handler, ORDER_1, ORDER_2, service};
 
 const SOURCE: &str = "orders";
 
 /// The broker's address, or `None` after saying the test is skipped.
 fn kafka_addr(test: &str) -> Option<String> {
-    match std::env::var("LAZARET_TEST_KAFKA_ADDR") {
-        Ok(a) if !a.trim().is_empty() => Some(a),
-        _ => {
-            let why = format!(
-                "{test}: set LAZARET_TEST_KAFKA_ADDR (127.0.0.1:9092) to run it against a Kafka-API broker"
-            );
-            assert!(
-                std::env::var("CI").map_or(true, |v| v != "true"),
-                "under CI=true this test must run: {why}"
-            );
-            let _ = writeln!(std::io::stderr(), "SKIPPED {why}");
-            None
-        }
-    }
+    service(
+        "LAZARET_TEST_KAFKA_ADDR",
+        "127.0.0.1:9092, a Kafka-API broker",
+        test,
+    )
 }
 
 /// A topic of its own (one partition) and a group, deleted when dropped.
@@ -165,89 +149,12 @@ impl Drop for Topic {
     }
 }
 
-/// One delivery: its HTTP headers and body.
-type Delivered = (HeaderMap, Vec<u8>);
-
-/// The handler: records every delivery's headers and body; refuses order
-/// 2 (400, permanent) while `broken`.
-#[derive(Clone, Default)]
-struct Handler {
-    seen: Arc<Mutex<Vec<Delivered>>>,
-    broken: Arc<std::sync::atomic::AtomicBool>,
-}
-
-const ORDER_1: &str = r#"{"order": 1, "amount": 4200}"#;
-const ORDER_2: &str = r#"{"order": 2}"#;
-
-impl Handler {
-    async fn start(&self) -> String {
-        async fn handle(State(h): State<Handler>, headers: HeaderMap, body: Bytes) -> Response {
-            let refuse = h.broken.load(std::sync::atomic::Ordering::SeqCst)
-                && body.as_ref() == ORDER_2.as_bytes();
-            h.seen
-                .lock()
-                .expect("not poisoned")
-                .push((headers, body.to_vec()));
-            if refuse {
-                let e =
-                    json!({"error": {"kind": "validation", "message": "order 2 has no amount"}});
-                return (StatusCode::BAD_REQUEST, axum::Json(e)).into_response();
-            }
-            StatusCode::NO_CONTENT.into_response()
-        }
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("a free port");
-        let addr = listener.local_addr().expect("bound");
-        let app = Router::new()
-            .route("/orders", post(handle))
-            .with_state(self.clone());
-        tokio::spawn(async move { axum::serve(listener, app).await });
-        format!("http://{addr}/orders")
-    }
-
-    /// The deliveries of `body`, once there are `n` (within EVENTUALLY).
-    async fn of(&self, body: &str, n: usize, server: &Server) -> Vec<HeaderMap> {
-        let deadline = Instant::now() + EVENTUALLY;
-        loop {
-            let seen: Vec<HeaderMap> = self
-                .seen
-                .lock()
-                .expect("not poisoned")
-                .iter()
-                .filter(|(_, b)| b == body.as_bytes())
-                .map(|(h, _)| h.clone())
-                .collect();
-            if seen.len() >= n {
-                return seen;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{body} delivered {} time(s), not {n}\n--- lazaret ---\n{}",
-                seen.len(),
-                server.output()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-}
-
-fn header(h: &HeaderMap, name: &str) -> String {
-    h.get(name)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or_else(|| panic!("no {name} header: {h:?}"))
-        .to_owned()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_guarded_kafka_topic_delivers_quarantines_and_redrives() {
     let test = "a_guarded_kafka_topic_delivers_quarantines_and_redrives";
     let Some(addr) = kafka_addr(test) else { return };
     let topic = Topic::new(&addr).await;
-    let handler = Handler::default();
-    handler
-        .broken
-        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let handler = Handler::broken();
     let deliver = handler.start().await;
     let config = format!(
         r#"{QUICK}
@@ -281,13 +188,13 @@ tenant_header = "tenant"
 
     // A healthy record: its value, its headers and its key.
     topic.produce("customer 7", "m1", ORDER_1).await;
-    let seen = handler.of(ORDER_1, 1, &server).await;
+    let seen = handler.deliveries_of_body(ORDER_1, 1, &server).await;
     let d = &seen[0];
-    assert_eq!(header(d, "content-type"), "application/json");
-    assert_eq!(header(d, "lazaret-attempt"), "1");
-    assert_eq!(header(d, "lazaret-message-id"), "m1");
+    assert_eq!(d.header("content-type"), "application/json");
+    assert_eq!(d.header("lazaret-attempt"), "1");
+    assert_eq!(d.header("lazaret-message-id"), "m1");
     let broker_headers: Value =
-        serde_json::from_str(&header(d, "lazaret-headers")).expect("Lazaret-Headers is JSON");
+        serde_json::from_str(&d.header("lazaret-headers")).expect("Lazaret-Headers is JSON");
     assert_eq!(
         broker_headers,
         json!({"message_id": "m1", "tenant": "acme", "Lazaret-Kafka-Key": "customer%207"})
@@ -325,9 +232,7 @@ tenant_header = "tenant"
 
     // Fixed: a redrive through the API produces it back with its key; the
     // handler sees it afresh and the dead letter is gone.
-    handler
-        .broken
-        .store(false, std::sync::atomic::Ordering::SeqCst);
+    handler.mend();
     let r = api
         .post(
             "/v1/dead-letters/redrive",
@@ -336,9 +241,9 @@ tenant_header = "tenant"
         .await;
     let body = r.expect(200);
     assert_eq!(body["redriven"], 1, "{body}");
-    let again = handler.of(ORDER_2, 2, &server).await;
-    assert_eq!(header(&again[1], "lazaret-attempt"), "1", "a fresh budget");
-    assert_eq!(header(&again[1], "lazaret-message-id"), "m2");
+    let again = handler.deliveries_of_body(ORDER_2, 2, &server).await;
+    assert_eq!(again[1].header("lazaret-attempt"), "1", "a fresh budget");
+    assert_eq!(again[1].header("lazaret-message-id"), "m2");
     assert!(
         api.dead_letters(&format!("source={SOURCE}"))
             .await

@@ -29,5 +29,6 @@ mod sockets;
 mod sources;
 #[cfg(feature = "sqs")]
 mod sqs_source;
+mod team_handler;
 mod tokens;
 mod workers;

@@ -7,43 +7,19 @@
 //! The Redis tests need `LAZARET_TEST_REDIS_URL` (`redis://127.0.0.1:6379`);
 //! without it they are skipped with a message, and fail under `CI=true`.
 
-use std::io::Write;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
-use axum::response::{IntoResponse, Response};
-use axum::routing::post;
-use axum::{Json, Router};
 use serde_json::{Value, json};
 
 use crate::harness::{EVENTUALLY, QUICK, Server, cli, id_text, serve_refused};
+use crate::team_handler::{Handler, ORDER_1, ORDER_2, percent_decode, service};
 
 /// The source's name.
 const SOURCE: &str = "orders";
 
-/// The Redis URL, or `None` after saying the test is skipped (a failure
-/// under `CI=true`, where `.ci/run` must start Redis and set it).
+/// The Redis URL, or `None` after saying the test is skipped.
 fn redis_url(test: &str) -> Option<String> {
-    match std::env::var("LAZARET_TEST_REDIS_URL") {
-        Ok(url) if !url.trim().is_empty() => Some(url),
-        _ => {
-            let why = format!(
-                "{test}: set LAZARET_TEST_REDIS_URL (redis://127.0.0.1:6379) to run it against a real Redis"
-            );
-            assert!(
-                std::env::var("CI").map_or(true, |v| v != "true"),
-                "under CI=true this test must run: {why}"
-            );
-            // Straight to stderr, past the test harness's capture, so the
-            // skip shows in a passing run.
-            let _ = writeln!(std::io::stderr(), "SKIPPED {why}");
-            None
-        }
-    }
+    service("LAZARET_TEST_REDIS_URL", "redis://127.0.0.1:6379", test)
 }
 
 /// A stream of its own, deleted when dropped.
@@ -97,117 +73,6 @@ impl Drop for Stream {
     }
 }
 
-/// One delivery as the handler saw it.
-#[derive(Clone, Debug)]
-struct Seen {
-    headers: HeaderMap,
-    body: Vec<u8>,
-}
-
-impl Seen {
-    fn header(&self, name: &str) -> String {
-        self.headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or_else(|| panic!("no {name} header: {:?}", self.headers))
-            .to_owned()
-    }
-
-    fn message_id(&self) -> String {
-        percent_decode(&self.header("lazaret-message-id"))
-    }
-}
-
-/// The team's handler: records every delivery; while `broken`, refuses
-/// order 2 as a permanent failure (400) with the contract's error body.
-#[derive(Clone, Default)]
-struct Handler {
-    seen: Arc<Mutex<Vec<Seen>>>,
-    broken: Arc<AtomicBool>,
-}
-
-impl Handler {
-    /// Serves on a free loopback port; returns the URL to deliver to.
-    async fn start(&self) -> String {
-        async fn handle(State(h): State<Handler>, headers: HeaderMap, body: Bytes) -> Response {
-            let refuse = h.broken.load(Ordering::SeqCst) && body.as_ref() == ORDER_2.as_bytes();
-            h.seen.lock().expect("not poisoned").push(Seen {
-                headers,
-                body: body.to_vec(),
-            });
-            if refuse {
-                let error =
-                    json!({"error": {"kind": "validation", "message": "order 2 has no amount"}});
-                return (StatusCode::BAD_REQUEST, Json(error)).into_response();
-            }
-            StatusCode::NO_CONTENT.into_response()
-        }
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("a free port");
-        let addr = listener.local_addr().expect("bound");
-        let app = Router::new()
-            .route("/orders", post(handle))
-            .with_state(self.clone());
-        tokio::spawn(async move { axum::serve(listener, app).await });
-        format!("http://{addr}/orders")
-    }
-
-    fn of(&self, message_id: &str) -> Vec<Seen> {
-        self.seen
-            .lock()
-            .expect("not poisoned")
-            .iter()
-            .filter(|s| s.message_id() == message_id)
-            .cloned()
-            .collect()
-    }
-
-    /// Waits until the handler saw `message_id` `n` times.
-    async fn deliveries(&self, message_id: &str, n: usize, server: &Server) -> Vec<Seen> {
-        let deadline = Instant::now() + EVENTUALLY;
-        loop {
-            let seen = self.of(message_id);
-            if seen.len() >= n {
-                return seen;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{message_id} delivered {} time(s), not {n}, within {EVENTUALLY:?}\n--- lazaret ---\n{}",
-                seen.len(),
-                server.output()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-}
-
-const ORDER_1: &str = r#"{"order": 1, "amount": 4200}"#;
-const ORDER_2: &str = r#"{"order": 2}"#;
-
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = bytes
-            .get(i + 1..i + 3)
-            .and_then(|h| std::str::from_utf8(h).ok())
-            .and_then(|h| u8::from_str_radix(h, 16).ok());
-        match (bytes[i], hex) {
-            (b'%', Some(b)) => {
-                out.push(b);
-                i += 3;
-            }
-            (c, _) => {
-                out.push(c);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8(out).expect("UTF-8")
-}
-
 /// The value of a counter series whose line holds every one of `labels`.
 fn counter(metrics: &str, name: &str, labels: &[&str]) -> Option<f64> {
     metrics
@@ -223,8 +88,7 @@ async fn a_guarded_redis_stream_delivers_quarantines_and_redrives() {
     let test = "a_guarded_redis_stream_delivers_quarantines_and_redrives";
     let Some(url) = redis_url(test) else { return };
     let stream = Stream::new(&url);
-    let handler = Handler::default();
-    handler.broken.store(true, Ordering::SeqCst);
+    let handler = Handler::broken();
     let deliver = handler.start().await;
     let config = format!(
         r#"{QUICK}
@@ -395,7 +259,7 @@ delivery_timeout_ms = 5000
     // (c) The handler is fixed. A dry run lists what would be redriven and
     // moves nothing; the CLI's redrive republishes it to the stream, the
     // handler sees it afresh under the same id, and the dead letter is gone.
-    handler.broken.store(false, Ordering::SeqCst);
+    handler.mend();
     let r = api
         .post(
             "/v1/dead-letters/redrive",
@@ -671,8 +535,7 @@ async fn kill_9_between_quarantine_and_ack_leaves_exactly_one_dead_letter() {
     let test = "kill_9_between_quarantine_and_ack_leaves_exactly_one_dead_letter";
     let Some(url) = redis_url(test) else { return };
     let stream = Stream::new(&url);
-    let handler = Handler::default();
-    handler.broken.store(true, Ordering::SeqCst);
+    let handler = Handler::broken();
     let deliver = handler.start().await;
     // Entries a dead consumer left are claimed after twice the delivery timeout.
     let config = format!(
