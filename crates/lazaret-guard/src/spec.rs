@@ -16,7 +16,7 @@ pub enum BrokerKind {
     Redis,
     /// Kafka (a topic read by a consumer group).
     Kafka,
-    /// Amazon SQS (not in this build yet).
+    /// Amazon SQS (a standard or FIFO queue).
     Sqs,
 }
 
