@@ -95,9 +95,9 @@ pub fn grant_lease(env: &mut Envelope, worker: Option<&WorkerId>, now: Timestamp
 /// 2. lease expiry: the `crash_loop_max`-th expiry → `crash_loop`; it is
 ///    otherwise a transient failure of kind `lease_expired`;
 /// 3. class (the worker's, else the policy's for the kind, else transient):
-///    permanent → `permanent`; deferred → `deferrals_exhausted` on the
-///    `deferrals_max`-th deferral, else [`Transition::Defer`] without
-///    charging the attempt;
+///    permanent → `permanent`; deferred → [`Transition::Defer`] without
+///    charging the attempt for the first `deferrals_max` deferrals, and
+///    `deferrals_exhausted` on the one after them;
 /// 4. transient: the kind's budget spent → `kind_exhausted`; `attempts_max`
 ///    spent → `exhausted`; else [`Transition::Retry`] after the backoff (a
 ///    longer `Retry-After` wins).
@@ -130,7 +130,8 @@ pub fn decide(
             // A deferral is not charged: the next delivery shows the same attempt.
             env.attempts = env.attempts.saturating_sub(1);
             env.deferrals = env.deferrals.saturating_add(1);
-            if env.deferrals >= policy.deferrals_max {
+            // `deferrals_max` deferrals reschedule; the next dead-letters.
+            if env.deferrals > policy.deferrals_max {
                 dead_letter(DeadLetterReason::DeferralsExhausted)
             } else {
                 let wait = failure

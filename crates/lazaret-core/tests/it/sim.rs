@@ -67,7 +67,7 @@ fn oracle(script: &[Act], p: &TypePolicy, parse_budget: u32) -> Option<DeadLette
             Act::Defer => {
                 attempts -= 1;
                 deferrals += 1;
-                if deferrals >= p.deferrals_max {
+                if deferrals > p.deferrals_max {
                     return Some(DeadLetterReason::DeferralsExhausted);
                 }
             }

@@ -237,9 +237,10 @@ async fn a_deferred_failure_does_not_advance_the_attempt() {
 async fn deferrals_past_deferrals_max_are_dead_lettered_as_deferrals_exhausted() {
     let server = start().await;
     let api = server.api();
-    // `patient` has deferrals_max = 3: the third deferral is the last.
+    // `patient` has deferrals_max = 3: three deferrals reschedule, the
+    // fourth dead-letters (the contract's boundary).
     let id = api.enqueue_ok(&job("patient", "acme", json!({}))).await;
-    for deferral in 1..=3 {
+    for deferral in 1..=4 {
         let leased = api.lease_one(&only("patient", "w", 30_000)).await;
         assert_eq!(leased["attempt"], 1);
         let r = api
@@ -251,7 +252,7 @@ async fn deferrals_past_deferrals_max_are_dead_lettered_as_deferrals_exhausted()
             )
             .await;
         let reply = r.expect(200);
-        if deferral < 3 {
+        if deferral <= 3 {
             assert_ne!(reply["state"], "dead_lettered", "{reply}");
         } else {
             assert_eq!(reply["state"], "dead_lettered", "{reply}");
