@@ -15,7 +15,8 @@ use lazaret_core::{
     SchedulerConfig, Timestamp, Transition, TypePolicy,
 };
 use lazaret_guard::{
-    Broker, Faults, Guard, GuardError, Handler, LocalHost, Mode, Outcome, SourceSpec, Watch,
+    Broker, Faults, Guard, GuardError, Handler, LocalHost, Mode, Outcome, Settled, SourceSpec,
+    Watch,
 };
 use lazaret_store::{DeadLetter, DeadLetterFilter, Decider, Durability, SqliteStore, Store};
 use serde_json::{Map, Value};
@@ -346,4 +347,43 @@ pub fn counts(seen: &[Seen]) -> HashMap<String, usize> {
 /// A header map from JSON.
 pub fn headers(v: Value) -> Map<String, Value> {
     v.as_object().cloned().unwrap_or_default()
+}
+
+/// What a settled hook recorded: (message id, how), in order.
+pub type SettledLog = Arc<Mutex<Vec<(String, Settled)>>>;
+
+/// A settled hook that records (message id, how) in order.
+pub fn settled_log() -> (Faults, SettledLog) {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let l = Arc::clone(&log);
+    let faults = Faults {
+        settled: Some(Arc::new(move |d, how| {
+            l.lock().unwrap().push((d.message_id.clone(), how));
+        })),
+        ..Faults::default()
+    };
+    (faults, log)
+}
+
+/// Waits (at most `within`) until `id` was settled as `how`.
+pub async fn wait_settled(
+    log: &Mutex<Vec<(String, Settled)>>,
+    id: &str,
+    how: Settled,
+    within: Duration,
+) {
+    let deadline = tokio::time::Instant::now() + within;
+    while !log
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|(i, h)| i == id && *h == how)
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{id} not settled as {how:?} within {within:?}: {:?}",
+            log.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

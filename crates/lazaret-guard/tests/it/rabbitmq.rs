@@ -24,7 +24,9 @@ use lazaret_guard::{
 use lazaret_store::Stage;
 use serde_json::{Map, Value, json};
 
-use crate::common::{self, TestBroker, dead_letters_of, headers, host, policies, unique};
+use crate::common::{
+    self, TestBroker, dead_letters_of, headers, host, policies, settled_log, unique, wait_settled,
+};
 
 /// How long any one wait here may take before the test fails.
 const PATIENCE: Duration = Duration::from_secs(60);
@@ -283,39 +285,6 @@ impl Calls {
     }
 }
 
-/// (message id, how it was settled), in order.
-type SettledLog = Arc<Mutex<Vec<(String, Settled)>>>;
-
-/// A hook recording how each message was settled.
-fn settled() -> (Faults, SettledLog) {
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let l = Arc::clone(&log);
-    let faults = Faults {
-        settled: Some(Arc::new(move |d, how| {
-            l.lock().unwrap().push((d.message_id.clone(), how))
-        })),
-        ..Faults::default()
-    };
-    (faults, log)
-}
-
-async fn wait_settled(log: &Mutex<Vec<(String, Settled)>>, id: &str, how: Settled) {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while !log
-        .lock()
-        .unwrap()
-        .iter()
-        .any(|(i, h)| i == id && *h == how)
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{id} not {how:?}: {:?}",
-            log.lock().unwrap()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delivery_carries_its_id_headers_and_content_type() {
     let Some(b) = rabbit_or_skip().await else {
@@ -417,7 +386,7 @@ async fn a_permanent_failure_is_one_dead_letter_and_leaves_the_queue() {
     )
     .await;
     let calls = Calls::default();
-    let (faults, log) = settled();
+    let (faults, log) = settled_log();
     let g = common::start_guard(
         &b,
         b.spec(&name, &queue, Mode::Guard),
@@ -430,7 +399,7 @@ async fn a_permanent_failure_is_one_dead_letter_and_leaves_the_queue() {
         faults,
     )
     .await;
-    wait_settled(&log, "m-p", Settled::Quarantined).await;
+    wait_settled(&log, "m-p", Settled::Quarantined, PATIENCE).await;
     g.stop().await.unwrap();
 
     let dls = dead_letters_of(host.store(), &name).await;

@@ -57,39 +57,6 @@ fn permanent(msg: &str) -> Outcome {
     Outcome::Failure(Failure::new("http_400", msg).with_class(FailureClass::Permanent))
 }
 
-/// What a settled hook recorded: (message id, how), in order.
-type SettledLog = Arc<std::sync::Mutex<Vec<(String, Settled)>>>;
-
-/// A settled hook that records (message id, how) in order.
-fn settled_log() -> (Faults, SettledLog) {
-    let log = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let l = Arc::clone(&log);
-    let faults = Faults {
-        settled: Some(Arc::new(move |d, how| {
-            l.lock().unwrap().push((d.message_id.clone(), how));
-        })),
-        ..Faults::default()
-    };
-    (faults, log)
-}
-
-async fn wait_settled(log: &std::sync::Mutex<Vec<(String, Settled)>>, id: &str, how: Settled) {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while !log
-        .lock()
-        .unwrap()
-        .iter()
-        .any(|(i, h)| i == id && *h == how)
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{id} not settled as {how:?}: {:?}",
-            log.lock().unwrap()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// One delivery at a time: a poison message fails transiently at the head;
 /// every healthy message behind it is delivered before its retry comes due.
 pub async fn poison_at_the_head(b: &impl TestBroker) {
@@ -167,7 +134,7 @@ pub async fn transient_then_success(b: &impl TestBroker) {
     let (faults, settled) = settled_log();
     let g = start_guard(b, spec, Arc::clone(&host), handler, faults).await;
     let seen = log.wait_for(PATIENCE, |s| s.len() >= 2).await;
-    wait_settled(&settled, "m-1", Settled::Succeeded).await;
+    wait_settled(&settled, "m-1", Settled::Succeeded, PATIENCE).await;
     assert_eq!(
         seen.iter()
             .map(|s| (s.message_id.as_str(), s.attempt))
@@ -216,7 +183,7 @@ pub async fn restart_mid_retry(b: &impl TestBroker) {
     )
     .await;
     log1.wait_for(PATIENCE, |s| s.len() == 1).await;
-    wait_settled(&settled, "m-r", Settled::Parked).await;
+    wait_settled(&settled, "m-r", Settled::Parked, PATIENCE).await;
     g1.stop().await.unwrap();
     first.store().close().await.unwrap();
     drop(first);
@@ -266,7 +233,7 @@ pub async fn always_fails(b: &impl TestBroker) {
     )
     .await;
     let dls = wait_dead_letters(host.store(), &name, 1, PATIENCE).await;
-    wait_settled(&settled, "m-x", Settled::Quarantined).await;
+    wait_settled(&settled, "m-x", Settled::Quarantined, PATIENCE).await;
     let dl = &dls[0];
     assert_eq!(dl.reason, DeadLetterReason::Exhausted);
     assert_eq!(dl.stage, Stage::Processing);
@@ -353,7 +320,7 @@ pub async fn crash_between_quarantine_and_ack(b: &impl TestBroker) {
         faults,
     )
     .await;
-    wait_settled(&settled, "m-k", Settled::HeldAlready).await;
+    wait_settled(&settled, "m-k", Settled::HeldAlready, PATIENCE).await;
     assert!(log2.all().is_empty(), "delivered again: {:#?}", log2.all());
     let dls = dead_letters_of(second.store(), &name).await;
     assert_eq!(dls.len(), 1);
@@ -418,7 +385,7 @@ pub async fn redrive_republishes(b: &impl TestBroker) {
     assert_eq!(sent, "m-d");
     assert_eq!(host.store().purge(vec![dl.id], None).await.unwrap(), 1);
 
-    wait_settled(&settled, "m-d", Settled::Succeeded).await;
+    wait_settled(&settled, "m-d", Settled::Succeeded, PATIENCE).await;
     let seen = log.all();
     assert_eq!(
         seen.iter()

@@ -19,7 +19,7 @@ use lazaret_guard::{BrokerKind, Faults, Host, Mode, Outcome, Settled, SourceSet,
 use lazaret_store::{Held, Stage, Store};
 use serde_json::{Map, Value, json};
 
-use crate::common::{self, Log, TestBroker};
+use crate::common::{self, Log, TestBroker, settled_log, wait_settled};
 
 /// The job type of every source here.
 const TYPE: &str = "orders";
@@ -344,7 +344,7 @@ async fn a_fifo_retry_waits_its_backoff_not_the_visibility_timeout() {
     let (faults, settled) = settled_log();
     let g = common::start_guard(&b, spec, Arc::clone(&host), handler, faults).await;
     let seen = log.wait_for(PATIENCE, |s| s.len() >= 3).await;
-    wait_settled(&settled, "m-1", Settled::Succeeded).await;
+    wait_settled(&settled, "m-1", Settled::Succeeded, PATIENCE).await;
     assert_eq!(
         seen.iter().map(|s| s.attempt).collect::<Vec<_>>(),
         vec![1, 1, 2],
@@ -513,38 +513,6 @@ async fn a_dead_letter_queue_of_two_queues_needs_redrive_to() {
     assert!(err.to_string().contains("redrive_to"), "{err}");
     spec.redrive_to = Some("orders".into());
     assert!(lazaret_guard::connect(&spec).await.is_ok());
-}
-
-/// What a settled hook recorded: (message id, how), in order.
-type SettledLog = Arc<Mutex<Vec<(String, Settled)>>>;
-
-fn settled_log() -> (Faults, SettledLog) {
-    let log = Arc::new(Mutex::new(Vec::new()));
-    let l = Arc::clone(&log);
-    let faults = Faults {
-        settled: Some(Arc::new(move |d, how| {
-            l.lock().unwrap().push((d.message_id.clone(), how));
-        })),
-        ..Faults::default()
-    };
-    (faults, log)
-}
-
-async fn wait_settled(log: &Mutex<Vec<(String, Settled)>>, id: &str, how: Settled) {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while !log
-        .lock()
-        .unwrap()
-        .iter()
-        .any(|(i, h)| i == id && *h == how)
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{id} not settled as {how:?}: {:?}",
-            log.lock().unwrap()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// lazaret dies after recording a FIFO retry and before holding the
