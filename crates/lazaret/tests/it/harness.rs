@@ -203,6 +203,24 @@ impl Server {
         format!("{out}{}", self.log())
     }
 
+    /// Waits (up to `EVENTUALLY`) until the server's output holds `needle`
+    /// and returns that output; lines after the first reach the file
+    /// through a draining thread, so they may lag the call that caused them.
+    pub async fn wait_output(&self, needle: &str) -> String {
+        let deadline = Instant::now() + EVENTUALLY;
+        loop {
+            let out = self.output();
+            if out.contains(needle) {
+                return out;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the server never printed {needle:?} within {EVENTUALLY:?}; it printed:\n{out}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     async fn spawn(&mut self) {
         self.starts += 1;
         let config = self.dir.path().join("lazaret.toml");

@@ -173,18 +173,9 @@ tenant_header = "tenant"
     let server = Server::start(&config).await;
     let api = server.api();
     // The line comes once the broker answered (a metadata request).
-    let deadline = Instant::now() + EVENTUALLY;
-    while !server
-        .output()
-        .contains(&format!("source {SOURCE}: guard kafka "))
-    {
-        assert!(
-            Instant::now() < deadline,
-            "a line per source at start:\n{}",
-            server.output()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    server
+        .wait_output(&format!("source {SOURCE}: guard kafka "))
+        .await;
 
     // A healthy record: its value, its headers and its key.
     topic.produce("customer 7", "m1", ORDER_1).await;

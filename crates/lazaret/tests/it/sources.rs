@@ -105,13 +105,10 @@ delivery_timeout_ms = 5000
     );
     let server = Server::start(&config).await;
     let api = server.api();
-    assert!(
-        server
-            .output()
-            .contains(&format!("source {SOURCE}: guard redis ")),
-        "a line per source at start:\n{}",
-        server.output()
-    );
+    // A line per source at start.
+    server
+        .wait_output(&format!("source {SOURCE}: guard redis "))
+        .await;
 
     // (a) A healthy message is delivered once, with the contract's headers.
     stream.produce("m1", ORDER_1, "acme").await;
@@ -419,20 +416,12 @@ deliver = "http://127.0.0.1:9/orders"
     let mut server = Server::start(&config).await;
     let api = server.api();
     assert_eq!(api.get("/healthz").await.status, 200);
-    let deadline = Instant::now() + EVENTUALLY;
-    while !server.output().contains("keeps retrying") {
-        assert!(
-            Instant::now() < deadline,
-            "no warning about the broker:\n{}",
-            server.output()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let output = server.output();
-    assert!(
-        output.contains("source orders: guard redis redis://:***@127.0.0.1:1 queue orders"),
-        "{output}"
-    );
+    // A warning about the broker, and the source's line with the password
+    // masked.
+    server.wait_output("keeps retrying").await;
+    let output = server
+        .wait_output("source orders: guard redis redis://:***@127.0.0.1:1 queue orders")
+        .await;
     assert!(
         !output.contains("hunter2"),
         "the password stays out: {output}"
