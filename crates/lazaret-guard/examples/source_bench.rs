@@ -32,7 +32,9 @@
 //! `--settle-ms` (pause after a fill, so the broker's own disk writes of
 //! the fill are done before the clock starts; default 2000), `--linger-ms`
 //! (how long a dead letter waits to share its durable write with others;
-//! default `QUARANTINE_LINGER`, 0 writes each alone), `--phases`
+//! default `QUARANTINE_LINGER`, 0 writes each alone), `--durability`
+//! (`full`, the default, or `normal`: no fsync before the ack, to see what
+//! the fsync's wait costs; not a setting for production), `--phases`
 //! (a comma list of `plain`, `guarded`, `poison`, e.g. to profile one; the
 //! order is rotated by one each round so no phase always runs first).
 
@@ -86,6 +88,7 @@ struct Args {
     poison_every: usize,
     settle: Duration,
     linger: Duration,
+    durability: Durability,
     phases: Vec<Kind>,
 }
 
@@ -98,6 +101,7 @@ fn args() -> Res<Args> {
         poison_every: 10,
         settle: Duration::from_millis(2000),
         linger: QUARANTINE_LINGER,
+        durability: Durability::Full,
         phases: vec![Kind::Plain, Kind::Guarded, Kind::Poison],
     };
     let mut it = std::env::args().skip(1);
@@ -111,6 +115,13 @@ fn args() -> Res<Args> {
             "--poison-every" => a.poison_every = value()?.parse()?,
             "--settle-ms" => a.settle = Duration::from_millis(value()?.parse()?),
             "--linger-ms" => a.linger = Duration::from_millis(value()?.parse()?),
+            "--durability" => {
+                a.durability = match value()?.as_str() {
+                    "full" => Durability::Full,
+                    "normal" => Durability::Normal,
+                    other => return Err(format!("--durability full|normal, not {other:?}").into()),
+                }
+            }
             "--phases" => {
                 a.phases = value()?
                     .split(',')
@@ -121,7 +132,7 @@ fn args() -> Res<Args> {
                 println!(
                     "source_bench [--url AMQP_URL] [--messages N] [--rounds R] \
                      [--concurrency C] [--poison-every K] [--settle-ms MS] [--linger-ms MS] \
-                     [--phases plain,guarded,poison]"
+                     [--durability full|normal] [--phases plain,guarded,poison]"
                 );
                 std::process::exit(0);
             }
@@ -567,13 +578,13 @@ impl Consumer for TimedConsumer {
 }
 
 /// (b), (c) A guard on `queue` delivering to the handler, on a fresh
-/// SQLite store with `Durability::Full`.
+/// SQLite store with `Durability::Full` (`--durability`).
 async fn guarded(args: &Args, queue: &str, handler_url: &str) -> Res<(Arc<Clock>, u64, f64)> {
     let n = args.messages;
     let dir = tempfile::tempdir()?;
     let store = SqliteStore::open(
         dir.path(),
-        Durability::Full,
+        args.durability,
         FairScheduler::new(SchedulerConfig::new(1000))?,
         Arc::new(NoJobs),
     )?;
