@@ -59,8 +59,9 @@ const DUE_BATCH: u32 = 256;
 const DUE_POLL: Duration = Duration::from_millis(100);
 
 /// How long the first dead letter of a batch waits for others to share its
-/// durable write (see [`Quarantines`]).
-pub const QUARANTINE_LINGER: Duration = Duration::from_millis(2);
+/// durable write, beyond those that arrive while the previous batch is
+/// written (see [`Quarantines`]): none by default.
+pub const QUARANTINE_LINGER: Duration = Duration::ZERO;
 /// Dead letters written in one transaction at most.
 const QUARANTINE_BATCH: usize = 256;
 
@@ -149,27 +150,66 @@ type QuarantineReply = oneshot::Sender<Result<Quarantined, StoreError>>;
 
 /// Dead letters waiting to be written together. A quarantine must be durable
 /// before its message is acknowledged, and alone each one is a transaction
-/// and an fsync, which cost more than a whole healthy delivery; so the first
-/// of a batch waits `linger` (2 ms by default) for others, and all are
-/// written in one transaction and answered after its one fsync. Poison
-/// storms are what this is for: the more dead letters arrive together, the
-/// less each costs. Only the poison message's own acknowledgement waits.
+/// and an fsync, which cost more than a whole healthy delivery. So at most
+/// one write is in flight per guard, and the dead letters that arrive while
+/// it runs are written together by the next one, in one transaction and
+/// one fsync (group commit): a lone dead letter is written at once, and
+/// the more arrive together in a poison storm, the less each costs. An
+/// optional `linger` (zero by default) makes the first of a batch wait for
+/// company too. Only the poison message's own acknowledgement waits.
 struct Quarantines {
-    pending: Mutex<Vec<(SourceDeadLetter, QuarantineReply)>>,
+    state: Mutex<Batching>,
     linger: Duration,
 }
 
+#[derive(Default)]
+struct Batching {
+    pending: Vec<(SourceDeadLetter, QuarantineReply)>,
+    /// A write task is running; it takes what is pending until none is.
+    writing: bool,
+}
+
 impl Quarantines {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(SourceDeadLetter, QuarantineReply)>> {
-        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    fn new(linger: Duration) -> Quarantines {
+        Quarantines {
+            state: Mutex::new(Batching::default()),
+            linger,
+        }
     }
 
-    /// Writes what is pending, answering each waiter.
-    async fn flush<S: Store>(&self, store: &S) {
-        let batch = std::mem::take(&mut *self.lock());
-        if batch.is_empty() {
-            return;
+    fn lock(&self) -> std::sync::MutexGuard<'_, Batching> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queues `dl`; whether the caller must start the write task.
+    fn push(&self, dl: SourceDeadLetter, reply: QuarantineReply) -> bool {
+        let mut state = self.lock();
+        state.pending.push((dl, reply));
+        !std::mem::replace(&mut state.writing, true)
+    }
+
+    /// Writes what is pending, batch after batch, until nothing is; then
+    /// the next arrival starts a new task.
+    async fn write_all<S: Store>(&self, store: &S) {
+        if !self.linger.is_zero() {
+            tokio::time::sleep(self.linger).await;
         }
+        loop {
+            let batch = {
+                let mut state = self.lock();
+                if state.pending.is_empty() {
+                    state.writing = false;
+                    return;
+                }
+                let n = state.pending.len().min(QUARANTINE_BATCH);
+                state.pending.drain(..n).collect::<Vec<_>>()
+            };
+            Self::write(store, batch).await;
+        }
+    }
+
+    /// Writes one batch, answering each waiter.
+    async fn write<S: Store>(store: &S, batch: Vec<(SourceDeadLetter, QuarantineReply)>) {
         let (dls, replies): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
         match store.quarantine_messages(dls).await {
             Ok(written) => {
@@ -248,23 +288,18 @@ impl<H: Host> Guard<H> {
                 running: Mutex::new(HashSet::new()),
                 faults: Faults::default(),
                 crashed: watch::channel(false).0,
-                quarantines: Arc::new(Quarantines {
-                    pending: Mutex::new(Vec::new()),
-                    linger: QUARANTINE_LINGER,
-                }),
+                quarantines: Arc::new(Quarantines::new(QUARANTINE_LINGER)),
             }),
         }
     }
 
-    /// How long a dead letter waits for others to share its durable write
-    /// ([`QUARANTINE_LINGER`] by default; zero writes each alone).
+    /// How long the first dead letter of a batch waits for others to share
+    /// its durable write ([`QUARANTINE_LINGER`], zero, by default: those
+    /// that arrive while the previous batch is written share one anyway).
     pub fn with_quarantine_linger(self, linger: Duration) -> Guard<H> {
         let mut inner = Arc::try_unwrap(self.inner)
             .unwrap_or_else(|_| unreachable!("a new guard is not shared yet"));
-        inner.quarantines = Arc::new(Quarantines {
-            pending: Mutex::new(Vec::new()),
-            linger,
-        });
+        inner.quarantines = Arc::new(Quarantines::new(linger));
         Guard {
             inner: Arc::new(inner),
         }
@@ -750,30 +785,16 @@ impl<H: Host> Inner<H> {
         true
     }
 
-    /// Quarantines one message, in a batch with those that arrive within the
-    /// linger; answers once its write is durable.
+    /// Quarantines one message, in a batch with those that arrive while the
+    /// previous batch is written; answers once its write is durable.
     async fn quarantine(&self, dl: SourceDeadLetter) -> Result<Quarantined, StoreError> {
-        let batch = &self.quarantines;
-        if batch.linger.is_zero() {
-            return self.host.store().quarantine_message(dl).await;
-        }
         let (reply, answer) = oneshot::channel();
-        let (first, full) = {
-            let mut pending = batch.lock();
-            pending.push((dl, reply));
-            (pending.len() == 1, pending.len() >= QUARANTINE_BATCH)
-        };
-        if first || full {
+        if self.quarantines.push(dl, reply) {
             // A task of its own, so that a waiter dropped (shutdown) never
             // strands the others.
             let host = Arc::clone(&self.host);
-            let batch = Arc::clone(batch);
-            tokio::spawn(async move {
-                if !full {
-                    tokio::time::sleep(batch.linger).await;
-                }
-                batch.flush(host.store()).await;
-            });
+            let batch = Arc::clone(&self.quarantines);
+            tokio::spawn(async move { batch.write_all(host.store()).await });
         }
         answer.await.unwrap_or(Err(StoreError::Closed))
     }

@@ -416,18 +416,20 @@ mod runtime {
         assert_eq!(b.depth(&queue), 0);
     }
 
-    /// Dead letters that arrive within the linger share one transaction and
-    /// one fsync: a poison storm costs the store far less than one durable
-    /// write per message.
-    #[tokio::test]
-    async fn dead_letters_arriving_within_the_linger_share_one_durable_write() {
-        const N: usize = 8;
+    /// Runs a guard on `STORM` messages that all fail permanently through
+    /// `handler`, with `linger`; returns the fsyncs and the store commands
+    /// (transactions' parts) it took.
+    async fn poison_storm<F, Fut>(linger: Duration, handler: F) -> (u64, u64)
+    where
+        F: Fn(u64) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
         let b = Memory::default();
         let dir = tempfile::tempdir().unwrap();
         let queue = b.fresh_queue("storm").await;
         let name = unique("storm");
         let spec = b.spec(&name, &queue, Mode::Guard);
-        for i in 0..N {
+        for i in 0..STORM {
             b.produce(&queue, &format!("m-{i}"), b"{}", headers(json!({})))
                 .await;
         }
@@ -435,40 +437,78 @@ mod runtime {
             dir.path(),
             policies("orders", 10, Duration::from_millis(100)),
         );
-        // The handler calls fail permanently 15 ms apart: alone, each would
-        // be its own transaction and fsync.
         let handler = Arc::new(lazaret_guard::handler_fn(move |call| {
             let i: u64 = call.delivery.message_id[2..].parse().unwrap();
+            let wait = handler(i);
             async move {
-                tokio::time::sleep(Duration::from_millis(15 * i)).await;
+                wait.await;
                 Outcome::Failure(
                     lazaret_core::Failure::new("http_400", "poison")
                         .with_class(lazaret_core::FailureClass::Permanent),
                 )
             }
         }));
-        let before = h.store().stats().await.unwrap().syncs;
+        let before = h.store().stats().await.unwrap();
         let broker = b.connect(&spec).await;
         let (stop, rx) = tokio::sync::watch::channel(false);
-        // A linger far longer than the N failures take to arrive (~105 ms),
-        // so the batch does not depend on the machine's speed.
         let guard = lazaret_guard::Guard::new(spec, Arc::clone(&h), broker, handler)
-            .with_quarantine_linger(Duration::from_millis(500));
+            .with_quarantine_linger(linger);
         let task = tokio::spawn(guard.run(rx));
-        let dls = wait_dead_letters(h.store(), &name, N, Duration::from_secs(20)).await;
+        let dls = wait_dead_letters(h.store(), &name, STORM, Duration::from_secs(20)).await;
         let _ = stop.send(true);
         task.await.unwrap().unwrap();
-        assert_eq!(dls.len(), N);
+        assert_eq!(dls.len(), STORM);
         assert!(
             dls.iter().all(|d| d.reason == DeadLetterReason::Permanent),
             "{dls:#?}"
         );
-        let syncs = h.store().stats().await.unwrap().syncs - before;
+        assert_eq!(b.depth(&queue), 0, "every poison message was acknowledged");
+        let after = h.store().stats().await.unwrap();
+        (after.syncs - before.syncs, after.commands - before.commands)
+    }
+
+    const STORM: usize = 8;
+
+    /// Dead letters that arrive within the linger share one transaction and
+    /// one fsync: a poison storm costs the store far less than one durable
+    /// write per message.
+    #[tokio::test]
+    async fn dead_letters_arriving_within_the_linger_share_one_durable_write() {
+        // The handler calls fail 15 ms apart: alone, each would be its own
+        // transaction and fsync. A linger far longer than the failures take
+        // to arrive (~105 ms), so the batch does not depend on the
+        // machine's speed.
+        let (syncs, _) = poison_storm(Duration::from_millis(500), |i| {
+            tokio::time::sleep(Duration::from_millis(15 * i))
+        })
+        .await;
         assert!(
             (1..=2).contains(&syncs),
-            "{N} dead letters written together took {syncs} fsyncs"
+            "{STORM} dead letters written together took {syncs} fsyncs"
         );
-        assert_eq!(b.depth(&queue), 0, "every poison message was acknowledged");
+    }
+
+    /// Without a linger, the dead letters that arrive while one is written
+    /// share the next write: on this single-threaded runtime all of them
+    /// are queued before the write task first runs.
+    #[tokio::test]
+    async fn dead_letters_arriving_during_a_write_share_the_next_one() {
+        let together = Arc::new(tokio::sync::Barrier::new(STORM));
+        let (syncs, commands) = poison_storm(Duration::ZERO, move |_| {
+            let together = Arc::clone(&together);
+            async move {
+                together.wait().await;
+            }
+        })
+        .await;
+        assert!(
+            (1..=2).contains(&syncs),
+            "{STORM} dead letters failing at once took {syncs} fsyncs"
+        );
+        assert!(
+            commands < STORM as u64,
+            "{STORM} dead letters took {commands} store commands: not batched"
+        );
     }
 
     /// On a broker that holds retries itself, a deferral and a retry wait
