@@ -1886,7 +1886,7 @@ async fn stats<S: Store>(State(app): Shared<S>, headers: HeaderMap) -> ApiResult
 
 async fn metrics<S: Store>(State(app): Shared<S>) -> ApiResult {
     snapshot(&app).await?;
-    let text = m::install().render();
+    let text = m::render();
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
 }
 

@@ -16,6 +16,9 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 static GAUGE_LABELS: Mutex<BTreeSet<(String, String)>> = Mutex::new(BTreeSet::new());
+/// Lanes given a depth so far: a lane whose jobs are all gone reads 0, not
+/// its last value.
+static LANES_SEEN: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
 static BREAKER_TYPES: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
 static TYPES: Mutex<Bounded> = Mutex::new(Bounded::new());
 static LANES: Mutex<Bounded> = Mutex::new(Bounded::new());
@@ -65,6 +68,22 @@ pub fn configure<'a>(
     let mut l = LANES.lock().unwrap_or_else(|p| p.into_inner());
     l.configured.insert("default".to_owned());
     l.configured.extend(lanes.into_iter().map(str::to_owned));
+    // Real series from the start: every configured type's breaker is
+    // closed, every configured lane is empty.
+    let mut breakers = BREAKER_TYPES.lock().unwrap_or_else(|p| p.into_inner());
+    for ty in &t.configured {
+        breakers.insert(ty.clone());
+        metrics::gauge!("lazaret_breaker_open", "type" => ty.clone()).set(0.0);
+    }
+    LANES_SEEN
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .extend(l.configured.iter().cloned());
+    for lane in &l.configured {
+        metrics::gauge!("lazaret_queue_depth", "lane" => lane.clone()).set(0.0);
+        metrics::gauge!("lazaret_jobs_ready", "lane" => lane.clone()).set(0.0);
+        metrics::gauge!("lazaret_jobs_leased", "lane" => lane.clone()).set(0.0);
+    }
 }
 
 /// The `type` label value for `ty`: itself, or `other` past the bound.
@@ -148,14 +167,6 @@ pub fn source_taken_in(source: &str) {
 /// Makes a configured source's series exist from the start at 0, so a
 /// scrape before its first message lists it.
 pub fn describe_source(source: &str) {
-    metrics::describe_counter!(
-        "lazaret_source_deliveries_total",
-        "Deliveries of source messages to their handler, by source and outcome (succeeded, retried, deferred, dead_lettered)"
-    );
-    metrics::describe_counter!(
-        "lazaret_source_taken_in_total",
-        "Dead letters a watch source took in from its broker, by source"
-    );
     for outcome in SOURCE_OUTCOMES {
         metrics::counter!("lazaret_source_deliveries_total", "source" => source.to_owned(), "outcome" => outcome)
             .increment(0);
@@ -206,12 +217,16 @@ pub fn set_gauges(
         e.1 += scheduled;
         e.2 += leased;
     }
-    for (lane, (queued, scheduled, leased)) in by_lane {
+    let mut seen_lanes = LANES_SEEN.lock().unwrap_or_else(|p| p.into_inner());
+    seen_lanes.extend(by_lane.keys().cloned());
+    for lane in seen_lanes.iter() {
+        let (queued, scheduled, leased) = by_lane.get(lane).copied().unwrap_or_default();
         metrics::gauge!("lazaret_queue_depth", "lane" => lane.clone())
             .set((queued + scheduled) as f64);
         metrics::gauge!("lazaret_jobs_ready", "lane" => lane.clone()).set(queued as f64);
-        metrics::gauge!("lazaret_jobs_leased", "lane" => lane).set(leased as f64);
+        metrics::gauge!("lazaret_jobs_leased", "lane" => lane.clone()).set(leased as f64);
     }
+    drop(seen_lanes);
     let mut by_type: BTreeMap<(String, String), u64> = BTreeMap::new();
     for (ty, reason, n) in dead_letters {
         *by_type.entry((type_label(ty), reason.clone())).or_default() += n;
@@ -252,23 +267,154 @@ pub fn set_gauges(
     });
 }
 
-/// Makes every contract metric exist from the start (a scrape before the
-/// first event still lists them).
-pub fn describe() {
-    for name in [
+/// A metric family: its name, Prometheus type and help text.
+struct Family {
+    name: &'static str,
+    kind: &'static str,
+    help: &'static str,
+}
+
+const fn family(name: &'static str, kind: &'static str, help: &'static str) -> Family {
+    Family { name, kind, help }
+}
+
+/// Every family lazaret exports. `/metrics` lists each with `# HELP` and
+/// `# TYPE`, also before its first sample (a family with no series yet is
+/// its two comment lines and nothing else: no placeholder series with
+/// empty labels). Times are in seconds.
+const FAMILIES: &[Family] = &[
+    family(
+        "lazaret_build_info",
+        "gauge",
+        "Always 1; the version of this lazaret in the version label",
+    ),
+    family(
         "lazaret_jobs_enqueued_total",
+        "counter",
+        "Jobs admitted, by type and lane",
+    ),
+    family(
         "lazaret_jobs_succeeded_total",
+        "counter",
+        "Jobs acknowledged by a worker, by type",
+    ),
+    family(
         "lazaret_jobs_retried_total",
+        "counter",
+        "Failed attempts rescheduled for a retry, by type",
+    ),
+    family(
         "lazaret_dead_lettered_total",
+        "counter",
+        "Dead letters written, by type, reason and stage (admission, processing, broker)",
+    ),
+    family(
+        "lazaret_dead_letters",
+        "gauge",
+        "Dead letters held now, by type and reason",
+    ),
+    family(
+        "lazaret_dead_letters_over_warn",
+        "gauge",
+        "1 while the dead letters held outnumber dead_letters_warn",
+    ),
+    family(
+        "lazaret_admission_records_dropped_total",
+        "counter",
+        "Admission records not kept because the per-tenant, per-minute cap was reached",
+    ),
+    family(
         "lazaret_lease_expired_total",
-        "lazaret_redriven_total",
+        "counter",
+        "Leases that ran out without an ack or fail",
+    ),
+    family("lazaret_redriven_total", "counter", "Dead letters redriven"),
+    family(
         "lazaret_redrive_outcomes_total",
-    ] {
-        metrics::counter!(name).increment(0);
+        "counter",
+        "How redriven jobs ended, by outcome (succeeded, dead_lettered)",
+    ),
+    family(
+        "lazaret_queue_depth",
+        "gauge",
+        "Jobs waiting, ready or scheduled, by lane",
+    ),
+    family(
+        "lazaret_jobs_ready",
+        "gauge",
+        "Jobs ready to lease now, by lane",
+    ),
+    family(
+        "lazaret_jobs_leased",
+        "gauge",
+        "Jobs held by workers now, by lane",
+    ),
+    family(
+        "lazaret_breaker_open",
+        "gauge",
+        "1 while a type's breaker is open or half-open, by type",
+    ),
+    family(
+        "lazaret_rejected_total",
+        "counter",
+        "Requests refused, by error code",
+    ),
+    family(
+        "lazaret_source_deliveries_total",
+        "counter",
+        "Deliveries of source messages to their handler, by source and outcome (succeeded, retried, deferred, dead_lettered)",
+    ),
+    family(
+        "lazaret_source_taken_in_total",
+        "counter",
+        "Dead letters a watch source took in from its broker, by source",
+    ),
+    family("lazaret_http_connections", "gauge", "Open HTTP connections"),
+    family(
+        "lazaret_http_connections_refused_total",
+        "counter",
+        "Connections over connections_max, answered 503 and closed",
+    ),
+    family(
+        "lazaret_http_connections_evicted_total",
+        "counter",
+        "Idle connections closed to make room at connections_max",
+    ),
+    family(
+        "lazaret_http_connection_timeouts_total",
+        "counter",
+        "Connections closed by a timeout, by timeout (headers, idle)",
+    ),
+];
+
+/// Names every family (its `# HELP`) and sets `lazaret_build_info`.
+pub fn describe() {
+    for f in FAMILIES {
+        match f.kind {
+            "counter" => metrics::describe_counter!(f.name, f.help),
+            "histogram" => metrics::describe_histogram!(f.name, metrics::Unit::Seconds, f.help),
+            _ => metrics::describe_gauge!(f.name, f.help),
+        }
     }
-    metrics::gauge!("lazaret_breaker_open", "type" => "").set(0.0);
-    metrics::gauge!("lazaret_dead_letters", "type" => "", "reason" => "").set(0.0);
-    metrics::gauge!("lazaret_queue_depth", "lane" => "default").set(0.0);
+    metrics::gauge!("lazaret_build_info", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+}
+
+/// The exposition text: what the recorder renders, then `# HELP` and
+/// `# TYPE` of every family that has no series yet.
+pub fn render() -> String {
+    let mut text = install().render();
+    for f in FAMILIES {
+        if !text.contains(&format!("# TYPE {} ", f.name)) {
+            if !text.is_empty() && !text.ends_with('\n') {
+                text.push('\n');
+            }
+            text.push_str(&format!(
+                "# HELP {} {}\n# TYPE {} {}\n",
+                f.name, f.help, f.name, f.kind
+            ));
+        }
+    }
+    text
 }
 
 #[cfg(test)]
