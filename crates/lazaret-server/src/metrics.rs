@@ -68,22 +68,16 @@ pub fn configure<'a>(
     let mut l = LANES.lock().unwrap_or_else(|p| p.into_inner());
     l.configured.insert("default".to_owned());
     l.configured.extend(lanes.into_iter().map(str::to_owned));
-    // Real series from the start: every configured type's breaker is
-    // closed, every configured lane is empty.
-    let mut breakers = BREAKER_TYPES.lock().unwrap_or_else(|p| p.into_inner());
-    for ty in &t.configured {
-        breakers.insert(ty.clone());
-        metrics::gauge!("lazaret_breaker_open", "type" => ty.clone()).set(0.0);
-    }
+    // Real series from the first scrape (`set_gauges` writes them): every
+    // configured type's breaker, every configured lane's depth.
+    BREAKER_TYPES
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .extend(t.configured.iter().cloned());
     LANES_SEEN
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .extend(l.configured.iter().cloned());
-    for lane in &l.configured {
-        metrics::gauge!("lazaret_queue_depth", "lane" => lane.clone()).set(0.0);
-        metrics::gauge!("lazaret_jobs_ready", "lane" => lane.clone()).set(0.0);
-        metrics::gauge!("lazaret_jobs_leased", "lane" => lane.clone()).set(0.0);
-    }
 }
 
 /// The `type` label value for `ty`: itself, or `other` past the bound.
