@@ -1,0 +1,483 @@
+//! Dead letters: list, read, reasons, payload, redrive, purge.
+
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, header};
+use axum::response::IntoResponse;
+use lazaret_core::{DeadLetterReason, JobId};
+use lazaret_guard::{RedriveError, SourceSet};
+use lazaret_store::{AuditEntry, AuditId, DeadLetterFilter, DeadLetterId, Selector, Stage, Store};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::app::{App, now};
+use crate::auth::Action;
+use crate::error::ApiError;
+use crate::{metrics as m, views};
+
+use super::{
+    ApiResult, Shared, allow, audit_request, empty_none, ok, page_limit, parse_id, parse_json,
+};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct DlQuery {
+    #[serde(rename = "type")]
+    job_type: Option<String>,
+    tenant: Option<String>,
+    lane: Option<String>,
+    reason: Option<String>,
+    source: Option<String>,
+    stage: Option<String>,
+    job_id: Option<String>,
+    limit: Option<u32>,
+    cursor: Option<String>,
+}
+
+fn check_reason(r: &Option<String>) -> Result<(), ApiError> {
+    if let Some(r) = r {
+        r.parse::<DeadLetterReason>()
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+    }
+    Ok(())
+}
+
+/// A stage word as the store keeps it; an unknown one is refused, never
+/// matched against nothing.
+fn stage_word(s: Option<String>) -> Result<Option<String>, ApiError> {
+    empty_none(s)
+        .map(|s| {
+            Stage::parse(&s)
+                .map(|st| st.as_str().to_owned())
+                .ok_or_else(|| {
+                    ApiError::bad_request(format!(
+                        "unknown stage {s:?}; expected admission, processing or broker"
+                    ))
+                })
+        })
+        .transpose()
+}
+
+pub(super) async fn dead_letters<S: Store>(
+    State(app): Shared<S>,
+    headers: HeaderMap,
+    query: Result<Query<DlQuery>, QueryRejection>,
+) -> ApiResult {
+    allow(&app, &headers, Action::ReadDeadLetters).await?;
+    // An unknown parameter is refused: a misspelt filter must not list
+    // (or, copied into a redrive, move) every dead letter.
+    let Query(q) = query.map_err(|e| {
+        ApiError::bad_request(format!(
+            "{}; the parameters are type, tenant, lane, reason, source, stage, job_id, limit and cursor",
+            e.body_text()
+        ))
+    })?;
+    let filter = DeadLetterFilter {
+        job_type: empty_none(q.job_type),
+        tenant: empty_none(q.tenant),
+        lane: empty_none(q.lane),
+        reason: empty_none(q.reason),
+        source: empty_none(q.source),
+        stage: stage_word(q.stage)?,
+        job_id: match empty_none(q.job_id) {
+            Some(j) => Some(parse_id(&j, "job")?),
+            None => None,
+        },
+    };
+    check_reason(&filter.reason)?;
+    let limit = page_limit(q.limit, 50, 1000)?;
+    let cursor = match empty_none(q.cursor) {
+        Some(c) => Some(DeadLetterId(c.parse().map_err(|_| {
+            ApiError::bad_request(format!("cursor {c:?} is not one this server gave"))
+        })?)),
+        None => None,
+    };
+    let (items, next) = app.store.dead_letters(filter, limit, cursor).await?;
+    ok(json!({
+        // A list shows a Celery task's arguments from the payload preview.
+        "items": items.iter().map(|d| views::dead_letter(d, None)).collect::<Vec<_>>(),
+        "next_cursor": next.map(|c| c.to_string()),
+    }))
+}
+
+pub(super) async fn dead_letter<S: Store>(
+    State(app): Shared<S>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> ApiResult {
+    allow(&app, &headers, Action::ReadDeadLetters).await?;
+    let dl = DeadLetterId(parse_id(&id, "dead letter")?);
+    let d = app
+        .store
+        .dead_letter(dl)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("no dead letter with id {id}")))?;
+    // One dead letter shows a Celery task's arguments from the whole body.
+    let payload = match &d.source {
+        Some(s) if views::is_celery(s) => app.store.dead_letter_payload(dl).await?.flatten(),
+        _ => None,
+    };
+    ok(views::dead_letter(&d, payload.as_deref()))
+}
+
+pub(super) async fn dead_letter_payload<S: Store>(
+    State(app): Shared<S>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> ApiResult {
+    allow(&app, &headers, Action::ReadDeadLetters).await?;
+    let dl = DeadLetterId(parse_id(&id, "dead letter")?);
+    let d = app
+        .store
+        .dead_letter(dl)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("no dead letter with id {id}")))?;
+    // A broker message's body is whatever its producer sent: answer it as
+    // the message's own content type, never as JSON it may not be.
+    let content_type = match &d.source {
+        Some(s) => s
+            .content_type
+            .clone()
+            .filter(|c| HeaderValue::from_str(c).is_ok())
+            .unwrap_or_else(|| "application/octet-stream".to_owned()),
+        None => "application/json".to_owned(),
+    };
+    match app.store.dead_letter_payload(dl).await? {
+        None => Err(ApiError::not_found(format!("no dead letter with id {id}"))),
+        Some(None) => Err(ApiError::not_found(format!(
+            "dead letter {id} has no stored payload: it was refused before it was read whole; its preview is in the dead letter"
+        ))),
+        Some(Some(bytes)) => {
+            Ok(([(header::CONTENT_TYPE, content_type)], Body::from(bytes)).into_response())
+        }
+    }
+}
+
+pub(super) async fn reasons<S: Store>(State(app): Shared<S>, headers: HeaderMap) -> ApiResult {
+    allow(&app, &headers, Action::ReadDeadLetters).await?;
+    let r = app.store.reasons().await?;
+    ok(json!({ "reasons": r.iter().map(views::reason).collect::<Vec<_>>() }))
+}
+
+/// The body of a redrive or purge. Unknown keys are refused: a misspelt
+/// `dry_run` must not turn a rehearsal into the real thing.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SelectBody {
+    ids: Option<Vec<Value>>,
+    filter: Option<SelectFilter>,
+    #[serde(default)]
+    all: bool,
+    #[serde(default)]
+    dry_run: bool,
+    rate_per_sec: Option<u32>,
+    #[serde(default)]
+    confirm: bool,
+}
+
+/// The filter of a redrive or purge: the contract's keys, no others.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SelectFilter {
+    #[serde(rename = "type")]
+    job_type: Option<String>,
+    tenant: Option<String>,
+    lane: Option<String>,
+    reason: Option<String>,
+    source: Option<String>,
+    stage: Option<String>,
+}
+
+fn selector(b: &SelectBody) -> Result<Selector, ApiError> {
+    match (&b.ids, &b.filter) {
+        (Some(ids), None) if !b.all => {
+            let ids = ids
+                .iter()
+                .map(|v| match v {
+                    Value::String(s) => s.parse().ok(),
+                    Value::Number(n) => n.as_u64(),
+                    _ => None,
+                })
+                .collect::<Option<Vec<u64>>>()
+                .ok_or_else(|| {
+                    ApiError::bad_request("ids must be dead-letter ids (strings or numbers)")
+                })?;
+            Ok(Selector::Ids(ids.into_iter().map(DeadLetterId).collect()))
+        }
+        (None, filter) if filter.is_some() || b.all => {
+            let none = SelectFilter::default();
+            let f = filter.as_ref().unwrap_or(&none);
+            let f = DeadLetterFilter {
+                job_type: empty_none(f.job_type.clone()),
+                tenant: empty_none(f.tenant.clone()),
+                lane: empty_none(f.lane.clone()),
+                reason: empty_none(f.reason.clone()),
+                source: empty_none(f.source.clone()),
+                stage: stage_word(f.stage.clone())?,
+                job_id: None,
+            };
+            check_reason(&f.reason)?;
+            if f == DeadLetterFilter::default() && !b.all {
+                return Err(ApiError::bad_request(
+                    "an empty filter matches every dead letter: send \"all\": true to mean that, or name a type, tenant, lane, reason, source or stage",
+                ));
+            }
+            Ok(Selector::Filter(f))
+        }
+        _ => Err(ApiError::bad_request(
+            "send exactly one of \"ids\" or \"filter\" (or \"all\": true for every dead letter)",
+        )),
+    }
+}
+
+/// One dead letter a redrive moves: a lazaret job, or a broker message.
+#[derive(Debug)]
+struct Target {
+    id: DeadLetterId,
+    job_id: Option<JobId>,
+    /// (source name, message id) of a broker message.
+    source: Option<(String, String)>,
+}
+
+/// What became of one target.
+#[derive(Debug)]
+struct Done {
+    redriven: bool,
+    error: Option<String>,
+}
+
+fn redrive_item(t: &Target, done: Option<&Done>) -> Value {
+    json!({
+        "dead_letter_id": t.id.to_string(),
+        "job_id": t.job_id.map(|j| j.to_string()),
+        "source": t.source.as_ref().map(|s| &s.0),
+        "message_id": t.source.as_ref().map(|s| &s.1),
+        "redriven": done.is_some_and(|d| d.redriven),
+        "error": done.and_then(|d| d.error.as_deref()),
+    })
+}
+
+pub(super) async fn redrive<S: Store>(
+    State(app): Shared<S>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult {
+    let caller = allow(&app, &headers, Action::Operate).await?;
+    let b: SelectBody = parse_json(&body)?;
+    let sel = selector(&b)?;
+    if b.rate_per_sec == Some(0) {
+        return Err(ApiError::bad_request(
+            "rate_per_sec must be at least 1 (leave it out for no limit)",
+        ));
+    }
+    let requested = match &sel {
+        Selector::Ids(ids) => ids.clone(),
+        Selector::Filter(_) => Vec::new(),
+    };
+    // The entry is written before anything moves and each batch adds what
+    // it moved in its own transaction: a client gone or a process killed
+    // halfway leaves an entry that says exactly what was redriven.
+    let entry = app
+        .store
+        .audit(AuditEntry {
+            at: now(),
+            actor: caller.name,
+            action: "redrive".into(),
+            request: audit_request(&body),
+            count: 0,
+        })
+        .await?;
+    let matched = app.store.match_dead_letters(sel).await?;
+    let mut skipped = 0usize;
+    let mut targets = Vec::new();
+    for (id, stage) in matched {
+        if stage == Stage::Admission {
+            // Nothing valid was admitted: there is nothing to run again.
+            skipped += 1;
+            continue;
+        }
+        // Only the dead letter itself says whether it holds a job or a
+        // broker message; one gone meanwhile was redriven or purged.
+        if let Some(d) = app.store.dead_letter(id).await? {
+            targets.push(Target {
+                id,
+                job_id: d.job_id.filter(|_| d.source.is_none()),
+                source: d.source.map(|s| (s.name, s.message_id)),
+            });
+        }
+    }
+    let mut not_found: Vec<String> = Vec::new();
+    for id in &requested {
+        let text = id.to_string();
+        if !targets.iter().any(|t| t.id == *id) && !not_found.contains(&text) {
+            not_found.push(text);
+        }
+    }
+
+    let mut job_ids = Vec::new();
+    let mut items = Vec::with_capacity(targets.len());
+    let mut redriven = 0u64;
+    let mut interrupted = false;
+    if b.dry_run {
+        items.extend(targets.iter().map(|t| redrive_item(t, None)));
+    } else {
+        let sources = app.source_set();
+        // `rate_per_sec` paces jobs and broker messages alike, in the
+        // order they were dead-lettered.
+        let chunk = b.rate_per_sec.map_or(targets.len().max(1), |r| r as usize);
+        for (n, part) in targets.chunks(chunk).enumerate() {
+            if n > 0 {
+                // A shutdown stops the redrive between batches: what was
+                // redriven so far stands, is answered and audited.
+                let stopped = tokio::select! {
+                    () = tokio::time::sleep(Duration::from_secs(1)) => false,
+                    () = app.stopping() => true,
+                };
+                if stopped || app.is_stopping() {
+                    interrupted = true;
+                    break;
+                }
+            }
+            let jobs: Vec<DeadLetterId> = part
+                .iter()
+                .filter(|t| t.source.is_none())
+                .map(|t| t.id)
+                .collect();
+            let moved: Vec<JobId> = if jobs.is_empty() {
+                Vec::new()
+            } else {
+                let moved = app.store.redrive(jobs, now(), Some(entry)).await?;
+                app.ready.anything();
+                moved
+            };
+            for t in part {
+                let done = match (&t.source, t.job_id) {
+                    (None, Some(job)) if moved.contains(&job) => {
+                        job_ids.push(job);
+                        Done {
+                            redriven: true,
+                            error: None,
+                        }
+                    }
+                    (None, _) => Done {
+                        redriven: false,
+                        error: Some(
+                            "its job is no longer dead-lettered: it was redriven or purged meanwhile"
+                                .into(),
+                        ),
+                    },
+                    (Some(_), _) => redrive_message(&app, &sources, t.id, entry).await,
+                };
+                if done.redriven {
+                    redriven += 1;
+                }
+                items.push(redrive_item(t, Some(&done)));
+            }
+        }
+        m::redriven(redriven);
+    }
+    ok(json!({
+        "matched": targets.len(),
+        "redriven": redriven,
+        "job_ids": job_ids.iter().map(|j| j.to_string()).collect::<Vec<_>>(),
+        "items": items,
+        "not_found": not_found,
+        "dry_run": b.dry_run,
+        "skipped_admission_records": skipped,
+        "interrupted": interrupted,
+    }))
+}
+
+/// Republishes one broker dead letter and, only once the broker confirmed
+/// it, removes the dead letter. A failure leaves the dead letter where it
+/// is and says why.
+async fn redrive_message<S: Store>(
+    app: &App<S>,
+    sources: &SourceSet,
+    id: DeadLetterId,
+    entry: AuditId,
+) -> Done {
+    let failed = |error: String| Done {
+        redriven: false,
+        error: Some(error),
+    };
+    // Two redrives of one message at once would publish it twice.
+    let Some(_claim) = app.claim_redrive(id) else {
+        return failed("another redrive is republishing this message now".into());
+    };
+    let dl = match app.store.dead_letter(id).await {
+        Ok(Some(dl)) => dl,
+        Ok(None) => return failed("it was redriven or purged meanwhile".into()),
+        Err(e) => return failed(e.to_string()),
+    };
+    let payload = match app.store.dead_letter_payload(id).await {
+        Ok(Some(Some(p))) => p,
+        Ok(_) => return failed("its body is not stored, so it cannot be republished".into()),
+        Err(e) => return failed(e.to_string()),
+    };
+    if let Err(e) = sources.redrive(&dl, payload).await {
+        let configured = dl
+            .source
+            .as_ref()
+            .is_some_and(|s| app.config.sources.iter().any(|c| c.name == s.name));
+        return failed(match e {
+            RedriveError::UnknownSource { name, .. } if configured => format!(
+                "source {name:?} is not connected to its broker yet (see the server log); redrive again once it is"
+            ),
+            e => e.to_string(),
+        });
+    }
+    match app.store.purge(vec![id], Some(entry)).await {
+        Ok(_) => Done {
+            redriven: true,
+            error: None,
+        },
+        Err(e) => {
+            tracing::error!(dead_letter = %id, "a redriven message was republished but its dead letter could not be removed: {e}");
+            Done {
+                redriven: true,
+                error: Some(format!(
+                    "republished, but the dead letter could not be removed ({e}); purge it (lazaret dlq purge --id {id} --confirm) so that it is not redriven twice"
+                )),
+            }
+        }
+    }
+}
+
+pub(super) async fn purge<S: Store>(
+    State(app): Shared<S>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult {
+    let caller = allow(&app, &headers, Action::Administer).await?;
+    let b: SelectBody = parse_json(&body)?;
+    let sel = selector(&b)?;
+    if !b.confirm {
+        return Err(ApiError::bad_request(
+            "purge deletes dead letters for good: send \"confirm\": true",
+        ));
+    }
+    let ids: Vec<DeadLetterId> = app
+        .store
+        .match_dead_letters(sel)
+        .await?
+        .into_iter()
+        .map(|(i, _)| i)
+        .collect();
+    // Written first; the purge adds its count in its own transaction.
+    let entry = app
+        .store
+        .audit(AuditEntry {
+            at: now(),
+            actor: caller.name,
+            action: "purge".into(),
+            request: audit_request(&body),
+            count: 0,
+        })
+        .await?;
+    let purged = app.store.purge(ids, Some(entry)).await?;
+    ok(json!({ "purged": purged }))
+}

@@ -1,0 +1,460 @@
+//! Producers: enqueue one job or a batch, read a job.
+
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::IntoResponse;
+use futures_util::StreamExt;
+use lazaret_core::{
+    AdmissionRequest, DeadLetterReason, IDEMPOTENCY_KEY_BYTES_MAX, JobId, JobState, JobType, Lane,
+    NAME_BYTES_MAX, TenantId, Timestamp, Verdict, admit, payload_preview, payload_sha256,
+};
+use lazaret_store::{AdmissionRecord, EnqueueOutcome, NewJob, Store};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use serde_json::{Value, json};
+
+use crate::app::{App, now};
+use crate::auth::{Action, Caller};
+use crate::error::ApiError;
+use crate::{metrics as m, views};
+
+use super::{
+    ApiResult, DELAY_MS_MAX, Shared, allow, check_duration, check_field, connection_close,
+    not_object, ok, parse_id, parse_json,
+};
+
+/// A field that is there, even as `null` (`Option`'s own deserializer reads
+/// `null` as absent).
+fn present<'de: 'a, 'a, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<&'a RawValue>, D::Error> {
+    <&'a RawValue>::deserialize(d).map(Some)
+}
+
+#[derive(Debug, Deserialize)]
+struct EnqueueBody<'a> {
+    #[serde(rename = "type")]
+    job_type: Option<String>,
+    tenant: Option<String>,
+    lane: Option<String>,
+    /// `None` only when the key is absent: `"payload": null` is a payload.
+    #[serde(borrow, default, deserialize_with = "present")]
+    payload: Option<&'a RawValue>,
+    idempotency_key: Option<String>,
+    schema_version: Option<u32>,
+    delay_ms: Option<u64>,
+}
+
+/// Reads a body up to `cap` bytes; over it, returns what was read so far
+/// and the size seen (announced or counted) without reading the rest.
+enum Read {
+    Whole(Bytes),
+    TooLarge {
+        head: Vec<u8>,
+        size: u64,
+        announced: bool,
+    },
+}
+
+async fn read_capped(headers: &HeaderMap, body: Body, cap: usize) -> Result<Read, ApiError> {
+    let announced: Option<u64> = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok());
+    let mut stream = body.into_data_stream();
+    if let Some(len) = announced.filter(|l| *l > cap as u64) {
+        // Refuse before reading the body; keep at most a preview's worth.
+        let mut head = Vec::new();
+        if let Ok(Some(Ok(chunk))) =
+            tokio::time::timeout(Duration::from_millis(200), stream.next()).await
+        {
+            head.extend_from_slice(&chunk[..chunk.len().min(4096)]);
+        }
+        return Ok(Read::TooLarge {
+            head,
+            size: len,
+            announced: true,
+        });
+    }
+    let mut buf = Vec::with_capacity(announced.unwrap_or(0).min(cap as u64) as usize);
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk
+            .map_err(|e| ApiError::bad_request(format!("could not read the request body: {e}")))?;
+        if buf.len() + chunk.len() > cap {
+            let size = (buf.len() + chunk.len()) as u64;
+            let mut head = buf;
+            head.truncate(4096);
+            return Ok(Read::TooLarge {
+                head,
+                size,
+                announced: false,
+            });
+        }
+        buf.extend_from_slice(&chunk);
+    }
+    Ok(Read::Whole(Bytes::from(buf)))
+}
+
+async fn record_poison<S: Store>(app: &App<S>, rec: AdmissionRecord) {
+    let now = rec.now;
+    app.observe_admission(rec.job_type.as_deref(), rec.reason, &rec.message, now);
+    if app.admission_record_allowed(rec.tenant.as_deref(), now) {
+        if let Err(e) = app.store.record_admission(rec).await {
+            tracing::error!(error = %e, "could not record an admission dead letter");
+        }
+    } else {
+        m::admission_record_dropped();
+    }
+}
+
+/// Admission of one parsed job; `Ok(NewJob)` or the error answer (and the
+/// poison record when it is one).
+async fn admit_one<S: Store>(
+    app: &App<S>,
+    body: &EnqueueBody<'_>,
+    enqueued_by: Option<&str>,
+    now: Timestamp,
+) -> Result<NewJob, ApiError> {
+    if let Err(e) = check_duration("delay_ms", body.delay_ms, DELAY_MS_MAX) {
+        m::rejected(e.code.as_str());
+        return Err(e);
+    }
+    check_field("type", body.job_type.as_deref(), NAME_BYTES_MAX)?;
+    check_field("tenant", body.tenant.as_deref(), NAME_BYTES_MAX)?;
+    check_field("lane", body.lane.as_deref(), NAME_BYTES_MAX)?;
+    check_field(
+        "idempotency_key",
+        body.idempotency_key.as_deref(),
+        IDEMPOTENCY_KEY_BYTES_MAX,
+    )?;
+    let payload = body.payload.map(|p| p.get().as_bytes()).unwrap_or_default();
+    let lane = body.lane.clone().unwrap_or_else(|| "default".to_owned());
+    let shed = body
+        .job_type
+        .as_deref()
+        .and_then(|ty| app.shed(ty, &lane, now));
+    let verdict = if body.payload.is_none() {
+        Verdict::BadRequest {
+            message: "payload is required: send \"payload\": <any JSON value>".into(),
+        }
+    } else if lane.trim().is_empty() {
+        Verdict::BadRequest {
+            message: "lane must not be empty; leave it out to use the default lane".into(),
+        }
+    } else {
+        admit(
+            &app.config.admission,
+            &AdmissionRequest {
+                job_type: body.job_type.as_deref(),
+                tenant: body.tenant.as_deref(),
+                schema_version: body.schema_version,
+                payload,
+                declared_size: None,
+                shed,
+            },
+        )
+    };
+    let schema_version = match verdict {
+        Verdict::Admitted { schema_version } => schema_version,
+        other => {
+            if let Verdict::Poison {
+                reason, message, ..
+            } = &other
+            {
+                let reason = DeadLetterReason::from_poison(*reason);
+                record_poison(
+                    app,
+                    AdmissionRecord {
+                        job_type: body.job_type.clone(),
+                        tenant: body.tenant.clone(),
+                        lane: Some(lane.clone()),
+                        reason,
+                        message: message.clone(),
+                        payload_size: payload.len() as u64,
+                        payload_sha256: Some(hex::encode(payload_sha256(payload))),
+                        payload_preview: payload_preview(payload, 4096).to_owned(),
+                        payload: Some(payload.to_vec()),
+                        idempotency_key: body.idempotency_key.clone(),
+                        now,
+                    },
+                )
+                .await;
+            }
+            let e =
+                ApiError::from_verdict(other).unwrap_or_else(|| ApiError::bad_request("refused"));
+            m::rejected(e.code.as_str());
+            return Err(e);
+        }
+    };
+    Ok(NewJob {
+        job_type: JobType::new(body.job_type.clone().unwrap_or_default()),
+        tenant: TenantId::new(body.tenant.clone().unwrap_or_default()),
+        lane: Lane::new(lane),
+        payload: payload.to_vec(),
+        idempotency_key: body.idempotency_key.clone(),
+        schema_version,
+        run_at: now.saturating_add(Duration::from_millis(body.delay_ms.unwrap_or(0))),
+        now,
+        enqueued_by: enqueued_by.map(str::to_owned),
+    })
+}
+
+/// The name recorded as a job's `enqueued_by`: the caller's token, or
+/// nothing when auth is off (everyone is `anonymous` then).
+fn enqueuer<'a, S: Store>(app: &App<S>, caller: &'a Caller) -> Option<&'a str> {
+    app.auth_on().then_some(caller.name.as_str())
+}
+
+/// What a reply to an enqueue needs of the job (not its payload).
+struct Admitted {
+    job_type: JobType,
+    lane: Lane,
+    tenant: TenantId,
+}
+
+/// Whether an enqueue put a job in the queue now (not a duplicate, not
+/// scheduled for later: promotion wakes the waiters then).
+fn made_ready(outcome: &EnqueueOutcome) -> bool {
+    matches!(
+        outcome,
+        EnqueueOutcome::Created {
+            state: JobState::Queued,
+            ..
+        }
+    )
+}
+
+impl Admitted {
+    fn of(job: &NewJob) -> Self {
+        Admitted {
+            job_type: job.job_type.clone(),
+            lane: job.lane.clone(),
+            tenant: job.tenant.clone(),
+        }
+    }
+}
+
+fn enqueue_reply<S: Store>(
+    app: &App<S>,
+    job: &Admitted,
+    outcome: &EnqueueOutcome,
+) -> (StatusCode, Value) {
+    match outcome {
+        EnqueueOutcome::Created {
+            id,
+            state,
+            inflight,
+        } => {
+            m::enqueued(job.job_type.as_str(), job.lane.as_str());
+            let admission = if app.config.scheduler.at_cap(&job.tenant, *inflight) {
+                "FAIR_QUEUE"
+            } else {
+                "ADMITTED"
+            };
+            (
+                StatusCode::CREATED,
+                json!({ "id": id.to_string(), "state": state.as_str(), "admission": admission }),
+            )
+        }
+        EnqueueOutcome::Duplicate { id, state } => (
+            StatusCode::OK,
+            json!({ "id": id.to_string(), "state": state.as_str(), "admission": "DUPLICATE" }),
+        ),
+    }
+}
+
+async fn too_large_body<S: Store>(
+    app: &App<S>,
+    head: Vec<u8>,
+    size: u64,
+    announced: bool,
+    cap: usize,
+    what: &str,
+) -> ApiError {
+    let message = format!(
+        "the request body is {}{size} bytes; the cap is {cap} bytes ({what}). Store large blobs elsewhere and enqueue a reference",
+        if announced { "announced as " } else { "over " }
+    );
+    record_poison(
+        app,
+        AdmissionRecord {
+            job_type: None,
+            tenant: None,
+            lane: None,
+            reason: DeadLetterReason::PayloadTooLarge,
+            message: message.clone(),
+            payload_size: size,
+            payload_sha256: None,
+            payload_preview: payload_preview(&head, 4096).to_owned(),
+            payload: None,
+            idempotency_key: None,
+            now: now(),
+        },
+    )
+    .await;
+    m::rejected("POISON");
+    ApiError::too_large(message)
+}
+
+pub(super) async fn enqueue<S: Store>(
+    State(app): Shared<S>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult {
+    let caller = allow(&app, &headers, Action::Produce).await?;
+    let cap = app.config.admission.body_bytes_max();
+    let bytes = match read_capped(&headers, body, cap).await? {
+        Read::Whole(b) => b,
+        Read::TooLarge {
+            head,
+            size,
+            announced,
+        } => {
+            let e = too_large_body(
+                &app,
+                head,
+                size,
+                announced,
+                cap,
+                "payload_bytes_max + 16 KiB",
+            )
+            .await;
+            return Ok(connection_close(e.into_response()));
+        }
+    };
+    let now = now();
+    let parsed: EnqueueBody<'_> = match serde_json::from_slice(&bytes) {
+        Ok(b) => b,
+        Err(e) if e.is_syntax() || e.is_eof() => {
+            let message = format!(
+                "the request body is not valid JSON: {e}; send a JSON object with type, tenant and payload"
+            );
+            record_poison(
+                &app,
+                AdmissionRecord {
+                    job_type: None,
+                    tenant: None,
+                    lane: None,
+                    reason: DeadLetterReason::InvalidJson,
+                    message: message.clone(),
+                    payload_size: bytes.len() as u64,
+                    payload_sha256: Some(hex::encode(payload_sha256(&bytes))),
+                    payload_preview: payload_preview(&bytes, 4096).to_owned(),
+                    payload: Some(bytes.to_vec()),
+                    idempotency_key: None,
+                    now,
+                },
+            )
+            .await;
+            m::rejected("POISON");
+            let mut err = ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                crate::error::Code::Poison,
+                message,
+            );
+            err.reason = Some("invalid_json");
+            return Err(err);
+        }
+        Err(e) => {
+            return Err(ApiError::bad_request(format!(
+                "the job is not valid: {}",
+                not_object(&bytes, &e)
+            )));
+        }
+    };
+    let job = admit_one(&app, &parsed, enqueuer(&app, &caller), now).await?;
+    let admitted = Admitted::of(&job);
+    let outcome = app.store.enqueue(vec![job]).await?;
+    let (status, body) = enqueue_reply(&app, &admitted, &outcome[0]);
+    if made_ready(&outcome[0]) {
+        app.ready.jobs([(&admitted.lane, &admitted.job_type)]);
+    }
+    Ok((status, Json(body)).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+struct BatchBody<'a> {
+    #[serde(borrow)]
+    jobs: Vec<&'a RawValue>,
+}
+
+pub(super) async fn enqueue_batch<S: Store>(
+    State(app): Shared<S>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult {
+    let caller = allow(&app, &headers, Action::Produce).await?;
+    let cap = app.config.batch_bytes_max;
+    let bytes = match read_capped(&headers, body, cap).await? {
+        Read::Whole(b) => b,
+        Read::TooLarge {
+            head,
+            size,
+            announced,
+        } => {
+            let e = too_large_body(&app, head, size, announced, cap, "batch_bytes_max").await;
+            return Ok(connection_close(e.into_response()));
+        }
+    };
+    let batch: BatchBody<'_> = parse_json(&bytes)?;
+    let now = now();
+    let mut results: Vec<Option<Value>> = vec![None; batch.jobs.len()];
+    let mut admitted: Vec<(usize, Admitted)> = Vec::new();
+    let mut jobs: Vec<NewJob> = Vec::new();
+    for (i, raw) in batch.jobs.iter().enumerate() {
+        let item: Result<EnqueueBody<'_>, _> = serde_json::from_str(raw.get());
+        match item {
+            Ok(item) => match admit_one(&app, &item, enqueuer(&app, &caller), now).await {
+                Ok(job) => {
+                    admitted.push((i, Admitted::of(&job)));
+                    jobs.push(job);
+                }
+                Err(e) => results[i] = Some(e.body()),
+            },
+            Err(e) => {
+                results[i] =
+                    Some(ApiError::bad_request(format!("job {i} is not valid: {e}")).body())
+            }
+        }
+    }
+    if !admitted.is_empty() {
+        let outcomes = app.store.enqueue(jobs).await?;
+        for ((i, job), outcome) in admitted.iter().zip(&outcomes) {
+            results[*i] = Some(enqueue_reply(&app, job, outcome).1);
+        }
+        app.ready.jobs(
+            admitted
+                .iter()
+                .zip(&outcomes)
+                .filter(|(_, o)| made_ready(o))
+                .map(|((_, job), _)| (&job.lane, &job.job_type)),
+        );
+    }
+    ok(json!({ "results": results }))
+}
+
+pub(super) async fn job<S: Store>(
+    State(app): Shared<S>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> ApiResult {
+    let caller = allow(&app, &headers, Action::ReadJob).await?;
+    let id = parse_id(&id, "job")?;
+    let view = app
+        .store
+        .job(JobId(id))
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("no job with id {id}")))?;
+    if !caller.may_read_job(view.enqueued_by.as_deref()) {
+        m::rejected("FORBIDDEN");
+        return Err(ApiError::forbidden(format!(
+            "job {id} was enqueued by another token; a producer reads only the jobs it enqueued. \
+             Read it with the token that enqueued it, or ask an operator"
+        )));
+    }
+    Ok(Json(views::job(&view, now())).into_response())
+}

@@ -1,0 +1,412 @@
+//! The HTTP API (see `docs/api.md` and the contract): routes and handlers.
+//! Handlers move bytes; the core decides and the store applies. One module
+//! per resource; this one holds the router and what every handler shares.
+
+mod dead_letters;
+mod jobs;
+mod leases;
+mod operations;
+mod tokens;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::{Json, Router};
+use lazaret_core::check_name;
+use lazaret_store::{AuditEntry, Store};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::app::{App, now};
+use crate::auth::{Action, Caller, authenticate, forbidden};
+use crate::error::ApiError;
+use crate::metrics as m;
+
+type Shared<S> = State<Arc<App<S>>>;
+type ApiResult = Result<Response, ApiError>;
+
+/// Jobs in one lease at most.
+const LEASE_JOBS_MAX: u32 = 1000;
+/// Longest long-poll.
+const WAIT_MS_MAX: u64 = 60_000;
+/// Longest `delay_ms` (enqueue) and `retry_after_ms` (a fail's error): 366
+/// days. Anything longer is refused before it is written, so every time the
+/// server keeps stays far inside what it can format and compute with.
+pub const DELAY_MS_MAX: u64 = 366 * 24 * 60 * 60 * 1000;
+
+/// `400 BAD_REQUEST` when a client's duration is over `max`.
+fn check_duration(name: &str, ms: Option<u64>, max: u64) -> Result<(), ApiError> {
+    match ms {
+        Some(ms) if ms > max => Err(ApiError::bad_request(format!(
+            "{name} must be at most {max} (366 days; got {ms}); for a longer wait, \
+             keep the job outside lazaret and enqueue it nearer the time"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Most lanes or types one lease request may name.
+const LEASE_NAMES_MAX: usize = 256;
+
+/// `400 BAD_REQUEST` naming the field and its limit when a client-chosen
+/// name is longer than `max` bytes or holds a control character; counted
+/// as a rejection.
+fn check_field(field: &str, value: Option<&str>, max: usize) -> Result<(), ApiError> {
+    match value.map(|v| check_name(field, v, max)) {
+        Some(Err(e)) => {
+            m::rejected("BAD_REQUEST");
+            Err(ApiError::bad_request(format!(
+                "{e}; these names travel on every job and attempt record (see docs/api.md, Limits on names)"
+            )))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// A list endpoint's `limit`: 1 to `max` (over `max` is clamped), `default`
+/// when absent; 0 is refused rather than quietly read as "some".
+fn page_limit(limit: Option<u32>, default: u32, max: u32) -> Result<u32, ApiError> {
+    match limit {
+        None => Ok(default),
+        Some(0) => Err(ApiError::bad_request(format!(
+            "limit must be at least 1 (at most {max}; leave it out for {default})"
+        ))),
+        Some(n) => Ok(n.min(max)),
+    }
+}
+
+/// The router, with every route of the API.
+pub fn router<S: Store>(app: Arc<App<S>>) -> Router {
+    // The envelope wraps the whole router, outside axum's method routing,
+    // so that a 405 already carries its `Allow` header when it is mapped.
+    Router::new()
+        .fallback_service(routes(app))
+        .layer(axum::middleware::from_fn(envelope))
+}
+
+/// The body cap of a single outcome (`ack`, `fail`, `heartbeat`): 4 MiB,
+/// so a worker's 3 MB traceback arrives whole and is truncated as
+/// documented (`MESSAGE_BYTES_MAX`, `TRACEBACK_BYTES_MAX`) rather than
+/// refused.
+pub const OUTCOME_BODY_BYTES_MAX: usize = 4 * 1024 * 1024;
+/// The body cap of a lease request.
+pub const LEASE_BODY_BYTES_MAX: usize = 64 * 1024;
+/// The body cap of operator requests (redrive, purge, pause, resume): room
+/// for thousands of ids.
+pub const OPERATE_BODY_BYTES_MAX: usize = 1024 * 1024;
+/// The body cap of a token request.
+pub const TOKEN_BODY_BYTES_MAX: usize = 16 * 1024;
+
+fn routes<S: Store>(app: Arc<App<S>>) -> Router {
+    use axum::extract::DefaultBodyLimit as Cap;
+    let batch = app.config.batch_bytes_max;
+    let body_timeout = Duration::from_millis(app.config.http.body_read_timeout_ms);
+    // `/v1/jobs` and `/v1/jobs/batch` read their bodies themselves, capped
+    // while they stream (`read_capped`); every other body is buffered by
+    // axum up to the cap of its route. Every body's read waits at most
+    // `body_read_timeout_ms` for each next piece.
+    Router::new()
+        .route("/healthz", get(healthz::<S>))
+        .route("/metrics", get(operations::metrics::<S>))
+        .route("/v1/jobs", post(jobs::enqueue::<S>))
+        .route("/v1/jobs/batch", post(jobs::enqueue_batch::<S>))
+        .route("/v1/jobs/{id}", get(jobs::job::<S>))
+        .route(
+            "/v1/jobs/{id}/ack",
+            post(leases::ack::<S>).layer(Cap::max(OUTCOME_BODY_BYTES_MAX)),
+        )
+        .route(
+            "/v1/jobs/{id}/fail",
+            post(leases::fail::<S>).layer(Cap::max(OUTCOME_BODY_BYTES_MAX)),
+        )
+        .route(
+            "/v1/jobs/{id}/heartbeat",
+            post(leases::heartbeat::<S>).layer(Cap::max(OUTCOME_BODY_BYTES_MAX)),
+        )
+        .route(
+            "/v1/leases",
+            post(leases::lease::<S>).layer(Cap::max(LEASE_BODY_BYTES_MAX)),
+        )
+        .route("/v1/acks", post(leases::acks::<S>).layer(Cap::max(batch)))
+        .route("/v1/fails", post(leases::fails::<S>).layer(Cap::max(batch)))
+        .route("/v1/dead-letters", get(dead_letters::dead_letters::<S>))
+        .route("/v1/dead-letters/reasons", get(dead_letters::reasons::<S>))
+        .route(
+            "/v1/dead-letters/redrive",
+            post(dead_letters::redrive::<S>).layer(Cap::max(OPERATE_BODY_BYTES_MAX)),
+        )
+        .route(
+            "/v1/dead-letters/purge",
+            post(dead_letters::purge::<S>).layer(Cap::max(OPERATE_BODY_BYTES_MAX)),
+        )
+        .route("/v1/dead-letters/{id}", get(dead_letters::dead_letter::<S>))
+        .route(
+            "/v1/dead-letters/{id}/payload",
+            get(dead_letters::dead_letter_payload::<S>),
+        )
+        .route("/v1/stats", get(operations::stats::<S>))
+        .route("/v1/breakers", get(operations::breakers::<S>))
+        .route(
+            "/v1/pause",
+            post(operations::pause::<S>).layer(Cap::max(OPERATE_BODY_BYTES_MAX)),
+        )
+        .route(
+            "/v1/resume",
+            post(operations::resume::<S>).layer(Cap::max(OPERATE_BODY_BYTES_MAX)),
+        )
+        .route("/v1/audit", get(operations::audit::<S>))
+        .route(
+            "/v1/tokens",
+            get(tokens::tokens::<S>)
+                .post(tokens::create_token::<S>)
+                .layer(Cap::max(TOKEN_BODY_BYTES_MAX)),
+        )
+        .route("/v1/tokens/{name}", delete(tokens::revoke_token::<S>))
+        .route_layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&app),
+            authorize_first::<S>,
+        ))
+        .fallback(|| async { ApiError::not_found("no such route; see docs/api.md") })
+        .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
+            body_timeout,
+        ))
+        .with_state(app)
+}
+
+/// What a request with a body wants to do, from its method and path.
+fn body_action(method: &axum::http::Method, path: &str) -> Option<Action> {
+    if method != axum::http::Method::POST {
+        return None;
+    }
+    let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    Some(match segs.as_slice() {
+        ["v1", "jobs"] | ["v1", "jobs", "batch"] => Action::Produce,
+        ["v1", "jobs", _, "ack" | "fail" | "heartbeat"] | ["v1", "leases" | "acks" | "fails"] => {
+            Action::Work
+        }
+        ["v1", "dead-letters", "redrive"] | ["v1", "pause" | "resume"] => Action::Operate,
+        ["v1", "dead-letters", "purge"] | ["v1", "tokens"] => Action::Administer,
+        _ => return None,
+    })
+}
+
+/// Authenticates every request, and authorises every request with a body,
+/// before a byte of the body is read: an unknown or unauthorised caller is
+/// refused (401/403, `Connection: close`) without the server buffering what
+/// it sent. The handlers check again (cheaply: tokens are in memory).
+async fn authorize_first<S: Store>(
+    State(app): Shared<S>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if matches!(req.uri().path(), "/healthz" | "/metrics") {
+        return next.run(req).await;
+    }
+    let checked = match body_action(req.method(), req.uri().path()) {
+        Some(action) => allow(&app, req.headers(), action).await.map(|_| ()),
+        None => {
+            let api = app.api_tokens.read().unwrap_or_else(|p| p.into_inner());
+            authenticate(&app.config.tokens, &api, req.headers())
+                .map(|_| ())
+                .inspect_err(|e| m::rejected(e.code.as_str()))
+        }
+    };
+    match checked {
+        Ok(()) => next.run(req).await,
+        // Closed after the answer: the unread body is never drained.
+        Err(e) => connection_close(e.into_response()),
+    }
+}
+
+/// Whether a path has a `%` not followed by two hex digits.
+fn bad_percent_encoding(path: &str) -> bool {
+    let b = path.as_bytes();
+    b.iter().enumerate().any(|(i, &c)| {
+        c == b'%'
+            && !(b.get(i + 1).is_some_and(u8::is_ascii_hexdigit)
+                && b.get(i + 2).is_some_and(u8::is_ascii_hexdigit))
+    })
+}
+
+/// Puts every error answer in the contract's envelope: axum's own answers
+/// (405, and the rejections of its extractors: a query string, a path or a
+/// body it could not read) are plain text; they become
+/// `{"error": {"code", "reason", "message"}}`, keeping their status and
+/// `Allow` header.
+async fn envelope(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let method = req.method().clone();
+    let path = req.uri().path().to_owned();
+    if bad_percent_encoding(&path) {
+        m::rejected("BAD_REQUEST");
+        return ApiError::bad_request(format!(
+            "the path {path:?} has a `%` not followed by two hex digits; percent-encode it (`%` is `%25`)"
+        ))
+        .into_response();
+    }
+    let resp = next.run(req).await;
+    let status = resp.status();
+    let json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || json {
+        return resp;
+    }
+    let (parts, body) = resp.into_parts();
+    let text = axum::body::to_bytes(body, 16 * 1024)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
+        .unwrap_or_default();
+    let allow = parts.headers.get(header::ALLOW).cloned();
+    let mut err = match status {
+        StatusCode::METHOD_NOT_ALLOWED => {
+            let methods = allow
+                .as_ref()
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_owned();
+            ApiError::new(
+                status,
+                crate::error::Code::BadRequest,
+                format!(
+                    "{method} is not allowed on {path}; it takes {methods} (the Allow header lists them)"
+                ),
+            )
+        }
+        StatusCode::PAYLOAD_TOO_LARGE => {
+            ApiError::too_large(format!("{text}; the request body is too large for {path}"))
+        }
+        StatusCode::NOT_FOUND => ApiError::not_found(format!("{text}; see docs/api.md")),
+        s if s.is_server_error() => ApiError::new(
+            s,
+            crate::error::Code::Internal,
+            format!("{text}; the server failed"),
+        ),
+        s => ApiError::new(
+            s,
+            crate::error::Code::BadRequest,
+            format!("{text}; see docs/api.md for {method} {path}"),
+        ),
+    };
+    if err.message.starts_with(';') {
+        err.message = err.message.trim_start_matches(';').trim_start().to_owned();
+    }
+    m::rejected(err.code.as_str());
+    let mut out = err.into_response();
+    if let Some(allow) = allow {
+        out.headers_mut().insert(header::ALLOW, allow);
+    }
+    out
+}
+
+/// The longest request text an audit entry keeps, in bytes.
+pub const AUDIT_REQUEST_BYTES_MAX: usize = 16 * 1024;
+
+/// A request as its audit entry keeps it: the JSON body as received when
+/// it reads as JSON (nested at most 128 deep, serde_json's limit) and is at
+/// most [`AUDIT_REQUEST_BYTES_MAX`] bytes; otherwise its text, cut at that
+/// size: `{"raw": TEXT, "bytes": N, "truncated": BOOL}`. Never `null` for a
+/// request that was acted on.
+pub fn audit_request(body: &[u8]) -> Value {
+    if body.len() <= AUDIT_REQUEST_BYTES_MAX {
+        if let Ok(v) = serde_json::from_slice::<Value>(body) {
+            return v;
+        }
+    }
+    let head = &body[..body.len().min(AUDIT_REQUEST_BYTES_MAX)];
+    // Cut on a character boundary; bytes that are not UTF-8 become U+FFFD.
+    let text = match std::str::from_utf8(head) {
+        Ok(t) => t.to_owned(),
+        Err(e) if e.error_len().is_none() => {
+            String::from_utf8_lossy(&head[..e.valid_up_to()]).into_owned()
+        }
+        Err(_) => String::from_utf8_lossy(head).into_owned(),
+    };
+    json!({ "raw": text, "bytes": body.len(), "truncated": head.len() < body.len() })
+}
+
+fn ok(v: Value) -> ApiResult {
+    Ok(Json(v).into_response())
+}
+
+/// Authenticates and authorises; a refused operator action is audited.
+async fn allow<S: Store>(
+    app: &App<S>,
+    headers: &HeaderMap,
+    action: Action,
+) -> Result<Caller, ApiError> {
+    let caller = {
+        let api = app.api_tokens.read().unwrap_or_else(|p| p.into_inner());
+        authenticate(&app.config.tokens, &api, headers)
+    }
+    .inspect_err(|e| m::rejected(e.code.as_str()))?;
+    if action.allowed_for(caller.role) {
+        return Ok(caller);
+    }
+    if matches!(
+        action,
+        Action::Operate | Action::Administer | Action::ReadDeadLetters
+    ) {
+        let entry = AuditEntry {
+            at: now(),
+            actor: caller.name.clone(),
+            action: "denied".into(),
+            request: json!({ "wanted": format!("{action:?}") }),
+            count: 0,
+        };
+        let _ = app.store.audit(entry).await;
+    }
+    m::rejected("FORBIDDEN");
+    Err(forbidden(&caller, action))
+}
+
+fn parse_json<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(bytes).map_err(|e| {
+        ApiError::bad_request(format!(
+            "the request body is not valid: {}",
+            not_object(bytes, &e)
+        ))
+    })
+}
+
+/// A parse error, saying so first when the body is JSON but not an object.
+fn not_object(bytes: &[u8], e: &serde_json::Error) -> String {
+    let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
+    match first {
+        Some(b'{') | None => e.to_string(),
+        Some(_) if e.is_data() => format!("it must be a JSON object ({{...}}): {e}"),
+        Some(_) => e.to_string(),
+    }
+}
+
+fn parse_id(id: &str, what: &str) -> Result<u64, ApiError> {
+    id.parse()
+        .map_err(|_| ApiError::not_found(format!("no {what} with id {id:?}")))
+}
+
+/// 200 while the store takes work; once it has stopped writing for good (a
+/// commit could not be made durable), 503 `UNAVAILABLE` with why, so a load
+/// balancer or supervisor takes the node out and restarts it.
+async fn healthz<S: Store>(State(app): Shared<S>) -> Result<&'static str, ApiError> {
+    match app.store.failure() {
+        None => Ok("ok"),
+        Some(why) => Err(ApiError::unavailable(why)),
+    }
+}
+
+fn empty_none(s: Option<String>) -> Option<String> {
+    s.filter(|v| !v.is_empty())
+}
+
+fn connection_close(mut resp: Response) -> Response {
+    resp.headers_mut().insert(
+        header::CONNECTION,
+        header::HeaderValue::from_static("close"),
+    );
+    resp
+}

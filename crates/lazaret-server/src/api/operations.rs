@@ -1,0 +1,254 @@
+//! Operators: pause and resume, the audit log, breakers, stats and metrics.
+
+use axum::body::Bytes;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, header};
+use axum::response::IntoResponse;
+use lazaret_core::NAME_BYTES_MAX;
+use lazaret_store::{AuditEntry, AuditId, AuditQuery, Store};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::app::{App, now};
+use crate::auth::Action;
+use crate::error::ApiError;
+use crate::{metrics as m, views};
+
+use super::{
+    ApiResult, Shared, allow, audit_request, check_field, empty_none, ok, page_limit, parse_json,
+};
+
+#[derive(Debug, Deserialize)]
+struct PauseBody {
+    #[serde(rename = "type")]
+    job_type: Option<String>,
+    lane: Option<String>,
+}
+
+async fn pause_resume<S: Store>(
+    app: &App<S>,
+    headers: &HeaderMap,
+    body: &[u8],
+    pause: bool,
+) -> ApiResult {
+    let caller = allow(app, headers, Action::Operate).await?;
+    let b: PauseBody = parse_json(body)?;
+    check_field("type", b.job_type.as_deref(), NAME_BYTES_MAX)?;
+    check_field("lane", b.lane.as_deref(), NAME_BYTES_MAX)?;
+    {
+        let mut p = app.paused.lock().unwrap_or_else(|p| p.into_inner());
+        match (&b.job_type, &b.lane) {
+            (Some(t), None) if !t.is_empty() => {
+                if pause {
+                    p.types.insert(t.clone())
+                } else {
+                    p.types.remove(t)
+                };
+            }
+            (None, Some(l)) if !l.is_empty() => {
+                if pause {
+                    p.lanes.insert(l.clone())
+                } else {
+                    p.lanes.remove(l)
+                };
+            }
+            _ => {
+                return Err(ApiError::bad_request(
+                    "send exactly one of \"type\" or \"lane\"",
+                ));
+            }
+        }
+    }
+    if !pause {
+        app.ready.anything();
+    }
+    let action = if pause { "pause" } else { "resume" };
+    app.store
+        .audit(AuditEntry {
+            at: now(),
+            actor: caller.name,
+            action: action.into(),
+            request: audit_request(body),
+            count: 0,
+        })
+        .await?;
+    ok(json!({ "ok": true, "paused": pause }))
+}
+
+pub(super) async fn pause<S: Store>(
+    State(app): Shared<S>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult {
+    pause_resume(&app, &headers, &body, true).await
+}
+
+pub(super) async fn resume<S: Store>(
+    State(app): Shared<S>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult {
+    pause_resume(&app, &headers, &body, false).await
+}
+
+/// The query of `GET /v1/audit`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct AuditParams {
+    limit: Option<u32>,
+    cursor: Option<String>,
+    action: Option<String>,
+    actor: Option<String>,
+}
+
+/// The actions the audit log records.
+const AUDIT_ACTIONS: [&str; 8] = [
+    "redrive",
+    "purge",
+    "pause",
+    "resume",
+    "token_create",
+    "token_revoke",
+    "denied",
+    "cancel",
+];
+
+pub(super) async fn audit<S: Store>(
+    State(app): Shared<S>,
+    headers: HeaderMap,
+    query: Result<Query<AuditParams>, QueryRejection>,
+) -> ApiResult {
+    allow(&app, &headers, Action::ReadDeadLetters).await?;
+    let Query(q) = query.map_err(|e| {
+        ApiError::bad_request(format!(
+            "{}; the parameters are limit, cursor, action and actor",
+            e.body_text()
+        ))
+    })?;
+    let action = empty_none(q.action);
+    if let Some(a) = &action {
+        if !AUDIT_ACTIONS.contains(&a.as_str()) {
+            return Err(ApiError::bad_request(format!(
+                "unknown action {a:?}; the audit log records {}",
+                AUDIT_ACTIONS.join(", ")
+            )));
+        }
+    }
+    let before = match empty_none(q.cursor) {
+        Some(c) => Some(AuditId(c.parse().map_err(|_| {
+            ApiError::bad_request(format!(
+                "cursor {c:?} is not one this server gave (use next_cursor)"
+            ))
+        })?)),
+        None => None,
+    };
+    let (items, next) = app
+        .store
+        .audit_page(AuditQuery {
+            limit: page_limit(q.limit, 100, 1000)?,
+            before,
+            action,
+            actor: empty_none(q.actor),
+        })
+        .await?;
+    ok(json!({
+        "items": items.iter().map(|(id, e)| json!({
+            "id": id.to_string(), "at": views::time(e.at), "actor": e.actor, "action": e.action,
+            "request": e.request, "count": e.count,
+        })).collect::<Vec<_>>(),
+        "next_cursor": next.map(|c| c.to_string()),
+    }))
+}
+
+pub(super) async fn breakers<S: Store>(State(app): Shared<S>, headers: HeaderMap) -> ApiResult {
+    allow(&app, &headers, Action::Observe).await?;
+    let now = now();
+    let views = app
+        .breakers
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .snapshot(now);
+    ok(json!({ "breakers": views.iter().map(|v| json!({
+        "type": v.ty.as_str(), "kind": v.kind.as_str(), "state": v.state.as_str(), "until": views::opt_time(v.state.until()),
+    })).collect::<Vec<_>>() }))
+}
+
+/// The stats summary shared by `/v1/stats` and the gauges of `/metrics`.
+async fn snapshot<S: Store>(app: &App<S>) -> Result<Value, ApiError> {
+    let s = app.store.stats().await?;
+    let now = now();
+    let dl_total: u64 = s.dead_letters.iter().map(|d| d.2).sum();
+    let breakers = app
+        .breakers
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .snapshot(now);
+    let open_types: Vec<(String, bool)> = breakers
+        .iter()
+        .map(|b| {
+            (
+                b.ty.to_string(),
+                matches!(b.state, lazaret_core::BreakerState::Open { .. }),
+            )
+        })
+        .collect();
+    m::set_gauges(
+        &s.lanes
+            .iter()
+            .map(|(l, c)| (l.to_string(), c.queued, c.scheduled, c.leased))
+            .collect::<Vec<_>>(),
+        &s.dead_letters
+            .iter()
+            .map(|(t, r, n)| (t.clone().unwrap_or_default(), r.as_str().to_owned(), *n))
+            .collect::<Vec<_>>(),
+        &open_types,
+        dl_total > app.config.dead_letters_warn,
+    );
+    let failures = app.failures.lock().unwrap_or_else(|p| p.into_inner());
+    let surge = failures.surge(now).map(|s| {
+        json!({
+            "key": s.key.to_string(), "count": s.count, "total": s.total, "share": s.share,
+        })
+    });
+    let top: Vec<Value> = failures
+        .top(10)
+        .iter()
+        .map(|k| json!({ "type": k.key.job_type().as_str(), "cause": k.key.cause().to_string(), "fingerprint": k.key.fingerprint(), "count": k.count }))
+        .collect();
+    Ok(json!({
+        "lanes": s.lanes.iter().map(|(l, c)| (l.to_string(), json!({
+            "queued": c.queued, "scheduled": c.scheduled, "leased": c.leased,
+        }))).collect::<serde_json::Map<_, _>>(),
+        "succeeded_kept": s.succeeded,
+        "store": {
+            "commits": s.commits,
+            "commands": s.commands,
+            "commands_per_commit": if s.commits == 0 { 0.0 } else { s.commands as f64 / s.commits as f64 },
+            "syncs": s.syncs,
+            "commands_per_sync": if s.syncs == 0 { 0.0 } else { s.commands as f64 / s.syncs as f64 },
+            "sync_avg_ms": if s.syncs == 0 { 0.0 } else { s.sync_micros as f64 / s.syncs as f64 / 1000.0 },
+        },
+        "dead_letters": {
+            "total": dl_total,
+            "warn_at": app.config.dead_letters_warn,
+            "by_type_reason": s.dead_letters.iter().map(|(t, r, n)| json!({ "type": t, "reason": r.as_str(), "count": n })).collect::<Vec<_>>(),
+            "rate_per_min": failures.rate_per_min(now),
+            "top_failures": top,
+            "other_failures": failures.other(),
+            "surge": surge,
+        },
+        "breakers": breakers.iter().map(|b| json!({ "type": b.ty.as_str(), "kind": b.kind.as_str(), "state": b.state.as_str() })).collect::<Vec<_>>(),
+    }))
+}
+
+pub(super) async fn stats<S: Store>(State(app): Shared<S>, headers: HeaderMap) -> ApiResult {
+    allow(&app, &headers, Action::Observe).await?;
+    ok(snapshot(&app).await?)
+}
+
+pub(super) async fn metrics<S: Store>(State(app): Shared<S>) -> ApiResult {
+    snapshot(&app).await?;
+    let text = m::render();
+    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
+}
