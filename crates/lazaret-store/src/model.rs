@@ -553,14 +553,26 @@ pub struct StoreStats {
     pub dead_letters: Vec<(Option<String>, DeadLetterReason, u64)>,
     /// Succeeded jobs still kept (retention).
     pub succeeded: u64,
+    /// Which backend: `sqlite` or `postgres`.
+    pub backend: &'static str,
+    /// What only some backends count (SQLite's group commit and fsyncs);
+    /// `None` for a backend that keeps no such counters.
+    pub group_commit: Option<GroupCommitStats>,
+}
+
+/// Counters of a backend that groups concurrent requests into one
+/// transaction (and, for SQLite, one fsync): how much sharing it achieved.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GroupCommitStats {
     /// Transactions this process committed (group commit: one per group).
     pub commits: u64,
     /// Commands those transactions carried; `commands / commits` is how
     /// many requests shared each transaction.
     pub commands: u64,
-    /// fsyncs that made those transactions durable, with
-    /// `durability = "full"` (0 otherwise): one can cover several
-    /// transactions, so `commands / syncs` is how many requests shared each.
+    /// fsyncs that made those transactions durable, when the store makes
+    /// them itself (SQLite with `durability = "full"`; 0 otherwise): one can
+    /// cover several transactions, so `commands / syncs` is how many
+    /// requests shared each.
     pub syncs: u64,
     /// Time those fsyncs took, in microseconds: `sync_micros / syncs` is
     /// what the disk makes every durable request wait, on average.
@@ -582,9 +594,10 @@ pub struct LaneCounts {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
-    /// The database refused or failed.
-    #[error("database error: {0}; check the data directory's disk space and permissions")]
-    Db(#[from] rusqlite::Error),
+    /// The database refused or failed (the message says which backend and
+    /// what to check).
+    #[error("database error: {0}")]
+    Db(DbError),
     /// The store was closed (shutting down).
     #[error("the store is closed (the server is shutting down); retry against a running server")]
     Closed,
@@ -621,4 +634,31 @@ pub enum StoreError {
     /// fsync); the store takes no more writes.
     #[error("{0}")]
     NotDurable(String),
+}
+
+/// A backend's own error, as text and code: the seam carries no backend's
+/// error type, so a caller never depends on which database it runs on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DbError {
+    /// What the database said, and what to check.
+    pub message: String,
+    /// The backend's code for it, when it has one (SQLite's error code
+    /// name such as `SQLITE_FULL`, PostgreSQL's SQLSTATE such as `40P01`).
+    pub code: Option<String>,
+}
+
+impl DbError {
+    /// An error with a message and no code.
+    pub fn new(message: impl Into<String>) -> Self {
+        DbError {
+            message: message.into(),
+            code: None,
+        }
+    }
+}
+
+impl fmt::Display for DbError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
 }

@@ -143,7 +143,7 @@ pub(super) struct Writer {
 }
 
 fn db<T>(r: rusqlite::Result<T>) -> Result<T, StoreError> {
-    r.map_err(StoreError::Db)
+    r.map_err(StoreError::from)
 }
 
 fn ms(t: Timestamp) -> i64 {
@@ -1316,10 +1316,13 @@ impl Writer {
             lanes,
             dead_letters,
             succeeded: self.succeeded,
-            commits: self.commits,
-            commands: self.commands,
-            syncs: self.syncer.as_ref().map_or(0, Syncer::syncs),
-            sync_micros: self.syncer.as_ref().map_or(0, Syncer::sync_micros),
+            backend: "sqlite",
+            group_commit: Some(crate::GroupCommitStats {
+                commits: self.commits,
+                commands: self.commands,
+                syncs: self.syncer.as_ref().map_or(0, Syncer::syncs),
+                sync_micros: self.syncer.as_ref().map_or(0, Syncer::sync_micros),
+            }),
         })
     }
 

@@ -7,7 +7,33 @@ use lazaret_core::FairScheduler;
 use lazaret_store::sqlite::{DB_FILE, SCHEMA_VERSION};
 use lazaret_store::{Durability, SqliteStore, Store, StoreError};
 
-use crate::conformance::{SeededDecider, scheduler_config};
+use lazaret_store_conformance::{Backend, Capabilities, SeededDecider, scheduler_config};
+
+/// The SQLite backend of the conformance suite: a temporary directory per case.
+#[derive(Debug)]
+pub struct Sqlite;
+
+impl Backend for Sqlite {
+    type Store = SqliteStore;
+    type Place = tempfile::TempDir;
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::none().with_group_commit_stats(true)
+    }
+
+    async fn place(&self) -> tempfile::TempDir {
+        tempfile::TempDir::new().expect("a temporary directory")
+    }
+
+    async fn open(&self, place: &tempfile::TempDir) -> SqliteStore {
+        open(place.path())
+    }
+}
+
+/// Always there: SQLite is embedded.
+pub fn backend() -> Option<Sqlite> {
+    Some(Sqlite)
+}
 
 /// Opens the store in `dir` as the suite expects it.
 pub fn open(dir: &Path) -> SqliteStore {
@@ -24,7 +50,7 @@ fn try_open(dir: &Path) -> Result<SqliteStore, StoreError> {
     )
 }
 
-crate::conformance::conformance_suite!(crate::sqlite::open);
+lazaret_store_conformance::conformance_suite!(crate::sqlite::backend);
 
 #[tokio::test]
 async fn creates_its_file_in_the_data_directory() {
@@ -38,7 +64,7 @@ async fn creates_its_file_in_the_data_directory() {
 
 #[tokio::test]
 async fn a_second_store_on_the_same_directory_is_refused_until_the_first_is_closed() {
-    use crate::conformance::{enqueue_one, job_view, new_job};
+    use lazaret_store_conformance::{enqueue_one, job_view, new_job};
 
     let dir = tempfile::TempDir::new().unwrap();
     let first = open(dir.path());
@@ -94,8 +120,8 @@ async fn refuses_a_database_from_a_newer_build() {
 
 #[tokio::test]
 async fn a_failing_command_changes_nothing_and_the_store_goes_on() {
-    use crate::conformance::{at, enqueue_one, lease_one, lease_req, new_job, permanent};
     use lazaret_store::{Completion, Selector};
+    use lazaret_store_conformance::{at, enqueue_one, lease_one, lease_req, new_job, permanent};
 
     let dir = tempfile::TempDir::new().unwrap();
     let s = open(dir.path());
@@ -165,11 +191,11 @@ async fn a_failing_command_changes_nothing_and_the_store_goes_on() {
 /// broker dead letters and held retries (version 4).
 #[tokio::test]
 async fn migrates_a_version_1_database_in_place() {
-    use crate::conformance::{at, complete, job_view, lease_one, lease_req, new_job};
     use lazaret_core::{
         AttemptOutcome, Envelope, Event, JobId, JobState, WorkerId, grant_lease, record_success,
     };
     use lazaret_store::{LeaseToken, LeasedJob};
+    use lazaret_store_conformance::{at, complete, job_view, lease_one, lease_req, new_job};
 
     let dir = tempfile::TempDir::new().unwrap();
     let path = dir.path().join(DB_FILE);
@@ -284,7 +310,8 @@ async fn migrates_a_version_1_database_in_place() {
         "{} is not above the old {old_token}",
         job.lease_token
     );
-    let fresh = crate::conformance::enqueue_one(&s, new_job("resize", "acme", "default")).await;
+    let fresh =
+        lazaret_store_conformance::enqueue_one(&s, new_job("resize", "acme", "default")).await;
     assert_eq!(fresh, JobId(11));
 
     // Version 4's broker dead letters and held retries work on the migrated file.
