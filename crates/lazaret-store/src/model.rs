@@ -662,3 +662,47 @@ impl fmt::Display for DbError {
         f.write_str(&self.message)
     }
 }
+
+/// What another node on the same store did, announced at its commit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreEvent {
+    /// Jobs may have become leasable (an enqueue, a promotion, a retry, an
+    /// expiry, a redrive, a freed slot): long-polls should look again.
+    Ready,
+    /// API tokens were created or revoked: reload them.
+    TokensChanged,
+    /// A shared switch changed.
+    Switch(Switch),
+}
+
+/// A piece of live state every node of a cluster shares.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "switch", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Switch {
+    /// A type paused (`paused: false`: resumed).
+    PauseType {
+        /// The type.
+        name: String,
+        /// Paused or resumed.
+        paused: bool,
+    },
+    /// A lane paused (`paused: false`: resumed).
+    PauseLane {
+        /// The lane.
+        name: String,
+        /// Paused or resumed.
+        paused: bool,
+    },
+    /// A breaker opened on some node: every node sheds the type until
+    /// `until_ms` (ms since the epoch).
+    BreakerOpen {
+        /// The job type.
+        job_type: String,
+        /// The error kind that tripped it.
+        kind: String,
+        /// Open until.
+        until_ms: i64,
+    },
+}

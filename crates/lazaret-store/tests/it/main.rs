@@ -2,4 +2,5 @@
 //! conformance suite (`lazaret-store-conformance`) run against each backend,
 //! and what only one backend has.
 
+mod postgres;
 mod sqlite;
