@@ -10,7 +10,7 @@ use lazaret_core::{
     Lane, Policies, SplitMix64, Timestamp, Transition, decide,
 };
 use lazaret_guard::SourceSet;
-use lazaret_store::{Completed, DeadLetterId, Decider, Store};
+use lazaret_store::{Completed, DeadLetterId, Decider, Store, Switch};
 
 use crate::auth::ApiTokens;
 use crate::config::ServerConfig;
@@ -95,6 +95,13 @@ pub struct App<S> {
     redriving: Mutex<HashSet<DeadLetterId>>,
     /// `true` once the server is shutting down (see [`App::stopping`]).
     stop: tokio::sync::watch::Sender<bool>,
+    /// Breakers other nodes of a cluster opened: type → open until. This
+    /// node sheds and parks the type until then as if its own were open.
+    remote_breakers: Mutex<HashMap<String, Timestamp>>,
+    /// Breakers this node opened, to share with the cluster
+    /// (`serve::share_switches` publishes them through the store).
+    opened: tokio::sync::mpsc::UnboundedSender<Switch>,
+    opened_rx: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<Switch>>>,
 }
 
 /// A broker dead letter claimed for one redrive; released when dropped.
@@ -117,7 +124,11 @@ impl<S: Store> App<S> {
     /// Wraps a store and a configuration.
     pub fn new(store: S, config: ServerConfig) -> Arc<Self> {
         let breakers = Breakers::new(config.breaker_default, config.breakers.clone());
+        let (opened, opened_rx) = tokio::sync::mpsc::unbounded_channel();
         Arc::new(App {
+            remote_breakers: Mutex::new(HashMap::new()),
+            opened,
+            opened_rx: Mutex::new(Some(opened_rx)),
             store,
             breakers: Mutex::new(breakers),
             failures: Mutex::new(FailureStats::default()),
@@ -131,6 +142,57 @@ impl<S: Store> App<S> {
             stop: tokio::sync::watch::Sender::new(false),
             config,
         })
+    }
+
+    /// The breakers this node opens, to share (taken once, by `serve`).
+    pub fn take_opened(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<Switch>> {
+        self.opened_rx
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+    }
+
+    /// Applies a switch another node shared (or this one, echoed back):
+    /// a pause, a resume, a breaker opened elsewhere.
+    pub fn apply_switch(&self, s: &Switch) {
+        match s {
+            Switch::PauseType { name, paused } | Switch::PauseLane { name, paused } => {
+                let mut p = self.paused.lock().unwrap_or_else(|p| p.into_inner());
+                let set = if matches!(s, Switch::PauseType { .. }) {
+                    &mut p.types
+                } else {
+                    &mut p.lanes
+                };
+                if *paused {
+                    set.insert(name.clone());
+                } else if set.remove(name) {
+                    drop(p);
+                    self.ready.anything();
+                }
+            }
+            Switch::BreakerOpen {
+                job_type, until_ms, ..
+            } => {
+                let until = Timestamp::from_millis(*until_ms);
+                let mut r = self
+                    .remote_breakers
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                let e = r.entry(job_type.clone()).or_insert(until);
+                *e = (*e).max(until);
+            }
+            _ => {}
+        }
+    }
+
+    /// Until when another node's breaker parks `ty`, if it does now.
+    fn remote_open(&self, ty: &str, now: Timestamp) -> Option<Timestamp> {
+        let mut r = self
+            .remote_breakers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        r.retain(|_, until| *until > now);
+        r.get(ty).copied()
     }
 
     /// Starts the shutdown: long-polls answer at once, redrives stop
@@ -220,6 +282,11 @@ impl<S: Store> App<S> {
                 return Some(Duration::from_secs(30));
             }
         }
+        if let Some(until) = self.remote_open(ty, now) {
+            return Some(Duration::from_millis(
+                (until.as_millis() - now.as_millis()).max(1) as u64,
+            ));
+        }
         let mut b = self.breakers.lock().unwrap_or_else(|p| p.into_inner());
         b.shed_retry_after(&JobType::new(ty), now)
     }
@@ -272,6 +339,13 @@ impl<S: Store> App<S> {
         }
         while let Some(t) = breakers.poll_transition() {
             tracing::warn!(r#type = %t.ty, kind = %t.kind, from = %t.from, to = %t.to, "breaker changed state");
+            if let lazaret_core::BreakerState::Open { until } = t.to {
+                let _ = self.opened.send(Switch::BreakerOpen {
+                    job_type: t.ty.as_str().to_owned(),
+                    kind: t.kind.as_str().to_owned(),
+                    until_ms: until.as_millis(),
+                });
+            }
         }
     }
 
@@ -295,6 +369,18 @@ impl<S: Store> App<S> {
             p.types.iter().map(|t| JobType::new(t.as_str())).collect();
         let exclude_lanes: Vec<Lane> = p.lanes.iter().map(|l| Lane::new(l.as_str())).collect();
         drop(p);
+        {
+            let mut r = self
+                .remote_breakers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            r.retain(|_, until| *until > now);
+            for ty in r.keys() {
+                if !exclude_types.iter().any(|t| t.as_str() == ty) {
+                    exclude_types.push(JobType::new(ty.as_str()));
+                }
+            }
+        }
         let mut b = self.breakers.lock().unwrap_or_else(|p| p.into_inner());
         let mut limits = Vec::new();
         for view in b.snapshot(now) {

@@ -63,6 +63,21 @@ async fn pause_resume<S: Store>(
     if !pause {
         app.ready.anything();
     }
+    // Every node of a cluster pauses (or resumes) too; a store of one
+    // process keeps nothing.
+    let name = b.job_type.clone().or(b.lane.clone()).unwrap_or_default();
+    let switch = if b.job_type.is_some() {
+        lazaret_store::Switch::PauseType {
+            name,
+            paused: pause,
+        }
+    } else {
+        lazaret_store::Switch::PauseLane {
+            name,
+            paused: pause,
+        }
+    };
+    app.store.publish(switch).await?;
     let action = if pause { "pause" } else { "resume" };
     app.store
         .audit(AuditEntry {
