@@ -271,7 +271,10 @@ async fn cluster<S: Store>(app: Arc<App<S>>, mut stop: tokio::sync::watch::Recei
                 None => opened = None,
             },
             e = event => match e {
-                Some(Ok(StoreEvent::Ready)) => app.ready.anything(),
+                Some(Ok(StoreEvent::Ready { jobs: None })) => app.ready.anything(),
+                Some(Ok(StoreEvent::Ready { jobs: Some(jobs) })) => {
+                    app.ready.jobs(jobs.iter().map(|(l, t)| (l, t)));
+                }
                 Some(Ok(StoreEvent::TokensChanged)) => {
                     let _guard = app.token_changes.lock().await;
                     if let Err(e) = load_api_tokens(&app).await {

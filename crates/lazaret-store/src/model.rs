@@ -667,9 +667,14 @@ impl fmt::Display for DbError {
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum StoreEvent {
-    /// Jobs may have become leasable (an enqueue, a promotion, a retry, an
-    /// expiry, a redrive, a freed slot): long-polls should look again.
-    Ready,
+    /// Jobs may have become leasable: long-polls should look again. With
+    /// `jobs`, only these (lane, type) pairs did (enqueues); `None`: any
+    /// job may have (a promotion, a retry, an expiry, a redrive, a freed
+    /// slot), or too many pairs to name.
+    Ready {
+        /// The (lane, type) pairs made ready, when known.
+        jobs: Option<Vec<(lazaret_core::Lane, lazaret_core::JobType)>>,
+    },
     /// API tokens were created or revoked: reload them.
     TokensChanged,
     /// A shared switch changed.

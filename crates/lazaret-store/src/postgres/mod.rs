@@ -21,6 +21,7 @@ mod reader;
 mod schema;
 mod writer;
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
@@ -39,12 +40,32 @@ use crate::{
     SourceDeadLetter, Stage, Store, StoreError, StoreEvent, StoreStats, Switch, Tick,
 };
 
-/// Notified at the commit of anything that made jobs leasable.
-const READY_CHANNEL: &str = "lazaret_ready";
-/// Notified at the commit of a token's creation or revocation.
-const TOKENS_CHANNEL: &str = "lazaret_tokens";
-/// Notified with a [`Switch`] as JSON.
-const SWITCH_CHANNEL: &str = "lazaret_switch";
+/// The notification channels of one schema. Channels are the database's,
+/// not a schema's: each schema gets its own names, so two lazaret clusters
+/// in two schemas of one database never hear each other.
+#[derive(Clone, Debug)]
+pub(crate) struct Channels {
+    /// Notified at the commit of anything that made jobs leasable.
+    pub ready: String,
+    /// Notified at the commit of a token's creation or revocation.
+    pub tokens: String,
+    /// Notified with a [`Switch`] as JSON.
+    pub switch: String,
+}
+
+impl Channels {
+    fn of(schema: &str) -> Self {
+        // FNV-1a: a short, stable name within PostgreSQL's 63 bytes.
+        let h = schema.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        Channels {
+            ready: format!("lazaret_{h:016x}_ready"),
+            tokens: format!("lazaret_{h:016x}_tokens"),
+            switch: format!("lazaret_{h:016x}_switch"),
+        }
+    }
+}
 /// Reader connections per node.
 const READERS: usize = 4;
 
@@ -209,6 +230,11 @@ pub async fn migrate(opts: &PgOptions) -> Result<i64, StoreError> {
     schema::migrate(&client, &opts.schema).await
 }
 
+/// The server process serving a connection (what a notification names).
+async fn backend_pid(c: &Client) -> Result<i32, StoreError> {
+    Ok(pg(c.query_one("SELECT pg_backend_pid()", &[]).await)?.get(0))
+}
+
 /// The PostgreSQL [`Store`].
 #[derive(Debug, Clone)]
 pub struct PostgresStore {
@@ -222,6 +248,7 @@ struct Inner {
     closed: AtomicBool,
     events: broadcast::Sender<StoreEvent>,
     schema: String,
+    channels: Channels,
     /// Dropped (or sent) when the store goes: the listener stops.
     _stop: tokio::sync::watch::Sender<()>,
 }
@@ -246,18 +273,27 @@ impl PostgresStore {
         let writer_client = connect(&opts, None).await?;
         schema::migrate(&writer_client, &opts.schema).await?;
         let mut readers = Vec::with_capacity(READERS);
+        // The backends of this node's own connections: their notifications
+        // are its own changes, already seen.
+        let mut own: HashSet<i32> = HashSet::new();
+        own.insert(backend_pid(&writer_client).await?);
         for _ in 0..READERS {
-            readers.push(Mutex::new(connect(&opts, None).await?));
+            let c = connect(&opts, None).await?;
+            own.insert(backend_pid(&c).await?);
+            readers.push(Mutex::new(c));
         }
+        let channels = Channels::of(&opts.schema);
         let (events, _) = broadcast::channel(1024);
         let (ntx, mut nrx) = mpsc::unbounded_channel();
         let listener = connect(&opts, Some(ntx)).await?;
         pg(listener
             .batch_execute(&format!(
-                "LISTEN {READY_CHANNEL}; LISTEN {TOKENS_CHANNEL}; LISTEN {SWITCH_CHANNEL};"
+                "LISTEN {}; LISTEN {}; LISTEN {};",
+                channels.ready, channels.tokens, channels.switch
             ))
             .await)?;
         let ev = events.clone();
+        let heard = channels.clone();
         let (stop, mut stopped) = tokio::sync::watch::channel(());
         tokio::spawn(async move {
             // The listener's client lives as long as this task: dropping it
@@ -268,10 +304,24 @@ impl PostgresStore {
                     n = nrx.recv() => match n { Some(n) => n, None => break },
                     _ = stopped.changed() => break,
                 };
+                if own.contains(&n.process_id()) {
+                    // This node's own commit: it woke its own waiters already.
+                    continue;
+                }
                 let event = match n.channel() {
-                    READY_CHANNEL => StoreEvent::Ready,
-                    TOKENS_CHANNEL => StoreEvent::TokensChanged,
-                    SWITCH_CHANNEL => match serde_json::from_str::<Switch>(n.payload()) {
+                    c if c == heard.ready => StoreEvent::Ready {
+                        jobs: serde_json::from_str::<Vec<(String, String)>>(n.payload())
+                            .ok()
+                            .map(|v| {
+                                v.into_iter()
+                                    .map(|(l, t)| {
+                                        (lazaret_core::Lane::new(l), lazaret_core::JobType::new(t))
+                                    })
+                                    .collect()
+                            }),
+                    },
+                    c if c == heard.tokens => StoreEvent::TokensChanged,
+                    c if c == heard.switch => match serde_json::from_str::<Switch>(n.payload()) {
                         Ok(s) => StoreEvent::Switch(s),
                         Err(e) => {
                             tracing::warn!(error = %e, payload = n.payload(), "an unreadable switch");
@@ -284,7 +334,13 @@ impl PostgresStore {
             }
         });
         let (tx, rx) = mpsc::unbounded_channel();
-        let w = Writer::new(writer_client, scheduler, decider, opts.clock);
+        let w = Writer::new(
+            writer_client,
+            scheduler,
+            decider,
+            opts.clock,
+            channels.clone(),
+        );
         tokio::spawn(w.run(rx));
         Ok(PostgresStore {
             inner: Arc::new(Inner {
@@ -294,6 +350,7 @@ impl PostgresStore {
                 closed: AtomicBool::new(false),
                 events,
                 schema: opts.schema,
+                channels,
                 _stop: stop,
             }),
         })
@@ -575,10 +632,11 @@ impl Store for PostgresStore {
             .map_err(|e| StoreError::Corrupt(format!("a switch as JSON: {e}")))?;
         let c = self.reader().await?;
         reader::save_switch(&c, &switch).await?;
-        pg(
-            c.execute("SELECT pg_notify($1, $2)", &[&SWITCH_CHANNEL, &payload])
-                .await,
-        )?;
+        pg(c.execute(
+            "SELECT pg_notify($1, $2)",
+            &[&self.inner.channels.switch, &payload],
+        )
+        .await)?;
         Ok(())
     }
 

@@ -15,7 +15,7 @@
 //! nodes. Jobs are picked `FOR UPDATE SKIP LOCKED`: two nodes never wait
 //! on, or take, the same job.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use lazaret_core::{
@@ -26,7 +26,7 @@ use tokio::sync::mpsc;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Row, Statement};
 
-use super::{Clock, READY_CHANNEL, pg};
+use super::{Channels, Clock, pg};
 use crate::stored::StoredJob;
 use crate::{
     AdmissionRecord, ApiToken, AuditEntry, AuditId, Completed, Completion, DeadLetterId, Decider,
@@ -118,9 +118,15 @@ struct Group {
     deltas: BTreeMap<(String, String), Delta>,
     /// Counts read in this group (before its own deltas).
     base: HashMap<(String, String), (i64, i64)>,
-    /// Something became leasable: other nodes' long-polls should look.
+    /// Anything may have become leasable: other nodes' long-polls should look.
     wake: bool,
+    /// Only these (lane, type) pairs became leasable (enqueues).
+    woken: BTreeSet<(String, String)>,
 }
+
+/// At most this many (lane, type) pairs named in one notification; more
+/// wake every waiter (a NOTIFY payload is at most 8000 bytes).
+const WOKEN_MAX: usize = 16;
 
 pub(super) struct Writer {
     client: Client,
@@ -128,6 +134,7 @@ pub(super) struct Writer {
     scheduler: FairScheduler,
     decider: Arc<dyn Decider>,
     clock: Clock,
+    channels: Channels,
     group: Group,
     grants: Vec<Grant>,
     commits: u64,
@@ -177,6 +184,7 @@ impl Writer {
         scheduler: FairScheduler,
         decider: Arc<dyn Decider>,
         clock: Clock,
+        channels: Channels,
     ) -> Self {
         Writer {
             client,
@@ -184,6 +192,7 @@ impl Writer {
             scheduler,
             decider,
             clock,
+            channels,
             group: Group::default(),
             grants: Vec::new(),
             commits: 0,
@@ -303,9 +312,16 @@ impl Writer {
             answers.push(self.exec(op, db_now).await?);
         }
         self.flush_counts().await?;
-        if self.group.wake {
-            let st = self.stmt("SELECT pg_notify($1, '')").await?;
-            pg(self.client.execute(&st, &[&READY_CHANNEL]).await)?;
+        if self.group.wake || !self.group.woken.is_empty() {
+            let woken = std::mem::take(&mut self.group.woken);
+            let payload = if self.group.wake || woken.len() > WOKEN_MAX {
+                String::new()
+            } else {
+                serde_json::to_string(&woken).map_err(corrupt)?
+            };
+            let st = self.stmt("SELECT pg_notify($1, $2)").await?;
+            let channel = self.channels.ready.clone();
+            pg(self.client.execute(&st, &[&channel, &payload]).await)?;
         }
         Ok(answers)
     }
@@ -616,7 +632,9 @@ impl Writer {
                     self.delta(lane, tenant).scheduled += 1;
                 } else {
                     self.delta(lane, tenant).ready += 1;
-                    self.group.wake = true;
+                    self.group
+                        .woken
+                        .insert((lane.to_owned(), job.job_type.as_str().to_owned()));
                 }
             }
             done.push(o);
@@ -1372,7 +1390,8 @@ impl Writer {
 
     /// Tells every node (at commit) that the API tokens changed.
     async fn tokens_changed(&mut self) -> Result<(), StoreError> {
-        self.execute("SELECT pg_notify($1, '')", &[&super::TOKENS_CHANNEL])
+        let channel = self.channels.tokens.clone();
+        self.execute("SELECT pg_notify($1, '')", &[&channel])
             .await?;
         Ok(())
     }

@@ -263,7 +263,12 @@ mod cluster {
             },
         )
         .await;
-        assert_eq!(next(&mut events).await, StoreEvent::Ready);
+        assert_eq!(
+            next(&mut events).await,
+            StoreEvent::Ready {
+                jobs: Some(vec![("default".into(), "resize".into())])
+            }
+        );
 
         let pause = Switch::PauseType {
             name: "resize".into(),
