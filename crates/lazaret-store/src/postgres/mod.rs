@@ -191,7 +191,9 @@ async fn connect(
         )),
     })?;
     config.options(format!("-c search_path={}", opts.schema));
-    config.application_name("lazaret");
+    // Names the schema, so an operator (or a test) can tell the clusters'
+    // sessions apart in pg_stat_activity.
+    config.application_name(&format!("lazaret/{}", opts.schema));
     let (client, mut conn) = config.connect(NoTls).await.map_err(|e| StoreError::Open {
         path: redact(&opts.url),
         source: std::io::Error::other(format!(
@@ -268,6 +270,10 @@ struct Inner {
     schema: String,
     channels: Channels,
     tick_min: std::time::Duration,
+    /// Why the writer cannot reach the database now.
+    down: Arc<std::sync::Mutex<Option<String>>>,
+    /// To connect readers again.
+    opts: PgOptions,
     /// The caller's `now` of the last tick that ran, and what it found due next.
     last_tick: std::sync::Mutex<Option<(Timestamp, Option<Timestamp>)>>,
     /// Dropped (or sent) when the store goes: the listener stops.
@@ -355,8 +361,11 @@ impl PostgresStore {
             }
         });
         let (tx, rx) = mpsc::unbounded_channel();
+        let down = Arc::new(std::sync::Mutex::new(None));
         let w = Writer::new(
             writer_client,
+            opts.clone(),
+            Arc::clone(&down),
             scheduler,
             decider,
             opts.clock,
@@ -370,9 +379,11 @@ impl PostgresStore {
                 next_reader: AtomicUsize::new(0),
                 closed: AtomicBool::new(false),
                 events,
-                schema: opts.schema,
+                schema: opts.schema.clone(),
                 channels,
                 tick_min: opts.tick_min,
+                down,
+                opts: opts.clone(),
                 last_tick: std::sync::Mutex::new(None),
                 _stop: stop,
             }),
@@ -413,7 +424,11 @@ impl PostgresStore {
             return Err(StoreError::Closed);
         }
         let i = self.inner.next_reader.fetch_add(1, Ordering::Relaxed) % self.inner.readers.len();
-        Ok(self.inner.readers[i].lock().await)
+        let mut c = self.inner.readers[i].lock().await;
+        if c.is_closed() {
+            *c = connect(&self.inner.opts, None).await?;
+        }
+        Ok(c)
     }
 }
 
@@ -666,6 +681,14 @@ impl Store for PostgresStore {
 
     async fn tokens(&self) -> Result<Vec<crate::ApiToken>, StoreError> {
         reader::tokens(&*self.reader().await?).await
+    }
+
+    fn failure(&self) -> Option<String> {
+        self.inner
+            .down
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     fn events(&self) -> Option<broadcast::Receiver<StoreEvent>> {

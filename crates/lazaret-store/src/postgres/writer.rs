@@ -130,6 +130,10 @@ const WOKEN_MAX: usize = 16;
 
 pub(super) struct Writer {
     client: Client,
+    /// To connect again when the database restarts or the connection drops.
+    opts: super::PgOptions,
+    /// Why the writer cannot reach the database now (`Store::failure`).
+    down: Arc<std::sync::Mutex<Option<String>>>,
     statements: HashMap<&'static str, Statement>,
     scheduler: FairScheduler,
     decider: Arc<dyn Decider>,
@@ -179,8 +183,11 @@ pub(super) fn stored_job(r: &Row) -> Result<StoredJob, StoreError> {
 pub(super) const JOB_COLUMNS: &str = COLUMNS;
 
 impl Writer {
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         client: Client,
+        opts: super::PgOptions,
+        down: Arc<std::sync::Mutex<Option<String>>>,
         scheduler: FairScheduler,
         decider: Arc<dyn Decider>,
         clock: Clock,
@@ -188,6 +195,8 @@ impl Writer {
     ) -> Self {
         Writer {
             client,
+            opts,
+            down,
             statements: HashMap::new(),
             scheduler,
             decider,
@@ -279,8 +288,32 @@ impl Writer {
         }
     }
 
+    /// Connects again if the connection is gone (a database restart, a
+    /// network cut): the ops of a group that met a closed connection failed
+    /// as not applied (or, at COMMIT, unknown), later ones go on.
+    async fn reconnect(&mut self) -> Result<(), StoreError> {
+        if !self.client.is_closed() {
+            return Ok(());
+        }
+        match super::connect(&self.opts, None).await {
+            Ok(c) => {
+                tracing::info!("PostgreSQL: the writer connected again");
+                self.client = c;
+                self.statements.clear();
+                *self.down.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                Ok(())
+            }
+            Err(e) => {
+                *self.down.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Some(format!("the store's database is unreachable: {e}"));
+                Err(e)
+            }
+        }
+    }
+
     /// Runs ops in one transaction; on any error rolls it back.
     async fn transaction(&mut self, ops: &[&Op]) -> Result<Vec<Answer>, StoreError> {
+        self.reconnect().await?;
         self.group = Group::default();
         pg(self.client.batch_execute("BEGIN").await)?;
         let r = self.body(ops).await;

@@ -346,4 +346,54 @@ mod cluster {
         .expect_err("a newer schema is refused");
         assert!(err.to_string().contains("newer than this build"), "{err}");
     }
+
+    #[tokio::test]
+    async fn the_store_connects_again_after_the_database_drops_its_connections() {
+        let Some(url) = url() else { return };
+        let schema = fresh_schema(&url);
+        let s = open(&url, &schema.name, Clock::Database).await;
+        let now = wall();
+        let first = lazaret_store::NewJob {
+            run_at: now,
+            now,
+            ..new_job("resize", "acme", "default")
+        };
+        enqueue_one(&s, first.clone()).await;
+        let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let killed = c
+            .query(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+                &[&format!("lazaret/{}", schema.name)],
+            )
+            .await
+            .unwrap();
+        assert!(
+            killed.len() >= 5,
+            "the writer and the readers: {}",
+            killed.len()
+        );
+        // The first calls may meet the closed connections; the store then
+        // connects again, and goes on with everything committed before.
+        let mut ok = false;
+        for _ in 0..5 {
+            if s.enqueue(vec![first.clone()]).await.is_ok() && s.stats().await.is_ok() {
+                ok = true;
+                break;
+            }
+        }
+        assert!(ok, "the store never connected again");
+        assert_eq!(s.failure(), None);
+        let stats = s.stats().await.unwrap();
+        assert_eq!(
+            lazaret_store_conformance::lane_counts(&stats, "default").queued,
+            2
+        );
+        assert_eq!(
+            job_view(&s, lazaret_core::JobId(1)).await.state,
+            JobState::Queued
+        );
+    }
 }
