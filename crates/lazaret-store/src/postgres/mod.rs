@@ -193,7 +193,7 @@ async fn connect(
     config.options(format!("-c search_path={}", opts.schema));
     // Names the schema, so an operator (or a test) can tell the clusters'
     // sessions apart in pg_stat_activity.
-    config.application_name(&format!("lazaret/{}", opts.schema));
+    config.application_name(format!("lazaret/{}", opts.schema));
     let (client, mut conn) = config.connect(NoTls).await.map_err(|e| StoreError::Open {
         path: redact(&opts.url),
         source: std::io::Error::other(format!(
