@@ -635,7 +635,11 @@ pub(super) async fn redrive_corrected<S: Store>(
             actor: caller.name,
             reason,
         };
-        return match app.store.redrive_corrected(dl, fix, now(), Some(entry)).await? {
+        return match app
+            .store
+            .redrive_corrected(dl, fix, now(), Some(entry))
+            .await?
+        {
             Some(job) => {
                 app.ready.anything();
                 m::redriven(1);

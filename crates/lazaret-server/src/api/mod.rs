@@ -215,7 +215,8 @@ async fn authorize_first<S: Store>(
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    if matches!(req.uri().path(), "/healthz" | "/metrics") || dashboard::is_dashboard_path(req.uri().path())
+    if matches!(req.uri().path(), "/healthz" | "/metrics")
+        || dashboard::is_dashboard_path(req.uri().path())
     {
         return next.run(req).await;
     }

@@ -718,7 +718,7 @@
   /** Correct the payload and redrive: POST /v1/dead-letters/{id}/redrive with the operator's exact text. */
   function editForm(d, preview, whole) {
     const area = el('textarea', { id: 'edit-payload', rows: '10', spellcheck: 'false', 'aria-describedby': 'edit-help edit-error' });
-    const why = el('input', { id: 'edit-reason', required: true, maxlength: '1024' });
+    const why = el('input', { id: 'edit-reason', 'aria-required': 'true', maxlength: '1024' });
     const errorP = el('p', { id: 'edit-error', class: 'warn', 'aria-live': 'polite' });
     const result = el('div', { id: 'edit-result' });
     const loadButton = el('button', { type: 'button' }, `Load the whole payload to edit (${fmtBytes(d.payload_size)})`);

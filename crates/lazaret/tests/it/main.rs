@@ -7,6 +7,7 @@ mod admission;
 mod audit;
 mod auth;
 mod bench;
+mod browser;
 mod celery;
 mod connections;
 mod data_dir;
