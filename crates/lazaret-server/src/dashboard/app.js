@@ -3,7 +3,7 @@
 // The token typed into the login form is kept in sessionStorage (this tab
 // only) and sent as `Authorization: Bearer`; never as a cookie. Every piece
 // of text from the server (payloads, error messages, names) is hostile
-// input: it goes into the page with textContent only, never innerHTML.
+// input: it goes into the page as text nodes (textContent), never parsed as markup.
 'use strict';
 
 (() => {

@@ -10,6 +10,7 @@ mod bench;
 mod browser;
 mod celery;
 mod connections;
+mod dashboard;
 mod data_dir;
 mod dead_letters;
 mod errors;
