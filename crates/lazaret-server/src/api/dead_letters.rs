@@ -586,7 +586,7 @@ pub(super) async fn redrive_corrected<S: Store>(
                 .unwrap_or_else(|| ApiError::bad_request("the corrected payload was refused"));
             e.message = format!(
                 "the corrected payload is refused as a new enqueue would be: {}; nothing was redriven",
-                e.message
+                e.message.trim_end_matches('.')
             );
             m::rejected(e.code.as_str());
             return Err(e);

@@ -255,6 +255,7 @@
     clearInterval(state.timer);
     state.timer = null;
     clearError();
+    flash('');
     if (!state.who) {
       showView('login');
       return;
@@ -954,8 +955,7 @@
       state.who = null;
       $('who').hidden = true;
       $('nav').hidden = true;
-      flash('Signed out.');
-      route();
+      route().then(() => flash('Signed out.'));
     });
     $('overview-refresh').addEventListener('click', () => overview().catch(showError));
     $('pause-form').addEventListener('submit', (ev) => {
