@@ -55,8 +55,10 @@
     }
   }
 
-  function flash(text) {
+  /** Says how an action went; `keep`: also through the next change of view. */
+  function flash(text, keep) {
     $('flash').textContent = text;
+    state.keepFlash = !!keep;
   }
 
   function showError(err) {
@@ -255,7 +257,8 @@
     clearInterval(state.timer);
     state.timer = null;
     clearError();
-    flash('');
+    if (!state.keepFlash) flash('');
+    state.keepFlash = false;
     if (!state.who) {
       showView('login');
       return;
@@ -595,7 +598,7 @@
       onConfirm: async () => {
         const done = await api('POST', '/v1/dead-letters/purge', { ...selection, confirm: true });
         box.replaceChildren(el('p', { class: 'result', role: 'status' }, `Purged ${done.purged}.`));
-        flash(`Purged ${done.purged}.`);
+        flash(`Purged ${done.purged}.`, true);
         state.selected = new Set();
         if (after) await after();
         else if (state.group) await deadLetters(new URLSearchParams(filterOf(state.group)));
@@ -955,7 +958,8 @@
       state.who = null;
       $('who').hidden = true;
       $('nav').hidden = true;
-      route().then(() => flash('Signed out.'));
+      flash('Signed out.', true);
+      route();
     });
     $('overview-refresh').addEventListener('click', () => overview().catch(showError));
     $('pause-form').addEventListener('submit', (ev) => {

@@ -4,6 +4,7 @@
 // three dead letters and reads what this script leaves behind. Environment:
 //   LAZARET_URL             the server
 //   LAZARET_OPERATOR_TOKEN  the token typed into the login form
+//   LAZARET_ADMIN_TOKEN     the admin who purges at the end
 //   LAZARET_WORKER_TOKEN    the worker that leases and acks the redriven jobs, over HTTP
 //   LAZARET_SEED            {"plain": {dead_letter_id, job_id}, "hostile": {...}, "large": {..., payload_size}}
 //   LAZARET_SCREENSHOTS     where the screenshots go (docs/ when regenerating them)
@@ -19,10 +20,11 @@ import { chromium } from 'playwright-core';
 const base = process.env.LAZARET_URL;
 const operator = process.env.LAZARET_OPERATOR_TOKEN;
 const worker = process.env.LAZARET_WORKER_TOKEN;
+const admin = process.env.LAZARET_ADMIN_TOKEN;
 const seed = JSON.parse(process.env.LAZARET_SEED || '{}');
 const shots = process.env.LAZARET_SCREENSHOTS || mkdtempSync(join(tmpdir(), 'lazaret-shots-'));
 const executablePath = process.env.LAZARET_CHROMIUM || '/usr/bin/chromium';
-assert.ok(base && operator && worker && seed.plain && seed.hostile && seed.large, 'LAZARET_URL, the tokens and LAZARET_SEED are set');
+assert.ok(base && operator && worker && admin && seed.plain && seed.hostile && seed.large, 'LAZARET_URL, the tokens and LAZARET_SEED are set');
 
 let step = 'start';
 function say(what) {
@@ -98,6 +100,15 @@ try {
   const cookies = await context.cookies();
   assert.deepEqual(cookies, [], 'the token is never a cookie');
   await shot('overview');
+
+  say('a type is paused from the overview and resumed');
+  await page.getByLabel('What').selectOption('type');
+  await page.getByLabel('Name').fill('send_email');
+  await page.getByRole('button', { name: 'Pause', exact: true }).click();
+  await page.getByText('Paused type send_email.').waitFor();
+  await page.getByRole('button', { name: 'Resume type send_email' }).click();
+  await page.getByText('Resumed type send_email.').waitFor();
+  await page.locator('#overview-paused').getByText('Nothing is paused.').waitFor();
 
   say('the dead letter is listed under its reason');
   await page.getByRole('navigation').getByRole('link', { name: 'Dead letters' }).click();
@@ -179,6 +190,11 @@ try {
   await audit.getByRole('row').filter({ hasText: 'payload_edited' }).filter({ hasText: 'ops-alice' }).first().waitFor();
   await shot('audit');
 
+  say('live jobs: listed with their state, or the view says the server cannot list them');
+  await page.getByRole('navigation').getByRole('link', { name: 'Live jobs' }).click();
+  await page.getByRole('heading', { name: 'Live jobs' }).waitFor();
+  await page.locator('#jobs-list').getByText(/cannot list live jobs|job \d+/).first().waitFor();
+
   say('a worker token is offered only what a worker may do');
   await page.getByRole('button', { name: 'Sign out' }).click();
   await page.getByLabel('Token').fill(worker);
@@ -187,6 +203,21 @@ try {
   assert.equal(await page.getByRole('navigation').getByRole('link', { name: 'Dead letters' }).isVisible(), false);
   assert.equal(await page.getByRole('navigation').getByRole('link', { name: 'Audit log' }).isVisible(), false);
   assert.equal(await page.locator('#pause-form').isVisible(), false, 'no pause form for a worker');
+
+  say('an admin purges the large dead letter after confirming');
+  await page.getByRole('button', { name: 'Sign out' }).click();
+  await page.getByLabel('Token').fill(admin);
+  await page.getByRole('button', { name: 'Sign in' }).click();
+  await page.getByText('root (admin)').waitFor();
+  await page.goto(`${base}/#/dead-letter/${seed.large.dead_letter_id}`);
+  await page.getByRole('button', { name: 'Purge…' }).click();
+  const purge = page.getByRole('button', { name: 'Purge 1' });
+  assert.equal(await purge.isDisabled(), true, 'nothing is purged before the confirmation');
+  await page.getByLabel('I understand this deletes them for good').check();
+  await purge.click();
+  await page.locator('#flash').getByText('Purged 1.').waitFor();
+  await page.getByRole('heading', { name: 'Dead letters by reason' }).waitFor();
+  await page.getByText('The quarantine is empty.').waitFor();
 
   assert.deepEqual(pageErrors, [], 'no script error on the page');
   assert.deepEqual(foreign, [], 'nothing fetched from elsewhere');

@@ -23,6 +23,11 @@ role = "operator"
 token = "operator-secret"
 
 [[tokens]]
+name = "root"
+role = "admin"
+token = "admin-secret"
+
+[[tokens]]
 name = "w-1"
 role = "worker"
 token = "worker-secret"
@@ -137,6 +142,7 @@ async fn an_operator_signs_in_finds_the_dead_letter_under_its_reason_and_redrive
         .env("LAZARET_URL", server.base())
         .env("LAZARET_OPERATOR_TOKEN", "operator-secret")
         .env("LAZARET_WORKER_TOKEN", "worker-secret")
+        .env("LAZARET_ADMIN_TOKEN", "admin-secret")
         .env("LAZARET_SEED", seed.to_string())
         .env("LAZARET_SCREENSHOTS", &shots_dir)
         .env("LAZARET_CHROMIUM", chromium())
@@ -195,9 +201,15 @@ async fn an_operator_signs_in_finds_the_dead_letter_under_its_reason_and_redrive
     let reasons = operator.get("/v1/dead-letters/reasons").await;
     assert_eq!(
         reasons.expect(200)["reasons"],
-        json!([{"reason": "permanent", "type": "resize", "count": 1,
-                "first_at": reasons.body["reasons"][0]["first_at"],
-                "last_at": reasons.body["reasons"][0]["last_at"]}]),
-        "only the large one is left"
+        json!([]),
+        "two redriven, the large one purged"
+    );
+    let purges = operator.get("/v1/audit?action=purge").await;
+    let purges = purges.expect(200)["items"].clone();
+    assert_eq!(purges[0]["actor"], "root", "{purges}");
+    assert_eq!(purges[0]["count"], 1, "{purges}");
+    assert!(
+        operator.get(&format!("/v1/jobs/{large_job}")).await.status == 404,
+        "the purged dead letter's job went with it"
     );
 }
