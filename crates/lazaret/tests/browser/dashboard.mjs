@@ -6,7 +6,8 @@
 //   LAZARET_OPERATOR_TOKEN  the token typed into the login form
 //   LAZARET_ADMIN_TOKEN     the admin who purges at the end
 //   LAZARET_WORKER_TOKEN    the worker that leases and acks the redriven jobs, over HTTP
-//   LAZARET_SEED            {"plain": {dead_letter_id, job_id}, "hostile": {...}, "large": {..., payload_size}}
+//   LAZARET_SEED            {"plain": {dead_letter_id, job_id}, "hostile": {...}, "large": {..., payload_size},
+//                           "surge": {type, count}}
 //   LAZARET_SCREENSHOTS     where the screenshots go (docs/ when regenerating them)
 //   LAZARET_CHROMIUM        the browser (default /usr/bin/chromium); never downloaded
 // Exits 0 after printing "dashboard browser test: passed", 1 with the failing step otherwise.
@@ -24,7 +25,7 @@ const admin = process.env.LAZARET_ADMIN_TOKEN;
 const seed = JSON.parse(process.env.LAZARET_SEED || '{}');
 const shots = process.env.LAZARET_SCREENSHOTS || mkdtempSync(join(tmpdir(), 'lazaret-shots-'));
 const executablePath = process.env.LAZARET_CHROMIUM || '/usr/bin/chromium';
-assert.ok(base && operator && worker && admin && seed.plain && seed.hostile && seed.large, 'LAZARET_URL, the tokens and LAZARET_SEED are set');
+assert.ok(base && operator && worker && admin && seed.plain && seed.hostile && seed.large && seed.surge, 'LAZARET_URL, the tokens and LAZARET_SEED are set');
 
 let step = 'start';
 function say(what) {
@@ -96,7 +97,10 @@ try {
   await page.getByText('ops-alice (operator)').waitFor();
   await page.getByRole('table', { name: /Lanes/ }).waitFor();
   const held = await page.locator('#overview-dl dd').first().textContent();
-  assert.match(held, /^3\b/, `three dead letters are held (overview says ${held})`);
+  const total = 3 + seed.surge.count;
+  assert.match(held, new RegExp(`^${total}\\b`), `${total} dead letters are held (overview says ${held})`);
+  await page.getByRole('note').getByText('Systemic failure likely').waitFor();
+  await page.getByRole('note').getByText(`${seed.surge.type}/http_503: gateway unavailable`).waitFor();
   const cookies = await context.cookies();
   assert.deepEqual(cookies, [], 'the token is never a cookie');
   await shot('overview');
@@ -116,6 +120,10 @@ try {
   const row = groups.getByRole('row').filter({ hasText: 'send_email' });
   await row.getByRole('cell', { name: 'permanent', exact: true }).waitFor();
   assert.equal((await row.getByRole('cell').nth(2).textContent()).trim(), '2');
+  const surging = groups.getByRole('row').filter({ hasText: seed.surge.type });
+  await surging.getByText(/^systemic: \d+% http_503$/).waitFor();
+  assert.equal(await row.getByText(/systemic/).count(), 0, 'only the surging type is marked');
+  await shot('dead-letters');
   await row.getByRole('link', { name: 'Show 2 permanent of send_email' }).click();
   await page.getByRole('heading', { name: 'permanent · send_email (2)' }).waitFor();
   await page.getByRole('link', { name: `Open ${seed.plain.dead_letter_id}` }).waitFor();
@@ -217,7 +225,8 @@ try {
   await purge.click();
   await page.locator('#flash').getByText('Purged 1.').waitFor();
   await page.getByRole('heading', { name: 'Dead letters by reason' }).waitFor();
-  await page.getByText('The quarantine is empty.').waitFor();
+  await page.getByRole('table', { name: 'Dead letters grouped by reason and type' })
+    .getByRole('row').filter({ hasText: 'resize' }).waitFor({ state: 'detached' });
 
   assert.deepEqual(pageErrors, [], 'no script error on the page');
   assert.deepEqual(foreign, [], 'nothing fetched from elsewhere');

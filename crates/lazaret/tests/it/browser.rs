@@ -16,6 +16,9 @@ use serde_json::{Value, json};
 
 use crate::harness::{Api, QUICK, Server, id_text, lease_req};
 
+/// Dead letters of the surging type.
+const SURGE: usize = 20;
+
 const TOKENS: &str = r#"
 [[tokens]]
 name = "ops-alice"
@@ -128,10 +131,48 @@ async fn an_operator_signs_in_finds_the_dead_letter_under_its_reason_and_redrive
     )
     .await;
 
+    // A surge: twenty dead letters of one type with one cause, most of
+    // all that arrived (the systemic signal of `/v1/stats`).
+    let batch: Vec<Value> = (0..SURGE)
+        .map(|n| json!({"type": "charge_card", "tenant": format!("t{n}"), "payload": {"n": n}}))
+        .collect();
+    let r = producer
+        .post("/v1/jobs/batch", &json!({ "jobs": batch }))
+        .await;
+    r.expect(200);
+    let mut req = lease_req("seed", SURGE as u32, 30_000);
+    req["types"] = json!(["charge_card"]);
+    let mut leased = Vec::new();
+    while leased.len() < SURGE {
+        leased.extend(worker.lease_eventually(&req).await);
+    }
+    let fails: Vec<Value> = leased
+        .iter()
+        .map(|j| json!({"id": j["id"], "lease_token": j["lease_token"],
+                        "error": {"class": "permanent", "kind": "http_503", "message": "gateway unavailable"}}))
+        .collect();
+    let r = worker.post("/v1/fails", &json!({ "items": fails })).await;
+    let results = r.expect(200)["results"].clone();
+    assert!(
+        results
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["state"] == "dead_lettered"),
+        "{results}"
+    );
+    let stats = operator.get("/v1/stats").await;
+    assert!(
+        stats.expect(200)["dead_letters"]["surge"].is_object(),
+        "a surge: {}",
+        stats.body
+    );
+
     let seed = json!({
         "plain": {"dead_letter_id": plain_dl, "job_id": plain_job},
         "hostile": {"dead_letter_id": hostile_dl, "job_id": hostile_job},
         "large": {"dead_letter_id": large_dl, "job_id": large_job, "payload_size": large_size},
+        "surge": {"type": "charge_card", "count": SURGE},
     });
     let shots = tempfile::tempdir().expect("a screenshot directory");
     let shots_dir = std::env::var_os("LAZARET_DASHBOARD_SCREENSHOTS")
@@ -199,10 +240,16 @@ async fn an_operator_signs_in_finds_the_dead_letter_under_its_reason_and_redrive
         edited[0]
     );
     let reasons = operator.get("/v1/dead-letters/reasons").await;
+    let left = reasons.expect(200)["reasons"].clone();
     assert_eq!(
-        reasons.expect(200)["reasons"],
-        json!([]),
-        "two redriven, the large one purged"
+        left.as_array().map(Vec::len),
+        Some(1),
+        "two redriven, the large one purged, the surge left: {left}"
+    );
+    assert_eq!(
+        (&left[0]["type"], &left[0]["count"]),
+        (&json!("charge_card"), &json!(SURGE)),
+        "{left}"
     );
     let purges = operator.get("/v1/audit?action=purge").await;
     let purges = purges.expect(200)["items"].clone();
