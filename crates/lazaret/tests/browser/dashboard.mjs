@@ -124,6 +124,15 @@ try {
   await surging.getByText(/^systemic: \d+% http_503$/).waitFor();
   assert.equal(await row.getByText(/systemic/).count(), 0, 'only the surging type is marked');
   await shot('dead-letters');
+
+  say('redrive of a whole reason: the dry run counts and lists all of it; cancel moves nothing');
+  await surging.getByRole('link', { name: `Show ${seed.surge.count} permanent of ${seed.surge.type}` }).click();
+  await page.getByRole('heading', { name: `permanent · ${seed.surge.type} (${seed.surge.count})` }).waitFor();
+  await page.getByRole('button', { name: `Redrive all ${seed.surge.count} with this reason…` }).click();
+  await page.getByText(`Dry run: ${seed.surge.count} would be redriven (every permanent dead letter of ${seed.surge.type}).`).waitFor();
+  assert.equal(await page.getByRole('list', { name: 'What the redrive would move' }).getByRole('listitem').count(), seed.surge.count);
+  await page.getByRole('button', { name: 'Cancel' }).click();
+  await page.getByText('Dry run:').waitFor({ state: 'detached' });
   await row.getByRole('link', { name: 'Show 2 permanent of send_email' }).click();
   await page.getByRole('heading', { name: 'permanent · send_email (2)' }).waitFor();
   await page.getByRole('link', { name: `Open ${seed.plain.dead_letter_id}` }).waitFor();

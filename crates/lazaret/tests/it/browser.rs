@@ -251,6 +251,19 @@ async fn an_operator_signs_in_finds_the_dead_letter_under_its_reason_and_redrive
         (&json!("charge_card"), &json!(SURGE)),
         "{left}"
     );
+    let dry_runs = operator.get("/v1/audit?action=redrive").await;
+    let whole_reason = dry_runs.expect(200)["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["request"]["filter"]["type"] == "charge_card")
+        .map(|e| (e["request"]["dry_run"].clone(), e["count"].clone()))
+        .collect::<Vec<_>>();
+    assert_eq!(
+        whole_reason,
+        vec![(json!(true), json!(0))],
+        "the whole reason was only rehearsed"
+    );
     let purges = operator.get("/v1/audit?action=purge").await;
     let purges = purges.expect(200)["items"].clone();
     assert_eq!(purges[0]["actor"], "root", "{purges}");
