@@ -561,6 +561,20 @@ impl Store for PostgresStore {
         .await
     }
 
+    async fn redrive_corrected(
+        &self,
+        id: DeadLetterId,
+        fix: crate::PayloadFix,
+        now: Timestamp,
+        audit: Option<AuditId>,
+    ) -> Result<Option<JobId>, StoreError> {
+        self.call(Op::RedriveCorrected(id, fix, now, audit), |a| match a {
+            Answer::Job(v) => Some(v),
+            _ => None,
+        })
+        .await
+    }
+
     async fn purge(
         &self,
         ids: Vec<DeadLetterId>,

@@ -64,6 +64,7 @@ pub(super) enum Op {
     Tick(Timestamp),
     RecordAdmission(AdmissionRecord),
     Redrive(Vec<DeadLetterId>, Timestamp, Option<AuditId>),
+    RedriveCorrected(DeadLetterId, crate::PayloadFix, Timestamp, Option<AuditId>),
     Purge(Vec<DeadLetterId>, Option<AuditId>),
     Audit(AuditEntry),
     Stats,
@@ -85,6 +86,7 @@ pub(super) enum Answer {
     Tick(Tick),
     DeadLetter(DeadLetterId),
     Jobs(Vec<JobId>),
+    Job(Option<JobId>),
     Count(u64),
     Audit(AuditId),
     Stats(StoreStats),
@@ -508,6 +510,10 @@ impl Writer {
             Op::Redrive(ids, now, audit) => {
                 Answer::Jobs(self.redrive(ids, now_of(*now), *audit).await?)
             }
+            Op::RedriveCorrected(id, fix, now, audit) => Answer::Job(
+                self.redrive_corrected(*id, fix, now_of(*now), *audit)
+                    .await?,
+            ),
             Op::Purge(ids, audit) => Answer::Count(self.purge(ids, *audit).await?),
             Op::Audit(e) => Answer::Audit(self.audit(e).await?),
             Op::Stats => Answer::Stats(self.stats().await?),
@@ -1237,6 +1243,70 @@ impl Writer {
         }
         self.audit_add(audit, out.len() as u64).await?;
         Ok(out)
+    }
+
+    /// One processing dead letter back into line with a corrected payload
+    /// (the envelope keeps the one it replaced: `lazaret_core::redrive_corrected`).
+    async fn redrive_corrected(
+        &mut self,
+        dl: DeadLetterId,
+        fix: &crate::PayloadFix,
+        now: Timestamp,
+        audit: Option<AuditId>,
+    ) -> Result<Option<JobId>, StoreError> {
+        let rows = self
+            .query(
+                "SELECT job_id FROM dead_letters WHERE id = $1 AND stage = 'processing' FOR UPDATE",
+                &[&(dl.0 as i64)],
+            )
+            .await?;
+        let Some(job_id) = rows.first().and_then(|r| r.get::<_, Option<i64>>(0)) else {
+            return Ok(None);
+        };
+        let rows = self
+            .query(
+                "SELECT id, type, tenant, lane, state, attempts, lease_started_at, worker_id,
+                   idempotency_key, schema_version, created_at, finished_at, envelope, payload
+                 FROM jobs WHERE id = $1 AND state = 'dead_lettered' FOR UPDATE",
+                &[&job_id],
+            )
+            .await?;
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        let stored = stored_job(row)?;
+        let mut env = stored.envelope()?;
+        lazaret_core::redrive_corrected(
+            &mut env,
+            lazaret_core::CorrectedPayload {
+                previous: &stored.payload,
+                payload: &fix.payload,
+                schema_version: fix.schema_version,
+                actor: &fix.actor,
+                reason: &fix.reason,
+                now,
+            },
+        );
+        self.execute(
+            "UPDATE jobs SET state = 'queued', run_at = $2, attempts = 0, finished_at = NULL,
+             lease_started_at = NULL, worker_id = NULL, redrives = $3, envelope = $4,
+             payload = $5, schema_version = $6 WHERE id = $1",
+            &[
+                &job_id,
+                &ms(now),
+                &(env.redrives as i32),
+                &env.to_json(),
+                &fix.payload,
+                &fix.schema_version.map(|v| v as i32),
+            ],
+        )
+        .await?;
+        self.execute("DELETE FROM dead_letters WHERE id = $1", &[&(dl.0 as i64)])
+            .await?;
+        self.delta(env.lane.as_str(), env.tenant.as_str()).ready += 1;
+        self.group.wake = true;
+        self.audit_add(audit, 1).await?;
+        Ok(Some(env.id))
     }
 
     async fn audit_add(&mut self, audit: Option<AuditId>, n: u64) -> Result<(), StoreError> {
