@@ -47,6 +47,22 @@ const RETRIES_MAX: u32 = 5;
 /// The advisory lock retention holds, so one node at a time deletes.
 pub(super) const RETENTION_LOCK: i64 = 0x6c61_7a61_7265_7402;
 
+/// Leases up to `$5` queued jobs of one (lane, tenant), oldest first, in
+/// one statement: picked `FOR UPDATE SKIP LOCKED` (never a job another
+/// transaction holds), charged an attempt and given a token from the
+/// sequence `lease_tokens`.
+const LEASE_SQL: &str = "WITH picked AS (
+                   SELECT id FROM jobs
+                   WHERE lane = $1 AND tenant = $2 AND state = 'queued'
+                     AND ($3::text[] IS NULL OR type = ANY($3)) AND NOT (type = ANY($4))
+                   ORDER BY run_at, id LIMIT $5 FOR UPDATE SKIP LOCKED)
+                 UPDATE jobs j SET state = 'leased', attempts = j.attempts + 1, leases = j.leases + 1,
+                   lease_token = nextval('lease_tokens'), lease_expires_at = $6, lease_started_at = $7,
+                   worker_id = $8
+                 FROM picked WHERE j.id = picked.id
+                 RETURNING j.id, j.type, j.idempotency_key, j.schema_version, j.created_at, j.payload,
+                   j.attempts, j.lease_token, j.run_at";
+
 /// The columns `StoredJob` is read from, in `stored_job`'s order.
 const COLUMNS: &str = "id, type, tenant, lane, state, attempts, lease_started_at, worker_id, \
      idempotency_key, schema_version, created_at, finished_at, envelope, payload";
@@ -481,7 +497,16 @@ impl Writer {
                 let mut out = Vec::with_capacity(items.len());
                 let ids: Vec<i64> = items.iter().map(|i| i.id.0 as i64).collect();
                 let mut rows = self.lock_jobs(&ids).await?;
+                // Successes of leases whose running attempt is in columns
+                // need neither policy nor history (`decide`'s first rule):
+                // one UPDATE for all of them, as SQLite does one per job.
+                let mut succeeded: Vec<i64> = Vec::new();
                 for item in items {
+                    if let Some(done) = self.try_succeed(&mut rows, item, now).await? {
+                        succeeded.push(done.id.0 as i64);
+                        out.push(Ok(done));
+                        continue;
+                    }
                     out.push(
                         self.complete_one(
                             &mut rows,
@@ -492,6 +517,15 @@ impl Writer {
                         )
                         .await?,
                     );
+                }
+                if !succeeded.is_empty() {
+                    self.execute(
+                        "UPDATE jobs SET state = 'succeeded', finished_at = $2, lease_token = NULL,
+                           lease_expires_at = NULL
+                         WHERE id = ANY($1)",
+                        &[&succeeded, &ms(now)],
+                    )
+                    .await?;
                 }
                 Answer::Completed(out)
             }
@@ -799,6 +833,24 @@ impl Writer {
                 self.grants = grants;
                 break;
             }
+            if limits.is_empty() {
+                // No probe quotas: every grant's statement goes out at once
+                // (pipelined on the one connection), not one round trip each.
+                let wanted: Vec<((Lane, TenantId), u32)> = grants
+                    .iter()
+                    .map(|g| (keys[g.demand_index].0.clone(), g.count))
+                    .collect();
+                self.grants = grants;
+                let got = self
+                    .lease_pairs(req, &wanted, types.as_ref(), &excluded, &mut out)
+                    .await?;
+                for ((key, count), n) in wanted.into_iter().zip(got) {
+                    if n < count {
+                        short.insert(key);
+                    }
+                }
+                continue;
+            }
             for g in grants.iter() {
                 let (key, _) = &keys[g.demand_index];
                 let mut got = 0;
@@ -835,47 +887,52 @@ impl Writer {
         Ok(out)
     }
 
-    /// Leases up to `count` queued jobs of one (lane, tenant), oldest first,
-    /// in one statement: picked `FOR UPDATE SKIP LOCKED` (never a job
-    /// another transaction holds), charged an attempt and given a token
-    /// from the sequence `lease_tokens`.
-    async fn lease_from_pair(
+    /// [`LEASE_SQL`] for several pairs at once, pipelined; how many each got.
+    async fn lease_pairs(
         &mut self,
         req: &LeaseRequest,
-        (lane, tenant): &(Lane, TenantId),
-        count: u32,
+        wanted: &[((Lane, TenantId), u32)],
         types: Option<&Vec<String>>,
         excluded: &[String],
         out: &mut Vec<LeasedJob>,
-    ) -> Result<u32, StoreError> {
+    ) -> Result<Vec<u32>, StoreError> {
+        let st = self.stmt(LEASE_SQL).await?;
         let expires = req.now.saturating_add(req.lease);
         let excluded: Vec<&str> = excluded.iter().map(String::as_str).collect();
         let types: Option<Vec<&str>> = types.map(|ts| ts.iter().map(String::as_str).collect());
-        let rows = self
-            .query(
-                "WITH picked AS (
-                   SELECT id FROM jobs
-                   WHERE lane = $1 AND tenant = $2 AND state = 'queued'
-                     AND ($3::text[] IS NULL OR type = ANY($3)) AND NOT (type = ANY($4))
-                   ORDER BY run_at, id LIMIT $5 FOR UPDATE SKIP LOCKED)
-                 UPDATE jobs j SET state = 'leased', attempts = j.attempts + 1, leases = j.leases + 1,
-                   lease_token = nextval('lease_tokens'), lease_expires_at = $6, lease_started_at = $7,
-                   worker_id = $8
-                 FROM picked WHERE j.id = picked.id
-                 RETURNING j.id, j.type, j.idempotency_key, j.schema_version, j.created_at, j.payload,
-                   j.attempts, j.lease_token, j.run_at",
-                &[
-                    &lane.as_str(),
-                    &tenant.as_str(),
-                    &types,
-                    &excluded,
-                    &i64::from(count),
-                    &ms(expires),
-                    &ms(req.now),
-                    &req.worker_id.as_str(),
-                ],
-            )
-            .await?;
+        let (exp, now, worker) = (ms(expires), ms(req.now), req.worker_id.as_str());
+        let owned: Vec<(&str, &str, i64)> = wanted
+            .iter()
+            .map(|((l, t), n)| (l.as_str(), t.as_str(), i64::from(*n)))
+            .collect();
+        let params: Vec<[&(dyn ToSql + Sync); 8]> = owned
+            .iter()
+            .map(|(l, t, n)| -> [&(dyn ToSql + Sync); 8] {
+                [l, t, &types, &excluded, n, &exp, &now, &worker]
+            })
+            .collect();
+        let client = &self.client;
+        let results =
+            futures_util::future::join_all(params.iter().map(|p| client.query(&st, p.as_slice())))
+                .await;
+        let mut counts = Vec::with_capacity(wanted.len());
+        for (((lane, tenant), _), rows) in wanted.iter().zip(results) {
+            let rows = pg(rows)?;
+            counts.push(self.take_leased(&rows, lane, tenant, expires, out));
+        }
+        Ok(counts)
+    }
+
+    /// The jobs a [`LEASE_SQL`] returned, oldest first, into `out`; counted
+    /// into the group's deltas.
+    fn take_leased(
+        &mut self,
+        rows: &[Row],
+        lane: &Lane,
+        tenant: &TenantId,
+        expires: Timestamp,
+        out: &mut Vec<LeasedJob>,
+    ) -> u32 {
         let mut got: Vec<(i64, LeasedJob)> = rows
             .iter()
             .map(|r| {
@@ -903,7 +960,38 @@ impl Writer {
         let d = self.delta(lane.as_str(), tenant.as_str());
         d.ready -= i64::from(n);
         d.inflight += i64::from(n);
-        Ok(n)
+        n
+    }
+
+    /// Leases up to `count` queued jobs of one (lane, tenant) ([`LEASE_SQL`]).
+    async fn lease_from_pair(
+        &mut self,
+        req: &LeaseRequest,
+        (lane, tenant): &(Lane, TenantId),
+        count: u32,
+        types: Option<&Vec<String>>,
+        excluded: &[String],
+        out: &mut Vec<LeasedJob>,
+    ) -> Result<u32, StoreError> {
+        let expires = req.now.saturating_add(req.lease);
+        let excluded: Vec<&str> = excluded.iter().map(String::as_str).collect();
+        let types: Option<Vec<&str>> = types.map(|ts| ts.iter().map(String::as_str).collect());
+        let rows = self
+            .query(
+                LEASE_SQL,
+                &[
+                    &lane.as_str(),
+                    &tenant.as_str(),
+                    &types,
+                    &excluded,
+                    &i64::from(count),
+                    &ms(expires),
+                    &ms(req.now),
+                    &req.worker_id.as_str(),
+                ],
+            )
+            .await?;
+        Ok(self.take_leased(&rows, lane, tenant, expires, out))
     }
 
     /// Locks the jobs an outcome batch names, by id order (two batches lock
@@ -927,6 +1015,60 @@ impl Writer {
             out.insert(job.id, (job, r.get(14), r.get(15)));
         }
         Ok(out)
+    }
+
+    /// A worker's success on its current, unexpired lease with the running
+    /// attempt in columns (`lease_started_at`): answered here, written by
+    /// the caller's one UPDATE for the batch. `None`: the general path.
+    async fn try_succeed(
+        &mut self,
+        rows: &mut HashMap<i64, (StoredJob, Option<i64>, Option<i64>)>,
+        item: &Completion,
+        now: Timestamp,
+    ) -> Result<Option<Completed>, StoreError> {
+        if !matches!(item.event, Event::Succeeded) {
+            return Ok(None);
+        }
+        let Some((stored, current, expires_at)) = rows.get_mut(&(item.id.0 as i64)) else {
+            return Ok(None);
+        };
+        let live = stored.state == JobState::Leased
+            && *current == Some(item.token.0 as i64)
+            && expires_at.is_some_and(|end| end > ms(now))
+            && stored.lease_started_at.is_some();
+        if !live {
+            return Ok(None);
+        }
+        // No envelope yet means no redrive yet.
+        let redrives = match &stored.envelope {
+            Some(_) => stored.envelope()?.redrives,
+            None => 0,
+        };
+        stored.state = JobState::Succeeded;
+        *current = None;
+        let (lane, tenant) = (
+            Lane::new(stored.lane.clone()),
+            TenantId::new(stored.tenant.clone()),
+        );
+        let (job_type, attempt) = (
+            JobType::new(stored.job_type.clone()),
+            stored.attempts as u32,
+        );
+        let freed_slot = self.release_slot(&lane, &tenant).await?;
+        self.delta(lane.as_str(), tenant.as_str()).succeeded += 1;
+        Ok(Some(Completed {
+            id: item.id,
+            job_type,
+            lane,
+            transition: Transition::Succeeded,
+            attempt,
+            kind: None,
+            class: None,
+            dead_letter: None,
+            message: None,
+            redrives,
+            freed_slot,
+        }))
     }
 
     /// Applies one outcome to a locked job. `token: None` is the reaper.
