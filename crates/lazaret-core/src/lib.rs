@@ -33,6 +33,7 @@ pub use admission::{
 };
 pub use breaker::{
     BreakerConfig, BreakerConfigError, BreakerState, BreakerTransition, BreakerView, Breakers,
+    LeaseReservation,
 };
 pub use decide::{Event, Transition, decide, grant_lease, record_success, redrive};
 pub use envelope::{

@@ -19,6 +19,7 @@ mod hostile;
 mod hostile_suite;
 mod kafka_sources;
 mod observing;
+mod outcome_next;
 mod python_worker;
 mod restart;
 mod retries;
