@@ -47,7 +47,7 @@ pub use ids::{
 };
 pub use policy::{Backoff, Policies, PolicyError, TypePolicy};
 pub use rng::{Entropy, SplitMix64};
-pub use scheduler::{Demand, FairScheduler, Grant, SchedulerConfig, SchedulerConfigError};
+pub use scheduler::{Demand, FairScheduler, Grant, SchedulerConfig, SchedulerConfigError, Share};
 pub use state::JobState;
 pub use stats::{
     DeadLetterSeries, FailureCause, FailureKey, FailureStats, KeyCount, StatsConfig,

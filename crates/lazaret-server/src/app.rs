@@ -212,13 +212,18 @@ impl<S: Store> App<S> {
         true
     }
 
-    /// Why `ty` in `lane` is parked now (breaker open or paused), as a wait.
+    /// Why a job of `ty` in `lane` is shed now (breaker open or paused), as
+    /// a wait. A lane with `on_breaker_open = "park"` takes jobs whatever
+    /// the breaker says (they wait until it closes); pauses shed in every lane.
     pub fn shed(&self, ty: &str, lane: &str, now: Timestamp) -> Option<Duration> {
         {
             let p = self.paused.lock().unwrap_or_else(|p| p.into_inner());
             if p.types.contains(ty) || p.lanes.contains(lane) {
                 return Some(Duration::from_secs(30));
             }
+        }
+        if !self.config.park_lanes.is_empty() && self.config.park_lanes.contains(&Lane::new(lane)) {
+            return None;
         }
         let mut b = self.breakers.lock().unwrap_or_else(|p| p.into_inner());
         b.shed_retry_after(&JobType::new(ty), now)
@@ -270,8 +275,19 @@ impl<S: Store> App<S> {
                 }
             }
         }
-        while let Some(t) = breakers.poll_transition() {
-            tracing::warn!(r#type = %t.ty, kind = %t.kind, from = %t.from, to = %t.to, "breaker changed state");
+        if drain_transitions(&mut breakers) {
+            self.ready.anything();
+        }
+    }
+
+    /// Lets the clock move the breakers (open → half-open, spent probe
+    /// slots refilled) and logs every change since the last call; wakes
+    /// the long-polls when one may have made parked jobs leasable.
+    pub fn poll_breakers(&self, now: Timestamp) {
+        let mut b = self.breakers.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = b.snapshot(now);
+        if drain_transitions(&mut b) {
+            self.ready.anything();
         }
     }
 
@@ -348,6 +364,18 @@ impl<S: Store> App<S> {
             b.refund(r, u32::try_from(used).unwrap_or(u32::MAX));
         }
     }
+}
+
+/// Logs the breakers' changes since the last call; `true` when one may
+/// have made parked jobs leasable (a breaker turned half-open, refilled
+/// its probe slots or closed).
+fn drain_transitions(b: &mut Breakers) -> bool {
+    let mut unparked = false;
+    while let Some(t) = b.poll_transition() {
+        tracing::warn!(r#type = %t.ty, kind = %t.kind, from = %t.from, to = %t.to, "breaker changed state");
+        unparked |= !matches!(t.to, lazaret_core::BreakerState::Open { .. });
+    }
+    unparked
 }
 
 /// What a lease must leave out or limit now (see [`App::lease_filters`]).

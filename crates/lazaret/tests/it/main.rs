@@ -18,6 +18,7 @@ mod harness;
 mod hostile;
 mod hostile_suite;
 mod kafka_sources;
+mod lanes;
 mod observing;
 mod outcome_next;
 mod python_worker;
