@@ -4,6 +4,7 @@
 mod audit;
 mod crash;
 mod heartbeats;
+mod next;
 mod panics;
 mod parse;
 mod shutdown;
