@@ -29,7 +29,11 @@ async fn ack_next_and_fail_next_answer_the_outcome_and_the_next_jobs() {
         panic!("one job: {:?}", r.jobs)
     };
     assert_eq!(second.id, ids[1]);
-    assert_eq!(second.payload.get(), r#"{"n":1}"#, "the payload's own bytes");
+    assert_eq!(
+        second.payload.get(),
+        r#"{"n":1}"#,
+        "the payload's own bytes"
+    );
 
     let r = client
         .fail_next(
