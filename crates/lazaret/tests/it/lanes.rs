@@ -1,4 +1,4 @@
-//! Lanes: `on_breaker_open = "park"` accepts while the type's breaker is open and runs the jobs once it closes.
+//! Lanes: a reserved share of the leases held, and `on_breaker_open = "park"` (accept while the breaker is open, run once it closes).
 
 use serde_json::{Value, json};
 
@@ -116,4 +116,66 @@ async fn a_park_lane_accepts_while_the_breaker_is_open_and_runs_its_jobs_after()
     );
     // Closed: the shedding lane admits again.
     assert_eq!(api.enqueue(&in_lane("default", 12)).await.status, 201);
+}
+
+/// The tenants' caps out of the way, and three lanes: `interactive`
+/// weighs 1 but reserves 0.3 of the leases held; `bulk` weighs 9.
+const RESERVED: &str = r#"
+[tenants]
+inflight_max = 1000
+
+[lanes.interactive]
+weight = 1
+reserve = 0.3
+[lanes.batch]
+weight = 1
+[lanes.bulk]
+weight = 9
+"#;
+
+async fn enqueue_in(api: &Api, lane: &str, n: u32) {
+    for i in 0..n {
+        let mut j = job("work", "acme", json!({"i": i}));
+        j["lane"] = json!(lane);
+        api.enqueue_ok(&j).await;
+    }
+}
+
+fn lanes_of(jobs: &[Value]) -> Vec<String> {
+    let mut lanes: Vec<String> = jobs
+        .iter()
+        .map(|j| j["lane"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    lanes.sort();
+    lanes
+}
+
+#[tokio::test]
+async fn a_reserved_lane_takes_back_its_share_of_the_leases_held() {
+    let server = Server::start(RESERVED).await;
+    let api = server.api();
+
+    // Idle, its share is lent: batch takes seven leases with nothing
+    // ready left behind them.
+    enqueue_in(&api, "batch", 7).await;
+    let mut req = lease_req("w", 10, 30_000);
+    let held = api.lease(&req).await;
+    assert_eq!(lanes_of(&held), vec!["batch"; 7]);
+
+    // Work arrives in interactive and in the heavy bulk lane. Of the
+    // leases held, seven are batch's: the next three are interactive's
+    // (3 of 10 held), weights notwithstanding, because every lease held
+    // counts, also those of a lane with nothing ready.
+    enqueue_in(&api, "interactive", 10).await;
+    enqueue_in(&api, "bulk", 10).await;
+    req["max_jobs"] = json!(3);
+    let next = api.lease(&req).await;
+    assert_eq!(lanes_of(&next), vec!["interactive"; 3], "{next:?}");
+
+    // Holding its share, interactive is back to its weight: of the next
+    // ten, bulk (weight 9) takes most.
+    req["max_jobs"] = json!(10);
+    let rest = lanes_of(&api.lease(&req).await);
+    let bulk = rest.iter().filter(|l| *l == "bulk").count();
+    assert!(bulk >= 7, "{rest:?}");
 }
