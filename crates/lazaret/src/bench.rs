@@ -118,8 +118,9 @@ enum Scenario {
     Unbatched,
     /// All three in sequence, with a summary.
     All,
-    /// Unbatched (6 producers + 10 consumers) without and with `next` on
-    /// acks, alternating, --runs times each: medians, spread, ratio.
+    /// Unbatched, 16 clients that each enqueue, lease and ack in turn,
+    /// without and with `next` on acks (three requests per job, then two),
+    /// alternating, --runs times each: medians, spread, ratio.
     Next,
 }
 
@@ -221,10 +222,16 @@ impl RunSpec {
                 unbatched,
             ],
             Scenario::Next => {
-                // No backlog: the comparison is of request counts, and
-                // filling 20,000 jobs before each of ten runs adds nothing.
+                // Cyclers: each client waits for every answer before its
+                // next request, so a job costs it three round trips, or
+                // two with `next`, and a job is always ready for the
+                // `next` (the one it has just enqueued, or another's). No
+                // backlog: filling 20,000 jobs before each run adds nothing.
                 let plain = RunSpec {
                     name: "unbatched".into(),
+                    producers: 0,
+                    consumers: 0,
+                    cyclers: 16,
                     backlog: 0,
                     target_jobs_per_s: None,
                     next: false,
@@ -847,15 +854,15 @@ mod tests {
         );
         let shape: Vec<_> = next
             .iter()
-            .map(|s| (s.name.as_str(), s.batch, s.next, s.backlog))
+            .map(|s| (s.name.as_str(), s.batch, s.next, s.cyclers, s.backlog))
             .collect();
         assert_eq!(
             shape,
             vec![
-                ("unbatched", 1, false, 0),
-                ("unbatched-next", 1, true, 0),
-                ("unbatched", 1, false, 0),
-                ("unbatched-next", 1, true, 0),
+                ("unbatched", 1, false, 16, 0),
+                ("unbatched-next", 1, true, 16, 0),
+                ("unbatched", 1, false, 16, 0),
+                ("unbatched-next", 1, true, 16, 0),
             ]
         );
     }
