@@ -259,6 +259,8 @@ impl Sim {
             Transition::Retry { at, .. } | Transition::Defer { until: at } => job.run_at = at,
             Transition::DeadLetter { reason } => job.reason = Some(reason),
             Transition::Succeeded => {}
+            // The simulation never asks for a cancel, so `settle` never runs.
+            Transition::Cancelled => unreachable!("decide never cancels"),
         }
     }
 
