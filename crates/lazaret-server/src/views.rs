@@ -86,11 +86,31 @@ pub struct JobBody<'a> {
     deferrals: u32,
     lease_expiries: u32,
     redrive_count: u32,
-    history: Value,
+    dead_letter_id: Option<String>,
+    cancel_requested: bool,
+    /// Left out of the items of `GET /v1/jobs`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    history: Option<Value>,
+}
+
+/// An item of `GET /v1/jobs`: the job as `GET /v1/jobs/{id}` shows it,
+/// without `history`.
+pub fn job_item(j: &JobView, now: Timestamp) -> JobBody<'_> {
+    JobBody {
+        history: None,
+        ..job_body(j, now)
+    }
 }
 
 /// The body of `GET /v1/jobs/{id}`.
 pub fn job(j: &JobView, now: Timestamp) -> JobBody<'_> {
+    JobBody {
+        history: Some(history(&j.envelope.history)),
+        ..job_body(j, now)
+    }
+}
+
+fn job_body(j: &JobView, now: Timestamp) -> JobBody<'_> {
     let e = &j.envelope;
     let state = match (j.state, j.run_at) {
         (JobState::Scheduled, Some(at)) if at <= now => JobState::Queued,
@@ -114,7 +134,9 @@ pub fn job(j: &JobView, now: Timestamp) -> JobBody<'_> {
         deferrals: e.deferrals,
         lease_expiries: e.crashes,
         redrive_count: e.redrives,
-        history: history(&e.history),
+        dead_letter_id: j.dead_letter_id.map(|d| d.to_string()),
+        cancel_requested: j.cancel_requested,
+        history: None,
     }
 }
 
