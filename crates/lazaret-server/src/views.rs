@@ -93,6 +93,15 @@ pub struct JobBody<'a> {
     history: Option<Value>,
 }
 
+/// `GET /v1/jobs`: a page of jobs, serialised as is (payloads byte for byte).
+#[derive(Debug, Serialize)]
+pub struct JobPage<'a> {
+    /// The jobs, newest first.
+    pub items: Vec<JobBody<'a>>,
+    /// The cursor of the next (older) page.
+    pub next_cursor: Option<String>,
+}
+
 /// An item of `GET /v1/jobs`: the job as `GET /v1/jobs/{id}` shows it,
 /// without `history`.
 pub fn job_item(j: &JobView, now: Timestamp) -> JobBody<'_> {

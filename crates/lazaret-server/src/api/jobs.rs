@@ -519,11 +519,11 @@ pub(super) async fn list<S: Store>(
         })
         .await?;
     let now = now();
-    let items: Vec<views::JobBody<'_>> = items.iter().map(|j| views::job_item(j, now)).collect();
-    Ok(Json(json!({
-        "items": items,
-        "next_cursor": next.map(|c| c.to_string()),
-    }))
+    // A struct, not `json!`: the payloads stay byte for byte (see `views::JobBody`).
+    Ok(Json(views::JobPage {
+        items: items.iter().map(|j| views::job_item(j, now)).collect(),
+        next_cursor: next.map(|c| c.to_string()),
+    })
     .into_response())
 }
 

@@ -104,6 +104,18 @@ async fn jobs_are_listed_newest_first_by_cursor_and_by_filter() {
     );
     assert_eq!(leased["payload"], json!({"n": 2}));
 
+    // Payloads are listed byte for byte, as enqueued.
+    let odd = r#"{"n" : 5,   "why":  "spacing"}"#;
+    let body = format!(r#"{{"type": "odd", "tenant": "acme", "payload": {odd}}}"#);
+    api.post_raw("/v1/jobs", body).await.expect(201);
+    let r = api.get("/v1/jobs?type=odd").await;
+    assert_eq!(r.status, 200);
+    assert!(
+        r.text().contains(&format!(r#""payload":{odd}"#)),
+        "{}",
+        r.text()
+    );
+
     // Refusals say what was wrong.
     let r = api.get("/v1/jobs?colour=red").await;
     let e = assert_error(&r, 400, "BAD_REQUEST", None);
