@@ -91,6 +91,8 @@ pub struct JobBody<'a> {
     /// Left out of the items of `GET /v1/jobs`.
     #[serde(skip_serializing_if = "Option::is_none")]
     history: Option<Value>,
+    payload_edits: Vec<PayloadEditBody<'a>>,
+    payload_edits_dropped: u32,
 }
 
 /// `GET /v1/jobs`: a page of jobs, serialised as is (payloads byte for byte).
@@ -109,6 +111,20 @@ pub fn job_item(j: &JobView, now: Timestamp) -> JobBody<'_> {
         history: None,
         ..job_body(j, now)
     }
+}
+
+/// A payload replaced by a redrive with a corrected payload, as
+/// `GET /v1/jobs/{id}` shows it: the replaced payload byte for byte.
+#[derive(Debug, Serialize)]
+pub struct PayloadEditBody<'a> {
+    at: String,
+    actor: &'a str,
+    reason: &'a str,
+    redrive: u32,
+    previous_payload: Box<RawValue>,
+    previous_payload_size: u64,
+    previous_payload_sha256: &'a str,
+    previous_schema_version: Option<u32>,
 }
 
 /// The body of `GET /v1/jobs/{id}`.
@@ -146,6 +162,21 @@ fn job_body(j: &JobView, now: Timestamp) -> JobBody<'_> {
         dead_letter_id: j.dead_letter_id.map(|d| d.to_string()),
         cancel_requested: j.cancel_requested,
         history: None,
+        payload_edits: e
+            .payload_edits
+            .iter()
+            .map(|p| PayloadEditBody {
+                at: time(p.at),
+                actor: &p.actor,
+                reason: &p.reason,
+                redrive: p.redrive,
+                previous_payload: raw_payload(p.previous_payload.as_bytes()),
+                previous_payload_size: p.previous_size,
+                previous_payload_sha256: &p.previous_sha256,
+                previous_schema_version: p.previous_schema_version,
+            })
+            .collect(),
+        payload_edits_dropped: e.payload_edits_dropped,
     }
 }
 

@@ -192,10 +192,6 @@ async fn snapshot<S: Store>(app: &App<S>) -> Result<Value, ApiError> {
         &open_types,
         dl_total > app.config.dead_letters_warn,
     );
-    let paused = {
-        let p = app.paused.lock().unwrap_or_else(|p| p.into_inner());
-        json!({ "types": p.types, "lanes": p.lanes })
-    };
     let failures = app.failures.lock().unwrap_or_else(|p| p.into_inner());
     let surge = failures.surge(now).map(|s| {
         json!({
@@ -207,7 +203,12 @@ async fn snapshot<S: Store>(app: &App<S>) -> Result<Value, ApiError> {
         .iter()
         .map(|k| json!({ "type": k.key.job_type().as_str(), "cause": k.key.cause().to_string(), "fingerprint": k.key.fingerprint(), "count": k.count }))
         .collect();
+    let paused = {
+        let p = app.paused.lock().unwrap_or_else(|p| p.into_inner());
+        json!({ "types": p.types, "lanes": p.lanes })
+    };
     Ok(json!({
+        "paused": paused,
         "lanes": s.lanes.iter().map(|(l, c)| (l.to_string(), json!({
             "queued": c.queued, "scheduled": c.scheduled, "leased": c.leased,
         }))).collect::<serde_json::Map<_, _>>(),
@@ -231,7 +232,6 @@ async fn snapshot<S: Store>(app: &App<S>) -> Result<Value, ApiError> {
         },
         "breakers": breakers.iter().map(|b| json!({ "type": b.ty.as_str(), "kind": b.kind.as_str(), "state": b.state.as_str() })).collect::<Vec<_>>(),
         "cancelled_kept": s.cancelled,
-        "paused": paused,
     }))
 }
 
