@@ -15,6 +15,7 @@
 
 pub mod admission;
 pub mod breaker;
+pub mod cancel;
 pub mod decide;
 pub mod envelope;
 pub mod failure;
@@ -35,6 +36,7 @@ pub use breaker::{
     BreakerConfig, BreakerConfigError, BreakerState, BreakerTransition, BreakerView, Breakers,
     LeaseReservation,
 };
+pub use cancel::{CancelDecision, cancel, settle};
 pub use decide::{
     CorrectedPayload, Event, Transition, decide, grant_lease, record_success, redrive,
     redrive_corrected,

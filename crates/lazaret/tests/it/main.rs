@@ -21,6 +21,7 @@ mod hostile;
 mod hostile_suite;
 mod kafka_sources;
 mod lanes;
+mod live_jobs;
 mod observing;
 mod outcome_next;
 mod python_worker;
