@@ -268,14 +268,7 @@ impl Client {
 
     /// `POST /v1/leases`. Long-polls up to `req.wait` when nothing is ready.
     pub async fn lease(&self, req: &LeaseRequest) -> Result<Vec<LeasedJob>, ClientError> {
-        let body = LeaseBody {
-            worker_id: &req.worker_id,
-            lanes: req.lanes.as_deref(),
-            types: req.types.as_deref(),
-            max_jobs: req.max_jobs,
-            lease_ms: wire::ms(req.lease),
-            wait_ms: wire::ms(req.wait),
-        };
+        let body = lease_body(req);
         let r: Leased = self
             .call(
                 Method::POST,
@@ -285,6 +278,70 @@ impl Client {
             )
             .await?;
         Ok(r.jobs)
+    }
+
+    /// `POST /v1/jobs/{id}/ack` with `next`: acks, then leases as
+    /// [`lease`](Self::lease) would, in one round trip. The ack stands
+    /// even when the lease part is refused (then `next_error` says why);
+    /// an ack that is itself refused (`LEASE_LOST`) is an `Err` and
+    /// leases nothing.
+    pub async fn ack_next(
+        &self,
+        id: JobId,
+        token: &LeaseToken,
+        next: &LeaseRequest,
+    ) -> Result<OutcomeAndLease, ClientError> {
+        self.outcome_next(id, "ack", token, None, next).await
+    }
+
+    /// `POST /v1/jobs/{id}/fail` with `next`: as [`ack_next`](Self::ack_next).
+    pub async fn fail_next(
+        &self,
+        id: JobId,
+        token: &LeaseToken,
+        failure: &Failure,
+        next: &LeaseRequest,
+    ) -> Result<OutcomeAndLease, ClientError> {
+        self.outcome_next(id, "fail", token, Some(failure), next)
+            .await
+    }
+
+    async fn outcome_next(
+        &self,
+        id: JobId,
+        verb: &str,
+        token: &LeaseToken,
+        error: Option<&Failure>,
+        next: &LeaseRequest,
+    ) -> Result<OutcomeAndLease, ClientError> {
+        let body = OutcomeNextBody {
+            lease_token: token,
+            error,
+            next: lease_body(next),
+        };
+        let body = serde_json::to_vec(&body).map_err(ClientError::Encode)?;
+        let (status, bytes) = self
+            .send(
+                Method::POST,
+                self.url(&["v1", "jobs", &id.to_string(), verb]),
+                Some(body),
+                self.timeout + next.wait,
+            )
+            .await?;
+        let decode = |source| ClientError::Decode {
+            status,
+            source,
+            body: head(&bytes),
+        };
+        // Read twice: the outcome's fields, then the lease's (flattening
+        // would lose the payloads' raw bytes).
+        let outcome: Outcome = serde_json::from_slice(&bytes).map_err(decode)?;
+        let part: NextPart = serde_json::from_slice(&bytes).map_err(decode)?;
+        Ok(OutcomeAndLease {
+            outcome,
+            jobs: part.jobs,
+            next_error: part.next_error.map(ItemError::from),
+        })
     }
 
     /// `POST /v1/jobs/{id}/ack`. `LEASE_LOST` means the job is someone
@@ -498,6 +555,17 @@ impl Client {
             }
         }
         self.get(url).await
+    }
+}
+
+fn lease_body(req: &LeaseRequest) -> LeaseBody<'_> {
+    LeaseBody {
+        worker_id: &req.worker_id,
+        lanes: req.lanes.as_deref(),
+        types: req.types.as_deref(),
+        max_jobs: req.max_jobs,
+        lease_ms: wire::ms(req.lease),
+        wait_ms: wire::ms(req.wait),
     }
 }
 

@@ -114,6 +114,7 @@ pub use model::{
     AckItem, Admission, Attempt, AuditEntry, AuditPage, AuditRequest, Breaker, BreakerStatus,
     CancelReply, DeadLetter, DeadLetterFilter, DeadLetterId, DeadLetterPage, DeadLetterQuery,
     Enqueued, FailItem, Heartbeat, JobInfo, JobPage, JobsQuery, LeaseRequest, LeaseToken,
-    LeasedJob, NewJob, Outcome, PauseTarget, ReasonCount, Redrive, Redriven, Selection, Stage,
+    LeasedJob, NewJob, Outcome, OutcomeAndLease, PauseTarget, ReasonCount, Redrive, Redriven,
+    Selection, Stage,
 };
 pub use worker::{Job, JobReport, JobResult, RunReport, Worker, WorkerBuilder, WorkerError};

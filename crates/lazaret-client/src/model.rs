@@ -328,6 +328,32 @@ pub(crate) struct Leased {
     pub(crate) jobs: Vec<LeasedJob>,
 }
 
+/// The reply of an ack or fail that asked for the next lease
+/// ([`Client::ack_next`](crate::Client::ack_next),
+/// [`Client::fail_next`](crate::Client::fail_next)).
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct OutcomeAndLease {
+    /// What happened to the job reported on; it stands whatever became of
+    /// the lease.
+    pub outcome: Outcome,
+    /// The next jobs, as [`Client::lease`](crate::Client::lease) would
+    /// have answered (empty when none was ready, or the lease was refused).
+    pub jobs: Vec<LeasedJob>,
+    /// Why the lease part was refused (a bad request, the store
+    /// unavailable): lease again with [`Client::lease`](crate::Client::lease).
+    pub next_error: Option<crate::error::ItemError>,
+}
+
+/// The lease part of an ack or fail's reply (the outcome is read apart).
+#[derive(Deserialize)]
+pub(crate) struct NextPart {
+    #[serde(default)]
+    pub(crate) jobs: Vec<LeasedJob>,
+    #[serde(default)]
+    pub(crate) next_error: Option<crate::error::ErrorObject>,
+}
+
 /// What happened to a job after an ack or a fail.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
@@ -375,6 +401,15 @@ pub(crate) struct TokenBody<'a> {
 pub(crate) struct FailBody<'a> {
     pub(crate) lease_token: &'a LeaseToken,
     pub(crate) error: &'a Failure,
+}
+
+/// An ack (`error: None`) or fail that asks for the next lease too.
+#[derive(Serialize)]
+pub(crate) struct OutcomeNextBody<'a> {
+    pub(crate) lease_token: &'a LeaseToken,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) error: Option<&'a Failure>,
+    pub(crate) next: LeaseBody<'a>,
 }
 
 #[derive(Serialize)]

@@ -34,6 +34,7 @@ pub use admission::{
 };
 pub use breaker::{
     BreakerConfig, BreakerConfigError, BreakerState, BreakerTransition, BreakerView, Breakers,
+    LeaseReservation,
 };
 pub use cancel::{CancelDecision, cancel, settle};
 pub use decide::{
@@ -52,7 +53,7 @@ pub use ids::{
 };
 pub use policy::{Backoff, Policies, PolicyError, TypePolicy};
 pub use rng::{Entropy, SplitMix64};
-pub use scheduler::{Demand, FairScheduler, Grant, SchedulerConfig, SchedulerConfigError};
+pub use scheduler::{Demand, FairScheduler, Grant, SchedulerConfig, SchedulerConfigError, Share};
 pub use state::JobState;
 pub use stats::{
     DeadLetterSeries, FailureCause, FailureKey, FailureStats, KeyCount, StatsConfig,

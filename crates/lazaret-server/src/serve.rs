@@ -240,6 +240,8 @@ async fn housekeeping<S: Store>(app: Arc<App<S>>, mut stop: tokio::sync::watch::
             }
             Err(e) => tracing::error!(error = %e, "housekeeping failed"),
         }
+        // A breaker the clock turns half-open wakes the long-polls.
+        app.poll_breakers(now);
         ticks += 1;
         if ticks % 400 == 0 {
             if let Ok(s) = app.store.stats().await {

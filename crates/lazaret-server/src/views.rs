@@ -221,6 +221,21 @@ pub struct LeaseReply<'a> {
     pub jobs: Vec<LeasedBody<'a>>,
 }
 
+/// The body of an ack or fail that carried `next`: the outcome's fields,
+/// then the lease's `jobs` and, when the lease was refused, `next_error`
+/// (the contract's error object, without the `{"error": ...}` around it).
+#[derive(Debug, Serialize)]
+pub struct OutcomeReply<'a> {
+    /// The outcome, as the ack or fail answers it without `next`.
+    #[serde(flatten)]
+    pub outcome: Value,
+    /// The leased jobs, as `POST /v1/leases` answers them.
+    pub jobs: Vec<LeasedBody<'a>>,
+    /// Why the lease part was refused.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_error: Option<Value>,
+}
+
 /// A dead letter. `payload` is its whole body when the caller read it (a
 /// Celery task's arguments are then read from it); otherwise the preview
 /// stands in.

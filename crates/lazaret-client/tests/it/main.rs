@@ -5,6 +5,7 @@ mod audit;
 mod crash;
 mod heartbeats;
 mod jobs;
+mod next;
 mod panics;
 mod parse;
 mod shutdown;

@@ -691,6 +691,9 @@ impl Writer {
             excluded: &excluded,
         };
         let mut short: HashSet<(Lane, TenantId)> = HashSet::new();
+        // Lane reserves are shares of every lease held: pairs that hold
+        // leases with nothing ready count then too.
+        let held_too = self.scheduler.config().has_reserves();
         for _round in 0..PICK_ROUNDS_MAX {
             let remaining = req.max_jobs.saturating_sub(out.len() as u32);
             if remaining == 0 {
@@ -703,7 +706,7 @@ impl Writer {
                 .flat_map(|(lane, tenants)| tenants.iter().map(move |(t, p)| (lane, t, p)))
                 .filter(|(lane, t, p)| {
                     // `short` is empty on the first round: no key is built then.
-                    p.ready > 0
+                    (p.ready > 0 || (held_too && p.inflight > 0))
                         && (short.is_empty() || !short.contains(&((*lane).clone(), (*t).clone())))
                 })
                 .map(|(lane, t, p)| ((lane.clone(), t.clone()), *p))

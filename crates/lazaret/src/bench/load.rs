@@ -46,6 +46,10 @@ pub struct Load {
     pub tenants: u64,
     pub lease_ms: u64,
     pub timeout: Duration,
+    /// Unbatched consumers ack with `next` (one request per job instead
+    /// of two); a `next` that finds nothing ready falls back to a
+    /// long-polling lease.
+    pub next: bool,
 }
 
 /// Appends one job object to `out`. Every piece is plain ASCII with nothing
@@ -174,6 +178,17 @@ struct LeaseBody<'a> {
 #[derive(Debug, Serialize)]
 struct AckBody<'a> {
     lease_token: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next: Option<&'a RawValue>,
+}
+
+/// The answer of an ack with `next`: the jobs it leased, or why not.
+#[derive(Debug, Deserialize)]
+struct NextReply<'a> {
+    #[serde(borrow)]
+    jobs: Vec<Leased<'a>>,
+    #[serde(borrow)]
+    next_error: Option<&'a RawValue>,
 }
 
 /// The body of `POST /v1/acks`.
@@ -235,9 +250,53 @@ async fn ack_one(conn: &mut Connection, job: &Leased<'_>) -> anyhow::Result<()> 
     path.push_str("/ack");
     let body = serde_json::to_vec(&AckBody {
         lease_token: job.lease_token.as_str(),
+        next: None,
     })?;
     conn.post(&path, body).await?;
     Ok(())
+}
+
+/// Acks one job with `next`; returns the id and token of the job it
+/// leased, if one was ready.
+async fn ack_next(
+    conn: &mut Connection,
+    (id, token): &(String, String),
+    next: &RawValue,
+) -> anyhow::Result<Option<(String, String)>> {
+    let mut path = String::with_capacity(32);
+    path.push_str("/v1/jobs/");
+    http::push_segment(&mut path, id);
+    path.push_str("/ack");
+    let body = serde_json::to_vec(&AckBody {
+        lease_token: token,
+        next: Some(next),
+    })?;
+    let bytes = conn.post(&path, body).await?;
+    let reply: NextReply<'_> = decode(&path, &bytes)?;
+    if let Some(e) = reply.next_error {
+        bail!("POST {path}: the ack stood but its next lease was refused: {e}");
+    }
+    Ok(reply
+        .jobs
+        .first()
+        .map(|j| (j.id.as_str().to_owned(), j.lease_token.as_str().to_owned())))
+}
+
+/// The `next` of consumer `index`'s acks: one job, no wait (an empty
+/// answer falls back to a long-polling lease, so the last ack of a run is
+/// not held up by a wait).
+fn next_body(index: u64, load: &Load) -> Box<RawValue> {
+    let worker_id = format!("bench-{index}");
+    let body = LeaseBody {
+        worker_id: &worker_id,
+        lanes: [BENCH_LANE],
+        types: None,
+        max_jobs: 1,
+        lease_ms: load.lease_ms,
+        wait_ms: 0,
+    };
+    let text = serde_json::to_string(&body).expect("a struct of strings and numbers encodes");
+    RawValue::from_string(text).expect("serde_json wrote JSON")
 }
 
 /// The lease request of consumer `index`, encoded once and sent for every lease.
@@ -325,6 +384,10 @@ pub struct Measured {
     pub leased_jobs: u64,
     pub empty_leases: u64,
     pub ack_errors: u64,
+    /// Requests the consumers sent (leases and acks).
+    pub consumer_requests: u64,
+    /// Jobs that came in the answer of an ack with `next`.
+    pub next_jobs: u64,
     /// The first few errors verbatim.
     pub errors: Vec<String>,
     /// Set when the run stopped early (an error or the timeout).
@@ -365,6 +428,8 @@ struct ConsumerOut {
     leased: u64,
     empty: u64,
     ack_errors: u64,
+    requests: u64,
+    next_jobs: u64,
     errors: Vec<String>,
     last_ack: Option<Instant>,
     timed_out: bool,
@@ -420,6 +485,10 @@ async fn consumer(s: Arc<Shared>, index: u64, cycle: bool) -> ConsumerOut {
     let mut producing = cycle;
     let mut conn = s.client.connection();
     let lease_body = lease_body(index, &s.load);
+    let next = next_body(index, &s.load);
+    // With `next`: the job held, acked (and the next one leased) at the top
+    // of the loop.
+    let mut held: Option<(String, String)> = None;
     let fail = |out: &mut ConsumerOut, e: anyhow::Error| {
         if out.errors.len() < ERRORS_KEPT {
             out.errors.push(format!("{e:#}"));
@@ -441,8 +510,33 @@ async fn consumer(s: Arc<Shared>, index: u64, cycle: bool) -> ConsumerOut {
                 break;
             }
         }
+        if let Some(job) = held.take() {
+            let t = Instant::now();
+            let acked = ack_next(&mut conn, &job, &next).await;
+            out.ack_lat.push(micros(t));
+            out.requests += 1;
+            match acked {
+                Ok(following) => {
+                    out.acked.push(job.0);
+                    s.acked.fetch_add(1, Ordering::Relaxed);
+                    out.last_ack = Some(Instant::now());
+                    if following.is_some() {
+                        out.leased += 1;
+                        out.next_jobs += 1;
+                    }
+                    held = following;
+                }
+                Err(e) => {
+                    out.ack_errors += 1;
+                    fail(&mut out, e);
+                    break;
+                }
+            }
+            continue;
+        }
         let t = Instant::now();
         let leased = conn.post(LEASES, lease_body.clone()).await;
+        out.requests += 1;
         let lat = micros(t);
         let reply = match leased {
             Ok(bytes) => bytes,
@@ -470,6 +564,7 @@ async fn consumer(s: Arc<Shared>, index: u64, cycle: bool) -> ConsumerOut {
             let body = acks_body(&jobs);
             let t = Instant::now();
             let acked = conn.post(ACKS, body).await;
+            out.requests += 1;
             out.ack_lat.push(micros(t));
             let acked = acked.and_then(|bytes| {
                 let r: AcksReply<'_> = decode(ACKS, &bytes)?;
@@ -513,10 +608,16 @@ async fn consumer(s: Arc<Shared>, index: u64, cycle: bool) -> ConsumerOut {
                     fail(&mut out, e);
                 }
             }
+        } else if s.load.next {
+            // Leases ask for one job; it is acked with `next` above.
+            held = jobs
+                .first()
+                .map(|j| (j.id.as_str().to_owned(), j.lease_token.as_str().to_owned()));
         } else {
             for job in &jobs {
                 let t = Instant::now();
                 let acked = ack_one(&mut conn, job).await;
+                out.requests += 1;
                 out.ack_lat.push(micros(t));
                 match acked {
                     Ok(()) => {
@@ -584,6 +685,8 @@ pub async fn run_load(client: &http::Client, load: &Load) -> anyhow::Result<Meas
         m.leased_jobs += out.leased;
         m.empty_leases += out.empty;
         m.ack_errors += out.ack_errors;
+        m.consumer_requests += out.requests;
+        m.next_jobs += out.next_jobs;
         for e in out.errors {
             if m.errors.len() < ERRORS_KEPT {
                 m.errors.push(e);
@@ -697,7 +800,14 @@ mod tests {
             tenants: 2,
             lease_ms: 30_000,
             timeout: Duration::from_secs(1),
+            next: true,
         };
+        let next: Value = serde_json::from_str(next_body(3, &load).get()).unwrap();
+        assert_eq!(
+            next,
+            json!({"worker_id": "bench-3", "lanes": ["bench"], "types": null,
+                   "max_jobs": 1, "lease_ms": 30_000, "wait_ms": 0})
+        );
         let lease: Value = serde_json::from_slice(&lease_body(3, &load)).unwrap();
         assert_eq!(
             lease,
