@@ -226,6 +226,126 @@ fn dead_letter_table(items: &[Value]) -> Table {
     t
 }
 
+/// The "next cursor" line under a page (`--cursor` continues from it).
+fn next_cursor(out: Out, v: &Value, empty: bool) -> io::Result<()> {
+    match v.get("next_cursor").and_then(Value::as_str) {
+        Some(c) => writeln!(
+            out,
+            "next cursor: {}  (add --cursor to see the next page)",
+            clean_line(c)
+        ),
+        None if empty => Ok(()),
+        None => writeln!(out, "next cursor: none (last page)"),
+    }
+}
+
+/// `GET /v1/jobs`: one row per job, newest first.
+pub fn jobs(out: Out, v: &Value, width: Option<usize>) -> io::Result<()> {
+    let page = items(v, "items");
+    if page.is_empty() {
+        writeln!(out, "no jobs match")?;
+    } else {
+        let mut t = Table::new(vec![
+            Column::new("ID"),
+            Column::new("TYPE"),
+            Column::new("TENANT"),
+            Column::new("LANE"),
+            Column::new("STATE"),
+            Column::new("ATTEMPT").right(),
+            Column::new("CREATED_AT"),
+            Column::new("RUN_AT"),
+            Column::new("DEAD_LETTER"),
+        ]);
+        for j in page {
+            t.push([
+                text(j, "id"),
+                text(j, "type"),
+                text(j, "tenant"),
+                text(j, "lane"),
+                text(j, "state"),
+                text(j, "attempt"),
+                short_time(j, "created_at"),
+                short_time(j, "run_at"),
+                text(j, "dead_letter_id"),
+            ]);
+        }
+        write_lines(out, &t.lines(width), "")?;
+    }
+    next_cursor(out, v, page.is_empty())
+}
+
+/// `POST /v1/jobs/{id}/cancel`.
+pub fn cancelled(out: Out, v: &Value, id: &str) -> io::Result<()> {
+    let id = clean_line(id);
+    match v.get("state").and_then(Value::as_str) {
+        Some("cancelled") => writeln!(out, "cancelled job {id}: it will not be leased again"),
+        _ if v.get("cancel_requested") == Some(&Value::Bool(true)) => writeln!(
+            out,
+            "job {id} is leased: cancel requested; it ends cancelled at its outcome or when \
+             its lease expires, unless its worker acks it first"
+        ),
+        _ => fields(
+            out,
+            &[("job", id.into_owned()), ("state", text(v, "state"))],
+        ),
+    }
+}
+
+/// `GET /v1/breakers`: the breakers that are not closed.
+pub fn breakers(out: Out, v: &Value, width: Option<usize>) -> io::Result<()> {
+    let rows: Vec<&Value> = items(v, "breakers")
+        .iter()
+        .filter(|b| b.get("state").and_then(Value::as_str) != Some("closed"))
+        .collect();
+    if rows.is_empty() {
+        return writeln!(out, "every breaker is closed: all types are leased");
+    }
+    let mut t = Table::new(vec![
+        Column::new("TYPE"),
+        Column::new("KIND"),
+        Column::new("STATE"),
+        Column::new("UNTIL"),
+    ]);
+    for b in rows {
+        t.push([
+            text(b, "type"),
+            text(b, "kind"),
+            text(b, "state"),
+            short_time(b, "until"),
+        ]);
+    }
+    write_lines(out, &t.lines(width), "")
+}
+
+/// `GET /v1/audit`: one row per entry, newest first.
+pub fn audit(out: Out, v: &Value, width: Option<usize>) -> io::Result<()> {
+    let page = items(v, "items");
+    if page.is_empty() {
+        writeln!(out, "no audit entries match")?;
+    } else {
+        let mut t = Table::new(vec![
+            Column::new("ID"),
+            Column::new("AT"),
+            Column::new("ACTOR"),
+            Column::new("ACTION"),
+            Column::new("COUNT").right(),
+            Column::new("REQUEST").width_max(ERROR_WIDTH_MAX * 2).flex(),
+        ]);
+        for e in page {
+            t.push([
+                text(e, "id"),
+                short_time(e, "at"),
+                text(e, "actor"),
+                text(e, "action"),
+                text(e, "count"),
+                compact(e.get("request")),
+            ]);
+        }
+        write_lines(out, &t.lines(width), "")?;
+    }
+    next_cursor(out, v, page.is_empty())
+}
+
 /// `GET /v1/dead-letters`: the page and where the next one starts.
 pub fn dead_letters(out: Out, v: &Value, width: Option<usize>) -> io::Result<()> {
     let page = items(v, "items");
@@ -234,15 +354,7 @@ pub fn dead_letters(out: Out, v: &Value, width: Option<usize>) -> io::Result<()>
     } else {
         write_lines(out, &dead_letter_table(page).lines(width), "")?;
     }
-    match v.get("next_cursor").and_then(Value::as_str) {
-        Some(c) => writeln!(
-            out,
-            "next cursor: {}  (add --cursor to see the next page)",
-            clean_line(c)
-        ),
-        None if page.is_empty() => Ok(()),
-        None => writeln!(out, "next cursor: none (last page)"),
-    }
+    next_cursor(out, v, page.is_empty())
 }
 
 /// A few dead letters, as `dlq purge` shows them before asking for --confirm.
@@ -443,10 +555,7 @@ pub fn redriven(out: Out, v: &Value, dry_run: bool) -> io::Result<()> {
             }
         }
     }
-    let missing: Vec<String> = items(v, "not_found")
-        .iter()
-        .map(|x| scalar(Some(x)))
-        .collect();
+    let missing = redrive_not_found(v);
     if !missing.is_empty() {
         writeln!(
             out,
@@ -498,6 +607,14 @@ fn redrive_items(out: Out, rows: &[Value], dry_run: bool) -> io::Result<()> {
         )?;
     }
     Ok(())
+}
+
+/// The requested ids a redrive reply names as matching nothing redrivable.
+pub fn redrive_not_found(v: &Value) -> Vec<String> {
+    items(v, "not_found")
+        .iter()
+        .map(|x| scalar(Some(x)))
+        .collect()
 }
 
 /// How many dead letters of a redrive reply were not redriven, for the

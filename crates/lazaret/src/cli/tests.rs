@@ -13,6 +13,8 @@ use super::*;
 #[derive(Debug, Parser)]
 #[command(name = "lazaret")]
 struct TestCli {
+    #[command(flatten)]
+    global: GlobalOpts,
     #[command(subcommand)]
     command: ClientCommand,
 }
@@ -91,10 +93,12 @@ async fn lazaret(url: &str, token: Option<&str>, args: &[&str]) -> (anyhow::Resu
         .into_iter()
         .chain(args.iter().copied())
         .chain(["--server", url]);
-    let cmd = TestCli::try_parse_from(argv).unwrap().command;
-    let client = Client::new(url, token.map(str::to_owned)).unwrap();
+    let mut parsed = TestCli::try_parse_from(argv).unwrap();
+    // The environment's LAZARET_TOKEN must not leak into these tests.
+    parsed.global.token = token.map(str::to_owned);
+    let cli = errors::client(&parsed.global).unwrap();
     let mut out = Vec::new();
-    let result = execute(cmd, &client, &mut out, None).await;
+    let result = execute(parsed.command, &cli, parsed.global.json, &mut out, None).await;
     (result, String::from_utf8(out).unwrap())
 }
 
@@ -192,7 +196,7 @@ async fn unauthorized_without_a_token_says_to_set_one() {
     let (result, _) = lazaret(&url, None, &["stats"]).await;
     assert_eq!(
         format!("{:#}", result.unwrap_err()),
-        "UNAUTHORIZED: token required\n  hint: no token was sent: set LAZARET_TOKEN"
+        "UNAUTHORIZED: token required\n  hint: no token was sent: set LAZARET_TOKEN (or pass --token)"
     );
 }
 
@@ -357,9 +361,13 @@ async fn the_payload_streams_byte_for_byte_to_stdout_or_a_file() {
     let cmd = TestCli::try_parse_from(["lazaret", "dlq", "payload", "d/1"])
         .unwrap()
         .command;
-    let client = Client::new(&url, None).unwrap();
+    let cli = errors::client(&GlobalOpts {
+        server: Some(url.clone()),
+        ..GlobalOpts::default()
+    })
+    .unwrap();
     let mut out = Vec::new();
-    execute(cmd, &client, &mut out, None).await.unwrap();
+    execute(cmd, &cli, false, &mut out, None).await.unwrap();
     assert_eq!(out, bytes);
     assert_eq!(
         seen.lock().unwrap()[0].target,
