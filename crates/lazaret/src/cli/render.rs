@@ -1073,4 +1073,63 @@ mod tests {
             "boom"
         );
     }
+
+    #[test]
+    fn jobs_are_a_table_with_their_dead_letter() {
+        let v = json!({"items": [
+            {"id": "41", "type": "send_email", "tenant": "acme", "lane": "interactive",
+             "state": "scheduled", "attempt": 2, "created_at": "2026-12-01T21:00:00.123Z",
+             "run_at": "2026-12-01T21:00:04.500Z", "dead_letter_id": null},
+            {"id": "40", "type": "resize", "tenant": "globex", "lane": "batch",
+             "state": "dead_lettered", "attempt": 5, "created_at": "2026-12-01T20:59:00Z",
+             "run_at": null, "dead_letter_id": "7"}
+        ], "next_cursor": null});
+        expect_test::expect![[r#"
+            ID  TYPE        TENANT  LANE         STATE          ATTEMPT  CREATED_AT            RUN_AT                DEAD_LETTER
+            41  send_email  acme    interactive  scheduled            2  2026-12-01T21:00:00Z  2026-12-01T21:00:04Z  -
+            40  resize      globex  batch        dead_lettered        5  2026-12-01T20:59:00Z  -                     7
+            next cursor: none (last page)
+        "#]]
+        .assert_eq(&render(|o| jobs(o, &v, None)));
+        let empty = json!({"items": [], "next_cursor": null});
+        assert_eq!(render(|o| jobs(o, &empty, None)), "no jobs match\n");
+    }
+
+    #[test]
+    fn the_audit_log_is_a_table_with_the_request_on_one_line() {
+        let v = json!({"items": [
+            {"id": "12", "at": "2026-12-01T21:05:00.250Z", "actor": "ops-alice",
+             "action": "redrive", "request": {"filter": {"reason": "exhausted"}, "dry_run": false},
+             "count": 3},
+            {"id": "11", "at": "2026-12-01T21:04:00Z", "actor": "ci-bot", "action": "denied",
+             "request": {"path": "/v1/dead-letters/purge"}, "count": 0}
+        ], "next_cursor": "11"});
+        expect_test::expect![[r#"
+            ID  AT                    ACTOR      ACTION   COUNT  REQUEST
+            12  2026-12-01T21:05:00Z  ops-alice  redrive      3  {"dry_run":false,"filter":{"reason":"exhausted"}}
+            11  2026-12-01T21:04:00Z  ci-bot     denied       0  {"path":"/v1/dead-letters/purge"}
+            next cursor: 11  (add --cursor to see the next page)
+        "#]]
+        .assert_eq(&render(|o| audit(o, &v, None)));
+    }
+
+    #[test]
+    fn breakers_show_open_and_half_open_ones_only() {
+        let v = json!({"breakers": [
+            {"type": "send_email", "kind": "http_503", "state": "open", "until": "2026-12-01T21:00:10.900Z"},
+            {"type": "send_email", "kind": "timeout", "state": "half_open", "until": null},
+            {"type": "resize", "kind": "oom", "state": "closed", "until": null}
+        ]});
+        expect_test::expect![[r#"
+            TYPE        KIND      STATE      UNTIL
+            send_email  http_503  open       2026-12-01T21:00:10Z
+            send_email  timeout   half_open  -
+        "#]]
+        .assert_eq(&render(|o| breakers(o, &v, None)));
+        let none = json!({"breakers": []});
+        assert_eq!(
+            render(|o| breakers(o, &none, None)),
+            "every breaker is closed: all types are leased\n"
+        );
+    }
 }

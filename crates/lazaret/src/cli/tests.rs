@@ -474,3 +474,143 @@ fn tokens_create_refuses_an_unknown_role_before_sending() {
         .expect_err("root is not a role");
     assert!(err.to_string().contains("producer"), "{err}");
 }
+
+#[tokio::test]
+async fn pause_and_resume_post_the_target() {
+    let (url, seen) = stub(vec![
+        ok(200, r#"{"ok":true,"paused":true}"#),
+        ok(200, r#"{"ok":true,"paused":false}"#),
+    ])
+    .await;
+    let (result, paused) = lazaret(&url, Some("op"), &["pause", "--type", "send_email"]).await;
+    result.unwrap();
+    let (result, resumed) = lazaret(&url, Some("op"), &["resume", "--lane", "batch"]).await;
+    result.unwrap();
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(
+        (seen[0].target.as_str(), seen[0].body.as_str()),
+        ("/v1/pause", r#"{"type":"send_email"}"#)
+    );
+    assert_eq!(
+        (seen[1].target.as_str(), seen[1].body.as_str()),
+        ("/v1/resume", r#"{"lane":"batch"}"#)
+    );
+    assert!(paused.starts_with("paused type send_email:"), "{paused}");
+    assert_eq!(resumed, "resumed lane batch\n");
+}
+
+#[tokio::test]
+async fn jobs_ls_and_cancel_speak_the_jobs_api() {
+    let page = r#"{"items":[{"id":"12","type":"t","tenant":"acme","lane":"default","state":"queued",
+        "attempt":0,"created_at":"2026-12-01T21:00:00.123Z","run_at":null,"dead_letter_id":null}],
+        "next_cursor":"12"}"#;
+    let (url, seen) = stub(vec![
+        ok(200, page),
+        ok(200, r#"{"state":"cancelled"}"#),
+        ok(200, r#"{"state":"leased","cancel_requested":true}"#),
+    ])
+    .await;
+    let (result, listed) = lazaret(
+        &url,
+        None,
+        &["jobs", "ls", "--state", "queued", "--tenant", "acme", "--limit", "1"],
+    )
+    .await;
+    result.unwrap();
+    let (result, cancelled) = lazaret(&url, None, &["jobs", "cancel", "12"]).await;
+    result.unwrap();
+    let (result, requested) = lazaret(&url, None, &["jobs", "cancel", "13"]).await;
+    result.unwrap();
+    let seen = seen.lock().unwrap().clone();
+    let calls: Vec<(&str, &str)> = seen
+        .iter()
+        .map(|s| (s.method.as_str(), s.target.as_str()))
+        .collect();
+    assert_eq!(
+        calls,
+        [
+            ("GET", "/v1/jobs?state=queued&tenant=acme&limit=1"),
+            ("POST", "/v1/jobs/12/cancel"),
+            ("POST", "/v1/jobs/13/cancel")
+        ]
+    );
+    assert!(listed.contains("\n12  t     acme    default  queued"), "{listed}");
+    assert!(listed.ends_with("next cursor: 12  (add --cursor to see the next page)\n"));
+    assert_eq!(cancelled, "cancelled job 12: it will not be leased again\n");
+    assert!(requested.starts_with("job 13 is leased: cancel requested"), "{requested}");
+}
+
+#[tokio::test]
+async fn audit_sends_its_filters_and_breakers_show_what_is_not_closed() {
+    let (url, seen) = stub(vec![
+        ok(200, r#"{"items":[],"next_cursor":null}"#),
+        ok(
+            200,
+            r#"{"breakers":[{"type":"t","kind":"http_503","state":"open","until":"2026-12-01T21:00:10Z"},
+                {"type":"u","kind":"timeout","state":"closed","until":null}]}"#,
+        ),
+    ])
+    .await;
+    let (result, audit) = lazaret(
+        &url,
+        None,
+        &["audit", "--action", "redrive", "--cursor", "9"],
+    )
+    .await;
+    result.unwrap();
+    let (result, breakers) = lazaret(&url, None, &["breakers"]).await;
+    result.unwrap();
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen[0].target, "/v1/audit?action=redrive&cursor=9");
+    assert_eq!(seen[1].target, "/v1/breakers");
+    assert_eq!(audit, "no audit entries match\n");
+    assert_eq!(
+        breakers,
+        "TYPE  KIND      STATE  UNTIL\nt     http_503  open   2026-12-01T21:00:10Z\n"
+    );
+}
+
+#[tokio::test]
+async fn a_redrive_dry_run_lists_its_rows_and_fails_naming_unknown_ids() {
+    let reply = r#"{"matched":1,"redriven":0,"job_ids":[],"not_found":["d9"],"dry_run":true,
+        "skipped_admission_records":0,
+        "items":[{"dead_letter_id":"d1","job_id":"j1","source":null,"message_id":null}]}"#;
+    let (url, seen) = stub(vec![ok(200, reply)]).await;
+    let (result, out) = lazaret(
+        &url,
+        None,
+        &["dlq", "redrive", "--id", "d1", "--id", "d9", "--dry-run"],
+    )
+    .await;
+    let err = result.unwrap_err();
+    assert_eq!(errors::exit_code(&err), ExitCode::Failed);
+    let msg = format!("{err:#}");
+    assert!(msg.starts_with("1 id(s) match no dead letter that can be redriven: d9;"), "{msg}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&seen.lock().unwrap()[0].body).unwrap(),
+        serde_json::json!({"ids": ["d1", "d9"], "dry_run": true})
+    );
+    assert!(out.contains("dry run: nothing was redriven\n"), "{out}");
+    assert!(out.contains("\nd1           j1      -       -           would be redriven\n"), "{out}");
+}
+
+#[tokio::test]
+async fn json_prints_an_error_body_as_is() {
+    let body = r#"{"error":{"code":"FORBIDDEN","reason":null,"message":"purge needs admin","x":1}}"#;
+    let (url, _) = stub(vec![ok(403, body)]).await;
+    let (result, _) = lazaret(&url, Some("op"), &["stats", "--json"]).await;
+    let err = result.unwrap_err();
+    assert_eq!(err.downcast_ref::<ServerError>().unwrap().body, body.as_bytes());
+    assert!(format!("{err:#}").contains("hint: this token's role may not do this"), "{err:#}");
+    assert_eq!(errors::exit_code(&err), ExitCode::Failed);
+}
+
+#[tokio::test]
+async fn an_unreachable_server_exits_3() {
+    let url = {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        format!("http://{}", listener.local_addr().unwrap())
+    };
+    let (result, _) = lazaret(&url, None, &["breakers"]).await;
+    assert_eq!(errors::exit_code(&result.unwrap_err()), ExitCode::Unreachable);
+}
