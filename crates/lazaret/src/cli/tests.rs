@@ -513,7 +513,9 @@ async fn jobs_ls_and_cancel_speak_the_jobs_api() {
     let (result, listed) = lazaret(
         &url,
         None,
-        &["jobs", "ls", "--state", "queued", "--tenant", "acme", "--limit", "1"],
+        &[
+            "jobs", "ls", "--state", "queued", "--tenant", "acme", "--limit", "1",
+        ],
     )
     .await;
     result.unwrap();
@@ -534,10 +536,16 @@ async fn jobs_ls_and_cancel_speak_the_jobs_api() {
             ("POST", "/v1/jobs/13/cancel")
         ]
     );
-    assert!(listed.contains("\n12  t     acme    default  queued"), "{listed}");
+    assert!(
+        listed.contains("\n12  t     acme    default  queued"),
+        "{listed}"
+    );
     assert!(listed.ends_with("next cursor: 12  (add --cursor to see the next page)\n"));
     assert_eq!(cancelled, "cancelled job 12: it will not be leased again\n");
-    assert!(requested.starts_with("job 13 is leased: cancel requested"), "{requested}");
+    assert!(
+        requested.starts_with("job 13 is leased: cancel requested"),
+        "{requested}"
+    );
 }
 
 #[tokio::test]
@@ -585,23 +593,36 @@ async fn a_redrive_dry_run_lists_its_rows_and_fails_naming_unknown_ids() {
     let err = result.unwrap_err();
     assert_eq!(errors::exit_code(&err), ExitCode::Failed);
     let msg = format!("{err:#}");
-    assert!(msg.starts_with("1 id(s) match no dead letter that can be redriven: d9;"), "{msg}");
+    assert!(
+        msg.starts_with("1 id(s) match no dead letter that can be redriven: d9;"),
+        "{msg}"
+    );
     assert_eq!(
         serde_json::from_str::<Value>(&seen.lock().unwrap()[0].body).unwrap(),
         serde_json::json!({"ids": ["d1", "d9"], "dry_run": true})
     );
     assert!(out.contains("dry run: nothing was redriven\n"), "{out}");
-    assert!(out.contains("\nd1           j1      -       -           would be redriven\n"), "{out}");
+    assert!(
+        out.contains("\nd1           j1      -       -           would be redriven\n"),
+        "{out}"
+    );
 }
 
 #[tokio::test]
 async fn json_prints_an_error_body_as_is() {
-    let body = r#"{"error":{"code":"FORBIDDEN","reason":null,"message":"purge needs admin","x":1}}"#;
+    let body =
+        r#"{"error":{"code":"FORBIDDEN","reason":null,"message":"purge needs admin","x":1}}"#;
     let (url, _) = stub(vec![ok(403, body)]).await;
     let (result, _) = lazaret(&url, Some("op"), &["stats", "--json"]).await;
     let err = result.unwrap_err();
-    assert_eq!(err.downcast_ref::<ServerError>().unwrap().body, body.as_bytes());
-    assert!(format!("{err:#}").contains("hint: this token's role may not do this"), "{err:#}");
+    assert_eq!(
+        err.downcast_ref::<ServerError>().unwrap().body,
+        body.as_bytes()
+    );
+    assert!(
+        format!("{err:#}").contains("hint: this token's role may not do this"),
+        "{err:#}"
+    );
     assert_eq!(errors::exit_code(&err), ExitCode::Failed);
 }
 
@@ -612,5 +633,8 @@ async fn an_unreachable_server_exits_3() {
         format!("http://{}", listener.local_addr().unwrap())
     };
     let (result, _) = lazaret(&url, None, &["breakers"]).await;
-    assert_eq!(errors::exit_code(&result.unwrap_err()), ExitCode::Unreachable);
+    assert_eq!(
+        errors::exit_code(&result.unwrap_err()),
+        ExitCode::Unreachable
+    );
 }

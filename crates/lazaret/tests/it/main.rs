@@ -8,6 +8,7 @@ mod audit;
 mod auth;
 mod bench;
 mod celery;
+mod cli;
 mod connections;
 mod data_dir;
 mod dead_letters;
