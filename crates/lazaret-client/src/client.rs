@@ -644,6 +644,8 @@ fn items<T>(r: Results<T>) -> Vec<Result<T, ItemError>> {
 
 #[cfg(test)]
 mod tests {
+    use lazaret_core::JobState;
+
     use super::*;
 
     #[test]
@@ -660,5 +662,55 @@ mod tests {
         );
         assert!(Client::new("not a url").is_err());
         assert!(Client::new("ftp://x").is_err());
+        assert!(Client::new("https://lazaret.internal:7433").is_ok());
+    }
+
+    #[test]
+    fn a_ca_certificate_is_checked_when_the_client_is_built() {
+        let ca = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+        let pem = ca.cert.pem();
+        assert!(
+            Client::builder("https://localhost:1")
+                .ca_cert_pem(pem.clone())
+                .build()
+                .is_ok()
+        );
+
+        let config_error = |b: ClientBuilder| match b.build() {
+            Err(ClientError::Config(msg)) => msg,
+            other => panic!("not a config error: {other:?}"),
+        };
+        let msg = config_error(Client::builder("https://localhost:1").ca_cert_pem("hello"));
+        assert!(msg.contains("BEGIN CERTIFICATE"), "{msg}");
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("ca.pem");
+        let msg = config_error(Client::builder("https://localhost:1").ca_cert_file(&missing));
+        assert!(msg.contains("ca.pem"), "{msg}");
+        std::fs::write(&missing, pem).unwrap();
+        assert!(
+            Client::builder("https://localhost:1")
+                .ca_cert_file(&missing)
+                .build()
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn a_job_query_sends_only_the_given_filters_in_the_contracts_order() {
+        let q = JobQuery {
+            state: Some(JobState::DeadLettered),
+            tenant: Some("acme".into()),
+            limit: Some(50),
+            cursor: Some("c&1".into()),
+            ..JobQuery::default()
+        };
+        let pairs = q.pairs();
+        let pairs: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let c = Client::new("http://127.0.0.1:7433").unwrap();
+        assert_eq!(
+            c.url_with_query(&["v1", "jobs"], &pairs).as_str(),
+            "http://127.0.0.1:7433/v1/jobs?state=dead_lettered&tenant=acme&limit=50&cursor=c%261"
+        );
+        assert!(JobQuery::default().pairs().is_empty());
     }
 }
