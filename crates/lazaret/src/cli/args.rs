@@ -21,13 +21,19 @@ pub struct GlobalOpts {
     /// Base URL of the lazaret server, http:// or https://; for client
     /// commands LAZARET_SERVER, else http://127.0.0.1:7433. (`bench`
     /// starts a server of its own unless given --server.)
-    #[arg(long, global = true, value_name = "URL")]
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        value_name = "URL"
+    )]
     pub server: Option<String>,
     /// Bearer token sent as `Authorization: Bearer`. Prefer the
     /// environment variable: a flag shows in `ps` and shell history.
     #[arg(
         long,
         global = true,
+        help_heading = "Global options",
         env = "LAZARET_TOKEN",
         hide_env_values = true,
         value_name = "TOKEN"
@@ -35,10 +41,16 @@ pub struct GlobalOpts {
     pub token: Option<String>,
     /// Also trust the CA certificate(s) in this PEM file for an https://
     /// server (a private CA, or a self-signed certificate).
-    #[arg(long, global = true, env = "LAZARET_CA_CERT", value_name = "FILE")]
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        env = "LAZARET_CA_CERT",
+        value_name = "FILE"
+    )]
     pub ca_cert: Option<PathBuf>,
     /// Print the server's JSON reply as is (for scripts).
-    #[arg(long, global = true)]
+    #[arg(long, global = true, help_heading = "Global options")]
     pub json: bool,
 }
 
