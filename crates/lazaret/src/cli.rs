@@ -242,6 +242,9 @@ async fn dlq_ls(
 ) -> anyhow::Result<()> {
     let limit = a.limit.map(|l| l.to_string());
     let mut query = a.filter.pairs();
+    if let Some(job_id) = &a.job_id {
+        query.push(("job_id", job_id));
+    }
     if let Some(limit) = &limit {
         query.push(("limit", limit));
     }

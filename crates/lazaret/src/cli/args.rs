@@ -371,6 +371,9 @@ impl DlqFilter {
 pub struct DlqLsArgs {
     #[command(flatten)]
     pub filter: DlqFilter,
+    /// Only the dead letter of this job (what `jobs show` calls its id).
+    #[arg(long, value_name = "ID", value_parser = NonEmptyStringValueParser::new())]
+    pub job_id: Option<String>,
     /// At most this many items in the page.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub limit: Option<u32>,

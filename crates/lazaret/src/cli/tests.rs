@@ -285,8 +285,20 @@ async fn dlq_ls_filters_by_source() {
         seen.lock().unwrap()[0].target,
         "/v1/dead-letters?source=orders"
     );
+
     assert!(out.starts_with("ID  JOB_ID  SOURCE  TYPE"), "{out}");
     assert!(out.contains("\n5   -       orders  orders"), "{out}");
+}
+
+#[tokio::test]
+async fn dlq_ls_finds_the_dead_letter_of_a_job() {
+    let (url, seen) = stub(vec![ok(200, r#"{"items":[],"next_cursor":null}"#)]).await;
+    let (result, _) = lazaret(&url, None, &["dlq", "ls", "--job-id", "41", "--limit", "1"]).await;
+    result.unwrap();
+    assert_eq!(
+        seen.lock().unwrap()[0].target,
+        "/v1/dead-letters?job_id=41&limit=1"
+    );
 }
 
 #[tokio::test]
