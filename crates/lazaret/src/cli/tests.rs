@@ -285,7 +285,6 @@ async fn dlq_ls_filters_by_source() {
         seen.lock().unwrap()[0].target,
         "/v1/dead-letters?source=orders"
     );
-
     assert!(out.starts_with("ID  JOB_ID  SOURCE  TYPE"), "{out}");
     assert!(out.contains("\n5   -       orders  orders"), "{out}");
 }
