@@ -370,24 +370,6 @@ impl Client {
         self.get(self.url(&["v1", "jobs", &id.to_string()])).await
     }
 
-    /// `GET /v1/jobs`: one page of live and finished jobs, newest first
-    /// (operator, admin; a producer sees only its own).
-    pub async fn jobs(&self, q: &JobQuery) -> Result<JobPage, ClientError> {
-        let pairs = q.pairs();
-        let pairs: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        self.get(self.url_with_query(&["v1", "jobs"], &pairs)).await
-    }
-
-    /// `POST /v1/jobs/{id}/cancel`: a queued or scheduled job is cancelled
-    /// at once; a leased one at its outcome (`cancel_requested`).
-    pub async fn cancel(&self, id: JobId) -> Result<Cancelled, ClientError> {
-        self.post(
-            &["v1", "jobs", &id.to_string(), "cancel"],
-            &serde_json::json!({}),
-        )
-        .await
-    }
-
     // ------------------------------------------------------------ workers
 
     /// `POST /v1/leases`. Long-polls up to `req.wait` when nothing is ready.
@@ -644,8 +626,6 @@ fn items<T>(r: Results<T>) -> Vec<Result<T, ItemError>> {
 
 #[cfg(test)]
 mod tests {
-    use lazaret_core::JobState;
-
     use super::*;
 
     #[test]
@@ -693,24 +673,5 @@ mod tests {
                 .build()
                 .is_ok()
         );
-    }
-
-    #[test]
-    fn a_job_query_sends_only_the_given_filters_in_the_contracts_order() {
-        let q = JobQuery {
-            state: Some(JobState::DeadLettered),
-            tenant: Some("acme".into()),
-            limit: Some(50),
-            cursor: Some("c&1".into()),
-            ..JobQuery::default()
-        };
-        let pairs = q.pairs();
-        let pairs: Vec<(&str, &str)> = pairs.iter().map(|(k, v)| (*k, v.as_str())).collect();
-        let c = Client::new("http://127.0.0.1:7433").unwrap();
-        assert_eq!(
-            c.url_with_query(&["v1", "jobs"], &pairs).as_str(),
-            "http://127.0.0.1:7433/v1/jobs?state=dead_lettered&tenant=acme&limit=50&cursor=c%261"
-        );
-        assert!(JobQuery::default().pairs().is_empty());
     }
 }

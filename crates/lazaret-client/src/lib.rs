@@ -117,8 +117,8 @@ pub use lazaret_core::{
 };
 pub use model::{
     AckItem, Admission, Attempt, AuditEntry, AuditPage, AuditRequest, Breaker, BreakerStatus,
-    Cancelled, DeadLetter, DeadLetterFilter, DeadLetterId, DeadLetterPage, DeadLetterQuery,
-    Enqueued, FailItem, JobInfo, JobPage, JobQuery, LeaseRequest, LeaseToken, LeasedJob, NewJob,
-    Outcome, PauseTarget, ReasonCount, Redrive, Redriven, Selection, Stage,
+    DeadLetter, DeadLetterFilter, DeadLetterId, DeadLetterPage, DeadLetterQuery, Enqueued,
+    FailItem, JobInfo, LeaseRequest, LeaseToken, LeasedJob, NewJob, Outcome, PauseTarget,
+    ReasonCount, Redrive, Redriven, Selection, Stage,
 };
 pub use worker::{Job, JobReport, JobResult, RunReport, Worker, WorkerBuilder, WorkerError};

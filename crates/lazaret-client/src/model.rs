@@ -175,71 +175,8 @@ pub struct JobInfo {
     /// Times it was redriven from the dead letters.
     #[serde(default)]
     pub redrive_count: u32,
-    /// Every delivery (bounded by the server); empty in a list's items,
-    /// which leave it out.
-    #[serde(default)]
+    /// Every delivery (bounded by the server).
     pub history: Vec<Attempt>,
-    /// The dead letter it became, when it is `dead_lettered`.
-    #[serde(default)]
-    pub dead_letter_id: Option<String>,
-}
-
-/// Which page of jobs to list (`GET /v1/jobs`); every given filter must match.
-#[derive(Clone, Debug, Default)]
-pub struct JobQuery {
-    /// Only jobs in this state.
-    pub state: Option<JobState>,
-    /// Only this type.
-    pub job_type: Option<String>,
-    /// Only this tenant.
-    pub tenant: Option<String>,
-    /// Only this lane.
-    pub lane: Option<String>,
-    /// At most this many (the server's default when `None`).
-    pub limit: Option<u32>,
-    /// The `next_cursor` of the page before.
-    pub cursor: Option<String>,
-}
-
-impl JobQuery {
-    /// The query pairs, in the contract's order.
-    pub(crate) fn pairs(&self) -> Vec<(&'static str, String)> {
-        let state = self.state.and_then(|s| match serde_json::to_value(s) {
-            Ok(Value::String(s)) => Some(s),
-            _ => None,
-        });
-        [
-            ("state", state),
-            ("type", self.job_type.clone()),
-            ("tenant", self.tenant.clone()),
-            ("lane", self.lane.clone()),
-            ("limit", self.limit.map(|l| l.to_string())),
-            ("cursor", self.cursor.clone()),
-        ]
-        .into_iter()
-        .filter_map(|(k, v)| v.map(|v| (k, v)))
-        .collect()
-    }
-}
-
-/// A page of jobs, newest first.
-#[derive(Clone, Debug, Deserialize)]
-pub struct JobPage {
-    /// The jobs (without their history).
-    pub items: Vec<JobInfo>,
-    /// Pass as `cursor` for the next page; `None` on the last.
-    #[serde(default)]
-    pub next_cursor: Option<String>,
-}
-
-/// The reply to a cancel.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
-pub struct Cancelled {
-    /// `cancelled` at once, or `leased` while a worker still runs it.
-    pub state: JobState,
-    /// A leased job ends `cancelled` at its outcome or expiry, unless acked.
-    #[serde(default)]
-    pub cancel_requested: bool,
 }
 
 /// A lease token: proves a worker holds a job's current lease.
