@@ -12,7 +12,8 @@
 //! redrive naming ids that match nothing, or dead letters a broker did not
 //! take back); 2 the command line was wrong or the command was refused
 //! before anything changed (an empty redrive or purge selection, a purge
-//! without `--confirm`, an unreadable `--ca-cert`; clap's usage errors exit
+//! without `--confirm`, a payload that is not JSON, an unreadable
+//! `--ca-cert`; clap's usage errors exit
 //! 2 too); 3 the server could not be reached (refused, no such host, TLS
 //! handshake failed).
 
@@ -162,6 +163,18 @@ async fn execute(
             }
             DlqCommand::Redrive(a) => dlq_redrive(cli, &a, json, out).await,
             DlqCommand::Purge(a) => dlq_purge(cli, &a, json, out, width).await,
+            DlqCommand::Correct(a) => {
+                let payload = read_payload(a.payload.as_deref(), a.payload_file.as_deref())?;
+                let body = args::CorrectBody {
+                    payload: &payload,
+                    reason: &a.reason,
+                    schema_version: a.schema_version,
+                };
+                let reply = cli
+                    .post(&["v1", "dead-letters", &a.id, "redrive"], &body)
+                    .await?;
+                emit(out, json, &reply, render::corrected)
+            }
         },
         ClientCommand::Tokens { command } => match command {
             TokensCommand::Ls => {
@@ -209,11 +222,26 @@ fn write_raw(out: Out, body: &[u8]) -> io::Result<()> {
 }
 
 async fn enqueue(client: &Cli, a: &EnqueueArgs, json: bool, out: Out<'_>) -> anyhow::Result<()> {
-    let (text, from) = match (&a.payload, &a.payload_file) {
-        (Some(p), _) => (p.clone(), "--payload".to_owned()),
+    let payload = read_payload(a.payload.as_deref(), a.payload_file.as_deref())?;
+    let reply = client.post(&["v1", "jobs"], &a.body(&payload)).await?;
+    emit(out, json, &reply, render::enqueued)
+}
+
+/// A payload from `--payload`, `--payload-file` or stdin, checked to be
+/// one JSON value before anything is sent (else refused: exit 2).
+fn read_payload(
+    payload: Option<&str>,
+    file: Option<&std::path::Path>,
+) -> anyhow::Result<Box<serde_json::value::RawValue>> {
+    let (text, from) = match (payload, file) {
+        (Some(p), _) => (p.to_owned(), "--payload".to_owned()),
         (None, Some(path)) => (
-            std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read the payload file {}", path.display()))?,
+            std::fs::read_to_string(path).map_err(|e| {
+                Refused(format!(
+                    "cannot read the payload file {}: {e}",
+                    path.display()
+                ))
+            })?,
             path.display().to_string(),
         ),
         (None, None) => {
@@ -228,9 +256,7 @@ async fn enqueue(client: &Cli, a: &EnqueueArgs, json: bool, out: Out<'_>) -> any
             (text, "stdin".to_owned())
         }
     };
-    let payload = EnqueueArgs::parse_payload(text, &from)?;
-    let reply = client.post(&["v1", "jobs"], &a.body(&payload)).await?;
-    emit(out, json, &reply, render::enqueued)
+    EnqueueArgs::parse_payload(text, &from).map_err(|e| Refused(format!("{e:#}")).into())
 }
 
 async fn dlq_ls(

@@ -279,6 +279,10 @@ pub enum DlqCommand {
     Redrive(DlqRedriveArgs),
     /// Delete dead letters for good (admin); needs --confirm.
     Purge(DlqPurgeArgs),
+    /// Redrive one dead letter with a corrected payload; the original stays
+    /// in the job's history and the edit is audited with its reason
+    /// (POST /v1/dead-letters/{id}/redrive).
+    Correct(DlqCorrectArgs),
 }
 
 /// `lazaret enqueue`
@@ -417,6 +421,37 @@ pub struct DlqRedriveArgs {
     /// Redrive at most N dead letters (jobs or broker messages) per second.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub rate: Option<u32>,
+}
+
+/// `lazaret dlq correct ID (--payload JSON | --payload-file PATH) --reason TEXT`
+#[derive(Debug, clap::Args)]
+pub struct DlqCorrectArgs {
+    /// The dead letter.
+    pub id: String,
+    /// The corrected payload as JSON text; without it and --payload-file,
+    /// read from stdin.
+    #[arg(long, value_name = "JSON", conflicts_with = "payload_file")]
+    pub payload: Option<String>,
+    /// Read the corrected payload from this file (e.g. one written by
+    /// `dlq payload ID -o FILE` and edited).
+    #[arg(long, value_name = "PATH")]
+    pub payload_file: Option<PathBuf>,
+    /// Why it was corrected, for the audit log (a ticket, a sentence).
+    #[arg(long, value_name = "TEXT", value_parser = NonEmptyStringValueParser::new())]
+    pub reason: String,
+    /// The schema version the corrected payload is written for (default:
+    /// the dead letter's).
+    #[arg(long, value_name = "N")]
+    pub schema_version: Option<u32>,
+}
+
+/// Body of `POST /v1/dead-letters/{id}/redrive`.
+#[derive(Debug, Serialize)]
+pub struct CorrectBody<'a> {
+    pub payload: &'a RawValue,
+    pub reason: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub schema_version: Option<u32>,
 }
 
 /// `lazaret dlq purge`

@@ -627,6 +627,27 @@ pub fn redrive_failures(v: &Value) -> usize {
         .count()
 }
 
+/// `POST /v1/dead-letters/{id}/redrive`: what went back, and what it replaced.
+pub fn corrected(out: Out, v: &Value) -> io::Result<()> {
+    let mut pairs = vec![("redriven", text(v, "dead_letter_id"))];
+    if v.get("source").is_some_and(|s| !s.is_null()) {
+        pairs.push(("source", text(v, "source")));
+        pairs.push(("message_id", text(v, "message_id")));
+    } else {
+        pairs.push(("job_id", text(v, "job_id")));
+    }
+    pairs.extend([
+        ("payload_size", text(v, "payload_size")),
+        ("payload_sha256", text(v, "payload_sha256")),
+        ("previous_sha256", text(v, "previous_payload_sha256")),
+    ]);
+    fields(out, &pairs)?;
+    if let Some(w) = v.get("warning").and_then(Value::as_str) {
+        writeln!(out, "warning: {}", clean_line(w))?;
+    }
+    Ok(())
+}
+
 /// `POST /v1/dead-letters/purge`.
 pub fn purged(out: Out, v: &Value) -> io::Result<()> {
     fields(out, &[("purged", text(v, "purged"))])

@@ -649,3 +649,45 @@ async fn an_unreachable_server_exits_3() {
         ExitCode::Unreachable
     );
 }
+
+#[tokio::test]
+async fn dlq_correct_sends_the_payload_bytes_the_reason_and_prints_both_hashes() {
+    let reply = r#"{"redriven":true,"dead_letter_id":"7","job_id":"12","source":null,"message_id":null,
+        "payload_size":11,"payload_sha256":"aa","previous_payload_sha256":"bb"}"#;
+    let (url, seen) = stub(vec![ok(200, reply)]).await;
+    let (result, out) = lazaret(
+        &url,
+        Some("op"),
+        &[
+            "dlq",
+            "correct",
+            "7",
+            "--payload",
+            r#"{"n": 1.0}"#,
+            "--reason",
+            "TICKET-9",
+            "--schema-version",
+            "2",
+        ],
+    )
+    .await;
+    result.unwrap();
+    let seen = seen.lock().unwrap()[0].clone();
+    assert_eq!(seen.target, "/v1/dead-letters/7/redrive");
+    assert_eq!(
+        seen.body,
+        r#"{"payload":{"n": 1.0},"reason":"TICKET-9","schema_version":2}"#
+    );
+    assert_eq!(
+        out,
+        "redriven:         7\njob_id:           12\npayload_size:     11\n\
+         payload_sha256:   aa\nprevious_sha256:  bb\n"
+    );
+    let (result, _) = lazaret(
+        &url,
+        None,
+        &["dlq", "correct", "7", "--payload", "{", "--reason", "x"],
+    )
+    .await;
+    assert_eq!(errors::exit_code(&result.unwrap_err()), ExitCode::Usage);
+}

@@ -337,6 +337,86 @@ async fn a_redrive_dry_run_lists_the_rows_and_unknown_ids_fail_by_name() {
     assert!(server.api_as(ADMIN).dead_letters("").await.is_empty());
 }
 
+#[tokio::test]
+async fn dlq_correct_redrives_one_dead_letter_with_a_corrected_payload() {
+    let server = start().await;
+    let base = server.base();
+    let d1 = dead_letter(&server, 1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let fixed = dir.path().join("fixed.json");
+    std::fs::write(&fixed, "{\"n\": 1, \"sku\": \"A-1\"}\n").unwrap();
+    let fixed = fixed.to_str().unwrap();
+
+    let run = lazaret(
+        &[
+            "dlq",
+            "correct",
+            &d1,
+            "--payload-file",
+            fixed,
+            "--reason",
+            "TICKET-311: the sku was dropped",
+        ],
+        &[("LAZARET_SERVER", base), ("LAZARET_TOKEN", OPERATOR)],
+    )
+    .await;
+    let out = run.ok();
+    assert!(
+        out.starts_with(&format!("redriven:         {d1}\njob_id:")),
+        "{out}"
+    );
+    assert!(out.contains("previous_sha256:"), "{out}");
+    let api = server.api_as(ADMIN);
+    assert!(api.dead_letters("").await.is_empty(), "moved, not copied");
+    let job_id = out
+        .lines()
+        .find_map(|l| l.strip_prefix("job_id:"))
+        .map(str::trim)
+        .expect("a job id")
+        .to_owned();
+    let job = api.job(&json!(job_id)).await;
+    assert_eq!(job["payload"], json!({"n": 1, "sku": "A-1"}), "{job}");
+    let audit = lazaret(
+        &[
+            "audit", "--action", "redrive", "--json", "--server", base, "--token", OPERATOR,
+        ],
+        &[],
+    )
+    .await;
+    let audit: Value = serde_json::from_str(audit.ok()).unwrap();
+    let request = &audit["items"][0]["request"];
+    assert_eq!(request["payload_edited"], true, "{audit}");
+    assert_eq!(
+        request["reason"], "TICKET-311: the sku was dropped",
+        "{audit}"
+    );
+
+    // No reason, or a payload that is not JSON: refused before sending.
+    let run = lazaret(
+        &["dlq", "correct", &d1, "--payload", "{}", "--server", base],
+        &[],
+    )
+    .await;
+    assert_eq!(run.code, 2, "{run:?}");
+    let run = lazaret(
+        &[
+            "dlq",
+            "correct",
+            &d1,
+            "--payload",
+            "{",
+            "--reason",
+            "x",
+            "--server",
+            base,
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!(run.code, 2, "{run:?}");
+    assert!(run.stderr.contains("not one valid JSON value"), "{run:?}");
+}
+
 /// A TLS endpoint in front of a plain-HTTP server, as a terminating proxy
 /// would be: its certificate is signed by a CA made for the test.
 struct TlsFront {
