@@ -370,6 +370,41 @@ impl Client {
         self.get(self.url(&["v1", "jobs", &id.to_string()])).await
     }
 
+    /// `GET /v1/jobs`: one page, newest first (a producer's token sees
+    /// only its own jobs).
+    pub async fn jobs(&self, q: &JobsQuery) -> Result<JobPage, ClientError> {
+        let mut url = self.url(&["v1", "jobs"]);
+        {
+            let mut pairs = url.query_pairs_mut();
+            let mut add = |k: &str, v: Option<&str>| {
+                if let Some(v) = v {
+                    pairs.append_pair(k, v);
+                }
+            };
+            add("state", q.state.map(|s| s.as_str()));
+            add("type", q.job_type.as_deref());
+            add("tenant", q.tenant.as_deref());
+            add("lane", q.lane.as_deref());
+            add("limit", q.limit.map(|l| l.to_string()).as_deref());
+            add("cursor", q.cursor.as_deref());
+        }
+        if url.query() == Some("") {
+            url.set_query(None);
+        }
+        self.get(url).await
+    }
+
+    /// `POST /v1/jobs/{id}/cancel`: a queued or scheduled job is cancelled
+    /// now; a leased one at its outcome unless acked. `BAD_STATE` for a
+    /// finished job.
+    pub async fn cancel(&self, id: JobId) -> Result<CancelReply, ClientError> {
+        self.post(
+            &["v1", "jobs", &id.to_string(), "cancel"],
+            &serde_json::json!({}),
+        )
+        .await
+    }
+
     // ------------------------------------------------------------ workers
 
     /// `POST /v1/leases`. Long-polls up to `req.wait` when nothing is ready.
@@ -428,16 +463,28 @@ impl Client {
         token: &LeaseToken,
         extend: Duration,
     ) -> Result<SystemTime, ClientError> {
-        let r: HeartbeatReply = self
-            .post(
-                &["v1", "jobs", &id.to_string(), "heartbeat"],
-                &HeartbeatBody {
-                    lease_token: token,
-                    extend_ms: wire::ms(extend),
-                },
-            )
-            .await?;
-        Ok(r.lease_expires_at)
+        Ok(self
+            .heartbeat_reply(id, token, extend)
+            .await?
+            .lease_expires_at)
+    }
+
+    /// [`Client::heartbeat`], with the whole reply: also whether a cancel
+    /// of the job was requested.
+    pub async fn heartbeat_reply(
+        &self,
+        id: JobId,
+        token: &LeaseToken,
+        extend: Duration,
+    ) -> Result<Heartbeat, ClientError> {
+        self.post(
+            &["v1", "jobs", &id.to_string(), "heartbeat"],
+            &HeartbeatBody {
+                lease_token: token,
+                extend_ms: wire::ms(extend),
+            },
+        )
+        .await
     }
 
     /// `POST /v1/acks`: one result per item, in order.

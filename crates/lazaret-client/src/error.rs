@@ -31,6 +31,8 @@ pub enum ErrorCode {
     BadRequest,
     /// The request clashes with what exists (a token name already in use).
     Conflict,
+    /// The job's state does not allow it (cancelling a finished job).
+    BadState,
     /// The server failed.
     Internal,
     /// The server is shutting down.
@@ -53,6 +55,7 @@ impl ErrorCode {
             ErrorCode::Forbidden => "FORBIDDEN",
             ErrorCode::BadRequest => "BAD_REQUEST",
             ErrorCode::Conflict => "CONFLICT",
+            ErrorCode::BadState => "BAD_STATE",
             ErrorCode::Internal => "INTERNAL",
             ErrorCode::Unavailable => "UNAVAILABLE",
             ErrorCode::Other(s) => s,
@@ -72,6 +75,7 @@ impl ErrorCode {
             "FORBIDDEN" => ErrorCode::Forbidden,
             "BAD_REQUEST" => ErrorCode::BadRequest,
             "CONFLICT" => ErrorCode::Conflict,
+            "BAD_STATE" => ErrorCode::BadState,
             "INTERNAL" => ErrorCode::Internal,
             "UNAVAILABLE" => ErrorCode::Unavailable,
             other => ErrorCode::Other(other.to_owned()),

@@ -117,8 +117,8 @@ pub use lazaret_core::{
 };
 pub use model::{
     AckItem, Admission, Attempt, AuditEntry, AuditPage, AuditRequest, Breaker, BreakerStatus,
-    DeadLetter, DeadLetterFilter, DeadLetterId, DeadLetterPage, DeadLetterQuery, Enqueued,
-    FailItem, JobInfo, LeaseRequest, LeaseToken, LeasedJob, NewJob, Outcome, PauseTarget,
-    ReasonCount, Redrive, Redriven, Selection, Stage,
+    CancelReply, DeadLetter, DeadLetterFilter, DeadLetterId, DeadLetterPage, DeadLetterQuery,
+    Enqueued, FailItem, Heartbeat, JobInfo, JobPage, JobsQuery, LeaseRequest, LeaseToken,
+    LeasedJob, NewJob, Outcome, PauseTarget, ReasonCount, Redrive, Redriven, Selection, Stage,
 };
 pub use worker::{Job, JobReport, JobResult, RunReport, Worker, WorkerBuilder, WorkerError};

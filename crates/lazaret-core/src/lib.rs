@@ -15,6 +15,7 @@
 
 pub mod admission;
 pub mod breaker;
+pub mod cancel;
 pub mod decide;
 pub mod envelope;
 pub mod failure;
@@ -34,6 +35,7 @@ pub use admission::{
 pub use breaker::{
     BreakerConfig, BreakerConfigError, BreakerState, BreakerTransition, BreakerView, Breakers,
 };
+pub use cancel::{CancelDecision, cancel, settle};
 pub use decide::{
     CorrectedPayload, Event, Transition, decide, grant_lease, record_success, redrive,
     redrive_corrected,

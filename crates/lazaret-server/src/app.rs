@@ -10,7 +10,7 @@ use lazaret_core::{
     Lane, Policies, SplitMix64, Timestamp, Transition, decide,
 };
 use lazaret_guard::SourceSet;
-use lazaret_store::{Completed, DeadLetterId, Decider, Store};
+use lazaret_store::{Completed, DeadLetterId, Decider, PauseTarget, Store};
 
 use crate::auth::ApiTokens;
 use crate::config::ServerConfig;
@@ -210,6 +210,20 @@ impl<S: Store> App<S> {
             }
         }
         true
+    }
+
+    /// Puts a pause in force or lifts it (the store has it already).
+    pub fn set_paused(&self, target: &PauseTarget, paused: bool) {
+        let mut p = self.paused.lock().unwrap_or_else(|p| p.into_inner());
+        let set = match target {
+            PauseTarget::Type(_) => &mut p.types,
+            PauseTarget::Lane(_) => &mut p.lanes,
+        };
+        if paused {
+            set.insert(target.name().to_owned());
+        } else {
+            set.remove(target.name());
+        }
     }
 
     /// Why `ty` in `lane` is parked now (breaker open or paused), as a wait.

@@ -29,6 +29,8 @@ pub enum Code {
     BadRequest,
     /// The request clashes with what exists (a token name already in use).
     Conflict,
+    /// The job's state does not allow it (cancelling a finished job).
+    BadState,
     /// The server failed.
     Internal,
     /// Shutting down.
@@ -49,6 +51,7 @@ impl Code {
             Code::Forbidden => "FORBIDDEN",
             Code::BadRequest => "BAD_REQUEST",
             Code::Conflict => "CONFLICT",
+            Code::BadState => "BAD_STATE",
             Code::Internal => "INTERNAL",
             Code::Unavailable => "UNAVAILABLE",
         }
@@ -110,6 +113,11 @@ impl ApiError {
     /// 409 CONFLICT.
     pub fn conflict(message: impl Into<String>) -> Self {
         Self::new(StatusCode::CONFLICT, Code::Conflict, message)
+    }
+
+    /// 409 BAD_STATE: the job's state does not allow it.
+    pub fn bad_state(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, Code::BadState, message)
     }
 
     /// 403 FORBIDDEN.

@@ -101,6 +101,11 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
     let addr = listener.local_addr()?;
     let app = App::new(store, opts.config);
     let api_tokens = load_api_tokens(&app).await?;
+    // Pauses are kept in the store: a restart keeps them in force.
+    for pause in app.store.pauses().await? {
+        tracing::info!(kind = pause.target.kind(), name = pause.target.name(), by = %pause.paused_by, "paused since before the restart");
+        app.set_paused(&pause.target, true);
+    }
     // The first stdout line is a contract with scripts and tests.
     println!("lazaret listening on http://{addr}");
     println!(

@@ -86,9 +86,31 @@ pub struct JobBody<'a> {
     deferrals: u32,
     lease_expiries: u32,
     redrive_count: u32,
-    history: Value,
+    dead_letter_id: Option<String>,
+    cancel_requested: bool,
+    /// Left out of the items of `GET /v1/jobs`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    history: Option<Value>,
     payload_edits: Vec<PayloadEditBody<'a>>,
     payload_edits_dropped: u32,
+}
+
+/// `GET /v1/jobs`: a page of jobs, serialised as is (payloads byte for byte).
+#[derive(Debug, Serialize)]
+pub struct JobPage<'a> {
+    /// The jobs, newest first.
+    pub items: Vec<JobBody<'a>>,
+    /// The cursor of the next (older) page.
+    pub next_cursor: Option<String>,
+}
+
+/// An item of `GET /v1/jobs`: the job as `GET /v1/jobs/{id}` shows it,
+/// without `history`.
+pub fn job_item(j: &JobView, now: Timestamp) -> JobBody<'_> {
+    JobBody {
+        history: None,
+        ..job_body(j, now)
+    }
 }
 
 /// A payload replaced by a redrive with a corrected payload, as
@@ -107,6 +129,13 @@ pub struct PayloadEditBody<'a> {
 
 /// The body of `GET /v1/jobs/{id}`.
 pub fn job(j: &JobView, now: Timestamp) -> JobBody<'_> {
+    JobBody {
+        history: Some(history(&j.envelope.history)),
+        ..job_body(j, now)
+    }
+}
+
+fn job_body(j: &JobView, now: Timestamp) -> JobBody<'_> {
     let e = &j.envelope;
     let state = match (j.state, j.run_at) {
         (JobState::Scheduled, Some(at)) if at <= now => JobState::Queued,
@@ -130,7 +159,9 @@ pub fn job(j: &JobView, now: Timestamp) -> JobBody<'_> {
         deferrals: e.deferrals,
         lease_expiries: e.crashes,
         redrive_count: e.redrives,
-        history: history(&e.history),
+        dead_letter_id: j.dead_letter_id.map(|d| d.to_string()),
+        cancel_requested: j.cancel_requested,
+        history: None,
         payload_edits: e
             .payload_edits
             .iter()

@@ -4,6 +4,7 @@
 mod audit;
 mod crash;
 mod heartbeats;
+mod jobs;
 mod panics;
 mod parse;
 mod shutdown;

@@ -211,6 +211,8 @@ fn outcome_reply(c: &Completed) -> Value {
             "state": "dead_lettered", "reason": reason.as_str(), "attempt": c.attempt,
             "dead_letter_id": c.dead_letter.map(|d| d.to_string()),
         }),
+        // A cancel was requested while it ran: no retry, no dead letter.
+        Transition::Cancelled => json!({ "state": "cancelled", "attempt": c.attempt }),
     }
 }
 
@@ -390,7 +392,10 @@ pub(super) async fn heartbeat<S: Store>(
         .heartbeat(job, token(&b.lease_token)?, until, at)
         .await?
     {
-        Ok(t) => ok(json!({ "lease_expires_at": views::time(t) })),
+        Ok(h) => ok(json!({
+            "lease_expires_at": views::time(h.lease_expires_at),
+            "cancel_requested": h.cancel_requested,
+        })),
         Err(e) => Err(ApiError::item(e, id)),
     }
 }

@@ -6,7 +6,7 @@ use axum::extract::{Query, State};
 use axum::http::{HeaderMap, header};
 use axum::response::IntoResponse;
 use lazaret_core::NAME_BYTES_MAX;
-use lazaret_store::{AuditEntry, AuditId, AuditQuery, Store};
+use lazaret_store::{AuditEntry, AuditId, AuditQuery, PauseTarget, Store};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -36,44 +36,31 @@ async fn pause_resume<S: Store>(
     let b: PauseBody = parse_json(body)?;
     check_field("type", b.job_type.as_deref(), NAME_BYTES_MAX)?;
     check_field("lane", b.lane.as_deref(), NAME_BYTES_MAX)?;
-    {
-        let mut p = app.paused.lock().unwrap_or_else(|p| p.into_inner());
-        match (&b.job_type, &b.lane) {
-            (Some(t), None) if !t.is_empty() => {
-                if pause {
-                    p.types.insert(t.clone())
-                } else {
-                    p.types.remove(t)
-                };
-            }
-            (None, Some(l)) if !l.is_empty() => {
-                if pause {
-                    p.lanes.insert(l.clone())
-                } else {
-                    p.lanes.remove(l)
-                };
-            }
-            _ => {
-                return Err(ApiError::bad_request(
-                    "send exactly one of \"type\" or \"lane\"",
-                ));
-            }
+    let target = match (b.job_type, b.lane) {
+        (Some(t), None) if !t.is_empty() => PauseTarget::Type(t),
+        (None, Some(l)) if !l.is_empty() => PauseTarget::Lane(l),
+        _ => {
+            return Err(ApiError::bad_request(
+                "send exactly one of \"type\" or \"lane\"",
+            ));
         }
-    }
+    };
+    let action = if pause { "pause" } else { "resume" };
+    let entry = AuditEntry {
+        at: now(),
+        actor: caller.name,
+        action: action.into(),
+        request: audit_request(body),
+        count: 0,
+    };
+    // Stored (with its audit entry) before it takes effect: what is in
+    // force is always what a restart brings back.
+    let changed = app.store.set_pause(target.clone(), pause, entry).await?;
+    app.set_paused(&target, pause);
     if !pause {
         app.ready.anything();
     }
-    let action = if pause { "pause" } else { "resume" };
-    app.store
-        .audit(AuditEntry {
-            at: now(),
-            actor: caller.name,
-            action: action.into(),
-            request: audit_request(body),
-            count: 0,
-        })
-        .await?;
-    ok(json!({ "ok": true, "paused": pause }))
+    ok(json!({ "ok": true, "paused": pause, "changed": changed }))
 }
 
 pub(super) async fn pause<S: Store>(
@@ -244,6 +231,7 @@ async fn snapshot<S: Store>(app: &App<S>) -> Result<Value, ApiError> {
             "surge": surge,
         },
         "breakers": breakers.iter().map(|b| json!({ "type": b.ty.as_str(), "kind": b.kind.as_str(), "state": b.state.as_str() })).collect::<Vec<_>>(),
+        "cancelled_kept": s.cancelled,
     }))
 }
 

@@ -371,9 +371,36 @@ impl Store for SqliteStore {
         token: LeaseToken,
         expires_at: Timestamp,
         now: Timestamp,
-    ) -> Result<Result<Timestamp, ItemError>, StoreError> {
+    ) -> Result<Result<crate::Heartbeat, ItemError>, StoreError> {
         self.call(|tx| Cmd::Heartbeat(id, token, expires_at, now, tx))
             .await
+    }
+
+    async fn cancel(
+        &self,
+        id: JobId,
+        now: Timestamp,
+        audit: AuditEntry,
+    ) -> Result<Result<crate::Cancelled, crate::CancelError>, StoreError> {
+        self.call(|tx| Cmd::Cancel(id, now, audit, tx)).await
+    }
+
+    async fn jobs(&self, query: crate::JobQuery) -> Result<crate::JobPage, StoreError> {
+        self.read(move |c| reader::jobs(c, &query)).await
+    }
+
+    async fn set_pause(
+        &self,
+        target: crate::PauseTarget,
+        paused: bool,
+        audit: AuditEntry,
+    ) -> Result<bool, StoreError> {
+        self.call(|tx| Cmd::SetPause(target, paused, audit, tx))
+            .await
+    }
+
+    async fn pauses(&self) -> Result<Vec<crate::Pause>, StoreError> {
+        self.read(reader::pauses).await
     }
 
     async fn tick(&self, now: Timestamp) -> Result<Tick, StoreError> {

@@ -17,9 +17,9 @@ use super::sequence::Reserved;
 use super::stored::{COLUMNS, StoredJob};
 use super::sync::Syncer;
 use crate::{
-    AdmissionRecord, AuditEntry, Completed, Completion, DeadLetterId, Decider, EnqueueOutcome,
-    ItemError, LaneCounts, LeaseRequest, LeaseToken, LeasedJob, NewJob, StoreError, StoreStats,
-    Tick,
+    AdmissionRecord, AuditEntry, CancelError, Cancelled, Completed, Completion, DeadLetterId,
+    Decider, EnqueueOutcome, Heartbeat, ItemError, LaneCounts, LeaseRequest, LeaseToken, LeasedJob,
+    NewJob, PauseTarget, StoreError, StoreStats, Tick,
 };
 
 type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
@@ -38,8 +38,15 @@ pub(super) enum Cmd {
         LeaseToken,
         Timestamp,
         Timestamp,
-        Reply<Result<Timestamp, ItemError>>,
+        Reply<Result<Heartbeat, ItemError>>,
     ),
+    Cancel(
+        JobId,
+        Timestamp,
+        AuditEntry,
+        Reply<Result<Cancelled, CancelError>>,
+    ),
+    SetPause(PauseTarget, bool, AuditEntry, Reply<bool>),
     Tick(Timestamp, Reply<Tick>),
     RecordAdmission(AdmissionRecord, Reply<DeadLetterId>),
     Redrive(
@@ -132,6 +139,7 @@ pub(super) struct Writer {
     pairs: HashMap<Lane, HashMap<TenantId, Pair>>,
     scheduled: HashMap<Lane, u64>,
     succeeded: u64,
+    cancelled: u64,
     /// Groups committed and the commands in them, since start.
     commits: u64,
     commands: u64,
@@ -179,6 +187,7 @@ impl Writer {
             pairs: HashMap::new(),
             scheduled: HashMap::new(),
             succeeded: 0,
+            cancelled: 0,
             commits: 0,
             commands: 0,
             dirty: false,
@@ -238,6 +247,11 @@ impl Writer {
         }
         self.succeeded = db(self.conn.query_row(
             "SELECT COUNT(*) FROM jobs WHERE state = 'succeeded'",
+            [],
+            |r| r.get::<_, i64>(0),
+        ))? as u64;
+        self.cancelled = db(self.conn.query_row(
+            "SELECT COUNT(*) FROM jobs WHERE state = 'cancelled'",
             [],
             |r| r.get::<_, i64>(0),
         ))? as u64;
@@ -516,6 +530,10 @@ impl Writer {
             Cmd::Complete(items, now, tx) => run!(tx, self.complete(items, now)),
             Cmd::Heartbeat(id, token, until, now, tx) => {
                 run!(tx, self.heartbeat(id, token, until, now))
+            }
+            Cmd::Cancel(id, now, entry, tx) => run!(tx, self.cancel(id, now, entry)),
+            Cmd::SetPause(target, paused, entry, tx) => {
+                run!(tx, self.set_pause(&target, paused, &entry))
             }
             Cmd::Tick(now, tx) => run!(tx, self.tick(now)),
             Cmd::RecordAdmission(rec, tx) => run!(tx, self.record_admission(&rec)),
@@ -874,7 +892,7 @@ impl Writer {
         let row = db(self
             .conn
             .prepare_cached(&format!(
-                "SELECT {COLUMNS}, lease_token, lease_expires_at FROM jobs WHERE id = ?1"
+                "SELECT {COLUMNS}, lease_token, lease_expires_at, cancel_requested FROM jobs WHERE id = ?1"
             ))?
             .query_row(params![id.0 as i64], |r| {
                 let extra = super::stored::COLUMN_COUNT;
@@ -882,10 +900,11 @@ impl Writer {
                     StoredJob::from_row(r)?,
                     r.get::<_, Option<i64>>(extra)?,
                     r.get::<_, Option<i64>>(extra + 1)?,
+                    r.get::<_, bool>(extra + 2)?,
                 ))
             })
             .optional())?;
-        let Some((stored, current, expires_at)) = row else {
+        let Some((stored, current, expires_at, cancel_requested)) = row else {
             return Ok(Err(ItemError::NotFound));
         };
         if stored.state != JobState::Leased {
@@ -899,7 +918,8 @@ impl Writer {
         }
         let mut env = stored.envelope()?;
         let attempt = env.attempts;
-        let transition = self.decider.decide(&mut env, event, now);
+        let decided = self.decider.decide(&mut env, event, now);
+        let transition = lazaret_core::settle(&mut env, decided, cancel_requested);
         let (dead_letter, freed_slot) = self.apply(&env, transition, now, &stored.payload)?;
         let (kind, class, message) = env
             .history
@@ -995,16 +1015,16 @@ impl Writer {
     }
 
     /// Why a heartbeat for `id` matched no current lease.
-    fn not_leased(&self, id: JobId) -> Result<Result<Timestamp, ItemError>, StoreError> {
+    fn not_leased(&self, id: JobId) -> Result<ItemError, StoreError> {
         let exists = db(self
             .conn
             .prepare_cached("SELECT 1 FROM jobs WHERE id = ?1")?
             .query_row(params![id.0 as i64], |_| Ok(()))
             .optional())?;
-        Ok(Err(match exists {
+        Ok(match exists {
             Some(()) => ItemError::LeaseLost,
             None => ItemError::NotFound,
-        }))
+        })
     }
 
     /// Writes a leased job's transition after a failure or an expiry (the
@@ -1042,6 +1062,11 @@ impl Writer {
                 }
                 Ok((None, freed_slot))
             }
+            Transition::Cancelled => {
+                self.finish(env, JobState::Cancelled, now)?;
+                self.cancelled += 1;
+                Ok((None, freed_slot))
+            }
             Transition::DeadLetter { reason } => {
                 self.finish(env, JobState::DeadLettered, now)?;
                 let error = env
@@ -1077,7 +1102,7 @@ impl Writer {
         }
     }
 
-    /// Moves a leased job to a terminal state (`succeeded`, `dead_lettered`)
+    /// Moves a leased job to a terminal state (`succeeded`, `dead_lettered`, `cancelled`)
     /// with its whole envelope.
     fn finish(
         &mut self,
@@ -1101,7 +1126,7 @@ impl Writer {
         token: LeaseToken,
         until: Timestamp,
         now: Timestamp,
-    ) -> Result<Result<Timestamp, ItemError>, StoreError> {
+    ) -> Result<Result<Heartbeat, ItemError>, StoreError> {
         // A lease at or past its end is not revived (see `complete_one`).
         let changed = db(self
             .conn
@@ -1111,9 +1136,106 @@ impl Writer {
             )?
             .execute(params![id.0 as i64, ms(until), token.0 as i64, ms(now)]))?;
         if changed == 0 {
-            return self.not_leased(id);
+            return Ok(Err(self.not_leased(id)?));
         }
-        Ok(Ok(until))
+        // A probe by rowid of the row just written: no `RETURNING` (see `succeed`).
+        let cancel_requested = db(self
+            .conn
+            .prepare_cached("SELECT cancel_requested FROM jobs WHERE id = ?1")?
+            .query_row(params![id.0 as i64], |r| r.get::<_, bool>(0)))?;
+        Ok(Ok(Heartbeat {
+            lease_expires_at: until,
+            cancel_requested,
+        }))
+    }
+
+    /// Applies `lazaret_core::cancel`'s decision for the job's state, and
+    /// the audit entry when the cancel is accepted.
+    fn cancel(
+        &mut self,
+        id: JobId,
+        now: Timestamp,
+        mut entry: AuditEntry,
+    ) -> Result<Result<Cancelled, CancelError>, StoreError> {
+        let row = db(self
+            .conn
+            .prepare_cached("SELECT state, lane, tenant, cancel_requested FROM jobs WHERE id = ?1")?
+            .query_row(params![id.0 as i64], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, bool>(3)?,
+                ))
+            })
+            .optional())?;
+        let Some((state, lane, tenant, requested)) = row else {
+            return Ok(Err(CancelError::NotFound));
+        };
+        let state: JobState = state
+            .parse()
+            .map_err(|e| StoreError::Corrupt(format!("job {id}: {e}")))?;
+        let answer = match lazaret_core::cancel(state, requested) {
+            lazaret_core::CancelDecision::Refuse { state } => {
+                return Ok(Err(CancelError::Finished(state)));
+            }
+            lazaret_core::CancelDecision::CancelNow => {
+                db(self
+                    .conn
+                    .prepare_cached(
+                        "UPDATE jobs SET state = 'cancelled', finished_at = ?2, cancel_requested = 1 WHERE id = ?1",
+                    )?
+                    .execute(params![id.0 as i64, ms(now)]))?;
+                let lane = Lane::new(lane);
+                if state == JobState::Queued {
+                    let p = self.pair(&lane, &TenantId::new(tenant));
+                    p.ready = p.ready.saturating_sub(1);
+                } else if let Some(n) = self.scheduled.get_mut(&lane) {
+                    *n = n.saturating_sub(1);
+                }
+                self.cancelled += 1;
+                entry.count = 1;
+                Cancelled::Now
+            }
+            lazaret_core::CancelDecision::Request => {
+                db(self
+                    .conn
+                    .prepare_cached("UPDATE jobs SET cancel_requested = 1 WHERE id = ?1")?
+                    .execute(params![id.0 as i64]))?;
+                entry.count = 1;
+                Cancelled::Requested { already: false }
+            }
+            lazaret_core::CancelDecision::AlreadyRequested => {
+                entry.count = 0;
+                Cancelled::Requested { already: true }
+            }
+        };
+        self.audit(&entry)?;
+        Ok(Ok(answer))
+    }
+
+    /// Records a pause or drops it, with its audit entry; whether it changed.
+    fn set_pause(
+        &mut self,
+        target: &PauseTarget,
+        paused: bool,
+        entry: &AuditEntry,
+    ) -> Result<bool, StoreError> {
+        let changed = if paused {
+            db(self
+                .conn
+                .prepare_cached(
+                    "INSERT OR IGNORE INTO pauses (target, name, paused_at, paused_by) VALUES (?1, ?2, ?3, ?4)",
+                )?
+                .execute(params![target.kind(), target.name(), ms(entry.at), entry.actor]))?
+        } else {
+            db(self
+                .conn
+                .prepare_cached("DELETE FROM pauses WHERE target = ?1 AND name = ?2")?
+                .execute(params![target.kind(), target.name()]))?
+        };
+        self.audit(entry)?;
+        Ok(changed > 0)
     }
 
     fn tick(&mut self, now: Timestamp) -> Result<Tick, StoreError> {
@@ -1390,6 +1512,7 @@ impl Writer {
             lanes,
             dead_letters,
             succeeded: self.succeeded,
+            cancelled: self.cancelled,
             commits: self.commits,
             commands: self.commands,
             syncs: self.syncer.as_ref().map_or(0, Syncer::syncs),
@@ -1397,6 +1520,8 @@ impl Writer {
         })
     }
 
+    /// Retention: succeeded and cancelled jobs finished before `before`,
+    /// up to `batch` of each, each found by its partial index.
     fn remove_succeeded(&mut self, before: Timestamp, batch: u32) -> Result<u64, StoreError> {
         let n = db(self
             .conn
@@ -1406,7 +1531,15 @@ impl Writer {
             )?
             .execute(params![ms(before), i64::from(batch)]))? as u64;
         self.succeeded = self.succeeded.saturating_sub(n);
-        Ok(n)
+        let c = db(self
+            .conn
+            .prepare_cached(
+                "DELETE FROM jobs WHERE id IN
+                   (SELECT id FROM jobs WHERE state = 'cancelled' AND finished_at < ?1 ORDER BY finished_at LIMIT +?2)",
+            )?
+            .execute(params![ms(before), i64::from(batch)]))? as u64;
+        self.cancelled = self.cancelled.saturating_sub(c);
+        Ok(n + c)
     }
 
     /// Inserts an API token and its audit entry. A taken name or secret is
@@ -1473,6 +1606,8 @@ fn fail_cmd(cmd: Cmd, why: &str) {
         Cmd::Lease(_, tx) => drop(tx.send(Err(e()))),
         Cmd::Complete(_, _, tx) => drop(tx.send(Err(e()))),
         Cmd::Heartbeat(_, _, _, _, tx) => drop(tx.send(Err(e()))),
+        Cmd::Cancel(_, _, _, tx) => drop(tx.send(Err(e()))),
+        Cmd::SetPause(_, _, _, tx) => drop(tx.send(Err(e()))),
         Cmd::Tick(_, tx) => drop(tx.send(Err(e()))),
         Cmd::RecordAdmission(_, tx) => drop(tx.send(Err(e()))),
         Cmd::Redrive(_, _, _, tx) => drop(tx.send(Err(e()))),

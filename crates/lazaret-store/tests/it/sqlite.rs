@@ -286,6 +286,12 @@ async fn migrates_a_version_1_database_in_place() {
     );
     let fresh = crate::conformance::enqueue_one(&s, new_job("resize", "acme", "default")).await;
     assert_eq!(fresh, JobId(11));
+    // Version 6's cancel works on the table version 1 → 2 rebuilt.
+    assert_eq!(
+        crate::conformance::cancel::cancel(&s, fresh, at(8)).await,
+        Ok(lazaret_store::Cancelled::Now)
+    );
+    assert_eq!(job_view(&s, fresh).await.state, JobState::Cancelled);
 
     // Version 4's broker dead letters and held retries work on the migrated file.
     let msg = lazaret_store::SourceRef {
@@ -333,6 +339,97 @@ async fn migrates_a_version_1_database_in_place() {
             .unwrap()
             .is_empty()
     );
+    s.close().await.unwrap();
+}
+
+/// A version-4 database (before cancel, job listing and kept pauses) opens
+/// as the current version: its jobs list by state, a queued one cancels at
+/// once and a leased one at its fail, and pauses are kept. The version-1
+/// test above goes through the same step with its rebuilt table.
+#[tokio::test]
+async fn migrates_a_version_4_database_to_cancels_listing_and_kept_pauses() {
+    use crate::conformance::cancel::cancel;
+    use crate::conformance::{at, complete, job_view, transient};
+    use lazaret_core::{Event, JobId, JobState, Transition};
+    use lazaret_store::{AuditEntry, Cancelled, JobQuery, LeaseToken, LeasedJob, PauseTarget};
+
+    let dir = tempfile::TempDir::new().unwrap();
+    let path = dir.path().join(DB_FILE);
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch(include_str!("fixtures/schema_v4.sql"))
+            .unwrap();
+        // Two queued jobs and one leased by the old build (token 77).
+        conn.execute_batch(&format!(
+            "INSERT INTO jobs (id, type, tenant, lane, state, run_at, attempts, created_at, payload)
+             VALUES (1, 'resize', 'acme', 'default', 'queued', 0, 0, {t}, X'7B7D'),
+                    (2, 'resize', 'globex', 'default', 'queued', 0, 0, {t}, X'7B7D');
+             INSERT INTO jobs (id, type, tenant, lane, state, run_at, attempts, leases, lease_token,
+                               lease_expires_at, lease_started_at, worker_id, created_at, payload)
+             VALUES (3, 'resize', 'initech', 'default', 'leased', 0, 1, 1, 77, {end}, {t}, 'w-old', {t}, X'7B7D');",
+            t = at(0).as_millis(),
+            end = at(60_000).as_millis(),
+        ))
+        .unwrap();
+    }
+
+    let s = open(dir.path());
+    let version: i64 = rusqlite::Connection::open(&path)
+        .unwrap()
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, SCHEMA_VERSION);
+    let (queued, _) = s
+        .jobs(JobQuery {
+            state: Some(JobState::Queued),
+            limit: 10,
+            ..JobQuery::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        queued.iter().map(|j| j.envelope.id).collect::<Vec<_>>(),
+        vec![JobId(2), JobId(1)]
+    );
+    assert!(queued.iter().all(|j| !j.cancel_requested));
+
+    assert_eq!(cancel(&s, JobId(1), at(1)).await, Ok(Cancelled::Now));
+    assert_eq!(
+        cancel(&s, JobId(3), at(1)).await,
+        Ok(Cancelled::Requested { already: false })
+    );
+    let held = LeasedJob {
+        id: JobId(3),
+        job_type: "resize".into(),
+        tenant: "initech".into(),
+        lane: "default".into(),
+        payload: b"{}".to_vec(),
+        attempt: 1,
+        idempotency_key: None,
+        schema_version: None,
+        lease_token: LeaseToken(77),
+        lease_expires_at: at(60_000),
+        created_at: at(0),
+    };
+    let done = complete(&s, &held, Event::Failed(transient("http_503")), at(2)).await;
+    assert_eq!(done.transition, Transition::Cancelled);
+    assert_eq!(job_view(&s, JobId(1)).await.state, JobState::Cancelled);
+    assert_eq!(job_view(&s, JobId(3)).await.state, JobState::Cancelled);
+
+    let entry = AuditEntry {
+        at: at(3),
+        actor: "ops".into(),
+        action: "pause".into(),
+        request: serde_json::json!({"lane": "default"}),
+        count: 0,
+    };
+    s.set_pause(PauseTarget::Lane("default".into()), true, entry)
+        .await
+        .unwrap();
+    s.close().await.unwrap();
+    let s = open(dir.path());
+    assert_eq!(s.pauses().await.unwrap().len(), 1);
+    assert_eq!(s.stats().await.unwrap().cancelled, 2);
     s.close().await.unwrap();
 }
 

@@ -21,6 +21,7 @@ mod harness;
 mod hostile;
 mod hostile_suite;
 mod kafka_sources;
+mod live_jobs;
 mod observing;
 mod python_worker;
 mod restart;
