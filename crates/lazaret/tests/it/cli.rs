@@ -12,7 +12,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls;
 
-use crate::harness::{QUICK, Server, job, lease_req};
+use crate::harness::{QUICK, Server, id_text, job, lease_req};
 
 const ADMIN: &str = "adm-7f3c9a";
 const OPERATOR: &str = "ops-5b21e0";
@@ -415,6 +415,104 @@ async fn dlq_correct_redrives_one_dead_letter_with_a_corrected_payload() {
     .await;
     assert_eq!(run.code, 2, "{run:?}");
     assert!(run.stderr.contains("not one valid JSON value"), "{run:?}");
+}
+
+#[tokio::test]
+async fn jobs_ls_pages_and_filters_and_jobs_cancel_cancels() {
+    let server = start().await;
+    let base = server.base();
+    let api = server.api_as(ADMIN);
+    let first = api
+        .enqueue_ok(&job("report", "acme", json!({"n": 1})))
+        .await;
+    let second = api
+        .enqueue_ok(&job("report", "globex", json!({"n": 2})))
+        .await;
+    let third = api
+        .enqueue_ok(&job("resize", "acme", json!({"n": 3})))
+        .await;
+    let (first, second, third) = (id_text(&first), id_text(&second), id_text(&third));
+    let op = |args: &[&str]| {
+        let mut line: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        line.extend([
+            "--server".into(),
+            base.to_owned(),
+            "--token".into(),
+            OPERATOR.into(),
+        ]);
+        line
+    };
+    let run = |line: Vec<String>| async move {
+        let args: Vec<&str> = line.iter().map(String::as_str).collect();
+        lazaret(&args, &[]).await
+    };
+
+    // Newest first, a page of two, then the cursor for the rest.
+    let page = run(op(&["jobs", "ls", "--limit", "2"])).await;
+    let lines: Vec<&str> = page.ok().lines().collect();
+    assert!(
+        lines[0].starts_with("ID  TYPE    TENANT  LANE     STATE   ATTEMPT"),
+        "{page:?}"
+    );
+    assert!(
+        lines[1].starts_with(&format!("{third:<2}  resize  acme")),
+        "{page:?}"
+    );
+    assert!(
+        lines[2].starts_with(&format!("{second:<2}  report  globex")),
+        "{page:?}"
+    );
+    let cursor = lines[3]
+        .strip_prefix("next cursor: ")
+        .and_then(|c| c.split_whitespace().next())
+        .unwrap_or_else(|| panic!("a cursor line: {page:?}"));
+    let rest = run(op(&[
+        "jobs", "ls", "--limit", "2", "--cursor", cursor, "--json",
+    ]))
+    .await;
+    let rest: Value = serde_json::from_str(rest.ok()).unwrap();
+    assert_eq!(
+        rest["items"][0]["id"].as_str(),
+        Some(first.as_str()),
+        "{rest}"
+    );
+    let acme = run(op(&[
+        "jobs", "ls", "--tenant", "acme", "--type", "report", "--json",
+    ]))
+    .await;
+    let acme: Value = serde_json::from_str(acme.ok()).unwrap();
+    assert_eq!(acme["items"].as_array().map(Vec::len), Some(1), "{acme}");
+
+    // A queued job is cancelled at once; a finished one cannot be.
+    let cancelled = run(op(&["jobs", "cancel", &second])).await;
+    assert_eq!(
+        cancelled.ok(),
+        format!("cancelled job {second}: it will not be leased again\n")
+    );
+    let listed = run(op(&["jobs", "ls", "--state", "cancelled"])).await;
+    assert!(
+        listed
+            .ok()
+            .contains(&format!("\n{second:<2}  report  globex")),
+        "{listed:?}"
+    );
+    let again = run(op(&["jobs", "cancel", &second])).await;
+    assert_eq!(again.code, 1, "{again:?}");
+    assert!(again.stderr.contains("BAD_STATE"), "{again:?}");
+    let missing = run(op(&["jobs", "cancel", "999999"])).await;
+    assert_eq!(missing.code, 1, "{missing:?}");
+    assert!(missing.stderr.contains("NOT_FOUND"), "{missing:?}");
+
+    // A leased job: the cancel is requested and takes effect at its outcome.
+    let leased = api.lease_one(&lease_req("w", 1, 30_000)).await;
+    let id = id_text(&leased["id"]);
+    let requested = run(op(&["jobs", "cancel", &id])).await;
+    assert!(
+        requested
+            .ok()
+            .starts_with(&format!("job {id} is leased: cancel requested")),
+        "{requested:?}"
+    );
 }
 
 /// A TLS endpoint in front of a plain-HTTP server, as a terminating proxy
