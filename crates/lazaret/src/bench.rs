@@ -26,14 +26,15 @@ use stats::{Latency, Verify};
 /// Options of `lazaret bench`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
-    /// Drive the server at this URL instead of starting one (no RSS figures then).
-    #[arg(long, value_name = "URL")]
+    /// The global --server: drive the server at this URL instead of
+    /// starting one (no RSS figures then).
+    #[arg(skip)]
     server: Option<String>,
-    /// Bearer token for --server (a token with producer and worker rights).
-    #[arg(long, env = "LAZARET_TOKEN", hide_env_values = true)]
+    /// The global --token, for --server (a token with producer and worker rights).
+    #[arg(skip)]
     token: Option<String>,
     /// TOML config for the server the bench starts.
-    #[arg(long, value_name = "FILE", conflicts_with = "server")]
+    #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Jobs to push through (enqueue → lease → ack) in each run.
     #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
@@ -81,16 +82,28 @@ pub struct BenchArgs {
     /// Run the scenarios, each against a fresh server, instead of one
     /// run shaped by the options above (--jobs, --payload-bytes, --tenants,
     /// --lease-ms still apply; batched scenarios use --producers/--consumers).
-    #[arg(long, value_enum, conflicts_with = "server")]
+    #[arg(long, value_enum)]
     scenario: Option<Scenario>,
-    /// Print one JSON object on stdout (the human table goes to stderr).
-    #[arg(long)]
+    /// The global --json: print one JSON object on stdout (the human
+    /// table goes to stderr).
+    #[arg(skip)]
     json: bool,
 }
 
 impl BenchArgs {
     /// Refuses a run in which nobody would enqueue or nobody would lease.
     fn check(&self) -> anyhow::Result<()> {
+        // clap checks these conflicts only when --server follows `bench`.
+        if self.server.is_some() && self.config.is_some() {
+            anyhow::bail!(
+                "--config configures the server the bench starts; with --server it drives yours"
+            );
+        }
+        if self.server.is_some() && self.scenario.is_some() {
+            anyhow::bail!(
+                "--scenario runs each scenario against a fresh server; it cannot use --server"
+            );
+        }
         if self.producers + self.cyclers == 0 {
             anyhow::bail!("nobody would enqueue: give --producers or --cyclers at least 1");
         }
@@ -326,7 +339,10 @@ struct RunReport {
 /// worker threads (about a fifth of the client's CPU in the unbatched
 /// scenario), while one thread has ample headroom for the requests the
 /// server can answer.
-pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+pub fn run(mut args: BenchArgs, global: crate::cli::GlobalOpts) -> anyhow::Result<()> {
+    args.server = global.server;
+    args.token = global.token;
+    args.json = global.json;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -893,17 +909,14 @@ mod tests {
                 .contains("use it with --batch 1")
         );
         assert_eq!(unchecked(&["--next", "--batch", "1"]), Ok(()));
-        assert!(bad(&[
-            "--server",
-            "http://127.0.0.1:1",
-            "--scenario",
-            "all"
-        ]));
-        assert!(bad(&[
-            "--server",
-            "http://127.0.0.1:1",
-            "--config",
-            "x.toml"
-        ]));
+        // --server is a global option of the binary, set here as main sets it.
+        let with_server = |args: &[&str]| {
+            let mut a = parse(args);
+            a.server = Some("http://127.0.0.1:1".into());
+            a.check().map_err(|e| e.to_string())
+        };
+        assert!(with_server(&["--scenario", "all"]).is_err_and(|e| e.contains("--scenario")));
+        assert!(with_server(&["--config", "x.toml"]).is_err_and(|e| e.contains("--config")));
+        assert_eq!(with_server(&[]), Ok(()));
     }
 }

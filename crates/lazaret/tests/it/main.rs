@@ -9,6 +9,7 @@ mod auth;
 mod bench;
 mod browser;
 mod celery;
+mod cli;
 mod connections;
 mod dashboard;
 mod data_dir;
