@@ -565,6 +565,13 @@ pub struct StoreStats {
     /// Time those fsyncs took, in microseconds: `sync_micros / syncs` is
     /// what the disk makes every durable request wait, on average.
     pub sync_micros: u64,
+    /// Lease commands run since start (each long-poll look is one).
+    pub leases: u64,
+    /// What those leases' reads cost the database, in its own unit (SQLite:
+    /// virtual-machine steps of the lease statements; 0 where a store does
+    /// not count): grows with the rows a lease looks at, not only those it
+    /// returns, so `lease_steps / leases` shows a lease that scans.
+    pub lease_steps: u64,
 }
 
 /// Job counts in one lane.

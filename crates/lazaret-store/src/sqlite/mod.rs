@@ -705,7 +705,19 @@ mod tests {
     #[tokio::test]
     async fn a_lease_goes_out_at_once_even_when_its_jobs_enqueue_is_not_on_disk() {
         let dir = tempfile::TempDir::new().unwrap();
-        let (s, gate) = open_gated(dir.path());
+        // Each fsync says it is waiting, then waits for the gate: the warm-up
+        // below lets through exactly the fsyncs asked for, none to spare.
+        let (gate, opened) = mpsc::channel::<()>();
+        let (asks, asked) = mpsc::channel::<()>();
+        let s = Arc::new(open(
+            dir.path(),
+            Box::new(move || {
+                let _ = asks.send(());
+                opened
+                    .recv()
+                    .map_err(|_| std::io::Error::other("gate dropped"))
+            }),
+        ));
         // A first enqueue and lease put both reservations on disk.
         let s2 = Arc::clone(&s);
         let warm = tokio::spawn(async move {
@@ -713,8 +725,10 @@ mod tests {
             s2.lease(lease_one()).await.unwrap()
         });
         while !warm.is_finished() {
-            let _ = gate.send(());
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            while asked.try_recv().is_ok() {
+                gate.send(()).unwrap();
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
         warm.await.unwrap();
 

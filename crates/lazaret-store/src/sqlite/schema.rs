@@ -3,7 +3,7 @@
 use rusqlite::Connection;
 
 /// The schema version this build writes; `PRAGMA user_version` records it.
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// The current schema, for a new database (and the tables a migration adds).
 const CURRENT: &str = r#"
@@ -106,6 +106,13 @@ CREATE TABLE IF NOT EXISTS source_parked (
 CREATE INDEX IF NOT EXISTS source_parked_due ON source_parked (source, due_at);
 "#;
 
+/// What version 5 added: the ready jobs indexed by type as well, so that a
+/// lease for some types reads only jobs of those types (`jobs_ready` stays
+/// for leases of any type: one index walk, oldest first across types).
+const V5_OBJECTS: &str = r#"
+CREATE INDEX IF NOT EXISTS jobs_ready_type ON jobs (lane, tenant, type, run_at, id) WHERE state = 'queued';
+"#;
+
 /// Version 3 → 4: broker messages in the dead letters.
 const V3_TO_V4: &str = r#"
 ALTER TABLE dead_letters ADD COLUMN source TEXT;
@@ -171,11 +178,13 @@ pub fn migrate(conn: &Connection) -> Result<(), crate::StoreError> {
     } else {
         script.push_str(CURRENT);
     }
-    if version != 0 {
+    if (1..4).contains(&version) {
         // `CURRENT` left the existing `dead_letters` table as it was.
         script.push_str(V3_TO_V4);
     }
     script.push_str(V4_OBJECTS);
+    // Version 4 → 5 (and new databases): the typed ready index.
+    script.push_str(V5_OBJECTS);
     script.push_str(&format!("PRAGMA user_version = {SCHEMA_VERSION};\nCOMMIT;"));
     if let Err(e) = conn.execute_batch(&script) {
         let _ = conn.execute_batch("ROLLBACK");
