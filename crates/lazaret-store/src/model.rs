@@ -624,6 +624,15 @@ pub enum StoreError {
     /// nothing of it happened.
     #[error("not applied: {0}")]
     NotApplied(String),
+    /// The store's command queue is full (the server takes requests faster
+    /// than the database writes them): nothing of the request was applied.
+    #[error(
+        "the server is overloaded: {waiting} requests are waiting for the database already (the bound); nothing of this request was applied, retry in a moment"
+    )]
+    Overloaded {
+        /// Commands waiting when this one was refused.
+        waiting: usize,
+    },
     /// The change was committed but could not be made durable (a failed
     /// fsync); the store takes no more writes.
     #[error("{0}")]

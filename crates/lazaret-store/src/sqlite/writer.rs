@@ -4,6 +4,7 @@
 //! fair scheduler pick from, rebuilt from the database at start.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
 
 use lazaret_core::{
@@ -66,6 +67,35 @@ pub(super) enum Cmd {
     /// Tests: waits for the gate to open (or close), then runs the SQL.
     #[cfg(test)]
     Sql(String, mpsc::Receiver<()>, Reply<()>),
+    /// Tests: says it holds the writer, then holds it until `resume` opens
+    /// (or closes).
+    #[cfg(any(test, feature = "test-hooks"))]
+    Hold(mpsc::Sender<()>, mpsc::Receiver<()>),
+    /// Tests: the writer panics, as a bug in it would.
+    #[cfg(any(test, feature = "test-hooks"))]
+    Crash,
+}
+
+/// The writer's end of the command queue: takes commands off it and keeps
+/// count of those still waiting (`SqliteStore::call` refuses commands past
+/// its bound).
+pub(super) struct Inbox {
+    pub(super) rx: mpsc::Receiver<Cmd>,
+    pub(super) waiting: Arc<AtomicUsize>,
+}
+
+impl Inbox {
+    fn recv(&self) -> Option<Cmd> {
+        let cmd = self.rx.recv().ok()?;
+        self.waiting.fetch_sub(1, Ordering::AcqRel);
+        Some(cmd)
+    }
+
+    fn try_recv(&self) -> Option<Cmd> {
+        let cmd = self.rx.try_recv().ok()?;
+        self.waiting.fetch_sub(1, Ordering::AcqRel);
+        Some(cmd)
+    }
 }
 
 /// An answer held back until the group's commit is durable; called with the
@@ -264,14 +294,14 @@ impl Writer {
         Ok(())
     }
 
-    pub(super) fn run(mut self, rx: mpsc::Receiver<Cmd>) {
+    pub(super) fn run(mut self, rx: Inbox) {
         let mut batch = Vec::with_capacity(GROUP_MAX);
-        while let Ok(first) = rx.recv() {
+        while let Some(first) = rx.recv() {
             batch.push(first);
             while batch.len() < GROUP_MAX {
                 match rx.try_recv() {
-                    Ok(cmd) => batch.push(cmd),
-                    Err(_) => break,
+                    Some(cmd) => batch.push(cmd),
+                    None => break,
                 }
             }
             let closing = self.run_group(&mut batch, &rx);
@@ -300,7 +330,7 @@ impl Writer {
     /// Commands that arrive while the group runs join it before its COMMIT
     /// (up to [`GROUP_MAX`], for [`LATE_JOIN_WINDOW`]): they share its fsync
     /// instead of waiting for the next one.
-    fn run_group(&mut self, batch: &mut Vec<Cmd>, rx: &mpsc::Receiver<Cmd>) -> bool {
+    fn run_group(&mut self, batch: &mut Vec<Cmd>, rx: &Inbox) -> bool {
         let mut pending: Vec<Pending> = Vec::with_capacity(batch.len());
         // Leases whose tokens are all below a reservation on disk: answered
         // at COMMIT, before the fsync (see `super::sequence`).
@@ -407,8 +437,8 @@ impl Writer {
             }
             while taken + batch.len() < GROUP_MAX {
                 match rx.try_recv() {
-                    Ok(cmd) => batch.push(cmd),
-                    Err(_) => break,
+                    Some(cmd) => batch.push(cmd),
+                    None => break,
                 }
             }
             if batch.is_empty() {
@@ -562,6 +592,14 @@ impl Writer {
                 let _ = gate.recv();
                 run!(tx, db(self.conn.execute_batch(&sql)))
             }
+            #[cfg(any(test, feature = "test-hooks"))]
+            Cmd::Hold(held, resume) => {
+                let _ = held.send(());
+                let _ = resume.recv();
+                (Box::new(|_: Option<StoreError>| {}), true)
+            }
+            #[cfg(any(test, feature = "test-hooks"))]
+            Cmd::Crash => panic!("the writer crashed (a test hook)"),
         }
     }
 
@@ -1467,5 +1505,7 @@ fn fail_cmd(cmd: Cmd, why: &str) {
         Cmd::Unpark(_, _, tx) => drop(tx.send(Err(e()))),
         #[cfg(test)]
         Cmd::Sql(_, _, tx) => drop(tx.send(Err(e()))),
+        #[cfg(any(test, feature = "test-hooks"))]
+        Cmd::Hold(..) | Cmd::Crash => {}
     }
 }
