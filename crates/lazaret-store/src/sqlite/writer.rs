@@ -1343,7 +1343,8 @@ impl Writer {
             .conn
             .prepare_cached("DELETE FROM dead_letters WHERE id = ?1")?
             .execute(params![dl.0 as i64]))?;
-        self.pair(&env.lane, &env.tenant).ready += 1;
+        self.pair(&env.lane, &env.tenant)
+            .add_ready(&env.job_type, 1);
         self.audit_add(audit, 1)?;
         Ok(Some(env.id))
     }
