@@ -21,6 +21,7 @@ pub mod envelope;
 pub mod failure;
 pub mod foreign;
 pub mod ids;
+pub mod lease_plan;
 pub mod policy;
 pub mod rng;
 pub mod scheduler;
@@ -51,6 +52,7 @@ pub use ids::{
     ErrorKind, IDEMPOTENCY_KEY_BYTES_MAX, JobId, JobType, Lane, NAME_BYTES_MAX, NameError,
     TenantId, WorkerId, check_name,
 };
+pub use lease_plan::{Among, LeaseFilter, PairCounts, Take, plan_lease};
 pub use policy::{Backoff, Policies, PolicyError, TypePolicy};
 pub use rng::{Entropy, SplitMix64};
 pub use scheduler::{Demand, FairScheduler, Grant, SchedulerConfig, SchedulerConfigError, Share};

@@ -33,9 +33,10 @@
 //!                                     # one more is answered 503 UNAVAILABLE with Retry-After and closed
 //! shutdown_grace_ms = 10000           # after SIGTERM, how long requests under way may take to finish
 //!
-//! [tenants]
-//! inflight_max = 2                    # default per-tenant in-flight cap in each lane (at least 1)
-//! [tenants.overrides]                 # per-tenant caps; 0 pauses that tenant
+//! [tenants]                         # a tenant is whoever a job is for (a customer, a team);
+//!                                     # tenants take turns, so one tenant's backlog never holds up another's
+//! inflight_max = 2                    # per-tenant in-flight cap in each lane (at least 1); absent: no cap
+//! [tenants.overrides]                 # per-tenant caps (also without a default cap); 0 pauses that tenant
 //! big-customer = 8
 //!
 //! [lanes.interactive]                 # the lane "default" always exists, with weight 1
@@ -216,6 +217,11 @@ pub struct ServerConfig {
     pub park_lanes: BTreeSet<Lane>,
 }
 
+/// The in-flight cap when `[tenants] inflight_max` is absent: none. Tenants
+/// still take turns (round robin needs no cap); a cap is for a tenant whose
+/// jobs must not hold every worker at once.
+pub const INFLIGHT_UNCAPPED: u32 = u32::MAX;
+
 impl Default for ServerConfig {
     fn default() -> Self {
         let payload_bytes_max = lazaret_core::admission::PAYLOAD_BYTES_MAX_DEFAULT;
@@ -223,7 +229,8 @@ impl Default for ServerConfig {
             payload_bytes_max,
             batch_bytes_max: BATCH_BYTES_MAX_DEFAULT,
             accept_unknown_types: true,
-            scheduler: SchedulerConfig::new(2).with_lane_weight(Lane::default_lane(), 1),
+            scheduler: SchedulerConfig::new(INFLIGHT_UNCAPPED)
+                .with_lane_weight(Lane::default_lane(), 1),
             policies: Policies::default(),
             admission: AdmissionConfig {
                 payload_bytes_max,
@@ -1960,7 +1967,12 @@ token = "..."                       # or token_sha256 = "hex"
         assert_eq!(cfg.batch_bytes_max, 16 * 1024 * 1024);
         assert!(cfg.accept_unknown_types);
         assert_eq!(cfg.scheduler, d.scheduler);
-        assert_eq!(cfg.scheduler.inflight_max, 2);
+        assert_eq!(cfg.scheduler.inflight_max, INFLIGHT_UNCAPPED, "no cap");
+        assert!(
+            !cfg.scheduler.at_cap(&TenantId::new("acme"), 1_000_000),
+            "no FAIR_QUEUE without a configured cap"
+        );
+        assert!(cfg.scheduler.tenant_inflight_max.is_empty());
         assert_eq!(cfg.scheduler.lane_weights[&Lane::default_lane()], 1);
         assert_eq!(cfg.policies.defaults, TypePolicy::default());
         assert_eq!(cfg.policies.defaults.attempts_max, 5);

@@ -209,6 +209,15 @@ impl From<StoreError> for ApiError {
                 err.retry_after_s = Some(1);
                 err
             }
+            // Backpressure: the store's command queue is full. Say when
+            // to come back instead of queueing without bound; no log line
+            // per refusal (an overload would flood the log).
+            StoreError::Overloaded { .. } => {
+                tracing::debug!(error = %e, "refused: the store's command queue is full");
+                let mut err = Self::unavailable(e.to_string());
+                err.retry_after_s = Some(1);
+                err
+            }
             other => {
                 tracing::error!(error = %other, "store error");
                 Self::internal(other.to_string())
@@ -244,6 +253,13 @@ mod tests {
         assert_eq!(undone.retry_after_s, Some(1));
         let resp = undone.into_response();
         assert_eq!(resp.headers()[header::RETRY_AFTER], "1");
+
+        let busy = ApiError::from(StoreError::Overloaded { waiting: 10_000 });
+        assert_eq!(
+            (busy.status, busy.code.as_str(), busy.retry_after_s),
+            (StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE", Some(1))
+        );
+        assert!(busy.message.contains("overloaded"), "{}", busy.message);
 
         let closed = ApiError::from(StoreError::Closed);
         assert_eq!(closed.status, StatusCode::SERVICE_UNAVAILABLE);

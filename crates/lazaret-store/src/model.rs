@@ -683,6 +683,13 @@ pub struct StoreStats {
     /// Time those fsyncs took, in microseconds: `sync_micros / syncs` is
     /// what the disk makes every durable request wait, on average.
     pub sync_micros: u64,
+    /// Lease commands run since start (each long-poll look is one).
+    pub leases: u64,
+    /// What those leases' reads cost the database, in its own unit (SQLite:
+    /// virtual-machine steps of the lease statements; 0 where a store does
+    /// not count): grows with the rows a lease looks at, not only those it
+    /// returns, so `lease_steps / leases` shows a lease that scans.
+    pub lease_steps: u64,
 }
 
 /// Job counts in one lane.
@@ -735,6 +742,15 @@ pub enum StoreError {
     /// nothing of it happened.
     #[error("not applied: {0}")]
     NotApplied(String),
+    /// The store's command queue is full (the server takes requests faster
+    /// than the database writes them): nothing of the request was applied.
+    #[error(
+        "the server is overloaded: {waiting} requests are waiting for the database already (the bound); nothing of this request was applied, retry in a moment"
+    )]
+    Overloaded {
+        /// Commands waiting when this one was refused.
+        waiting: usize,
+    },
     /// The change was committed but could not be made durable (a failed
     /// fsync); the store takes no more writes.
     #[error("{0}")]

@@ -58,6 +58,19 @@ pub struct BenchArgs {
     /// the queue holds this many while the measured jobs go through.
     #[arg(long, default_value_t = 0)]
     backlog: u64,
+    /// Queue the backlog in the measured lane as jobs of this type, which
+    /// the consumers never lease (their leases name the measured types):
+    /// what a lease filtered by type costs beside another type's backlog.
+    #[arg(long, value_name = "TYPE")]
+    backlog_type: Option<String>,
+    /// Job types the measured jobs are spread over, in turn within each
+    /// tenant (`bench`, or `bench-0` … `bench-N-1`).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
+    types: u64,
+    /// Consumers' leases name the measured types (`"types": [...]`)
+    /// instead of taking any type (implied by --backlog-type).
+    #[arg(long)]
+    filter_types: bool,
     /// Size of the string in each job's payload.
     #[arg(long, default_value_t = 100)]
     payload_bytes: usize,
@@ -135,6 +148,14 @@ enum Scenario {
     /// without and with `next` on acks (three requests per job, then two),
     /// alternating, --runs times each: medians, spread, ratio.
     Next,
+    /// Leases filtered by type, batches of 100, with 100,000 jobs of
+    /// another type queued in the same lane and tenants.
+    #[value(name = "filtered-100k")]
+    Filtered100k,
+    /// Batches of 100, 8 types mixed within each tenant, 20,000 queued,
+    /// leases of any type.
+    #[value(name = "mixed-types")]
+    MixedTypes,
 }
 
 /// One run's settings.
@@ -147,6 +168,12 @@ struct RunSpec {
     consumers: u64,
     cyclers: u64,
     backlog: u64,
+    /// The backlog's type when it waits in the measured lane.
+    backlog_type: Option<String>,
+    /// Types of the measured jobs.
+    types: u64,
+    /// Whether leases name the measured types.
+    filter_types: bool,
     payload_bytes: usize,
     tenants: u64,
     lease_ms: u64,
@@ -194,6 +221,9 @@ impl RunSpec {
             consumers: a.consumers,
             cyclers: a.cyclers,
             backlog: a.backlog,
+            backlog_type: a.backlog_type.clone(),
+            types: a.types,
+            filter_types: a.filter_types || a.backlog_type.is_some(),
             payload_bytes: a.payload_bytes,
             tenants: a.tenants,
             lease_ms: a.lease_ms,
@@ -259,6 +289,19 @@ impl RunSpec {
                     .flat_map(|_| [plain.clone(), with_next.clone()])
                     .collect()
             }
+            Scenario::Filtered100k => vec![RunSpec {
+                backlog_type: Some("other".into()),
+                types: 1,
+                filter_types: true,
+                target_jobs_per_s: None,
+                ..batched("filtered-100k", 100_000)
+            }],
+            Scenario::MixedTypes => vec![RunSpec {
+                types: 8,
+                filter_types: false,
+                target_jobs_per_s: None,
+                ..batched("mixed-types", 20_000)
+            }],
         }
     }
 
@@ -274,6 +317,9 @@ impl RunSpec {
             lease_ms: self.lease_ms,
             timeout: self.timeout,
             next: self.next,
+            types: load::job_types(self.types),
+            filter_types: self.filter_types,
+            backlog_type: self.backlog_type.clone(),
         }
     }
 }
@@ -557,13 +603,24 @@ fn render_run(r: &RunReport) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "\n== {}: batch {}, {}, backlog {}, payload {} B, {} tenants",
+        "\n== {}: batch {}, {}, backlog {}{}, payload {} B, {} tenants, {} type{}{}",
         s.name,
         s.batch,
         s.clients(),
         s.backlog,
+        s.backlog_type
+            .as_deref()
+            .map(|t| format!(" (type {t}, in the measured lane)"))
+            .unwrap_or_default(),
         s.payload_bytes,
-        s.tenants
+        s.tenants,
+        s.types,
+        if s.types == 1 { "" } else { "s" },
+        if s.filter_types {
+            ", leases filtered by type"
+        } else {
+            ""
+        }
     );
     let target = s
         .target_jobs_per_s
@@ -881,6 +938,22 @@ mod tests {
                 ("unbatched-next", 1, true, 16, 0),
             ]
         );
+        let a = parse(&["--scenario", "filtered-100k"]);
+        let [filtered] = &RunSpec::scenario(&a, Scenario::Filtered100k)[..] else {
+            panic!("one run");
+        };
+        assert_eq!(
+            (filtered.backlog, filtered.backlog_type.as_deref()),
+            (100_000, Some("other"))
+        );
+        assert!(filtered.filter_types);
+        let [mixed] = &RunSpec::scenario(&a, Scenario::MixedTypes)[..] else {
+            panic!("one run");
+        };
+        assert_eq!((mixed.types, mixed.filter_types), (8, false));
+        assert_eq!(mixed.load().types.len(), 8);
+        // A backlog of another type in the measured lane needs filtered leases.
+        assert!(RunSpec::from_args(&parse(&["--backlog-type", "x"])).filter_types);
     }
 
     #[test]

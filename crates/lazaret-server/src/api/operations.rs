@@ -220,6 +220,8 @@ async fn snapshot<S: Store>(app: &App<S>) -> Result<Value, ApiError> {
             "syncs": s.syncs,
             "commands_per_sync": if s.syncs == 0 { 0.0 } else { s.commands as f64 / s.syncs as f64 },
             "sync_avg_ms": if s.syncs == 0 { 0.0 } else { s.sync_micros as f64 / s.syncs as f64 / 1000.0 },
+            "leases": s.leases,
+            "lease_steps_per_lease": if s.leases == 0 { 0.0 } else { s.lease_steps as f64 / s.leases as f64 },
         },
         "dead_letters": {
             "total": dl_total,

@@ -107,6 +107,13 @@ CREATE TABLE IF NOT EXISTS source_parked (
 CREATE INDEX IF NOT EXISTS source_parked_due ON source_parked (source, due_at);
 "#;
 
+/// What version 5 added: the ready jobs indexed by type as well, so that a
+/// lease for some types reads only jobs of those types (`jobs_ready` stays
+/// for leases of any type: one index walk, oldest first across types).
+const V5_OBJECTS: &str = r#"
+CREATE INDEX IF NOT EXISTS jobs_ready_type ON jobs (lane, tenant, type, run_at, id) WHERE state = 'queued';
+"#;
+
 /// What version 6 added: listing jobs by state newest first is a range of
 /// `jobs_state` (never a scan of the table); retention finds cancelled
 /// jobs by `jobs_cancelled` as it finds succeeded ones by `jobs_done`;
@@ -200,6 +207,8 @@ pub fn migrate(conn: &Connection) -> Result<(), crate::StoreError> {
         script.push_str(V3_TO_V4);
     }
     script.push_str(V4_OBJECTS);
+    // Version 4 → 5 (and new databases): the typed ready index.
+    script.push_str(V5_OBJECTS);
     if (2..6).contains(&version) {
         script.push_str(V5_TO_V6);
     }

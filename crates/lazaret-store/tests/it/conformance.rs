@@ -59,6 +59,7 @@ macro_rules! conformance_suite {
                 lease_respects_lanes,
                 lease_respects_exclude_lanes,
                 lease_respects_types,
+                a_lease_for_several_types_takes_the_oldest_across_them,
                 lease_respects_exclude_types,
                 lease_respects_type_limits,
                 type_limits_leave_room_for_other_types,

@@ -486,3 +486,127 @@ async fn a_file_that_is_not_sqlite_is_refused_as_corrupt() {
         "the file is left as it was"
     );
 }
+
+/// What one lease filtered by type costs the database (SQLite VM steps,
+/// which count the rows a read looks at, not only those it returns), with
+/// `others` jobs of another type queued ahead of the jobs it asks for, in
+/// the same lane and tenant; `shape` builds the lease from the default.
+async fn filtered_lease_steps(
+    others: usize,
+    shape: impl Fn(lazaret_store::LeaseRequest) -> lazaret_store::LeaseRequest,
+) -> (u64, Vec<String>) {
+    use crate::conformance::{at, lease, lease_req, new_job};
+
+    let dir = tempfile::TempDir::new().unwrap();
+    let s = open(dir.path());
+    let bulk: Vec<_> = (0..others)
+        .map(|_| new_job("bulk", "acme", "default"))
+        .collect();
+    s.enqueue(bulk).await.unwrap();
+    s.enqueue(vec![
+        new_job("email", "acme", "default"),
+        new_job("sms", "acme", "default"),
+    ])
+    .await
+    .unwrap();
+    let before = s.stats().await.unwrap();
+    let got = lease(&s, shape(lease_req(at(1), 10))).await;
+    let after = s.stats().await.unwrap();
+    assert_eq!(after.leases - before.leases, 1);
+    s.close().await.unwrap();
+    let mut types: Vec<String> = got.iter().map(|j| j.job_type.to_string()).collect();
+    types.sort();
+    (after.lease_steps - before.lease_steps, types)
+}
+
+/// A lease that asks for some types, or excludes the type of a large
+/// backlog (its breaker is open), reads no job of the other types: it
+/// costs exactly the same with 20,000 of them queued as with 10.
+#[tokio::test]
+async fn a_lease_filtered_by_type_reads_the_same_whatever_else_is_queued() {
+    let only = |types: &[&str]| {
+        let types: Vec<lazaret_core::JobType> = types.iter().map(|t| (*t).into()).collect();
+        move |req| lazaret_store::LeaseRequest {
+            types: Some(types.clone()),
+            ..req
+        }
+    };
+    let excluding_bulk = |req| lazaret_store::LeaseRequest {
+        exclude_types: vec!["bulk".into()],
+        ..req
+    };
+    for (what, few, many) in [
+        (
+            "types [email]",
+            filtered_lease_steps(10, only(&["email"])).await,
+            filtered_lease_steps(20_000, only(&["email"])).await,
+        ),
+        (
+            "types [email, sms]",
+            filtered_lease_steps(10, only(&["email", "sms"])).await,
+            filtered_lease_steps(20_000, only(&["email", "sms"])).await,
+        ),
+        (
+            "bulk excluded",
+            filtered_lease_steps(10, excluding_bulk).await,
+            filtered_lease_steps(20_000, excluding_bulk).await,
+        ),
+    ] {
+        assert_eq!(few.1, many.1, "{what}: the same jobs");
+        assert!(!many.1.iter().any(|t| t == "bulk"), "{what}: {:?}", many.1);
+        assert_eq!(
+            many.0, few.0,
+            "{what}: {} steps with 20,000 others queued, {} with 10",
+            many.0, few.0
+        );
+        // A few dozen steps per row leased, nowhere near one per job queued.
+        assert!(many.0 < 500, "{what}: {} steps", many.0);
+    }
+}
+
+/// A version-4 database (no typed ready index) opens as the current
+/// version, gets the index, and filtered leases use it.
+#[tokio::test]
+async fn migrates_a_version_4_database_to_the_typed_ready_index() {
+    use crate::conformance::{at, enqueue_one, lease, lease_req, new_job};
+
+    let dir = tempfile::TempDir::new().unwrap();
+    let path = dir.path().join(DB_FILE);
+    let s = open(dir.path());
+    enqueue_one(&s, new_job("bulk", "acme", "default")).await;
+    let email = enqueue_one(&s, new_job("email", "acme", "default")).await;
+    s.close().await.unwrap();
+    let index_count = |conn: &rusqlite::Connection| -> i64 {
+        conn.query_row(
+            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND name = 'jobs_ready_type'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap()
+    };
+    {
+        // What version 4 had: the same tables, no typed index.
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch("DROP INDEX jobs_ready_type; PRAGMA user_version = 4;")
+            .unwrap();
+        assert_eq!(index_count(&conn), 0);
+    }
+    let s = open(dir.path());
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        let version: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!((version, index_count(&conn)), (SCHEMA_VERSION, 1));
+    }
+    let got = lease(
+        &s,
+        lazaret_store::LeaseRequest {
+            types: Some(vec!["email".into()]),
+            ..lease_req(at(1), 10)
+        },
+    )
+    .await;
+    assert_eq!(got.iter().map(|j| j.id).collect::<Vec<_>>(), [email]);
+    s.close().await.unwrap();
+}

@@ -22,8 +22,8 @@ const BACKLOG_CONCURRENCY: u64 = 4;
 pub const BENCH_LANE: &str = "bench";
 /// The lane of the backlog, which nobody leases.
 pub const BACKLOG_LANE: &str = "backlog";
-/// The type of every bench job.
-const JOB_TYPE: &str = "bench";
+/// The type of the measured jobs when there is one (`--types 1`).
+pub const JOB_TYPE: &str = "bench";
 /// Long-poll of each lease request.
 const LEASE_WAIT_MS: u64 = 1000;
 /// The lease endpoint.
@@ -50,28 +50,59 @@ pub struct Load {
     /// of two); a `next` that finds nothing ready falls back to a
     /// long-polling lease.
     pub next: bool,
+    /// The measured jobs' types, taken in turn within each tenant.
+    pub types: Vec<String>,
+    /// Leases name `types` (`"types": [...]`) instead of `null`.
+    pub filter_types: bool,
+    /// The backlog's type, when it waits in the measured lane (where only
+    /// a lease filtered by type passes it over) instead of lane `backlog`.
+    pub backlog_type: Option<String>,
+}
+
+/// The measured jobs' types: `bench`, or `bench-0` … `bench-{n-1}`.
+pub fn job_types(n: u64) -> Vec<String> {
+    match n {
+        0 | 1 => vec![JOB_TYPE.to_owned()],
+        n => (0..n).map(|k| format!("{JOB_TYPE}-{k}")).collect(),
+    }
+}
+
+/// Where jobs go and what they are: lane, tenants (round-robin by sequence
+/// number) and types (in turn within each tenant).
+#[derive(Debug, Clone, Copy)]
+pub struct Shape<'a> {
+    pub lane: &'a str,
+    pub tenants: u64,
+    pub types: &'a [String],
 }
 
 /// Appends one job object to `out`. Every piece is plain ASCII with nothing
 /// to escape, so the JSON is written by hand (the bench client shares the
 /// machine with the server, so its CPU counts).
-pub fn push_job(out: &mut String, seq: u64, lane: &str, tenants: u64, data: &str) {
-    let tenant = seq % tenants.max(1);
+pub fn push_job(out: &mut String, seq: u64, shape: Shape<'_>, data: &str) {
+    let tenants = shape.tenants.max(1);
+    let tenant = seq % tenants;
+    // By the sequence number over the tenants, so each tenant gets every type.
+    let job_type = shape
+        .types
+        .get(((seq / tenants) % shape.types.len().max(1) as u64) as usize)
+        .map_or(JOB_TYPE, String::as_str);
+    let lane = shape.lane;
     let _ = write!(
         out,
-        r#"{{"type":"{JOB_TYPE}","tenant":"t{tenant}","lane":"{lane}","payload":{{"seq":{seq},"data":"{data}"}}}}"#
+        r#"{{"type":"{job_type}","tenant":"t{tenant}","lane":"{lane}","payload":{{"seq":{seq},"data":"{data}"}}}}"#
     );
 }
 
 /// `{"jobs":[...]}` for jobs `from..to`.
-pub fn batch_body(from: u64, to: u64, lane: &str, tenants: u64, data: &str) -> String {
+pub fn batch_body(from: u64, to: u64, shape: Shape<'_>, data: &str) -> String {
     let mut out = String::with_capacity((to - from) as usize * (data.len() + 96) + 16);
     out.push_str(r#"{"jobs":["#);
     for seq in from..to {
         if seq > from {
             out.push(',');
         }
-        push_job(&mut out, seq, lane, tenants, data);
+        push_job(&mut out, seq, shape, data);
     }
     out.push_str("]}");
     out
@@ -302,10 +333,11 @@ fn next_body(index: u64, load: &Load) -> Box<RawValue> {
 /// The lease request of consumer `index`, encoded once and sent for every lease.
 fn lease_body(index: u64, load: &Load) -> Bytes {
     let worker_id = format!("bench-{index}");
+    let types: Vec<&str> = load.types.iter().map(String::as_str).collect();
     let body = LeaseBody {
         worker_id: &worker_id,
         lanes: [BENCH_LANE],
-        types: None,
+        types: load.filter_types.then_some(types.as_slice()),
         max_jobs: load.batch,
         lease_ms: load.lease_ms,
         wait_ms: LEASE_WAIT_MS,
@@ -327,7 +359,9 @@ fn acks_body(jobs: &[Leased<'_>]) -> Vec<u8> {
     serde_json::to_vec(&body).expect("a struct of strings encodes")
 }
 
-/// Fills lane `backlog` with `n` jobs in batches of 1000; returns the time it took.
+/// Queues `n` jobs in batches of 1000, in lane `backlog` or, with
+/// `load.backlog_type`, as jobs of that type in the measured lane; returns
+/// the time it took.
 pub async fn fill_backlog(client: &http::Client, n: u64, load: &Load) -> anyhow::Result<Duration> {
     let start = Instant::now();
     let next = Arc::new(AtomicU64::new(0));
@@ -342,7 +376,16 @@ pub async fn fill_backlog(client: &http::Client, n: u64, load: &Load) -> anyhow:
             data.clone(),
             load.tenants,
         );
+        let (lane, types) = match &load.backlog_type {
+            Some(t) => (BENCH_LANE, vec![t.clone()]),
+            None => (BACKLOG_LANE, vec![JOB_TYPE.to_owned()]),
+        };
         tasks.spawn(async move {
+            let shape = Shape {
+                lane,
+                tenants,
+                types: &types,
+            };
             loop {
                 let from = next.fetch_add(BACKLOG_BATCH, Ordering::Relaxed);
                 if from >= n {
@@ -350,13 +393,7 @@ pub async fn fill_backlog(client: &http::Client, n: u64, load: &Load) -> anyhow:
                 }
                 let to = (from + BACKLOG_BATCH).min(n);
                 // Sequence numbers far above the measured jobs', for telling them apart.
-                let body = batch_body(
-                    from + (1 << 40),
-                    to + (1 << 40),
-                    BACKLOG_LANE,
-                    tenants,
-                    &data,
-                );
+                let body = batch_body(from + (1 << 40), to + (1 << 40), shape, &data);
                 enqueue_batch(&mut conn, body, to - from).await?;
                 let total = done.fetch_add(to - from, Ordering::Relaxed) + (to - from);
                 if total % 100_000 < BACKLOG_BATCH && n >= 200_000 {
@@ -455,13 +492,18 @@ async fn produce(s: &Shared, conn: &mut http::Connection, out: &mut ProducerOut)
         return false;
     }
     let to = (from + batch).min(s.load.jobs);
+    let shape = Shape {
+        lane: BENCH_LANE,
+        tenants: s.load.tenants,
+        types: &s.load.types,
+    };
     let t = Instant::now();
     let result = if batch == 1 {
         let mut body = String::with_capacity(s.data.len() + 96);
-        push_job(&mut body, from, BENCH_LANE, s.load.tenants, &s.data);
+        push_job(&mut body, from, shape, &s.data);
         enqueue_one(conn, body).await.map(|id| vec![id])
     } else {
-        let body = batch_body(from, to, BENCH_LANE, s.load.tenants, &s.data);
+        let body = batch_body(from, to, shape, &s.data);
         enqueue_batch(conn, body, to - from).await
     };
     out.lat.push(micros(t));
@@ -722,7 +764,13 @@ mod tests {
 
     #[test]
     fn batch_body_is_valid_json_with_round_robin_tenants() {
-        let body = batch_body(10, 13, BENCH_LANE, 2, "xxxx");
+        let one = job_types(1);
+        let shape = Shape {
+            lane: BENCH_LANE,
+            tenants: 2,
+            types: &one,
+        };
+        let body = batch_body(10, 13, shape, "xxxx");
         let v: Value = serde_json::from_str(&body).unwrap();
         let jobs = v["jobs"].as_array().unwrap();
         assert_eq!(jobs.len(), 3);
@@ -732,6 +780,26 @@ mod tests {
         assert_eq!(jobs[1]["lane"], "bench");
         assert_eq!(jobs[1]["type"], "bench");
         assert_eq!(jobs[1]["payload"], json!({"seq": 11, "data": "xxxx"}));
+    }
+
+    #[test]
+    fn every_tenant_gets_every_type_in_turn() {
+        let types = job_types(3);
+        assert_eq!(types, ["bench-0", "bench-1", "bench-2"]);
+        let shape = Shape {
+            lane: BENCH_LANE,
+            tenants: 2,
+            types: &types,
+        };
+        let v: Value = serde_json::from_str(&batch_body(0, 12, shape, "x")).unwrap();
+        let mut seen = std::collections::BTreeSet::new();
+        for j in v["jobs"].as_array().unwrap() {
+            seen.insert((
+                j["tenant"].as_str().unwrap().to_owned(),
+                j["type"].as_str().unwrap().to_owned(),
+            ));
+        }
+        assert_eq!(seen.len(), 6, "2 tenants × 3 types: {seen:?}");
     }
 
     #[test]
@@ -801,6 +869,9 @@ mod tests {
             lease_ms: 30_000,
             timeout: Duration::from_secs(1),
             next: true,
+            types: job_types(2),
+            filter_types: false,
+            backlog_type: None,
         };
         let next: Value = serde_json::from_str(next_body(3, &load).get()).unwrap();
         assert_eq!(
@@ -814,6 +885,12 @@ mod tests {
             json!({"worker_id": "bench-3", "lanes": ["bench"], "types": null,
                    "max_jobs": 100, "lease_ms": 30_000, "wait_ms": LEASE_WAIT_MS})
         );
+        let filtered = Load {
+            filter_types: true,
+            ..load.clone()
+        };
+        let lease: Value = serde_json::from_slice(&lease_body(3, &filtered)).unwrap();
+        assert_eq!(lease["types"], json!(["bench-0", "bench-1"]));
         let reply = br#"{"jobs":[{"id":"7","lease_token":"99"},{"id":"8","lease_token":"1\"0"}]}"#;
         let leased: LeaseReply<'_> = decode(LEASES, reply).unwrap();
         let acks: Value = serde_json::from_slice(&acks_body(&leased.jobs)).unwrap();

@@ -22,7 +22,9 @@ pub async fn restart_after_drop_keeps_everything<S: Store>(dir: &Path, open: imp
 
 /// The counts a restart must rebuild; the commit counters are per process.
 fn sorted_stats(mut s: StoreStats) -> StoreStats {
+    // Counters of this process's work, not of what is stored.
     (s.commits, s.commands, s.syncs, s.sync_micros) = (0, 0, 0, 0);
+    (s.leases, s.lease_steps) = (0, 0);
     s.lanes.retain(|(_, c)| *c != Default::default());
     s.lanes.sort_by(|a, b| a.0.cmp(&b.0));
     s.dead_letters.sort();
