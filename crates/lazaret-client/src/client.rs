@@ -1,5 +1,6 @@
 //! [`Client`]: one typed async method per endpoint of the HTTP contract.
 
+use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
 use lazaret_core::JobId;
@@ -23,6 +24,15 @@ pub struct ClientBuilder {
     token: Option<String>,
     timeout: Duration,
     connect_timeout: Duration,
+    ca_certs: Vec<CaCert>,
+    user_agent: Option<String>,
+}
+
+/// A CA certificate to trust beside the system's roots.
+#[derive(Debug)]
+enum CaCert {
+    Pem(Vec<u8>),
+    File(PathBuf),
 }
 
 impl ClientBuilder {
@@ -41,6 +51,26 @@ impl ClientBuilder {
     /// How long connecting may take.
     pub fn connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
+        self
+    }
+
+    /// Also trusts the CA certificates in this PEM text (a private CA, or a
+    /// server's self-signed certificate), beside the system's roots.
+    pub fn ca_cert_pem(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.ca_certs.push(CaCert::Pem(pem.into()));
+        self
+    }
+
+    /// Also trusts the CA certificates in this PEM file, read by
+    /// [`build`](Self::build) (whose error then names the file).
+    pub fn ca_cert_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.ca_certs.push(CaCert::File(path.into()));
+        self
+    }
+
+    /// The `User-Agent` sent (`lazaret-client/VERSION` by default).
+    pub fn user_agent(mut self, user_agent: impl Into<String>) -> Self {
+        self.user_agent = Some(user_agent.into());
         self
     }
 
@@ -72,19 +102,62 @@ impl ClientBuilder {
                 Some(v)
             }
         };
-        let http = reqwest::Client::builder()
-            .connect_timeout(self.connect_timeout)
-            .tcp_nodelay(true)
-            .pool_max_idle_per_host(64)
-            .user_agent(concat!("lazaret-client/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(ClientError::Http)?;
+        let mut http =
+            reqwest::Client::builder()
+                // rustls on ring, the system's roots, plus the CAs given.
+                .use_rustls_tls()
+                .connect_timeout(self.connect_timeout)
+                .tcp_nodelay(true)
+                .pool_max_idle_per_host(64)
+                .user_agent(self.user_agent.unwrap_or_else(|| {
+                    concat!("lazaret-client/", env!("CARGO_PKG_VERSION")).into()
+                }));
+        for ca in &self.ca_certs {
+            for cert in ca.certificates()? {
+                http = http.add_root_certificate(cert);
+            }
+        }
+        let http = http.build().map_err(|e| {
+            ClientError::Config(format!(
+                "cannot set up the HTTP client: {}",
+                crate::error::root_cause(&e)
+            ))
+        })?;
         Ok(Client {
             http,
             base,
             authorization,
             timeout: self.timeout,
         })
+    }
+}
+
+impl CaCert {
+    fn certificates(&self) -> Result<Vec<reqwest::Certificate>, ClientError> {
+        let (pem, from) = match self {
+            CaCert::Pem(pem) => (pem.clone(), "the CA certificate given".to_owned()),
+            CaCert::File(path) => (
+                std::fs::read(path).map_err(|e| {
+                    ClientError::Config(format!(
+                        "cannot read the CA certificate file {}: {e}",
+                        path.display()
+                    ))
+                })?,
+                format!("the CA certificate file {}", path.display()),
+            ),
+        };
+        let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| {
+            ClientError::Config(format!(
+                "{from} is not PEM: {}",
+                crate::error::root_cause(&e)
+            ))
+        })?;
+        if certs.is_empty() {
+            return Err(ClientError::Config(format!(
+                "{from} holds no certificate (expected PEM text with -----BEGIN CERTIFICATE-----)"
+            )));
+        }
+        Ok(certs)
     }
 }
 
@@ -114,6 +187,8 @@ impl Client {
             token: None,
             timeout: TIMEOUT_DEFAULT,
             connect_timeout: Duration::from_secs(10),
+            ca_certs: Vec::new(),
+            user_agent: None,
         }
     }
 
@@ -138,6 +213,21 @@ impl Client {
         body: Option<Vec<u8>>,
         timeout: Duration,
     ) -> Result<(StatusCode, bytes::Bytes), ClientError> {
+        let resp = self.respond(method, url, body, timeout).await?;
+        let status = resp.status();
+        let bytes = resp.bytes().await?;
+        Ok((status, bytes))
+    }
+
+    /// Sends a request and returns the response once its status is 2xx
+    /// (its body still to read); an error reply becomes a typed error.
+    async fn respond(
+        &self,
+        method: Method,
+        url: Url,
+        body: Option<Vec<u8>>,
+        timeout: Duration,
+    ) -> Result<reqwest::Response, ClientError> {
         let mut req = self.http.request(method, url).timeout(timeout);
         if let Some(auth) = &self.authorization {
             req = req.header(AUTHORIZATION, auth.clone());
@@ -149,17 +239,68 @@ impl Client {
         }
         let resp = req.send().await?;
         let status = resp.status();
+        if status.is_success() {
+            return Ok(resp);
+        }
         let retry_after = resp
             .headers()
             .get(RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| parse_retry_after(v, SystemTime::now()));
         let bytes = resp.bytes().await?;
-        if status.is_success() {
-            Ok((status, bytes))
-        } else {
-            Err(ClientError::from_reply(status, retry_after, &bytes))
+        Err(ClientError::from_reply(status, retry_after, &bytes))
+    }
+
+    fn url_with_query(&self, segments: &[&str], query: &[(&str, &str)]) -> Url {
+        let mut url = self.url(segments);
+        if !query.is_empty() {
+            url.query_pairs_mut().extend_pairs(query);
         }
+        url
+    }
+
+    // ------------------------------------------------------------ raw
+
+    /// `GET` of an API path given as segments (each percent-encoded, so an
+    /// id never climbs out of its place) with a query: the 2xx body as the
+    /// server sent it. For tools that show the reply untouched (the CLI's
+    /// `--json`); programs want the typed methods.
+    pub async fn get_raw(
+        &self,
+        segments: &[&str],
+        query: &[(&str, &str)],
+    ) -> Result<bytes::Bytes, ClientError> {
+        let url = self.url_with_query(segments, query);
+        Ok(self.send(Method::GET, url, None, self.timeout).await?.1)
+    }
+
+    /// `POST` of a JSON body: the 2xx body as the server sent it.
+    pub async fn post_raw(
+        &self,
+        segments: &[&str],
+        body: &impl Serialize,
+    ) -> Result<bytes::Bytes, ClientError> {
+        let body = serde_json::to_vec(body).map_err(ClientError::Encode)?;
+        let url = self.url(segments);
+        Ok(self
+            .send(Method::POST, url, Some(body), self.timeout)
+            .await?
+            .1)
+    }
+
+    /// `DELETE`: the 2xx body as the server sent it.
+    pub async fn delete_raw(&self, segments: &[&str]) -> Result<bytes::Bytes, ClientError> {
+        let url = self.url(segments);
+        Ok(self.send(Method::DELETE, url, None, self.timeout).await?.1)
+    }
+
+    /// `GET` whose 2xx body is read chunk by chunk ([`BodyStream::chunk`]),
+    /// so a 50 MB payload is never held whole.
+    pub async fn get_stream(&self, segments: &[&str]) -> Result<BodyStream, ClientError> {
+        let resp = self
+            .respond(Method::GET, self.url(segments), None, self.timeout)
+            .await?;
+        Ok(BodyStream { resp })
     }
 
     async fn call<R: DeserializeOwned>(
@@ -229,18 +370,46 @@ impl Client {
         self.get(self.url(&["v1", "jobs", &id.to_string()])).await
     }
 
+    /// `GET /v1/jobs`: one page, newest first (a producer's token sees
+    /// only its own jobs).
+    pub async fn jobs(&self, q: &JobsQuery) -> Result<JobPage, ClientError> {
+        let mut url = self.url(&["v1", "jobs"]);
+        {
+            let mut pairs = url.query_pairs_mut();
+            let mut add = |k: &str, v: Option<&str>| {
+                if let Some(v) = v {
+                    pairs.append_pair(k, v);
+                }
+            };
+            add("state", q.state.map(|s| s.as_str()));
+            add("type", q.job_type.as_deref());
+            add("tenant", q.tenant.as_deref());
+            add("lane", q.lane.as_deref());
+            add("limit", q.limit.map(|l| l.to_string()).as_deref());
+            add("cursor", q.cursor.as_deref());
+        }
+        if url.query() == Some("") {
+            url.set_query(None);
+        }
+        self.get(url).await
+    }
+
+    /// `POST /v1/jobs/{id}/cancel`: a queued or scheduled job is cancelled
+    /// now; a leased one at its outcome unless acked. `BAD_STATE` for a
+    /// finished job.
+    pub async fn cancel(&self, id: JobId) -> Result<CancelReply, ClientError> {
+        self.post(
+            &["v1", "jobs", &id.to_string(), "cancel"],
+            &serde_json::json!({}),
+        )
+        .await
+    }
+
     // ------------------------------------------------------------ workers
 
     /// `POST /v1/leases`. Long-polls up to `req.wait` when nothing is ready.
     pub async fn lease(&self, req: &LeaseRequest) -> Result<Vec<LeasedJob>, ClientError> {
-        let body = LeaseBody {
-            worker_id: &req.worker_id,
-            lanes: req.lanes.as_deref(),
-            types: req.types.as_deref(),
-            max_jobs: req.max_jobs,
-            lease_ms: wire::ms(req.lease),
-            wait_ms: wire::ms(req.wait),
-        };
+        let body = lease_body(req);
         let r: Leased = self
             .call(
                 Method::POST,
@@ -250,6 +419,70 @@ impl Client {
             )
             .await?;
         Ok(r.jobs)
+    }
+
+    /// `POST /v1/jobs/{id}/ack` with `next`: acks, then leases as
+    /// [`lease`](Self::lease) would, in one round trip. The ack stands
+    /// even when the lease part is refused (then `next_error` says why);
+    /// an ack that is itself refused (`LEASE_LOST`) is an `Err` and
+    /// leases nothing.
+    pub async fn ack_next(
+        &self,
+        id: JobId,
+        token: &LeaseToken,
+        next: &LeaseRequest,
+    ) -> Result<OutcomeAndLease, ClientError> {
+        self.outcome_next(id, "ack", token, None, next).await
+    }
+
+    /// `POST /v1/jobs/{id}/fail` with `next`: as [`ack_next`](Self::ack_next).
+    pub async fn fail_next(
+        &self,
+        id: JobId,
+        token: &LeaseToken,
+        failure: &Failure,
+        next: &LeaseRequest,
+    ) -> Result<OutcomeAndLease, ClientError> {
+        self.outcome_next(id, "fail", token, Some(failure), next)
+            .await
+    }
+
+    async fn outcome_next(
+        &self,
+        id: JobId,
+        verb: &str,
+        token: &LeaseToken,
+        error: Option<&Failure>,
+        next: &LeaseRequest,
+    ) -> Result<OutcomeAndLease, ClientError> {
+        let body = OutcomeNextBody {
+            lease_token: token,
+            error,
+            next: lease_body(next),
+        };
+        let body = serde_json::to_vec(&body).map_err(ClientError::Encode)?;
+        let (status, bytes) = self
+            .send(
+                Method::POST,
+                self.url(&["v1", "jobs", &id.to_string(), verb]),
+                Some(body),
+                self.timeout + next.wait,
+            )
+            .await?;
+        let decode = |source| ClientError::Decode {
+            status,
+            source,
+            body: head(&bytes),
+        };
+        // Read twice: the outcome's fields, then the lease's (flattening
+        // would lose the payloads' raw bytes).
+        let outcome: Outcome = serde_json::from_slice(&bytes).map_err(decode)?;
+        let part: NextPart = serde_json::from_slice(&bytes).map_err(decode)?;
+        Ok(OutcomeAndLease {
+            outcome,
+            jobs: part.jobs,
+            next_error: part.next_error.map(ItemError::from),
+        })
     }
 
     /// `POST /v1/jobs/{id}/ack`. `LEASE_LOST` means the job is someone
@@ -287,16 +520,28 @@ impl Client {
         token: &LeaseToken,
         extend: Duration,
     ) -> Result<SystemTime, ClientError> {
-        let r: HeartbeatReply = self
-            .post(
-                &["v1", "jobs", &id.to_string(), "heartbeat"],
-                &HeartbeatBody {
-                    lease_token: token,
-                    extend_ms: wire::ms(extend),
-                },
-            )
-            .await?;
-        Ok(r.lease_expires_at)
+        Ok(self
+            .heartbeat_reply(id, token, extend)
+            .await?
+            .lease_expires_at)
+    }
+
+    /// [`Client::heartbeat`], with the whole reply: also whether a cancel
+    /// of the job was requested.
+    pub async fn heartbeat_reply(
+        &self,
+        id: JobId,
+        token: &LeaseToken,
+        extend: Duration,
+    ) -> Result<Heartbeat, ClientError> {
+        self.post(
+            &["v1", "jobs", &id.to_string(), "heartbeat"],
+            &HeartbeatBody {
+                lease_token: token,
+                extend_ms: wire::ms(extend),
+            },
+        )
+        .await
     }
 
     /// `POST /v1/acks`: one result per item, in order.
@@ -454,6 +699,36 @@ impl Client {
     }
 }
 
+fn lease_body(req: &LeaseRequest) -> LeaseBody<'_> {
+    LeaseBody {
+        worker_id: &req.worker_id,
+        lanes: req.lanes.as_deref(),
+        types: req.types.as_deref(),
+        max_jobs: req.max_jobs,
+        lease_ms: wire::ms(req.lease),
+        wait_ms: wire::ms(req.wait),
+    }
+}
+
+/// A 2xx body being received; see [`Client::get_stream`].
+#[derive(Debug)]
+pub struct BodyStream {
+    resp: reqwest::Response,
+}
+
+impl BodyStream {
+    /// The next chunk, `None` at the end. An error here means the body was
+    /// cut off: what came before is not the whole of it.
+    pub async fn chunk(&mut self) -> Result<Option<bytes::Bytes>, ClientError> {
+        Ok(self.resp.chunk().await?)
+    }
+
+    /// The announced length, if the server sent one.
+    pub fn content_length(&self) -> Option<u64> {
+        self.resp.content_length()
+    }
+}
+
 fn items<T>(r: Results<T>) -> Vec<Result<T, ItemError>> {
     r.results
         .into_iter()
@@ -482,5 +757,36 @@ mod tests {
         );
         assert!(Client::new("not a url").is_err());
         assert!(Client::new("ftp://x").is_err());
+        assert!(Client::new("https://lazaret.internal:7433").is_ok());
+    }
+
+    #[test]
+    fn a_ca_certificate_is_checked_when_the_client_is_built() {
+        let ca = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+        let pem = ca.cert.pem();
+        assert!(
+            Client::builder("https://localhost:1")
+                .ca_cert_pem(pem.clone())
+                .build()
+                .is_ok()
+        );
+
+        let config_error = |b: ClientBuilder| match b.build() {
+            Err(ClientError::Config(msg)) => msg,
+            other => panic!("not a config error: {other:?}"),
+        };
+        let msg = config_error(Client::builder("https://localhost:1").ca_cert_pem("hello"));
+        assert!(msg.contains("BEGIN CERTIFICATE"), "{msg}");
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("ca.pem");
+        let msg = config_error(Client::builder("https://localhost:1").ca_cert_file(&missing));
+        assert!(msg.contains("ca.pem"), "{msg}");
+        std::fs::write(&missing, pem).unwrap();
+        assert!(
+            Client::builder("https://localhost:1")
+                .ca_cert_file(&missing)
+                .build()
+                .is_ok()
+        );
     }
 }

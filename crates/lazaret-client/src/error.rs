@@ -31,6 +31,8 @@ pub enum ErrorCode {
     BadRequest,
     /// The request clashes with what exists (a token name already in use).
     Conflict,
+    /// The job's state does not allow it (cancelling a finished job).
+    BadState,
     /// The server failed.
     Internal,
     /// The server is shutting down.
@@ -53,6 +55,7 @@ impl ErrorCode {
             ErrorCode::Forbidden => "FORBIDDEN",
             ErrorCode::BadRequest => "BAD_REQUEST",
             ErrorCode::Conflict => "CONFLICT",
+            ErrorCode::BadState => "BAD_STATE",
             ErrorCode::Internal => "INTERNAL",
             ErrorCode::Unavailable => "UNAVAILABLE",
             ErrorCode::Other(s) => s,
@@ -72,6 +75,7 @@ impl ErrorCode {
             "FORBIDDEN" => ErrorCode::Forbidden,
             "BAD_REQUEST" => ErrorCode::BadRequest,
             "CONFLICT" => ErrorCode::Conflict,
+            "BAD_STATE" => ErrorCode::BadState,
             "INTERNAL" => ErrorCode::Internal,
             "UNAVAILABLE" => ErrorCode::Unavailable,
             other => ErrorCode::Other(other.to_owned()),
@@ -159,6 +163,8 @@ pub enum ClientError {
         details: Option<Box<Value>>,
         /// From `Retry-After` (or the body's `retry_after_ms`), for `SHED`.
         retry_after: Option<Duration>,
+        /// The error body as the server sent it (for tools that print it as is).
+        body: Box<[u8]>,
     },
     /// The request did not complete: connection refused, reset, timed out…
     #[error("HTTP transport error: {0}")]
@@ -203,6 +209,23 @@ impl ClientError {
         self.code() == Some(&ErrorCode::LeaseLost)
     }
 
+    /// Whether the server could not be reached at all: the connection was
+    /// refused, the name did not resolve, or the TLS handshake failed (an
+    /// untrusted certificate, say). Nothing was sent.
+    pub fn is_connect(&self) -> bool {
+        matches!(self, ClientError::Http(e) if e.is_connect())
+    }
+
+    /// The innermost cause of a transport error ("Connection refused (os
+    /// error 111)", "invalid peer certificate: UnknownIssuer"), which says
+    /// more than "error sending request for url (…)".
+    pub fn cause(&self) -> Option<String> {
+        match self {
+            ClientError::Http(e) => Some(root_cause(e)),
+            _ => None,
+        }
+    }
+
     /// Whether this is `NOT_FOUND`.
     pub fn is_not_found(&self) -> bool {
         self.code() == Some(&ErrorCode::NotFound)
@@ -236,6 +259,7 @@ impl ClientError {
                     message: item.message,
                     details: item.details.map(Box::new),
                     retry_after: retry_after_header.or(item.retry_after),
+                    body: body.into(),
                 }
             }
             Err(_) => ClientError::Unexpected {
@@ -244,6 +268,15 @@ impl ClientError {
             },
         }
     }
+}
+
+/// The innermost source of an error.
+pub(crate) fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cur = e;
+    while let Some(next) = cur.source() {
+        cur = next;
+    }
+    cur.to_string()
 }
 
 /// The first bytes of a body, for error messages.
@@ -284,7 +317,11 @@ mod tests {
     #[test]
     fn errors_stay_small_enough_to_return_by_value() {
         // clippy's result_large_err fires at 128 bytes, in users' code too.
-        assert!(std::mem::size_of::<ClientError>() < 128);
+        assert!(
+            std::mem::size_of::<ClientError>() < 128,
+            "{} bytes",
+            std::mem::size_of::<ClientError>()
+        );
     }
 
     #[test]

@@ -27,8 +27,13 @@
 //! fate. Retry or dead-letter, backoff, budgets and breakers are the
 //! server's policy (`lazaret-core`); the runtime reports what happened and
 //! moves bytes and time. It does not retry an ack that met `LEASE_LOST`
-//! (the job is someone else's by then), and it does not speak TLS (put
-//! the server behind a proxy that does).
+//! (the job is someone else's by then).
+//!
+//! TLS: an `https://` base URL is spoken with rustls (on ring), trusting
+//! the system's roots and any CA given to
+//! [`ClientBuilder::ca_cert_file`] or [`ClientBuilder::ca_cert_pem`] (a
+//! private CA, or a proxy's self-signed certificate). The lazaret server
+//! itself speaks plain HTTP: put it behind a TLS-terminating proxy.
 //!
 //! # A complete worker
 //!
@@ -104,7 +109,7 @@ pub mod model;
 mod wire;
 pub mod worker;
 
-pub use client::{Client, ClientBuilder};
+pub use client::{BodyStream, Client, ClientBuilder};
 pub use error::{ClientError, ErrorCode, ItemError};
 pub use failure::{Class, Failure};
 pub use lazaret_core::{
@@ -112,8 +117,9 @@ pub use lazaret_core::{
 };
 pub use model::{
     AckItem, Admission, Attempt, AuditEntry, AuditPage, AuditRequest, Breaker, BreakerStatus,
-    DeadLetter, DeadLetterFilter, DeadLetterId, DeadLetterPage, DeadLetterQuery, Enqueued,
-    FailItem, JobInfo, LeaseRequest, LeaseToken, LeasedJob, NewJob, Outcome, PauseTarget,
-    ReasonCount, Redrive, Redriven, Selection, Stage,
+    CancelReply, DeadLetter, DeadLetterFilter, DeadLetterId, DeadLetterPage, DeadLetterQuery,
+    Enqueued, FailItem, Heartbeat, JobInfo, JobPage, JobsQuery, LeaseRequest, LeaseToken,
+    LeasedJob, NewJob, Outcome, OutcomeAndLease, PauseTarget, ReasonCount, Redrive, Redriven,
+    Selection, Stage,
 };
 pub use worker::{Job, JobReport, JobResult, RunReport, Worker, WorkerBuilder, WorkerError};

@@ -175,8 +175,66 @@ pub struct JobInfo {
     /// Times it was redriven from the dead letters.
     #[serde(default)]
     pub redrive_count: u32,
-    /// Every delivery (bounded by the server).
+    /// Its dead letter, while it is dead-lettered.
+    #[serde(default, deserialize_with = "opt_dead_letter_id")]
+    pub dead_letter_id: Option<DeadLetterId>,
+    /// A cancel of it was accepted (it is `cancelled`, or leased and ends
+    /// `cancelled` at its outcome unless acked).
+    #[serde(default)]
+    pub cancel_requested: bool,
+    /// Every delivery (bounded by the server); empty in the items of
+    /// [`crate::Client::jobs`], which leave it out.
+    #[serde(default)]
     pub history: Vec<Attempt>,
+}
+
+/// `GET /v1/jobs`: which jobs, and which page (newest first).
+#[derive(Clone, Debug, Default)]
+pub struct JobsQuery {
+    /// Only jobs in this state.
+    pub state: Option<JobState>,
+    /// Only jobs of this type.
+    pub job_type: Option<String>,
+    /// Only jobs of this tenant.
+    pub tenant: Option<String>,
+    /// Only jobs of this lane.
+    pub lane: Option<String>,
+    /// Page size (the server's default when `None`).
+    pub limit: Option<u32>,
+    /// From a previous page's `next_cursor`.
+    pub cursor: Option<String>,
+}
+
+/// A page of jobs (without their history).
+#[derive(Clone, Debug, Deserialize)]
+pub struct JobPage {
+    /// The jobs, newest first.
+    pub items: Vec<JobInfo>,
+    /// Pass as `cursor` for the next page; `None` on the last.
+    pub next_cursor: Option<String>,
+}
+
+/// The answer to `POST /v1/jobs/{id}/cancel`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+pub struct CancelReply {
+    /// `cancelled` (it was waiting), or `leased`: it ends `cancelled` at
+    /// its outcome or lease expiry unless it is acked.
+    pub state: JobState,
+    /// `true` for a leased job.
+    #[serde(default)]
+    pub cancel_requested: bool,
+}
+
+/// The answer to a heartbeat.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+pub struct Heartbeat {
+    /// The lease's new end (server clock).
+    #[serde(with = "wire::time")]
+    pub lease_expires_at: SystemTime,
+    /// A cancel of the job was requested: stop and fail it (it then ends
+    /// `cancelled`), or ack it if the work is done.
+    #[serde(default)]
+    pub cancel_requested: bool,
 }
 
 /// A lease token: proves a worker holds a job's current lease.
@@ -270,6 +328,32 @@ pub(crate) struct Leased {
     pub(crate) jobs: Vec<LeasedJob>,
 }
 
+/// The reply of an ack or fail that asked for the next lease
+/// ([`Client::ack_next`](crate::Client::ack_next),
+/// [`Client::fail_next`](crate::Client::fail_next)).
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct OutcomeAndLease {
+    /// What happened to the job reported on; it stands whatever became of
+    /// the lease.
+    pub outcome: Outcome,
+    /// The next jobs, as [`Client::lease`](crate::Client::lease) would
+    /// have answered (empty when none was ready, or the lease was refused).
+    pub jobs: Vec<LeasedJob>,
+    /// Why the lease part was refused (a bad request, the store
+    /// unavailable): lease again with [`Client::lease`](crate::Client::lease).
+    pub next_error: Option<crate::error::ItemError>,
+}
+
+/// The lease part of an ack or fail's reply (the outcome is read apart).
+#[derive(Deserialize)]
+pub(crate) struct NextPart {
+    #[serde(default)]
+    pub(crate) jobs: Vec<LeasedJob>,
+    #[serde(default)]
+    pub(crate) next_error: Option<crate::error::ErrorObject>,
+}
+
 /// What happened to a job after an ack or a fail.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
@@ -297,6 +381,9 @@ pub enum Outcome {
         #[serde(default, deserialize_with = "opt_dead_letter_id")]
         dead_letter_id: Option<DeadLetterId>,
     },
+    /// Cancelled: a cancel was requested while it ran, and it failed (no
+    /// retry, no dead letter).
+    Cancelled,
 }
 
 fn opt_dead_letter_id<'de, D: serde::Deserializer<'de>>(
@@ -316,16 +403,19 @@ pub(crate) struct FailBody<'a> {
     pub(crate) error: &'a Failure,
 }
 
+/// An ack (`error: None`) or fail that asks for the next lease too.
+#[derive(Serialize)]
+pub(crate) struct OutcomeNextBody<'a> {
+    pub(crate) lease_token: &'a LeaseToken,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) error: Option<&'a Failure>,
+    pub(crate) next: LeaseBody<'a>,
+}
+
 #[derive(Serialize)]
 pub(crate) struct HeartbeatBody<'a> {
     pub(crate) lease_token: &'a LeaseToken,
     pub(crate) extend_ms: u64,
-}
-
-#[derive(Deserialize)]
-pub(crate) struct HeartbeatReply {
-    #[serde(with = "wire::time")]
-    pub(crate) lease_expires_at: SystemTime,
 }
 
 /// One item of `POST /v1/acks`.

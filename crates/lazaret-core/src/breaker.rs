@@ -204,6 +204,38 @@ impl fmt::Display for BreakerState {
     }
 }
 
+/// Leases of one type reserved by [`Breakers::reserve_leases`]; hand it
+/// back with [`Breakers::refund`] once they are taken.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[must_use = "unused probe slots stay spent until the reservation is refunded"]
+pub struct LeaseReservation {
+    ty: JobType,
+    granted: u32,
+    limited: bool,
+    /// The half-open breakers it spent slots of, with their period's end.
+    periods: Vec<(ErrorKind, Timestamp)>,
+}
+
+impl LeaseReservation {
+    /// The type reserved.
+    pub fn job_type(&self) -> &JobType {
+        &self.ty
+    }
+
+    /// How many leases may be taken: all that were asked for unless
+    /// [`limited`](Self::limited).
+    pub fn granted(&self) -> u32 {
+        self.granted
+    }
+
+    /// Whether a breaker limits the type now (parked, or half-open and
+    /// letting only probes through); an unlimited reservation need not be
+    /// refunded.
+    pub fn limited(&self) -> bool {
+        self.limited
+    }
+}
+
 /// One non-closed breaker, as `GET /v1/breakers` lists it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BreakerView {
@@ -248,7 +280,11 @@ pub struct BreakerTransition {
 ///   waits). A job rejected at admission never ran and is not recorded.
 /// - **Mutator** — [`try_lease`](Self::try_lease): ask once per lease of the
 ///   type, just before handing it out. It refuses while the type is parked,
-///   and spends a probe slot while a breaker is half-open.
+///   and spends a probe slot while a breaker is half-open. A caller that
+///   leases many jobs at once, or runs many leases concurrently, reserves
+///   instead: [`reserve_leases`](Self::reserve_leases) before leasing, then
+///   [`refund`](Self::refund) what it did not use, so probes never exceed
+///   `probes` however many leases run at once.
 /// - **Getters** — [`parked_until`](Self::parked_until) (skip a parked type
 ///   when picking work), [`shed_retry_after`](Self::shed_retry_after)
 ///   (admission), [`state`](Self::state), [`snapshot`](Self::snapshot). They
@@ -372,6 +408,96 @@ impl Breakers {
             }
         }
         true
+    }
+
+    /// Reserves up to `want` leases of `ty` *before* they are taken, for a
+    /// caller that cannot ask [`try_lease`](Self::try_lease) one job at a
+    /// time (a store leasing a batch, many requests leasing at once).
+    ///
+    /// While the type is parked the reservation is of none; while a breaker
+    /// is half-open it takes up to what is left of the probe slots (spending
+    /// them now, so concurrent reservations never add up past `probes`);
+    /// otherwise it is unlimited and grants all of `want`. Hand the
+    /// reservation back with [`refund`](Self::refund) once the leases are
+    /// taken, saying how many were used: the unused slots return.
+    pub fn reserve_leases(&mut self, ty: &JobType, want: u32, now: Timestamp) -> LeaseReservation {
+        let now = self.observe(now);
+        let unlimited = LeaseReservation {
+            ty: ty.clone(),
+            granted: want,
+            limited: false,
+            periods: Vec::new(),
+        };
+        let Some(tb) = self.types.get_mut(ty) else {
+            return unlimited;
+        };
+        tb.advance(ty, now, &mut self.log);
+        if tb.hold_until().is_some() {
+            return LeaseReservation {
+                granted: 0,
+                limited: true,
+                ..unlimited
+            };
+        }
+        let left = tb
+            .kinds
+            .values()
+            .filter_map(|kb| match kb.phase {
+                Phase::HalfOpen { probes_left, .. } => Some(probes_left),
+                _ => None,
+            })
+            .min();
+        let Some(left) = left else {
+            return unlimited;
+        };
+        let granted = want.min(left);
+        let mut periods = Vec::new();
+        for (kind, kb) in &mut tb.kinds {
+            if let Phase::HalfOpen {
+                probes_left,
+                period_end,
+            } = &mut kb.phase
+            {
+                *probes_left -= granted;
+                periods.push((kind.clone(), *period_end));
+            }
+        }
+        LeaseReservation {
+            granted,
+            limited: true,
+            periods,
+            ..unlimited
+        }
+    }
+
+    /// Returns what a [`reserve_leases`](Self::reserve_leases) reservation
+    /// did not use: `used` of its leases were taken, the other probe slots
+    /// go back to the breakers that gave them, as long as those are still
+    /// in the same half-open period (a breaker since closed, reopened or
+    /// refilled owes nothing back).
+    pub fn refund(&mut self, reservation: LeaseReservation, used: u32) {
+        let unused = reservation.granted.saturating_sub(used);
+        if unused == 0 || reservation.periods.is_empty() {
+            return;
+        }
+        let Some(tb) = self.types.get_mut(&reservation.ty) else {
+            return;
+        };
+        let probes = tb.probes;
+        for (kind, period) in &reservation.periods {
+            let Some(kb) = tb.kinds.get_mut(kind) else {
+                continue;
+            };
+            if let Phase::HalfOpen {
+                probes_left,
+                period_end,
+            } = &mut kb.phase
+            {
+                if period_end == period {
+                    *probes_left = probes_left.saturating_add(unused).min(probes);
+                }
+            }
+        }
     }
 
     /// `Some(t)` while `ty` is parked: a breaker is open, or half-open with
@@ -984,6 +1110,58 @@ mod tests {
         assert_eq!(
             b.state(&ty(), &k503(), t(5_100)),
             BreakerState::HalfOpen { probes_left: 1 }
+        );
+    }
+
+    #[test]
+    fn reservations_never_add_up_past_the_probes_and_unused_slots_come_back() {
+        let mut b = breakers(BreakerConfig { probes: 3, ..cfg() });
+        let other = JobType::new("other");
+        let free = b.reserve_leases(&other, 7, t(0));
+        assert_eq!((free.granted(), free.limited()), (7, false));
+        open_at(&mut b, t(0));
+        let parked = b.reserve_leases(&ty(), 7, t(4_999));
+        assert_eq!((parked.granted(), parked.limited()), (0, true));
+        b.refund(parked, 0);
+
+        // Twenty leases under way at once, each asking for two: three in all.
+        let held: Vec<LeaseReservation> = (0..20)
+            .map(|_| b.reserve_leases(&ty(), 2, t(5_000)))
+            .collect();
+        let granted: Vec<u32> = held.iter().map(LeaseReservation::granted).collect();
+        assert_eq!(granted.iter().sum::<u32>(), 3, "{granted:?}");
+        assert_eq!(granted[..2], [2, 1]);
+        assert_eq!(b.parked_until(&ty(), t(5_000)), Some(t(10_000)));
+
+        // The first used one of its two, the second none: two slots back.
+        let mut held = held.into_iter();
+        b.refund(held.next().unwrap(), 1);
+        b.refund(held.next().unwrap(), 0);
+        for r in held {
+            b.refund(r, 0);
+        }
+        assert_eq!(
+            b.state(&ty(), &k503(), t(5_000)),
+            BreakerState::HalfOpen { probes_left: 2 }
+        );
+
+        // A reservation from an earlier half-open period owes nothing back.
+        let late = b.reserve_leases(&ty(), 2, t(5_000));
+        assert_eq!(late.granted(), 2);
+        assert_eq!(
+            b.state(&ty(), &k503(), t(10_000)),
+            BreakerState::HalfOpen { probes_left: 3 }
+        );
+        let current = b.reserve_leases(&ty(), 1, t(10_000));
+        b.refund(late, 0);
+        assert_eq!(
+            b.state(&ty(), &k503(), t(10_000)),
+            BreakerState::HalfOpen { probes_left: 2 }
+        );
+        b.refund(current, 0);
+        assert_eq!(
+            b.state(&ty(), &k503(), t(10_000)),
+            BreakerState::HalfOpen { probes_left: 3 }
         );
     }
 

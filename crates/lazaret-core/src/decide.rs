@@ -51,6 +51,10 @@ pub enum Transition {
         /// Why.
         reason: DeadLetterReason,
     },
+    /// Mark it cancelled, with no dead letter: it was asked to cancel while
+    /// leased and then failed or lost its lease (see [`crate::cancel`]).
+    /// [`decide`] never returns it; [`crate::cancel::settle`] does.
+    Cancelled,
 }
 
 impl Transition {
@@ -66,6 +70,7 @@ impl Transition {
                 }
             }
             Transition::DeadLetter { .. } => JobState::DeadLettered,
+            Transition::Cancelled => JobState::Cancelled,
         }
     }
 }
@@ -173,6 +178,7 @@ pub fn decide(
         Transition::Retry { .. } => AttemptOutcome::RetryScheduled,
         Transition::Defer { .. } => AttemptOutcome::Deferred,
         Transition::DeadLetter { .. } => AttemptOutcome::DeadLettered,
+        Transition::Cancelled => AttemptOutcome::Cancelled,
     };
     close_record(env, now, outcome, Some(failure));
     transition

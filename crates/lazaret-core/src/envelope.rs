@@ -55,6 +55,9 @@ pub enum AttemptOutcome {
     Deferred,
     /// Failed for good; the job went to the dead letters.
     DeadLettered,
+    /// Failed or expired after its job was asked to cancel: the job was
+    /// cancelled instead of retried or dead-lettered.
+    Cancelled,
 }
 
 impl AttemptOutcome {
@@ -66,6 +69,7 @@ impl AttemptOutcome {
             AttemptOutcome::RetryScheduled => "retry_scheduled",
             AttemptOutcome::Deferred => "deferred",
             AttemptOutcome::DeadLettered => "dead_lettered",
+            AttemptOutcome::Cancelled => "cancelled",
         }
     }
 }

@@ -15,11 +15,13 @@
 
 pub mod admission;
 pub mod breaker;
+pub mod cancel;
 pub mod decide;
 pub mod envelope;
 pub mod failure;
 pub mod foreign;
 pub mod ids;
+pub mod lease_plan;
 pub mod policy;
 pub mod rng;
 pub mod scheduler;
@@ -33,7 +35,9 @@ pub use admission::{
 };
 pub use breaker::{
     BreakerConfig, BreakerConfigError, BreakerState, BreakerTransition, BreakerView, Breakers,
+    LeaseReservation,
 };
+pub use cancel::{CancelDecision, cancel, settle};
 pub use decide::{
     CorrectedPayload, Event, Transition, decide, grant_lease, record_success, redrive,
     redrive_corrected,
@@ -48,9 +52,10 @@ pub use ids::{
     ErrorKind, IDEMPOTENCY_KEY_BYTES_MAX, JobId, JobType, Lane, NAME_BYTES_MAX, NameError,
     TenantId, WorkerId, check_name,
 };
+pub use lease_plan::{Among, LeaseFilter, PairCounts, Take, plan_lease};
 pub use policy::{Backoff, Policies, PolicyError, TypePolicy};
 pub use rng::{Entropy, SplitMix64};
-pub use scheduler::{Demand, FairScheduler, Grant, SchedulerConfig, SchedulerConfigError};
+pub use scheduler::{Demand, FairScheduler, Grant, SchedulerConfig, SchedulerConfigError, Share};
 pub use state::JobState;
 pub use stats::{
     DeadLetterSeries, FailureCause, FailureKey, FailureStats, KeyCount, StatsConfig,

@@ -19,16 +19,20 @@ pub enum JobState {
     Succeeded,
     /// Moved to the dead letters; leaves only by redrive (or purge).
     DeadLettered,
+    /// Cancelled by an operator or its producer (see `crate::cancel`);
+    /// terminal until retention removes it, like `Succeeded`.
+    Cancelled,
 }
 
 impl JobState {
     /// Every state, in documentation order.
-    pub const ALL: [JobState; 5] = [
+    pub const ALL: [JobState; 6] = [
         JobState::Queued,
         JobState::Scheduled,
         JobState::Leased,
         JobState::Succeeded,
         JobState::DeadLettered,
+        JobState::Cancelled,
     ];
 
     /// The word used in the API, the CLI and the database.
@@ -39,13 +43,16 @@ impl JobState {
             JobState::Leased => "leased",
             JobState::Succeeded => "succeeded",
             JobState::DeadLettered => "dead_lettered",
+            JobState::Cancelled => "cancelled",
         }
     }
 
     /// Whether `self → to` is an edge of the documented state machine.
     ///
     /// `Scheduled → Queued` is the clock passing `run_at`; `DeadLettered →
-    /// Queued` is a redrive. Nothing leaves `Succeeded`.
+    /// Queued` is a redrive. A queued or scheduled job is cancelled at once;
+    /// a leased one at its outcome or lease expiry (unless it is acked).
+    /// Nothing leaves `Succeeded` or `Cancelled`.
     pub const fn can_become(self, to: JobState) -> bool {
         use JobState::*;
         matches!(
@@ -58,12 +65,18 @@ impl JobState {
                 | (Leased, Queued)
                 | (Leased, DeadLettered)
                 | (DeadLettered, Queued)
+                | (Queued, Cancelled)
+                | (Scheduled, Cancelled)
+                | (Leased, Cancelled)
         )
     }
 
     /// Whether the job will never run again without an operator.
     pub const fn is_terminal(self) -> bool {
-        matches!(self, JobState::Succeeded | JobState::DeadLettered)
+        matches!(
+            self,
+            JobState::Succeeded | JobState::DeadLettered | JobState::Cancelled
+        )
     }
 }
 
@@ -76,7 +89,7 @@ impl fmt::Display for JobState {
 /// A word that names no state.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "unknown job state {0:?}; expected one of queued, scheduled, leased, succeeded, dead_lettered"
+    "unknown job state {0:?}; expected one of queued, scheduled, leased, succeeded, dead_lettered, cancelled"
 )]
 pub struct UnknownState(pub String);
 
@@ -105,9 +118,30 @@ mod tests {
     }
 
     #[test]
-    fn nothing_leaves_succeeded() {
+    fn nothing_leaves_succeeded_or_cancelled() {
         for to in JobState::ALL {
             assert!(!JobState::Succeeded.can_become(to));
+            assert!(!JobState::Cancelled.can_become(to));
+        }
+    }
+
+    #[test]
+    fn only_live_jobs_can_be_cancelled() {
+        let cancellable: Vec<JobState> = JobState::ALL
+            .into_iter()
+            .filter(|s| s.can_become(JobState::Cancelled))
+            .collect();
+        assert_eq!(
+            cancellable,
+            [JobState::Queued, JobState::Scheduled, JobState::Leased]
+        );
+    }
+
+    #[test]
+    fn the_unknown_state_message_names_every_state() {
+        let message = "running".parse::<JobState>().unwrap_err().to_string();
+        for st in JobState::ALL {
+            assert!(message.contains(st.as_str()), "{st} missing from {message}");
         }
     }
 }

@@ -700,7 +700,10 @@ impl<H: Host> Inner<H> {
             freed_slot: false,
         };
         let written: Result<(), StoreError> = match transition {
-            Transition::Succeeded => match origin {
+            // A broker message is never asked to cancel (`decide` alone
+            // settles it), so `Cancelled` does not come; were it to, the
+            // message is done with, like a success: dropped and acknowledged.
+            Transition::Succeeded | Transition::Cancelled => match origin {
                 Origin::Parked | Origin::Held(_) => store
                     .unpark_message(source.name.clone(), source.message_id.clone())
                     .await
@@ -763,7 +766,7 @@ impl<H: Host> Inner<H> {
             }
         }
         let how = match transition {
-            Transition::Succeeded => Settled::Succeeded,
+            Transition::Succeeded | Transition::Cancelled => Settled::Succeeded,
             Transition::Retry { .. } | Transition::Defer { .. } => Settled::Parked,
             Transition::DeadLetter { .. } => Settled::Quarantined,
         };

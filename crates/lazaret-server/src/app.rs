@@ -7,10 +7,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lazaret_core::{
     Breakers, DeadLetterReason, Envelope, ErrorKind, Event, FailureClass, FailureStats, JobType,
-    Lane, Policies, SplitMix64, Timestamp, Transition, decide,
+    Lane, LeaseReservation, Policies, SplitMix64, Timestamp, Transition, decide,
 };
 use lazaret_guard::SourceSet;
-use lazaret_store::{Completed, DeadLetterId, Decider, Store, Switch};
+use lazaret_store::{Completed, DeadLetterId, Decider, LeasedJob, PauseTarget, Store, Switch};
 
 use crate::auth::ApiTokens;
 use crate::config::ServerConfig;
@@ -274,13 +274,32 @@ impl<S: Store> App<S> {
         true
     }
 
-    /// Why `ty` in `lane` is parked now (breaker open or paused), as a wait.
+    /// Puts a pause in force or lifts it (the store has it already).
+    pub fn set_paused(&self, target: &PauseTarget, paused: bool) {
+        let mut p = self.paused.lock().unwrap_or_else(|p| p.into_inner());
+        let set = match target {
+            PauseTarget::Type(_) => &mut p.types,
+            PauseTarget::Lane(_) => &mut p.lanes,
+        };
+        if paused {
+            set.insert(target.name().to_owned());
+        } else {
+            set.remove(target.name());
+        }
+    }
+
+    /// Why a job of `ty` in `lane` is shed now (breaker open or paused), as
+    /// a wait. A lane with `on_breaker_open = "park"` takes jobs whatever
+    /// the breaker says (they wait until it closes); pauses shed in every lane.
     pub fn shed(&self, ty: &str, lane: &str, now: Timestamp) -> Option<Duration> {
         {
             let p = self.paused.lock().unwrap_or_else(|p| p.into_inner());
             if p.types.contains(ty) || p.lanes.contains(lane) {
                 return Some(Duration::from_secs(30));
             }
+        }
+        if !self.config.park_lanes.is_empty() && self.config.park_lanes.contains(&Lane::new(lane)) {
+            return None;
         }
         if let Some(until) = self.remote_open(ty, now) {
             return Some(Duration::from_millis(
@@ -337,15 +356,19 @@ impl<S: Store> App<S> {
                 }
             }
         }
-        while let Some(t) = breakers.poll_transition() {
-            tracing::warn!(r#type = %t.ty, kind = %t.kind, from = %t.from, to = %t.to, "breaker changed state");
-            if let lazaret_core::BreakerState::Open { until } = t.to {
-                let _ = self.opened.send(Switch::BreakerOpen {
-                    job_type: t.ty.as_str().to_owned(),
-                    kind: t.kind.as_str().to_owned(),
-                    until_ms: until.as_millis(),
-                });
-            }
+        if drain_transitions(&mut breakers, &self.opened) {
+            self.ready.anything();
+        }
+    }
+
+    /// Lets the clock move the breakers (open → half-open, spent probe
+    /// slots refilled) and logs every change since the last call; wakes
+    /// the long-polls when one may have made parked jobs leasable.
+    pub fn poll_breakers(&self, now: Timestamp) {
+        let mut b = self.breakers.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = b.snapshot(now);
+        if drain_transitions(&mut b, &self.opened) {
+            self.ready.anything();
         }
     }
 
@@ -362,8 +385,19 @@ impl<S: Store> App<S> {
         failures.record_dead_letter(&JobType::new(ty.unwrap_or("")), reason, None, message, now);
     }
 
-    /// Parked lanes and types, and half-open probe limits, for a lease.
-    pub fn lease_filters(&self, now: Timestamp) -> (Vec<JobType>, Vec<Lane>, Vec<(JobType, u32)>) {
+    /// Parked lanes and types, and half-open probe limits, for a lease of
+    /// at most `max_jobs` jobs of `types` (`None`: any).
+    ///
+    /// The probe slots of half-open breakers are reserved here, before the
+    /// store leases, so concurrent leases never let more than `probes`
+    /// through; hand the filters back to [`App::refund_probes`] with the
+    /// jobs leased.
+    pub fn lease_filters(
+        &self,
+        types: Option<&[JobType]>,
+        max_jobs: u32,
+        now: Timestamp,
+    ) -> LeaseFilters {
         let p = self.paused.lock().unwrap_or_else(|p| p.into_inner());
         let mut exclude_types: Vec<JobType> =
             p.types.iter().map(|t| JobType::new(t.as_str())).collect();
@@ -382,20 +416,81 @@ impl<S: Store> App<S> {
             }
         }
         let mut b = self.breakers.lock().unwrap_or_else(|p| p.into_inner());
-        let mut limits = Vec::new();
+        let mut type_limits = Vec::new();
+        let mut reservations = Vec::new();
         for view in b.snapshot(now) {
-            if exclude_types.contains(&view.ty) || limits.iter().any(|(t, _)| t == &view.ty) {
+            let ty = view.ty;
+            if exclude_types.contains(&ty) || type_limits.iter().any(|(t, _)| t == &ty) {
                 continue;
             }
-            match b.parked_until(&view.ty, now) {
-                Some(_) => exclude_types.push(view.ty),
-                None => {
-                    if let lazaret_core::BreakerState::HalfOpen { probes_left } = view.state {
-                        limits.push((view.ty, probes_left));
-                    }
-                }
+            // A type this lease cannot take costs no probe slot.
+            if types.is_some_and(|ts| !ts.contains(&ty)) {
+                continue;
+            }
+            let r = b.reserve_leases(&ty, max_jobs, now);
+            if !r.limited() {
+                continue;
+            }
+            if r.granted() == 0 {
+                exclude_types.push(ty);
+            } else {
+                type_limits.push((ty, r.granted()));
+                reservations.push(r);
             }
         }
-        (exclude_types, exclude_lanes, limits)
+        LeaseFilters {
+            exclude_types,
+            exclude_lanes,
+            type_limits,
+            reservations,
+        }
     }
+
+    /// Gives back the probe slots a lease reserved and did not use.
+    pub fn refund_probes(&self, reservations: Vec<LeaseReservation>, jobs: &[LeasedJob]) {
+        if reservations.is_empty() {
+            return;
+        }
+        let mut b = self.breakers.lock().unwrap_or_else(|p| p.into_inner());
+        for r in reservations {
+            let used = jobs.iter().filter(|j| &j.job_type == r.job_type()).count();
+            b.refund(r, u32::try_from(used).unwrap_or(u32::MAX));
+        }
+    }
+}
+
+/// Logs the breakers' changes since the last call; `true` when one may
+/// have made parked jobs leasable (a breaker turned half-open, refilled
+/// its probe slots or closed).
+fn drain_transitions(
+    b: &mut Breakers,
+    opened: &tokio::sync::mpsc::UnboundedSender<Switch>,
+) -> bool {
+    let mut unparked = false;
+    while let Some(t) = b.poll_transition() {
+        tracing::warn!(r#type = %t.ty, kind = %t.kind, from = %t.from, to = %t.to, "breaker changed state");
+        // Shared with the other nodes of a cluster (`serve::cluster`).
+        if let lazaret_core::BreakerState::Open { until } = t.to {
+            let _ = opened.send(Switch::BreakerOpen {
+                job_type: t.ty.as_str().to_owned(),
+                kind: t.kind.as_str().to_owned(),
+                until_ms: until.as_millis(),
+            });
+        }
+        unparked |= !matches!(t.to, lazaret_core::BreakerState::Open { .. });
+    }
+    unparked
+}
+
+/// What a lease must leave out or limit now (see [`App::lease_filters`]).
+#[derive(Debug)]
+pub struct LeaseFilters {
+    /// Types parked: paused, an open breaker, or no probe slot left.
+    pub exclude_types: Vec<JobType>,
+    /// Lanes paused.
+    pub exclude_lanes: Vec<Lane>,
+    /// Half-open types and the probe slots reserved for this lease.
+    pub type_limits: Vec<(JobType, u32)>,
+    /// The reservations behind `type_limits`, for [`App::refund_probes`].
+    pub reservations: Vec<LeaseReservation>,
 }

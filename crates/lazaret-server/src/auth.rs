@@ -39,6 +39,10 @@ pub enum Action {
     Administer,
     /// Stats and breakers.
     Observe,
+    /// List jobs (a producer sees only its own).
+    ListJobs,
+    /// Cancel a job (a producer only its own).
+    Cancel,
 }
 
 impl Action {
@@ -48,11 +52,18 @@ impl Action {
             (role, self),
             (Role::Admin, _)
                 | (_, Action::Observe)
-                | (Role::Producer, Action::Produce | Action::ReadJob)
+                | (
+                    Role::Producer,
+                    Action::Produce | Action::ReadJob | Action::ListJobs | Action::Cancel
+                )
                 | (Role::Worker, Action::Work | Action::ReadJob)
                 | (
                     Role::Operator,
-                    Action::ReadDeadLetters | Action::Operate | Action::ReadJob
+                    Action::ReadDeadLetters
+                        | Action::Operate
+                        | Action::ReadJob
+                        | Action::ListJobs
+                        | Action::Cancel
                 )
         )
     }
@@ -246,6 +257,19 @@ mod tests {
         assert!(Action::Operate.allowed_for(Role::Operator));
         assert!(!Action::Administer.allowed_for(Role::Operator));
         assert!(Action::Administer.allowed_for(Role::Admin));
+    }
+
+    #[test]
+    fn jobs_are_listed_and_cancelled_by_operators_admins_and_their_producers() {
+        for action in [Action::ListJobs, Action::Cancel] {
+            assert!(
+                action.allowed_for(Role::Producer),
+                "{action:?}: own jobs only"
+            );
+            assert!(action.allowed_for(Role::Operator), "{action:?}");
+            assert!(action.allowed_for(Role::Admin), "{action:?}");
+            assert!(!action.allowed_for(Role::Worker), "{action:?}");
+        }
     }
 
     #[test]

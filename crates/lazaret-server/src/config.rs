@@ -33,13 +33,19 @@
 //!                                     # one more is answered 503 UNAVAILABLE with Retry-After and closed
 //! shutdown_grace_ms = 10000           # after SIGTERM, how long requests under way may take to finish
 //!
-//! [tenants]
-//! inflight_max = 2                    # default per-tenant in-flight cap in each lane (at least 1)
-//! [tenants.overrides]                 # per-tenant caps; 0 pauses that tenant
+//! [tenants]                         # a tenant is whoever a job is for (a customer, a team);
+//!                                     # tenants take turns, so one tenant's backlog never holds up another's
+//! inflight_max = 2                    # per-tenant in-flight cap in each lane (at least 1); absent: no cap
+//! [tenants.overrides]                 # per-tenant caps (also without a default cap); 0 pauses that tenant
 //! big-customer = 8
 //!
 //! [lanes.interactive]                 # the lane "default" always exists, with weight 1
 //! weight = 4                          # share of leases when several lanes have work (at least 1)
+//! reserve = 0.2                       # share of the leases held kept for this lane while it has
+//!                                     # work, lent to the others while it is idle (0 to 1; all
+//!                                     # lanes' reserves add up to 1 at most; default 0)
+//! on_breaker_open = "park"            # "shed" (default): 503 SHED while the job's type's breaker
+//!                                     # is open; "park": accept, and run it once the breaker closes
 //! [lanes.batch]
 //! weight = 1
 //!
@@ -113,7 +119,7 @@
 //! number to write instead. Two tokens may not share a name or a secret, two
 //! sources not a name.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -122,8 +128,8 @@ use std::time::Duration;
 
 use lazaret_core::{
     AdmissionConfig, Backoff, BreakerConfig, BreakerConfigError, ErrorKind, FailureClass, JobType,
-    Lane, Policies, PolicyError, SchedulerConfig, SchedulerConfigError, TenantId, TypePolicy,
-    TypeSchemas,
+    Lane, Policies, PolicyError, SchedulerConfig, SchedulerConfigError, Share, TenantId,
+    TypePolicy, TypeSchemas,
 };
 use lazaret_guard::{BrokerKind, Mode, SourceSpec, TenantFrom};
 use serde::Deserialize;
@@ -205,7 +211,16 @@ pub struct ServerConfig {
     pub sources: Vec<SourceSpec>,
     /// `[http]`: connections and shutdown.
     pub http: HttpConfig,
+    /// Lanes with `on_breaker_open = "park"`: they admit jobs of a type
+    /// whose breaker is open (the jobs wait until it closes) instead of
+    /// answering `503 SHED`.
+    pub park_lanes: BTreeSet<Lane>,
 }
+
+/// The in-flight cap when `[tenants] inflight_max` is absent: none. Tenants
+/// still take turns (round robin needs no cap); a cap is for a tenant whose
+/// jobs must not hold every worker at once.
+pub const INFLIGHT_UNCAPPED: u32 = u32::MAX;
 
 impl Default for ServerConfig {
     fn default() -> Self {
@@ -214,7 +229,8 @@ impl Default for ServerConfig {
             payload_bytes_max,
             batch_bytes_max: BATCH_BYTES_MAX_DEFAULT,
             accept_unknown_types: true,
-            scheduler: SchedulerConfig::new(2).with_lane_weight(Lane::default_lane(), 1),
+            scheduler: SchedulerConfig::new(INFLIGHT_UNCAPPED)
+                .with_lane_weight(Lane::default_lane(), 1),
             policies: Policies::default(),
             admission: AdmissionConfig {
                 payload_bytes_max,
@@ -233,6 +249,7 @@ impl Default for ServerConfig {
             lease_ms_max: 3_600_000,
             sources: Vec::new(),
             http: HttpConfig::default(),
+            park_lanes: BTreeSet::new(),
         }
     }
 }
@@ -498,9 +515,14 @@ struct RawTenants {
 }
 
 #[derive(Deserialize)]
-#[serde(deny_unknown_fields, expecting = "a table such as { weight = 4 }")]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a table such as { weight = 4, reserve = 0.2, on_breaker_open = \"park\" }"
+)]
 struct RawLane {
     weight: Option<u32>,
+    reserve: Option<f64>,
+    on_breaker_open: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -971,6 +993,7 @@ impl<'a> Ctx<'a> {
         }
 
         cfg.scheduler = self.scheduler(&raw)?;
+        cfg.park_lanes = self.park_lanes(&raw)?;
         self.policies_and_breakers(&raw, &mut cfg)?;
         cfg.admission = AdmissionConfig {
             payload_bytes_max: cfg.payload_bytes_max,
@@ -1008,6 +1031,17 @@ impl<'a> Ctx<'a> {
             self.not_blank(&root("lanes").key(name), name, "lane")?;
             s.lane_weights
                 .insert(Lane::new(name.as_str()), lane.weight.unwrap_or(1));
+            if let Some(r) = lane.reserve {
+                let share = Share::from_fraction(r).ok_or_else(|| {
+                    self.invalid(
+                        &root("lanes").key(name).key("reserve"),
+                        format!(
+                            "reserve must be a share between 0 and 1, such as 0.2 for a fifth of the leases held (got {r})"
+                        ),
+                    )
+                })?;
+                s.lane_reserves.insert(Lane::new(name.as_str()), share);
+            }
         }
         s.validate().map_err(|e| match e {
             SchedulerConfigError::ZeroLaneWeight { lane } => self.invalid(
@@ -1020,9 +1054,38 @@ impl<'a> Ctx<'a> {
                 &root("tenants").key("inflight_max"),
                 "inflight_max is 0, so no tenant could ever lease a job; set it to at least 1 (to pause one tenant, set it to 0 under [tenants.overrides])",
             ),
+            SchedulerConfigError::ReservesOverOne { .. } => {
+                let last = s.lane_reserves.keys().next_back().map(Lane::as_str);
+                self.invalid(
+                    &root("lanes").key(last.unwrap_or_default()).key("reserve"),
+                    e.to_string(),
+                )
+            }
             other => self.error(None, None, other.to_string()),
         })?;
         Ok(s)
+    }
+
+    /// The lanes with `on_breaker_open = "park"`.
+    fn park_lanes(&self, raw: &RawConfig) -> Result<BTreeSet<Lane>, ConfigError> {
+        let mut park = BTreeSet::new();
+        for (name, lane) in &raw.lanes {
+            match lane.on_breaker_open.as_deref() {
+                None | Some("shed") => {}
+                Some("park") => {
+                    park.insert(Lane::new(name.as_str()));
+                }
+                Some(other) => {
+                    return Err(self.invalid(
+                        &root("lanes").key(name).key("on_breaker_open"),
+                        format!(
+                            "on_breaker_open is \"shed\" (answer 503 SHED while the type's breaker is open, the default) or \"park\" (accept the job and run it once the breaker closes); got {other:?}"
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(park)
     }
 
     fn policies_and_breakers(
@@ -1904,7 +1967,12 @@ token = "..."                       # or token_sha256 = "hex"
         assert_eq!(cfg.batch_bytes_max, 16 * 1024 * 1024);
         assert!(cfg.accept_unknown_types);
         assert_eq!(cfg.scheduler, d.scheduler);
-        assert_eq!(cfg.scheduler.inflight_max, 2);
+        assert_eq!(cfg.scheduler.inflight_max, INFLIGHT_UNCAPPED, "no cap");
+        assert!(
+            !cfg.scheduler.at_cap(&TenantId::new("acme"), 1_000_000),
+            "no FAIR_QUEUE without a configured cap"
+        );
+        assert!(cfg.scheduler.tenant_inflight_max.is_empty());
         assert_eq!(cfg.scheduler.lane_weights[&Lane::default_lane()], 1);
         assert_eq!(cfg.policies.defaults, TypePolicy::default());
         assert_eq!(cfg.policies.defaults.attempts_max, 5);
@@ -2103,6 +2171,54 @@ failures_min = 3
             4,
             "above backoff_cap_ms",
         );
+    }
+
+    #[test]
+    fn lane_reserves_and_breaker_behaviour_are_read_and_checked() {
+        let cfg = parse(
+            "[lanes.interactive]\nweight = 4\nreserve = 0.2\non_breaker_open = \"park\"\n\
+             [lanes.batch]\nreserve = 0\non_breaker_open = \"shed\"\n[lanes.all]\nreserve = 1\n\
+             [lanes.none]\n",
+        );
+        let e = cfg.expect_err("reserves adding up to 1.2 are refused");
+        assert_eq!(e.key(), Some("lanes.interactive.reserve"), "{e}");
+        assert!(e.to_string().contains("add up to 1.2"), "{e}");
+
+        let cfg = parse(
+            "[lanes.interactive]\nweight = 4\nreserve = 0.2\non_breaker_open = \"park\"\n\
+             [lanes.batch]\nreserve = 0\non_breaker_open = \"shed\"\n[lanes.bulk]\nreserve = 0.8\n",
+        )
+        .unwrap();
+        let reserve = |l: &str| cfg.scheduler.lane_reserve(&Lane::new(l)).parts();
+        assert_eq!(reserve("interactive"), 200_000);
+        assert_eq!(reserve("batch"), 0);
+        assert_eq!(reserve("bulk"), 800_000);
+        assert_eq!(reserve("default"), 0);
+        assert_eq!(
+            cfg.park_lanes.iter().map(Lane::as_str).collect::<Vec<_>>(),
+            ["interactive"]
+        );
+        assert!(ServerConfig::default().park_lanes.is_empty());
+
+        assert_refused(
+            "[lanes.a]\nweight = 2\nreserve = 1.5\n",
+            "lanes.a.reserve",
+            3,
+            "between 0 and 1",
+        );
+        assert_refused(
+            "[lanes.a]\nreserve = -0.1\n",
+            "lanes.a.reserve",
+            2,
+            "between 0 and 1",
+        );
+        assert_refused(
+            "[lanes.a]\non_breaker_open = \"queue\"\n",
+            "lanes.a.on_breaker_open",
+            2,
+            "\"park\"",
+        );
+        assert_refused("[lanes.a]\nreserve = \"20%\"\n", "lanes.a.reserve", 2, "");
     }
 
     #[test]

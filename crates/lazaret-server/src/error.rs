@@ -29,6 +29,8 @@ pub enum Code {
     BadRequest,
     /// The request clashes with what exists (a token name already in use).
     Conflict,
+    /// The job's state does not allow it (cancelling a finished job).
+    BadState,
     /// The server failed.
     Internal,
     /// Shutting down.
@@ -49,6 +51,7 @@ impl Code {
             Code::Forbidden => "FORBIDDEN",
             Code::BadRequest => "BAD_REQUEST",
             Code::Conflict => "CONFLICT",
+            Code::BadState => "BAD_STATE",
             Code::Internal => "INTERNAL",
             Code::Unavailable => "UNAVAILABLE",
         }
@@ -110,6 +113,11 @@ impl ApiError {
     /// 409 CONFLICT.
     pub fn conflict(message: impl Into<String>) -> Self {
         Self::new(StatusCode::CONFLICT, Code::Conflict, message)
+    }
+
+    /// 409 BAD_STATE: the job's state does not allow it.
+    pub fn bad_state(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, Code::BadState, message)
     }
 
     /// 403 FORBIDDEN.
@@ -201,6 +209,15 @@ impl From<StoreError> for ApiError {
                 err.retry_after_s = Some(1);
                 err
             }
+            // Backpressure: the store's command queue is full. Say when
+            // to come back instead of queueing without bound; no log line
+            // per refusal (an overload would flood the log).
+            StoreError::Overloaded { .. } => {
+                tracing::debug!(error = %e, "refused: the store's command queue is full");
+                let mut err = Self::unavailable(e.to_string());
+                err.retry_after_s = Some(1);
+                err
+            }
             other => {
                 tracing::error!(error = %other, "store error");
                 Self::internal(other.to_string())
@@ -236,6 +253,13 @@ mod tests {
         assert_eq!(undone.retry_after_s, Some(1));
         let resp = undone.into_response();
         assert_eq!(resp.headers()[header::RETRY_AFTER], "1");
+
+        let busy = ApiError::from(StoreError::Overloaded { waiting: 10_000 });
+        assert_eq!(
+            (busy.status, busy.code.as_str(), busy.retry_after_s),
+            (StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE", Some(1))
+        );
+        assert!(busy.message.contains("overloaded"), "{}", busy.message);
 
         let closed = ApiError::from(StoreError::Closed);
         assert_eq!(closed.status, StatusCode::SERVICE_UNAVAILABLE);

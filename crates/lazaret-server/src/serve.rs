@@ -125,6 +125,12 @@ async fn run<S: Store>(store: S, opts: ServeOptions, described: String) -> Resul
     let addr = listener.local_addr()?;
     let app = App::new(store, opts.config);
     let api_tokens = load_api_tokens(&app).await?;
+    // Pauses are kept in the store: a restart keeps them in force.
+    for pause in app.store.pauses().await? {
+        tracing::info!(kind = pause.target.kind(), name = pause.target.name(), by = %pause.paused_by, "paused since before the restart");
+        app.set_paused(&pause.target, true);
+    }
+    // Pauses made, and breakers opened, by other nodes of a cluster.
     for s in app.store.switches().await? {
         app.apply_switch(&s);
     }
@@ -322,6 +328,8 @@ async fn housekeeping<S: Store>(app: Arc<App<S>>, mut stop: tokio::sync::watch::
             }
             Err(e) => tracing::error!(error = %e, "housekeeping failed"),
         }
+        // A breaker the clock turns half-open wakes the long-polls.
+        app.poll_breakers(now);
         ticks += 1;
         if ticks % 400 == 0 {
             if let Ok(s) = app.store.stats().await {

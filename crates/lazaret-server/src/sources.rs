@@ -75,6 +75,7 @@ impl<S: Store> Host for App<S> {
             Transition::Retry { .. } => "retried",
             Transition::Defer { .. } => "deferred",
             Transition::DeadLetter { .. } => "dead_lettered",
+            Transition::Cancelled => "cancelled",
         };
         m::source_delivery(source, outcome);
     }

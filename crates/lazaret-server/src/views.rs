@@ -86,9 +86,31 @@ pub struct JobBody<'a> {
     deferrals: u32,
     lease_expiries: u32,
     redrive_count: u32,
-    history: Value,
+    dead_letter_id: Option<String>,
+    cancel_requested: bool,
+    /// Left out of the items of `GET /v1/jobs`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    history: Option<Value>,
     payload_edits: Vec<PayloadEditBody<'a>>,
     payload_edits_dropped: u32,
+}
+
+/// `GET /v1/jobs`: a page of jobs, serialised as is (payloads byte for byte).
+#[derive(Debug, Serialize)]
+pub struct JobPage<'a> {
+    /// The jobs, newest first.
+    pub items: Vec<JobBody<'a>>,
+    /// The cursor of the next (older) page.
+    pub next_cursor: Option<String>,
+}
+
+/// An item of `GET /v1/jobs`: the job as `GET /v1/jobs/{id}` shows it,
+/// without `history`.
+pub fn job_item(j: &JobView, now: Timestamp) -> JobBody<'_> {
+    JobBody {
+        history: None,
+        ..job_body(j, now)
+    }
 }
 
 /// A payload replaced by a redrive with a corrected payload, as
@@ -107,6 +129,13 @@ pub struct PayloadEditBody<'a> {
 
 /// The body of `GET /v1/jobs/{id}`.
 pub fn job(j: &JobView, now: Timestamp) -> JobBody<'_> {
+    JobBody {
+        history: Some(history(&j.envelope.history)),
+        ..job_body(j, now)
+    }
+}
+
+fn job_body(j: &JobView, now: Timestamp) -> JobBody<'_> {
     let e = &j.envelope;
     let state = match (j.state, j.run_at) {
         (JobState::Scheduled, Some(at)) if at <= now => JobState::Queued,
@@ -130,7 +159,9 @@ pub fn job(j: &JobView, now: Timestamp) -> JobBody<'_> {
         deferrals: e.deferrals,
         lease_expiries: e.crashes,
         redrive_count: e.redrives,
-        history: history(&e.history),
+        dead_letter_id: j.dead_letter_id.map(|d| d.to_string()),
+        cancel_requested: j.cancel_requested,
+        history: None,
         payload_edits: e
             .payload_edits
             .iter()
@@ -188,6 +219,21 @@ pub fn leased(j: &LeasedJob) -> LeasedBody<'_> {
 pub struct LeaseReply<'a> {
     /// The leased jobs.
     pub jobs: Vec<LeasedBody<'a>>,
+}
+
+/// The body of an ack or fail that carried `next`: the outcome's fields,
+/// then the lease's `jobs` and, when the lease was refused, `next_error`
+/// (the contract's error object, without the `{"error": ...}` around it).
+#[derive(Debug, Serialize)]
+pub struct OutcomeReply<'a> {
+    /// The outcome, as the ack or fail answers it without `next`.
+    #[serde(flatten)]
+    pub outcome: Value,
+    /// The leased jobs, as `POST /v1/leases` answers them.
+    pub jobs: Vec<LeasedBody<'a>>,
+    /// Why the lease part was refused.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_error: Option<Value>,
 }
 
 /// A dead letter. `payload` is its whole body when the caller read it (a

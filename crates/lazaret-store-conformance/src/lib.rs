@@ -27,11 +27,13 @@
 //! beside the backend.
 
 pub mod audit;
+pub mod cancel;
 pub mod dead_letters;
 pub mod enqueue;
 pub mod housekeeping;
 pub mod lease;
 pub mod lifecycle;
+pub mod listing;
 pub mod outcomes;
 pub mod redrive;
 pub mod sources;
@@ -116,6 +118,7 @@ macro_rules! conformance_suite {
                 lease_respects_lanes,
                 lease_respects_exclude_lanes,
                 lease_respects_types,
+                a_lease_for_several_types_takes_the_oldest_across_them,
                 lease_respects_exclude_types,
                 lease_respects_type_limits,
                 type_limits_leave_room_for_other_types,
@@ -172,6 +175,21 @@ macro_rules! conformance_suite {
                 a_taken_name_or_secret_is_refused_and_changes_nothing,
                 revoke_deletes_the_token_and_audits_it,
                 the_enqueuing_tokens_name_is_kept_with_the_job,
+            ],
+            cancel: [
+                a_waiting_job_is_cancelled_at_once_and_never_leased,
+                a_leased_job_asked_to_cancel_hears_it_and_ends_cancelled_at_a_fail,
+                a_permanent_failure_of_a_cancel_requested_job_writes_no_dead_letter,
+                an_ack_after_a_cancel_request_stands,
+                a_cancel_requested_lease_that_expires_ends_cancelled,
+                a_finished_or_unknown_job_is_refused_and_nothing_is_written,
+                retention_removes_old_cancelled_jobs_like_succeeded_ones,
+                cancels_survive_a_restart,
+            ],
+            listing: [
+                jobs_page_newest_first_with_cursor_and_filters,
+                a_listed_job_shows_its_dead_letter_and_its_cancel,
+                pauses_are_kept_across_a_restart_and_audited,
             ],
             lifecycle: [
                 restart_after_close_keeps_everything,

@@ -60,16 +60,48 @@ pub trait Store: Send + Sync + 'static {
         now: Timestamp,
     ) -> impl Future<Output = Result<Vec<Result<Completed, ItemError>>, StoreError>> + Send;
 
-    /// Extends a lease to `expires_at`. Like an outcome, a heartbeat at
-    /// `now` at or after the lease's end is [`ItemError::LeaseLost`] and
-    /// changes nothing: a lease past its end is not revived.
+    /// Extends a lease to `expires_at`, and says whether a cancel of the
+    /// job was requested. Like an outcome, a heartbeat at `now` at or after
+    /// the lease's end is [`ItemError::LeaseLost`] and changes nothing: a
+    /// lease past its end is not revived.
     fn heartbeat(
         &self,
         id: JobId,
         token: LeaseToken,
         expires_at: Timestamp,
         now: Timestamp,
-    ) -> impl Future<Output = Result<Result<Timestamp, ItemError>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Result<Heartbeat, ItemError>, StoreError>> + Send;
+
+    /// Cancels a job as `lazaret_core::cancel` decides: a waiting job
+    /// becomes `cancelled` now; a leased one is marked, and its next
+    /// outcome is settled by `lazaret_core::settle` (an ack stands, a fail
+    /// or an expiry ends it `cancelled`, with no dead letter). A finished
+    /// job is refused. The audit entry is written in the same transaction
+    /// when the cancel is accepted, with `count` 1 when it changed the job
+    /// and 0 for a repeated request.
+    fn cancel(
+        &self,
+        id: JobId,
+        now: Timestamp,
+        audit: AuditEntry,
+    ) -> impl Future<Output = Result<Result<Cancelled, CancelError>, StoreError>> + Send;
+
+    /// A page of jobs, newest first (by id), without scanning the table
+    /// for a state filter.
+    fn jobs(&self, query: JobQuery) -> impl Future<Output = Result<JobPage, StoreError>> + Send;
+
+    /// Pauses (`paused: true`) or resumes a type or lane, and writes its
+    /// audit entry, in one transaction; whether that changed anything.
+    /// Pauses are kept across restarts.
+    fn set_pause(
+        &self,
+        target: PauseTarget,
+        paused: bool,
+        audit: AuditEntry,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Every type and lane paused now, ordered by target.
+    fn pauses(&self) -> impl Future<Output = Result<Vec<Pause>, StoreError>> + Send;
 
     /// Housekeeping due at `now`: promotes scheduled jobs whose time came and
     /// turns expired leases into `lease_expired` attempts.
@@ -179,7 +211,8 @@ pub trait Store: Send + Sync + 'static {
     /// Counters for stats and metrics.
     fn stats(&self) -> impl Future<Output = Result<StoreStats, StoreError>> + Send;
 
-    /// Deletes up to `batch` succeeded jobs finished before `before`.
+    /// Deletes up to `batch` succeeded jobs, and up to `batch` cancelled
+    /// ones, finished before `before`.
     fn remove_succeeded(
         &self,
         before: Timestamp,

@@ -556,6 +556,108 @@ pub struct JobView {
     pub lease_expires_at: Option<Timestamp>,
     /// Name of the token that enqueued it (`None` when auth is off).
     pub enqueued_by: Option<String>,
+    /// Its dead letter, while it is dead-lettered.
+    pub dead_letter_id: Option<DeadLetterId>,
+    /// A cancel of the job was accepted: it is `cancelled`, or leased and
+    /// cancelled at its outcome unless acked (an ack leaves it `succeeded`
+    /// with this still set).
+    pub cancel_requested: bool,
+}
+
+/// Which jobs to list, newest first (every filter optional; all given
+/// must match).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct JobQuery {
+    /// State as stored (a `scheduled` job whose time passed moments ago
+    /// counts as `scheduled` until the store promotes it).
+    pub state: Option<JobState>,
+    /// Type.
+    pub job_type: Option<String>,
+    /// Tenant.
+    pub tenant: Option<String>,
+    /// Lane.
+    pub lane: Option<String>,
+    /// Only jobs enqueued by this token (a producer's own).
+    pub enqueued_by: Option<String>,
+    /// At most this many.
+    pub limit: u32,
+    /// Only jobs older than this one (the `next_cursor` of the page before).
+    pub before: Option<JobId>,
+}
+
+/// A page of jobs, newest first, and the cursor of the next (older) page
+/// when there may be one.
+pub type JobPage = (Vec<JobView>, Option<JobId>);
+
+/// A heartbeat as applied.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Heartbeat {
+    /// The lease's new end.
+    pub lease_expires_at: Timestamp,
+    /// A cancel of the job was requested: the worker should stop, and the
+    /// job ends `cancelled` at its next outcome unless it is acked.
+    pub cancel_requested: bool,
+}
+
+/// What a cancel did (see `lazaret_core::cancel`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cancelled {
+    /// The job was waiting and is `cancelled` now; it is never leased again.
+    Now,
+    /// The job is leased: it ends `cancelled` at its outcome or lease
+    /// expiry unless it is acked. `already`: an earlier request did this.
+    Requested {
+        /// A cancel was requested before: nothing changed.
+        already: bool,
+    },
+}
+
+/// Why a cancel was refused; nothing was written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CancelError {
+    /// No such job.
+    #[error("no such job")]
+    NotFound,
+    /// The job is finished (`succeeded`, `dead_lettered`, `cancelled`).
+    #[error("the job is {0} already: a finished job cannot be cancelled")]
+    Finished(JobState),
+}
+
+/// What a pause or resume names.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum PauseTarget {
+    /// Every job of a type.
+    Type(String),
+    /// Every job of a lane.
+    Lane(String),
+}
+
+impl PauseTarget {
+    /// `type` or `lane`, the word the API and the database use.
+    pub const fn kind(&self) -> &'static str {
+        match self {
+            PauseTarget::Type(_) => "type",
+            PauseTarget::Lane(_) => "lane",
+        }
+    }
+
+    /// The type's or lane's name.
+    pub fn name(&self) -> &str {
+        match self {
+            PauseTarget::Type(n) | PauseTarget::Lane(n) => n,
+        }
+    }
+}
+
+/// A type or lane paused now, as stored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pause {
+    /// What is paused.
+    pub target: PauseTarget,
+    /// Since when.
+    pub paused_at: Timestamp,
+    /// The token's name that paused it.
+    pub paused_by: String,
 }
 
 /// Counters kept by the store.
@@ -567,6 +669,8 @@ pub struct StoreStats {
     pub dead_letters: Vec<(Option<String>, DeadLetterReason, u64)>,
     /// Succeeded jobs still kept (retention).
     pub succeeded: u64,
+    /// Cancelled jobs still kept (retention, as for succeeded ones).
+    pub cancelled: u64,
     /// Which backend: `sqlite` or `postgres`.
     pub backend: &'static str,
     /// What only some backends count (SQLite's group commit and fsyncs);
@@ -591,6 +695,13 @@ pub struct GroupCommitStats {
     /// Time those fsyncs took, in microseconds: `sync_micros / syncs` is
     /// what the disk makes every durable request wait, on average.
     pub sync_micros: u64,
+    /// Lease commands run since start (each long-poll look is one).
+    pub leases: u64,
+    /// What those leases' reads cost the database, in its own unit (SQLite:
+    /// virtual-machine steps of the lease statements; 0 where a store does
+    /// not count): grows with the rows a lease looks at, not only those it
+    /// returns, so `lease_steps / leases` shows a lease that scans.
+    pub lease_steps: u64,
 }
 
 /// Job counts in one lane.
@@ -644,6 +755,15 @@ pub enum StoreError {
     /// nothing of it happened.
     #[error("not applied: {0}")]
     NotApplied(String),
+    /// The store's command queue is full (the server takes requests faster
+    /// than the database writes them): nothing of the request was applied.
+    #[error(
+        "the server is overloaded: {waiting} requests are waiting for the database already (the bound); nothing of this request was applied, retry in a moment"
+    )]
+    Overloaded {
+        /// Commands waiting when this one was refused.
+        waiting: usize,
+    },
     /// The change was committed but could not be made durable (a failed
     /// fsync); the store takes no more writes.
     #[error("{0}")]

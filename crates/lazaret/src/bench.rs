@@ -26,14 +26,15 @@ use stats::{Latency, Verify};
 /// Options of `lazaret bench`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
-    /// Drive the server at this URL instead of starting one (no RSS figures then).
-    #[arg(long, value_name = "URL")]
+    /// The global --server: drive the server at this URL instead of
+    /// starting one (no RSS figures then).
+    #[arg(skip)]
     server: Option<String>,
-    /// Bearer token for --server (a token with producer and worker rights).
-    #[arg(long, env = "LAZARET_TOKEN", hide_env_values = true)]
+    /// The global --token, for --server (a token with producer and worker rights).
+    #[arg(skip)]
     token: Option<String>,
     /// TOML config for the server the bench starts.
-    #[arg(long, value_name = "FILE", conflicts_with = "server")]
+    #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Start the server on this PostgreSQL database instead of a fresh
     /// SQLite directory: `postgres://USER@HOST:PORT/DB`. Each run gets a
@@ -66,6 +67,19 @@ pub struct BenchArgs {
     /// the queue holds this many while the measured jobs go through.
     #[arg(long, default_value_t = 0)]
     backlog: u64,
+    /// Queue the backlog in the measured lane as jobs of this type, which
+    /// the consumers never lease (their leases name the measured types):
+    /// what a lease filtered by type costs beside another type's backlog.
+    #[arg(long, value_name = "TYPE")]
+    backlog_type: Option<String>,
+    /// Job types the measured jobs are spread over, in turn within each
+    /// tenant (`bench`, or `bench-0` … `bench-N-1`).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=64))]
+    types: u64,
+    /// Consumers' leases name the measured types (`"types": [...]`)
+    /// instead of taking any type (implied by --backlog-type).
+    #[arg(long)]
+    filter_types: bool,
     /// Size of the string in each job's payload.
     #[arg(long, default_value_t = 100)]
     payload_bytes: usize,
@@ -75,27 +89,53 @@ pub struct BenchArgs {
     /// lease_ms of each lease.
     #[arg(long, default_value_t = 30_000)]
     lease_ms: u64,
+    /// Unbatched consumers ack with `next` (POST /v1/jobs/{id}/ack answers
+    /// the next lease too): two requests per job, enqueue included,
+    /// instead of three. Needs --batch 1.
+    #[arg(long)]
+    next: bool,
+    /// Runs of each side in `--scenario next` (alternating, each against a
+    /// fresh server).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=50))]
+    runs: u64,
     /// Give up a run after this long (then it fails).
     #[arg(long, default_value = "10m")]
     timeout: humantime::Duration,
     /// Run the scenarios, each against a fresh server, instead of one
     /// run shaped by the options above (--jobs, --payload-bytes, --tenants,
     /// --lease-ms still apply; batched scenarios use --producers/--consumers).
-    #[arg(long, value_enum, conflicts_with = "server")]
+    #[arg(long, value_enum)]
     scenario: Option<Scenario>,
-    /// Print one JSON object on stdout (the human table goes to stderr).
-    #[arg(long)]
+    /// The global --json: print one JSON object on stdout (the human
+    /// table goes to stderr).
+    #[arg(skip)]
     json: bool,
 }
 
 impl BenchArgs {
     /// Refuses a run in which nobody would enqueue or nobody would lease.
     fn check(&self) -> anyhow::Result<()> {
+        // clap checks these conflicts only when --server follows `bench`.
+        if self.server.is_some() && self.config.is_some() {
+            anyhow::bail!(
+                "--config configures the server the bench starts; with --server it drives yours"
+            );
+        }
+        if self.server.is_some() && self.scenario.is_some() {
+            anyhow::bail!(
+                "--scenario runs each scenario against a fresh server; it cannot use --server"
+            );
+        }
         if self.producers + self.cyclers == 0 {
             anyhow::bail!("nobody would enqueue: give --producers or --cyclers at least 1");
         }
         if self.consumers + self.cyclers == 0 {
             anyhow::bail!("nobody would lease: give --consumers or --cyclers at least 1");
+        }
+        if self.next && self.batch > 1 {
+            anyhow::bail!(
+                "--next is for one-job-at-a-time workers: use it with --batch 1 (batched workers ack with /v1/acks)"
+            );
         }
         Ok(())
     }
@@ -113,6 +153,18 @@ enum Scenario {
     Unbatched,
     /// All three in sequence, with a summary.
     All,
+    /// Unbatched, 16 clients that each enqueue, lease and ack in turn,
+    /// without and with `next` on acks (three requests per job, then two),
+    /// alternating, --runs times each: medians, spread, ratio.
+    Next,
+    /// Leases filtered by type, batches of 100, with 100,000 jobs of
+    /// another type queued in the same lane and tenants.
+    #[value(name = "filtered-100k")]
+    Filtered100k,
+    /// Batches of 100, 8 types mixed within each tenant, 20,000 queued,
+    /// leases of any type.
+    #[value(name = "mixed-types")]
+    MixedTypes,
 }
 
 /// One run's settings.
@@ -125,9 +177,17 @@ struct RunSpec {
     consumers: u64,
     cyclers: u64,
     backlog: u64,
+    /// The backlog's type when it waits in the measured lane.
+    backlog_type: Option<String>,
+    /// Types of the measured jobs.
+    types: u64,
+    /// Whether leases name the measured types.
+    filter_types: bool,
     payload_bytes: usize,
     tenants: u64,
     lease_ms: u64,
+    /// Consumers ack with `next`.
+    next: bool,
     /// The floor for this run, if it sets one.
     target_jobs_per_s: Option<f64>,
     #[serde(skip)]
@@ -170,9 +230,13 @@ impl RunSpec {
             consumers: a.consumers,
             cyclers: a.cyclers,
             backlog: a.backlog,
+            backlog_type: a.backlog_type.clone(),
+            types: a.types,
+            filter_types: a.filter_types || a.backlog_type.is_some(),
             payload_bytes: a.payload_bytes,
             tenants: a.tenants,
             lease_ms: a.lease_ms,
+            next: a.next,
             target_jobs_per_s: None,
             timeout: a.timeout.into(),
         }
@@ -209,6 +273,44 @@ impl RunSpec {
                 batched("batched-1m", 1_000_000),
                 unbatched,
             ],
+            Scenario::Next => {
+                // Cyclers: each client waits for every answer before its
+                // next request, so a job costs it three round trips, or
+                // two with `next`, and a job is always ready for the
+                // `next` (the one it has just enqueued, or another's). No
+                // backlog: filling 20,000 jobs before each run adds nothing.
+                let plain = RunSpec {
+                    name: "unbatched".into(),
+                    producers: 0,
+                    consumers: 0,
+                    cyclers: 16,
+                    backlog: 0,
+                    target_jobs_per_s: None,
+                    next: false,
+                    ..unbatched
+                };
+                let with_next = RunSpec {
+                    name: "unbatched-next".into(),
+                    next: true,
+                    ..plain.clone()
+                };
+                (0..a.runs)
+                    .flat_map(|_| [plain.clone(), with_next.clone()])
+                    .collect()
+            }
+            Scenario::Filtered100k => vec![RunSpec {
+                backlog_type: Some("other".into()),
+                types: 1,
+                filter_types: true,
+                target_jobs_per_s: None,
+                ..batched("filtered-100k", 100_000)
+            }],
+            Scenario::MixedTypes => vec![RunSpec {
+                types: 8,
+                filter_types: false,
+                target_jobs_per_s: None,
+                ..batched("mixed-types", 20_000)
+            }],
         }
     }
 
@@ -223,6 +325,10 @@ impl RunSpec {
             tenants: self.tenants,
             lease_ms: self.lease_ms,
             timeout: self.timeout,
+            next: self.next,
+            types: load::job_types(self.types),
+            filter_types: self.filter_types,
+            backlog_type: self.backlog_type.clone(),
         }
     }
 }
@@ -264,6 +370,14 @@ struct RunReport {
     ack: Latency,
     leased_jobs: u64,
     empty_leases: u64,
+    /// Requests the consumers sent per job (leases and acks; a producer
+    /// adds one enqueue per job unbatched).
+    consumer_requests_per_job: f64,
+    /// Jobs that came in the answer of an ack with `next`.
+    next_jobs: u64,
+    /// `/proc/loadavg` (1, 5, 15 min) when the run started and ended.
+    loadavg_start: Option<[f64; 3]>,
+    loadavg_end: Option<[f64; 3]>,
     /// Mean jobs per non-empty lease (lease latencies count non-empty leases only).
     jobs_per_lease: f64,
     memory: Memory,
@@ -280,7 +394,10 @@ struct RunReport {
 /// worker threads (about a fifth of the client's CPU in the unbatched
 /// scenario), while one thread has ample headroom for the requests the
 /// server can answer.
-pub fn run(args: BenchArgs) -> anyhow::Result<()> {
+pub fn run(mut args: BenchArgs, global: crate::cli::GlobalOpts) -> anyhow::Result<()> {
+    args.server = global.server;
+    args.token = global.token;
+    args.json = global.json;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -331,6 +448,9 @@ async fn run_async(args: BenchArgs) -> anyhow::Result<()> {
     }
     if reports.len() > 1 {
         write!(human, "{}", render_summary(&reports))?;
+        if args.scenario == Some(Scenario::Next) {
+            write!(human, "{}", render_next(&reports))?;
+        }
         human.flush()?;
     }
     if args.json {
@@ -339,6 +459,7 @@ async fn run_async(args: BenchArgs) -> anyhow::Result<()> {
                 "scenarios": reports,
                 "failed_to_run": broken,
                 "throughput_ratio_1m_vs_20k": ratio(&reports),
+                "next_vs_plain": next_comparison(&reports),
             })
         } else {
             serde_json::to_value(&reports[0])?
@@ -467,7 +588,9 @@ async fn measure(
         )
     };
     let cpu_before = cpu_at();
+    let loadavg_start = server::loadavg();
     let mut m = load::run_load(&clients, &load).await?;
+    let loadavg_end = server::loadavg();
     let cpu_after = cpu_at();
     let used = |a: Option<f64>, b: Option<f64>| Some(b? - a?);
     let per_job = |s: Option<f64>| s.map(|s| s * 1e6 / spec.jobs as f64);
@@ -512,7 +635,12 @@ async fn measure(
         ack: Latency::from_samples(&mut m.ack_us),
         leased_jobs: m.leased_jobs,
         empty_leases: m.empty_leases,
-        jobs_per_lease: m.leased_jobs as f64 / nonempty.max(1) as f64,
+        consumer_requests_per_job: m.consumer_requests as f64 / verify.acked.max(1) as f64,
+        next_jobs: m.next_jobs,
+        loadavg_start,
+        loadavg_end,
+        // Jobs that came with an ack's `next` came without a lease request.
+        jobs_per_lease: (m.leased_jobs - m.next_jobs) as f64 / nonempty.max(1) as f64,
         memory,
         cpu,
         verify,
@@ -534,13 +662,24 @@ fn render_run(r: &RunReport) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "\n== {}: batch {}, {}, backlog {}, payload {} B, {} tenants",
+        "\n== {}: batch {}, {}, backlog {}{}, payload {} B, {} tenants, {} type{}{}",
         s.name,
         s.batch,
         s.clients(),
         s.backlog,
+        s.backlog_type
+            .as_deref()
+            .map(|t| format!(" (type {t}, in the measured lane)"))
+            .unwrap_or_default(),
         s.payload_bytes,
-        s.tenants
+        s.tenants,
+        s.types,
+        if s.types == 1 { "" } else { "s" },
+        if s.filter_types {
+            ", leases filtered by type"
+        } else {
+            ""
+        }
     );
     let target = s
         .target_jobs_per_s
@@ -577,9 +716,23 @@ fn render_run(r: &RunReport) -> String {
     }
     let _ = writeln!(
         out,
-        "  leases      {:.1} jobs per non-empty lease, {} empty",
-        r.jobs_per_lease, r.empty_leases
+        "  leases      {:.1} jobs per non-empty lease, {} empty; consumers sent {:.2} requests per job{}",
+        r.jobs_per_lease,
+        r.empty_leases,
+        r.consumer_requests_per_job,
+        if r.spec.next {
+            format!(" ({} jobs came with an ack's next)", r.next_jobs)
+        } else {
+            String::new()
+        }
     );
+    if let (Some(a), Some(b)) = (r.loadavg_start, r.loadavg_end) {
+        let _ = writeln!(
+            out,
+            "  load avg    {:.2} {:.2} {:.2} at start, {:.2} {:.2} {:.2} at end",
+            a[0], a[1], a[2], b[0], b[1], b[2]
+        );
+    }
     let m = &r.memory;
     let _ = writeln!(
         out,
@@ -632,6 +785,74 @@ fn ratio(reports: &[RunReport]) -> Option<f64> {
             .map(|r| r.jobs_per_s)
     };
     Some(rate("batched-1m")? / rate("batched-20k")?)
+}
+
+/// Median, lowest and highest jobs/s of the runs named `name`.
+fn spread(reports: &[RunReport], name: &str) -> Option<(f64, f64, f64)> {
+    let mut rates: Vec<f64> = reports
+        .iter()
+        .filter(|r| r.spec.name == name && r.ok)
+        .map(|r| r.jobs_per_s)
+        .collect();
+    if rates.is_empty() {
+        return None;
+    }
+    rates.sort_by(f64::total_cmp);
+    let n = rates.len();
+    let median = if n % 2 == 1 {
+        rates[n / 2]
+    } else {
+        (rates[n / 2 - 1] + rates[n / 2]) / 2.0
+    };
+    Some((median, rates[0], rates[n - 1]))
+}
+
+/// `--scenario next`: medians and spreads of both sides, and their ratio.
+fn next_comparison(reports: &[RunReport]) -> Option<serde_json::Value> {
+    let (plain, plain_lo, plain_hi) = spread(reports, "unbatched")?;
+    let (next, next_lo, next_hi) = spread(reports, "unbatched-next")?;
+    Some(serde_json::json!({
+        "plain_median_jobs_per_s": plain, "plain_min": plain_lo, "plain_max": plain_hi,
+        "next_median_jobs_per_s": next, "next_min": next_lo, "next_max": next_hi,
+        "ratio_of_medians": next / plain,
+    }))
+}
+
+fn render_next(reports: &[RunReport]) -> String {
+    let mut out = String::new();
+    let (Some((p, plo, phi)), Some((n, nlo, nhi))) = (
+        spread(reports, "unbatched"),
+        spread(reports, "unbatched-next"),
+    ) else {
+        return out;
+    };
+    let runs = reports
+        .iter()
+        .filter(|r| r.spec.name == "unbatched")
+        .count();
+    let _ = writeln!(
+        out,
+        "  unbatched, 3 requests per job:      median {p:.0} jobs/s (min {plo:.0}, max {phi:.0}) over {runs} runs"
+    );
+    let _ = writeln!(
+        out,
+        "  unbatched with next, 2 per job:     median {n:.0} jobs/s (min {nlo:.0}, max {nhi:.0})"
+    );
+    let _ = writeln!(out, "  with next / without = {:.2}", n / p);
+    let loads: Vec<f64> = reports
+        .iter()
+        .filter_map(|r| r.loadavg_start.map(|l| l[0]))
+        .collect();
+    if let (Some(lo), Some(hi)) = (
+        loads.iter().copied().reduce(f64::min),
+        loads.iter().copied().reduce(f64::max),
+    ) {
+        let _ = writeln!(
+            out,
+            "  1-min load average at the runs' starts: {lo:.2} to {hi:.2}"
+        );
+    }
+    out
 }
 
 fn render_summary(reports: &[RunReport]) -> String {
@@ -758,6 +979,40 @@ mod tests {
             parse(&["--scenario", "batched-1m"]).scenario,
             Some(Scenario::Batched1m)
         );
+
+        let next = RunSpec::scenario(
+            &parse(&["--scenario", "next", "--runs", "2"]),
+            Scenario::Next,
+        );
+        let shape: Vec<_> = next
+            .iter()
+            .map(|s| (s.name.as_str(), s.batch, s.next, s.cyclers, s.backlog))
+            .collect();
+        assert_eq!(
+            shape,
+            vec![
+                ("unbatched", 1, false, 16, 0),
+                ("unbatched-next", 1, true, 16, 0),
+                ("unbatched", 1, false, 16, 0),
+                ("unbatched-next", 1, true, 16, 0),
+            ]
+        );
+        let a = parse(&["--scenario", "filtered-100k"]);
+        let [filtered] = &RunSpec::scenario(&a, Scenario::Filtered100k)[..] else {
+            panic!("one run");
+        };
+        assert_eq!(
+            (filtered.backlog, filtered.backlog_type.as_deref()),
+            (100_000, Some("other"))
+        );
+        assert!(filtered.filter_types);
+        let [mixed] = &RunSpec::scenario(&a, Scenario::MixedTypes)[..] else {
+            panic!("one run");
+        };
+        assert_eq!((mixed.types, mixed.filter_types), (8, false));
+        assert_eq!(mixed.load().types.len(), 8);
+        // A backlog of another type in the measured lane needs filtered leases.
+        assert!(RunSpec::from_args(&parse(&["--backlog-type", "x"])).filter_types);
     }
 
     #[test]
@@ -780,17 +1035,20 @@ mod tests {
             unchecked(&["--producers", "0", "--consumers", "0", "--cyclers", "16"]),
             Ok(())
         );
-        assert!(bad(&[
-            "--server",
-            "http://127.0.0.1:1",
-            "--scenario",
-            "all"
-        ]));
-        assert!(bad(&[
-            "--server",
-            "http://127.0.0.1:1",
-            "--config",
-            "x.toml"
-        ]));
+        assert!(
+            unchecked(&["--next"])
+                .unwrap_err()
+                .contains("use it with --batch 1")
+        );
+        assert_eq!(unchecked(&["--next", "--batch", "1"]), Ok(()));
+        // --server is a global option of the binary, set here as main sets it.
+        let with_server = |args: &[&str]| {
+            let mut a = parse(args);
+            a.server = Some("http://127.0.0.1:1".into());
+            a.check().map_err(|e| e.to_string())
+        };
+        assert!(with_server(&["--scenario", "all"]).is_err_and(|e| e.contains("--scenario")));
+        assert!(with_server(&["--config", "x.toml"]).is_err_and(|e| e.contains("--config")));
+        assert_eq!(with_server(&[]), Ok(()));
     }
 }

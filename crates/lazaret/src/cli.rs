@@ -1,18 +1,24 @@
-//! Client subcommands: talk to a running server over its HTTP API.
+//! Client subcommands: talk to a running server over its HTTP API, through
+//! `lazaret_client::Client` (the workspace's one HTTP client, with TLS).
 //!
-//! `args` is what clap parses and the request bodies it turns into, `http`
-//! the client and its errors, `render` the readable output, `table` the
-//! column layout. This file wires them: one current-thread runtime per
-//! command, replies to stdout, errors to stderr as `error: …`.
+//! `args` is what clap parses and the request bodies it turns into,
+//! `errors` the client set-up, the error messages and the exit status,
+//! `render` the readable output, `table` the column layout. This file wires
+//! them: one current-thread runtime per command, replies to stdout, errors
+//! to stderr as `error: …`.
 //!
-//! Exit status: 0 done, 1 the server or the connection failed (or a
-//! redrive left some dead letters in place: a broker did not confirm), 2 the
-//! command itself was refused before anything changed (an empty redrive or
-//! purge selection, a purge without `--confirm`) — clap's usage errors
-//! also exit 2.
+//! Exit status (`errors::ExitCode`, docs/api.md#cli): 0 done; 1 the server
+//! answered with an error, or the command did not do all it was asked (a
+//! redrive naming ids that match nothing, or dead letters a broker did not
+//! take back); 2 the command line was wrong or the command was refused
+//! before anything changed (an empty redrive or purge selection, a purge
+//! without `--confirm`, a payload that is not JSON, an unreadable
+//! `--ca-cert`; clap's usage errors exit
+//! 2 too); 3 the server could not be reached (refused, no such host, TLS
+//! handshake failed).
 
 mod args;
-mod http;
+mod errors;
 mod render;
 mod table;
 
@@ -22,12 +28,12 @@ use std::io::{self, BufWriter, IsTerminal, Read, Write};
 use anyhow::{Context, anyhow};
 use serde_json::Value;
 
-pub use args::ClientCommand;
+pub use args::{ClientCommand, GlobalOpts};
 use args::{
     DlqCommand, DlqLsArgs, DlqPayloadArgs, DlqPurgeArgs, DlqRedriveArgs, EnqueueArgs, JobsCommand,
     PurgeBody, RedriveBody, Selection, TokensCommand,
 };
-use http::{Client, Reply, ServerError};
+use errors::{Cli, ExitCode, Refused, Reply, ServerError};
 
 /// Page size used to count what a purge would delete.
 const PURGE_COUNT_PAGE: &str = "500";
@@ -36,51 +42,40 @@ const PURGE_SHOWN_MAX: usize = 20;
 
 type Out<'a> = &'a mut dyn Write;
 
-/// The command was refused on the client side; nothing was sent that changes state.
-#[derive(Debug)]
-struct Refused(String);
-
-impl std::fmt::Display for Refused {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for Refused {}
-
-/// Runs a client subcommand; on failure prints `error: …` and exits non-zero.
-pub fn run(cmd: ClientCommand) -> anyhow::Result<()> {
-    let json = cmd.opts().json;
+/// Runs a client subcommand; on failure prints `error: …` and exits with
+/// the status documented above.
+pub fn run(global: GlobalOpts, cmd: ClientCommand) -> anyhow::Result<()> {
+    let json = global.json;
     let stdout = io::stdout();
     let mut out = stdout.lock();
-    let result = Client::new(&cmd.opts().server, std::env::var("LAZARET_TOKEN").ok())
-        .and_then(|client| {
+    let result = errors::client(&global)
+        .map_err(anyhow::Error::new)
+        .and_then(|cli| {
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .context("cannot start the async runtime")?;
-            rt.block_on(execute(cmd, &client, &mut out, width()))
+            rt.block_on(execute(cmd, &cli, json, &mut out, width()))
         })
         .and_then(|()| out.flush().map_err(Into::into));
-    let Err(err) = result else {
-        return Ok(());
-    };
-    if is_broken_pipe(&err) {
+    let code = match result {
+        Ok(()) => ExitCode::Ok,
         // `lazaret dlq ls | head`: the reader left, which is not a failure.
-        return Ok(());
-    }
-    if json {
-        if let Some(body) = err.downcast_ref::<ServerError>().map(|e| &e.body) {
-            let _ = write_raw(&mut out, body).and_then(|()| out.flush());
+        Err(err) if is_broken_pipe(&err) => ExitCode::Ok,
+        Err(err) => {
+            if json {
+                if let Some(body) = err.downcast_ref::<ServerError>().map(|e| &e.body) {
+                    let _ = write_raw(&mut out, body).and_then(|()| out.flush());
+                }
+            }
+            eprintln!("error: {err:#}");
+            errors::exit_code(&err)
         }
-    }
-    eprintln!("error: {err:#}");
-    let code = if err.downcast_ref::<Refused>().is_some() {
-        2
-    } else {
-        1
     };
-    std::process::exit(code)
+    if code != ExitCode::Ok {
+        std::process::exit(code as i32);
+    }
+    Ok(())
 }
 
 fn is_broken_pipe(err: &anyhow::Error) -> bool {
@@ -102,52 +97,105 @@ fn width() -> Option<usize> {
 
 async fn execute(
     cmd: ClientCommand,
-    client: &Client,
+    cli: &Cli,
+    json: bool,
     out: Out<'_>,
     width: Option<usize>,
 ) -> anyhow::Result<()> {
-    let json = cmd.opts().json;
     match cmd {
-        ClientCommand::Enqueue(a) => enqueue(client, &a, out).await,
-        ClientCommand::Jobs {
-            command: JobsCommand::Show(a),
-        } => {
-            let reply = client.get(&["v1", "jobs", &a.id], &[]).await?;
-            emit(out, json, &reply, |o, v| render::job(o, v, width))
-        }
-        ClientCommand::Stats(_) => {
-            let reply = client.get(&["v1", "stats"], &[]).await?;
+        ClientCommand::Enqueue(a) => enqueue(cli, &a, json, out).await,
+        ClientCommand::Jobs { command } => match command {
+            JobsCommand::Ls(a) => {
+                let query = a.query();
+                let reply = cli.get(&["v1", "jobs"], &pairs(&query)).await?;
+                emit(out, json, &reply, |o, v| render::jobs(o, v, width))
+            }
+            JobsCommand::Show(a) => {
+                let reply = cli.get(&["v1", "jobs", &a.id], &[]).await?;
+                emit(out, json, &reply, |o, v| render::job(o, v, width))
+            }
+            JobsCommand::Cancel(a) => {
+                let reply = cli
+                    .post(&["v1", "jobs", &a.id, "cancel"], &serde_json::json!({}))
+                    .await?;
+                emit(out, json, &reply, |o, v| render::cancelled(o, v, &a.id))
+            }
+        },
+        ClientCommand::Stats => {
+            let reply = cli.get(&["v1", "stats"], &[]).await?;
             emit(out, json, &reply, |o, v| render::stats(o, v, width))
         }
+        ClientCommand::Pause(a) => {
+            let reply = cli.post(&["v1", "pause"], &a).await?;
+            emit(out, json, &reply, |o, _| {
+                writeln!(
+                    o,
+                    "paused {}: its jobs stay queued and are not leased until `lazaret resume`",
+                    a.target()
+                )
+            })
+        }
+        ClientCommand::Resume(a) => {
+            let reply = cli.post(&["v1", "resume"], &a).await?;
+            emit(out, json, &reply, |o, _| {
+                writeln!(o, "resumed {}", a.target())
+            })
+        }
+        ClientCommand::Breakers => {
+            let reply = cli.get(&["v1", "breakers"], &[]).await?;
+            emit(out, json, &reply, |o, v| render::breakers(o, v, width))
+        }
+        ClientCommand::Audit(a) => {
+            let query = a.query();
+            let reply = cli.get(&["v1", "audit"], &pairs(&query)).await?;
+            emit(out, json, &reply, |o, v| render::audit(o, v, width))
+        }
         ClientCommand::Dlq { command } => match command {
-            DlqCommand::Ls(a) => dlq_ls(client, &a, out, width).await,
+            DlqCommand::Ls(a) => dlq_ls(cli, &a, json, out, width).await,
             DlqCommand::Show(a) => {
-                let reply = client.get(&["v1", "dead-letters", &a.id], &[]).await?;
+                let reply = cli.get(&["v1", "dead-letters", &a.id], &[]).await?;
                 emit(out, json, &reply, |o, v| render::dead_letter(o, v, width))
             }
-            DlqCommand::Payload(a) => dlq_payload(client, &a, out).await,
-            DlqCommand::Reasons(_) => {
-                let reply = client.get(&["v1", "dead-letters", "reasons"], &[]).await?;
+            DlqCommand::Payload(a) => dlq_payload(cli, &a, out).await,
+            DlqCommand::Reasons => {
+                let reply = cli.get(&["v1", "dead-letters", "reasons"], &[]).await?;
                 emit(out, json, &reply, |o, v| render::reasons(o, v, width))
             }
-            DlqCommand::Redrive(a) => dlq_redrive(client, &a, out).await,
-            DlqCommand::Purge(a) => dlq_purge(client, &a, out, width).await,
+            DlqCommand::Redrive(a) => dlq_redrive(cli, &a, json, out).await,
+            DlqCommand::Purge(a) => dlq_purge(cli, &a, json, out, width).await,
+            DlqCommand::Correct(a) => {
+                let payload = read_payload(a.payload.as_deref(), a.payload_file.as_deref())?;
+                let body = args::CorrectBody {
+                    payload: &payload,
+                    reason: &a.reason,
+                    schema_version: a.schema_version,
+                };
+                let reply = cli
+                    .post(&["v1", "dead-letters", &a.id, "redrive"], &body)
+                    .await?;
+                emit(out, json, &reply, render::corrected)
+            }
         },
         ClientCommand::Tokens { command } => match command {
-            TokensCommand::Ls(_) => {
-                let reply = client.get(&["v1", "tokens"], &[]).await?;
+            TokensCommand::Ls => {
+                let reply = cli.get(&["v1", "tokens"], &[]).await?;
                 emit(out, json, &reply, |o, v| render::tokens(o, v, width))
             }
             TokensCommand::Create(a) => {
-                let reply = client.post(&["v1", "tokens"], &a).await?;
+                let reply = cli.post(&["v1", "tokens"], &a).await?;
                 emit(out, json, &reply, render::token_created)
             }
             TokensCommand::Revoke(a) => {
-                let reply = client.delete(&["v1", "tokens", &a.name]).await?;
+                let reply = cli.delete(&["v1", "tokens", &a.name]).await?;
                 emit(out, json, &reply, render::token_revoked)
             }
         },
     }
+}
+
+/// Borrows owned query pairs for the client.
+fn pairs<'a>(query: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
+    query.iter().map(|(k, v)| (*k, v.as_str())).collect()
 }
 
 /// Prints a reply: as is with `--json`, else through its renderer.
@@ -173,12 +221,27 @@ fn write_raw(out: Out, body: &[u8]) -> io::Result<()> {
     Ok(())
 }
 
-async fn enqueue(client: &Client, a: &EnqueueArgs, out: Out<'_>) -> anyhow::Result<()> {
-    let (text, from) = match (&a.payload, &a.payload_file) {
-        (Some(p), _) => (p.clone(), "--payload".to_owned()),
+async fn enqueue(client: &Cli, a: &EnqueueArgs, json: bool, out: Out<'_>) -> anyhow::Result<()> {
+    let payload = read_payload(a.payload.as_deref(), a.payload_file.as_deref())?;
+    let reply = client.post(&["v1", "jobs"], &a.body(&payload)).await?;
+    emit(out, json, &reply, render::enqueued)
+}
+
+/// A payload from `--payload`, `--payload-file` or stdin, checked to be
+/// one JSON value before anything is sent (else refused: exit 2).
+fn read_payload(
+    payload: Option<&str>,
+    file: Option<&std::path::Path>,
+) -> anyhow::Result<Box<serde_json::value::RawValue>> {
+    let (text, from) = match (payload, file) {
+        (Some(p), _) => (p.to_owned(), "--payload".to_owned()),
         (None, Some(path)) => (
-            std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read the payload file {}", path.display()))?,
+            std::fs::read_to_string(path).map_err(|e| {
+                Refused(format!(
+                    "cannot read the payload file {}: {e}",
+                    path.display()
+                ))
+            })?,
             path.display().to_string(),
         ),
         (None, None) => {
@@ -193,19 +256,21 @@ async fn enqueue(client: &Client, a: &EnqueueArgs, out: Out<'_>) -> anyhow::Resu
             (text, "stdin".to_owned())
         }
     };
-    let payload = EnqueueArgs::parse_payload(text, &from)?;
-    let reply = client.post(&["v1", "jobs"], &a.body(&payload)).await?;
-    emit(out, a.opts.json, &reply, render::enqueued)
+    EnqueueArgs::parse_payload(text, &from).map_err(|e| Refused(format!("{e:#}")).into())
 }
 
 async fn dlq_ls(
-    client: &Client,
+    client: &Cli,
     a: &DlqLsArgs,
+    json: bool,
     out: Out<'_>,
     width: Option<usize>,
 ) -> anyhow::Result<()> {
     let limit = a.limit.map(|l| l.to_string());
     let mut query = a.filter.pairs();
+    if let Some(job_id) = &a.job_id {
+        query.push(("job_id", job_id));
+    }
     if let Some(limit) = &limit {
         query.push(("limit", limit));
     }
@@ -213,15 +278,13 @@ async fn dlq_ls(
         query.push(("cursor", cursor));
     }
     let reply = client.get(&["v1", "dead-letters"], &query).await?;
-    emit(out, a.opts.json, &reply, |o, v| {
-        render::dead_letters(o, v, width)
-    })
+    emit(out, json, &reply, |o, v| render::dead_letters(o, v, width))
 }
 
 /// Streams the payload chunk by chunk: a 50 MB payload is never held whole.
-async fn dlq_payload(client: &Client, a: &DlqPayloadArgs, out: Out<'_>) -> anyhow::Result<()> {
+async fn dlq_payload(client: &Cli, a: &DlqPayloadArgs, out: Out<'_>) -> anyhow::Result<()> {
     let mut resp = client
-        .get_stream(&["v1", "dead-letters", &a.id, "payload"])
+        .stream(&["v1", "dead-letters", &a.id, "payload"])
         .await?;
     let Some(path) = &a.output else {
         copy_body(&mut resp, out).await?;
@@ -250,7 +313,10 @@ async fn dlq_payload(client: &Client, a: &DlqPayloadArgs, out: Out<'_>) -> anyho
     }
 }
 
-async fn copy_body(resp: &mut reqwest::Response, out: &mut dyn Write) -> anyhow::Result<u64> {
+async fn copy_body(
+    resp: &mut lazaret_client::BodyStream,
+    out: &mut dyn Write,
+) -> anyhow::Result<u64> {
     let mut n = 0u64;
     while let Some(chunk) = resp
         .chunk()
@@ -263,7 +329,12 @@ async fn copy_body(resp: &mut reqwest::Response, out: &mut dyn Write) -> anyhow:
     Ok(n)
 }
 
-async fn dlq_redrive(client: &Client, a: &DlqRedriveArgs, out: Out<'_>) -> anyhow::Result<()> {
+async fn dlq_redrive(
+    client: &Cli,
+    a: &DlqRedriveArgs,
+    json: bool,
+    out: Out<'_>,
+) -> anyhow::Result<()> {
     let selection = a
         .select
         .selection("redrive")
@@ -276,12 +347,28 @@ async fn dlq_redrive(client: &Client, a: &DlqRedriveArgs, out: Out<'_>) -> anyho
     let reply = client
         .post(&["v1", "dead-letters", "redrive"], &body)
         .await?;
-    emit(out, a.opts.json, &reply, |o, v| {
-        render::redriven(o, v, a.dry_run)
-    })?;
+    emit(out, json, &reply, |o, v| render::redriven(o, v, a.dry_run))?;
+    let v: Value = reply.json()?;
+    // Ids that match nothing redrivable: a typo, or already redriven or
+    // purged. Scripts must see that the command did not do what it named.
+    let missing = render::redrive_not_found(&v);
+    if !missing.is_empty() {
+        return Err(anyhow!(
+            "{} id(s) match no dead letter that can be redriven: {}; {}check them with \
+             `lazaret dlq show ID` (an id already redriven or purged is gone; an admission \
+             record cannot be redriven)",
+            missing.len(),
+            table::clean_line(&missing.join(", ")),
+            if a.dry_run {
+                ""
+            } else {
+                "the others were redriven; "
+            }
+        ));
+    }
     // A broker that did not confirm leaves its dead letters in place: the
     // command did not do all it was asked, and scripts must see that.
-    let failed = render::redrive_failures(&reply.json::<Value>()?);
+    let failed = render::redrive_failures(&v);
     if failed > 0 {
         return Err(anyhow!(
             "{failed} dead letter(s) were not redriven and stay in the dead letters; \
@@ -292,8 +379,9 @@ async fn dlq_redrive(client: &Client, a: &DlqRedriveArgs, out: Out<'_>) -> anyho
 }
 
 async fn dlq_purge(
-    client: &Client,
+    client: &Cli,
     a: &DlqPurgeArgs,
+    json: bool,
     out: Out<'_>,
     width: Option<usize>,
 ) -> anyhow::Result<()> {
@@ -307,11 +395,11 @@ async fn dlq_purge(
             confirm: true,
         };
         let reply = client.post(&["v1", "dead-letters", "purge"], &body).await?;
-        return emit(out, a.opts.json, &reply, render::purged);
+        return emit(out, json, &reply, render::purged);
     }
 
     let preview = purge_preview(client, &selection).await?;
-    if !a.opts.json {
+    if !json {
         writeln!(
             out,
             "would purge {} dead letter(s) matching {selection}",
@@ -347,7 +435,7 @@ struct PurgePreview {
     missing: Vec<String>,
 }
 
-async fn purge_preview(client: &Client, selection: &Selection) -> anyhow::Result<PurgePreview> {
+async fn purge_preview(client: &Cli, selection: &Selection) -> anyhow::Result<PurgePreview> {
     let mut preview = PurgePreview::default();
     match selection {
         Selection::Ids(ids) => {
@@ -397,8 +485,7 @@ async fn purge_preview(client: &Client, selection: &Selection) -> anyhow::Result
 
 fn is_not_found(err: &anyhow::Error) -> bool {
     err.downcast_ref::<ServerError>()
-        .and_then(|e| e.api.as_ref())
-        .is_some_and(|api| api.code == "NOT_FOUND")
+        .is_some_and(|e| e.code.as_deref() == Some("NOT_FOUND"))
 }
 
 #[cfg(test)]

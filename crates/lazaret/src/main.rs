@@ -3,7 +3,8 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use clap::{Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 /// mimalloc: malloc and free were a sixth of the store's writer thread in
 /// profiles under load with the system allocator.
@@ -17,6 +18,10 @@ mod cli;
 #[derive(Debug, Parser)]
 #[command(name = "lazaret", version, about)]
 struct Args {
+    /// `--server`, `--token`, `--ca-cert`, `--json`: accepted anywhere on
+    /// the line, before or after the subcommand.
+    #[command(flatten)]
+    global: cli::GlobalOpts,
     #[command(subcommand)]
     command: Command,
 }
@@ -62,13 +67,45 @@ struct MigrateArgs {
 }
 
 fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+    let matches = Args::command().get_matches();
+    let args = Args::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     match args.command {
-        Command::Serve(serve) => run_serve(serve),
+        Command::Serve(serve) => {
+            if let Some(Err(e)) = matches
+                .subcommand_matches("serve")
+                .map(refuse_client_options)
+            {
+                e.exit();
+            }
+            run_serve(serve)
+        }
         Command::Migrate(m) => run_migrate(m),
-        Command::Bench(b) => bench::run(b),
-        Command::Client(c) => cli::run(c),
+        Command::Bench(b) => bench::run(b, args.global),
+        Command::Client(c) => cli::run(args.global, c),
     }
+}
+
+/// `serve --server …` is a mistake (the address to listen on is
+/// `--listen`): say so rather than ignore it. The environment (an
+/// operator's LAZARET_TOKEN) is not a mistake and is ignored.
+fn refuse_client_options(matches: &clap::ArgMatches) -> Result<(), clap::Error> {
+    for (id, flag) in [
+        ("server", "--server"),
+        ("token", "--token"),
+        ("ca_cert", "--ca-cert"),
+        ("json", "--json"),
+    ] {
+        if matches.value_source(id) == Some(ValueSource::CommandLine) {
+            return Err(Args::command().error(
+                clap::error::ErrorKind::ArgumentConflict,
+                format!(
+                    "{flag} is an option of the client commands, not of `serve` \
+                     (serve listens on --listen ADDR; tokens go in the config file)"
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// `lazaret serve`: logs go to stderr so that stdout's first line stays the
@@ -148,4 +185,50 @@ fn run_migrate(args: MigrateArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn matches(args: &[&str]) -> clap::ArgMatches {
+        Args::command()
+            .try_get_matches_from(std::iter::once("lazaret").chain(args.iter().copied()))
+            .unwrap_or_else(|e| panic!("{args:?}: {e}"))
+    }
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Args::command().debug_assert();
+    }
+
+    #[test]
+    fn global_options_reach_bench_and_the_client_commands_from_either_side() {
+        for line in [
+            &["--json", "--server", "http://h:1", "bench", "--jobs", "5"][..],
+            &["bench", "--jobs", "5", "--server", "http://h:1", "--json"],
+        ] {
+            let args = Args::from_arg_matches(&matches(line)).unwrap();
+            assert!(matches!(args.command, Command::Bench(_)), "{line:?}");
+            assert_eq!(args.global.server.as_deref(), Some("http://h:1"));
+            assert!(args.global.json);
+        }
+        let args = Args::from_arg_matches(&matches(&["--json", "stats"])).unwrap();
+        assert!(matches!(
+            args.command,
+            Command::Client(cli::ClientCommand::Stats)
+        ));
+        assert!(args.global.json);
+    }
+
+    #[test]
+    fn serve_refuses_client_options_on_its_line_but_not_from_the_environment() {
+        let m = matches(&["serve", "--server", "http://h:1"]);
+        let err = refuse_client_options(m.subcommand_matches("serve").unwrap()).unwrap_err();
+        assert!(err.to_string().contains("--listen"), "{err}");
+        let m = matches(&["--json", "serve"]);
+        assert!(refuse_client_options(m.subcommand_matches("serve").unwrap()).is_err());
+        let m = matches(&["serve", "--listen", "127.0.0.1:0"]);
+        assert!(refuse_client_options(m.subcommand_matches("serve").unwrap()).is_ok());
+    }
 }

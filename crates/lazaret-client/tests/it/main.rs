@@ -4,6 +4,8 @@
 mod audit;
 mod crash;
 mod heartbeats;
+mod jobs;
+mod next;
 mod panics;
 mod parse;
 mod shutdown;

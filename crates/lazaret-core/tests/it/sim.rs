@@ -2,9 +2,11 @@
 //!
 //! The real core decides; a tiny in-memory store applies its transitions;
 //! workers lease, run scripted outcomes, vanish, or crash between `decide`
-//! and persisting it. At the end every job must be succeeded or
-//! dead-lettered (none lost, none looping) with the reason an independent
-//! oracle predicts from the job's script and the policy.
+//! and persisting it; operators cancel jobs at random. At the end every job
+//! must be succeeded or dead-lettered (none lost, none looping) with the
+//! reason an independent oracle predicts from the job's script and the
+//! policy, or cancelled: at once if it was waiting, at its next outcome if
+//! it was leased (unless that was an ack), and never delivered again.
 //!
 //! `cargo test` runs a fixed set of seeds. `LAZARET_SIM_SEEDS=N` runs N more;
 //! `LAZARET_SIM_SEED=S` replays one.
@@ -13,9 +15,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use lazaret_core::{
-    Backoff, DeadLetterReason, Demand, Entropy, Envelope, Event, Failure, FailureClass,
-    FairScheduler, JobId, JobState, Lane, SchedulerConfig, SplitMix64, TenantId, Timestamp,
-    Transition, TypePolicy, decide, grant_lease,
+    Backoff, CancelDecision, DeadLetterReason, Demand, Entropy, Envelope, Event, Failure,
+    FailureClass, FairScheduler, JobId, JobState, Lane, SchedulerConfig, SplitMix64, TenantId,
+    Timestamp, Transition, TypePolicy, cancel, decide, grant_lease, settle,
 };
 
 /// What one delivery of a job does.
@@ -42,6 +44,8 @@ struct SimJob {
     script: Vec<Act>,
     delivery: usize,
     reason: Option<DeadLetterReason>,
+    /// An accepted cancel: what it did and how many deliveries had started.
+    cancelled: Option<(CancelDecision, usize)>,
 }
 
 impl SimJob {
@@ -199,6 +203,7 @@ impl Sim {
                 script,
                 delivery: 0,
                 reason: None,
+                cancelled: None,
             },
         );
     }
@@ -247,7 +252,9 @@ impl Sim {
         let now = self.now;
         let job = self.jobs.get_mut(&id).unwrap();
         let from = job.state;
-        let tr = decide(&mut job.env, &self.policy, event, now, &mut self.rng);
+        let decided = decide(&mut job.env, &self.policy, event, now, &mut self.rng);
+        let requested = job.cancelled.is_some();
+        let tr = settle(&mut job.env, decided, requested);
         let to = tr.next_state(now);
         assert!(
             from.can_become(to),
@@ -258,11 +265,36 @@ impl Sim {
         match tr {
             Transition::Retry { at, .. } | Transition::Defer { until: at } => job.run_at = at,
             Transition::DeadLetter { reason } => job.reason = Some(reason),
-            Transition::Succeeded => {}
+            Transition::Succeeded | Transition::Cancelled => {}
         }
     }
 
+    /// An operator cancels job `id`, as the store applies `cancel`.
+    fn cancel(&mut self, id: JobId) {
+        let job = self.jobs.get_mut(&id).unwrap();
+        let requested = job.cancelled.is_some();
+        let decision = cancel(job.state, requested);
+        match decision {
+            CancelDecision::CancelNow => {
+                assert!(job.state.can_become(JobState::Cancelled));
+                job.state = JobState::Cancelled;
+            }
+            CancelDecision::Request => assert_eq!(job.state, JobState::Leased),
+            CancelDecision::AlreadyRequested => return,
+            CancelDecision::Refuse { state } => {
+                assert!(state.is_terminal(), "job {id}: {state} refused a cancel");
+                return;
+            }
+        }
+        job.cancelled = Some((decision, job.delivery));
+    }
+
     fn step(&mut self) {
+        // Now and then an operator cancels a job, whatever its state.
+        if self.rng.below_inclusive(7) == 0 {
+            let id = JobId(1 + self.rng.below_inclusive(self.jobs.len() as u64 - 1));
+            self.cancel(id);
+        }
         // The clock passes run_at: scheduled → queued.
         let now = self.now;
         for j in self.jobs.values_mut() {
@@ -310,6 +342,10 @@ impl Sim {
                 );
                 let act = job.next_act();
                 self.jobs.get_mut(&id).unwrap().delivery += 1;
+                // Now and then a cancel arrives while the job runs.
+                if self.rng.below_inclusive(19) == 0 {
+                    self.cancel(id);
+                }
                 let event = match act {
                     Act::Succeed => Event::Succeeded,
                     Act::Transient => Event::Failed(Failure::new("timeout", "timeout after 30s")),
@@ -356,7 +392,35 @@ impl Sim {
             );
         }
         let mut reasons: HashMap<Option<DeadLetterReason>, usize> = HashMap::new();
+        let mut cancels: HashMap<(JobState, bool), usize> = HashMap::new();
         for (id, j) in &self.jobs {
+            if let Some((decision, started)) = j.cancelled {
+                // Never delivered again once cancelled or asked to cancel.
+                assert_eq!(
+                    j.delivery, started,
+                    "seed {seed}: job {id} was delivered after its cancel; {replay}"
+                );
+                match (decision, j.state) {
+                    (CancelDecision::CancelNow | CancelDecision::Request, JobState::Cancelled) => {}
+                    // A leased job's ack stands.
+                    (CancelDecision::Request, JobState::Succeeded) => assert_eq!(
+                        j.script
+                            .get(started - 1)
+                            .unwrap_or_else(|| j.script.last().unwrap()),
+                        &Act::Succeed,
+                        "seed {seed}: job {id} succeeded without an ack; {replay}"
+                    ),
+                    other => panic!("seed {seed}: job {id} cancelled ({other:?}); {replay}"),
+                }
+                assert_eq!(
+                    j.reason, None,
+                    "seed {seed}: job {id} dead-lettered after a cancel"
+                );
+                *cancels
+                    .entry((j.state, decision == CancelDecision::Request))
+                    .or_default() += 1;
+                continue;
+            }
             let predicted = oracle(&j.script, &self.policy, self.parse_budget);
             assert_eq!(
                 j.reason, predicted,
@@ -375,10 +439,16 @@ impl Sim {
             );
             *reasons.entry(j.reason).or_default() += 1;
         }
-        // The run must exercise success and several dead-letter reasons.
+        // The run must exercise success and several dead-letter reasons,
+        // and cancels of waiting and of leased jobs.
         assert!(
             reasons.len() >= 4,
             "seed {seed}: too few outcomes exercised: {reasons:?}"
+        );
+        assert!(
+            cancels.contains_key(&(JobState::Cancelled, false))
+                && cancels.contains_key(&(JobState::Cancelled, true)),
+            "seed {seed}: too few cancels exercised: {cancels:?}"
         );
     }
 }

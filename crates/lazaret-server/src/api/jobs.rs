@@ -1,10 +1,11 @@
-//! Producers: enqueue one job or a batch, read a job.
+//! Producers: enqueue one job or a batch, read a job, list jobs, cancel a job.
 
 use std::time::Duration;
 
 use axum::Json;
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, State};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::IntoResponse;
 use futures_util::StreamExt;
@@ -12,19 +13,22 @@ use lazaret_core::{
     AdmissionRequest, DeadLetterReason, IDEMPOTENCY_KEY_BYTES_MAX, JobId, JobState, JobType, Lane,
     NAME_BYTES_MAX, TenantId, Timestamp, Verdict, admit, payload_preview, payload_sha256,
 };
-use lazaret_store::{AdmissionRecord, EnqueueOutcome, NewJob, Store};
+use lazaret_store::{
+    AdmissionRecord, AuditEntry, CancelError, Cancelled, EnqueueOutcome, JobQuery, NewJob, Store,
+};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
 use crate::app::{App, now};
 use crate::auth::{Action, Caller};
+use crate::config::Role;
 use crate::error::ApiError;
 use crate::{metrics as m, views};
 
 use super::{
     ApiResult, DELAY_MS_MAX, Shared, allow, check_duration, check_field, connection_close,
-    not_object, ok, parse_id, parse_json,
+    empty_none, not_object, ok, page_limit, parse_id, parse_json,
 };
 
 /// A field that is there, even as `null` (`Option`'s own deserializer reads
@@ -457,4 +461,133 @@ pub(super) async fn job<S: Store>(
         )));
     }
     Ok(Json(views::job(&view, now())).into_response())
+}
+
+/// The query of `GET /v1/jobs`; any other parameter is refused.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ListParams {
+    state: Option<String>,
+    #[serde(rename = "type")]
+    job_type: Option<String>,
+    tenant: Option<String>,
+    lane: Option<String>,
+    limit: Option<u32>,
+    cursor: Option<String>,
+}
+
+/// `GET /v1/jobs`: a page of jobs, newest first. A producer sees only the
+/// jobs it enqueued.
+pub(super) async fn list<S: Store>(
+    State(app): Shared<S>,
+    headers: HeaderMap,
+    query: Result<Query<ListParams>, QueryRejection>,
+) -> ApiResult {
+    let caller = allow(&app, &headers, Action::ListJobs).await?;
+    let Query(q) = query.map_err(|e| {
+        ApiError::bad_request(format!(
+            "{}; the parameters are state, type, tenant, lane, limit and cursor",
+            e.body_text()
+        ))
+    })?;
+    let state = match empty_none(q.state) {
+        Some(word) => Some(
+            word.parse::<JobState>()
+                .map_err(|e| ApiError::bad_request(e.to_string()))?,
+        ),
+        None => None,
+    };
+    let before = match empty_none(q.cursor) {
+        Some(c) => Some(JobId(c.parse().map_err(|_| {
+            ApiError::bad_request(format!(
+                "cursor {c:?} is not one this server gave (use next_cursor)"
+            ))
+        })?)),
+        None => None,
+    };
+    let enqueued_by = (caller.role == Role::Producer).then(|| caller.name.clone());
+    let (items, next) = app
+        .store
+        .jobs(JobQuery {
+            state,
+            job_type: empty_none(q.job_type),
+            tenant: empty_none(q.tenant),
+            lane: empty_none(q.lane),
+            enqueued_by,
+            limit: page_limit(q.limit, 100, 1000)?,
+            before,
+        })
+        .await?;
+    let now = now();
+    // A struct, not `json!`: the payloads stay byte for byte (see `views::JobBody`).
+    Ok(Json(views::JobPage {
+        items: items.iter().map(|j| views::job_item(j, now)).collect(),
+        next_cursor: next.map(|c| c.to_string()),
+    })
+    .into_response())
+}
+
+/// The optional body of a cancel.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CancelBody {
+    /// Why, for the audit log.
+    reason: Option<String>,
+}
+
+/// The longest cancel reason kept, in bytes.
+const CANCEL_REASON_BYTES_MAX: usize = 1024;
+
+/// `POST /v1/jobs/{id}/cancel`: a waiting job now, a leased one at its
+/// outcome unless acked (`lazaret_core::cancel`); audited.
+pub(super) async fn cancel<S: Store>(
+    State(app): Shared<S>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult {
+    let caller = allow(&app, &headers, Action::Cancel).await?;
+    let b: CancelBody = if body.iter().all(u8::is_ascii_whitespace) {
+        CancelBody::default()
+    } else {
+        parse_json(&body)?
+    };
+    if b.reason
+        .as_ref()
+        .is_some_and(|r| r.len() > CANCEL_REASON_BYTES_MAX)
+    {
+        return Err(ApiError::bad_request(format!(
+            "reason must be at most {CANCEL_REASON_BYTES_MAX} bytes; it is kept in the audit log"
+        )));
+    }
+    let job = parse_id(&id, "job")?;
+    let view = app
+        .store
+        .job(JobId(job))
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("no job with id {job}")))?;
+    if !caller.may_read_job(view.enqueued_by.as_deref()) {
+        m::rejected("FORBIDDEN");
+        return Err(ApiError::forbidden(format!(
+            "job {job} was enqueued by another token; a producer cancels only the jobs it enqueued. \
+             Cancel it with the token that enqueued it, or ask an operator"
+        )));
+    }
+    let entry = AuditEntry {
+        at: now(),
+        actor: caller.name,
+        action: "cancel".into(),
+        request: json!({ "job_id": job.to_string(), "reason": b.reason }),
+        count: 0,
+    };
+    match app.store.cancel(JobId(job), now(), entry).await? {
+        Ok(Cancelled::Now) => ok(json!({ "state": "cancelled" })),
+        Ok(Cancelled::Requested { .. }) => {
+            ok(json!({ "state": "leased", "cancel_requested": true }))
+        }
+        Err(CancelError::NotFound) => Err(ApiError::not_found(format!("no job with id {job}"))),
+        Err(CancelError::Finished(state)) => Err(ApiError::bad_state(format!(
+            "job {job} is {state}: a finished job cannot be cancelled (only queued, scheduled and leased ones can)"
+        ))),
+    }
 }

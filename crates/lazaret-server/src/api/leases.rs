@@ -11,8 +11,9 @@ use lazaret_core::{
     ErrorKind, Event, Failure, FailureClass, JobId, JobType, Lane, NAME_BYTES_MAX, Transition,
     WorkerId,
 };
-use lazaret_store::{Completed, Completion, LeaseRequest, LeaseToken, Store};
+use lazaret_store::{Completed, Completion, LeaseRequest, LeaseToken, LeasedJob, Store};
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
 use crate::app::{App, now};
@@ -42,6 +43,16 @@ pub(super) async fn lease<S: Store>(
 ) -> ApiResult {
     allow(&app, &headers, Action::Work).await?;
     let b: LeaseBody = parse_json(&body)?;
+    let jobs = lease_jobs(&app, b).await?;
+    Ok(Json(views::LeaseReply {
+        jobs: jobs.iter().map(views::leased).collect(),
+    })
+    .into_response())
+}
+
+/// Checks a lease request and leases: what `POST /v1/leases` does after
+/// authorization, and the `next` of an ack or fail.
+async fn lease_jobs<S: Store>(app: &App<S>, b: LeaseBody) -> Result<Vec<LeasedJob>, ApiError> {
     let max_jobs = b.max_jobs.unwrap_or(1);
     if max_jobs == 0 || max_jobs > LEASE_JOBS_MAX {
         return Err(ApiError::bad_request(format!(
@@ -87,32 +98,26 @@ pub(super) async fn lease<S: Store>(
         notified.as_mut().enable();
         let mut seen = app.ready.seq();
         let now = now();
-        let (exclude_types, exclude_lanes, type_limits) = app.lease_filters(now);
+        // Probe slots of half-open breakers are reserved before the store
+        // leases and the unused ones refunded after, so that concurrent
+        // leases never let more than `probes` through.
+        let filters = app.lease_filters(types.as_deref(), max_jobs, now);
         let req = LeaseRequest {
             worker_id: worker_id.clone(),
             lanes: lanes.clone(),
             types: types.clone(),
-            exclude_types,
-            exclude_lanes,
-            type_limits: type_limits.clone(),
+            exclude_types: filters.exclude_types,
+            exclude_lanes: filters.exclude_lanes,
+            type_limits: filters.type_limits,
             max_jobs,
             lease: Duration::from_millis(lease_ms),
             now,
         };
-        let jobs = app.store.lease(req).await?;
+        let leased = app.store.lease(req).await;
+        app.refund_probes(filters.reservations, leased.as_deref().unwrap_or_default());
+        let jobs = leased?;
         if !jobs.is_empty() || tokio::time::Instant::now() >= deadline || app.is_stopping() {
-            if !type_limits.is_empty() {
-                let mut br = app.breakers.lock().unwrap_or_else(|p| p.into_inner());
-                for j in &jobs {
-                    if type_limits.iter().any(|(t, _)| t == &j.job_type) {
-                        br.try_lease(&j.job_type, now);
-                    }
-                }
-            }
-            return Ok(Json(views::LeaseReply {
-                jobs: jobs.iter().map(views::leased).collect(),
-            })
-            .into_response());
+            return Ok(jobs);
         }
         // Sleep until something may have made a job this lease takes
         // ready (or the wait ends): an enqueue of other lanes or types
@@ -142,6 +147,8 @@ pub(super) async fn lease<S: Store>(
 #[derive(Debug, Deserialize)]
 struct AckBody {
     lease_token: String,
+    /// A lease request answered in the same reply, once the outcome stands.
+    next: Option<Box<RawValue>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -157,6 +164,8 @@ struct ErrorBody {
 struct FailBody {
     lease_token: String,
     error: ErrorBody,
+    /// As in [`AckBody`].
+    next: Option<Box<RawValue>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -211,6 +220,8 @@ fn outcome_reply(c: &Completed) -> Value {
             "state": "dead_lettered", "reason": reason.as_str(), "attempt": c.attempt,
             "dead_letter_id": c.dead_letter.map(|d| d.to_string()),
         }),
+        // A cancel was requested while it ran: no retry, no dead letter.
+        Transition::Cancelled => json!({ "state": "cancelled", "attempt": c.attempt }),
     }
 }
 
@@ -276,11 +287,44 @@ fn completion(
     })
 }
 
-async fn single<S: Store>(app: &App<S>, id: String, c: Result<Completion, ApiError>) -> ApiResult {
+/// One outcome, then, when the worker asked for it, the next lease.
+///
+/// The outcome is applied first and stands whatever becomes of the lease:
+/// a lease that is refused (a bad `next`, an unavailable store) answers
+/// `200` with the outcome, `"jobs": []` and the refusal as `next_error`.
+/// An outcome that is itself refused (`LEASE_LOST`, `NOT_FOUND`) answers
+/// that error and leases nothing, so no job is handed out on a reply the
+/// worker reads as an error.
+async fn single<S: Store>(
+    app: &App<S>,
+    id: String,
+    c: Result<Completion, ApiError>,
+    next: Option<Box<RawValue>>,
+) -> ApiResult {
     let mut r = complete(app, vec![(id, c)]).await?;
-    r.pop()
-        .unwrap_or_else(|| Err(ApiError::bad_request("empty")))
-        .map(|v| Json(v).into_response())
+    let outcome = r
+        .pop()
+        .unwrap_or_else(|| Err(ApiError::bad_request("empty")))?;
+    let Some(next) = next else {
+        return Ok(Json(outcome).into_response());
+    };
+    let leased = match parse_json::<LeaseBody>(next.get().as_bytes()) {
+        Ok(b) => lease_jobs(app, b).await,
+        Err(e) => Err(e),
+    };
+    let (jobs, next_error) = match &leased {
+        Ok(jobs) => (jobs.iter().map(views::leased).collect(), None),
+        Err(e) => {
+            let mut body = e.body();
+            (Vec::new(), Some(body["error"].take()))
+        }
+    };
+    Ok(Json(views::OutcomeReply {
+        outcome,
+        jobs,
+        next_error,
+    })
+    .into_response())
 }
 
 pub(super) async fn ack<S: Store>(
@@ -292,7 +336,7 @@ pub(super) async fn ack<S: Store>(
     allow(&app, &headers, Action::Work).await?;
     let b: AckBody = parse_json(&body)?;
     let c = completion(&id, &b.lease_token, None);
-    single(&app, id, c).await
+    single(&app, id, c, b.next).await
 }
 
 pub(super) async fn fail<S: Store>(
@@ -304,7 +348,7 @@ pub(super) async fn fail<S: Store>(
     allow(&app, &headers, Action::Work).await?;
     let b: FailBody = parse_json(&body)?;
     let c = completion(&id, &b.lease_token, Some(b.error));
-    single(&app, id, c).await
+    single(&app, id, c, b.next).await
 }
 
 #[derive(Debug, Deserialize)]
@@ -390,7 +434,124 @@ pub(super) async fn heartbeat<S: Store>(
         .heartbeat(job, token(&b.lease_token)?, until, at)
         .await?
     {
-        Ok(t) => ok(json!({ "lease_expires_at": views::time(t) })),
+        Ok(h) => ok(json!({
+            "lease_expires_at": views::time(h.lease_expires_at),
+            "cancel_requested": h.cancel_requested,
+        })),
         Err(e) => Err(ApiError::item(e, id)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use axum::body::Body;
+    use axum::http::Request;
+    use http_body_util::BodyExt;
+    use lazaret_core::{FairScheduler, Timestamp};
+    use lazaret_store::{Durability, SqliteStore};
+    use tower::ServiceExt;
+
+    use super::*;
+    use crate::app::CoreDecider;
+    use crate::config::ServerConfig;
+
+    fn app(dir: &std::path::Path, config: &str) -> Arc<App<SqliteStore>> {
+        let config = ServerConfig::from_toml_str(config, dir).expect("a valid config");
+        let scheduler = FairScheduler::new(config.scheduler.clone()).expect("a valid scheduler");
+        let decider = Arc::new(CoreDecider::new(config.policies.clone()));
+        let store = SqliteStore::open(dir, Durability::Normal, scheduler, decider).expect("store");
+        App::new(store, config)
+    }
+
+    async fn post(router: axum::Router, path: &str, body: Value) -> (u16, Value) {
+        let req = Request::post(path)
+            .header("content-type", "application/json")
+            .body(Body::from(body.to_string()))
+            .expect("a request");
+        let resp = router.oneshot(req).await.expect("infallible");
+        let status = resp.status().as_u16();
+        let bytes = resp.into_body().collect().await.expect("body").to_bytes();
+        (
+            status,
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        )
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn half_open_probes_never_exceed_probes_under_concurrent_long_polls() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let app = app(
+            dir.path(),
+            "[types.fragile.breaker]\nfailures_min = 2\nfailure_ratio = 0.5\n\
+             window_ms = 600000\ncooldown_ms = 600000\nprobes = 2\n",
+        );
+        let router = crate::api::router(app.clone());
+        for n in 0..40 {
+            let (status, body) = post(
+                router.clone(),
+                "/v1/jobs",
+                json!({"type": "fragile", "tenant": format!("t{}", n % 4), "payload": {"n": n}}),
+            )
+            .await;
+            assert_eq!(status, 201, "{body}");
+        }
+        // Open the breaker one cooldown ago: it is half-open now, for a
+        // whole cooldown more (ten minutes), with two probe slots.
+        let fragile = JobType::new("fragile");
+        let opened = Timestamp::from_millis(now().as_millis() - 600_001);
+        {
+            // Fresh breakers: the enqueues above showed these ones the
+            // present, and a breaker never lets time run backwards.
+            let mut b = app.breakers.lock().unwrap();
+            *b = lazaret_core::Breakers::new(
+                app.config.breaker_default,
+                app.config.breakers.clone(),
+            );
+            for _ in 0..2 {
+                b.record_failure(&fragile, &ErrorKind::new("http_503"), opened);
+            }
+            assert_eq!(
+                b.state(&fragile, &ErrorKind::new("http_503"), now()),
+                lazaret_core::BreakerState::HalfOpen { probes_left: 2 }
+            );
+        }
+
+        let polls: Vec<_> = (0..20)
+            .map(|w| {
+                let router = router.clone();
+                tokio::spawn(async move {
+                    post(
+                        router,
+                        "/v1/leases",
+                        json!({"worker_id": format!("w-{w}"), "max_jobs": 5,
+                               "lease_ms": 60_000, "wait_ms": 200}),
+                    )
+                    .await
+                })
+            })
+            .collect();
+        let mut leased = 0;
+        for p in polls {
+            let (status, body) = p.await.expect("the poll ran");
+            assert_eq!(status, 200, "{body}");
+            leased += body["jobs"].as_array().expect("jobs").len();
+        }
+        assert_eq!(
+            leased, 2,
+            "two probes in all, however many polls run at once"
+        );
+
+        // The slots are spent, not lost: none is left for a later lease.
+        let (_, body) = post(router.clone(), "/v1/leases", json!({"max_jobs": 5})).await;
+        assert_eq!(body["jobs"], json!([]));
+        assert_eq!(
+            app.breakers
+                .lock()
+                .unwrap()
+                .state(&fragile, &ErrorKind::new("http_503"), now()),
+            lazaret_core::BreakerState::HalfOpen { probes_left: 0 }
+        );
     }
 }

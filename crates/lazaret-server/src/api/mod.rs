@@ -99,6 +99,8 @@ pub const LEASE_BODY_BYTES_MAX: usize = 64 * 1024;
 /// The body cap of operator requests (redrive, purge, pause, resume): room
 /// for thousands of ids.
 pub const OPERATE_BODY_BYTES_MAX: usize = 1024 * 1024;
+/// The body cap of a cancel (an optional reason for the audit log).
+pub const CANCEL_BODY_BYTES_MAX: usize = 16 * 1024;
 /// The body cap of a token request.
 pub const TOKEN_BODY_BYTES_MAX: usize = 16 * 1024;
 
@@ -117,9 +119,13 @@ fn routes<S: Store>(app: Arc<App<S>>) -> Router {
         .route("/v1/whoami", get(dashboard::whoami::<S>))
         .route("/healthz", get(healthz::<S>))
         .route("/metrics", get(operations::metrics::<S>))
-        .route("/v1/jobs", post(jobs::enqueue::<S>))
+        .route("/v1/jobs", post(jobs::enqueue::<S>).get(jobs::list::<S>))
         .route("/v1/jobs/batch", post(jobs::enqueue_batch::<S>))
         .route("/v1/jobs/{id}", get(jobs::job::<S>))
+        .route(
+            "/v1/jobs/{id}/cancel",
+            post(jobs::cancel::<S>).layer(Cap::max(CANCEL_BODY_BYTES_MAX)),
+        )
         .route(
             "/v1/jobs/{id}/ack",
             post(leases::ack::<S>).layer(Cap::max(OUTCOME_BODY_BYTES_MAX)),
@@ -198,6 +204,7 @@ fn body_action(method: &axum::http::Method, path: &str) -> Option<Action> {
         ["v1", "jobs", _, "ack" | "fail" | "heartbeat"] | ["v1", "leases" | "acks" | "fails"] => {
             Action::Work
         }
+        ["v1", "jobs", _, "cancel"] => Action::Cancel,
         ["v1", "dead-letters", "redrive"]
         | ["v1", "dead-letters", _, "redrive"]
         | ["v1", "pause" | "resume"] => Action::Operate,
@@ -364,7 +371,7 @@ async fn allow<S: Store>(
     }
     if matches!(
         action,
-        Action::Operate | Action::Administer | Action::ReadDeadLetters
+        Action::Operate | Action::Administer | Action::ReadDeadLetters | Action::Cancel
     ) {
         let entry = AuditEntry {
             at: now(),

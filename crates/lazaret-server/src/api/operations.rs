@@ -6,7 +6,7 @@ use axum::extract::{Query, State};
 use axum::http::{HeaderMap, header};
 use axum::response::IntoResponse;
 use lazaret_core::NAME_BYTES_MAX;
-use lazaret_store::{AuditEntry, AuditId, AuditQuery, Store};
+use lazaret_store::{AuditEntry, AuditId, AuditQuery, PauseTarget, Store};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -36,59 +36,45 @@ async fn pause_resume<S: Store>(
     let b: PauseBody = parse_json(body)?;
     check_field("type", b.job_type.as_deref(), NAME_BYTES_MAX)?;
     check_field("lane", b.lane.as_deref(), NAME_BYTES_MAX)?;
-    {
-        let mut p = app.paused.lock().unwrap_or_else(|p| p.into_inner());
-        match (&b.job_type, &b.lane) {
-            (Some(t), None) if !t.is_empty() => {
-                if pause {
-                    p.types.insert(t.clone())
-                } else {
-                    p.types.remove(t)
-                };
-            }
-            (None, Some(l)) if !l.is_empty() => {
-                if pause {
-                    p.lanes.insert(l.clone())
-                } else {
-                    p.lanes.remove(l)
-                };
-            }
-            _ => {
-                return Err(ApiError::bad_request(
-                    "send exactly one of \"type\" or \"lane\"",
-                ));
-            }
+    let target = match (b.job_type, b.lane) {
+        (Some(t), None) if !t.is_empty() => PauseTarget::Type(t),
+        (None, Some(l)) if !l.is_empty() => PauseTarget::Lane(l),
+        _ => {
+            return Err(ApiError::bad_request(
+                "send exactly one of \"type\" or \"lane\"",
+            ));
         }
-    }
+    };
+    let action = if pause { "pause" } else { "resume" };
+    let entry = AuditEntry {
+        at: now(),
+        actor: caller.name,
+        action: action.into(),
+        request: audit_request(body),
+        count: 0,
+    };
+    // Stored (with its audit entry) before it takes effect: what is in
+    // force is always what a restart brings back.
+    let changed = app.store.set_pause(target.clone(), pause, entry).await?;
+    app.set_paused(&target, pause);
     if !pause {
         app.ready.anything();
     }
     // Every node of a cluster pauses (or resumes) too; a store of one
-    // process keeps nothing.
-    let name = b.job_type.clone().or(b.lane.clone()).unwrap_or_default();
-    let switch = if b.job_type.is_some() {
-        lazaret_store::Switch::PauseType {
+    // process shares nothing.
+    let name = target.name().to_owned();
+    let switch = match target {
+        PauseTarget::Type(_) => lazaret_store::Switch::PauseType {
             name,
             paused: pause,
-        }
-    } else {
-        lazaret_store::Switch::PauseLane {
+        },
+        PauseTarget::Lane(_) => lazaret_store::Switch::PauseLane {
             name,
             paused: pause,
-        }
+        },
     };
     app.store.publish(switch).await?;
-    let action = if pause { "pause" } else { "resume" };
-    app.store
-        .audit(AuditEntry {
-            at: now(),
-            actor: caller.name,
-            action: action.into(),
-            request: audit_request(body),
-            count: 0,
-        })
-        .await?;
-    ok(json!({ "ok": true, "paused": pause }))
+    ok(json!({ "ok": true, "paused": pause, "changed": changed }))
 }
 
 pub(super) async fn pause<S: Store>(
@@ -252,6 +238,7 @@ async fn snapshot<S: Store>(app: &App<S>) -> Result<Value, ApiError> {
             "surge": surge,
         },
         "breakers": breakers.iter().map(|b| json!({ "type": b.ty.as_str(), "kind": b.kind.as_str(), "state": b.state.as_str() })).collect::<Vec<_>>(),
+        "cancelled_kept": s.cancelled,
     }))
 }
 
@@ -268,6 +255,8 @@ fn store_section(s: &lazaret_store::StoreStats) -> Value {
             "syncs": g.syncs,
             "commands_per_sync": ratio(g.commands, g.syncs),
             "sync_avg_ms": ratio(g.sync_micros, g.syncs) / 1000.0,
+            "leases": g.leases,
+            "lease_steps_per_lease": ratio(g.lease_steps, g.leases),
         });
         if let (Some(o), Value::Object(e)) = (out.as_object_mut(), extra) {
             o.extend(e);

@@ -467,12 +467,46 @@ impl Store for PostgresStore {
         token: LeaseToken,
         expires_at: Timestamp,
         now: Timestamp,
-    ) -> Result<Result<Timestamp, ItemError>, StoreError> {
+    ) -> Result<Result<crate::Heartbeat, ItemError>, StoreError> {
         self.call(Op::Heartbeat(id, token, expires_at, now), |a| match a {
             Answer::Heartbeat(v) => Some(v),
             _ => None,
         })
         .await
+    }
+
+    async fn cancel(
+        &self,
+        id: JobId,
+        now: Timestamp,
+        audit: AuditEntry,
+    ) -> Result<Result<crate::Cancelled, crate::CancelError>, StoreError> {
+        self.call(Op::Cancel(id, now, audit), |a| match a {
+            Answer::Cancel(v) => Some(v),
+            _ => None,
+        })
+        .await
+    }
+
+    async fn jobs(&self, query: crate::JobQuery) -> Result<crate::JobPage, StoreError> {
+        reader::jobs(&*self.reader().await?, &query).await
+    }
+
+    async fn set_pause(
+        &self,
+        target: crate::PauseTarget,
+        paused: bool,
+        audit: AuditEntry,
+    ) -> Result<bool, StoreError> {
+        self.call(Op::SetPause(target, paused, audit), |a| match a {
+            Answer::Flag(v) => Some(v),
+            _ => None,
+        })
+        .await
+    }
+
+    async fn pauses(&self) -> Result<Vec<crate::Pause>, StoreError> {
+        reader::pauses(&*self.reader().await?).await
     }
 
     async fn tick(&self, now: Timestamp) -> Result<Tick, StoreError> {

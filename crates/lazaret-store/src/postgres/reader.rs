@@ -15,29 +15,96 @@ fn corrupt(e: impl std::fmt::Display) -> StoreError {
     StoreError::Corrupt(e.to_string())
 }
 
-pub(super) async fn job(c: &Client, id: JobId) -> Result<Option<JobView>, StoreError> {
-    let sql = format!(
-        "SELECT {JOB_COLUMNS}, run_at, lease_expires_at, enqueued_by FROM jobs WHERE id = $1"
-    );
-    let Some(r) = pg(c.query_opt(&sql, &[&(id.0 as i64)]).await)? else {
-        return Ok(None);
-    };
-    let stored = stored_job(&r)?;
+/// What a job view reads after the `StoredJob` columns.
+const VIEW_COLUMNS: &str = "run_at, lease_expires_at, enqueued_by, cancel_requested, \
+     (SELECT d.id FROM dead_letters d WHERE d.job_id = jobs.id) AS dead_letter_id";
+
+fn view(r: &Row) -> Result<JobView, StoreError> {
+    let stored = stored_job(r)?;
     let run_at: i64 = r.get(14);
     let lease: Option<i64> = r.get(15);
     let enqueued_by: Option<String> = r.get(16);
+    let cancel_requested: bool = r.get(17);
+    let dead_letter_id: Option<i64> = r.get(18);
     let envelope = stored.envelope()?;
     let state = stored.state;
     let run_at = matches!(state, JobState::Queued | JobState::Scheduled)
         .then_some(Timestamp::from_millis(run_at));
-    Ok(Some(JobView {
+    Ok(JobView {
         envelope,
         state,
         run_at,
         payload: stored.payload,
         lease_expires_at: lease.map(Timestamp::from_millis),
         enqueued_by,
-    }))
+        dead_letter_id: dead_letter_id.map(|d| DeadLetterId(d as u64)),
+        cancel_requested,
+    })
+}
+
+pub(super) async fn job(c: &Client, id: JobId) -> Result<Option<JobView>, StoreError> {
+    let sql = format!("SELECT {JOB_COLUMNS}, {VIEW_COLUMNS} FROM jobs WHERE id = $1");
+    pg(c.query_opt(&sql, &[&(id.0 as i64)]).await)?
+        .map(|r| view(&r))
+        .transpose()
+}
+
+/// A page of jobs, newest first: `jobs_state (state, id)` with a state
+/// filter, the primary key without.
+pub(super) async fn jobs(c: &Client, q: &crate::JobQuery) -> Result<crate::JobPage, StoreError> {
+    let sql = format!(
+        "SELECT {JOB_COLUMNS}, {VIEW_COLUMNS} FROM jobs
+         WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR type = $2)
+           AND ($3::text IS NULL OR tenant = $3) AND ($4::text IS NULL OR lane = $4)
+           AND ($5::text IS NULL OR enqueued_by = $5) AND ($6::int8 IS NULL OR id < $6)
+         ORDER BY id DESC LIMIT $7"
+    );
+    let rows = pg(c
+        .query(
+            &sql,
+            &[
+                &q.state.map(|s| s.as_str()),
+                &q.job_type,
+                &q.tenant,
+                &q.lane,
+                &q.enqueued_by,
+                &q.before.map(|b| b.0 as i64),
+                &(i64::from(q.limit) + 1),
+            ],
+        )
+        .await)?;
+    let mut items = rows.iter().map(view).collect::<Result<Vec<_>, _>>()?;
+    let next = if items.len() > q.limit as usize {
+        items.truncate(q.limit as usize);
+        items.last().map(|j| j.envelope.id)
+    } else {
+        None
+    };
+    Ok((items, next))
+}
+
+pub(super) async fn pauses(c: &Client) -> Result<Vec<crate::Pause>, StoreError> {
+    let rows = pg(c
+        .query(
+            "SELECT target, name, paused_at, paused_by FROM pauses ORDER BY target, name",
+            &[],
+        )
+        .await)?;
+    let mut out = Vec::new();
+    for r in rows {
+        let (target, name): (String, String) = (r.get(0), r.get(1));
+        let target = match target.as_str() {
+            "type" => crate::PauseTarget::Type(name),
+            "lane" => crate::PauseTarget::Lane(name),
+            other => return Err(corrupt(format!("a pause of an unknown target {other:?}"))),
+        };
+        out.push(crate::Pause {
+            target,
+            paused_at: Timestamp::from_millis(r.get(2)),
+            paused_by: r.get(3),
+        });
+    }
+    Ok(out)
 }
 
 const DL_COLUMNS: &str = "d.id, d.job_id, d.type, d.tenant, d.lane, d.reason, d.stage, d.attempts, d.error,

@@ -42,6 +42,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     created_at       int8 NOT NULL,
     finished_at      int8,
     envelope         text,           -- as in SQLite: NULL until a failure, expiry or redrive
+    cancel_requested bool NOT NULL DEFAULT false,
     payload          bytea NOT NULL
 );
 CREATE UNIQUE INDEX IF NOT EXISTS jobs_idempotency ON jobs (tenant, type, idempotency_key)
@@ -50,6 +51,8 @@ CREATE INDEX IF NOT EXISTS jobs_ready  ON jobs (lane, tenant, run_at, id) WHERE 
 CREATE INDEX IF NOT EXISTS jobs_due    ON jobs (run_at)           WHERE state = 'scheduled';
 CREATE INDEX IF NOT EXISTS jobs_leases ON jobs (lease_expires_at) WHERE state = 'leased';
 CREATE INDEX IF NOT EXISTS jobs_done   ON jobs (finished_at)      WHERE state = 'succeeded';
+CREATE INDEX IF NOT EXISTS jobs_cancelled ON jobs (finished_at)   WHERE state = 'cancelled';
+CREATE INDEX IF NOT EXISTS jobs_state  ON jobs (state, id);
 
 CREATE TABLE IF NOT EXISTS pairs (
     lane      text NOT NULL,
@@ -58,6 +61,7 @@ CREATE TABLE IF NOT EXISTS pairs (
     inflight  int8 NOT NULL DEFAULT 0,
     scheduled int8 NOT NULL DEFAULT 0,
     succeeded int8 NOT NULL DEFAULT 0,
+    cancelled int8 NOT NULL DEFAULT 0,
     PRIMARY KEY (lane, tenant)
 );
 CREATE INDEX IF NOT EXISTS pairs_ready ON pairs (lane, tenant) WHERE ready > 0;
@@ -116,6 +120,15 @@ CREATE TABLE IF NOT EXISTS source_parked (
     PRIMARY KEY (source, message_id)
 );
 CREATE INDEX IF NOT EXISTS source_parked_due ON source_parked (source, due_at);
+
+-- Pauses, kept across restarts (as SQLite's `pauses`).
+CREATE TABLE IF NOT EXISTS pauses (
+    target    text NOT NULL,   -- type | lane
+    name      text NOT NULL,
+    paused_at int8 NOT NULL,
+    paused_by text NOT NULL,
+    PRIMARY KEY (target, name)
+);
 
 -- Shared switches of the cluster: pauses and open breakers, read by every
 -- node (see postgres::cluster).

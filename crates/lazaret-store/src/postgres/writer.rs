@@ -77,6 +77,8 @@ pub(super) enum Op {
     Lease(LeaseRequest),
     Complete(Vec<Completion>, Timestamp),
     Heartbeat(JobId, LeaseToken, Timestamp, Timestamp),
+    Cancel(JobId, Timestamp, AuditEntry),
+    SetPause(crate::PauseTarget, bool, AuditEntry),
     Tick(Timestamp),
     RecordAdmission(AdmissionRecord),
     Redrive(Vec<DeadLetterId>, Timestamp, Option<AuditId>),
@@ -98,7 +100,8 @@ pub(super) enum Answer {
     Enqueued(Vec<EnqueueOutcome>),
     Leased(Vec<LeasedJob>),
     Completed(Vec<Result<Completed, ItemError>>),
-    Heartbeat(Result<Timestamp, ItemError>),
+    Heartbeat(Result<crate::Heartbeat, ItemError>),
+    Cancel(Result<crate::Cancelled, crate::CancelError>),
     Tick(Tick),
     DeadLetter(DeadLetterId),
     Jobs(Vec<JobId>),
@@ -127,6 +130,7 @@ struct Delta {
     inflight: i64,
     scheduled: i64,
     succeeded: i64,
+    cancelled: i64,
 }
 
 /// What the group changed, written before its commit.
@@ -161,6 +165,8 @@ pub(super) struct Writer {
     grants: Vec<Grant>,
     commits: u64,
     commands: u64,
+    /// Lease ops run since start.
+    leases: u64,
 }
 
 fn ms(t: Timestamp) -> i64 {
@@ -224,6 +230,7 @@ impl Writer {
             grants: Vec::new(),
             commits: 0,
             commands: 0,
+            leases: 0,
         }
     }
 
@@ -416,12 +423,18 @@ impl Writer {
     async fn flush_counts(&mut self) -> Result<(), StoreError> {
         let deltas = std::mem::take(&mut self.group.deltas);
         let (mut lanes, mut tenants) = (Vec::new(), Vec::new());
-        let (mut ready, mut inflight, mut scheduled, mut succeeded) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut ready, mut inflight, mut scheduled, mut succeeded, mut cancelled) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for ((l, t), d) in deltas {
-            if d.ready == 0 && d.inflight == 0 && d.scheduled == 0 && d.succeeded == 0 {
+            if d.ready == 0
+                && d.inflight == 0
+                && d.scheduled == 0
+                && d.succeeded == 0
+                && d.cancelled == 0
+            {
                 continue;
             }
+            cancelled.push(d.cancelled);
             lanes.push(l);
             tenants.push(t);
             ready.push(d.ready);
@@ -433,12 +446,13 @@ impl Writer {
             return Ok(());
         }
         self.execute(
-            "INSERT INTO pairs AS p (lane, tenant, ready, inflight, scheduled, succeeded)
-             SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int8[], $6::int8[])
+            "INSERT INTO pairs AS p (lane, tenant, ready, inflight, scheduled, succeeded, cancelled)
+             SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int8[], $6::int8[], $7::int8[])
              ON CONFLICT (lane, tenant) DO UPDATE SET
                ready = p.ready + excluded.ready, inflight = p.inflight + excluded.inflight,
-               scheduled = p.scheduled + excluded.scheduled, succeeded = p.succeeded + excluded.succeeded",
-            &[&lanes, &tenants, &ready, &inflight, &scheduled, &succeeded],
+               scheduled = p.scheduled + excluded.scheduled, succeeded = p.succeeded + excluded.succeeded,
+               cancelled = p.cancelled + excluded.cancelled",
+            &[&lanes, &tenants, &ready, &inflight, &scheduled, &succeeded, &cancelled],
         )
         .await?;
         Ok(())
@@ -486,6 +500,7 @@ impl Writer {
                 Answer::Enqueued(self.enqueue(&jobs).await?)
             }
             Op::Lease(req) => {
+                self.leases += 1;
                 let req = LeaseRequest {
                     now: now_of(req.now),
                     ..req.clone()
@@ -532,6 +547,12 @@ impl Writer {
             Op::Heartbeat(id, token, until, now) => {
                 let until = rebase(*until, *now);
                 Answer::Heartbeat(self.heartbeat(*id, *token, until, now_of(*now)).await?)
+            }
+            Op::Cancel(id, now, entry) => {
+                Answer::Cancel(self.cancel(*id, now_of(*now), entry.clone()).await?)
+            }
+            Op::SetPause(target, paused, entry) => {
+                Answer::Flag(self.set_pause(target, *paused, entry).await?)
             }
             Op::Tick(now) => Answer::Tick(self.tick(now_of(*now)).await?),
             Op::RecordAdmission(rec) => {
@@ -996,15 +1017,12 @@ impl Writer {
 
     /// Locks the jobs an outcome batch names, by id order (two batches lock
     /// in the same order), and reads them with their lease columns.
-    async fn lock_jobs(
-        &mut self,
-        ids: &[i64],
-    ) -> Result<HashMap<i64, (StoredJob, Option<i64>, Option<i64>)>, StoreError> {
+    async fn lock_jobs(&mut self, ids: &[i64]) -> Result<HashMap<i64, Locked>, StoreError> {
         let rows = self
             .query(
                 "SELECT id, type, tenant, lane, state, attempts, lease_started_at, worker_id,
                    idempotency_key, schema_version, created_at, finished_at, envelope, payload,
-                   lease_token, lease_expires_at
+                   lease_token, lease_expires_at, cancel_requested
                  FROM jobs WHERE id = ANY($1) ORDER BY id FOR UPDATE",
                 &[&ids],
             )
@@ -1012,7 +1030,7 @@ impl Writer {
         let mut out = HashMap::with_capacity(rows.len());
         for r in rows {
             let job = stored_job(&r)?;
-            out.insert(job.id, (job, r.get(14), r.get(15)));
+            out.insert(job.id, (job, r.get(14), r.get(15), r.get(16)));
         }
         Ok(out)
     }
@@ -1022,14 +1040,14 @@ impl Writer {
     /// the caller's one UPDATE for the batch. `None`: the general path.
     async fn try_succeed(
         &mut self,
-        rows: &mut HashMap<i64, (StoredJob, Option<i64>, Option<i64>)>,
+        rows: &mut HashMap<i64, Locked>,
         item: &Completion,
         now: Timestamp,
     ) -> Result<Option<Completed>, StoreError> {
         if !matches!(item.event, Event::Succeeded) {
             return Ok(None);
         }
-        let Some((stored, current, expires_at)) = rows.get_mut(&(item.id.0 as i64)) else {
+        let Some((stored, current, expires_at, _)) = rows.get_mut(&(item.id.0 as i64)) else {
             return Ok(None);
         };
         let live = stored.state == JobState::Leased
@@ -1074,15 +1092,17 @@ impl Writer {
     /// Applies one outcome to a locked job. `token: None` is the reaper.
     async fn complete_one(
         &mut self,
-        rows: &mut HashMap<i64, (StoredJob, Option<i64>, Option<i64>)>,
+        rows: &mut HashMap<i64, Locked>,
         id: JobId,
         token: Option<LeaseToken>,
         event: Event,
         now: Timestamp,
     ) -> Result<Result<Completed, ItemError>, StoreError> {
-        let Some((stored, current, expires_at)) = rows.get_mut(&(id.0 as i64)) else {
+        let Some((stored, current, expires_at, cancel_requested)) = rows.get_mut(&(id.0 as i64))
+        else {
             return Ok(Err(ItemError::NotFound));
         };
+        let cancel_requested = *cancel_requested;
         if stored.state != JobState::Leased {
             return Ok(Err(ItemError::LeaseLost));
         }
@@ -1094,13 +1114,14 @@ impl Writer {
         }
         let mut env = stored.envelope()?;
         let attempt = env.attempts;
-        let transition = self.decider.decide(&mut env, event, now);
+        let decided = self.decider.decide(&mut env, event, now);
+        let transition = lazaret_core::settle(&mut env, decided, cancel_requested);
         // A later item of the same batch finds the job as it is now.
         stored.state = transition.next_state(now);
         *current = None;
         let payload = std::mem::take(&mut stored.payload);
         let (dead_letter, freed_slot) = self.apply(&env, transition, now, &payload).await?;
-        if let Some((s, _, _)) = rows.get_mut(&(id.0 as i64)) {
+        if let Some((s, _, _, _)) = rows.get_mut(&(id.0 as i64)) {
             s.payload = payload;
         }
         let (kind, class, message) = env
@@ -1173,6 +1194,11 @@ impl Writer {
                 }
                 Ok((None, freed_slot))
             }
+            Transition::Cancelled => {
+                self.finish(env, JobState::Cancelled, now).await?;
+                self.delta(lane, tenant).cancelled += 1;
+                Ok((None, freed_slot))
+            }
             Transition::DeadLetter { reason } => {
                 self.finish(env, JobState::DeadLettered, now).await?;
                 let error = env
@@ -1237,16 +1263,20 @@ impl Writer {
         token: LeaseToken,
         until: Timestamp,
         now: Timestamp,
-    ) -> Result<Result<Timestamp, ItemError>, StoreError> {
-        let n = self
-            .execute(
+    ) -> Result<Result<crate::Heartbeat, ItemError>, StoreError> {
+        let rows = self
+            .query(
                 "UPDATE jobs SET lease_expires_at = $2
-                 WHERE id = $1 AND state = 'leased' AND lease_token = $3 AND lease_expires_at > $4",
+                 WHERE id = $1 AND state = 'leased' AND lease_token = $3 AND lease_expires_at > $4
+                 RETURNING cancel_requested",
                 &[&(id.0 as i64), &ms(until), &(token.0 as i64), &ms(now)],
             )
             .await?;
-        if n > 0 {
-            return Ok(Ok(until));
+        if let Some(r) = rows.first() {
+            return Ok(Ok(crate::Heartbeat {
+                lease_expires_at: until,
+                cancel_requested: r.get(0),
+            }));
         }
         let exists = self
             .query("SELECT 1 FROM jobs WHERE id = $1", &[&(id.0 as i64)])
@@ -1256,6 +1286,93 @@ impl Writer {
         } else {
             ItemError::LeaseLost
         }))
+    }
+
+    /// Applies `lazaret_core::cancel`'s decision for the job's state, and
+    /// the audit entry when the cancel is accepted.
+    async fn cancel(
+        &mut self,
+        id: JobId,
+        now: Timestamp,
+        mut entry: AuditEntry,
+    ) -> Result<Result<crate::Cancelled, crate::CancelError>, StoreError> {
+        let rows = self
+            .query(
+                "SELECT state, lane, tenant, cancel_requested FROM jobs WHERE id = $1 FOR UPDATE",
+                &[&(id.0 as i64)],
+            )
+            .await?;
+        let Some(r) = rows.first() else {
+            return Ok(Err(crate::CancelError::NotFound));
+        };
+        let (state, lane, tenant, requested): (String, String, String, bool) =
+            (r.get(0), r.get(1), r.get(2), r.get(3));
+        let state: JobState = state.parse().map_err(corrupt)?;
+        let answer = match lazaret_core::cancel(state, requested) {
+            lazaret_core::CancelDecision::Refuse { state } => {
+                return Ok(Err(crate::CancelError::Finished(state)));
+            }
+            lazaret_core::CancelDecision::CancelNow => {
+                self.execute(
+                    "UPDATE jobs SET state = 'cancelled', finished_at = $2, cancel_requested = true
+                     WHERE id = $1",
+                    &[&(id.0 as i64), &ms(now)],
+                )
+                .await?;
+                let d = self.delta(&lane, &tenant);
+                if state == JobState::Queued {
+                    d.ready -= 1;
+                } else {
+                    d.scheduled -= 1;
+                }
+                d.cancelled += 1;
+                entry.count = 1;
+                crate::Cancelled::Now
+            }
+            lazaret_core::CancelDecision::Request => {
+                self.execute(
+                    "UPDATE jobs SET cancel_requested = true WHERE id = $1",
+                    &[&(id.0 as i64)],
+                )
+                .await?;
+                entry.count = 1;
+                crate::Cancelled::Requested { already: false }
+            }
+            lazaret_core::CancelDecision::AlreadyRequested => {
+                entry.count = 0;
+                crate::Cancelled::Requested { already: true }
+            }
+        };
+        self.audit(&entry).await?;
+        Ok(Ok(answer))
+    }
+
+    /// Records a pause or drops it, with its audit entry; whether it changed.
+    async fn set_pause(
+        &mut self,
+        target: &crate::PauseTarget,
+        paused: bool,
+        entry: &AuditEntry,
+    ) -> Result<bool, StoreError> {
+        let n = if paused {
+            self.execute(
+                "INSERT INTO pauses (target, name, paused_at, paused_by) VALUES ($1, $2, $3, $4)
+                 ON CONFLICT (target, name) DO NOTHING",
+                &[&target.kind(), &target.name(), &ms(entry.at), &entry.actor],
+            )
+            .await?
+        } else {
+            self.execute(
+                "DELETE FROM pauses WHERE target = $1 AND name = $2",
+                &[&target.kind(), &target.name()],
+            )
+            .await?
+        };
+        if !paused && n > 0 {
+            self.group.wake = true;
+        }
+        self.audit(entry).await?;
+        Ok(n > 0)
     }
 
     async fn tick(&mut self, now: Timestamp) -> Result<Tick, StoreError> {
@@ -1509,14 +1626,16 @@ impl Writer {
     async fn stats(&mut self) -> Result<StoreStats, StoreError> {
         let rows = self
             .query(
-                "SELECT lane, sum(ready)::int8, sum(scheduled)::int8, sum(inflight)::int8, sum(succeeded)::int8
+                "SELECT lane, sum(ready)::int8, sum(scheduled)::int8, sum(inflight)::int8, sum(succeeded)::int8,
+                   sum(cancelled)::int8
                  FROM pairs GROUP BY lane ORDER BY lane",
                 &[],
             )
             .await?;
         let mut lanes = Vec::new();
-        let mut succeeded = 0u64;
+        let (mut succeeded, mut cancelled) = (0u64, 0u64);
         for r in rows {
+            cancelled += r.get::<_, i64>(5).max(0) as u64;
             let c = LaneCounts {
                 queued: r.get::<_, i64>(1).max(0) as u64,
                 scheduled: r.get::<_, i64>(2).max(0) as u64,
@@ -1546,6 +1665,7 @@ impl Writer {
             lanes,
             dead_letters,
             succeeded,
+            cancelled,
             backend: "postgres",
             group_commit: Some(GroupCommitStats {
                 // Groups committed before this one, as SQLite counts.
@@ -1553,6 +1673,9 @@ impl Writer {
                 commands: self.commands,
                 syncs: 0,
                 sync_micros: 0,
+                leases: self.leases,
+                // Not counted: PostgreSQL's plans show a lease's reads.
+                lease_steps: 0,
             }),
         })
     }
@@ -1579,7 +1702,20 @@ impl Writer {
             let (lane, tenant): (String, String) = (r.get(0), r.get(1));
             self.delta(&lane, &tenant).succeeded -= 1;
         }
-        Ok(rows.len() as u64)
+        let gone = self
+            .query(
+                "WITH old AS (
+                   SELECT id FROM jobs WHERE state = 'cancelled' AND finished_at < $1
+                   ORDER BY finished_at LIMIT $2 FOR UPDATE SKIP LOCKED)
+                 DELETE FROM jobs j USING old WHERE j.id = old.id RETURNING j.lane, j.tenant",
+                &[&ms(before), &i64::from(batch)],
+            )
+            .await?;
+        for r in &gone {
+            let (lane, tenant): (String, String) = (r.get(0), r.get(1));
+            self.delta(&lane, &tenant).cancelled -= 1;
+        }
+        Ok((rows.len() + gone.len()) as u64)
     }
 
     async fn create_token(
@@ -1740,6 +1876,10 @@ impl Writer {
         Ok(n > 0)
     }
 }
+
+/// A job locked for an outcome: its row, lease token, lease end, and
+/// whether a cancel was requested.
+type Locked = (StoredJob, Option<i64>, Option<i64>, bool);
 
 /// The columns of a multi-row job insert.
 #[derive(Default)]

@@ -26,7 +26,7 @@ mod writer;
 use std::fs::File;
 use std::io::{Read as _, Write as _};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
 
@@ -70,10 +70,21 @@ pub const DB_FILE: &str = "lazaret.db";
 /// file, is what counts; the kernel drops the lock when a process dies).
 pub const LOCK_FILE: &str = "lazaret.lock";
 
+/// Commands waiting for the writer at most; one more is refused with
+/// [`StoreError::Overloaded`] (the server answers `503 UNAVAILABLE` with
+/// `Retry-After`) instead of queueing without bound. About half a second of
+/// the writer's work at its usual pace on a small machine; housekeeping
+/// and close are never refused.
+pub const COMMANDS_MAX: usize = 10_000;
+
 /// The SQLite [`Store`].
 #[derive(Debug)]
 pub struct SqliteStore {
     tx: mpsc::Sender<Cmd>,
+    /// Commands sent and not yet taken by the writer.
+    waiting: Arc<AtomicUsize>,
+    /// The bound on `waiting` for requests ([`COMMANDS_MAX`]).
+    commands_max: usize,
     reader: Arc<Mutex<Connection>>,
     writer: Mutex<Option<JoinHandle<()>>>,
     path: PathBuf,
@@ -253,7 +264,19 @@ impl SqliteStore {
         scheduler: FairScheduler,
         decider: Arc<dyn Decider>,
     ) -> Result<Self, StoreError> {
-        Self::open_with(dir, durability, scheduler, decider, None)
+        Self::open_with(dir, durability, scheduler, decider, None, COMMANDS_MAX)
+    }
+
+    /// [`SqliteStore::open`] with another bound on the commands waiting for
+    /// the writer than [`COMMANDS_MAX`] (at least 1).
+    pub fn open_with_commands_max(
+        dir: &Path,
+        durability: Durability,
+        scheduler: FairScheduler,
+        decider: Arc<dyn Decider>,
+        commands_max: usize,
+    ) -> Result<Self, StoreError> {
+        Self::open_with(dir, durability, scheduler, decider, None, commands_max)
     }
 
     /// [`SqliteStore::open`], with `sync` in place of the WAL fsync (tests).
@@ -263,6 +286,7 @@ impl SqliteStore {
         scheduler: FairScheduler,
         decider: Arc<dyn Decider>,
         sync: Option<sync::SyncFn>,
+        commands_max: usize,
     ) -> Result<Self, StoreError> {
         std::fs::create_dir_all(dir).map_err(open_error(dir))?;
         let lock = lock_dir(dir)?;
@@ -298,17 +322,37 @@ impl SqliteStore {
             w.set_syncer(syncer);
         }
         let (tx, rx) = mpsc::channel();
+        let waiting = Arc::new(AtomicUsize::new(0));
+        let inbox = writer::Inbox {
+            rx,
+            waiting: Arc::clone(&waiting),
+        };
+        let died = Arc::clone(&failure);
         let handle = std::thread::Builder::new()
             .name("lazaret-sqlite-writer".into())
             .spawn(move || {
-                // The writer's connection closes when `run` returns; only
-                // then may another store take the directory.
-                w.run(rx);
+                // The writer's connection closes when `run` returns (or
+                // unwinds); only then may another store take the directory.
+                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.run(inbox)));
+                if let Err(panic) = ran {
+                    let what = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| (*s).to_owned())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "no message".into());
+                    let _ = died.set(format!(
+                        "the store's writer thread stopped (it panicked: {what}), so nothing more can be written; \
+                         what was committed before is safe in the database: restart lazaret, and report the panic"
+                    ));
+                    tracing::error!(panic = %what, "the store's writer thread panicked; the store takes no more writes");
+                }
                 drop(lock);
             })
             .map_err(open_error(dir))?;
         Ok(SqliteStore {
             tx,
+            waiting,
+            commands_max: commands_max.max(1),
             reader: Arc::new(Mutex::new(reader)),
             writer: Mutex::new(Some(handle)),
             path,
@@ -322,13 +366,83 @@ impl SqliteStore {
         &self.path
     }
 
+    /// Sends a request's command to the writer and waits for its answer;
+    /// [`StoreError::Overloaded`] at once when [`COMMANDS_MAX`] commands
+    /// wait already.
     async fn call<T>(
         &self,
         make: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> Cmd,
     ) -> Result<T, StoreError> {
+        let before = self.waiting.fetch_add(1, Ordering::AcqRel);
+        if before >= self.commands_max {
+            self.waiting.fetch_sub(1, Ordering::AcqRel);
+            return Err(StoreError::Overloaded { waiting: before });
+        }
+        self.send(make).await
+    }
+
+    /// [`SqliteStore::call`] without the bound: housekeeping and close,
+    /// which must run however busy the store is (one of each at a time).
+    async fn call_internal<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> Cmd,
+    ) -> Result<T, StoreError> {
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+        self.send(make).await
+    }
+
+    async fn send<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> Cmd,
+    ) -> Result<T, StoreError> {
         let (tx, rx) = oneshot::channel();
-        self.tx.send(make(tx)).map_err(|_| StoreError::Closed)?;
-        rx.await.map_err(|_| StoreError::Closed)?
+        if self.tx.send(make(tx)).is_err() {
+            self.waiting.fetch_sub(1, Ordering::AcqRel);
+            return Err(self.gone());
+        }
+        rx.await.map_err(|_| self.gone())?
+    }
+
+    /// Why the writer takes no command: it died (the failure says so), or
+    /// the store was closed.
+    fn gone(&self) -> StoreError {
+        match self.failure.get() {
+            Some(why) => StoreError::NotApplied(why.clone()),
+            None => StoreError::Closed,
+        }
+    }
+
+    /// Commands sent to the writer that it has not taken yet (at most
+    /// [`COMMANDS_MAX`] of them requests).
+    pub fn commands_waiting(&self) -> usize {
+        self.waiting.load(Ordering::Acquire)
+    }
+
+    /// Holds the writer until the returned sender is dropped (or sends);
+    /// returns once the writer is held, so commands sent meanwhile wait in
+    /// the queue. For tests of a busy store.
+    #[cfg(any(test, feature = "test-hooks"))]
+    pub fn hold_writer(&self) -> mpsc::Sender<()> {
+        let (held, is_held) = mpsc::channel();
+        let (resume, until) = mpsc::channel();
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+        self.tx
+            .send(Cmd::Hold(held, until))
+            .expect("the writer runs");
+        is_held.recv().expect("the writer holds");
+        resume
+    }
+
+    /// Makes the writer thread panic, as a bug in it would, and waits until
+    /// it is gone. For tests of a dead writer.
+    #[cfg(any(test, feature = "test-hooks"))]
+    pub fn crash_writer(&self) {
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+        let _ = self.tx.send(Cmd::Crash);
+        let handle = self.writer.lock().ok().and_then(|mut h| h.take());
+        if let Some(handle) = handle {
+            let _ = handle.join();
+        }
     }
 
     async fn read<T: Send + 'static>(
@@ -385,13 +499,40 @@ impl Store for SqliteStore {
         token: LeaseToken,
         expires_at: Timestamp,
         now: Timestamp,
-    ) -> Result<Result<Timestamp, ItemError>, StoreError> {
+    ) -> Result<Result<crate::Heartbeat, ItemError>, StoreError> {
         self.call(|tx| Cmd::Heartbeat(id, token, expires_at, now, tx))
             .await
     }
 
+    async fn cancel(
+        &self,
+        id: JobId,
+        now: Timestamp,
+        audit: AuditEntry,
+    ) -> Result<Result<crate::Cancelled, crate::CancelError>, StoreError> {
+        self.call(|tx| Cmd::Cancel(id, now, audit, tx)).await
+    }
+
+    async fn jobs(&self, query: crate::JobQuery) -> Result<crate::JobPage, StoreError> {
+        self.read(move |c| reader::jobs(c, &query)).await
+    }
+
+    async fn set_pause(
+        &self,
+        target: crate::PauseTarget,
+        paused: bool,
+        audit: AuditEntry,
+    ) -> Result<bool, StoreError> {
+        self.call(|tx| Cmd::SetPause(target, paused, audit, tx))
+            .await
+    }
+
+    async fn pauses(&self) -> Result<Vec<crate::Pause>, StoreError> {
+        self.read(reader::pauses).await
+    }
+
     async fn tick(&self, now: Timestamp) -> Result<Tick, StoreError> {
-        self.call(|tx| Cmd::Tick(now, tx)).await
+        self.call_internal(|tx| Cmd::Tick(now, tx)).await
     }
 
     async fn record_admission(&self, rec: AdmissionRecord) -> Result<DeadLetterId, StoreError> {
@@ -476,7 +617,7 @@ impl Store for SqliteStore {
     }
 
     async fn remove_succeeded(&self, before: Timestamp, batch: u32) -> Result<u64, StoreError> {
-        self.call(|tx| Cmd::RemoveSucceeded(before, batch, tx))
+        self.call_internal(|tx| Cmd::RemoveSucceeded(before, batch, tx))
             .await
     }
 
@@ -559,7 +700,7 @@ impl Store for SqliteStore {
 
     async fn close(&self) -> Result<(), StoreError> {
         self.closed.store(true, Ordering::Release);
-        let r = self.call(Cmd::Close).await;
+        let r = self.call_internal(Cmd::Close).await;
         if let Err(StoreError::NotDurable(_)) = &r {
             // After a failed fsync the last connection to close must not
             // checkpoint either (see `writer::Writer::close`).
@@ -603,6 +744,7 @@ mod tests {
             scheduler,
             Arc::new(NoDecisions),
             Some(sync),
+            COMMANDS_MAX,
         )
         .expect("open")
     }
@@ -730,7 +872,19 @@ mod tests {
     #[tokio::test]
     async fn a_lease_goes_out_at_once_even_when_its_jobs_enqueue_is_not_on_disk() {
         let dir = tempfile::TempDir::new().unwrap();
-        let (s, gate) = open_gated(dir.path());
+        // Each fsync says it is waiting, then waits for the gate: the warm-up
+        // below lets through exactly the fsyncs asked for, none to spare.
+        let (gate, opened) = mpsc::channel::<()>();
+        let (asks, asked) = mpsc::channel::<()>();
+        let s = Arc::new(open(
+            dir.path(),
+            Box::new(move || {
+                let _ = asks.send(());
+                opened
+                    .recv()
+                    .map_err(|_| std::io::Error::other("gate dropped"))
+            }),
+        ));
         // A first enqueue and lease put both reservations on disk.
         let s2 = Arc::clone(&s);
         let warm = tokio::spawn(async move {
@@ -738,8 +892,10 @@ mod tests {
             s2.lease(lease_one()).await.unwrap()
         });
         while !warm.is_finished() {
-            let _ = gate.send(());
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            while asked.try_recv().is_ok() {
+                gate.send(()).unwrap();
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
         warm.await.unwrap();
 
@@ -793,6 +949,7 @@ mod tests {
         gate: mpsc::Receiver<()>,
     ) -> oneshot::Receiver<Result<(), StoreError>> {
         let (tx, rx) = oneshot::channel();
+        s.waiting.fetch_add(1, Ordering::AcqRel);
         s.tx.send(Cmd::Sql(sql.into(), gate, tx))
             .expect("writer running");
         rx
@@ -807,6 +964,7 @@ mod tests {
         key: &str,
     ) -> oneshot::Receiver<Result<Vec<EnqueueOutcome>, StoreError>> {
         let (tx, rx) = oneshot::channel();
+        s.waiting.fetch_add(1, Ordering::AcqRel);
         s.tx.send(Cmd::Enqueue(vec![job(key)], tx))
             .expect("writer running");
         rx
@@ -848,6 +1006,106 @@ mod tests {
                     EnqueueOutcome::Created { .. }
                 ]
             ),
+            "{out:?}"
+        );
+        s.close().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_full_command_queue_refuses_at_once_and_applies_nothing() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let scheduler = FairScheduler::new(SchedulerConfig::new(10)).expect("scheduler");
+        let s = Arc::new(
+            SqliteStore::open_with(
+                dir.path(),
+                Durability::Full,
+                scheduler,
+                Arc::new(NoDecisions),
+                Some(Box::new(|| Ok(()))),
+                2,
+            )
+            .expect("open"),
+        );
+        // The writer is busy; two requests wait for it: the bound.
+        let resume = s.hold_writer();
+        let queued: Vec<_> = ["k1", "k2"]
+            .into_iter()
+            .map(|key| {
+                let s = Arc::clone(&s);
+                tokio::spawn(async move { s.enqueue(vec![job(key)]).await })
+            })
+            .collect();
+        while s.waiting.load(Ordering::Acquire) < 2 {
+            tokio::task::yield_now().await;
+        }
+        let refused = s
+            .enqueue(vec![job("k3")])
+            .await
+            .expect_err("over the bound");
+        assert!(
+            matches!(refused, StoreError::Overloaded { waiting: 2 }),
+            "{refused:?}"
+        );
+        assert!(
+            refused
+                .to_string()
+                .contains("nothing of this request was applied"),
+            "{refused}"
+        );
+        // Housekeeping is never refused: it waits its turn.
+        let s2 = Arc::clone(&s);
+        let tick = tokio::spawn(async move { s2.tick(Timestamp::from_millis(0)).await });
+
+        drop(resume);
+        for q in queued {
+            let out = q.await.unwrap().expect("the waiting requests run");
+            assert!(
+                matches!(out[..], [EnqueueOutcome::Created { .. }]),
+                "{out:?}"
+            );
+        }
+        tick.await.unwrap().expect("the tick ran");
+        // The refused enqueue left nothing behind: its key is new.
+        let out = s.enqueue(vec![job("k3"), job("k1")]).await.unwrap();
+        assert!(
+            matches!(
+                out[..],
+                [
+                    EnqueueOutcome::Created { .. },
+                    EnqueueOutcome::Duplicate { .. }
+                ]
+            ),
+            "{out:?}"
+        );
+        assert_eq!(s.waiting.load(Ordering::Acquire), 0);
+        s.close().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_writer_that_dies_is_reported_and_refuses_every_write() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let s = open(dir.path(), Box::new(|| Ok(())));
+        s.enqueue(vec![job("k1")]).await.unwrap();
+        assert_eq!(s.failure(), None);
+        s.crash_writer();
+        let why = s.failure().expect("the store reports its dead writer");
+        assert!(
+            why.contains("writer thread stopped") && why.contains("restart lazaret"),
+            "{why}"
+        );
+        let refused = s.enqueue(vec![job("k2")]).await.expect_err("no writer");
+        assert!(
+            matches!(refused, StoreError::NotApplied(ref m) if m == &why),
+            "{refused:?}"
+        );
+        // Reads still work: what was committed is there.
+        assert!(s.job(JobId(1)).await.unwrap().is_some());
+        drop(s);
+        // A restart takes writes again, with the job committed before.
+        let s = open(dir.path(), Box::new(|| Ok(())));
+        let out = s.enqueue(vec![job("k1")]).await.unwrap();
+        assert!(
+            matches!(out[..], [EnqueueOutcome::Duplicate { .. }]),
             "{out:?}"
         );
         s.close().await.unwrap();

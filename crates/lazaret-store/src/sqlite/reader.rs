@@ -5,8 +5,8 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use super::stored::{COLUMN_COUNT, COLUMNS, StoredJob};
 use crate::{
-    AuditEntry, DeadLetter, DeadLetterFilter, DeadLetterId, JobView, ReasonCount, Selector, Stage,
-    StoreError,
+    AuditEntry, DeadLetter, DeadLetterFilter, DeadLetterId, JobPage, JobQuery, JobView, Pause,
+    PauseTarget, ReasonCount, Selector, Stage, StoreError,
 };
 
 fn db<T>(r: rusqlite::Result<T>) -> Result<T, StoreError> {
@@ -17,35 +17,155 @@ fn corrupt(e: impl std::fmt::Display) -> StoreError {
     StoreError::Corrupt(e.to_string())
 }
 
-pub(super) fn job(c: &Connection, id: JobId) -> Result<Option<JobView>, StoreError> {
-    let row = db(c
-        .prepare_cached(&format!(
-            "SELECT {COLUMNS}, run_at, lease_expires_at, enqueued_by FROM jobs WHERE id = ?1"
-        ))?
-        .query_row(params![id.0 as i64], |r| {
-            Ok((
-                StoredJob::from_row(r)?,
-                r.get::<_, i64>(COLUMN_COUNT)?,
-                r.get::<_, Option<i64>>(COLUMN_COUNT + 1)?,
-                r.get::<_, Option<String>>(COLUMN_COUNT + 2)?,
-            ))
-        })
-        .optional())?;
-    let Some((stored, run_at, lease, enqueued_by)) = row else {
-        return Ok(None);
-    };
+/// What a job view reads besides [`COLUMNS`]: its dead letter by the
+/// `dead_letters_job` index.
+const VIEW_COLUMNS: &str = "run_at, lease_expires_at, enqueued_by, cancel_requested, \
+     (SELECT d.id FROM dead_letters d WHERE d.job_id = jobs.id)";
+
+fn view_row(r: &Row<'_>) -> rusqlite::Result<(StoredJob, ViewExtra)> {
+    Ok((
+        StoredJob::from_row(r)?,
+        ViewExtra {
+            run_at: r.get(COLUMN_COUNT)?,
+            lease_expires_at: r.get(COLUMN_COUNT + 1)?,
+            enqueued_by: r.get(COLUMN_COUNT + 2)?,
+            cancel_requested: r.get(COLUMN_COUNT + 3)?,
+            dead_letter_id: r.get(COLUMN_COUNT + 4)?,
+        },
+    ))
+}
+
+struct ViewExtra {
+    run_at: i64,
+    lease_expires_at: Option<i64>,
+    enqueued_by: Option<String>,
+    cancel_requested: bool,
+    dead_letter_id: Option<i64>,
+}
+
+fn view((stored, x): (StoredJob, ViewExtra)) -> Result<JobView, StoreError> {
     let envelope = stored.envelope()?;
     let state = stored.state;
     let run_at = matches!(state, JobState::Queued | JobState::Scheduled)
-        .then_some(Timestamp::from_millis(run_at));
-    Ok(Some(JobView {
+        .then_some(Timestamp::from_millis(x.run_at));
+    Ok(JobView {
         envelope,
         state,
         run_at,
         payload: stored.payload,
-        lease_expires_at: lease.map(Timestamp::from_millis),
-        enqueued_by,
-    }))
+        lease_expires_at: x.lease_expires_at.map(Timestamp::from_millis),
+        enqueued_by: x.enqueued_by,
+        dead_letter_id: x.dead_letter_id.map(|d| DeadLetterId(d as u64)),
+        cancel_requested: x.cancel_requested,
+    })
+}
+
+pub(super) fn job(c: &Connection, id: JobId) -> Result<Option<JobView>, StoreError> {
+    let row = db(c
+        .prepare_cached(&format!(
+            "SELECT {COLUMNS}, {VIEW_COLUMNS} FROM jobs WHERE id = ?1"
+        ))?
+        .query_row(params![id.0 as i64], view_row)
+        .optional())?;
+    row.map(view).transpose()
+}
+
+/// The statement and its values for a page of jobs. Only the filters given
+/// are in the SQL (an `?n IS NULL OR …` would keep SQLite from using an
+/// index), and a state filter reads `jobs_state`, whose (state, id) order
+/// is the page's: a range of the index, never a scan of the table nor a
+/// sort. Without one the page walks the table by rowid from the cursor
+/// down, stopping at `limit` matches.
+fn jobs_sql(q: &JobQuery) -> (String, Vec<rusqlite::types::Value>) {
+    use rusqlite::types::Value;
+    let mut values: Vec<Value> = Vec::new();
+    let mut wheres: Vec<String> = Vec::new();
+    let mut add = |column: &str, v: Value| {
+        values.push(v);
+        wheres.push(format!("{column} = ?{}", values.len()));
+    };
+    if let Some(st) = q.state {
+        add("state", Value::Text(st.as_str().to_owned()));
+    }
+    for (column, v) in [
+        ("type", &q.job_type),
+        ("tenant", &q.tenant),
+        ("lane", &q.lane),
+        ("enqueued_by", &q.enqueued_by),
+    ] {
+        if let Some(v) = v {
+            add(column, Value::Text(v.clone()));
+        }
+    }
+    if let Some(before) = q.before {
+        values.push(Value::Integer(before.0 as i64));
+        wheres.push(format!("id < ?{}", values.len()));
+    }
+    // One more than asked says whether an older page exists.
+    values.push(Value::Integer(i64::from(q.limit) + 1));
+    // Named, so that no planner statistics can make a queued page read
+    // `jobs_ready` (in lane, tenant, run_at order) and sort it.
+    let index = if q.state.is_some() {
+        " INDEXED BY jobs_state"
+    } else {
+        ""
+    };
+    let filter = if wheres.is_empty() {
+        String::new()
+    } else {
+        format!(" WHERE {}", wheres.join(" AND "))
+    };
+    let sql = format!(
+        "SELECT {COLUMNS}, {VIEW_COLUMNS} FROM jobs{index}{filter} ORDER BY id DESC LIMIT +?{}",
+        values.len()
+    );
+    (sql, values)
+}
+
+pub(super) fn jobs(c: &Connection, q: &JobQuery) -> Result<JobPage, StoreError> {
+    let (sql, values) = jobs_sql(q);
+    let mut stmt = db(c.prepare_cached(&sql))?;
+    let rows = db(stmt.query_map(rusqlite::params_from_iter(values.iter()), view_row))?;
+    let mut items = Vec::new();
+    for row in rows {
+        items.push(view(db(row)?)?);
+    }
+    let next = if items.len() > q.limit as usize {
+        items.truncate(q.limit as usize);
+        items.last().map(|j| j.envelope.id)
+    } else {
+        None
+    };
+    Ok((items, next))
+}
+
+pub(super) fn pauses(c: &Connection) -> Result<Vec<Pause>, StoreError> {
+    let mut stmt = db(c.prepare_cached(
+        "SELECT target, name, paused_at, paused_by FROM pauses ORDER BY target, name",
+    ))?;
+    let rows = db(stmt.query_map([], |r| {
+        Ok((
+            r.get::<_, String>(0)?,
+            r.get::<_, String>(1)?,
+            r.get::<_, i64>(2)?,
+            r.get::<_, String>(3)?,
+        ))
+    }))?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (target, name, at, by) = db(row)?;
+        let target = match target.as_str() {
+            "type" => PauseTarget::Type(name),
+            "lane" => PauseTarget::Lane(name),
+            other => return Err(corrupt(format!("a pause of an unknown target {other:?}"))),
+        };
+        out.push(Pause {
+            target,
+            paused_at: Timestamp::from_millis(at),
+            paused_by: by,
+        });
+    }
+    Ok(out)
 }
 
 const DL_COLUMNS: &str = "d.id, d.job_id, d.type, d.tenant, d.lane, d.reason, d.stage, d.attempts, d.error,
@@ -345,4 +465,68 @@ pub(super) fn tokens(c: &Connection) -> Result<Vec<crate::ApiToken>, StoreError>
         out.push(db(row)?);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// SQLite's plan for a page of jobs, one line per step.
+    fn plan(q: &JobQuery) -> String {
+        let c = Connection::open_in_memory().unwrap();
+        super::super::schema::migrate(&c).unwrap();
+        let (sql, values) = jobs_sql(q);
+        let mut stmt = c.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+        let rows = stmt
+            .query_map(rusqlite::params_from_iter(values.iter()), |r| {
+                r.get::<_, String>(3)
+            })
+            .unwrap();
+        rows.map(Result::unwrap).collect::<Vec<_>>().join("\n")
+    }
+
+    #[test]
+    fn a_state_filter_reads_a_range_of_jobs_state_in_page_order() {
+        for state in JobState::ALL {
+            for q in [
+                JobQuery {
+                    state: Some(state),
+                    limit: 50,
+                    ..JobQuery::default()
+                },
+                JobQuery {
+                    state: Some(state),
+                    job_type: Some("resize".into()),
+                    tenant: Some("acme".into()),
+                    lane: Some("default".into()),
+                    enqueued_by: Some("alice".into()),
+                    before: Some(JobId(1000)),
+                    limit: 50,
+                },
+            ] {
+                let plan = plan(&q);
+                assert!(
+                    plan.contains("SEARCH jobs USING INDEX jobs_state (state=?"),
+                    "{state}: {plan}"
+                );
+                assert!(!plan.contains("TEMP B-TREE"), "{state} sorts: {plan}");
+                assert!(!plan.contains("SCAN jobs"), "{state} scans: {plan}");
+            }
+        }
+    }
+
+    #[test]
+    fn without_a_state_filter_the_page_walks_the_rowid_from_the_cursor_without_sorting() {
+        let plan = plan(&JobQuery {
+            tenant: Some("acme".into()),
+            before: Some(JobId(1000)),
+            limit: 50,
+            ..JobQuery::default()
+        });
+        assert!(
+            plan.contains("SEARCH jobs USING INTEGER PRIMARY KEY (rowid<?)"),
+            "{plan}"
+        );
+        assert!(!plan.contains("TEMP B-TREE"), "{plan}");
+    }
 }

@@ -3,7 +3,7 @@
 use rusqlite::Connection;
 
 /// The schema version this build writes; `PRAGMA user_version` records it.
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 6;
 
 /// The current schema, for a new database (and the tables a migration adds).
 const CURRENT: &str = r#"
@@ -12,7 +12,7 @@ CREATE TABLE IF NOT EXISTS jobs (
     type             TEXT    NOT NULL,
     tenant           TEXT    NOT NULL,
     lane             TEXT    NOT NULL,
-    state            TEXT    NOT NULL,  -- JobState words: queued, scheduled, leased, succeeded, dead_lettered
+    state            TEXT    NOT NULL,  -- JobState words: queued, scheduled, leased, succeeded, dead_lettered, cancelled
     run_at           INTEGER NOT NULL,  -- ms since the epoch
     attempts         INTEGER NOT NULL,  -- authoritative; the envelope's count lags by the running attempt
     leases           INTEGER NOT NULL DEFAULT 0,  -- leases granted, never reset
@@ -28,7 +28,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     finished_at      INTEGER,
     envelope         TEXT,              -- lazaret_core::Envelope as JSON as of the last failure or
                                         -- redrive, NULL before the first (see sqlite::envelope)
-    payload          BLOB    NOT NULL   -- the raw JSON text, byte for byte
+    payload          BLOB    NOT NULL,  -- the raw JSON text, byte for byte
+    cancel_requested INTEGER NOT NULL DEFAULT 0  -- 1 once a cancel was accepted (version 6)
 );
 CREATE UNIQUE INDEX IF NOT EXISTS jobs_idempotency ON jobs (tenant, type, idempotency_key)
     WHERE idempotency_key IS NOT NULL;
@@ -106,6 +107,36 @@ CREATE TABLE IF NOT EXISTS source_parked (
 CREATE INDEX IF NOT EXISTS source_parked_due ON source_parked (source, due_at);
 "#;
 
+/// What version 5 added: the ready jobs indexed by type as well, so that a
+/// lease for some types reads only jobs of those types (`jobs_ready` stays
+/// for leases of any type: one index walk, oldest first across types).
+const V5_OBJECTS: &str = r#"
+CREATE INDEX IF NOT EXISTS jobs_ready_type ON jobs (lane, tenant, type, run_at, id) WHERE state = 'queued';
+"#;
+
+/// What version 6 added: listing jobs by state newest first is a range of
+/// `jobs_state` (never a scan of the table); retention finds cancelled
+/// jobs by `jobs_cancelled` as it finds succeeded ones by `jobs_done`;
+/// pauses are kept in `pauses`, so a restart keeps them.
+const V6_OBJECTS: &str = r#"
+CREATE INDEX IF NOT EXISTS jobs_state     ON jobs (state, id);
+CREATE INDEX IF NOT EXISTS jobs_cancelled ON jobs (finished_at) WHERE state = 'cancelled';
+CREATE TABLE IF NOT EXISTS pauses (
+    target    TEXT    NOT NULL,         -- type | lane
+    name      TEXT    NOT NULL,
+    paused_at INTEGER NOT NULL,         -- ms since the epoch
+    paused_by TEXT    NOT NULL,         -- the token's name
+    PRIMARY KEY (target, name)
+);
+"#;
+
+/// Version 5 → 6 (from any version from 2 on, whose `jobs` table is kept
+/// as it was): the cancel mark on jobs. Version 1's table is rebuilt from
+/// `CURRENT`, which has the column already.
+const V5_TO_V6: &str = r#"
+ALTER TABLE jobs ADD COLUMN cancel_requested INTEGER NOT NULL DEFAULT 0;
+"#;
+
 /// Version 3 → 4: broker messages in the dead letters.
 const V3_TO_V4: &str = r#"
 ALTER TABLE dead_letters ADD COLUMN source TEXT;
@@ -171,11 +202,17 @@ pub fn migrate(conn: &Connection) -> Result<(), crate::StoreError> {
     } else {
         script.push_str(CURRENT);
     }
-    if version != 0 {
+    if (1..4).contains(&version) {
         // `CURRENT` left the existing `dead_letters` table as it was.
         script.push_str(V3_TO_V4);
     }
     script.push_str(V4_OBJECTS);
+    // Version 4 → 5 (and new databases): the typed ready index.
+    script.push_str(V5_OBJECTS);
+    if (2..6).contains(&version) {
+        script.push_str(V5_TO_V6);
+    }
+    script.push_str(V6_OBJECTS);
     script.push_str(&format!("PRAGMA user_version = {SCHEMA_VERSION};\nCOMMIT;"));
     if let Err(e) = conn.execute_batch(&script) {
         let _ = conn.execute_batch("ROLLBACK");

@@ -1,14 +1,15 @@
 //! The writer thread: every change goes through here, grouped into shared
-//! transactions. It also keeps the ready/in-flight counts per (lane, tenant)
-//! that the core's fair scheduler picks from, rebuilt from the database at
-//! start.
+//! transactions. It also keeps the ready counts per (lane, tenant, type) and
+//! the in-flight counts per (lane, tenant) that the core's lease plan and
+//! fair scheduler pick from, rebuilt from the database at start.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
 
 use lazaret_core::{
-    Demand, Envelope, Event, FairScheduler, Grant, JobId, JobState, JobType, Lane, TenantId,
-    Timestamp, Transition, payload_preview,
+    Among, Envelope, Event, FairScheduler, JobId, JobState, JobType, Lane, LeaseFilter, PairCounts,
+    TenantId, Timestamp, Transition, payload_preview, plan_lease,
 };
 use rusqlite::{Connection, OptionalExtension, params};
 use tokio::sync::oneshot;
@@ -17,9 +18,9 @@ use super::sequence::Reserved;
 use super::stored::{COLUMNS, StoredJob};
 use super::sync::Syncer;
 use crate::{
-    AdmissionRecord, AuditEntry, Completed, Completion, DeadLetterId, Decider, EnqueueOutcome,
-    ItemError, LaneCounts, LeaseRequest, LeaseToken, LeasedJob, NewJob, StoreError, StoreStats,
-    Tick,
+    AdmissionRecord, AuditEntry, CancelError, Cancelled, Completed, Completion, DeadLetterId,
+    Decider, EnqueueOutcome, Heartbeat, ItemError, LaneCounts, LeaseRequest, LeaseToken, LeasedJob,
+    NewJob, PauseTarget, StoreError, StoreStats, Tick,
 };
 
 type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
@@ -38,8 +39,15 @@ pub(super) enum Cmd {
         LeaseToken,
         Timestamp,
         Timestamp,
-        Reply<Result<Timestamp, ItemError>>,
+        Reply<Result<Heartbeat, ItemError>>,
     ),
+    Cancel(
+        JobId,
+        Timestamp,
+        AuditEntry,
+        Reply<Result<Cancelled, CancelError>>,
+    ),
+    SetPause(PauseTarget, bool, AuditEntry, Reply<bool>),
     Tick(Timestamp, Reply<Tick>),
     RecordAdmission(AdmissionRecord, Reply<DeadLetterId>),
     Redrive(
@@ -73,6 +81,35 @@ pub(super) enum Cmd {
     /// Tests: waits for the gate to open (or close), then runs the SQL.
     #[cfg(test)]
     Sql(String, mpsc::Receiver<()>, Reply<()>),
+    /// Tests: says it holds the writer, then holds it until `resume` opens
+    /// (or closes).
+    #[cfg(any(test, feature = "test-hooks"))]
+    Hold(mpsc::Sender<()>, mpsc::Receiver<()>),
+    /// Tests: the writer panics, as a bug in it would.
+    #[cfg(any(test, feature = "test-hooks"))]
+    Crash,
+}
+
+/// The writer's end of the command queue: takes commands off it and keeps
+/// count of those still waiting (`SqliteStore::call` refuses commands past
+/// its bound).
+pub(super) struct Inbox {
+    pub(super) rx: mpsc::Receiver<Cmd>,
+    pub(super) waiting: Arc<AtomicUsize>,
+}
+
+impl Inbox {
+    fn recv(&self) -> Option<Cmd> {
+        let cmd = self.rx.recv().ok()?;
+        self.waiting.fetch_sub(1, Ordering::AcqRel);
+        Some(cmd)
+    }
+
+    fn try_recv(&self) -> Option<Cmd> {
+        let cmd = self.rx.try_recv().ok()?;
+        self.waiting.fetch_sub(1, Ordering::AcqRel);
+        Some(cmd)
+    }
 }
 
 /// An answer held back until the group's commit is durable; called with the
@@ -102,22 +139,44 @@ const LATE_JOIN_WINDOW: std::time::Duration = std::time::Duration::from_millis(2
 const PROMOTE_MAX: i64 = 20_000;
 /// Expired leases handled per tick at most.
 const EXPIRE_MAX: i64 = 2_000;
-/// Rounds of picking in one lease when picked pairs come up short (their
-/// jobs are of parked or filtered-out types).
-const PICK_ROUNDS_MAX: usize = 8;
 
-/// The type filters of one lease statement.
-struct Filter<'a> {
-    /// Only these types (`None`: any).
-    types: Option<&'a [String]>,
-    /// Never these.
-    excluded: &'a [String],
+/// One (lane, tenant)'s counts.
+#[derive(Clone, Debug, Default)]
+struct Pair {
+    /// Ready jobs, all types.
+    ready: u32,
+    /// Ready jobs by type (a type stays with 0 once seen; `rebuild_counts`
+    /// drops the zeros).
+    by_type: BTreeMap<JobType, u32>,
+    inflight: u32,
 }
 
-#[derive(Clone, Copy, Debug, Default)]
-struct Pair {
-    ready: u32,
-    inflight: u32,
+impl Pair {
+    fn add_ready(&mut self, job_type: &JobType, n: u32) {
+        self.ready += n;
+        match self.by_type.get_mut(job_type.as_str()) {
+            Some(c) => *c += n,
+            None => {
+                self.by_type.insert(job_type.clone(), n);
+            }
+        }
+    }
+
+    fn take_ready(&mut self, job_type: &str, n: u32) {
+        self.ready = self.ready.saturating_sub(n);
+        if let Some(c) = self.by_type.get_mut(job_type) {
+            *c = c.saturating_sub(n);
+        }
+    }
+}
+
+/// A take of the lease plan, owned, so the counts it was planned from can change.
+struct OwnedTake {
+    lane: Lane,
+    tenant: TenantId,
+    /// `None`: any type.
+    types: Option<Vec<JobType>>,
+    count: u32,
 }
 
 pub(super) struct Writer {
@@ -132,6 +191,7 @@ pub(super) struct Writer {
     pairs: HashMap<Lane, HashMap<TenantId, Pair>>,
     scheduled: HashMap<Lane, u64>,
     succeeded: u64,
+    cancelled: u64,
     /// Groups committed and the commands in them, since start.
     commits: u64,
     commands: u64,
@@ -146,7 +206,10 @@ pub(super) struct Writer {
     /// Groups still to run with a savepoint per command (after a failure).
     isolated_groups: u32,
 
-    grants: Vec<Grant>,
+    /// Lease commands run, and the SQLite VM steps their reads took
+    /// (`StoreStats::lease_steps`).
+    leases: u64,
+    lease_steps: u64,
 }
 
 fn db<T>(r: rusqlite::Result<T>) -> Result<T, StoreError> {
@@ -179,11 +242,13 @@ impl Writer {
             pairs: HashMap::new(),
             scheduled: HashMap::new(),
             succeeded: 0,
+            cancelled: 0,
             commits: 0,
             commands: 0,
             dirty: false,
             isolated_groups: 0,
-            grants: Vec::new(),
+            leases: 0,
+            lease_steps: 0,
             syncer: None,
         })
     }
@@ -198,15 +263,16 @@ impl Writer {
         self.pairs.clear();
         self.scheduled.clear();
         let mut stmt = db(self.conn.prepare(
-            "SELECT lane, tenant, state, COUNT(*) FROM jobs
-             WHERE state IN ('queued', 'scheduled', 'leased') GROUP BY lane, tenant, state",
+            "SELECT lane, tenant, type, state, COUNT(*) FROM jobs
+             WHERE state IN ('queued', 'scheduled', 'leased') GROUP BY lane, tenant, type, state",
         ))?;
         let rows = db(stmt.query_map([], |r| {
             Ok((
                 r.get::<_, String>(0)?,
                 r.get::<_, String>(1)?,
                 r.get::<_, String>(2)?,
-                r.get::<_, i64>(3)?,
+                r.get::<_, String>(3)?,
+                r.get::<_, i64>(4)?,
             ))
         }))?;
         let mut counted = Vec::new();
@@ -214,18 +280,17 @@ impl Writer {
             counted.push(db(row)?);
         }
         drop(stmt);
-        for (lane, tenant, state, n) in counted {
+        for (lane, tenant, job_type, state, n) in counted {
             let lane = Lane::new(lane);
             match state.as_str() {
                 "scheduled" => *self.scheduled.entry(lane).or_default() += n as u64,
-                "queued" => {
-                    self.pairs
-                        .entry(lane)
-                        .or_default()
-                        .entry(TenantId::new(tenant))
-                        .or_default()
-                        .ready += n as u32
-                }
+                "queued" => self
+                    .pairs
+                    .entry(lane)
+                    .or_default()
+                    .entry(TenantId::new(tenant))
+                    .or_default()
+                    .add_ready(&JobType::new(job_type), n as u32),
                 _ => {
                     self.pairs
                         .entry(lane)
@@ -241,18 +306,23 @@ impl Writer {
             [],
             |r| r.get::<_, i64>(0),
         ))? as u64;
+        self.cancelled = db(self.conn.query_row(
+            "SELECT COUNT(*) FROM jobs WHERE state = 'cancelled'",
+            [],
+            |r| r.get::<_, i64>(0),
+        ))? as u64;
         self.dirty = false;
         Ok(())
     }
 
-    pub(super) fn run(mut self, rx: mpsc::Receiver<Cmd>) {
+    pub(super) fn run(mut self, rx: Inbox) {
         let mut batch = Vec::with_capacity(GROUP_MAX);
-        while let Ok(first) = rx.recv() {
+        while let Some(first) = rx.recv() {
             batch.push(first);
             while batch.len() < GROUP_MAX {
                 match rx.try_recv() {
-                    Ok(cmd) => batch.push(cmd),
-                    Err(_) => break,
+                    Some(cmd) => batch.push(cmd),
+                    None => break,
                 }
             }
             let closing = self.run_group(&mut batch, &rx);
@@ -281,7 +351,7 @@ impl Writer {
     /// Commands that arrive while the group runs join it before its COMMIT
     /// (up to [`GROUP_MAX`], for [`LATE_JOIN_WINDOW`]): they share its fsync
     /// instead of waiting for the next one.
-    fn run_group(&mut self, batch: &mut Vec<Cmd>, rx: &mpsc::Receiver<Cmd>) -> bool {
+    fn run_group(&mut self, batch: &mut Vec<Cmd>, rx: &Inbox) -> bool {
         let mut pending: Vec<Pending> = Vec::with_capacity(batch.len());
         // Leases whose tokens are all below a reservation on disk: answered
         // at COMMIT, before the fsync (see `super::sequence`).
@@ -388,8 +458,8 @@ impl Writer {
             }
             while taken + batch.len() < GROUP_MAX {
                 match rx.try_recv() {
-                    Ok(cmd) => batch.push(cmd),
-                    Err(_) => break,
+                    Some(cmd) => batch.push(cmd),
+                    None => break,
                 }
             }
             if batch.is_empty() {
@@ -517,6 +587,10 @@ impl Writer {
             Cmd::Heartbeat(id, token, until, now, tx) => {
                 run!(tx, self.heartbeat(id, token, until, now))
             }
+            Cmd::Cancel(id, now, entry, tx) => run!(tx, self.cancel(id, now, entry)),
+            Cmd::SetPause(target, paused, entry, tx) => {
+                run!(tx, self.set_pause(&target, paused, &entry))
+            }
             Cmd::Tick(now, tx) => run!(tx, self.tick(now)),
             Cmd::RecordAdmission(rec, tx) => run!(tx, self.record_admission(&rec)),
             Cmd::Redrive(ids, now, audit, tx) => run!(tx, self.redrive(&ids, now, audit)),
@@ -546,6 +620,14 @@ impl Writer {
                 let _ = gate.recv();
                 run!(tx, db(self.conn.execute_batch(&sql)))
             }
+            #[cfg(any(test, feature = "test-hooks"))]
+            Cmd::Hold(held, resume) => {
+                let _ = held.send(());
+                let _ = resume.recv();
+                (Box::new(|_: Option<StoreError>| {}), true)
+            }
+            #[cfg(any(test, feature = "test-hooks"))]
+            Cmd::Crash => panic!("the writer crashed (a test hook)"),
         }
     }
 
@@ -625,7 +707,7 @@ impl Writer {
                 inflight
             } else {
                 let p = self.pair(&job.lane, &job.tenant);
-                p.ready += 1;
+                p.add_ready(&job.job_type, 1);
                 p.inflight
             };
             out.push(EnqueueOutcome::Created {
@@ -637,182 +719,162 @@ impl Writer {
         Ok(out)
     }
 
+    /// Leases what the core's lease plan says: it sees the ready counts by
+    /// type, so it never sends the store to a (lane, tenant) without jobs
+    /// of the asked types, and each take reads only rows it leases (see
+    /// `lease_take`). What a lease costs does not depend on how many jobs
+    /// of other types wait.
     fn lease(&mut self, req: &LeaseRequest) -> Result<Vec<LeasedJob>, StoreError> {
+        self.leases += 1;
         let mut out: Vec<LeasedJob> = Vec::new();
         let lane_ok = |lane: &Lane| {
             req.lanes.as_ref().is_none_or(|ls| ls.contains(lane))
                 && !req.exclude_lanes.contains(lane)
         };
-        let types: Option<Vec<String>> = req
-            .types
-            .as_ref()
-            .map(|ts| ts.iter().map(|t| t.as_str().to_owned()).collect());
-        if types.as_ref().is_some_and(Vec::is_empty) {
-            return Ok(out);
-        }
-        // Types with a probe limit (half-open breakers) are leased by a query
-        // of their own, up to what is left of the limit, and kept out of the
-        // main one.
-        let mut excluded: Vec<String> = req
-            .exclude_types
-            .iter()
-            .map(|t| t.as_str().to_owned())
-            .collect();
-        let mut limits: Vec<(String, u32)> = Vec::new();
-        for (t, n) in &req.type_limits {
-            excluded.push(t.as_str().to_owned());
-            let wanted = types
-                .as_ref()
-                .is_none_or(|ts| ts.iter().any(|x| x == t.as_str()));
-            if *n > 0 && wanted && !req.exclude_types.contains(t) {
-                limits.push((t.as_str().to_owned(), *n));
-            }
-        }
-        let filter = Filter {
-            types: types.as_deref(),
-            excluded: &excluded,
-        };
-        let mut short: HashSet<(Lane, TenantId)> = HashSet::new();
-        for _round in 0..PICK_ROUNDS_MAX {
-            let remaining = req.max_jobs.saturating_sub(out.len() as u32);
-            if remaining == 0 {
-                break;
-            }
-            let keys: Vec<((Lane, TenantId), Pair)> = self
+        let held_too = self.scheduler.config().has_reserves();
+        let takes: Vec<OwnedTake> = {
+            let pairs: Vec<PairCounts<'_>> = self
                 .pairs
                 .iter()
                 .filter(|(lane, _)| lane_ok(lane))
                 .flat_map(|(lane, tenants)| tenants.iter().map(move |(t, p)| (lane, t, p)))
-                .filter(|(lane, t, p)| {
-                    // `short` is empty on the first round: no key is built then.
-                    p.ready > 0
-                        && (short.is_empty() || !short.contains(&((*lane).clone(), (*t).clone())))
-                })
-                .map(|(lane, t, p)| ((lane.clone(), t.clone()), *p))
-                .collect();
-            if keys.is_empty() {
-                break;
-            }
-            let demand: Vec<Demand<'_>> = keys
-                .iter()
-                .map(|((lane, tenant), p)| Demand {
+                // Lane reserves are shares of every lease held: pairs that
+                // hold leases with nothing ready count then too.
+                .filter(|(_, _, p)| p.ready > 0 || (held_too && p.inflight > 0))
+                .map(|(lane, tenant, p)| PairCounts {
                     lane,
                     tenant,
-                    ready: p.ready,
                     inflight: p.inflight,
+                    ready: &p.by_type,
                 })
                 .collect();
-            let mut grants = std::mem::take(&mut self.grants);
-            self.scheduler.pick(&demand, remaining, &mut grants);
-            drop(demand);
-            if grants.is_empty() {
-                self.grants = grants;
-                break;
+            let filter = LeaseFilter {
+                types: req.types.as_deref(),
+                excluded: &req.exclude_types,
+                probes: &req.type_limits,
+            };
+            plan_lease(&mut self.scheduler, &pairs, &filter, req.max_jobs)
+                .into_iter()
+                .map(|t| OwnedTake {
+                    lane: pairs[t.pair].lane.clone(),
+                    tenant: pairs[t.pair].tenant.clone(),
+                    types: match t.among {
+                        Among::AnyType => None,
+                        Among::Types(ts) => Some(ts.into_iter().cloned().collect()),
+                    },
+                    count: t.count,
+                })
+                .collect()
+        };
+        for take in &takes {
+            let got = self.lease_take(req, take, &mut out)?;
+            if got < take.count {
+                // The counts promised more than the table holds: recount
+                // after this group rather than plan from wrong numbers again.
+                tracing::warn!(
+                    lane = %take.lane, tenant = %take.tenant, planned = take.count, got,
+                    "ready counts were off; recounting"
+                );
+                self.dirty = true;
             }
-            for g in grants.iter() {
-                let (key, _) = &keys[g.demand_index];
-                let mut got = 0;
-                for (t, left) in limits.iter_mut().filter(|(_, left)| *left > 0) {
-                    let n = (*left).min(g.count - got);
-                    if n == 0 {
-                        break;
-                    }
-                    let only = [t.clone()];
-                    let probe = Filter {
-                        types: Some(&only),
-                        excluded: &[],
-                    };
-                    let leased = self.lease_from_pair(req, key, n, &probe, &mut out)?;
-                    *left -= leased;
-                    got += leased;
-                }
-                if got < g.count {
-                    got += self.lease_from_pair(req, key, g.count - got, &filter, &mut out)?;
-                }
-                if got < g.count {
-                    short.insert(key.clone());
-                }
-            }
-            self.grants = grants;
         }
         Ok(out)
     }
 
-    /// Leases up to `count` queued jobs of one (lane, tenant), oldest first,
-    /// writing only columns: the attempt is charged and the running attempt
-    /// recorded in `lease_started_at` and `worker_id` (see `super::stored`).
-    /// The token comes from the store's one sequence (`super::sequence`):
-    /// new for every lease, across restarts, redrives and power losses.
-    fn lease_from_pair(
+    /// Leases up to `take.count` queued jobs of one (lane, tenant), oldest
+    /// first, writing only columns: the attempt is charged and the running
+    /// attempt recorded in `lease_started_at` and `worker_id` (see
+    /// `super::stored`). The token comes from the store's one sequence
+    /// (`super::sequence`): new for every lease, across restarts, redrives
+    /// and power losses.
+    ///
+    /// Reads go by index and stop at what they lease: any type by
+    /// `jobs_ready` (lane, tenant, run_at, id); one type by
+    /// `jobs_ready_type` (lane, tenant, type, run_at, id); several types by
+    /// the first `count` entries of each type in `jobs_ready_type`, merged
+    /// by (run_at, id), then the chosen rows by rowid. No read walks past
+    /// jobs of a type it does not take.
+    fn lease_take(
         &mut self,
         req: &LeaseRequest,
-        (lane, tenant): &(Lane, TenantId),
-        count: u32,
-        filter: &Filter<'_>,
+        take: &OwnedTake,
         out: &mut Vec<LeasedJob>,
     ) -> Result<u32, StoreError> {
-        // Type filters as plain `IN (?, …)` lists: SQLite builds a small
-        // ephemeral index per statement run instead of walking json_each
-        // per row. The SQL text differs only by list lengths, so the
-        // statement cache keeps one statement per shape.
-        //
         // `LIMIT +?n`, never `LIMIT ?n`, here and in every cached statement:
         // SQLite (3.46 on) plans with a bare bound LIMIT's value, so each
         // new binding expires the statement and the next step re-parses and
         // re-plans it (a tenth of the writer's time in profiles). The unary
         // plus keeps the plan independent of the value.
-        let expires = req.now.saturating_add(req.lease);
-        let mut values: Vec<rusqlite::types::Value> = vec![
-            lane.as_str().to_owned().into(),
-            tenant.as_str().to_owned().into(),
-        ];
-        let mut sql = String::from(
+        const ANY_TYPE: &str =
             "SELECT id, type, idempotency_key, schema_version, created_at, payload, attempts
-             FROM jobs WHERE lane = ?1 AND tenant = ?2 AND state = 'queued'",
-        );
-        let list =
-            |sql: &mut String, values: &mut Vec<rusqlite::types::Value>, items: &[String]| {
-                sql.push('(');
-                for (k, item) in items.iter().enumerate() {
-                    if k > 0 {
-                        sql.push_str(", ");
-                    }
-                    values.push(item.clone().into());
-                    sql.push_str(&format!("?{}", values.len()));
-                }
-                sql.push(')');
-            };
-        if let Some(types) = filter.types {
-            sql.push_str(" AND type IN ");
-            list(&mut sql, &mut values, types);
-        }
-        if !filter.excluded.is_empty() {
-            sql.push_str(" AND type NOT IN ");
-            list(&mut sql, &mut values, filter.excluded);
-        }
-        values.push(i64::from(count).into());
-        sql.push_str(&format!(" ORDER BY run_at, id LIMIT +?{}", values.len()));
+             FROM jobs INDEXED BY jobs_ready WHERE lane = ?1 AND tenant = ?2 AND state = 'queued'
+             ORDER BY run_at, id LIMIT +?3";
+        const ONE_TYPE: &str = "SELECT id, type, idempotency_key, schema_version, created_at, payload, attempts
+             FROM jobs INDEXED BY jobs_ready_type WHERE lane = ?1 AND tenant = ?2 AND type = ?3 AND state = 'queued'
+             ORDER BY run_at, id LIMIT +?4";
+        const OLDEST_OF_TYPE: &str = "SELECT run_at, id
+             FROM jobs INDEXED BY jobs_ready_type WHERE lane = ?1 AND tenant = ?2 AND type = ?3 AND state = 'queued'
+             ORDER BY run_at, id LIMIT +?4";
+        const BY_ID: &str =
+            "SELECT id, type, idempotency_key, schema_version, created_at, payload, attempts
+             FROM jobs WHERE id = ?1 AND state = 'queued'";
+        let (lane, tenant, count) = (&take.lane, &take.tenant, i64::from(take.count));
+        let expires = req.now.saturating_add(req.lease);
         let start = out.len();
-        {
-            let mut stmt = db(self.conn.prepare_cached(&sql))?;
-            let mut q = db(stmt.query(rusqlite::params_from_iter(values.iter())))?;
-            while let Some(r) = db(q.next())? {
-                let id: i64 = db(r.get(0))?;
-                let token = self.seq.tokens.issue(&self.conn)?;
-                self.lease_late |= !self.seq.durable(id as u64, token);
-                out.push(LeasedJob {
-                    id: JobId(id as u64),
-                    job_type: JobType::new(db(r.get::<_, String>(1))?),
-                    tenant: tenant.clone(),
-                    lane: lane.clone(),
-                    payload: db(r.get(5))?,
-                    attempt: db(r.get::<_, i64>(6))? as u32 + 1,
-                    idempotency_key: db(r.get(2))?,
-                    schema_version: db(r.get::<_, Option<i64>>(3))?.map(|v| v as u32),
-                    lease_token: LeaseToken(token),
-                    lease_expires_at: expires,
-                    created_at: Timestamp::from_millis(db(r.get(4))?),
-                });
+        let ctx = Leasing {
+            lane,
+            tenant,
+            expires,
+        };
+        match take.types.as_deref() {
+            None => {
+                let mut stmt = db(self.conn.prepare_cached(ANY_TYPE))?;
+                let mut q = db(stmt.query(params![lane.as_str(), tenant.as_str(), count]))?;
+                while let Some(r) = db(q.next())? {
+                    out.push(ctx.job(r, &self.conn, &mut self.seq, &mut self.lease_late)?);
+                }
+                drop(q);
+                self.lease_steps += vm_steps(&stmt);
+            }
+            Some([job_type]) => {
+                let mut stmt = db(self.conn.prepare_cached(ONE_TYPE))?;
+                let mut q = db(stmt.query(params![
+                    lane.as_str(),
+                    tenant.as_str(),
+                    job_type.as_str(),
+                    count
+                ]))?;
+                while let Some(r) = db(q.next())? {
+                    out.push(ctx.job(r, &self.conn, &mut self.seq, &mut self.lease_late)?);
+                }
+                drop(q);
+                self.lease_steps += vm_steps(&stmt);
+            }
+            Some(types) => {
+                let mut oldest: Vec<(i64, i64)> = Vec::new();
+                {
+                    let mut stmt = db(self.conn.prepare_cached(OLDEST_OF_TYPE))?;
+                    for t in types {
+                        let rows = db(stmt.query_map(
+                            params![lane.as_str(), tenant.as_str(), t.as_str(), count],
+                            |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)),
+                        ))?;
+                        for row in rows {
+                            oldest.push(db(row)?);
+                        }
+                    }
+                    self.lease_steps += vm_steps(&stmt);
+                }
+                oldest.sort_unstable();
+                oldest.truncate(take.count as usize);
+                let mut stmt = db(self.conn.prepare_cached(BY_ID))?;
+                for (_, id) in oldest {
+                    let mut q = db(stmt.query(params![id]))?;
+                    if let Some(r) = db(q.next())? {
+                        out.push(ctx.job(r, &self.conn, &mut self.seq, &mut self.lease_late)?);
+                    }
+                }
+                self.lease_steps += vm_steps(&stmt);
             }
         }
         // One write by rowid per job: a multi-row `UPDATE … WHERE id IN
@@ -835,7 +897,9 @@ impl Writer {
         drop(update);
         let got = (out.len() - start) as u32;
         let p = self.pair(lane, tenant);
-        p.ready = p.ready.saturating_sub(got);
+        for job in &out[start..] {
+            p.take_ready(job.job_type.as_str(), 1);
+        }
         p.inflight += got;
         Ok(got)
     }
@@ -874,7 +938,7 @@ impl Writer {
         let row = db(self
             .conn
             .prepare_cached(&format!(
-                "SELECT {COLUMNS}, lease_token, lease_expires_at FROM jobs WHERE id = ?1"
+                "SELECT {COLUMNS}, lease_token, lease_expires_at, cancel_requested FROM jobs WHERE id = ?1"
             ))?
             .query_row(params![id.0 as i64], |r| {
                 let extra = super::stored::COLUMN_COUNT;
@@ -882,10 +946,11 @@ impl Writer {
                     StoredJob::from_row(r)?,
                     r.get::<_, Option<i64>>(extra)?,
                     r.get::<_, Option<i64>>(extra + 1)?,
+                    r.get::<_, bool>(extra + 2)?,
                 ))
             })
             .optional())?;
-        let Some((stored, current, expires_at)) = row else {
+        let Some((stored, current, expires_at, cancel_requested)) = row else {
             return Ok(Err(ItemError::NotFound));
         };
         if stored.state != JobState::Leased {
@@ -899,7 +964,8 @@ impl Writer {
         }
         let mut env = stored.envelope()?;
         let attempt = env.attempts;
-        let transition = self.decider.decide(&mut env, event, now);
+        let decided = self.decider.decide(&mut env, event, now);
+        let transition = lazaret_core::settle(&mut env, decided, cancel_requested);
         let (dead_letter, freed_slot) = self.apply(&env, transition, now, &stored.payload)?;
         let (kind, class, message) = env
             .history
@@ -995,16 +1061,16 @@ impl Writer {
     }
 
     /// Why a heartbeat for `id` matched no current lease.
-    fn not_leased(&self, id: JobId) -> Result<Result<Timestamp, ItemError>, StoreError> {
+    fn not_leased(&self, id: JobId) -> Result<ItemError, StoreError> {
         let exists = db(self
             .conn
             .prepare_cached("SELECT 1 FROM jobs WHERE id = ?1")?
             .query_row(params![id.0 as i64], |_| Ok(()))
             .optional())?;
-        Ok(Err(match exists {
+        Ok(match exists {
             Some(()) => ItemError::LeaseLost,
             None => ItemError::NotFound,
-        }))
+        })
     }
 
     /// Writes a leased job's transition after a failure or an expiry (the
@@ -1036,10 +1102,16 @@ impl Writer {
                     )?
                     .execute(params![id, state_word(state), ms(at), env.attempts, env.to_json()]))?;
                 if state == JobState::Queued {
-                    self.pair(&env.lane, &env.tenant).ready += 1;
+                    self.pair(&env.lane, &env.tenant)
+                        .add_ready(&env.job_type, 1);
                 } else {
                     *self.scheduled.entry(env.lane.clone()).or_default() += 1;
                 }
+                Ok((None, freed_slot))
+            }
+            Transition::Cancelled => {
+                self.finish(env, JobState::Cancelled, now)?;
+                self.cancelled += 1;
                 Ok((None, freed_slot))
             }
             Transition::DeadLetter { reason } => {
@@ -1077,7 +1149,7 @@ impl Writer {
         }
     }
 
-    /// Moves a leased job to a terminal state (`succeeded`, `dead_lettered`)
+    /// Moves a leased job to a terminal state (`succeeded`, `dead_lettered`, `cancelled`)
     /// with its whole envelope.
     fn finish(
         &mut self,
@@ -1101,7 +1173,7 @@ impl Writer {
         token: LeaseToken,
         until: Timestamp,
         now: Timestamp,
-    ) -> Result<Result<Timestamp, ItemError>, StoreError> {
+    ) -> Result<Result<Heartbeat, ItemError>, StoreError> {
         // A lease at or past its end is not revived (see `complete_one`).
         let changed = db(self
             .conn
@@ -1111,21 +1183,118 @@ impl Writer {
             )?
             .execute(params![id.0 as i64, ms(until), token.0 as i64, ms(now)]))?;
         if changed == 0 {
-            return self.not_leased(id);
+            return Ok(Err(self.not_leased(id)?));
         }
-        Ok(Ok(until))
+        // A probe by rowid of the row just written: no `RETURNING` (see `succeed`).
+        let cancel_requested = db(self
+            .conn
+            .prepare_cached("SELECT cancel_requested FROM jobs WHERE id = ?1")?
+            .query_row(params![id.0 as i64], |r| r.get::<_, bool>(0)))?;
+        Ok(Ok(Heartbeat {
+            lease_expires_at: until,
+            cancel_requested,
+        }))
+    }
+
+    /// Applies `lazaret_core::cancel`'s decision for the job's state, and
+    /// the audit entry when the cancel is accepted.
+    fn cancel(
+        &mut self,
+        id: JobId,
+        now: Timestamp,
+        mut entry: AuditEntry,
+    ) -> Result<Result<Cancelled, CancelError>, StoreError> {
+        let row = db(self
+            .conn
+            .prepare_cached("SELECT state, lane, tenant, cancel_requested FROM jobs WHERE id = ?1")?
+            .query_row(params![id.0 as i64], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, bool>(3)?,
+                ))
+            })
+            .optional())?;
+        let Some((state, lane, tenant, requested)) = row else {
+            return Ok(Err(CancelError::NotFound));
+        };
+        let state: JobState = state
+            .parse()
+            .map_err(|e| StoreError::Corrupt(format!("job {id}: {e}")))?;
+        let answer = match lazaret_core::cancel(state, requested) {
+            lazaret_core::CancelDecision::Refuse { state } => {
+                return Ok(Err(CancelError::Finished(state)));
+            }
+            lazaret_core::CancelDecision::CancelNow => {
+                db(self
+                    .conn
+                    .prepare_cached(
+                        "UPDATE jobs SET state = 'cancelled', finished_at = ?2, cancel_requested = 1 WHERE id = ?1",
+                    )?
+                    .execute(params![id.0 as i64, ms(now)]))?;
+                let lane = Lane::new(lane);
+                if state == JobState::Queued {
+                    let p = self.pair(&lane, &TenantId::new(tenant));
+                    p.ready = p.ready.saturating_sub(1);
+                } else if let Some(n) = self.scheduled.get_mut(&lane) {
+                    *n = n.saturating_sub(1);
+                }
+                self.cancelled += 1;
+                entry.count = 1;
+                Cancelled::Now
+            }
+            lazaret_core::CancelDecision::Request => {
+                db(self
+                    .conn
+                    .prepare_cached("UPDATE jobs SET cancel_requested = 1 WHERE id = ?1")?
+                    .execute(params![id.0 as i64]))?;
+                entry.count = 1;
+                Cancelled::Requested { already: false }
+            }
+            lazaret_core::CancelDecision::AlreadyRequested => {
+                entry.count = 0;
+                Cancelled::Requested { already: true }
+            }
+        };
+        self.audit(&entry)?;
+        Ok(Ok(answer))
+    }
+
+    /// Records a pause or drops it, with its audit entry; whether it changed.
+    fn set_pause(
+        &mut self,
+        target: &PauseTarget,
+        paused: bool,
+        entry: &AuditEntry,
+    ) -> Result<bool, StoreError> {
+        let changed = if paused {
+            db(self
+                .conn
+                .prepare_cached(
+                    "INSERT OR IGNORE INTO pauses (target, name, paused_at, paused_by) VALUES (?1, ?2, ?3, ?4)",
+                )?
+                .execute(params![target.kind(), target.name(), ms(entry.at), entry.actor]))?
+        } else {
+            db(self
+                .conn
+                .prepare_cached("DELETE FROM pauses WHERE target = ?1 AND name = ?2")?
+                .execute(params![target.kind(), target.name()]))?
+        };
+        self.audit(entry)?;
+        Ok(changed > 0)
     }
 
     fn tick(&mut self, now: Timestamp) -> Result<Tick, StoreError> {
         let mut tick = Tick::default();
-        let promoted: Vec<(String, String)> = {
+        let promoted: Vec<(String, String, String)> = {
             let mut stmt = db(self.conn.prepare_cached(
                 "UPDATE OR FAIL jobs SET state = 'queued'
                  WHERE id IN (SELECT id FROM jobs WHERE state = 'scheduled' AND run_at <= ?1 ORDER BY run_at LIMIT +?2)
-                 RETURNING lane, tenant",
+                 RETURNING lane, tenant, type",
             ))?;
             let rows = db(stmt.query_map(params![ms(now), PROMOTE_MAX], |r| {
-                Ok((r.get(0)?, r.get(1)?))
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
             }))?;
             let mut v = Vec::new();
             for row in rows {
@@ -1133,12 +1302,13 @@ impl Writer {
             }
             v
         };
-        for (lane, tenant) in promoted {
+        for (lane, tenant, job_type) in promoted {
             let lane = Lane::new(lane);
             if let Some(n) = self.scheduled.get_mut(&lane) {
                 *n = n.saturating_sub(1);
             }
-            self.pair(&lane, &TenantId::new(tenant)).ready += 1;
+            self.pair(&lane, &TenantId::new(tenant))
+                .add_ready(&JobType::new(job_type), 1);
             tick.promoted += 1;
         }
         let expired: Vec<i64> = {
@@ -1231,7 +1401,8 @@ impl Writer {
                 .conn
                 .prepare_cached("DELETE FROM dead_letters WHERE id = ?1")?
                 .execute(params![dl.0 as i64]))?;
-            self.pair(&env.lane, &env.tenant).ready += 1;
+            self.pair(&env.lane, &env.tenant)
+                .add_ready(&env.job_type, 1);
             out.push(env.id);
         }
         self.audit_add(audit, out.len() as u64)?;
@@ -1297,7 +1468,8 @@ impl Writer {
             .conn
             .prepare_cached("DELETE FROM dead_letters WHERE id = ?1")?
             .execute(params![dl.0 as i64]))?;
-        self.pair(&env.lane, &env.tenant).ready += 1;
+        self.pair(&env.lane, &env.tenant)
+            .add_ready(&env.job_type, 1);
         self.audit_add(audit, 1)?;
         Ok(Some(env.id))
     }
@@ -1390,16 +1562,21 @@ impl Writer {
             lanes,
             dead_letters,
             succeeded: self.succeeded,
+            cancelled: self.cancelled,
             backend: "sqlite",
             group_commit: Some(crate::GroupCommitStats {
                 commits: self.commits,
                 commands: self.commands,
                 syncs: self.syncer.as_ref().map_or(0, Syncer::syncs),
                 sync_micros: self.syncer.as_ref().map_or(0, Syncer::sync_micros),
+                leases: self.leases,
+                lease_steps: self.lease_steps,
             }),
         })
     }
 
+    /// Retention: succeeded and cancelled jobs finished before `before`,
+    /// up to `batch` of each, each found by its partial index.
     fn remove_succeeded(&mut self, before: Timestamp, batch: u32) -> Result<u64, StoreError> {
         let n = db(self
             .conn
@@ -1409,7 +1586,15 @@ impl Writer {
             )?
             .execute(params![ms(before), i64::from(batch)]))? as u64;
         self.succeeded = self.succeeded.saturating_sub(n);
-        Ok(n)
+        let c = db(self
+            .conn
+            .prepare_cached(
+                "DELETE FROM jobs WHERE id IN
+                   (SELECT id FROM jobs WHERE state = 'cancelled' AND finished_at < ?1 ORDER BY finished_at LIMIT +?2)",
+            )?
+            .execute(params![ms(before), i64::from(batch)]))? as u64;
+        self.cancelled = self.cancelled.saturating_sub(c);
+        Ok(n + c)
     }
 
     /// Inserts an API token and its audit entry. A taken name or secret is
@@ -1468,6 +1653,48 @@ impl Writer {
     }
 }
 
+/// What every job of one take shares.
+struct Leasing<'a> {
+    lane: &'a Lane,
+    tenant: &'a TenantId,
+    expires: Timestamp,
+}
+
+impl Leasing<'_> {
+    /// The leased job of a row `(id, type, idempotency_key, schema_version,
+    /// created_at, payload, attempts)`, with a new token.
+    fn job(
+        &self,
+        r: &rusqlite::Row<'_>,
+        conn: &Connection,
+        seq: &mut Reserved,
+        late: &mut bool,
+    ) -> Result<LeasedJob, StoreError> {
+        let id: i64 = db(r.get(0))?;
+        let token = seq.tokens.issue(conn)?;
+        *late |= !seq.durable(id as u64, token);
+        Ok(LeasedJob {
+            id: JobId(id as u64),
+            job_type: JobType::new(db(r.get::<_, String>(1))?),
+            tenant: self.tenant.clone(),
+            lane: self.lane.clone(),
+            payload: db(r.get(5))?,
+            attempt: db(r.get::<_, i64>(6))? as u32 + 1,
+            idempotency_key: db(r.get(2))?,
+            schema_version: db(r.get::<_, Option<i64>>(3))?.map(|v| v as u32),
+            lease_token: LeaseToken(token),
+            lease_expires_at: self.expires,
+            created_at: Timestamp::from_millis(db(r.get(4))?),
+        })
+    }
+}
+
+/// The SQLite VM steps `stmt` ran since the last call (and resets the count):
+/// a measure of the rows a read looked at, whatever it returned.
+fn vm_steps(stmt: &rusqlite::Statement<'_>) -> u64 {
+    u64::try_from(stmt.reset_status(rusqlite::StatementStatus::VmStep)).unwrap_or(0)
+}
+
 /// Answers a command that never ran: `StoreError::NotApplied`, for `why`.
 fn fail_cmd(cmd: Cmd, why: &str) {
     let e = || StoreError::NotApplied(why.to_owned());
@@ -1476,6 +1703,8 @@ fn fail_cmd(cmd: Cmd, why: &str) {
         Cmd::Lease(_, tx) => drop(tx.send(Err(e()))),
         Cmd::Complete(_, _, tx) => drop(tx.send(Err(e()))),
         Cmd::Heartbeat(_, _, _, _, tx) => drop(tx.send(Err(e()))),
+        Cmd::Cancel(_, _, _, tx) => drop(tx.send(Err(e()))),
+        Cmd::SetPause(_, _, _, tx) => drop(tx.send(Err(e()))),
         Cmd::Tick(_, tx) => drop(tx.send(Err(e()))),
         Cmd::RecordAdmission(_, tx) => drop(tx.send(Err(e()))),
         Cmd::Redrive(_, _, _, tx) => drop(tx.send(Err(e()))),
@@ -1493,5 +1722,7 @@ fn fail_cmd(cmd: Cmd, why: &str) {
         Cmd::Unpark(_, _, tx) => drop(tx.send(Err(e()))),
         #[cfg(test)]
         Cmd::Sql(_, _, tx) => drop(tx.send(Err(e()))),
+        #[cfg(any(test, feature = "test-hooks"))]
+        Cmd::Hold(..) | Cmd::Crash => {}
     }
 }

@@ -313,6 +313,12 @@ async fn migrates_a_version_1_database_in_place() {
     let fresh =
         lazaret_store_conformance::enqueue_one(&s, new_job("resize", "acme", "default")).await;
     assert_eq!(fresh, JobId(11));
+    // Version 6's cancel works on the table version 1 → 2 rebuilt.
+    assert_eq!(
+        lazaret_store_conformance::cancel::cancel(&s, fresh, at(8)).await,
+        Ok(lazaret_store::Cancelled::Now)
+    );
+    assert_eq!(job_view(&s, fresh).await.state, JobState::Cancelled);
 
     // Version 4's broker dead letters and held retries work on the migrated file.
     let msg = lazaret_store::SourceRef {
@@ -360,6 +366,97 @@ async fn migrates_a_version_1_database_in_place() {
             .unwrap()
             .is_empty()
     );
+    s.close().await.unwrap();
+}
+
+/// A version-4 database (before cancel, job listing and kept pauses) opens
+/// as the current version: its jobs list by state, a queued one cancels at
+/// once and a leased one at its fail, and pauses are kept. The version-1
+/// test above goes through the same step with its rebuilt table.
+#[tokio::test]
+async fn migrates_a_version_4_database_to_cancels_listing_and_kept_pauses() {
+    use lazaret_core::{Event, JobId, JobState, Transition};
+    use lazaret_store::{AuditEntry, Cancelled, JobQuery, LeaseToken, LeasedJob, PauseTarget};
+    use lazaret_store_conformance::cancel::cancel;
+    use lazaret_store_conformance::{at, complete, job_view, transient};
+
+    let dir = tempfile::TempDir::new().unwrap();
+    let path = dir.path().join(DB_FILE);
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch(include_str!("fixtures/schema_v4.sql"))
+            .unwrap();
+        // Two queued jobs and one leased by the old build (token 77).
+        conn.execute_batch(&format!(
+            "INSERT INTO jobs (id, type, tenant, lane, state, run_at, attempts, created_at, payload)
+             VALUES (1, 'resize', 'acme', 'default', 'queued', 0, 0, {t}, X'7B7D'),
+                    (2, 'resize', 'globex', 'default', 'queued', 0, 0, {t}, X'7B7D');
+             INSERT INTO jobs (id, type, tenant, lane, state, run_at, attempts, leases, lease_token,
+                               lease_expires_at, lease_started_at, worker_id, created_at, payload)
+             VALUES (3, 'resize', 'initech', 'default', 'leased', 0, 1, 1, 77, {end}, {t}, 'w-old', {t}, X'7B7D');",
+            t = at(0).as_millis(),
+            end = at(60_000).as_millis(),
+        ))
+        .unwrap();
+    }
+
+    let s = open(dir.path());
+    let version: i64 = rusqlite::Connection::open(&path)
+        .unwrap()
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, SCHEMA_VERSION);
+    let (queued, _) = s
+        .jobs(JobQuery {
+            state: Some(JobState::Queued),
+            limit: 10,
+            ..JobQuery::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        queued.iter().map(|j| j.envelope.id).collect::<Vec<_>>(),
+        vec![JobId(2), JobId(1)]
+    );
+    assert!(queued.iter().all(|j| !j.cancel_requested));
+
+    assert_eq!(cancel(&s, JobId(1), at(1)).await, Ok(Cancelled::Now));
+    assert_eq!(
+        cancel(&s, JobId(3), at(1)).await,
+        Ok(Cancelled::Requested { already: false })
+    );
+    let held = LeasedJob {
+        id: JobId(3),
+        job_type: "resize".into(),
+        tenant: "initech".into(),
+        lane: "default".into(),
+        payload: b"{}".to_vec(),
+        attempt: 1,
+        idempotency_key: None,
+        schema_version: None,
+        lease_token: LeaseToken(77),
+        lease_expires_at: at(60_000),
+        created_at: at(0),
+    };
+    let done = complete(&s, &held, Event::Failed(transient("http_503")), at(2)).await;
+    assert_eq!(done.transition, Transition::Cancelled);
+    assert_eq!(job_view(&s, JobId(1)).await.state, JobState::Cancelled);
+    assert_eq!(job_view(&s, JobId(3)).await.state, JobState::Cancelled);
+
+    let entry = AuditEntry {
+        at: at(3),
+        actor: "ops".into(),
+        action: "pause".into(),
+        request: serde_json::json!({"lane": "default"}),
+        count: 0,
+    };
+    s.set_pause(PauseTarget::Lane("default".into()), true, entry)
+        .await
+        .unwrap();
+    s.close().await.unwrap();
+    let s = open(dir.path());
+    assert_eq!(s.pauses().await.unwrap().len(), 1);
+    assert_eq!(s.stats().await.unwrap().cancelled, 2);
     s.close().await.unwrap();
 }
 
@@ -415,4 +512,138 @@ async fn a_file_that_is_not_sqlite_is_refused_as_corrupt() {
         junk,
         "the file is left as it was"
     );
+}
+
+/// What one lease filtered by type costs the database (SQLite VM steps,
+/// which count the rows a read looks at, not only those it returns), with
+/// `others` jobs of another type queued ahead of the jobs it asks for, in
+/// the same lane and tenant; `shape` builds the lease from the default.
+async fn filtered_lease_steps(
+    others: usize,
+    shape: impl Fn(lazaret_store::LeaseRequest) -> lazaret_store::LeaseRequest,
+) -> (u64, Vec<String>) {
+    use lazaret_store_conformance::{at, lease, lease_req, new_job};
+
+    let dir = tempfile::TempDir::new().unwrap();
+    let s = open(dir.path());
+    let bulk: Vec<_> = (0..others)
+        .map(|_| new_job("bulk", "acme", "default"))
+        .collect();
+    s.enqueue(bulk).await.unwrap();
+    s.enqueue(vec![
+        new_job("email", "acme", "default"),
+        new_job("sms", "acme", "default"),
+    ])
+    .await
+    .unwrap();
+    let before = s
+        .stats()
+        .await
+        .unwrap()
+        .group_commit
+        .expect("SQLite counts");
+    let got = lease(&s, shape(lease_req(at(1), 10))).await;
+    let after = s
+        .stats()
+        .await
+        .unwrap()
+        .group_commit
+        .expect("SQLite counts");
+    assert_eq!(after.leases - before.leases, 1);
+    s.close().await.unwrap();
+    let mut types: Vec<String> = got.iter().map(|j| j.job_type.to_string()).collect();
+    types.sort();
+    (after.lease_steps - before.lease_steps, types)
+}
+
+/// A lease that asks for some types, or excludes the type of a large
+/// backlog (its breaker is open), reads no job of the other types: it
+/// costs exactly the same with 20,000 of them queued as with 10.
+#[tokio::test]
+async fn a_lease_filtered_by_type_reads_the_same_whatever_else_is_queued() {
+    let only = |types: &[&str]| {
+        let types: Vec<lazaret_core::JobType> = types.iter().map(|t| (*t).into()).collect();
+        move |req| lazaret_store::LeaseRequest {
+            types: Some(types.clone()),
+            ..req
+        }
+    };
+    let excluding_bulk = |req| lazaret_store::LeaseRequest {
+        exclude_types: vec!["bulk".into()],
+        ..req
+    };
+    for (what, few, many) in [
+        (
+            "types [email]",
+            filtered_lease_steps(10, only(&["email"])).await,
+            filtered_lease_steps(20_000, only(&["email"])).await,
+        ),
+        (
+            "types [email, sms]",
+            filtered_lease_steps(10, only(&["email", "sms"])).await,
+            filtered_lease_steps(20_000, only(&["email", "sms"])).await,
+        ),
+        (
+            "bulk excluded",
+            filtered_lease_steps(10, excluding_bulk).await,
+            filtered_lease_steps(20_000, excluding_bulk).await,
+        ),
+    ] {
+        assert_eq!(few.1, many.1, "{what}: the same jobs");
+        assert!(!many.1.iter().any(|t| t == "bulk"), "{what}: {:?}", many.1);
+        assert_eq!(
+            many.0, few.0,
+            "{what}: {} steps with 20,000 others queued, {} with 10",
+            many.0, few.0
+        );
+        // A few dozen steps per row leased, nowhere near one per job queued.
+        assert!(many.0 < 500, "{what}: {} steps", many.0);
+    }
+}
+
+/// A version-4 database (no typed ready index) opens as the current
+/// version, gets the index, and filtered leases use it.
+#[tokio::test]
+async fn migrates_a_version_4_database_to_the_typed_ready_index() {
+    use lazaret_store_conformance::{at, enqueue_one, lease, lease_req, new_job};
+
+    let dir = tempfile::TempDir::new().unwrap();
+    let path = dir.path().join(DB_FILE);
+    let s = open(dir.path());
+    enqueue_one(&s, new_job("bulk", "acme", "default")).await;
+    let email = enqueue_one(&s, new_job("email", "acme", "default")).await;
+    s.close().await.unwrap();
+    let index_count = |conn: &rusqlite::Connection| -> i64 {
+        conn.query_row(
+            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND name = 'jobs_ready_type'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap()
+    };
+    {
+        // What version 4 had: the same tables, no typed index.
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch("DROP INDEX jobs_ready_type; PRAGMA user_version = 4;")
+            .unwrap();
+        assert_eq!(index_count(&conn), 0);
+    }
+    let s = open(dir.path());
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        let version: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!((version, index_count(&conn)), (SCHEMA_VERSION, 1));
+    }
+    let got = lease(
+        &s,
+        lazaret_store::LeaseRequest {
+            types: Some(vec!["email".into()]),
+            ..lease_req(at(1), 10)
+        },
+    )
+    .await;
+    assert_eq!(got.iter().map(|j| j.id).collect::<Vec<_>>(), [email]);
+    s.close().await.unwrap();
 }

@@ -22,8 +22,8 @@ const BACKLOG_CONCURRENCY: u64 = 4;
 pub const BENCH_LANE: &str = "bench";
 /// The lane of the backlog, which nobody leases.
 pub const BACKLOG_LANE: &str = "backlog";
-/// The type of every bench job.
-const JOB_TYPE: &str = "bench";
+/// The type of the measured jobs when there is one (`--types 1`).
+pub const JOB_TYPE: &str = "bench";
 /// Long-poll of each lease request.
 const LEASE_WAIT_MS: u64 = 1000;
 /// The lease endpoint.
@@ -46,28 +46,63 @@ pub struct Load {
     pub tenants: u64,
     pub lease_ms: u64,
     pub timeout: Duration,
+    /// Unbatched consumers ack with `next` (one request per job instead
+    /// of two); a `next` that finds nothing ready falls back to a
+    /// long-polling lease.
+    pub next: bool,
+    /// The measured jobs' types, taken in turn within each tenant.
+    pub types: Vec<String>,
+    /// Leases name `types` (`"types": [...]`) instead of `null`.
+    pub filter_types: bool,
+    /// The backlog's type, when it waits in the measured lane (where only
+    /// a lease filtered by type passes it over) instead of lane `backlog`.
+    pub backlog_type: Option<String>,
+}
+
+/// The measured jobs' types: `bench`, or `bench-0` … `bench-{n-1}`.
+pub fn job_types(n: u64) -> Vec<String> {
+    match n {
+        0 | 1 => vec![JOB_TYPE.to_owned()],
+        n => (0..n).map(|k| format!("{JOB_TYPE}-{k}")).collect(),
+    }
+}
+
+/// Where jobs go and what they are: lane, tenants (round-robin by sequence
+/// number) and types (in turn within each tenant).
+#[derive(Debug, Clone, Copy)]
+pub struct Shape<'a> {
+    pub lane: &'a str,
+    pub tenants: u64,
+    pub types: &'a [String],
 }
 
 /// Appends one job object to `out`. Every piece is plain ASCII with nothing
 /// to escape, so the JSON is written by hand (the bench client shares the
 /// machine with the server, so its CPU counts).
-pub fn push_job(out: &mut String, seq: u64, lane: &str, tenants: u64, data: &str) {
-    let tenant = seq % tenants.max(1);
+pub fn push_job(out: &mut String, seq: u64, shape: Shape<'_>, data: &str) {
+    let tenants = shape.tenants.max(1);
+    let tenant = seq % tenants;
+    // By the sequence number over the tenants, so each tenant gets every type.
+    let job_type = shape
+        .types
+        .get(((seq / tenants) % shape.types.len().max(1) as u64) as usize)
+        .map_or(JOB_TYPE, String::as_str);
+    let lane = shape.lane;
     let _ = write!(
         out,
-        r#"{{"type":"{JOB_TYPE}","tenant":"t{tenant}","lane":"{lane}","payload":{{"seq":{seq},"data":"{data}"}}}}"#
+        r#"{{"type":"{job_type}","tenant":"t{tenant}","lane":"{lane}","payload":{{"seq":{seq},"data":"{data}"}}}}"#
     );
 }
 
 /// `{"jobs":[...]}` for jobs `from..to`.
-pub fn batch_body(from: u64, to: u64, lane: &str, tenants: u64, data: &str) -> String {
+pub fn batch_body(from: u64, to: u64, shape: Shape<'_>, data: &str) -> String {
     let mut out = String::with_capacity((to - from) as usize * (data.len() + 96) + 16);
     out.push_str(r#"{"jobs":["#);
     for seq in from..to {
         if seq > from {
             out.push(',');
         }
-        push_job(&mut out, seq, lane, tenants, data);
+        push_job(&mut out, seq, shape, data);
     }
     out.push_str("]}");
     out
@@ -174,6 +209,17 @@ struct LeaseBody<'a> {
 #[derive(Debug, Serialize)]
 struct AckBody<'a> {
     lease_token: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next: Option<&'a RawValue>,
+}
+
+/// The answer of an ack with `next`: the jobs it leased, or why not.
+#[derive(Debug, Deserialize)]
+struct NextReply<'a> {
+    #[serde(borrow)]
+    jobs: Vec<Leased<'a>>,
+    #[serde(borrow)]
+    next_error: Option<&'a RawValue>,
 }
 
 /// The body of `POST /v1/acks`.
@@ -235,18 +281,63 @@ async fn ack_one(conn: &mut Connection, job: &Leased<'_>) -> anyhow::Result<()> 
     path.push_str("/ack");
     let body = serde_json::to_vec(&AckBody {
         lease_token: job.lease_token.as_str(),
+        next: None,
     })?;
     conn.post(&path, body).await?;
     Ok(())
 }
 
-/// The lease request of consumer `index`, encoded once and sent for every lease.
-fn lease_body(index: u64, load: &Load) -> Bytes {
+/// Acks one job with `next`; returns the id and token of the job it
+/// leased, if one was ready.
+async fn ack_next(
+    conn: &mut Connection,
+    (id, token): &(String, String),
+    next: &RawValue,
+) -> anyhow::Result<Option<(String, String)>> {
+    let mut path = String::with_capacity(32);
+    path.push_str("/v1/jobs/");
+    http::push_segment(&mut path, id);
+    path.push_str("/ack");
+    let body = serde_json::to_vec(&AckBody {
+        lease_token: token,
+        next: Some(next),
+    })?;
+    let bytes = conn.post(&path, body).await?;
+    let reply: NextReply<'_> = decode(&path, &bytes)?;
+    if let Some(e) = reply.next_error {
+        bail!("POST {path}: the ack stood but its next lease was refused: {e}");
+    }
+    Ok(reply
+        .jobs
+        .first()
+        .map(|j| (j.id.as_str().to_owned(), j.lease_token.as_str().to_owned())))
+}
+
+/// The `next` of consumer `index`'s acks: one job, no wait (an empty
+/// answer falls back to a long-polling lease, so the last ack of a run is
+/// not held up by a wait).
+fn next_body(index: u64, load: &Load) -> Box<RawValue> {
     let worker_id = format!("bench-{index}");
     let body = LeaseBody {
         worker_id: &worker_id,
         lanes: [BENCH_LANE],
         types: None,
+        max_jobs: 1,
+        lease_ms: load.lease_ms,
+        wait_ms: 0,
+    };
+    let text = serde_json::to_string(&body).expect("a struct of strings and numbers encodes");
+    RawValue::from_string(text).expect("serde_json wrote JSON")
+}
+
+/// The lease request of consumer `index`, encoded once and sent for every lease.
+fn lease_body(index: u64, load: &Load) -> Bytes {
+    let worker_id = format!("bench-{index}");
+    let types: Vec<&str> = load.types.iter().map(String::as_str).collect();
+    let body = LeaseBody {
+        worker_id: &worker_id,
+        lanes: [BENCH_LANE],
+        types: load.filter_types.then_some(types.as_slice()),
         max_jobs: load.batch,
         lease_ms: load.lease_ms,
         wait_ms: LEASE_WAIT_MS,
@@ -268,7 +359,9 @@ fn acks_body(jobs: &[Leased<'_>]) -> Vec<u8> {
     serde_json::to_vec(&body).expect("a struct of strings encodes")
 }
 
-/// Fills lane `backlog` with `n` jobs in batches of 1000; returns the time it took.
+/// Queues `n` jobs in batches of 1000, in lane `backlog` or, with
+/// `load.backlog_type`, as jobs of that type in the measured lane; returns
+/// the time it took.
 pub async fn fill_backlog(client: &http::Client, n: u64, load: &Load) -> anyhow::Result<Duration> {
     let start = Instant::now();
     let next = Arc::new(AtomicU64::new(0));
@@ -283,7 +376,16 @@ pub async fn fill_backlog(client: &http::Client, n: u64, load: &Load) -> anyhow:
             data.clone(),
             load.tenants,
         );
+        let (lane, types) = match &load.backlog_type {
+            Some(t) => (BENCH_LANE, vec![t.clone()]),
+            None => (BACKLOG_LANE, vec![JOB_TYPE.to_owned()]),
+        };
         tasks.spawn(async move {
+            let shape = Shape {
+                lane,
+                tenants,
+                types: &types,
+            };
             loop {
                 let from = next.fetch_add(BACKLOG_BATCH, Ordering::Relaxed);
                 if from >= n {
@@ -291,13 +393,7 @@ pub async fn fill_backlog(client: &http::Client, n: u64, load: &Load) -> anyhow:
                 }
                 let to = (from + BACKLOG_BATCH).min(n);
                 // Sequence numbers far above the measured jobs', for telling them apart.
-                let body = batch_body(
-                    from + (1 << 40),
-                    to + (1 << 40),
-                    BACKLOG_LANE,
-                    tenants,
-                    &data,
-                );
+                let body = batch_body(from + (1 << 40), to + (1 << 40), shape, &data);
                 enqueue_batch(&mut conn, body, to - from).await?;
                 let total = done.fetch_add(to - from, Ordering::Relaxed) + (to - from);
                 if total % 100_000 < BACKLOG_BATCH && n >= 200_000 {
@@ -325,6 +421,10 @@ pub struct Measured {
     pub leased_jobs: u64,
     pub empty_leases: u64,
     pub ack_errors: u64,
+    /// Requests the consumers sent (leases and acks).
+    pub consumer_requests: u64,
+    /// Jobs that came in the answer of an ack with `next`.
+    pub next_jobs: u64,
     /// The first few errors verbatim.
     pub errors: Vec<String>,
     /// Set when the run stopped early (an error or the timeout).
@@ -366,6 +466,8 @@ struct ConsumerOut {
     leased: u64,
     empty: u64,
     ack_errors: u64,
+    requests: u64,
+    next_jobs: u64,
     errors: Vec<String>,
     last_ack: Option<Instant>,
     timed_out: bool,
@@ -391,13 +493,18 @@ async fn produce(s: &Shared, conn: &mut http::Connection, out: &mut ProducerOut)
         return false;
     }
     let to = (from + batch).min(s.load.jobs);
+    let shape = Shape {
+        lane: BENCH_LANE,
+        tenants: s.load.tenants,
+        types: &s.load.types,
+    };
     let t = Instant::now();
     let result = if batch == 1 {
         let mut body = String::with_capacity(s.data.len() + 96);
-        push_job(&mut body, from, BENCH_LANE, s.load.tenants, &s.data);
+        push_job(&mut body, from, shape, &s.data);
         enqueue_one(conn, body).await.map(|id| vec![id])
     } else {
-        let body = batch_body(from, to, BENCH_LANE, s.load.tenants, &s.data);
+        let body = batch_body(from, to, shape, &s.data);
         enqueue_batch(conn, body, to - from).await
     };
     out.lat.push(micros(t));
@@ -421,6 +528,10 @@ async fn consumer(s: Arc<Shared>, index: u64, cycle: bool) -> ConsumerOut {
     let mut producing = cycle;
     let mut conn = s.clients[(index as usize) % s.clients.len()].connection();
     let lease_body = lease_body(index, &s.load);
+    let next = next_body(index, &s.load);
+    // With `next`: the job held, acked (and the next one leased) at the top
+    // of the loop.
+    let mut held: Option<(String, String)> = None;
     let fail = |out: &mut ConsumerOut, e: anyhow::Error| {
         if out.errors.len() < ERRORS_KEPT {
             out.errors.push(format!("{e:#}"));
@@ -442,8 +553,33 @@ async fn consumer(s: Arc<Shared>, index: u64, cycle: bool) -> ConsumerOut {
                 break;
             }
         }
+        if let Some(job) = held.take() {
+            let t = Instant::now();
+            let acked = ack_next(&mut conn, &job, &next).await;
+            out.ack_lat.push(micros(t));
+            out.requests += 1;
+            match acked {
+                Ok(following) => {
+                    out.acked.push(job.0);
+                    s.acked.fetch_add(1, Ordering::Relaxed);
+                    out.last_ack = Some(Instant::now());
+                    if following.is_some() {
+                        out.leased += 1;
+                        out.next_jobs += 1;
+                    }
+                    held = following;
+                }
+                Err(e) => {
+                    out.ack_errors += 1;
+                    fail(&mut out, e);
+                    break;
+                }
+            }
+            continue;
+        }
         let t = Instant::now();
         let leased = conn.post(LEASES, lease_body.clone()).await;
+        out.requests += 1;
         let lat = micros(t);
         let reply = match leased {
             Ok(bytes) => bytes,
@@ -471,6 +607,7 @@ async fn consumer(s: Arc<Shared>, index: u64, cycle: bool) -> ConsumerOut {
             let body = acks_body(&jobs);
             let t = Instant::now();
             let acked = conn.post(ACKS, body).await;
+            out.requests += 1;
             out.ack_lat.push(micros(t));
             let acked = acked.and_then(|bytes| {
                 let r: AcksReply<'_> = decode(ACKS, &bytes)?;
@@ -514,10 +651,16 @@ async fn consumer(s: Arc<Shared>, index: u64, cycle: bool) -> ConsumerOut {
                     fail(&mut out, e);
                 }
             }
+        } else if s.load.next {
+            // Leases ask for one job; it is acked with `next` above.
+            held = jobs
+                .first()
+                .map(|j| (j.id.as_str().to_owned(), j.lease_token.as_str().to_owned()));
         } else {
             for job in &jobs {
                 let t = Instant::now();
                 let acked = ack_one(&mut conn, job).await;
+                out.requests += 1;
                 out.ack_lat.push(micros(t));
                 match acked {
                     Ok(()) => {
@@ -586,6 +729,8 @@ pub async fn run_load(clients: &[http::Client], load: &Load) -> anyhow::Result<M
         m.leased_jobs += out.leased;
         m.empty_leases += out.empty;
         m.ack_errors += out.ack_errors;
+        m.consumer_requests += out.requests;
+        m.next_jobs += out.next_jobs;
         for e in out.errors {
             if m.errors.len() < ERRORS_KEPT {
                 m.errors.push(e);
@@ -621,7 +766,13 @@ mod tests {
 
     #[test]
     fn batch_body_is_valid_json_with_round_robin_tenants() {
-        let body = batch_body(10, 13, BENCH_LANE, 2, "xxxx");
+        let one = job_types(1);
+        let shape = Shape {
+            lane: BENCH_LANE,
+            tenants: 2,
+            types: &one,
+        };
+        let body = batch_body(10, 13, shape, "xxxx");
         let v: Value = serde_json::from_str(&body).unwrap();
         let jobs = v["jobs"].as_array().unwrap();
         assert_eq!(jobs.len(), 3);
@@ -631,6 +782,26 @@ mod tests {
         assert_eq!(jobs[1]["lane"], "bench");
         assert_eq!(jobs[1]["type"], "bench");
         assert_eq!(jobs[1]["payload"], json!({"seq": 11, "data": "xxxx"}));
+    }
+
+    #[test]
+    fn every_tenant_gets_every_type_in_turn() {
+        let types = job_types(3);
+        assert_eq!(types, ["bench-0", "bench-1", "bench-2"]);
+        let shape = Shape {
+            lane: BENCH_LANE,
+            tenants: 2,
+            types: &types,
+        };
+        let v: Value = serde_json::from_str(&batch_body(0, 12, shape, "x")).unwrap();
+        let mut seen = std::collections::BTreeSet::new();
+        for j in v["jobs"].as_array().unwrap() {
+            seen.insert((
+                j["tenant"].as_str().unwrap().to_owned(),
+                j["type"].as_str().unwrap().to_owned(),
+            ));
+        }
+        assert_eq!(seen.len(), 6, "2 tenants × 3 types: {seen:?}");
     }
 
     #[test]
@@ -699,13 +870,29 @@ mod tests {
             tenants: 2,
             lease_ms: 30_000,
             timeout: Duration::from_secs(1),
+            next: true,
+            types: job_types(2),
+            filter_types: false,
+            backlog_type: None,
         };
+        let next: Value = serde_json::from_str(next_body(3, &load).get()).unwrap();
+        assert_eq!(
+            next,
+            json!({"worker_id": "bench-3", "lanes": ["bench"], "types": null,
+                   "max_jobs": 1, "lease_ms": 30_000, "wait_ms": 0})
+        );
         let lease: Value = serde_json::from_slice(&lease_body(3, &load)).unwrap();
         assert_eq!(
             lease,
             json!({"worker_id": "bench-3", "lanes": ["bench"], "types": null,
                    "max_jobs": 100, "lease_ms": 30_000, "wait_ms": LEASE_WAIT_MS})
         );
+        let filtered = Load {
+            filter_types: true,
+            ..load.clone()
+        };
+        let lease: Value = serde_json::from_slice(&lease_body(3, &filtered)).unwrap();
+        assert_eq!(lease["types"], json!(["bench-0", "bench-1"]));
         let reply = br#"{"jobs":[{"id":"7","lease_token":"99"},{"id":"8","lease_token":"1\"0"}]}"#;
         let leased: LeaseReply<'_> = decode(LEASES, reply).unwrap();
         let acks: Value = serde_json::from_slice(&acks_body(&leased.jobs)).unwrap();

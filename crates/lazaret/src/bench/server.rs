@@ -83,6 +83,16 @@ pub fn parse_stat_ticks(stat: &str) -> Option<u64> {
 
 /// CPU time a process has used so far, in seconds (Linux reports it in
 /// USER_HZ ticks, which are 1/100 s).
+/// The machine's load average over 1, 5 and 15 minutes (`/proc/loadavg`).
+pub fn loadavg() -> Option<[f64; 3]> {
+    parse_loadavg(&std::fs::read_to_string("/proc/loadavg").ok()?)
+}
+
+fn parse_loadavg(text: &str) -> Option<[f64; 3]> {
+    let mut it = text.split_whitespace().map(str::parse::<f64>);
+    Some([it.next()?.ok()?, it.next()?.ok()?, it.next()?.ok()?])
+}
+
 pub fn cpu_s(pid: u32) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     Some(parse_stat_ticks(&stat)? as f64 / 100.0)
@@ -256,6 +266,15 @@ impl ServerProcess {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parses_the_load_average() {
+        assert_eq!(
+            parse_loadavg("1.52 0.98 0.40 3/412 12345\n"),
+            Some([1.52, 0.98, 0.40])
+        );
+        assert_eq!(parse_loadavg("1.5 x"), None);
+    }
 
     #[test]
     fn parses_the_listening_line() {

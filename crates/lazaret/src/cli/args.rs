@@ -11,21 +11,62 @@ use lazaret_server::config::Role;
 use serde::Serialize;
 use serde_json::value::RawValue;
 
-/// Where the server is and how to print its answers; shared by every client command.
-#[derive(Debug, Clone, clap::Args)]
-pub struct ClientOpts {
-    /// Base URL of the lazaret server. The token, if any, is read from
-    /// LAZARET_TOKEN and sent as `Authorization: Bearer`.
+/// The default server: the address `lazaret serve` listens on.
+pub const SERVER_DEFAULT: &str = "http://127.0.0.1:7433";
+
+/// Options every command takes, before or after the subcommand
+/// (`global`): where the server is, the token, how to print answers.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct GlobalOpts {
+    /// Base URL of the lazaret server, http:// or https://; for client
+    /// commands LAZARET_SERVER, else http://127.0.0.1:7433. (`bench`
+    /// starts a server of its own unless given --server.)
     #[arg(
         long,
-        env = "LAZARET_SERVER",
-        default_value = "http://127.0.0.1:7433",
+        global = true,
+        help_heading = "Global options",
         value_name = "URL"
     )]
-    pub server: String,
+    pub server: Option<String>,
+    /// Bearer token sent as `Authorization: Bearer`. Prefer the
+    /// environment variable: a flag shows in `ps` and shell history.
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        env = "LAZARET_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    pub token: Option<String>,
+    /// Also trust the CA certificate(s) in this PEM file for an https://
+    /// server (a private CA, or a self-signed certificate).
+    #[arg(
+        long,
+        global = true,
+        help_heading = "Global options",
+        env = "LAZARET_CA_CERT",
+        value_name = "FILE"
+    )]
+    pub ca_cert: Option<PathBuf>,
     /// Print the server's JSON reply as is (for scripts).
-    #[arg(long)]
+    #[arg(long, global = true, help_heading = "Global options")]
     pub json: bool,
+}
+
+impl GlobalOpts {
+    /// The server a client command talks to: --server, LAZARET_SERVER, or
+    /// the default.
+    pub fn server_url(&self) -> String {
+        self.server
+            .clone()
+            .or_else(|| {
+                std::env::var("LAZARET_SERVER")
+                    .ok()
+                    .filter(|s| !s.trim().is_empty())
+            })
+            .unwrap_or_else(|| SERVER_DEFAULT.to_owned())
+    }
 }
 
 /// Client subcommands: talk to a running server over its HTTP API.
@@ -33,7 +74,7 @@ pub struct ClientOpts {
 pub enum ClientCommand {
     /// Enqueue one job (POST /v1/jobs); the payload is sent byte for byte.
     Enqueue(EnqueueArgs),
-    /// Look at jobs.
+    /// List, show and cancel jobs.
     Jobs {
         #[command(subcommand)]
         command: JobsCommand,
@@ -43,13 +84,140 @@ pub enum ClientCommand {
         #[command(subcommand)]
         command: DlqCommand,
     },
+    /// Stop leasing a job type or a lane (POST /v1/pause; operator).
+    Pause(PauseArgs),
+    /// Lease a paused type or lane again (POST /v1/resume; operator).
+    Resume(PauseArgs),
+    /// Show the circuit breakers that are open or half-open (GET /v1/breakers).
+    Breakers,
+    /// Read the audit log, newest first, a page at a time (GET /v1/audit).
+    Audit(AuditArgs),
     /// Print the server's stats (GET /v1/stats).
-    Stats(StatsArgs),
+    Stats,
     /// Manage API tokens (admin): list, create, revoke (/v1/tokens).
     Tokens {
         #[command(subcommand)]
         command: TokensCommand,
     },
+}
+
+/// `lazaret pause|resume (--type T | --lane L)`
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args, Serialize)]
+#[group(required = true, multiple = false)]
+pub struct PauseArgs {
+    /// A job type: none of its jobs is leased while it is paused.
+    #[arg(long = "type", value_name = "TYPE", value_parser = NonEmptyStringValueParser::new())]
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub job_type: Option<String>,
+    /// A lane: none of its jobs is leased while it is paused.
+    #[arg(long, value_name = "LANE", value_parser = NonEmptyStringValueParser::new())]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lane: Option<String>,
+}
+
+impl PauseArgs {
+    /// `type send_email` or `lane batch`, for messages.
+    pub fn target(&self) -> String {
+        match (&self.job_type, &self.lane) {
+            (Some(t), _) => format!("type {t}"),
+            (None, Some(l)) => format!("lane {l}"),
+            (None, None) => "nothing".to_owned(),
+        }
+    }
+}
+
+/// The actions the audit log records (`GET /v1/audit?action=`).
+pub const AUDIT_ACTIONS: [&str; 8] = [
+    "redrive",
+    "purge",
+    "pause",
+    "resume",
+    "token_create",
+    "token_revoke",
+    "denied",
+    "cancel",
+];
+
+/// `lazaret audit`
+#[derive(Debug, Clone, clap::Args)]
+pub struct AuditArgs {
+    /// Only this action.
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(AUDIT_ACTIONS))]
+    pub action: Option<String>,
+    /// Only this actor (a token's name).
+    #[arg(long, value_name = "NAME", value_parser = NonEmptyStringValueParser::new())]
+    pub actor: Option<String>,
+    /// At most this many entries in the page (1 to 1000; the server's default is 100).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub limit: Option<u32>,
+    /// Continue after a previous page (its "next cursor").
+    #[arg(long, value_name = "C")]
+    pub cursor: Option<String>,
+}
+
+impl AuditArgs {
+    /// The query of `GET /v1/audit`, in a fixed order.
+    pub fn query(&self) -> Vec<(&'static str, String)> {
+        [
+            ("action", self.action.clone()),
+            ("actor", self.actor.clone()),
+            ("limit", self.limit.map(|l| l.to_string())),
+            ("cursor", self.cursor.clone()),
+        ]
+        .into_iter()
+        .filter_map(|(k, v)| v.map(|v| (k, v)))
+        .collect()
+    }
+}
+
+/// The job states, as the API writes them (`GET /v1/jobs?state=`).
+pub const JOB_STATES: [&str; 6] = [
+    "queued",
+    "scheduled",
+    "leased",
+    "succeeded",
+    "dead_lettered",
+    "cancelled",
+];
+
+/// `lazaret jobs ls`
+#[derive(Debug, Clone, clap::Args)]
+pub struct JobsLsArgs {
+    /// Only jobs in this state.
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(JOB_STATES))]
+    pub state: Option<String>,
+    /// Only this job type.
+    #[arg(long = "type", value_name = "TYPE", value_parser = NonEmptyStringValueParser::new())]
+    pub job_type: Option<String>,
+    /// Only this tenant.
+    #[arg(long, value_parser = NonEmptyStringValueParser::new())]
+    pub tenant: Option<String>,
+    /// Only this lane.
+    #[arg(long, value_parser = NonEmptyStringValueParser::new())]
+    pub lane: Option<String>,
+    /// At most this many jobs in the page.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub limit: Option<u32>,
+    /// Continue after a previous page (its "next cursor").
+    #[arg(long, value_name = "C")]
+    pub cursor: Option<String>,
+}
+
+impl JobsLsArgs {
+    /// The query of `GET /v1/jobs`, in the contract's order.
+    pub fn query(&self) -> Vec<(&'static str, String)> {
+        [
+            ("state", self.state.clone()),
+            ("type", self.job_type.clone()),
+            ("tenant", self.tenant.clone()),
+            ("lane", self.lane.clone()),
+            ("limit", self.limit.map(|l| l.to_string())),
+            ("cursor", self.cursor.clone()),
+        ]
+        .into_iter()
+        .filter_map(|(k, v)| v.map(|v| (k, v)))
+        .collect()
+    }
 }
 
 /// `lazaret tokens …`
@@ -58,7 +226,7 @@ pub enum TokensCommand {
     /// List tokens, from the config and created through the API, never
     /// their secrets (GET /v1/tokens).
     #[command(visible_alias = "list")]
-    Ls(StatsArgs),
+    Ls,
     /// Create a token and print its secret, shown this once (POST /v1/tokens).
     Create(TokenCreateArgs),
     /// Revoke a token created through the API (DELETE /v1/tokens/{name}).
@@ -73,24 +241,25 @@ pub struct TokenCreateArgs {
     /// What it may do.
     #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(Role::ALL.map(Role::as_str)))]
     pub role: String,
-    #[command(flatten)]
-    #[serde(skip)]
-    pub opts: ClientOpts,
 }
 
 /// `tokens revoke NAME`
 #[derive(Debug, clap::Args)]
 pub struct TokenRevokeArgs {
     pub name: String,
-    #[command(flatten)]
-    pub opts: ClientOpts,
 }
 
 /// `lazaret jobs …`
 #[derive(Debug, clap::Subcommand)]
 pub enum JobsCommand {
+    /// List jobs, newest first, a page at a time (GET /v1/jobs; operator).
+    #[command(visible_alias = "list")]
+    Ls(JobsLsArgs),
     /// Show one job and its history (GET /v1/jobs/{id}).
     Show(ShowArgs),
+    /// Cancel a job: a queued or scheduled one at once, a leased one at its
+    /// outcome (POST /v1/jobs/{id}/cancel).
+    Cancel(ShowArgs),
 }
 
 /// `lazaret dlq …`
@@ -104,12 +273,16 @@ pub enum DlqCommand {
     /// Write a dead letter's original payload to stdout or a file, streamed.
     Payload(DlqPayloadArgs),
     /// Count dead letters by reason and type.
-    Reasons(StatsArgs),
+    Reasons,
     /// Put dead letters back in their queue with a fresh attempt budget
     /// (a broker message: republished to its broker).
     Redrive(DlqRedriveArgs),
     /// Delete dead letters for good (admin); needs --confirm.
     Purge(DlqPurgeArgs),
+    /// Redrive one dead letter with a corrected payload; the original stays
+    /// in the job's history and the edit is audited with its reason
+    /// (POST /v1/dead-letters/{id}/redrive).
+    Correct(DlqCorrectArgs),
 }
 
 /// `lazaret enqueue`
@@ -139,23 +312,12 @@ pub struct EnqueueArgs {
     /// Read the payload from this file.
     #[arg(long, value_name = "PATH")]
     pub payload_file: Option<PathBuf>,
-    #[command(flatten)]
-    pub opts: ClientOpts,
 }
 
 /// `… show ID`
 #[derive(Debug, clap::Args)]
 pub struct ShowArgs {
     pub id: String,
-    #[command(flatten)]
-    pub opts: ClientOpts,
-}
-
-/// Commands that take nothing but the client options.
-#[derive(Debug, clap::Args)]
-pub struct StatsArgs {
-    #[command(flatten)]
-    pub opts: ClientOpts,
 }
 
 /// Filters on dead letters; every given one must match.
@@ -213,14 +375,15 @@ impl DlqFilter {
 pub struct DlqLsArgs {
     #[command(flatten)]
     pub filter: DlqFilter,
+    /// Only the dead letter of this job (what `jobs show` calls its id).
+    #[arg(long, value_name = "ID", value_parser = NonEmptyStringValueParser::new())]
+    pub job_id: Option<String>,
     /// At most this many items in the page.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub limit: Option<u32>,
     /// Continue after a previous page (its "next cursor").
     #[arg(long, value_name = "C")]
     pub cursor: Option<String>,
-    #[command(flatten)]
-    pub opts: ClientOpts,
 }
 
 /// `lazaret dlq payload`
@@ -230,8 +393,6 @@ pub struct DlqPayloadArgs {
     /// Write to this file instead of stdout.
     #[arg(long, short, value_name = "FILE")]
     pub output: Option<PathBuf>,
-    #[command(flatten)]
-    pub opts: ClientOpts,
 }
 
 /// Which dead letters a redrive or purge acts on: ids, or filters.
@@ -254,14 +415,43 @@ pub struct DlqSelectArgs {
 pub struct DlqRedriveArgs {
     #[command(flatten)]
     pub select: DlqSelectArgs,
-    /// Only count what would be redriven.
+    /// Redrive nothing: list what would be redriven.
     #[arg(long)]
     pub dry_run: bool,
     /// Redrive at most N dead letters (jobs or broker messages) per second.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub rate: Option<u32>,
-    #[command(flatten)]
-    pub opts: ClientOpts,
+}
+
+/// `lazaret dlq correct ID (--payload JSON | --payload-file PATH) --reason TEXT`
+#[derive(Debug, clap::Args)]
+pub struct DlqCorrectArgs {
+    /// The dead letter.
+    pub id: String,
+    /// The corrected payload as JSON text; without it and --payload-file,
+    /// read from stdin.
+    #[arg(long, value_name = "JSON", conflicts_with = "payload_file")]
+    pub payload: Option<String>,
+    /// Read the corrected payload from this file (e.g. one written by
+    /// `dlq payload ID -o FILE` and edited).
+    #[arg(long, value_name = "PATH")]
+    pub payload_file: Option<PathBuf>,
+    /// Why it was corrected, for the audit log (a ticket, a sentence).
+    #[arg(long, value_name = "TEXT", value_parser = NonEmptyStringValueParser::new())]
+    pub reason: String,
+    /// The schema version the corrected payload is written for (default:
+    /// the dead letter's).
+    #[arg(long, value_name = "N")]
+    pub schema_version: Option<u32>,
+}
+
+/// Body of `POST /v1/dead-letters/{id}/redrive`.
+#[derive(Debug, Serialize)]
+pub struct CorrectBody<'a> {
+    pub payload: &'a RawValue,
+    pub reason: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub schema_version: Option<u32>,
 }
 
 /// `lazaret dlq purge`
@@ -272,34 +462,6 @@ pub struct DlqPurgeArgs {
     /// Really delete; without it only show what would be purged.
     #[arg(long)]
     pub confirm: bool,
-    #[command(flatten)]
-    pub opts: ClientOpts,
-}
-
-impl ClientCommand {
-    /// The client options of whichever command this is.
-    pub fn opts(&self) -> &ClientOpts {
-        match self {
-            Self::Enqueue(a) => &a.opts,
-            Self::Stats(a) => &a.opts,
-            Self::Jobs {
-                command: JobsCommand::Show(a),
-            } => &a.opts,
-            Self::Dlq { command } => match command {
-                DlqCommand::Ls(a) => &a.opts,
-                DlqCommand::Show(a) => &a.opts,
-                DlqCommand::Payload(a) => &a.opts,
-                DlqCommand::Reasons(a) => &a.opts,
-                DlqCommand::Redrive(a) => &a.opts,
-                DlqCommand::Purge(a) => &a.opts,
-            },
-            Self::Tokens { command } => match command {
-                TokensCommand::Ls(a) => &a.opts,
-                TokensCommand::Create(a) => &a.opts,
-                TokensCommand::Revoke(a) => &a.opts,
-            },
-        }
-    }
 }
 
 /// The dead letters a redrive or purge names.
@@ -406,17 +568,30 @@ mod tests {
     use clap::{CommandFactory, Parser};
     use serde_json::json;
 
-    /// Stands in for the binary's top-level parser, which flattens ClientCommand.
+    /// Stands in for the binary's top-level parser, which flattens
+    /// ClientCommand beside the global options.
     #[derive(Debug, Parser)]
     #[command(name = "lazaret")]
     struct TestCli {
+        #[command(flatten)]
+        global: GlobalOpts,
         #[command(subcommand)]
         command: ClientCommand,
     }
 
-    fn parse(args: &[&str]) -> Result<ClientCommand, clap::Error> {
+    fn parse_all(args: &[&str]) -> Result<(GlobalOpts, ClientCommand), clap::Error> {
         TestCli::try_parse_from(std::iter::once("lazaret").chain(args.iter().copied()))
-            .map(|c| c.command)
+            .map(|c| (c.global, c.command))
+    }
+
+    fn parse(args: &[&str]) -> Result<ClientCommand, clap::Error> {
+        parse_all(args).map(|(_, c)| c)
+    }
+
+    fn global(args: &[&str]) -> GlobalOpts {
+        parse_all(args)
+            .unwrap_or_else(|e| panic!("{args:?}: {e}"))
+            .0
     }
 
     fn ok(args: &[&str]) -> ClientCommand {
@@ -458,8 +633,67 @@ mod tests {
         assert_eq!(a.schema_version, Some(2));
         assert_eq!(a.delay_ms, Some(1500));
         assert_eq!(a.payload.as_deref(), Some(r#"{"to":"a@b"}"#));
-        assert_eq!(a.opts.server, "http://10.0.0.1:9000");
-        assert!(a.opts.json);
+    }
+
+    #[test]
+    fn server_token_ca_cert_and_json_go_anywhere_on_the_line() {
+        let lines: [&[&str]; 4] = [
+            &[
+                "--server",
+                "https://q:1",
+                "--token",
+                "t",
+                "--ca-cert",
+                "ca.pem",
+                "--json",
+                "dlq",
+                "ls",
+            ],
+            &[
+                "dlq",
+                "--server",
+                "https://q:1",
+                "--json",
+                "ls",
+                "--token",
+                "t",
+                "--ca-cert",
+                "ca.pem",
+            ],
+            &[
+                "dlq",
+                "ls",
+                "--json",
+                "--ca-cert",
+                "ca.pem",
+                "--token",
+                "t",
+                "--server",
+                "https://q:1",
+            ],
+            &[
+                "--json",
+                "dlq",
+                "--token",
+                "t",
+                "ls",
+                "--server",
+                "https://q:1",
+                "--ca-cert",
+                "ca.pem",
+            ],
+        ];
+        for line in lines {
+            let g = global(line);
+            assert_eq!(g.server.as_deref(), Some("https://q:1"), "{line:?}");
+            assert_eq!(g.token.as_deref(), Some("t"), "{line:?}");
+            assert_eq!(
+                g.ca_cert.as_deref(),
+                Some(std::path::Path::new("ca.pem")),
+                "{line:?}"
+            );
+            assert!(g.json, "{line:?}");
+        }
     }
 
     #[test]
@@ -492,9 +726,9 @@ mod tests {
     fn the_server_defaults_to_loopback() {
         // Only checkable when the environment does not set it.
         if std::env::var_os("LAZARET_SERVER").is_none() {
-            assert_eq!(ok(&["stats"]).opts().server, "http://127.0.0.1:7433");
+            assert_eq!(global(&["stats"]).server_url(), "http://127.0.0.1:7433");
         }
-        assert!(!ok(&["stats"]).opts().json);
+        assert!(!global(&["stats"]).json);
     }
 
     #[test]
@@ -505,8 +739,8 @@ mod tests {
         ));
         assert!(matches!(
             ok(&["dlq", "show", "d1", "--json"]),
-            ClientCommand::Dlq { command: DlqCommand::Show(ShowArgs { ref id, ref opts }) }
-                if id == "d1" && opts.json
+            ClientCommand::Dlq { command: DlqCommand::Show(ShowArgs { ref id }) }
+                if id == "d1"
         ));
         assert!(matches!(
             ok(&["dlq", "payload", "d1", "--output", "out.bin"]),
@@ -516,10 +750,114 @@ mod tests {
         assert!(matches!(
             ok(&["dlq", "reasons"]),
             ClientCommand::Dlq {
-                command: DlqCommand::Reasons(_)
+                command: DlqCommand::Reasons
             }
         ));
-        assert!(matches!(ok(&["stats"]), ClientCommand::Stats(_)));
+        assert!(matches!(ok(&["stats"]), ClientCommand::Stats));
+        assert!(matches!(ok(&["breakers"]), ClientCommand::Breakers));
+        assert!(matches!(
+            ok(&["jobs", "cancel", "j7"]),
+            ClientCommand::Jobs { command: JobsCommand::Cancel(ShowArgs { ref id }) } if id == "j7"
+        ));
+    }
+
+    #[test]
+    fn pause_and_resume_take_exactly_one_of_type_or_lane() {
+        let ClientCommand::Pause(p) = ok(&["pause", "--type", "send_email"]) else {
+            panic!("not pause")
+        };
+        assert_eq!(
+            serde_json::to_value(&p).unwrap(),
+            json!({"type": "send_email"})
+        );
+        let ClientCommand::Resume(r) = ok(&["resume", "--lane", "batch"]) else {
+            panic!("not resume")
+        };
+        assert_eq!(serde_json::to_value(&r).unwrap(), json!({"lane": "batch"}));
+        assert_eq!(r.target(), "lane batch");
+        assert_eq!(
+            parse(&["pause"]).unwrap_err().kind(),
+            clap::error::ErrorKind::MissingRequiredArgument
+        );
+        assert_eq!(
+            parse(&["pause", "--type", "t", "--lane", "l"])
+                .unwrap_err()
+                .kind(),
+            clap::error::ErrorKind::ArgumentConflict
+        );
+        assert!(parse(&["resume", "--type", ""]).is_err());
+    }
+
+    #[test]
+    fn jobs_ls_sends_its_filters_in_the_contracts_order() {
+        let ClientCommand::Jobs {
+            command: JobsCommand::Ls(a),
+        } = ok(&[
+            "jobs",
+            "ls",
+            "--cursor",
+            "c9",
+            "--limit",
+            "5",
+            "--lane",
+            "batch",
+            "--tenant",
+            "acme",
+            "--type",
+            "t",
+            "--state",
+            "cancelled",
+        ])
+        else {
+            panic!("not jobs ls")
+        };
+        let query = a.query();
+        let q: Vec<(&str, &str)> = query.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        assert_eq!(
+            q,
+            [
+                ("state", "cancelled"),
+                ("type", "t"),
+                ("tenant", "acme"),
+                ("lane", "batch"),
+                ("limit", "5"),
+                ("cursor", "c9")
+            ]
+        );
+        let err = parse(&["jobs", "ls", "--state", "running"]).unwrap_err();
+        assert!(err.to_string().contains("dead_lettered"), "{err}");
+        assert!(parse(&["jobs", "ls", "--limit", "0"]).is_err());
+    }
+
+    #[test]
+    fn audit_takes_filters_and_a_cursor() {
+        let ClientCommand::Audit(a) = ok(&[
+            "audit",
+            "--action",
+            "purge",
+            "--actor",
+            "ops-alice",
+            "--limit",
+            "10",
+            "--cursor",
+            "41",
+        ]) else {
+            panic!("not audit")
+        };
+        let query = a.query();
+        let q: Vec<(&str, &str)> = query.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        assert_eq!(
+            q,
+            [
+                ("action", "purge"),
+                ("actor", "ops-alice"),
+                ("limit", "10"),
+                ("cursor", "41")
+            ]
+        );
+        let err = parse(&["audit", "--action", "delete"]).unwrap_err();
+        assert!(err.to_string().contains("token_revoke"), "{err}");
+        assert!(parse(&["audit", "--limit", "1001"]).is_err());
     }
 
     #[test]

@@ -226,6 +226,126 @@ fn dead_letter_table(items: &[Value]) -> Table {
     t
 }
 
+/// The "next cursor" line under a page (`--cursor` continues from it).
+fn next_cursor(out: Out, v: &Value, empty: bool) -> io::Result<()> {
+    match v.get("next_cursor").and_then(Value::as_str) {
+        Some(c) => writeln!(
+            out,
+            "next cursor: {}  (add --cursor to see the next page)",
+            clean_line(c)
+        ),
+        None if empty => Ok(()),
+        None => writeln!(out, "next cursor: none (last page)"),
+    }
+}
+
+/// `GET /v1/jobs`: one row per job, newest first.
+pub fn jobs(out: Out, v: &Value, width: Option<usize>) -> io::Result<()> {
+    let page = items(v, "items");
+    if page.is_empty() {
+        writeln!(out, "no jobs match")?;
+    } else {
+        let mut t = Table::new(vec![
+            Column::new("ID"),
+            Column::new("TYPE"),
+            Column::new("TENANT"),
+            Column::new("LANE"),
+            Column::new("STATE"),
+            Column::new("ATTEMPT").right(),
+            Column::new("CREATED_AT"),
+            Column::new("RUN_AT"),
+            Column::new("DEAD_LETTER"),
+        ]);
+        for j in page {
+            t.push([
+                text(j, "id"),
+                text(j, "type"),
+                text(j, "tenant"),
+                text(j, "lane"),
+                text(j, "state"),
+                text(j, "attempt"),
+                short_time(j, "created_at"),
+                short_time(j, "run_at"),
+                text(j, "dead_letter_id"),
+            ]);
+        }
+        write_lines(out, &t.lines(width), "")?;
+    }
+    next_cursor(out, v, page.is_empty())
+}
+
+/// `POST /v1/jobs/{id}/cancel`.
+pub fn cancelled(out: Out, v: &Value, id: &str) -> io::Result<()> {
+    let id = clean_line(id);
+    match v.get("state").and_then(Value::as_str) {
+        Some("cancelled") => writeln!(out, "cancelled job {id}: it will not be leased again"),
+        _ if v.get("cancel_requested") == Some(&Value::Bool(true)) => writeln!(
+            out,
+            "job {id} is leased: cancel requested; it ends cancelled at its outcome or when \
+             its lease expires, unless its worker acks it first"
+        ),
+        _ => fields(
+            out,
+            &[("job", id.into_owned()), ("state", text(v, "state"))],
+        ),
+    }
+}
+
+/// `GET /v1/breakers`: the breakers that are not closed.
+pub fn breakers(out: Out, v: &Value, width: Option<usize>) -> io::Result<()> {
+    let rows: Vec<&Value> = items(v, "breakers")
+        .iter()
+        .filter(|b| b.get("state").and_then(Value::as_str) != Some("closed"))
+        .collect();
+    if rows.is_empty() {
+        return writeln!(out, "every breaker is closed: all types are leased");
+    }
+    let mut t = Table::new(vec![
+        Column::new("TYPE"),
+        Column::new("KIND"),
+        Column::new("STATE"),
+        Column::new("UNTIL"),
+    ]);
+    for b in rows {
+        t.push([
+            text(b, "type"),
+            text(b, "kind"),
+            text(b, "state"),
+            short_time(b, "until"),
+        ]);
+    }
+    write_lines(out, &t.lines(width), "")
+}
+
+/// `GET /v1/audit`: one row per entry, newest first.
+pub fn audit(out: Out, v: &Value, width: Option<usize>) -> io::Result<()> {
+    let page = items(v, "items");
+    if page.is_empty() {
+        writeln!(out, "no audit entries match")?;
+    } else {
+        let mut t = Table::new(vec![
+            Column::new("ID"),
+            Column::new("AT"),
+            Column::new("ACTOR"),
+            Column::new("ACTION"),
+            Column::new("COUNT").right(),
+            Column::new("REQUEST").width_max(ERROR_WIDTH_MAX * 2).flex(),
+        ]);
+        for e in page {
+            t.push([
+                text(e, "id"),
+                short_time(e, "at"),
+                text(e, "actor"),
+                text(e, "action"),
+                text(e, "count"),
+                compact(e.get("request")),
+            ]);
+        }
+        write_lines(out, &t.lines(width), "")?;
+    }
+    next_cursor(out, v, page.is_empty())
+}
+
 /// `GET /v1/dead-letters`: the page and where the next one starts.
 pub fn dead_letters(out: Out, v: &Value, width: Option<usize>) -> io::Result<()> {
     let page = items(v, "items");
@@ -234,15 +354,7 @@ pub fn dead_letters(out: Out, v: &Value, width: Option<usize>) -> io::Result<()>
     } else {
         write_lines(out, &dead_letter_table(page).lines(width), "")?;
     }
-    match v.get("next_cursor").and_then(Value::as_str) {
-        Some(c) => writeln!(
-            out,
-            "next cursor: {}  (add --cursor to see the next page)",
-            clean_line(c)
-        ),
-        None if page.is_empty() => Ok(()),
-        None => writeln!(out, "next cursor: none (last page)"),
-    }
+    next_cursor(out, v, page.is_empty())
 }
 
 /// A few dead letters, as `dlq purge` shows them before asking for --confirm.
@@ -443,10 +555,7 @@ pub fn redriven(out: Out, v: &Value, dry_run: bool) -> io::Result<()> {
             }
         }
     }
-    let missing: Vec<String> = items(v, "not_found")
-        .iter()
-        .map(|x| scalar(Some(x)))
-        .collect();
+    let missing = redrive_not_found(v);
     if !missing.is_empty() {
         writeln!(
             out,
@@ -500,6 +609,14 @@ fn redrive_items(out: Out, rows: &[Value], dry_run: bool) -> io::Result<()> {
     Ok(())
 }
 
+/// The requested ids a redrive reply names as matching nothing redrivable.
+pub fn redrive_not_found(v: &Value) -> Vec<String> {
+    items(v, "not_found")
+        .iter()
+        .map(|x| scalar(Some(x)))
+        .collect()
+}
+
 /// How many dead letters of a redrive reply were not redriven, for the
 /// exit status.
 pub fn redrive_failures(v: &Value) -> usize {
@@ -508,6 +625,27 @@ pub fn redrive_failures(v: &Value) -> usize {
         .filter(|r| r.get("error").is_some_and(|e| !e.is_null()))
         .filter(|r| r.get("redriven") != Some(&Value::Bool(true)))
         .count()
+}
+
+/// `POST /v1/dead-letters/{id}/redrive`: what went back, and what it replaced.
+pub fn corrected(out: Out, v: &Value) -> io::Result<()> {
+    let mut pairs = vec![("redriven", text(v, "dead_letter_id"))];
+    if v.get("source").is_some_and(|s| !s.is_null()) {
+        pairs.push(("source", text(v, "source")));
+        pairs.push(("message_id", text(v, "message_id")));
+    } else {
+        pairs.push(("job_id", text(v, "job_id")));
+    }
+    pairs.extend([
+        ("payload_size", text(v, "payload_size")),
+        ("payload_sha256", text(v, "payload_sha256")),
+        ("previous_sha256", text(v, "previous_payload_sha256")),
+    ]);
+    fields(out, &pairs)?;
+    if let Some(w) = v.get("warning").and_then(Value::as_str) {
+        writeln!(out, "warning: {}", clean_line(w))?;
+    }
+    Ok(())
 }
 
 /// `POST /v1/dead-letters/purge`.
@@ -954,6 +1092,65 @@ mod tests {
         assert_eq!(
             error_summary(Some(&json!({"kind": null, "message": "boom"}))),
             "boom"
+        );
+    }
+
+    #[test]
+    fn jobs_are_a_table_with_their_dead_letter() {
+        let v = json!({"items": [
+            {"id": "41", "type": "send_email", "tenant": "acme", "lane": "interactive",
+             "state": "scheduled", "attempt": 2, "created_at": "2026-12-01T21:00:00.123Z",
+             "run_at": "2026-12-01T21:00:04.500Z", "dead_letter_id": null},
+            {"id": "40", "type": "resize", "tenant": "globex", "lane": "batch",
+             "state": "dead_lettered", "attempt": 5, "created_at": "2026-12-01T20:59:00Z",
+             "run_at": null, "dead_letter_id": "7"}
+        ], "next_cursor": null});
+        expect_test::expect![[r#"
+            ID  TYPE        TENANT  LANE         STATE          ATTEMPT  CREATED_AT            RUN_AT                DEAD_LETTER
+            41  send_email  acme    interactive  scheduled            2  2026-12-01T21:00:00Z  2026-12-01T21:00:04Z  -
+            40  resize      globex  batch        dead_lettered        5  2026-12-01T20:59:00Z  -                     7
+            next cursor: none (last page)
+        "#]]
+        .assert_eq(&render(|o| jobs(o, &v, None)));
+        let empty = json!({"items": [], "next_cursor": null});
+        assert_eq!(render(|o| jobs(o, &empty, None)), "no jobs match\n");
+    }
+
+    #[test]
+    fn the_audit_log_is_a_table_with_the_request_on_one_line() {
+        let v = json!({"items": [
+            {"id": "12", "at": "2026-12-01T21:05:00.250Z", "actor": "ops-alice",
+             "action": "redrive", "request": {"filter": {"reason": "exhausted"}, "dry_run": false},
+             "count": 3},
+            {"id": "11", "at": "2026-12-01T21:04:00Z", "actor": "ci-bot", "action": "denied",
+             "request": {"path": "/v1/dead-letters/purge"}, "count": 0}
+        ], "next_cursor": "11"});
+        expect_test::expect![[r#"
+            ID  AT                    ACTOR      ACTION   COUNT  REQUEST
+            12  2026-12-01T21:05:00Z  ops-alice  redrive      3  {"dry_run":false,"filter":{"reason":"exhausted"}}
+            11  2026-12-01T21:04:00Z  ci-bot     denied       0  {"path":"/v1/dead-letters/purge"}
+            next cursor: 11  (add --cursor to see the next page)
+        "#]]
+        .assert_eq(&render(|o| audit(o, &v, None)));
+    }
+
+    #[test]
+    fn breakers_show_open_and_half_open_ones_only() {
+        let v = json!({"breakers": [
+            {"type": "send_email", "kind": "http_503", "state": "open", "until": "2026-12-01T21:00:10.900Z"},
+            {"type": "send_email", "kind": "timeout", "state": "half_open", "until": null},
+            {"type": "resize", "kind": "oom", "state": "closed", "until": null}
+        ]});
+        expect_test::expect![[r#"
+            TYPE        KIND      STATE      UNTIL
+            send_email  http_503  open       2026-12-01T21:00:10Z
+            send_email  timeout   half_open  -
+        "#]]
+        .assert_eq(&render(|o| breakers(o, &v, None)));
+        let none = json!({"breakers": []});
+        assert_eq!(
+            render(|o| breakers(o, &none, None)),
+            "every breaker is closed: all types are leased\n"
         );
     }
 }

@@ -13,6 +13,8 @@ use super::*;
 #[derive(Debug, Parser)]
 #[command(name = "lazaret")]
 struct TestCli {
+    #[command(flatten)]
+    global: GlobalOpts,
     #[command(subcommand)]
     command: ClientCommand,
 }
@@ -91,10 +93,12 @@ async fn lazaret(url: &str, token: Option<&str>, args: &[&str]) -> (anyhow::Resu
         .into_iter()
         .chain(args.iter().copied())
         .chain(["--server", url]);
-    let cmd = TestCli::try_parse_from(argv).unwrap().command;
-    let client = Client::new(url, token.map(str::to_owned)).unwrap();
+    let mut parsed = TestCli::try_parse_from(argv).unwrap();
+    // The environment's LAZARET_TOKEN must not leak into these tests.
+    parsed.global.token = token.map(str::to_owned);
+    let cli = errors::client(&parsed.global).unwrap();
     let mut out = Vec::new();
-    let result = execute(cmd, &client, &mut out, None).await;
+    let result = execute(parsed.command, &cli, parsed.global.json, &mut out, None).await;
     (result, String::from_utf8(out).unwrap())
 }
 
@@ -192,7 +196,7 @@ async fn unauthorized_without_a_token_says_to_set_one() {
     let (result, _) = lazaret(&url, None, &["stats"]).await;
     assert_eq!(
         format!("{:#}", result.unwrap_err()),
-        "UNAUTHORIZED: token required\n  hint: no token was sent: set LAZARET_TOKEN"
+        "UNAUTHORIZED: token required\n  hint: no token was sent: set LAZARET_TOKEN (or pass --token)"
     );
 }
 
@@ -286,6 +290,17 @@ async fn dlq_ls_filters_by_source() {
 }
 
 #[tokio::test]
+async fn dlq_ls_finds_the_dead_letter_of_a_job() {
+    let (url, seen) = stub(vec![ok(200, r#"{"items":[],"next_cursor":null}"#)]).await;
+    let (result, _) = lazaret(&url, None, &["dlq", "ls", "--job-id", "41", "--limit", "1"]).await;
+    result.unwrap();
+    assert_eq!(
+        seen.lock().unwrap()[0].target,
+        "/v1/dead-letters?job_id=41&limit=1"
+    );
+}
+
+#[tokio::test]
 async fn redrive_without_a_selection_sends_nothing() {
     // No stub: a request would fail to connect instead of being refused.
     let (result, _) = lazaret("http://127.0.0.1:9", None, &["dlq", "redrive"]).await;
@@ -357,9 +372,13 @@ async fn the_payload_streams_byte_for_byte_to_stdout_or_a_file() {
     let cmd = TestCli::try_parse_from(["lazaret", "dlq", "payload", "d/1"])
         .unwrap()
         .command;
-    let client = Client::new(&url, None).unwrap();
+    let cli = errors::client(&GlobalOpts {
+        server: Some(url.clone()),
+        ..GlobalOpts::default()
+    })
+    .unwrap();
     let mut out = Vec::new();
-    execute(cmd, &client, &mut out, None).await.unwrap();
+    execute(cmd, &cli, false, &mut out, None).await.unwrap();
     assert_eq!(out, bytes);
     assert_eq!(
         seen.lock().unwrap()[0].target,
@@ -465,4 +484,210 @@ fn tokens_create_refuses_an_unknown_role_before_sending() {
     let err = TestCli::try_parse_from(["lazaret", "tokens", "create", "x", "--role", "root"])
         .expect_err("root is not a role");
     assert!(err.to_string().contains("producer"), "{err}");
+}
+
+#[tokio::test]
+async fn pause_and_resume_post_the_target() {
+    let (url, seen) = stub(vec![
+        ok(200, r#"{"ok":true,"paused":true}"#),
+        ok(200, r#"{"ok":true,"paused":false}"#),
+    ])
+    .await;
+    let (result, paused) = lazaret(&url, Some("op"), &["pause", "--type", "send_email"]).await;
+    result.unwrap();
+    let (result, resumed) = lazaret(&url, Some("op"), &["resume", "--lane", "batch"]).await;
+    result.unwrap();
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(
+        (seen[0].target.as_str(), seen[0].body.as_str()),
+        ("/v1/pause", r#"{"type":"send_email"}"#)
+    );
+    assert_eq!(
+        (seen[1].target.as_str(), seen[1].body.as_str()),
+        ("/v1/resume", r#"{"lane":"batch"}"#)
+    );
+    assert!(paused.starts_with("paused type send_email:"), "{paused}");
+    assert_eq!(resumed, "resumed lane batch\n");
+}
+
+#[tokio::test]
+async fn jobs_ls_and_cancel_speak_the_jobs_api() {
+    let page = r#"{"items":[{"id":"12","type":"t","tenant":"acme","lane":"default","state":"queued",
+        "attempt":0,"created_at":"2026-12-01T21:00:00.123Z","run_at":null,"dead_letter_id":null}],
+        "next_cursor":"12"}"#;
+    let (url, seen) = stub(vec![
+        ok(200, page),
+        ok(200, r#"{"state":"cancelled"}"#),
+        ok(200, r#"{"state":"leased","cancel_requested":true}"#),
+    ])
+    .await;
+    let (result, listed) = lazaret(
+        &url,
+        None,
+        &[
+            "jobs", "ls", "--state", "queued", "--tenant", "acme", "--limit", "1",
+        ],
+    )
+    .await;
+    result.unwrap();
+    let (result, cancelled) = lazaret(&url, None, &["jobs", "cancel", "12"]).await;
+    result.unwrap();
+    let (result, requested) = lazaret(&url, None, &["jobs", "cancel", "13"]).await;
+    result.unwrap();
+    let seen = seen.lock().unwrap().clone();
+    let calls: Vec<(&str, &str)> = seen
+        .iter()
+        .map(|s| (s.method.as_str(), s.target.as_str()))
+        .collect();
+    assert_eq!(
+        calls,
+        [
+            ("GET", "/v1/jobs?state=queued&tenant=acme&limit=1"),
+            ("POST", "/v1/jobs/12/cancel"),
+            ("POST", "/v1/jobs/13/cancel")
+        ]
+    );
+    assert!(
+        listed.contains("\n12  t     acme    default  queued"),
+        "{listed}"
+    );
+    assert!(listed.ends_with("next cursor: 12  (add --cursor to see the next page)\n"));
+    assert_eq!(cancelled, "cancelled job 12: it will not be leased again\n");
+    assert!(
+        requested.starts_with("job 13 is leased: cancel requested"),
+        "{requested}"
+    );
+}
+
+#[tokio::test]
+async fn audit_sends_its_filters_and_breakers_show_what_is_not_closed() {
+    let (url, seen) = stub(vec![
+        ok(200, r#"{"items":[],"next_cursor":null}"#),
+        ok(
+            200,
+            r#"{"breakers":[{"type":"t","kind":"http_503","state":"open","until":"2026-12-01T21:00:10Z"},
+                {"type":"u","kind":"timeout","state":"closed","until":null}]}"#,
+        ),
+    ])
+    .await;
+    let (result, audit) = lazaret(
+        &url,
+        None,
+        &["audit", "--action", "redrive", "--cursor", "9"],
+    )
+    .await;
+    result.unwrap();
+    let (result, breakers) = lazaret(&url, None, &["breakers"]).await;
+    result.unwrap();
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen[0].target, "/v1/audit?action=redrive&cursor=9");
+    assert_eq!(seen[1].target, "/v1/breakers");
+    assert_eq!(audit, "no audit entries match\n");
+    assert_eq!(
+        breakers,
+        "TYPE  KIND      STATE  UNTIL\nt     http_503  open   2026-12-01T21:00:10Z\n"
+    );
+}
+
+#[tokio::test]
+async fn a_redrive_dry_run_lists_its_rows_and_fails_naming_unknown_ids() {
+    let reply = r#"{"matched":1,"redriven":0,"job_ids":[],"not_found":["d9"],"dry_run":true,
+        "skipped_admission_records":0,
+        "items":[{"dead_letter_id":"d1","job_id":"j1","source":null,"message_id":null}]}"#;
+    let (url, seen) = stub(vec![ok(200, reply)]).await;
+    let (result, out) = lazaret(
+        &url,
+        None,
+        &["dlq", "redrive", "--id", "d1", "--id", "d9", "--dry-run"],
+    )
+    .await;
+    let err = result.unwrap_err();
+    assert_eq!(errors::exit_code(&err), ExitCode::Failed);
+    let msg = format!("{err:#}");
+    assert!(
+        msg.starts_with("1 id(s) match no dead letter that can be redriven: d9;"),
+        "{msg}"
+    );
+    assert_eq!(
+        serde_json::from_str::<Value>(&seen.lock().unwrap()[0].body).unwrap(),
+        serde_json::json!({"ids": ["d1", "d9"], "dry_run": true})
+    );
+    assert!(out.contains("dry run: nothing was redriven\n"), "{out}");
+    assert!(
+        out.contains("\nd1           j1      -       -           would be redriven\n"),
+        "{out}"
+    );
+}
+
+#[tokio::test]
+async fn json_prints_an_error_body_as_is() {
+    let body =
+        r#"{"error":{"code":"FORBIDDEN","reason":null,"message":"purge needs admin","x":1}}"#;
+    let (url, _) = stub(vec![ok(403, body)]).await;
+    let (result, _) = lazaret(&url, Some("op"), &["stats", "--json"]).await;
+    let err = result.unwrap_err();
+    assert_eq!(
+        err.downcast_ref::<ServerError>().unwrap().body,
+        body.as_bytes()
+    );
+    assert!(
+        format!("{err:#}").contains("hint: this token's role may not do this"),
+        "{err:#}"
+    );
+    assert_eq!(errors::exit_code(&err), ExitCode::Failed);
+}
+
+#[tokio::test]
+async fn an_unreachable_server_exits_3() {
+    let url = {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        format!("http://{}", listener.local_addr().unwrap())
+    };
+    let (result, _) = lazaret(&url, None, &["breakers"]).await;
+    assert_eq!(
+        errors::exit_code(&result.unwrap_err()),
+        ExitCode::Unreachable
+    );
+}
+
+#[tokio::test]
+async fn dlq_correct_sends_the_payload_bytes_the_reason_and_prints_both_hashes() {
+    let reply = r#"{"redriven":true,"dead_letter_id":"7","job_id":"12","source":null,"message_id":null,
+        "payload_size":11,"payload_sha256":"aa","previous_payload_sha256":"bb"}"#;
+    let (url, seen) = stub(vec![ok(200, reply)]).await;
+    let (result, out) = lazaret(
+        &url,
+        Some("op"),
+        &[
+            "dlq",
+            "correct",
+            "7",
+            "--payload",
+            r#"{"n": 1.0}"#,
+            "--reason",
+            "TICKET-9",
+            "--schema-version",
+            "2",
+        ],
+    )
+    .await;
+    result.unwrap();
+    let seen = seen.lock().unwrap()[0].clone();
+    assert_eq!(seen.target, "/v1/dead-letters/7/redrive");
+    assert_eq!(
+        seen.body,
+        r#"{"payload":{"n": 1.0},"reason":"TICKET-9","schema_version":2}"#
+    );
+    assert_eq!(
+        out,
+        "redriven:         7\njob_id:           12\npayload_size:     11\n\
+         payload_sha256:   aa\nprevious_sha256:  bb\n"
+    );
+    let (result, _) = lazaret(
+        &url,
+        None,
+        &["dlq", "correct", "7", "--payload", "{", "--reason", "x"],
+    )
+    .await;
+    assert_eq!(errors::exit_code(&result.unwrap_err()), ExitCode::Usage);
 }

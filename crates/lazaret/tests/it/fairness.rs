@@ -52,6 +52,55 @@ backoff_cap_ms = 100
     );
 }
 
+/// Without `[tenants] inflight_max` there is no cap: one team, one tenant,
+/// every worker busy. Tenants still take turns.
+#[tokio::test]
+async fn without_a_configured_cap_a_tenant_takes_every_worker_and_tenants_still_take_turns() {
+    let server = Server::start("").await;
+    let api = server.api();
+    let mut acme = Vec::new();
+    for n in 0..6 {
+        let body = api
+            .enqueue(&job("report", "acme", json!({"n": n})))
+            .await
+            .expect(201)
+            .clone();
+        assert_eq!(
+            body["admission"], "ADMITTED",
+            "no cap, no FAIR_QUEUE: {body}"
+        );
+        acme.push(body["id"].clone());
+    }
+    let globex = api
+        .enqueue_ok(&job("report", "globex", json!({"n": 0})))
+        .await;
+
+    // Two slots: one each, though acme's six came first.
+    let first = api.lease(&lease_req("w", 2, 30_000)).await;
+    let mut ids: Vec<_> = first.iter().map(|j| j["id"].clone()).collect();
+    ids.sort_by_key(|v| v.to_string());
+    let mut want = vec![acme[0].clone(), globex.clone()];
+    want.sort_by_key(|v| v.to_string());
+    assert_eq!(ids, want, "one of each tenant first");
+
+    // acme holds one lease; with the old default cap of 2 it would get one
+    // more. Without a cap it gets the other five.
+    let rest = api.lease(&lease_req("w", 10, 30_000)).await;
+    assert_eq!(
+        rest.iter().map(|j| j["id"].clone()).collect::<Vec<_>>(),
+        acme[1..].to_vec()
+    );
+    let body = api
+        .enqueue(&job("report", "acme", json!({"n": 6})))
+        .await
+        .expect(201)
+        .clone();
+    assert_eq!(
+        body["admission"], "ADMITTED",
+        "six in flight, still no cap: {body}"
+    );
+}
+
 #[tokio::test]
 async fn a_lease_waiting_on_a_tenants_cap_wakes_when_an_ack_frees_a_slot() {
     let server = Server::start("[tenants]\ninflight_max = 1\n").await;

@@ -1,0 +1,3 @@
+//! lazaret-server's integration tests: the router over a real SQLite store, without sockets.
+
+mod backpressure;
