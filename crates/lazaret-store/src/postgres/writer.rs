@@ -776,12 +776,16 @@ impl Writer {
             .as_ref()
             .map(|ls| ls.iter().map(|l| l.as_str()).collect());
         let not_lanes: Vec<&str> = req.exclude_lanes.iter().map(|l| l.as_str()).collect();
+        // Lane reserves are shares of every lease held: pairs that hold
+        // leases with nothing ready count then too (as in SQLite).
+        let held_too = self.scheduler.config().has_reserves();
         let rows = self
             .query(
                 "SELECT lane, tenant, ready, inflight FROM pairs
-                 WHERE ready > 0 AND ($1::text[] IS NULL OR lane = ANY($1)) AND NOT (lane = ANY($2))
+                 WHERE (ready > 0 OR ($3 AND inflight > 0))
+                   AND ($1::text[] IS NULL OR lane = ANY($1)) AND NOT (lane = ANY($2))
                  ORDER BY lane, tenant FOR UPDATE",
-                &[&only_lanes, &not_lanes],
+                &[&only_lanes, &not_lanes, &held_too],
             )
             .await?;
         let mut pairs: Vec<((Lane, TenantId), (i64, i64))> = Vec::new();
@@ -831,8 +835,8 @@ impl Writer {
                     .copied()
                     .unwrap_or_default();
                 let (ready, inflight) = (base.0 + d.ready, base.1 + d.inflight);
-                if ready > 0 {
-                    keys.push((key.clone(), (ready as u32, inflight.max(0) as u32)));
+                if ready > 0 || (held_too && inflight > 0) {
+                    keys.push((key.clone(), (ready.max(0) as u32, inflight.max(0) as u32)));
                 }
             }
             if keys.is_empty() {
