@@ -6,7 +6,7 @@
 //! restart), says where it differs through [`Capabilities`], and runs the
 //! whole suite with one line, one `#[tokio::test]` per case:
 //!
-//! ```ignore
+//! ```text
 //! lazaret_store_conformance::conformance_suite!(crate::sqlite::backend);
 //! ```
 //!
