@@ -100,6 +100,15 @@
 //! delivery_timeout_ms = 30000         # guard: a slower delivery failed with kind "timeout" (at least 1)
 //! redrive_to = "orders"               # optional: where a redrive republishes (default: where the message came from)
 //!
+//! [[alerts]]                          # a webhook target; several may be listed (docs/alerts.md)
+//! url = "http://127.0.0.1:9099/hook"  # POSTed one JSON body per alert (http:// only)
+//! events = ["dead_letters_appeared", "poison_rate", "reason_surge",
+//!           "breaker_opened", "breaker_closed", "dead_letters_over_warn"] # default: all six
+//! cooldown_ms = 300000                # one alert per (event, type, reason) per cooldown (at least 1000)
+//! poison_rate_per_min = 10            # poison_rate: dead letters of one type in the last minute (1..=10000)
+//! surge_min = 20                      # reason_surge: dead letters in the surge window, 5 min (1..=10000)
+//! surge_share = 0.8                   # reason_surge: share of them with one failure (0.5 < x <= 1)
+//!
 //! [[sources]]
 //! name = "celery-dlq"
 //! broker = "redis"
@@ -121,7 +130,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use lazaret_core::{
-    AdmissionConfig, Backoff, BreakerConfig, BreakerConfigError, ErrorKind, FailureClass, JobType,
+    AdmissionConfig, AlertEvent, AlertRule, Backoff, BreakerConfig, BreakerConfigError, ErrorKind, FailureClass, JobType,
     Lane, Policies, PolicyError, SchedulerConfig, SchedulerConfigError, TenantId, TypePolicy,
     TypeSchemas,
 };
@@ -205,6 +214,17 @@ pub struct ServerConfig {
     pub sources: Vec<SourceSpec>,
     /// `[http]`: connections and shutdown.
     pub http: HttpConfig,
+    /// `[[alerts]]`, in file order: webhook targets and their rules.
+    pub alerts: Vec<AlertTarget>,
+}
+
+/// One `[[alerts]]` entry: where alerts go and which.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AlertTarget {
+    /// The webhook, `http://host:port/path`.
+    pub url: String,
+    /// Events, cooldown and thresholds.
+    pub rule: AlertRule,
 }
 
 impl Default for ServerConfig {
@@ -233,6 +253,7 @@ impl Default for ServerConfig {
             lease_ms_max: 3_600_000,
             sources: Vec::new(),
             http: HttpConfig::default(),
+            alerts: Vec::new(),
         }
     }
 }
@@ -484,6 +505,23 @@ struct RawConfig {
     tokens: Vec<RawToken>,
     #[serde(default)]
     sources: Vec<RawSource>,
+    #[serde(default)]
+    alerts: Vec<RawAlert>,
+}
+
+/// `[[alerts]]`: the contract's keys.
+#[derive(Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "an alert table with url, events, cooldown_ms, poison_rate_per_min, surge_min, surge_share"
+)]
+struct RawAlert {
+    url: Option<String>,
+    events: Option<Vec<String>>,
+    cooldown_ms: Option<Ms>,
+    poison_rate_per_min: Option<u64>,
+    surge_min: Option<u64>,
+    surge_share: Option<f64>,
 }
 
 #[derive(Deserialize)]
@@ -979,6 +1017,7 @@ impl<'a> Ctx<'a> {
         };
         cfg.tokens = self.tokens(&raw)?;
         cfg.sources = self.sources(&raw)?;
+        cfg.alerts = self.alerts(&raw)?;
         Ok(cfg)
     }
 
@@ -1296,6 +1335,73 @@ impl<'a> Ctx<'a> {
 
     /// Every `[[sources]]` entry as a [`SourceSpec`], with the contract's
     /// defaults filled in.
+    fn alerts(&self, raw: &RawConfig) -> Result<Vec<AlertTarget>, ConfigError> {
+        let mut out = Vec::with_capacity(raw.alerts.len());
+        for (i, a) in raw.alerts.iter().enumerate() {
+            let path = root("alerts").index(i);
+            let url = match a.url.as_deref().map(str::trim) {
+                None | Some("") => {
+                    return Err(self.invalid(
+                        &path.key("url"),
+                        "every [[alerts]] entry needs url: add url = \"http://127.0.0.1:9099/hook\" (POSTed one JSON body per alert)",
+                    ));
+                }
+                Some(u) => u.to_owned(),
+            };
+            let host_ok = url
+                .strip_prefix("http://")
+                .is_some_and(|rest| !rest.is_empty() && !rest.starts_with('/'));
+            if !host_ok {
+                let hint = if url.starts_with("https://") {
+                    "https targets are not supported yet; send to an http:// relay on this host"
+                } else {
+                    "write it as http://HOST:PORT/PATH"
+                };
+                return Err(self.invalid(
+                    &path.key("url"),
+                    format!("url {url:?} is not an http:// URL with a host: {hint}"),
+                ));
+            }
+            let mut rule = AlertRule::default();
+            if let Some(events) = &a.events {
+                rule.events.clear();
+                for (j, e) in events.iter().enumerate() {
+                    let event: AlertEvent = e
+                        .parse()
+                        .map_err(|err: lazaret_core::alerts::UnknownAlertEvent| {
+                            self.invalid(&path.key("events").index(j), err.to_string())
+                        })?;
+                    rule.events.insert(event);
+                }
+            }
+            if let Some(Ms(v)) = a.cooldown_ms {
+                rule.cooldown = Duration::from_millis(v);
+            }
+            if let Some(v) = a.poison_rate_per_min {
+                rule.poison_rate_per_min = v;
+            }
+            if let Some(v) = a.surge_min {
+                rule.surge_min = v;
+            }
+            if let Some(v) = a.surge_share {
+                rule.surge_share = v;
+            }
+            rule.validate().map_err(|e| {
+                use lazaret_core::AlertRuleError as E;
+                let key = match e {
+                    E::NoEvents => "events",
+                    E::Cooldown(_) => "cooldown_ms",
+                    E::PoisonRate(_) => "poison_rate_per_min",
+                    E::SurgeMin(_) => "surge_min",
+                    _ => "surge_share",
+                };
+                self.invalid(&path.key(key), e.to_string())
+            })?;
+            out.push(AlertTarget { url, rule });
+        }
+        Ok(out)
+    }
+
     fn sources(&self, raw: &RawConfig) -> Result<Vec<SourceSpec>, ConfigError> {
         let mut out: Vec<SourceSpec> = Vec::with_capacity(raw.sources.len());
         for (i, s) in raw.sources.iter().enumerate() {
@@ -1635,6 +1741,93 @@ token = "..."                       # or token_sha256 = "hex"
     }
 
     #[test]
+    fn alerts_load_the_contract_example_with_defaults_for_the_rest() {
+        let cfg = parse(
+            r#"
+[[alerts]]
+url = "http://127.0.0.1:9099/hook"
+events = ["dead_letters_appeared", "poison_rate", "reason_surge",
+          "breaker_opened", "breaker_closed", "dead_letters_over_warn"]
+cooldown_ms = 300000
+poison_rate_per_min = 10
+
+[[alerts]]
+url = "http://ops.internal:8080/lazaret"
+events = ["reason_surge"]
+surge_min = 5
+surge_share = 0.9
+"#,
+        )
+        .unwrap();
+        assert_eq!(cfg.alerts.len(), 2);
+        assert_eq!(cfg.alerts[0].url, "http://127.0.0.1:9099/hook");
+        assert_eq!(cfg.alerts[0].rule, AlertRule::default());
+        let second = &cfg.alerts[1].rule;
+        assert_eq!(second.events, [AlertEvent::ReasonSurge].into());
+        assert_eq!((second.surge_min, second.surge_share), (5, 0.9));
+        assert_eq!(second.cooldown, Duration::from_secs(300));
+        assert!(parse("").unwrap().alerts.is_empty());
+    }
+
+    #[test]
+    fn alert_mistakes_are_named_with_their_key() {
+        assert_refused(
+            "[[alerts]]\nevents = [\"poison_rate\"]\n",
+            "alerts[0].url",
+            1,
+            "every [[alerts]] entry needs url",
+        );
+        assert_refused(
+            "[[alerts]]\nurl = \"https://hooks.example.com/x\"\n",
+            "alerts[0].url",
+            2,
+            "https targets are not supported yet",
+        );
+        assert_refused(
+            "[[alerts]]\nurl = \"127.0.0.1:9099\"\n",
+            "alerts[0].url",
+            2,
+            "write it as http://HOST:PORT/PATH",
+        );
+        assert_refused(
+            "[[alerts]]\nurl = \"http://h/\"\nevents = [\"poison_rate\", \"dlq_depth\"]\n",
+            "alerts[0].events[1]",
+            3,
+            "unknown alert event `dlq_depth`: use dead_letters_appeared",
+        );
+        assert_refused(
+            "[[alerts]]\nurl = \"http://h/\"\nevents = []\n",
+            "alerts[0].events",
+            3,
+            "events is empty",
+        );
+        assert_refused(
+            "[[alerts]]\nurl = \"http://h/\"\ncooldown_ms = 10\n",
+            "alerts[0].cooldown_ms",
+            3,
+            "at least 1000",
+        );
+        assert_refused(
+            "[[alerts]]\nurl = \"http://h/\"\nsurge_share = 0.4\n",
+            "alerts[0].surge_share",
+            3,
+            "above 0.5 up to 1.0",
+        );
+        assert_refused(
+            "[[alerts]]\nurl = \"http://h/\"\nsurge_min = 0\n",
+            "alerts[0].surge_min",
+            3,
+            "surge_min is 0",
+        );
+        assert_refused(
+            "[[alerts]]\nurl = \"http://h/\"\nwebhook = 1\n",
+            "alerts[0].webhook",
+            3,
+            "unknown field `webhook`",
+        );
+    }
+
+    #[test]
     fn the_documented_example_loads_and_sets_every_key() {
         // The module doc is the key reference copied into docs: it must parse.
         let source = include_str!("config.rs");
@@ -1652,6 +1845,8 @@ token = "..."                       # or token_sha256 = "hex"
             cfg.scheduler.tenant_inflight_max[&TenantId::new("big-customer")],
             8
         );
+        assert_eq!(cfg.alerts.len(), 1);
+        assert_eq!(cfg.alerts[0].rule, AlertRule::default());
         assert_eq!(cfg.breaker_default.unwrap().failures_min, 20);
         assert_eq!(cfg.tokens.len(), 2);
         assert_eq!(cfg.tokens[1].role, Role::Producer);
