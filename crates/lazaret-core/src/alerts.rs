@@ -320,7 +320,7 @@ impl RecentDeadLetters {
             })
             .collect();
         // Stable: equal counts keep the map's (reason, kind) order.
-        all.sort_by(|a, b| b.count.cmp(&a.count));
+        all.sort_by_key(|r| std::cmp::Reverse(r.count));
         all.truncate(n);
         all
     }

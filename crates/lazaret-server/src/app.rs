@@ -6,12 +6,13 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lazaret_core::{
-    Breakers, DeadLetterReason, Envelope, ErrorKind, Event, FailureClass, FailureStats, JobType,
-    Lane, Policies, SplitMix64, Timestamp, Transition, decide,
+    BreakerState, Breakers, DeadLetterReason, Envelope, ErrorKind, Event, FailureClass,
+    FailureStats, JobType, Lane, Policies, SplitMix64, Timestamp, Transition, decide,
 };
 use lazaret_guard::SourceSet;
 use lazaret_store::{Completed, DeadLetterId, Decider, Store};
 
+use crate::alerts::AlertHub;
 use crate::auth::ApiTokens;
 use crate::config::ServerConfig;
 use crate::metrics as m;
@@ -75,6 +76,9 @@ pub struct App<S> {
     pub breakers: Mutex<Breakers>,
     /// Failure fingerprints, rates and surges.
     pub failures: Mutex<FailureStats>,
+    /// `[[alerts]]`: the recent dead letters and breaker changes the alert
+    /// tasks decide from, and their targets.
+    pub alerts: AlertHub,
     /// Paused types and lanes.
     pub paused: Mutex<Paused>,
     /// Woken when a job may have become ready (long-polls wait on it).
@@ -121,6 +125,7 @@ impl<S: Store> App<S> {
             store,
             breakers: Mutex::new(breakers),
             failures: Mutex::new(FailureStats::default()),
+            alerts: AlertHub::new(&config.alerts),
             paused: Mutex::new(Paused::default()),
             ready: Ready::default(),
             admission_records: Mutex::new(HashMap::new()),
@@ -252,6 +257,8 @@ impl<S: Store> App<S> {
                 Transition::Retry { .. } => m::retried(c.job_type.as_str()),
                 Transition::DeadLetter { reason } => {
                     m::dead_lettered(c.job_type.as_str(), reason.as_str(), "processing");
+                    self.alerts
+                        .record_dead_letter(Some(&c.job_type), reason, c.kind.as_ref(), now);
                     failures.record_dead_letter(
                         &c.job_type,
                         reason,
@@ -270,8 +277,19 @@ impl<S: Store> App<S> {
                 }
             }
         }
+        self.drain_breaker_changes(&mut breakers);
+    }
+
+    /// Logs the breakers' state changes and hands them to the alerts.
+    pub fn drain_breaker_changes(&self, breakers: &mut Breakers) {
         while let Some(t) = breakers.poll_transition() {
+            if matches!(t.to, BreakerState::HalfOpen { .. })
+                && matches!(t.from, BreakerState::HalfOpen { .. })
+            {
+                continue; // probe slots handed out again: not news
+            }
             tracing::warn!(r#type = %t.ty, kind = %t.kind, from = %t.from, to = %t.to, "breaker changed state");
+            self.alerts.record_breaker_change(&t);
         }
     }
 
@@ -284,6 +302,8 @@ impl<S: Store> App<S> {
         now: Timestamp,
     ) {
         m::dead_lettered(ty.unwrap_or(""), reason.as_str(), "admission");
+        self.alerts
+            .record_dead_letter(ty.map(JobType::new).as_ref(), reason, None, now);
         let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
         failures.record_dead_letter(&JobType::new(ty.unwrap_or("")), reason, None, message, now);
     }

@@ -130,9 +130,9 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use lazaret_core::{
-    AdmissionConfig, AlertEvent, AlertRule, Backoff, BreakerConfig, BreakerConfigError, ErrorKind, FailureClass, JobType,
-    Lane, Policies, PolicyError, SchedulerConfig, SchedulerConfigError, TenantId, TypePolicy,
-    TypeSchemas,
+    AdmissionConfig, AlertEvent, AlertRule, Backoff, BreakerConfig, BreakerConfigError, ErrorKind,
+    FailureClass, JobType, Lane, Policies, PolicyError, SchedulerConfig, SchedulerConfigError,
+    TenantId, TypePolicy, TypeSchemas,
 };
 use lazaret_guard::{BrokerKind, Mode, SourceSpec, TenantFrom};
 use serde::Deserialize;
@@ -1366,11 +1366,11 @@ impl<'a> Ctx<'a> {
             if let Some(events) = &a.events {
                 rule.events.clear();
                 for (j, e) in events.iter().enumerate() {
-                    let event: AlertEvent = e
-                        .parse()
-                        .map_err(|err: lazaret_core::alerts::UnknownAlertEvent| {
-                            self.invalid(&path.key("events").index(j), err.to_string())
-                        })?;
+                    let event: AlertEvent =
+                        e.parse()
+                            .map_err(|err: lazaret_core::alerts::UnknownAlertEvent| {
+                                self.invalid(&path.key("events").index(j), err.to_string())
+                            })?;
                     rule.events.insert(event);
                 }
             }

@@ -171,6 +171,16 @@ pub fn describe_source(source: &str) {
 /// The `outcome` label values of `lazaret_source_deliveries_total`.
 pub const SOURCE_OUTCOMES: [&str; 4] = ["succeeded", "retried", "deferred", "dead_lettered"];
 
+/// An alert delivered to its target.
+pub fn alert_sent(event: &str) {
+    metrics::counter!("lazaret_alerts_sent_total", "event" => event.to_owned()).increment(1);
+}
+
+/// An alert that could not be delivered (every try failed, or its queue was full).
+pub fn alert_failed(event: &str) {
+    metrics::counter!("lazaret_alerts_failed_total", "event" => event.to_owned()).increment(1);
+}
+
 /// Open HTTP connections now.
 pub fn connections(n: usize) {
     metrics::gauge!("lazaret_http_connections").set(n as f64);
@@ -362,6 +372,16 @@ const FAMILIES: &[Family] = &[
         "lazaret_source_taken_in_total",
         "counter",
         "Dead letters a watch source took in from its broker, by source",
+    ),
+    family(
+        "lazaret_alerts_sent_total",
+        "counter",
+        "Alerts delivered to an [[alerts]] target, by event",
+    ),
+    family(
+        "lazaret_alerts_failed_total",
+        "counter",
+        "Alerts not delivered (every try failed, or the target's queue was full), by event",
     ),
     family("lazaret_http_connections", "gauge", "Open HTTP connections"),
     family(

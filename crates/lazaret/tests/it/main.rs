@@ -4,6 +4,7 @@
 //! test starts its own server (see `harness`).
 
 mod admission;
+mod alerts;
 mod audit;
 mod auth;
 mod bench;
