@@ -698,6 +698,7 @@ impl<H: Host> Inner<H> {
             message: last.map(|f| f.message.clone()),
             redrives: env.redrives,
             freed_slot: false,
+            leased_at: None,
         };
         let written: Result<(), StoreError> = match transition {
             Transition::Succeeded => match origin {

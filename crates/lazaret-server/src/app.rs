@@ -234,6 +234,9 @@ impl<S: Store> App<S> {
         let mut breakers = self.breakers.lock().unwrap_or_else(|p| p.into_inner());
         let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
         for c in done {
+            if let Some(leased_at) = c.leased_at {
+                m::job_ran(c.lane.as_str(), now.saturating_since(leased_at));
+            }
             let expired = c
                 .kind
                 .as_ref()

@@ -18,7 +18,7 @@ use serde_json::{Value, json};
 use crate::app::{App, now};
 use crate::auth::Action;
 use crate::error::ApiError;
-use crate::views;
+use crate::{metrics as m, views};
 
 use super::{
     ApiResult, DELAY_MS_MAX, LEASE_JOBS_MAX, LEASE_NAMES_MAX, Shared, WAIT_MS_MAX, allow,
@@ -100,6 +100,9 @@ pub(super) async fn lease<S: Store>(
             now,
         };
         let jobs = app.store.lease(req).await?;
+        for j in &jobs {
+            m::job_waited(j.lane.as_str(), now.saturating_since(j.ready_at));
+        }
         if !jobs.is_empty() || tokio::time::Instant::now() >= deadline || app.is_stopping() {
             if !type_limits.is_empty() {
                 let mut br = app.breakers.lock().unwrap_or_else(|p| p.into_inner());

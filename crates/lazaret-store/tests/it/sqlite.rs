@@ -265,6 +265,7 @@ async fn migrates_a_version_1_database_in_place() {
         lease_token: LeaseToken(old_token as u64),
         lease_expires_at: at(60_000),
         created_at: at(1),
+        ready_at: at(1),
     };
     complete(&s, &held, Event::Succeeded, at(7)).await;
     let view = job_view(&s, JobId(2)).await;
