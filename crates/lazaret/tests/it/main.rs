@@ -19,6 +19,7 @@ mod harness;
 mod hostile;
 mod hostile_suite;
 mod kafka_sources;
+mod metrics;
 mod observing;
 mod python_worker;
 mod restart;
