@@ -406,7 +406,7 @@ const FAMILIES: &[Family] = &[
     family(
         "lazaret_breaker_open",
         "gauge",
-        "1 while a type's breaker is open or half-open, by type",
+        "1 while a breaker of the type is open (half-open reads 0: it admits probes), by type",
     ),
     family(
         "lazaret_rejected_total",
