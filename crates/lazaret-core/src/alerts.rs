@@ -578,7 +578,14 @@ impl Alerts {
         candidates.sort_by_key(|c| c.event);
         for c in candidates {
             if out.len() >= ALERTS_PER_POLL_MAX {
-                break;
+                // Left for the next poll; an edge is only an edge once, so
+                // a type not announced yet must still look new then.
+                if c.event == AlertEvent::DeadLettersAppeared {
+                    if let Some(seen) = &mut self.with_dead_letters {
+                        seen.remove(&c.job_type);
+                    }
+                }
+                continue;
             }
             if !self.rule.events.contains(&c.event) {
                 continue;
@@ -1054,6 +1061,36 @@ mod tests {
         assert_eq!(w.poll(&mut a, 61 * S).len(), 1);
         w.purge();
         assert!(w.poll(&mut a, 200 * S).is_empty());
+    }
+
+    #[test]
+    fn a_flood_of_new_types_is_announced_over_several_polls_not_lost() {
+        let mut w = World::new();
+        let mut a = Alerts::new(AlertRule {
+            events: [AlertEvent::DeadLettersAppeared].into(),
+            ..rule()
+        });
+        w.poll(&mut a, 0);
+        let n = ALERTS_PER_POLL_MAX + 50;
+        for i in 0..n {
+            w.dead_letter(
+                &format!("t{i:03}"),
+                DeadLetterReason::Permanent,
+                "bad",
+                "x",
+                S,
+            );
+        }
+        let first = w.poll(&mut a, 2 * S);
+        let second = w.poll(&mut a, 3 * S);
+        assert_eq!((first.len(), second.len()), (ALERTS_PER_POLL_MAX, 50));
+        let types: BTreeSet<_> = first
+            .iter()
+            .chain(&second)
+            .map(|a| a.job_type.clone())
+            .collect();
+        assert_eq!(types.len(), n, "each type once");
+        assert!(w.poll(&mut a, 4 * S).is_empty());
     }
 
     #[test]
