@@ -124,7 +124,14 @@ impl<S: Store> App<S> {
         Arc::new(App {
             store,
             breakers: Mutex::new(breakers),
-            failures: Mutex::new(FailureStats::default()),
+            failures: Mutex::new(
+                FailureStats::new(lazaret_core::StatsConfig {
+                    surge_count_min: config.surge_min,
+                    surge_share_min: config.surge_share,
+                    ..lazaret_core::StatsConfig::default()
+                })
+                .unwrap_or_default(),
+            ),
             alerts: AlertHub::new(&config.alerts),
             paused: Mutex::new(Paused::default()),
             ready: Ready::default(),

@@ -17,7 +17,10 @@
 //! payload_bytes_max = 262144          # admission byte cap on one payload (at least 1)
 //! batch_bytes_max = 16777216          # cap on a whole batch body (413 POISON payload_too_large over it)
 //! accept_unknown_types = true         # false: UNKNOWN_TYPE for types not listed under [types]
-//! dead_letters_warn = 100000          # warn (log + metric) once the dead letters outnumber this
+//! dead_letters_warn = 100000          # warn (log + metric + alert) once the dead letters outnumber this
+//! surge_min = 20                      # a surge: at least this many dead letters in 5 minutes (1..=10000) …
+//! surge_share = 0.8                   # … this share of them with one failure (0.5 < x <= 1); /v1/stats
+//!                                     # dead_letters.surge and the default of every [[alerts]] entry
 //! admission_records_per_minute = 60   # per tenant: admission (POISON) dead-letter records kept per minute
 //! admission_records_all_per_minute = 600 # all tenants together: the same records kept per minute
 //! durability = "full"                 # "full": a commit survives power loss; "normal": faster,
@@ -198,6 +201,11 @@ pub struct ServerConfig {
     pub retention: RetentionConfig,
     /// Warn once the dead letters outnumber this (`dead_letters_warn`).
     pub dead_letters_warn: u64,
+    /// The surge rule's thresholds (`surge_min`, `surge_share`): for
+    /// `/v1/stats` and as every `[[alerts]]` entry's default.
+    pub surge_min: u64,
+    /// See [`ServerConfig::surge_min`].
+    pub surge_share: f64,
     /// Admission (POISON) dead-letter records kept per tenant per minute.
     pub admission_records_per_minute: u32,
     /// Admission dead-letter records kept per minute over all tenants
@@ -246,6 +254,8 @@ impl Default for ServerConfig {
             tokens: Vec::new(),
             retention: RetentionConfig::default(),
             dead_letters_warn: 100_000,
+            surge_min: 20,
+            surge_share: 0.8,
             admission_records_per_minute: 60,
             admission_records_all_per_minute: 600,
             durability: Durability::Full,
@@ -488,6 +498,8 @@ struct RawConfig {
     batch_bytes_max: Option<usize>,
     accept_unknown_types: Option<bool>,
     dead_letters_warn: Option<u64>,
+    surge_min: Option<u64>,
+    surge_share: Option<f64>,
     admission_records_per_minute: Option<u32>,
     admission_records_all_per_minute: Option<u32>,
     durability: Option<String>,
@@ -912,6 +924,25 @@ impl<'a> Ctx<'a> {
         if let Some(v) = raw.dead_letters_warn {
             cfg.dead_letters_warn = v;
         }
+        {
+            // Checked with the alerts' own rule, so the ranges are the same.
+            let probe = AlertRule {
+                surge_min: raw.surge_min.unwrap_or(cfg.surge_min),
+                surge_share: raw.surge_share.unwrap_or(cfg.surge_share),
+                ..AlertRule::default()
+            };
+            match probe.validate() {
+                Err(e @ lazaret_core::AlertRuleError::SurgeMin(_)) => {
+                    return Err(self.invalid(&root("surge_min"), e.to_string()));
+                }
+                Err(e @ lazaret_core::AlertRuleError::SurgeShare(_)) => {
+                    return Err(self.invalid(&root("surge_share"), e.to_string()));
+                }
+                _ => {}
+            }
+            cfg.surge_min = probe.surge_min;
+            cfg.surge_share = probe.surge_share;
+        }
         if let Some(v) = raw.admission_records_per_minute {
             cfg.admission_records_per_minute = v;
         }
@@ -1017,7 +1048,7 @@ impl<'a> Ctx<'a> {
         };
         cfg.tokens = self.tokens(&raw)?;
         cfg.sources = self.sources(&raw)?;
-        cfg.alerts = self.alerts(&raw)?;
+        cfg.alerts = self.alerts(&raw, &cfg)?;
         Ok(cfg)
     }
 
@@ -1335,7 +1366,7 @@ impl<'a> Ctx<'a> {
 
     /// Every `[[sources]]` entry as a [`SourceSpec`], with the contract's
     /// defaults filled in.
-    fn alerts(&self, raw: &RawConfig) -> Result<Vec<AlertTarget>, ConfigError> {
+    fn alerts(&self, raw: &RawConfig, cfg: &ServerConfig) -> Result<Vec<AlertTarget>, ConfigError> {
         let mut out = Vec::with_capacity(raw.alerts.len());
         for (i, a) in raw.alerts.iter().enumerate() {
             let path = root("alerts").index(i);
@@ -1362,7 +1393,11 @@ impl<'a> Ctx<'a> {
                     format!("url {url:?} is not an http:// URL with a host: {hint}"),
                 ));
             }
-            let mut rule = AlertRule::default();
+            let mut rule = AlertRule {
+                surge_min: cfg.surge_min,
+                surge_share: cfg.surge_share,
+                ..AlertRule::default()
+            };
             if let Some(events) = &a.events {
                 rule.events.clear();
                 for (j, e) in events.iter().enumerate() {
@@ -1767,6 +1802,30 @@ surge_share = 0.9
         assert_eq!((second.surge_min, second.surge_share), (5, 0.9));
         assert_eq!(second.cooldown, Duration::from_secs(300));
         assert!(parse("").unwrap().alerts.is_empty());
+    }
+
+    #[test]
+    fn top_level_surge_thresholds_are_every_targets_default() {
+        let cfg = parse(
+            "surge_min = 7\nsurge_share = 0.9\n[[alerts]]\nurl = \"http://h/a\"\n[[alerts]]\nurl = \"http://h/b\"\nsurge_min = 3\n",
+        )
+        .unwrap();
+        assert_eq!((cfg.surge_min, cfg.surge_share), (7, 0.9));
+        assert_eq!(
+            (cfg.alerts[0].rule.surge_min, cfg.alerts[0].rule.surge_share),
+            (7, 0.9)
+        );
+        assert_eq!(
+            (cfg.alerts[1].rule.surge_min, cfg.alerts[1].rule.surge_share),
+            (3, 0.9)
+        );
+        assert_refused(
+            "surge_share = 1.5\n",
+            "surge_share",
+            1,
+            "above 0.5 up to 1.0",
+        );
+        assert_refused("surge_min = 0\n", "surge_min", 1, "surge_min is 0");
     }
 
     #[test]

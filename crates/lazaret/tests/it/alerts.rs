@@ -391,3 +391,25 @@ async fn a_dead_receiver_does_not_slow_enqueues_and_failed_deliveries_are_counte
         "the webhook path stays out of the log: {log}"
     );
 }
+
+#[tokio::test]
+async fn top_level_surge_thresholds_set_the_stats_surge_too() {
+    let server = Server::start(&format!("surge_min = 3\nsurge_share = 0.9\n{QUICK}")).await;
+    dead_letter(&server, "charge", 2, |i| {
+        format!("card declined for order {i}")
+    })
+    .await;
+    let stats = server.api().get("/v1/stats").await;
+    assert_eq!(
+        stats.expect(200)["dead_letters"]["surge"],
+        Value::Null,
+        "2 is under 3"
+    );
+    dead_letter(&server, "charge", 1, |i| {
+        format!("card declined for order {i}")
+    })
+    .await;
+    let stats = server.api().get("/v1/stats").await;
+    let surge = stats.expect(200)["dead_letters"]["surge"].clone();
+    assert_eq!(surge["count"], 3, "{surge}");
+}
