@@ -8,7 +8,9 @@
 
 use std::time::Duration;
 
-use crate::envelope::{AttemptOutcome, AttemptRecord, Envelope, resolve_class};
+use crate::envelope::{
+    AttemptOutcome, AttemptRecord, Envelope, PayloadEdit, payload_sha256, resolve_class,
+};
 use crate::failure::{DeadLetterReason, Failure, FailureClass};
 use crate::ids::WorkerId;
 use crate::policy::TypePolicy;
@@ -185,6 +187,50 @@ pub fn redrive(env: &mut Envelope) -> JobState {
     env.kind_failures.clear();
     env.redrives = env.redrives.saturating_add(1);
     JobState::Queued
+}
+
+/// An operator's correction of a dead letter's payload, already admitted
+/// (byte cap, schema) by the caller.
+#[derive(Clone, Copy, Debug)]
+pub struct CorrectedPayload<'a> {
+    /// The payload it replaces, byte for byte.
+    pub previous: &'a [u8],
+    /// The corrected payload's raw JSON text.
+    pub payload: &'a [u8],
+    /// The schema version it was admitted under.
+    pub schema_version: Option<u32>,
+    /// The token's name.
+    pub actor: &'a str,
+    /// Why, in the operator's words.
+    pub reason: &'a str,
+    /// When.
+    pub now: Timestamp,
+}
+
+/// [`redrive`] with a corrected payload: the envelope describes the new
+/// payload (size, SHA-256, schema version) and keeps the one it replaced,
+/// with who replaced it, when and why, in `payload_edits`. Id, idempotency
+/// key and attempt history stay.
+pub fn redrive_corrected(env: &mut Envelope, c: CorrectedPayload<'_>) -> JobState {
+    let state = redrive(env);
+    let previous_sha256 = std::mem::replace(
+        &mut env.payload_sha256,
+        hex::encode(payload_sha256(c.payload)),
+    );
+    let edit = PayloadEdit {
+        at: c.now,
+        actor: c.actor.to_owned(),
+        reason: c.reason.to_owned(),
+        redrive: env.redrives,
+        previous_payload: String::from_utf8_lossy(c.previous).into_owned(),
+        previous_size: env.payload_size,
+        previous_sha256,
+        previous_schema_version: env.schema_version,
+    };
+    env.push_payload_edit(edit);
+    env.payload_size = c.payload.len() as u64;
+    env.schema_version = c.schema_version;
+    state
 }
 
 /// The delay a transition imposes from `now`, for metrics and logs.

@@ -12,6 +12,35 @@ use crate::time::Timestamp;
 /// grow without bound.
 pub const HISTORY_MAX: usize = 32;
 
+/// How many replaced payloads an envelope keeps: the first edit (it holds
+/// the payload as admitted) and the latest ones; those between are dropped
+/// (and counted in [`Envelope::payload_edits_dropped`]), so repeated
+/// corrections cannot grow a job without bound.
+pub const PAYLOAD_EDITS_MAX: usize = 4;
+
+/// A payload an operator replaced when redriving a dead letter with a
+/// corrected one: who, when, why, and the payload as it was.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PayloadEdit {
+    /// When the corrected payload was put in.
+    pub at: Timestamp,
+    /// The token's name.
+    pub actor: String,
+    /// Why, in the operator's words.
+    pub reason: String,
+    /// The job's redrive count after this redrive (1: its first redrive).
+    pub redrive: u32,
+    /// The payload it replaced, as its raw JSON text.
+    pub previous_payload: String,
+    /// Size of the replaced payload in bytes.
+    pub previous_size: u64,
+    /// SHA-256 of the replaced payload, hex.
+    pub previous_sha256: String,
+    /// The schema version the replaced payload was admitted under.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous_schema_version: Option<u32>,
+}
+
 /// How an attempt ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -106,6 +135,13 @@ pub struct Envelope {
     /// Attempt records dropped to keep the history bounded.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub history_dropped: u32,
+    /// Payloads replaced by redrives with a corrected payload, oldest first
+    /// (at most [`PAYLOAD_EDITS_MAX`]; the first is kept).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub payload_edits: Vec<PayloadEdit>,
+    /// Payload edits dropped to keep them bounded.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub payload_edits_dropped: u32,
 }
 
 impl Envelope {
@@ -135,6 +171,8 @@ impl Envelope {
             kind_failures: Vec::new(),
             history: Vec::new(),
             history_dropped: 0,
+            payload_edits: Vec::new(),
+            payload_edits_dropped: 0,
         }
     }
 
@@ -169,6 +207,16 @@ impl Envelope {
             self.history_dropped = self.history_dropped.saturating_add(1);
         }
         self.history.push(record);
+    }
+
+    /// Keeps a replaced payload, dropping the oldest edit but the first
+    /// past [`PAYLOAD_EDITS_MAX`]: the payload as admitted stays readable.
+    pub(crate) fn push_payload_edit(&mut self, edit: PayloadEdit) {
+        if self.payload_edits.len() >= PAYLOAD_EDITS_MAX {
+            self.payload_edits.remove(1);
+            self.payload_edits_dropped = self.payload_edits_dropped.saturating_add(1);
+        }
+        self.payload_edits.push(edit);
     }
 
     /// The record of the delivery now running, if the last one is running.

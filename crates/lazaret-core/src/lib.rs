@@ -38,9 +38,13 @@ pub use alerts::{
 pub use breaker::{
     BreakerConfig, BreakerConfigError, BreakerState, BreakerTransition, BreakerView, Breakers,
 };
-pub use decide::{Event, Transition, decide, grant_lease, record_success, redrive};
+pub use decide::{
+    CorrectedPayload, Event, Transition, decide, grant_lease, record_success, redrive,
+    redrive_corrected,
+};
 pub use envelope::{
-    AttemptOutcome, AttemptRecord, Envelope, HISTORY_MAX, normalize_attempt_header, payload_sha256,
+    AttemptOutcome, AttemptRecord, Envelope, HISTORY_MAX, PAYLOAD_EDITS_MAX, PayloadEdit,
+    normalize_attempt_header, payload_sha256,
 };
 pub use failure::{DeadLetterReason, Failure, FailureClass, PoisonReason};
 pub use foreign::{absorb_earlier_deliveries, attempts_spent};

@@ -87,6 +87,22 @@ pub struct JobBody<'a> {
     lease_expiries: u32,
     redrive_count: u32,
     history: Value,
+    payload_edits: Vec<PayloadEditBody<'a>>,
+    payload_edits_dropped: u32,
+}
+
+/// A payload replaced by a redrive with a corrected payload, as
+/// `GET /v1/jobs/{id}` shows it: the replaced payload byte for byte.
+#[derive(Debug, Serialize)]
+pub struct PayloadEditBody<'a> {
+    at: String,
+    actor: &'a str,
+    reason: &'a str,
+    redrive: u32,
+    previous_payload: Box<RawValue>,
+    previous_payload_size: u64,
+    previous_payload_sha256: &'a str,
+    previous_schema_version: Option<u32>,
 }
 
 /// The body of `GET /v1/jobs/{id}`.
@@ -115,6 +131,21 @@ pub fn job(j: &JobView, now: Timestamp) -> JobBody<'_> {
         lease_expiries: e.crashes,
         redrive_count: e.redrives,
         history: history(&e.history),
+        payload_edits: e
+            .payload_edits
+            .iter()
+            .map(|p| PayloadEditBody {
+                at: time(p.at),
+                actor: &p.actor,
+                reason: &p.reason,
+                redrive: p.redrive,
+                previous_payload: raw_payload(p.previous_payload.as_bytes()),
+                previous_payload_size: p.previous_size,
+                previous_payload_sha256: &p.previous_sha256,
+                previous_schema_version: p.previous_schema_version,
+            })
+            .collect(),
+        payload_edits_dropped: e.payload_edits_dropped,
     }
 }
 

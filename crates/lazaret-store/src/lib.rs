@@ -121,6 +121,22 @@ pub trait Store: Send + Sync + 'static {
         audit: Option<AuditId>,
     ) -> impl Future<Output = Result<Vec<JobId>, StoreError>> + Send;
 
+    /// Redrives one processing dead letter with a corrected payload, in one
+    /// transaction: the job's payload becomes `fix.payload`, its envelope
+    /// keeps the payload it replaced with who, when and why
+    /// (`lazaret_core::redrive_corrected`), the job re-enters `queued` with
+    /// its id, idempotency key and history and a fresh budget, the dead
+    /// letter leaves, and with `audit` that entry's count grows by one.
+    /// `None` (nothing changed) when the dead letter is not there or holds
+    /// no lazaret job (an admission record, a broker message).
+    fn redrive_corrected(
+        &self,
+        id: DeadLetterId,
+        fix: PayloadFix,
+        now: Timestamp,
+        audit: Option<AuditId>,
+    ) -> impl Future<Output = Result<Option<JobId>, StoreError>> + Send;
+
     /// Deletes dead letters (and their jobs) for good; with `audit`, adds
     /// the number deleted to that entry's `count` in the same transaction.
     fn purge(

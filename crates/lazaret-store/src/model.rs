@@ -449,6 +449,20 @@ pub struct DeadLetterFilter {
     pub job_id: Option<u64>,
 }
 
+/// A corrected payload for one dead letter's job, admitted by the caller
+/// (byte cap, schema) exactly as a new enqueue would be.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PayloadFix {
+    /// The corrected payload's raw JSON text.
+    pub payload: Vec<u8>,
+    /// The schema version it was admitted under.
+    pub schema_version: Option<u32>,
+    /// Who corrected it (the token's name).
+    pub actor: String,
+    /// Why, in the operator's words.
+    pub reason: String,
+}
+
 /// Ids or a filter.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Selector {

@@ -4,8 +4,9 @@ use std::time::Duration;
 
 use expect_test::expect;
 use lazaret_core::{
-    Backoff, DeadLetterReason, Envelope, Event, Failure, FailureClass, JobId, JobState, Lane,
-    SplitMix64, Timestamp, Transition, TypePolicy, decide, grant_lease, redrive,
+    Backoff, CorrectedPayload, DeadLetterReason, Envelope, Event, Failure, FailureClass, JobId,
+    JobState, Lane, PAYLOAD_EDITS_MAX, SplitMix64, Timestamp, Transition, TypePolicy, decide,
+    grant_lease, payload_sha256, redrive, redrive_corrected,
 };
 use proptest::prelude::*;
 
@@ -259,6 +260,73 @@ fn redrive_renews_the_budget_and_keeps_history() {
         Transition::Succeeded
     );
     assert_eq!(env.history.len(), 2);
+}
+
+fn correction<'a>(previous: &'a [u8], payload: &'a [u8], now: i64) -> CorrectedPayload<'a> {
+    CorrectedPayload {
+        previous,
+        payload,
+        schema_version: Some(2),
+        actor: "ops-alice",
+        reason: "the address was missing its domain",
+        now: t(now),
+    }
+}
+
+#[test]
+fn a_corrected_redrive_describes_the_new_payload_and_keeps_the_old() {
+    let policy = TypePolicy {
+        attempts_max: 1,
+        ..TypePolicy::default()
+    };
+    let mut env = envelope();
+    env.idempotency_key = Some("order-42".into());
+    let mut rng = SplitMix64::new(1);
+    deliver(&mut env, &policy, transient("timeout"), 0, &mut rng);
+    let new = br#"{"to":"a@example.com"}"#;
+    let state = redrive_corrected(&mut env, correction(b"{}", new, 50));
+    assert_eq!(state, JobState::Queued);
+    assert_eq!(
+        (env.id, env.idempotency_key.as_deref()),
+        (JobId(1), Some("order-42"))
+    );
+    assert_eq!((env.attempts, env.redrives, env.history.len()), (0, 1, 1));
+    assert_eq!(env.payload_size, new.len() as u64);
+    assert_eq!(env.payload_sha256, hex::encode(payload_sha256(new)));
+    assert_eq!(env.schema_version, Some(2));
+    let edit = &env.payload_edits[..];
+    assert_eq!(edit.len(), 1);
+    assert_eq!(edit[0].previous_payload, "{}");
+    assert_eq!(edit[0].previous_size, 2);
+    assert_eq!(edit[0].previous_sha256, hex::encode(payload_sha256(b"{}")));
+    assert_eq!(edit[0].previous_schema_version, None);
+    assert_eq!(
+        (edit[0].actor.as_str(), edit[0].redrive, edit[0].at),
+        ("ops-alice", 1, t(50))
+    );
+    // It survives the store's round trip.
+    assert_eq!(Envelope::from_json(&env.to_json()).unwrap(), env);
+}
+
+#[test]
+fn payload_edits_are_bounded_and_keep_the_payload_as_admitted() {
+    let mut env = envelope();
+    let payloads: Vec<String> = (0..PAYLOAD_EDITS_MAX + 3)
+        .map(|n| format!("{{\"n\":{n}}}"))
+        .collect();
+    let mut previous = b"{}".to_vec();
+    for (n, p) in payloads.iter().enumerate() {
+        redrive_corrected(&mut env, correction(&previous, p.as_bytes(), n as i64));
+        previous = p.clone().into_bytes();
+    }
+    assert_eq!(env.payload_edits.len(), PAYLOAD_EDITS_MAX);
+    assert_eq!(env.payload_edits_dropped, 3);
+    assert_eq!(
+        env.payload_edits[0].previous_payload, "{}",
+        "the original stays"
+    );
+    let last = env.payload_edits.last().unwrap();
+    assert_eq!(last.previous_payload, payloads[payloads.len() - 2]);
 }
 
 #[test]

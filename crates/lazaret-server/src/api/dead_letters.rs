@@ -401,6 +401,18 @@ async fn redrive_message<S: Store>(
     id: DeadLetterId,
     entry: AuditId,
 ) -> Done {
+    redrive_message_with(app, sources, id, entry, None).await
+}
+
+/// [`redrive_message`] with the body to republish: the stored one, or a
+/// corrected one (`Some`).
+async fn redrive_message_with<S: Store>(
+    app: &App<S>,
+    sources: &SourceSet,
+    id: DeadLetterId,
+    entry: AuditId,
+    corrected: Option<Vec<u8>>,
+) -> Done {
     let failed = |error: String| Done {
         redriven: false,
         error: Some(error),
@@ -414,7 +426,11 @@ async fn redrive_message<S: Store>(
         Ok(None) => return failed("it was redriven or purged meanwhile".into()),
         Err(e) => return failed(e.to_string()),
     };
-    let payload = match app.store.dead_letter_payload(id).await {
+    let stored = match corrected {
+        Some(body) => Ok(Some(Some(body))),
+        None => app.store.dead_letter_payload(id).await,
+    };
+    let payload = match stored {
         Ok(Some(Some(p))) => p,
         Ok(_) => return failed("its body is not stored, so it cannot be republished".into()),
         Err(e) => return failed(e.to_string()),
@@ -482,4 +498,175 @@ pub(super) async fn purge<S: Store>(
     let purged = app.store.purge(ids, Some(entry)).await?;
     app.alerts.touch();
     ok(json!({ "purged": purged }))
+}
+
+/// Longest `reason` of a corrected redrive, in bytes.
+pub const EDIT_REASON_BYTES_MAX: usize = 1024;
+
+/// A field that is there, even as `null`.
+fn present_raw<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<Box<serde_json::value::RawValue>>, D::Error> {
+    Box::<serde_json::value::RawValue>::deserialize(d).map(Some)
+}
+
+/// The body of `POST /v1/dead-letters/{id}/redrive`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CorrectedBody {
+    #[serde(default, deserialize_with = "present_raw")]
+    payload: Option<Box<serde_json::value::RawValue>>,
+    reason: Option<String>,
+    /// The schema version to admit the payload under; the dead letter's
+    /// when absent.
+    schema_version: Option<u32>,
+}
+
+/// `POST /v1/dead-letters/{id}/redrive`: one dead letter redriven with a
+/// corrected payload. The payload passes admission as a new enqueue would
+/// (byte cap, type, tenant, schema; nothing is recorded as poison when it
+/// does not: the operator is answered instead); the audit entry is written
+/// first and says the payload was edited, by whom and why. A lazaret job
+/// keeps its id, key and history and keeps the payload it had in
+/// `payload_edits`; a broker message is republished with the corrected
+/// body and leaves the quarantine once the broker confirmed it.
+pub(super) async fn redrive_corrected<S: Store>(
+    State(app): Shared<S>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult {
+    let caller = allow(&app, &headers, Action::Operate).await?;
+    let dl = DeadLetterId(parse_id(&id, "dead letter")?);
+    let b: CorrectedBody = parse_json(&body)?;
+    let Some(payload) = b.payload else {
+        return Err(ApiError::bad_request(
+            "payload is required: send \"payload\": <the corrected JSON value> and \"reason\": \"why\" \
+             (to redrive the payload as it is, use POST /v1/dead-letters/redrive)",
+        ));
+    };
+    let reason = b.reason.unwrap_or_default();
+    if reason.trim().is_empty() {
+        return Err(ApiError::bad_request(
+            "reason is required: say why the payload was corrected (the audit log keeps it)",
+        ));
+    }
+    if reason.len() > EDIT_REASON_BYTES_MAX {
+        return Err(ApiError::bad_request(format!(
+            "reason is {} bytes; keep it to {EDIT_REASON_BYTES_MAX} (link a ticket for more)",
+            reason.len()
+        )));
+    }
+    let d = app
+        .store
+        .dead_letter(dl)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("no dead letter with id {id}")))?;
+    if d.stage == Stage::Admission {
+        return Err(ApiError::bad_request(format!(
+            "dead letter {id} is an admission record: nothing was admitted, so there is no job to redrive; \
+             enqueue the corrected payload as a new job (POST /v1/jobs)"
+        )));
+    }
+    let new = payload.get().as_bytes();
+    let schema_version = b.schema_version.or(d.schema_version);
+    let verdict = lazaret_core::admit(
+        &app.config.admission,
+        &lazaret_core::AdmissionRequest {
+            job_type: d.job_type.as_deref(),
+            tenant: d.tenant.as_deref(),
+            schema_version,
+            payload: new,
+            declared_size: None,
+            shed: None,
+        },
+    );
+    let schema_version = match verdict {
+        lazaret_core::Verdict::Admitted { schema_version } => schema_version,
+        other => {
+            let mut e = ApiError::from_verdict(other)
+                .unwrap_or_else(|| ApiError::bad_request("the corrected payload was refused"));
+            e.message = format!(
+                "the corrected payload is refused as a new enqueue would be: {}; nothing was redriven",
+                e.message.trim_end_matches('.')
+            );
+            m::rejected(e.code.as_str());
+            return Err(e);
+        }
+    };
+    let sha = hex::encode(lazaret_core::payload_sha256(new));
+    let entry = app
+        .store
+        .audit(AuditEntry {
+            at: now(),
+            actor: caller.name.clone(),
+            action: "redrive".into(),
+            request: json!({
+                "dead_letter_id": dl.to_string(),
+                "job_id": d.job_id.filter(|_| d.source.is_none()).map(|j| j.to_string()),
+                "source": d.source.as_ref().map(|s| &s.name),
+                "message_id": d.source.as_ref().map(|s| &s.message_id),
+                "payload_edited": true,
+                "reason": reason,
+                "edited_by": caller.name,
+                "payload_size": new.len(),
+                "payload_sha256": sha,
+                "schema_version": schema_version,
+                "previous_payload_size": d.payload_size,
+                "previous_payload_sha256": d.payload_sha256,
+            }),
+            count: 0,
+        })
+        .await?;
+    let reply = |job_id: Option<String>| {
+        json!({
+            "redriven": true,
+            "dead_letter_id": dl.to_string(),
+            "job_id": job_id,
+            "source": d.source.as_ref().map(|s| &s.name),
+            "message_id": d.source.as_ref().map(|s| &s.message_id),
+            "payload_size": new.len(),
+            "payload_sha256": sha,
+            "previous_payload_sha256": d.payload_sha256,
+        })
+    };
+    if d.source.is_none() {
+        let fix = lazaret_store::PayloadFix {
+            payload: new.to_vec(),
+            schema_version,
+            actor: caller.name,
+            reason,
+        };
+        return match app
+            .store
+            .redrive_corrected(dl, fix, now(), Some(entry))
+            .await?
+        {
+            Some(job) => {
+                app.ready.anything();
+                m::redriven(1);
+                ok(reply(Some(job.to_string())))
+            }
+            None => Err(ApiError::not_found(format!(
+                "dead letter {id} is gone: it was redriven or purged meanwhile; nothing was changed"
+            ))),
+        };
+    }
+    let done = redrive_message_with(&app, &app.source_set(), dl, entry, Some(new.to_vec())).await;
+    match (done.redriven, done.error) {
+        (true, None) => {
+            m::redriven(1);
+            ok(reply(None))
+        }
+        (true, Some(warning)) => {
+            m::redriven(1);
+            let mut r = reply(None);
+            r["warning"] = json!(warning);
+            ok(r)
+        }
+        (false, error) => Err(ApiError::unavailable(format!(
+            "the corrected message was not republished: {}; the dead letter stays as it was",
+            error.unwrap_or_default()
+        ))),
+    }
 }

@@ -2,6 +2,7 @@
 //! Handlers move bytes; the core decides and the store applies. One module
 //! per resource; this one holds the router and what every handler shares.
 
+mod dashboard;
 mod dead_letters;
 mod jobs;
 mod leases;
@@ -110,6 +111,10 @@ fn routes<S: Store>(app: Arc<App<S>>) -> Router {
     // axum up to the cap of its route. Every body's read waits at most
     // `body_read_timeout_ms` for each next piece.
     Router::new()
+        .route("/", get(dashboard::index))
+        .route("/dashboard/app.js", get(dashboard::app_js))
+        .route("/dashboard/app.css", get(dashboard::app_css))
+        .route("/v1/whoami", get(dashboard::whoami::<S>))
         .route("/healthz", get(healthz::<S>))
         .route("/metrics", get(operations::metrics::<S>))
         .route("/v1/jobs", post(jobs::enqueue::<S>))
@@ -144,6 +149,11 @@ fn routes<S: Store>(app: Arc<App<S>>) -> Router {
             post(dead_letters::purge::<S>).layer(Cap::max(OPERATE_BODY_BYTES_MAX)),
         )
         .route("/v1/dead-letters/{id}", get(dead_letters::dead_letter::<S>))
+        .route(
+            "/v1/dead-letters/{id}/redrive",
+            post(dead_letters::redrive_corrected::<S>)
+                .layer(Cap::max(app.config.admission.body_bytes_max())),
+        )
         .route(
             "/v1/dead-letters/{id}/payload",
             get(dead_letters::dead_letter_payload::<S>),
@@ -188,7 +198,9 @@ fn body_action(method: &axum::http::Method, path: &str) -> Option<Action> {
         ["v1", "jobs", _, "ack" | "fail" | "heartbeat"] | ["v1", "leases" | "acks" | "fails"] => {
             Action::Work
         }
-        ["v1", "dead-letters", "redrive"] | ["v1", "pause" | "resume"] => Action::Operate,
+        ["v1", "dead-letters", "redrive"]
+        | ["v1", "dead-letters", _, "redrive"]
+        | ["v1", "pause" | "resume"] => Action::Operate,
         ["v1", "dead-letters", "purge"] | ["v1", "tokens"] => Action::Administer,
         _ => return None,
     })
@@ -203,7 +215,9 @@ async fn authorize_first<S: Store>(
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    if matches!(req.uri().path(), "/healthz" | "/metrics") {
+    if matches!(req.uri().path(), "/healthz" | "/metrics")
+        || dashboard::is_dashboard_path(req.uri().path())
+    {
         return next.run(req).await;
     }
     let checked = match body_action(req.method(), req.uri().path()) {

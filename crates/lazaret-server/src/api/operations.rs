@@ -220,7 +220,12 @@ async fn snapshot<S: Store>(app: &App<S>) -> Result<Value, ApiError> {
         .iter()
         .map(|k| json!({ "type": k.key.job_type().as_str(), "cause": k.key.cause().to_string(), "fingerprint": k.key.fingerprint(), "count": k.count }))
         .collect();
+    let paused = {
+        let p = app.paused.lock().unwrap_or_else(|p| p.into_inner());
+        json!({ "types": p.types, "lanes": p.lanes })
+    };
     Ok(json!({
+        "paused": paused,
         "lanes": s.lanes.iter().map(|(l, c)| (l.to_string(), json!({
             "queued": c.queued, "scheduled": c.scheduled, "leased": c.leased,
             "oldest_age_ms": s.oldest_ready.iter().find(|(o, _)| o == l)

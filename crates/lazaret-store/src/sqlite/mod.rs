@@ -430,6 +430,17 @@ impl Store for SqliteStore {
         self.call(|tx| Cmd::Redrive(ids, now, audit, tx)).await
     }
 
+    async fn redrive_corrected(
+        &self,
+        id: DeadLetterId,
+        fix: crate::PayloadFix,
+        now: Timestamp,
+        audit: Option<AuditId>,
+    ) -> Result<Option<JobId>, StoreError> {
+        self.call(|tx| Cmd::RedriveCorrected(id, fix, now, audit, tx))
+            .await
+    }
+
     async fn purge(
         &self,
         ids: Vec<DeadLetterId>,

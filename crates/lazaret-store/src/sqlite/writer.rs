@@ -48,6 +48,13 @@ pub(super) enum Cmd {
         Option<crate::AuditId>,
         Reply<Vec<JobId>>,
     ),
+    RedriveCorrected(
+        DeadLetterId,
+        crate::PayloadFix,
+        Timestamp,
+        Option<crate::AuditId>,
+        Reply<Option<JobId>>,
+    ),
     Purge(Vec<DeadLetterId>, Option<crate::AuditId>, Reply<u64>),
     Audit(AuditEntry, Reply<crate::AuditId>),
     Stats(Reply<StoreStats>),
@@ -513,6 +520,9 @@ impl Writer {
             Cmd::Tick(now, tx) => run!(tx, self.tick(now)),
             Cmd::RecordAdmission(rec, tx) => run!(tx, self.record_admission(&rec)),
             Cmd::Redrive(ids, now, audit, tx) => run!(tx, self.redrive(&ids, now, audit)),
+            Cmd::RedriveCorrected(id, fix, now, audit, tx) => {
+                run!(tx, self.redrive_corrected(id, &fix, now, audit))
+            }
             Cmd::Purge(ids, audit, tx) => run!(tx, self.purge(&ids, audit)),
             Cmd::Audit(entry, tx) => run!(tx, self.audit(&entry)),
             Cmd::Stats(tx) => run!(tx, self.stats()),
@@ -1233,6 +1243,70 @@ impl Writer {
         Ok(out)
     }
 
+    fn redrive_corrected(
+        &mut self,
+        dl: DeadLetterId,
+        fix: &crate::PayloadFix,
+        now: Timestamp,
+        audit: Option<crate::AuditId>,
+    ) -> Result<Option<JobId>, StoreError> {
+        let job_id: Option<i64> = db(self
+            .conn
+            .prepare_cached(
+                "SELECT job_id FROM dead_letters WHERE id = ?1 AND stage = 'processing'",
+            )?
+            .query_row(params![dl.0 as i64], |r| r.get(0))
+            .optional())?
+        .flatten();
+        let Some(job_id) = job_id else {
+            return Ok(None);
+        };
+        let stored = db(self
+            .conn
+            .prepare_cached(&format!(
+                "SELECT {COLUMNS} FROM jobs WHERE id = ?1 AND state = 'dead_lettered'"
+            ))?
+            .query_row(params![job_id], StoredJob::from_row)
+            .optional())?;
+        let Some(stored) = stored else {
+            return Ok(None);
+        };
+        let mut env = stored.envelope()?;
+        lazaret_core::redrive_corrected(
+            &mut env,
+            lazaret_core::CorrectedPayload {
+                previous: &stored.payload,
+                payload: &fix.payload,
+                schema_version: fix.schema_version,
+                actor: &fix.actor,
+                reason: &fix.reason,
+                now,
+            },
+        );
+        db(self
+            .conn
+            .prepare_cached(
+                "UPDATE jobs SET state = 'queued', run_at = ?2, attempts = 0, finished_at = NULL,
+                 lease_started_at = NULL, worker_id = NULL, redrives = ?3, envelope = ?4,
+                 payload = ?5, schema_version = ?6 WHERE id = ?1",
+            )?
+            .execute(params![
+                job_id,
+                ms(now),
+                env.redrives,
+                env.to_json(),
+                fix.payload,
+                fix.schema_version
+            ]))?;
+        db(self
+            .conn
+            .prepare_cached("DELETE FROM dead_letters WHERE id = ?1")?
+            .execute(params![dl.0 as i64]))?;
+        self.pair(&env.lane, &env.tenant).ready += 1;
+        self.audit_add(audit, 1)?;
+        Ok(Some(env.id))
+    }
+
     /// Adds `n` to an audit entry's count, in the transaction of what it counts.
     fn audit_add(&mut self, audit: Option<crate::AuditId>, n: u64) -> Result<(), StoreError> {
         if let (Some(id), 1..) = (audit, n) {
@@ -1435,6 +1509,7 @@ fn fail_cmd(cmd: Cmd, why: &str) {
         Cmd::Tick(_, tx) => drop(tx.send(Err(e()))),
         Cmd::RecordAdmission(_, tx) => drop(tx.send(Err(e()))),
         Cmd::Redrive(_, _, _, tx) => drop(tx.send(Err(e()))),
+        Cmd::RedriveCorrected(_, _, _, _, tx) => drop(tx.send(Err(e()))),
         Cmd::Purge(_, _, tx) => drop(tx.send(Err(e()))),
         Cmd::Audit(_, tx) => drop(tx.send(Err(e()))),
         Cmd::Stats(tx) => drop(tx.send(Err(e()))),

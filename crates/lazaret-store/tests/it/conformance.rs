@@ -91,6 +91,7 @@ macro_rules! conformance_suite {
                 redrive_keeps_id_key_and_history_with_a_fresh_budget,
                 redrive_skips_admission_records,
                 purge_removes_the_dead_letter_and_its_job,
+                a_corrected_redrive_replaces_the_payload_and_keeps_the_original,
             ],
             sources: [
                 a_broker_message_is_quarantined_once_with_its_source_and_payload,

@@ -4,13 +4,14 @@ use std::path::Path;
 
 use lazaret_core::{AttemptOutcome, DeadLetterReason, Event, JobState};
 use lazaret_store::{
-    DeadLetterFilter, DeadLetterId, EnqueueOutcome, NewJob, Selector, Stage, Store,
+    AuditEntry, DeadLetterFilter, DeadLetterId, EnqueueOutcome, NewJob, PayloadFix, Selector,
+    Stage, Store,
 };
 
 use super::dead_letters::admission;
 use super::{
     at, complete, dead_letter_job, job_view, lane_counts, lease, lease_one, lease_req, new_job,
-    permanent,
+    permanent, sha256_hex,
 };
 
 pub async fn redrive_keeps_id_key_and_history_with_a_fresh_budget<S: Store>(
@@ -146,4 +147,121 @@ pub async fn purge_removes_the_dead_letter_and_its_job<S: Store>(
     assert!(page.is_empty() && next.is_none());
     assert!(s.stats().await.unwrap().dead_letters.is_empty());
     assert!(s.reasons().await.unwrap().is_empty());
+}
+
+fn fix(payload: &str) -> PayloadFix {
+    PayloadFix {
+        payload: payload.as_bytes().to_vec(),
+        schema_version: Some(2),
+        actor: "ops-alice".into(),
+        reason: "width was a string".into(),
+    }
+}
+
+pub async fn a_corrected_redrive_replaces_the_payload_and_keeps_the_original<S: Store>(
+    dir: &Path,
+    open: impl Fn(&Path) -> S,
+) {
+    let s = open(dir);
+    let job = NewJob {
+        idempotency_key: Some("img-7".into()),
+        ..new_job("resize", "acme", "default")
+    };
+    let original = job.payload.clone();
+    let (id, dl) = dead_letter_job(&s, job.clone(), at(100)).await;
+    let adm = s
+        .record_admission(admission(
+            Some("resize"),
+            Some("acme"),
+            DeadLetterReason::SchemaInvalid,
+            at(50),
+        ))
+        .await
+        .unwrap();
+    let entry = s
+        .audit(AuditEntry {
+            at: at(150),
+            actor: "ops-alice".into(),
+            action: "redrive".into(),
+            request: serde_json::json!({}),
+            count: 0,
+        })
+        .await
+        .unwrap();
+
+    let corrected = r#"{"n": 2, "width": 640}"#;
+    assert_eq!(
+        s.redrive_corrected(dl, fix(corrected), at(200), Some(entry))
+            .await
+            .unwrap(),
+        Some(id)
+    );
+    assert!(
+        s.dead_letter(dl).await.unwrap().is_none(),
+        "moved, not copied"
+    );
+    assert_eq!(s.audit_log(1).await.unwrap()[0].count, 1);
+
+    let view = job_view(&s, id).await;
+    assert_eq!(view.state, JobState::Queued);
+    assert_eq!(view.payload, corrected.as_bytes(), "byte for byte");
+    let e = &view.envelope;
+    assert_eq!((e.attempts, e.redrives, e.history.len()), (0, 1, 1));
+    assert_eq!(e.idempotency_key.as_deref(), Some("img-7"));
+    assert_eq!(e.payload_size, corrected.len() as u64);
+    assert_eq!(e.payload_sha256, sha256_hex(corrected.as_bytes()));
+    assert_eq!(e.schema_version, Some(2));
+    assert_eq!(e.payload_edits.len(), 1);
+    let edit = &e.payload_edits[0];
+    assert_eq!(
+        edit.previous_payload.as_bytes(),
+        &original[..],
+        "the original stays readable"
+    );
+    assert_eq!(edit.previous_sha256, sha256_hex(&original));
+    assert_eq!(
+        (edit.actor.as_str(), edit.reason.as_str(), edit.at),
+        ("ops-alice", "width was a string", at(200))
+    );
+    assert_eq!(lane_counts(&s.stats().await.unwrap(), "default").queued, 1);
+
+    // The worker gets the corrected payload under the same id and key.
+    let leased = lease_one(&s, lease_req(at(300), 10)).await;
+    assert_eq!((leased.id, leased.attempt), (id, 1));
+    assert_eq!(leased.payload, corrected.as_bytes());
+    assert_eq!(leased.idempotency_key.as_deref(), Some("img-7"));
+    let done = complete(&s, &leased, Event::Failed(permanent()), at(400)).await;
+    let again = done.dead_letter.expect("dead-lettered again");
+    assert_eq!(
+        s.dead_letter_payload(again).await.unwrap(),
+        Some(Some(corrected.as_bytes().to_vec()))
+    );
+    assert_eq!(
+        job_view(&s, id).await.envelope.payload_edits.len(),
+        1,
+        "the edit survives the next failure"
+    );
+
+    // Nothing to correct: gone, an admission record, an unknown id.
+    for gone in [dl, adm, DeadLetterId(again.0 + 1_000)] {
+        assert_eq!(
+            s.redrive_corrected(gone, fix("{}"), at(500), Some(entry))
+                .await
+                .unwrap(),
+            None
+        );
+    }
+    assert_eq!(
+        s.audit_log(1).await.unwrap()[0].count,
+        1,
+        "nothing more counted"
+    );
+    // The key still names the same job.
+    assert_eq!(
+        s.enqueue(vec![job]).await.unwrap(),
+        vec![EnqueueOutcome::Duplicate {
+            id,
+            state: JobState::DeadLettered
+        }]
+    );
 }

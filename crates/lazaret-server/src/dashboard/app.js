@@ -1,0 +1,981 @@
+// lazaret's dashboard: plain JavaScript over the JSON API, no build step, nothing fetched from elsewhere.
+//
+// The token typed into the login form is kept in sessionStorage (this tab
+// only) and sent as `Authorization: Bearer`; never as a cookie. Every piece
+// of text from the server (payloads, error messages, names) is hostile
+// input: it goes into the page as text nodes (textContent), never parsed as markup.
+'use strict';
+
+(() => {
+  const TOKEN_KEY = 'lazaret.token';
+  /** Bytes of a payload the page will load to edit; larger ones are edited with the API. */
+  const EDIT_BYTES_MAX = 1024 * 1024;
+  /** Characters of a request or payload shown in a table cell before "…". */
+  const CELL_CHARS_MAX = 160;
+  const REFRESH_MS = 5000;
+
+  const state = {
+    who: null,
+    timer: null,
+    metrics: null, // {at, runs: Map lane -> count, succeeded}
+    group: null, // {reason, type}
+    selected: new Set(),
+  };
+
+  // ---------------------------------------------------------------- DOM
+
+  /** An element: attributes (`on*` are listeners, `text` is textContent) and children (strings become text). */
+  function el(tag, attrs, ...children) {
+    const e = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === null || v === undefined || v === false) continue;
+      if (k === 'text') e.textContent = String(v);
+      else if (k === 'class') e.className = v;
+      else if (k.startsWith('on')) e.addEventListener(k.slice(2), v);
+      else if (v === true) e.setAttribute(k, '');
+      else e.setAttribute(k, String(v));
+    }
+    for (const c of children.flat()) {
+      if (c === null || c === undefined || c === false) continue;
+      e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+    }
+    return e;
+  }
+
+  const $ = (id) => document.getElementById(id);
+
+  function may(what) {
+    return !!(state.who && state.who.may.includes(what));
+  }
+
+  /** Shows or hides every `data-needs` element by what the role may do. */
+  function gate(root) {
+    for (const e of root.querySelectorAll('[data-needs]')) {
+      e.hidden = !may(e.dataset.needs);
+    }
+  }
+
+  /** Says how an action went; `keep`: also through the next change of view. */
+  function flash(text, keep) {
+    $('flash').textContent = text;
+    state.keepFlash = !!keep;
+  }
+
+  function showError(err) {
+    const a = $('alert');
+    a.replaceChildren(
+      el('strong', { text: err.code ? `${err.code}: ` : 'Error: ' }),
+      String(err.message || err),
+      ' ',
+      el('button', { type: 'button', class: 'link', onclick: () => { a.hidden = true; } }, 'Dismiss'),
+    );
+    a.hidden = false;
+  }
+
+  function clearError() {
+    $('alert').hidden = true;
+  }
+
+  // ---------------------------------------------------------------- API
+
+  class ApiError extends Error {
+    constructor(status, code, message) {
+      super(message);
+      this.status = status;
+      this.code = code;
+    }
+  }
+
+  function token() {
+    return sessionStorage.getItem(TOKEN_KEY);
+  }
+
+  function headers(extra) {
+    const h = Object.assign({ Accept: 'application/json' }, extra || {});
+    const t = token();
+    if (t) h.Authorization = `Bearer ${t}`;
+    return h;
+  }
+
+  /** Calls the API; `body` is an object, or a string sent as it is. Errors become ApiError with the server's message. */
+  async function api(method, path, body) {
+    const init = { method, headers: headers(), credentials: 'omit', cache: 'no-store' };
+    if (body !== undefined) {
+      init.headers['Content-Type'] = 'application/json';
+      init.body = typeof body === 'string' ? body : JSON.stringify(body);
+    }
+    let resp;
+    try {
+      resp = await fetch(path, init);
+    } catch (e) {
+      throw new ApiError(0, 'NETWORK', `the server did not answer (${e.message}); is it running?`);
+    }
+    const text = await resp.text();
+    let json = null;
+    try {
+      json = text ? JSON.parse(text) : null;
+    } catch (_) {
+      json = null;
+    }
+    if (!resp.ok) {
+      const e = json && json.error;
+      throw new ApiError(
+        resp.status,
+        e ? e.code : `HTTP_${resp.status}`,
+        e ? e.message : (text.slice(0, 500) || resp.statusText),
+      );
+    }
+    return json;
+  }
+
+  function query(params) {
+    const q = new URLSearchParams();
+    for (const [k, v] of Object.entries(params)) {
+      if (v !== null && v !== undefined && v !== '') q.set(k, v);
+    }
+    const s = q.toString();
+    return s ? `?${s}` : '';
+  }
+
+  // ---------------------------------------------------------------- formatting
+
+  function fmtTime(iso) {
+    if (!iso) return el('span', { class: 'muted', text: '—' });
+    const d = new Date(iso);
+    return el('time', { datetime: iso, title: iso }, `${d.toISOString().replace('T', ' ').slice(0, 19)}Z`);
+  }
+
+  function fmtAge(seconds) {
+    if (seconds === null || seconds === undefined || Number.isNaN(seconds)) return '—';
+    if (seconds < 60) return `${seconds.toFixed(seconds < 10 ? 1 : 0)} s`;
+    if (seconds < 3600) return `${(seconds / 60).toFixed(1)} min`;
+    if (seconds < 86400) return `${(seconds / 3600).toFixed(1)} h`;
+    return `${(seconds / 86400).toFixed(1)} d`;
+  }
+
+  function fmtBytes(n) {
+    if (n === null || n === undefined) return '—';
+    if (n < 1024) return `${n} B`;
+    if (n < 1024 * 1024) return `${(n / 1024).toFixed(1)} KiB`;
+    return `${(n / 1024 / 1024).toFixed(1)} MiB`;
+  }
+
+  function cut(text, max) {
+    const s = String(text);
+    return s.length > max ? `${s.slice(0, max)}…` : s;
+  }
+
+  function dash(v) {
+    return v === null || v === undefined || v === '' ? '—' : String(v);
+  }
+
+  /** A table: columns are [label, (row) => cell content]. */
+  function table(caption, columns, rows, empty) {
+    if (!rows.length) return el('p', { class: 'muted' }, empty || 'Nothing here.');
+    return el('table', {},
+      el('caption', {}, caption),
+      el('thead', {}, el('tr', {}, columns.map(([label]) => el('th', { scope: 'col' }, label)))),
+      el('tbody', {}, rows.map((r) => el('tr', {}, columns.map(([, f]) => el('td', {}, f(r)))))));
+  }
+
+  /** A definition list of [term, value] pairs (values may be nodes). */
+  function facts(pairs) {
+    return el('dl', { class: 'facts' }, pairs.flatMap(([k, v]) => [el('dt', {}, k), el('dd', {}, v)]));
+  }
+
+  function badge(text, kind) {
+    return el('span', { class: `badge ${kind || ''}` }, text);
+  }
+
+  /** An inline confirmation step: what will happen, then Confirm or Cancel. */
+  function confirmPanel(container, { title, body, confirmLabel, danger, onConfirm, extra }) {
+    const panel = el('section', { class: `confirm ${danger ? 'danger' : ''}`, 'aria-labelledby': 'confirm-h' });
+    const go = el('button', { type: 'button', class: danger ? 'danger' : 'primary' }, confirmLabel);
+    const cancel = el('button', { type: 'button' }, 'Cancel');
+    cancel.addEventListener('click', () => container.replaceChildren());
+    go.addEventListener('click', async () => {
+      go.disabled = true;
+      try {
+        await onConfirm(panel);
+      } catch (e) {
+        showError(e);
+        go.disabled = false;
+      }
+    });
+    panel.append(el('h3', { id: 'confirm-h', tabindex: '-1' }, title), ...[].concat(body), extra || '', el('p', { class: 'actions' }, go, ' ', cancel));
+    container.replaceChildren(panel);
+    panel.querySelector('h3').focus();
+    return panel;
+  }
+
+  // ---------------------------------------------------------------- login
+
+  async function signIn() {
+    try {
+      state.who = await api('GET', '/v1/whoami');
+    } catch (e) {
+      state.who = null;
+      if (e.status === 401) {
+        if (token()) {
+          sessionStorage.removeItem(TOKEN_KEY);
+          showError(e);
+        }
+        showView('login');
+        $('token').focus();
+        return false;
+      }
+      showError(e);
+      showView('login');
+      return false;
+    }
+    $('who-text').textContent = state.who.auth
+      ? `${state.who.name} (${state.who.role})`
+      : `${state.who.name} (${state.who.role}; auth is off: loopback only)`;
+    $('who').hidden = false;
+    $('logout').hidden = !state.who.auth;
+    $('nav').hidden = false;
+    gate(document);
+    return true;
+  }
+
+  // ---------------------------------------------------------------- routing
+
+  /** Shows one view; `nav` names the menu entry it belongs to. */
+  function showView(name, nav) {
+    const current = nav || (name === 'dead-letter' ? 'dead-letters' : name);
+    for (const v of document.querySelectorAll('.view')) v.hidden = v.id !== `view-${name}`;
+    for (const a of document.querySelectorAll('#nav a')) {
+      if (a.dataset.view === current) {
+        a.setAttribute('aria-current', 'page');
+      } else {
+        a.removeAttribute('aria-current');
+      }
+    }
+  }
+
+  async function route() {
+    clearInterval(state.timer);
+    state.timer = null;
+    clearError();
+    if (!state.keepFlash) flash('');
+    state.keepFlash = false;
+    if (!state.who) {
+      showView('login');
+      return;
+    }
+    const hash = location.hash.replace(/^#\/?/, '');
+    const [path, q] = hash.split('?');
+    const params = new URLSearchParams(q || '');
+    const parts = path.split('/');
+    try {
+      if (parts[0] === 'dead-letters' && may('read_dead_letters')) {
+        await deadLetters(params);
+      } else if (parts[0] === 'dead-letter' && parts[1] && may('read_dead_letters')) {
+        await deadLetter(parts[1]);
+      } else if (parts[0] === 'jobs' && may('read_jobs')) {
+        await jobs(params);
+      } else if (parts[0] === 'job' && parts[1] && may('read_jobs')) {
+        await job(parts[1]);
+      } else if (parts[0] === 'audit' && may('read_dead_letters')) {
+        await audit(params);
+      } else {
+        await overview();
+        state.timer = setInterval(() => {
+          if (!document.hidden) overview().catch(showError);
+        }, REFRESH_MS);
+      }
+    } catch (e) {
+      showError(e);
+    }
+  }
+
+  // ---------------------------------------------------------------- overview
+
+  /** Prometheus text → [{name, labels, value}]. */
+  function parseMetrics(text) {
+    const out = [];
+    for (const line of text.split('\n')) {
+      if (!line || line.startsWith('#')) continue;
+      const m = /^([a-zA-Z_:][\w:]*)(?:\{(.*)\})?\s+(\S+)/.exec(line);
+      if (!m) continue;
+      const labels = {};
+      const re = /(\w+)="((?:[^"\\]|\\.)*)"/g;
+      let l;
+      while ((l = re.exec(m[2] || '')) !== null) labels[l[1]] = l[2].replace(/\\(.)/g, '$1');
+      out.push({ name: m[1], labels, value: Number(m[3]) });
+    }
+    return out;
+  }
+
+  async function metricsSample() {
+    try {
+      const resp = await fetch('/metrics', { credentials: 'omit', cache: 'no-store' });
+      if (!resp.ok) return null;
+      const samples = parseMetrics(await resp.text());
+      const age = new Map();
+      const runs = new Map();
+      let succeeded = 0;
+      for (const s of samples) {
+        if (s.name === 'lazaret_oldest_job_age_seconds' && s.labels.lane) age.set(s.labels.lane, s.value);
+        if (s.name === 'lazaret_job_run_seconds_count' && s.labels.lane) runs.set(s.labels.lane, (runs.get(s.labels.lane) || 0) + s.value);
+        if (s.name === 'lazaret_jobs_succeeded_total') succeeded += s.value;
+      }
+      return { at: performance.now(), age, runs, succeeded };
+    } catch (_) {
+      return null;
+    }
+  }
+
+  async function overview() {
+    showView('overview');
+    const [stats, breakers, sample] = await Promise.all([
+      api('GET', '/v1/stats'),
+      api('GET', '/v1/breakers'),
+      metricsSample(),
+    ]);
+    const prev = state.metrics;
+    state.metrics = sample;
+    const perSec = (now, before) => {
+      if (!sample || !prev || now === undefined || before === undefined) return null;
+      const dt = (sample.at - prev.at) / 1000;
+      return dt > 0 ? Math.max(0, now - before) / dt : null;
+    };
+    $('overview-updated').textContent = `Updated ${new Date().toISOString().slice(11, 19)}Z; refreshes every ${REFRESH_MS / 1000} s.`;
+
+    const dl = stats.dead_letters || {};
+    const surge = dl.surge;
+    $('overview-surge').replaceChildren(surge
+      ? el('div', { class: 'surge', role: 'note' },
+        el('strong', {}, 'Systemic failure likely: '),
+        `${Math.round(surge.share * 100)}% of the last ${surge.total} dead letters share one cause (${surge.count} × `,
+        el('code', {}, surge.key), '). One bug or one outage, not scattered bad data.')
+      : '');
+
+    const lanes = Object.entries(stats.lanes || {});
+    const rows = lanes.map(([lane, c]) => ({ lane, ...c }));
+    $('overview-lanes').replaceChildren(table(
+      'Lanes: depth, age of the oldest job, throughput (outcomes per second since the last refresh)',
+      [
+        ['Lane', (r) => el('code', {}, r.lane)],
+        ['Queued', (r) => String(r.queued)],
+        ['Scheduled', (r) => String(r.scheduled)],
+        ['Leased', (r) => String(r.leased)],
+        ['Oldest job', (r) => fmtAge(sample && sample.age.has(r.lane) ? sample.age.get(r.lane) : null)],
+        ['Throughput', (r) => {
+          const v = perSec(sample && sample.runs.get(r.lane), prev && prev.runs.get(r.lane));
+          return v === null ? '—' : `${v.toFixed(1)}/s`;
+        }],
+      ],
+      rows,
+      'No lane has jobs.',
+    ));
+    const total = perSec(sample && sample.succeeded, prev && prev.succeeded);
+
+    $('overview-dl').replaceChildren(
+      facts([
+        ['Held now', `${dl.total ?? 0}${dl.warn_at ? ` (warning above ${dl.warn_at})` : ''}`],
+        ['Inflow', `${Number(dl.rate_per_min || 0).toFixed(1)} per minute`],
+        ['Jobs succeeded', total === null ? '—' : `${total.toFixed(1)} per second`],
+      ]),
+      table(
+        'Dead letters by type and reason',
+        [
+          ['Type', (r) => dash(r.type)],
+          ['Reason', (r) => el('code', {}, r.reason)],
+          ['Count', (r) => String(r.count)],
+          ['', (r) => (may('read_dead_letters')
+            ? el('a', { href: `#/dead-letters${query({ reason: r.reason, type: r.type })}` }, `Show ${r.count} ${r.reason} of ${dash(r.type)}`)
+            : '')],
+        ],
+        dl.by_type_reason || [],
+        'No dead letters.',
+      ),
+    );
+
+    const bs = breakers.breakers || [];
+    $('overview-breakers').replaceChildren(table(
+      'Circuit breakers that are not closed',
+      [
+        ['Type', (b) => el('code', {}, b.type)],
+        ['Error kind', (b) => el('code', {}, b.kind)],
+        ['State', (b) => badge(b.state, b.state === 'open' ? 'bad' : 'warn')],
+        ['Until', (b) => fmtTime(b.until)],
+      ],
+      bs.filter((b) => b.state !== 'closed'),
+      'Every breaker is closed.',
+    ));
+
+    const paused = stats.paused;
+    const pausedRows = paused
+      ? [...paused.types.map((n) => ({ kind: 'type', name: n })), ...paused.lanes.map((n) => ({ kind: 'lane', name: n }))]
+      : [];
+    $('overview-paused').replaceChildren(paused
+      ? table('Paused types and lanes', [
+        ['What', (p) => p.kind],
+        ['Name', (p) => el('code', {}, p.name)],
+        ['', (p) => (may('operate')
+          ? el('button', { type: 'button', onclick: () => pauseResume(false, p.kind, p.name) }, `Resume ${p.kind} ${p.name}`)
+          : '')],
+      ], pausedRows, 'Nothing is paused.')
+      : el('p', { class: 'muted' }, 'This server does not report pauses.'));
+  }
+
+  async function pauseResume(pause, kind, name) {
+    await api('POST', pause ? '/v1/pause' : '/v1/resume', { [kind]: name });
+    flash(`${pause ? 'Paused' : 'Resumed'} ${kind} ${name}.`);
+    await overview();
+  }
+
+  // ---------------------------------------------------------------- dead letters
+
+  /** The surge's type and cause, found among the top failures it names. */
+  function surgeOf(stats) {
+    const dl = (stats && stats.dead_letters) || {};
+    if (!dl.surge) return null;
+    const top = (dl.top_failures || []).find((t) => `${t.type}/${t.cause}: ${t.fingerprint}` === dl.surge.key);
+    return { ...dl.surge, type: top ? top.type : null, cause: top ? top.cause : null };
+  }
+
+  async function deadLetters(params) {
+    showView('dead-letters');
+    const [reasons, stats] = await Promise.all([
+      api('GET', '/v1/dead-letters/reasons'),
+      api('GET', '/v1/stats').catch(() => null),
+    ]);
+    const surge = surgeOf(stats);
+    const rows = reasons.reasons || [];
+    $('dl-reasons').replaceChildren(table(
+      'Dead letters grouped by reason and type',
+      [
+        ['Reason', (r) => el('code', {}, r.reason)],
+        ['Type', (r) => dash(r.type)],
+        ['Count', (r) => String(r.count)],
+        ['First seen', (r) => fmtTime(r.first_at)],
+        ['Last seen', (r) => fmtTime(r.last_at)],
+        ['Surge', (r) => (surge && surge.type !== null && surge.type === r.type
+          ? badge(`systemic: ${Math.round(surge.share * 100)}% ${surge.cause}`, 'bad')
+          : '')],
+        ['', (r) => el('a', { href: `#/dead-letters${query({ reason: r.reason, type: r.type })}` }, `Show ${r.count} ${r.reason}${r.type ? ` of ${r.type}` : ''}`)],
+      ],
+      rows,
+      'The quarantine is empty.',
+    ));
+    const reason = params.get('reason');
+    if (!reason) {
+      $('dl-group').hidden = true;
+      return;
+    }
+    const group = { reason, type: params.get('type') };
+    const key = JSON.stringify(group);
+    if (JSON.stringify(state.group) !== key) state.selected = new Set();
+    state.group = group;
+    const count = (rows.find((r) => r.reason === reason && (r.type || null) === (group.type || null)) || {}).count || 0;
+    $('dl-group').hidden = false;
+    $('dl-group-h').textContent = `${reason}${group.type ? ` · ${group.type}` : ''} (${count})`;
+    $('dl-confirm').replaceChildren();
+    renderGroupActions(group, count);
+    await loadGroup(group, null);
+  }
+
+  function filterOf(group) {
+    const f = { reason: group.reason };
+    if (group.type) f.type = group.type;
+    return f;
+  }
+
+  function renderGroupActions(group, count) {
+    const acts = [];
+    if (may('operate')) {
+      acts.push(el('button', { type: 'button', onclick: () => redriveFlow({ ids: [...state.selected] }, 'the selected dead letters') }, 'Redrive selected…'));
+      acts.push(el('button', { type: 'button', onclick: () => redriveFlow({ filter: filterOf(group) }, `every ${group.reason} dead letter${group.type ? ` of ${group.type}` : ''}`) }, `Redrive all ${count} with this reason…`));
+    }
+    if (may('administer')) {
+      acts.push(el('button', { type: 'button', class: 'danger', onclick: () => purgeFlow({ ids: [...state.selected] }, state.selected.size) }, 'Purge selected…'));
+      acts.push(el('button', { type: 'button', class: 'danger', onclick: () => purgeFlow({ filter: filterOf(group) }, count) }, `Purge all ${count}…`));
+    }
+    $('dl-group-actions').replaceChildren(...acts.flatMap((a) => [a, ' ']));
+  }
+
+  async function loadGroup(group, cursor) {
+    const page = await api('GET', `/v1/dead-letters${query({ ...filterOf(group), limit: 100, cursor })}`);
+    const list = $('dl-list');
+    if (!cursor) list.replaceChildren();
+    const items = page.items || [];
+    const t = table(
+      `Dead letters with reason ${group.reason}${cursor ? ' (more)' : ''}`,
+      [
+        ['Select', (d) => {
+          const box = el('input', { type: 'checkbox', id: `sel-${d.id}`, 'aria-label': `Select dead letter ${d.id}`, checked: state.selected.has(d.id) });
+          box.addEventListener('change', () => {
+            if (box.checked) state.selected.add(d.id); else state.selected.delete(d.id);
+          });
+          return box;
+        }],
+        ['Dead letter', (d) => el('a', { href: `#/dead-letter/${encodeURIComponent(d.id)}` }, `Open ${d.id}`)],
+        ['Job or message', (d) => (d.source ? `${d.source.name}: ${cut(d.source.message_id, 40)}` : dash(d.job_id))],
+        ['Tenant', (d) => dash(d.tenant)],
+        ['Error', (d) => (d.error ? el('span', {}, el('code', {}, d.error.kind), ' ', cut(d.error.message || '', CELL_CHARS_MAX)) : '—')],
+        ['Attempts', (d) => String(d.attempts)],
+        ['Dead-lettered', (d) => fmtTime(d.dead_lettered_at)],
+        ['Size', (d) => fmtBytes(d.payload_size)],
+      ],
+      items,
+      'None left with this reason.',
+    );
+    list.append(t);
+    if (page.next_cursor) {
+      const more = el('button', { type: 'button' }, 'Load more');
+      more.addEventListener('click', async () => {
+        more.remove();
+        try { await loadGroup(group, page.next_cursor); } catch (e) { showError(e); }
+      });
+      list.append(el('p', {}, more));
+    }
+  }
+
+  /** Dry run first; the confirm shows its count and list, and takes a rate. */
+  async function redriveFlow(selection, what, container) {
+    const box = container || $('dl-confirm');
+    if (selection.ids && !selection.ids.length) {
+      showError(new ApiError(0, 'NOTHING_SELECTED', 'select dead letters first (the boxes in the first column)'));
+      return;
+    }
+    clearError();
+    const dry = await api('POST', '/v1/dead-letters/redrive', { ...selection, dry_run: true });
+    const items = dry.items || [];
+    const rate = el('input', { id: 'redrive-rate', type: 'number', min: '1', step: '1', inputmode: 'numeric' });
+    const list = el('ul', { class: 'dry-run', 'aria-label': 'What the redrive would move' }, items.slice(0, 200).map((i) => el('li', {},
+      `dead letter ${i.dead_letter_id} → `,
+      i.job_id ? `job ${i.job_id}` : `message ${i.message_id} of source ${i.source}`)));
+    const body = [
+      el('p', { class: 'dry-count' }, `Dry run: ${dry.matched} would be redriven (${what}).`),
+      list,
+      items.length > 200 ? el('p', { class: 'muted' }, `…and ${items.length - 200} more.`) : '',
+      dry.not_found && dry.not_found.length ? el('p', { class: 'warn' }, `Not redrivable (gone, or admission records): ${dry.not_found.join(', ')}`) : '',
+      dry.skipped_admission_records ? el('p', { class: 'muted' }, `${dry.skipped_admission_records} admission record(s) are skipped: nothing valid was admitted.`) : '',
+      el('p', {}, el('label', { for: 'redrive-rate' }, 'Rate (dead letters per second; empty for no limit) '), rate),
+    ];
+    confirmPanel(box, {
+      title: 'Redrive?',
+      body,
+      confirmLabel: `Redrive ${dry.matched}`,
+      onConfirm: async () => {
+        const req = { ...selection };
+        if (rate.value) req.rate_per_sec = Number(rate.value);
+        const done = await api('POST', '/v1/dead-letters/redrive', req);
+        const failed = (done.items || []).filter((i) => i.error);
+        box.replaceChildren(el('div', { class: 'result', role: 'status' },
+          el('p', {}, `Redriven ${done.redriven} of ${done.matched}.`),
+          failed.length ? el('ul', {}, failed.map((i) => el('li', {}, `dead letter ${i.dead_letter_id}: ${i.error}`))) : '',
+          (done.job_ids || []).length ? el('p', {}, 'Jobs: ', (done.job_ids || []).slice(0, 50).flatMap((j) => [el('a', { href: `#/job/${j}` }, `job ${j}`), ' '])) : ''));
+        flash(`Redriven ${done.redriven} of ${done.matched}.`);
+        state.selected = new Set();
+        if (!container && state.group) {
+          await loadGroup(state.group, null);
+        }
+      },
+    });
+    if (!dry.matched) {
+      box.querySelector('button.primary').disabled = true;
+    }
+  }
+
+  function purgeFlow(selection, count, container, after) {
+    const box = container || $('dl-confirm');
+    if (selection.ids && !selection.ids.length) {
+      showError(new ApiError(0, 'NOTHING_SELECTED', 'select dead letters first (the boxes in the first column)'));
+      return;
+    }
+    const sure = el('input', { type: 'checkbox', id: 'purge-sure' });
+    const panel = confirmPanel(box, {
+      title: `Purge ${count} dead letter${count === 1 ? '' : 's'} for good?`,
+      danger: true,
+      body: [
+        el('p', {}, 'Purged dead letters and their jobs are deleted; they cannot be redriven or read again. The purge is written to the audit log.'),
+        el('p', {}, sure, ' ', el('label', { for: 'purge-sure' }, 'I understand this deletes them for good')),
+      ],
+      confirmLabel: `Purge ${count}`,
+      onConfirm: async () => {
+        const done = await api('POST', '/v1/dead-letters/purge', { ...selection, confirm: true });
+        box.replaceChildren(el('p', { class: 'result', role: 'status' }, `Purged ${done.purged}.`));
+        flash(`Purged ${done.purged}.`, true);
+        state.selected = new Set();
+        if (after) await after();
+        else if (state.group) await deadLetters(new URLSearchParams(filterOf(state.group)));
+      },
+    });
+    const go = panel.querySelector('button.danger');
+    go.disabled = true;
+    sure.addEventListener('change', () => { go.disabled = !sure.checked; });
+  }
+
+  // ---------------------------------------------------------------- one dead letter
+
+  function historyTable(history) {
+    return table('Attempt history', [
+      ['Attempt', (h) => String(h.attempt)],
+      ['Started', (h) => fmtTime(h.started_at)],
+      ['Ended', (h) => fmtTime(h.ended_at)],
+      ['Worker', (h) => dash(h.worker_id)],
+      ['Outcome', (h) => h.outcome],
+      ['Error', (h) => (h.error ? el('span', {}, el('code', {}, h.error.kind), ' ', cut(h.error.message || '', CELL_CHARS_MAX)) : '—')],
+    ], history || [], 'No attempts were made.');
+  }
+
+  async function download(path, name) {
+    const resp = await fetch(path, { headers: headers({ Accept: '*/*' }), credentials: 'omit', cache: 'no-store' });
+    if (!resp.ok) {
+      const text = await resp.text();
+      let msg = text.slice(0, 500);
+      try { msg = JSON.parse(text).error.message; } catch (_) { /* not the envelope */ }
+      throw new ApiError(resp.status, `HTTP_${resp.status}`, msg);
+    }
+    const url = URL.createObjectURL(await resp.blob());
+    const a = el('a', { href: url, download: name, hidden: true });
+    document.body.append(a);
+    a.click();
+    a.remove();
+    setTimeout(() => URL.revokeObjectURL(url), 60000);
+  }
+
+  async function deadLetter(id) {
+    showView('dead-letter');
+    const body = $('dle-body');
+    body.replaceChildren(el('p', { class: 'muted' }, 'Loading…'));
+    const d = await api('GET', `/v1/dead-letters/${encodeURIComponent(id)}`);
+    $('dle-h').textContent = `Dead letter ${d.id}: ${d.reason}`;
+    $('dle-back').href = `#/dead-letters${query({ reason: d.reason, type: d.type })}`;
+    $('dle-back').textContent = '← Dead letters';
+    const preview = d.payload_preview || '';
+    const previewBytes = new TextEncoder().encode(preview).length;
+    const whole = previewBytes >= d.payload_size;
+    const src = d.source;
+    const parts = [];
+    parts.push(facts([
+      ['Reason', el('code', {}, d.reason)],
+      ['Stage', d.stage],
+      ['Type', dash(d.type)],
+      ['Tenant', dash(d.tenant)],
+      ['Lane', dash(d.lane)],
+      ['Job', d.job_id && !src ? el('a', { href: `#/job/${encodeURIComponent(d.job_id)}` }, `job ${d.job_id}`) : '—'],
+      ['Attempts', String(d.attempts)],
+      ['Redrives so far', String(d.redrive_count ?? 0)],
+      ['Idempotency key', dash(d.idempotency_key)],
+      ['Created', fmtTime(d.created_at)],
+      ['Dead-lettered', fmtTime(d.dead_lettered_at)],
+      ['Payload', `${fmtBytes(d.payload_size)}${d.payload_sha256 ? `, SHA-256 ${d.payload_sha256}` : ''}`],
+    ]));
+    if (src) {
+      parts.push(el('h3', {}, 'Broker message'), facts([
+        ['Source', `${src.name} (${src.broker})`],
+        ['Queue', src.queue],
+        ['Message id', src.message_id],
+        ['Position', JSON.stringify(src.position)],
+        ['Content type', dash(src.content_type)],
+      ]));
+      if (d.celery) {
+        parts.push(el('h3', {}, 'Celery task'), facts([
+          ['Task', d.celery.task],
+          ['Task id', d.celery.id],
+          ['Retries', dash(d.celery.retries)],
+        ]), el('pre', { class: 'payload' }, JSON.stringify(d.celery.arguments, null, 2)));
+      }
+    }
+    const err = d.error;
+    parts.push(el('h3', {}, 'Error'));
+    parts.push(err
+      ? [facts([['Kind', el('code', {}, err.kind)], ['Class', dash(err.class)]]),
+        el('pre', { class: 'message' }, err.message || ''),
+        err.traceback ? el('details', { open: true }, el('summary', {}, 'Traceback'), el('pre', { class: 'traceback' }, err.traceback)) : '']
+      : el('p', { class: 'muted' }, 'No error was recorded.'));
+    parts.push(el('h3', {}, 'Attempts'), historyTable(d.history));
+
+    parts.push(el('h3', {}, 'Payload'));
+    parts.push(el('p', { class: 'muted' }, whole
+      ? `The whole payload (${fmtBytes(d.payload_size)}).`
+      : `The first ${fmtBytes(previewBytes)} of ${fmtBytes(d.payload_size)}; the rest is not loaded.`));
+    parts.push(el('pre', { class: 'payload', id: 'payload-preview', tabindex: '0', 'aria-label': 'Payload preview' }, preview));
+    if (d.payload_sha256 !== null || d.stage !== 'admission') {
+      parts.push(el('p', {}, el('button', {
+        type: 'button',
+        onclick: () => download(`/v1/dead-letters/${encodeURIComponent(d.id)}/payload`, `dead-letter-${d.id}.payload`).catch(showError),
+      }, `Download the whole payload (${fmtBytes(d.payload_size)})`)));
+    }
+
+    const redrivable = d.stage !== 'admission';
+    const actions = el('div', { id: 'dle-confirm' });
+    if (may('operate') && redrivable) {
+      parts.push(el('h3', {}, 'Redrive'));
+      parts.push(el('p', { class: 'actions' },
+        el('button', { type: 'button', onclick: () => redriveFlow({ ids: [d.id] }, `dead letter ${d.id} as it is`, actions).catch(showError) }, 'Redrive as it is…')));
+    }
+    if (may('administer')) {
+      parts.push(el('p', { class: 'actions' },
+        el('button', { type: 'button', class: 'danger', onclick: () => purgeFlow({ ids: [d.id] }, 1, actions, async () => { location.hash = $('dle-back').getAttribute('href'); }) }, 'Purge…')));
+    }
+    parts.push(actions);
+    if (may('operate') && redrivable) parts.push(editForm(d, preview, whole));
+    body.replaceChildren(...parts.flat());
+    $('dle-h').focus();
+  }
+
+  /** Correct the payload and redrive: POST /v1/dead-letters/{id}/redrive with the operator's exact text. */
+  function editForm(d, preview, whole) {
+    const area = el('textarea', { id: 'edit-payload', rows: '10', spellcheck: 'false', 'aria-describedby': 'edit-help edit-error' });
+    const why = el('input', { id: 'edit-reason', 'aria-required': 'true', maxlength: '1024' });
+    const errorP = el('p', { id: 'edit-error', class: 'warn', 'aria-live': 'polite' });
+    const result = el('div', { id: 'edit-result' });
+    const loadButton = el('button', { type: 'button' }, `Load the whole payload to edit (${fmtBytes(d.payload_size)})`);
+    const form = el('form', { class: 'edit', id: 'edit-form' },
+      el('h3', {}, 'Correct the payload and redrive'),
+      el('p', { id: 'edit-help', class: 'muted' }, 'The corrected payload is checked like a new enqueue (size cap, schema). The job keeps its id and idempotency key; the payload it had stays readable in its history; the audit log records that it was edited, by you and why.'),
+      el('label', { for: 'edit-payload' }, 'Corrected payload (JSON)'), area,
+      el('label', { for: 'edit-reason' }, 'Why (kept in the audit log)'), why,
+      errorP,
+      el('p', { class: 'actions' }, el('button', { type: 'submit', class: 'primary' }, 'Check and redrive…')),
+      result);
+    if (whole) {
+      area.value = prettyIfJson(preview);
+    } else if (d.payload_size <= EDIT_BYTES_MAX) {
+      area.disabled = true;
+      area.value = '';
+      loadButton.addEventListener('click', async () => {
+        try {
+          const resp = await fetch(`/v1/dead-letters/${encodeURIComponent(d.id)}/payload`, { headers: headers({ Accept: '*/*' }), credentials: 'omit', cache: 'no-store' });
+          if (!resp.ok) throw new ApiError(resp.status, `HTTP_${resp.status}`, 'the payload could not be read');
+          area.value = prettyIfJson(await resp.text());
+          area.disabled = false;
+          loadButton.remove();
+          area.focus();
+        } catch (e) { showError(e); }
+      });
+      form.insertBefore(el('p', {}, loadButton), area);
+    } else {
+      area.disabled = true;
+      form.insertBefore(el('p', { class: 'muted' }, `At ${fmtBytes(d.payload_size)} this payload is too large to edit here; send the corrected one with POST /v1/dead-letters/${d.id}/redrive.`), area);
+    }
+    form.addEventListener('submit', (ev) => {
+      ev.preventDefault();
+      errorP.textContent = '';
+      const text = area.value;
+      try {
+        JSON.parse(text);
+      } catch (e) {
+        errorP.textContent = `The corrected payload is not valid JSON: ${e.message}`;
+        area.focus();
+        return;
+      }
+      if (!why.value.trim()) {
+        errorP.textContent = 'Say why the payload was corrected: the audit log keeps it.';
+        why.focus();
+        return;
+      }
+      const bytes = new TextEncoder().encode(text).length;
+      confirmPanel(result, {
+        title: `Redrive dead letter ${d.id} with the corrected payload?`,
+        body: [el('p', {}, `${fmtBytes(bytes)} replaces ${fmtBytes(d.payload_size)}. Reason: “${why.value.trim()}”.`)],
+        confirmLabel: 'Redrive with this payload',
+        onConfirm: async () => {
+          // The payload goes as the operator wrote it: its bytes are what the worker gets.
+          const reqBody = `{"payload":${text},"reason":${JSON.stringify(why.value.trim())}}`;
+          const done = await api('POST', `/v1/dead-letters/${encodeURIComponent(d.id)}/redrive`, reqBody);
+          result.replaceChildren(el('div', { class: 'result', role: 'status' },
+            el('p', {}, done.job_id ? ['Redriven with the corrected payload: ', el('a', { href: `#/job/${done.job_id}` }, `job ${done.job_id}`)] : `Republished with the corrected body to source ${done.source}.`),
+            done.warning ? el('p', { class: 'warn' }, done.warning) : ''));
+          flash(done.job_id ? `Redriven with the corrected payload as job ${done.job_id}.` : 'Republished with the corrected body.');
+        },
+      });
+    });
+    return form;
+  }
+
+  function prettyIfJson(text) {
+    try {
+      return JSON.stringify(JSON.parse(text), null, 2);
+    } catch (_) {
+      return text;
+    }
+  }
+
+  // ---------------------------------------------------------------- jobs
+
+  const LIVE = ['queued', 'scheduled', 'leased'];
+
+  function canCancel() {
+    return may('operate') || may('produce');
+  }
+
+  async function cancelJob(id, container, after) {
+    confirmPanel(container, {
+      title: `Cancel job ${id}?`,
+      danger: true,
+      body: [el('p', {}, 'A queued or scheduled job is never leased again; a leased one is asked to stop and ends cancelled at its outcome. The cancel is audited.')],
+      confirmLabel: `Cancel job ${id}`,
+      onConfirm: async () => {
+        const r = await api('POST', `/v1/jobs/${encodeURIComponent(id)}/cancel`, {});
+        container.replaceChildren(el('p', { class: 'result', role: 'status' }, r.cancel_requested ? `Job ${id} is leased: cancel requested.` : `Job ${id}: ${r.state}.`));
+        flash(`Job ${id}: ${r.state}${r.cancel_requested ? ', cancel requested' : ''}.`);
+        if (after) await after();
+      },
+    });
+  }
+
+  async function jobs(params, cursor) {
+    showView('jobs');
+    const form = $('jobs-form');
+    const filters = {};
+    for (const k of ['state', 'type', 'tenant', 'lane']) {
+      if (params && params.has(k)) form.elements[k].value = params.get(k);
+      filters[k] = form.elements[k].value;
+    }
+    const list = $('jobs-list');
+    let page;
+    try {
+      page = await api('GET', `/v1/jobs${query({ ...filters, limit: 50, cursor })}`);
+    } catch (e) {
+      if (e.status === 404 || e.status === 405) {
+        list.replaceChildren(el('p', { class: 'warn' }, `This server cannot list live jobs (GET /v1/jobs answered ${e.status} ${e.code}): it is older than the dashboard. One job can still be opened by id from a dead letter.`));
+        return;
+      }
+      throw e;
+    }
+    if (!cursor) list.replaceChildren();
+    const confirmBox = el('div');
+    list.append(confirmBox, table('Jobs, newest first', [
+      ['Job', (j) => el('a', { href: `#/job/${encodeURIComponent(j.id)}` }, `job ${j.id}`)],
+      ['Type', (j) => el('code', {}, j.type)],
+      ['Tenant', (j) => j.tenant],
+      ['Lane', (j) => j.lane],
+      ['State', (j) => badge(j.state, j.state)],
+      ['Attempt', (j) => String(j.attempt)],
+      ['Created', (j) => fmtTime(j.created_at)],
+      ['Runs at', (j) => fmtTime(j.run_at)],
+      ['', (j) => (canCancel() && LIVE.includes(j.state)
+        ? el('button', { type: 'button', onclick: () => cancelJob(j.id, confirmBox, () => jobs(null)) }, `Cancel job ${j.id}`)
+        : '')],
+    ], page.items || [], 'No job matches.'));
+    if (page.next_cursor) {
+      const more = el('button', { type: 'button' }, 'Load more');
+      more.addEventListener('click', () => { more.remove(); jobs(null, page.next_cursor).catch(showError); });
+      list.append(el('p', {}, more));
+    }
+  }
+
+  async function job(id) {
+    // The job view reuses the dead-letter section's layout.
+    showView('dead-letter', 'jobs');
+    const body = $('dle-body');
+    const j = await api('GET', `/v1/jobs/${encodeURIComponent(id)}`);
+    $('dle-h').textContent = `Job ${j.id}: ${j.state}`;
+    $('dle-back').href = '#/jobs';
+    $('dle-back').textContent = '← Live jobs';
+    const payload = JSON.stringify(j.payload, null, 2);
+    const confirmBox = el('div');
+    const parts = [
+      el('p', { id: 'job-state' }, 'State: ', badge(j.state, j.state)),
+      facts([
+        ['Type', el('code', {}, j.type)],
+        ['Tenant', j.tenant],
+        ['Lane', j.lane],
+        ['Attempt', String(j.attempt)],
+        ['Redrives', String(j.redrive_count ?? 0)],
+        ['Idempotency key', dash(j.idempotency_key)],
+        ['Created', fmtTime(j.created_at)],
+        ['Runs at', fmtTime(j.run_at)],
+        ['Dead letter', j.dead_letter_id ? el('a', { href: `#/dead-letter/${encodeURIComponent(j.dead_letter_id)}` }, `dead letter ${j.dead_letter_id}`) : '—'],
+      ]),
+      canCancel() && LIVE.includes(j.state) ? el('p', {}, el('button', { type: 'button', onclick: () => cancelJob(j.id, confirmBox, () => job(id)) }, 'Cancel…')) : '',
+      confirmBox,
+      el('h3', {}, 'Attempts'), historyTable(j.history),
+      el('h3', {}, 'Payload'),
+      el('pre', { class: 'payload', tabindex: '0' }, cut(payload, 4096)),
+    ];
+    const edits = j.payload_edits || [];
+    if (edits.length) {
+      parts.push(el('h3', {}, 'Payload edits'), el('ol', { class: 'edits' }, edits.map((e) => el('li', {},
+        el('p', {}, fmtTime(e.at), ` by ${e.actor} (redrive ${e.redrive}): “${e.reason}”`),
+        el('details', {}, el('summary', {}, `The payload it replaced (${fmtBytes(e.previous_payload_size)})`),
+          el('pre', { class: 'payload' }, cut(JSON.stringify(e.previous_payload, null, 2), 4096)))))));
+    }
+    $('dle-body').replaceChildren(...parts);
+    if (LIVE.includes(j.state) && !state.timer) {
+      state.timer = setInterval(() => {
+        if (!document.hidden && location.hash === `#/job/${id}`) {
+          clearInterval(state.timer);
+          state.timer = null;
+          job(id).catch(showError);
+        }
+      }, 1000);
+    }
+    body.setAttribute('data-state', j.state);
+  }
+
+  // ---------------------------------------------------------------- audit
+
+  async function audit(params, cursor) {
+    showView('audit');
+    const form = $('audit-form');
+    if (params) {
+      for (const k of ['action', 'actor']) if (params.has(k)) form.elements[k].value = params.get(k);
+    }
+    const page = await api('GET', `/v1/audit${query({ action: form.elements.action.value, actor: form.elements.actor.value, limit: 50, cursor })}`);
+    const list = $('audit-list');
+    if (!cursor) list.replaceChildren();
+    list.append(table('Audit log, newest first', [
+      ['At', (a) => fmtTime(a.at)],
+      ['Actor', (a) => a.actor],
+      ['Action', (a) => badge(a.action, a.action === 'denied' ? 'bad' : '')],
+      ['Count', (a) => String(a.count)],
+      ['Request', (a) => {
+        const text = JSON.stringify(a.request);
+        return text.length > CELL_CHARS_MAX
+          ? el('details', {}, el('summary', {}, cut(text, CELL_CHARS_MAX)), el('pre', {}, JSON.stringify(a.request, null, 2)))
+          : el('code', {}, text);
+      }],
+    ], page.items || [], 'The audit log is empty.'));
+    if (page.next_cursor) {
+      const more = el('button', { type: 'button' }, 'Load more');
+      more.addEventListener('click', () => { more.remove(); audit(null, page.next_cursor).catch(showError); });
+      list.append(el('p', {}, more));
+    }
+  }
+
+  // ---------------------------------------------------------------- wiring
+
+  document.addEventListener('DOMContentLoaded', async () => {
+    $('login-form').addEventListener('submit', async (ev) => {
+      ev.preventDefault();
+      clearError();
+      sessionStorage.setItem(TOKEN_KEY, $('token').value.trim());
+      $('token').value = '';
+      if (await signIn()) {
+        if (!location.hash || location.hash === '#/login') location.hash = '#/overview';
+        else await route();
+      }
+    });
+    $('logout').addEventListener('click', () => {
+      sessionStorage.removeItem(TOKEN_KEY);
+      state.who = null;
+      $('who').hidden = true;
+      $('nav').hidden = true;
+      flash('Signed out.', true);
+      route();
+    });
+    $('overview-refresh').addEventListener('click', () => overview().catch(showError));
+    $('pause-form').addEventListener('submit', (ev) => {
+      ev.preventDefault();
+      const f = ev.target.elements;
+      pauseResume(true, f.kind.value, f.name.value.trim()).then(() => { f.name.value = ''; }, showError);
+    });
+    $('jobs-form').addEventListener('submit', (ev) => {
+      ev.preventDefault();
+      jobs(null).catch(showError);
+    });
+    $('audit-form').addEventListener('submit', (ev) => {
+      ev.preventDefault();
+      audit(null).catch(showError);
+    });
+    window.addEventListener('hashchange', route);
+    if (await signIn()) await route();
+  });
+})();

@@ -1,0 +1,251 @@
+// The dashboard end to end in a real browser: Debian's chromium, headless, driven by playwright-core.
+//
+// Run by crates/lazaret/tests/it/browser.rs, which starts the server, seeds
+// three dead letters and reads what this script leaves behind. Environment:
+//   LAZARET_URL             the server
+//   LAZARET_OPERATOR_TOKEN  the token typed into the login form
+//   LAZARET_ADMIN_TOKEN     the admin who purges at the end
+//   LAZARET_WORKER_TOKEN    the worker that leases and acks the redriven jobs, over HTTP
+//   LAZARET_SEED            {"plain": {dead_letter_id, job_id}, "hostile": {...}, "large": {..., payload_size},
+//                           "surge": {type, count}}
+//   LAZARET_SCREENSHOTS     where the screenshots go (docs/ when regenerating them)
+//   LAZARET_CHROMIUM        the browser (default /usr/bin/chromium); never downloaded
+// Exits 0 after printing "dashboard browser test: passed", 1 with the failing step otherwise.
+import assert from 'node:assert/strict';
+import { mkdtempSync, readFileSync, rmSync, statSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+
+import { chromium } from 'playwright-core';
+
+const base = process.env.LAZARET_URL;
+const operator = process.env.LAZARET_OPERATOR_TOKEN;
+const worker = process.env.LAZARET_WORKER_TOKEN;
+const admin = process.env.LAZARET_ADMIN_TOKEN;
+const seed = JSON.parse(process.env.LAZARET_SEED || '{}');
+const shots = process.env.LAZARET_SCREENSHOTS || mkdtempSync(join(tmpdir(), 'lazaret-shots-'));
+const executablePath = process.env.LAZARET_CHROMIUM || '/usr/bin/chromium';
+assert.ok(base && operator && worker && admin && seed.plain && seed.hostile && seed.large && seed.surge, 'LAZARET_URL, the tokens and LAZARET_SEED are set');
+
+let step = 'start';
+function say(what) {
+  step = what;
+  console.log(`step: ${what}`);
+}
+
+/** A worker over plain HTTP: leases the job `id` (long-polling) and acks it; returns the leased job. */
+async function workerAcks(id) {
+  const call = async (path, body) => {
+    const r = await fetch(base + path, {
+      method: 'POST',
+      headers: { Authorization: `Bearer ${worker}`, 'Content-Type': 'application/json' },
+      body: JSON.stringify(body),
+    });
+    const json = await r.json();
+    assert.equal(r.status, 200, `${path}: ${JSON.stringify(json)}`);
+    return json;
+  };
+  for (let tries = 0; tries < 30; tries += 1) {
+    const { jobs } = await call('/v1/leases', { worker_id: 'browser-test-worker', max_jobs: 1, wait_ms: 1000 });
+    if (!jobs.length) continue;
+    const [j] = jobs;
+    assert.equal(j.id, String(id), `the redriven job is the one leased (got ${JSON.stringify(j)})`);
+    const acked = await call(`/v1/jobs/${j.id}/ack`, { lease_token: j.lease_token });
+    assert.equal(acked.state, 'succeeded');
+    return j;
+  }
+  throw new Error(`job ${id} was never leased`);
+}
+
+const profile = mkdtempSync(join(tmpdir(), 'lazaret-chromium-'));
+const context = await chromium.launchPersistentContext(profile, {
+  executablePath,
+  headless: true,
+  args: [
+    '--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+    '--disable-background-networking', '--disable-component-update', '--disable-sync',
+  ],
+  viewport: { width: 1280, height: 860 },
+  acceptDownloads: true,
+});
+context.setDefaultTimeout(20000);
+const page = context.pages()[0] || (await context.newPage());
+const pageErrors = [];
+page.on('pageerror', (e) => pageErrors.push(e.message));
+// Nothing may be fetched from anywhere but this server.
+const foreign = [];
+page.on('request', (r) => {
+  const u = r.url();
+  if (!u.startsWith(base) && !u.startsWith('data:') && !u.startsWith('blob:')) foreign.push(u);
+});
+const shot = async (name) => page.screenshot({ path: join(shots, `dashboard-${name}.png`), fullPage: true });
+
+try {
+  say('the login page needs no token and asks for one');
+  await page.goto(`${base}/`);
+  await page.getByRole('heading', { name: 'Sign in' }).waitFor();
+
+  say('a wrong token is refused with the server\'s message');
+  await page.getByLabel('Token').fill('not-a-token');
+  await page.getByRole('button', { name: 'Sign in' }).click();
+  await page.getByRole('alert').getByText('UNAUTHORIZED').waitFor();
+
+  say('signing in with the operator token shows the overview');
+  await page.getByLabel('Token').fill(operator);
+  await page.getByLabel('Token').press('Enter'); // the keyboard is enough
+  await page.getByRole('heading', { name: 'Overview' }).waitFor();
+  await page.getByText('ops-alice (operator)').waitFor();
+  await page.getByRole('table', { name: /Lanes/ }).waitFor();
+  const held = await page.locator('#overview-dl dd').first().textContent();
+  const total = 3 + seed.surge.count;
+  assert.match(held, new RegExp(`^${total}\\b`), `${total} dead letters are held (overview says ${held})`);
+  await page.getByRole('note').getByText('Systemic failure likely').waitFor();
+  await page.getByRole('note').getByText(`${seed.surge.type}/http_503: gateway unavailable`).waitFor();
+  const cookies = await context.cookies();
+  assert.deepEqual(cookies, [], 'the token is never a cookie');
+  await shot('overview');
+
+  say('a type is paused from the overview and resumed');
+  await page.getByLabel('What').selectOption('type');
+  await page.getByLabel('Name').fill('send_email');
+  await page.getByRole('button', { name: 'Pause', exact: true }).click();
+  await page.getByText('Paused type send_email.').waitFor();
+  await page.getByRole('button', { name: 'Resume type send_email' }).click();
+  await page.getByText('Resumed type send_email.').waitFor();
+  await page.locator('#overview-paused').getByText('Nothing is paused.').waitFor();
+
+  say('the dead letter is listed under its reason');
+  await page.getByRole('navigation').getByRole('link', { name: 'Dead letters' }).click();
+  const groups = page.getByRole('table', { name: 'Dead letters grouped by reason and type' });
+  const row = groups.getByRole('row').filter({ hasText: 'send_email' });
+  await row.getByRole('cell', { name: 'permanent', exact: true }).waitFor();
+  assert.equal((await row.getByRole('cell').nth(2).textContent()).trim(), '2');
+  const surging = groups.getByRole('row').filter({ hasText: seed.surge.type });
+  await surging.getByText(/^systemic: \d+% http_503$/).waitFor();
+  assert.equal(await row.getByText(/systemic/).count(), 0, 'only the surging type is marked');
+  await shot('dead-letters');
+
+  say('redrive of a whole reason: the dry run counts and lists all of it; cancel moves nothing');
+  await surging.getByRole('link', { name: `Show ${seed.surge.count} permanent of ${seed.surge.type}` }).click();
+  await page.getByRole('heading', { name: `permanent · ${seed.surge.type} (${seed.surge.count})` }).waitFor();
+  await page.getByRole('button', { name: `Redrive all ${seed.surge.count} with this reason…` }).click();
+  await page.getByText(`Dry run: ${seed.surge.count} would be redriven (every permanent dead letter of ${seed.surge.type}).`).waitFor();
+  assert.equal(await page.getByRole('list', { name: 'What the redrive would move' }).getByRole('listitem').count(), seed.surge.count);
+  await page.getByRole('button', { name: 'Cancel' }).click();
+  await page.getByText('Dry run:').waitFor({ state: 'detached' });
+  await row.getByRole('link', { name: 'Show 2 permanent of send_email' }).click();
+  await page.getByRole('heading', { name: 'permanent · send_email (2)' }).waitFor();
+  await page.getByRole('link', { name: `Open ${seed.plain.dead_letter_id}` }).waitFor();
+
+  say('hostile error text is shown as text, never run');
+  await page.getByText('<script>window.__pwned=3</script> bad address').first().waitFor();
+  assert.equal(await page.evaluate(() => window.__pwned), undefined, 'no injected script ran');
+
+  say('an operator is not offered purge');
+  assert.equal(await page.getByRole('button', { name: /Purge/ }).count(), 0);
+
+  say('redrive of a selection: the dry run lists what would move, then the confirm redrives it at a rate');
+  await page.getByLabel(`Select dead letter ${seed.plain.dead_letter_id}`).check();
+  await page.getByRole('button', { name: 'Redrive selected…' }).click();
+  await page.getByText('Dry run: 1 would be redriven').waitFor();
+  await page.getByRole('list', { name: 'What the redrive would move' })
+    .getByText(`dead letter ${seed.plain.dead_letter_id} → job ${seed.plain.job_id}`).waitFor();
+  await page.getByLabel(/^Rate/).fill('5');
+  await shot('redrive-dry-run');
+  await page.getByRole('button', { name: 'Redrive 1' }).click();
+  await page.locator('#dl-confirm').getByText('Redriven 1 of 1.').waitFor();
+
+  say('a worker acks the redriven job over HTTP and the dashboard shows it succeeded');
+  await workerAcks(seed.plain.job_id);
+  await page.locator('#dl-confirm').getByRole('link', { name: `job ${seed.plain.job_id}` }).click();
+  await page.getByRole('heading', { name: `Job ${seed.plain.job_id}: succeeded` }).waitFor();
+  await page.locator('#job-state').getByText('succeeded').waitFor();
+  await shot('job');
+
+  say('a dead letter\'s detail: error, traceback, attempts, and the payload escaped');
+  await page.goto(`${base}/#/dead-letter/${seed.hostile.dead_letter_id}`);
+  await page.getByRole('heading', { name: `Dead letter ${seed.hostile.dead_letter_id}: permanent` }).waitFor();
+  const preview = await page.locator('#payload-preview').textContent();
+  assert.ok(preview.includes('<script>window.__pwned=1</script>'), `the payload's markup is shown as text: ${preview}`);
+  assert.equal(await page.locator('#payload-preview *').count(), 0, 'the preview holds no elements');
+  await page.getByText('raise ValueError(\'<b>bad</b>\')').waitFor();
+  await page.getByRole('table', { name: 'Attempt history' }).getByText('dead_lettered').waitFor();
+  assert.equal(await page.evaluate(() => window.__pwned), undefined, 'no injected script ran');
+  await shot('dead-letter');
+
+  say('the payload is corrected and redriven; a worker gets the corrected payload');
+  await page.getByLabel('Corrected payload (JSON)').fill('{"to": "bob@example.com", "n": 2}');
+  await page.getByRole('button', { name: 'Check and redrive…' }).click();
+  await page.getByText('Say why the payload was corrected').waitFor();
+  await page.getByLabel('Why (kept in the audit log)').fill('the address held markup, not an address');
+  await page.getByRole('button', { name: 'Check and redrive…' }).click();
+  await page.getByRole('button', { name: 'Redrive with this payload' }).click();
+  await page.getByText(`Redriven with the corrected payload: job ${seed.hostile.job_id}`).waitFor();
+  const leased = await workerAcks(seed.hostile.job_id);
+  assert.deepEqual(leased.payload, { to: 'bob@example.com', n: 2 });
+  await page.locator('#edit-result').getByRole('link', { name: `job ${seed.hostile.job_id}` }).click();
+  await page.getByRole('heading', { name: `Job ${seed.hostile.job_id}: succeeded` }).waitFor();
+  await page.getByRole('heading', { name: 'Payload edits' }).waitFor();
+  await page.getByText('by ops-alice (redrive 1): “the address held markup, not an address”').waitFor();
+
+  say('a large payload is previewed, not loaded, and downloads whole with the Bearer header');
+  await page.goto(`${base}/#/dead-letter/${seed.large.dead_letter_id}`);
+  await page.getByText(/^The first 4\.0 KiB of/).waitFor();
+  const shown = await page.locator('#payload-preview').textContent();
+  assert.ok(shown.length <= 4096, `the preview is at most 4 KiB (${shown.length})`);
+  const [download] = await Promise.all([
+    page.waitForEvent('download'),
+    page.getByRole('button', { name: /^Download the whole payload/ }).click(),
+  ]);
+  const file = await download.path();
+  assert.equal(statSync(file).size, seed.large.payload_size, 'the download is the whole payload');
+  assert.ok(readFileSync(file, 'utf8').endsWith('}'));
+
+  say('the audit log shows the edit, by whom and why');
+  await page.getByRole('navigation').getByRole('link', { name: 'Audit log' }).click();
+  const audit = page.getByRole('table', { name: 'Audit log, newest first' });
+  await audit.getByRole('row').filter({ hasText: 'payload_edited' }).filter({ hasText: 'ops-alice' }).first().waitFor();
+  await shot('audit');
+
+  say('live jobs: listed with their state, or the view says the server cannot list them');
+  await page.getByRole('navigation').getByRole('link', { name: 'Live jobs' }).click();
+  await page.getByRole('heading', { name: 'Live jobs' }).waitFor();
+  await page.locator('#jobs-list').getByText(/cannot list live jobs|job \d+/).first().waitFor();
+
+  say('a worker token is offered only what a worker may do');
+  await page.getByRole('button', { name: 'Sign out' }).click();
+  await page.getByLabel('Token').fill(worker);
+  await page.getByRole('button', { name: 'Sign in' }).click();
+  await page.getByText('w-1 (worker)').waitFor();
+  assert.equal(await page.getByRole('navigation').getByRole('link', { name: 'Dead letters' }).isVisible(), false);
+  assert.equal(await page.getByRole('navigation').getByRole('link', { name: 'Audit log' }).isVisible(), false);
+  assert.equal(await page.locator('#pause-form').isVisible(), false, 'no pause form for a worker');
+
+  say('an admin purges the large dead letter after confirming');
+  await page.getByRole('button', { name: 'Sign out' }).click();
+  await page.getByLabel('Token').fill(admin);
+  await page.getByRole('button', { name: 'Sign in' }).click();
+  await page.getByText('root (admin)').waitFor();
+  await page.goto(`${base}/#/dead-letter/${seed.large.dead_letter_id}`);
+  await page.getByRole('button', { name: 'Purge…' }).click();
+  const purge = page.getByRole('button', { name: 'Purge 1' });
+  assert.equal(await purge.isDisabled(), true, 'nothing is purged before the confirmation');
+  await page.getByLabel('I understand this deletes them for good').check();
+  await purge.click();
+  await page.locator('#flash').getByText('Purged 1.').waitFor();
+  await page.getByRole('heading', { name: 'Dead letters by reason' }).waitFor();
+  await page.getByRole('table', { name: 'Dead letters grouped by reason and type' })
+    .getByRole('row').filter({ hasText: 'resize' }).waitFor({ state: 'detached' });
+
+  assert.deepEqual(pageErrors, [], 'no script error on the page');
+  assert.deepEqual(foreign, [], 'nothing fetched from elsewhere');
+  console.log('dashboard browser test: passed');
+} catch (e) {
+  console.error(`dashboard browser test failed at step "${step}": ${e.stack || e}`);
+  await shot('failure').catch(() => {});
+  console.error(`screenshots in ${shots}`);
+  process.exitCode = 1;
+} finally {
+  await context.close();
+  rmSync(profile, { recursive: true, force: true });
+}
