@@ -570,14 +570,11 @@ async fn a_lease_filtered_by_type_reads_the_same_whatever_else_is_queued() {
 /// version, gets the index, and filtered leases use it.
 #[tokio::test]
 async fn migrates_a_version_4_database_to_the_typed_ready_index() {
-    use crate::conformance::{at, enqueue_one, lease, lease_req, new_job};
+    use crate::conformance::{at, lease, lease_req};
+    use lazaret_core::JobId;
 
     let dir = tempfile::TempDir::new().unwrap();
     let path = dir.path().join(DB_FILE);
-    let s = open(dir.path());
-    enqueue_one(&s, new_job("bulk", "acme", "default")).await;
-    let email = enqueue_one(&s, new_job("email", "acme", "default")).await;
-    s.close().await.unwrap();
     let index_count = |conn: &rusqlite::Connection| -> i64 {
         conn.query_row(
             "SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND name = 'jobs_ready_type'",
@@ -587,12 +584,21 @@ async fn migrates_a_version_4_database_to_the_typed_ready_index() {
         .unwrap()
     };
     {
-        // What version 4 had: the same tables, no typed index.
+        // A file of version 4, which had no typed index: a bulk job queued
+        // before an email.
         let conn = rusqlite::Connection::open(&path).unwrap();
-        conn.execute_batch("DROP INDEX jobs_ready_type; PRAGMA user_version = 4;")
+        conn.execute_batch(include_str!("fixtures/schema_v4.sql"))
             .unwrap();
+        conn.execute_batch(&format!(
+            "INSERT INTO jobs (id, type, tenant, lane, state, run_at, attempts, created_at, payload)
+             VALUES (1, 'bulk', 'acme', 'default', 'queued', 0, 0, {t}, X'7B7D'),
+                    (2, 'email', 'acme', 'default', 'queued', 0, 0, {t}, X'7B7D');",
+            t = at(0).as_millis(),
+        ))
+        .unwrap();
         assert_eq!(index_count(&conn), 0);
     }
+    let email = JobId(2);
     let s = open(dir.path());
     {
         let conn = rusqlite::Connection::open(&path).unwrap();
