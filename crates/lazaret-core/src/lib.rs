@@ -14,6 +14,7 @@
 //! every decision testable with property tests and a seeded simulation.
 
 pub mod admission;
+pub mod alerts;
 pub mod breaker;
 pub mod cancel;
 pub mod decide;
@@ -32,6 +33,9 @@ pub mod time;
 pub use admission::{
     AdmissionConfig, AdmissionRequest, SchemaError, TypeSchemas, Verdict, Violation, admit,
     check_body_size, check_size, payload_preview,
+};
+pub use alerts::{
+    Alert, AlertEvent, AlertRule, AlertRuleError, Alerts, Observation, RecentDeadLetters, TopReason,
 };
 pub use breaker::{
     BreakerConfig, BreakerConfigError, BreakerState, BreakerTransition, BreakerView, Breakers,

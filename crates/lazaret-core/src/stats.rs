@@ -912,10 +912,28 @@ impl FailureStats {
     /// `None` with many dead letters means they are scattered over many keys:
     /// data quality rather than one broken dependency. O(keys_max × surge_buckets).
     pub fn surge(&self, now: Timestamp) -> Option<Surge> {
+        self.surge_with(
+            now,
+            self.config.surge_count_min,
+            self.config.surge_share_min,
+        )
+    }
+
+    /// [`surge`](Self::surge) with other thresholds: at least `count_min`
+    /// dead letters in the window and one key holding at least `share_min`
+    /// of them (the alerts' `surge_min` and `surge_share`). A `share_min`
+    /// of one half or less is taken as just above it, so that the dominant
+    /// key stays unique.
+    pub fn surge_with(&self, now: Timestamp, count_min: u64, share_min: f64) -> Option<Surge> {
+        let share_min = if share_min > 0.5 {
+            share_min
+        } else {
+            0.5 + f64::EPSILON
+        };
         let last = self.series.bucket_of(now);
         let window = self.config.surge_buckets;
         let total = self.series.ring.count_back(last, window);
-        if total < self.config.surge_count_min {
+        if total < count_min.max(1) {
             return None;
         }
         let (count, entry) = self
@@ -926,7 +944,7 @@ impl FailureStats {
         // Only time going backwards could make `count > total`; clamp.
         let total = total.max(count);
         let share = count as f64 / total as f64;
-        (share >= self.config.surge_share_min).then(|| Surge {
+        (share >= share_min).then(|| Surge {
             key: entry.key.clone(),
             count,
             total,

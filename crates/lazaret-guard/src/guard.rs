@@ -530,7 +530,7 @@ impl<H: Host> Inner<H> {
         if let Some(reason) = spent {
             // It killed its consumers often enough: quarantine it undelivered.
             let transition = Transition::DeadLetter { reason };
-            self.finish(Origin::Broker(ack), &delivery, env, transition, at)
+            self.finish(Origin::Broker(ack), &delivery, env, transition, at, None)
                 .await;
         } else {
             self.attempt(Origin::Broker(ack), delivery, env, policy)
@@ -578,7 +578,7 @@ impl<H: Host> Inner<H> {
         };
         if let Some(reason) = spent {
             let transition = Transition::DeadLetter { reason };
-            self.finish(Origin::Held(ack), &delivery, env, transition, at)
+            self.finish(Origin::Held(ack), &delivery, env, transition, at, None)
                 .await;
         } else {
             self.attempt(Origin::Held(ack), delivery, env, policy).await;
@@ -669,10 +669,13 @@ impl<H: Host> Inner<H> {
             let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
             decide(&mut env, &policy, event, ended, &mut *rng)
         };
-        self.finish(origin, &delivery, env, transition, ended).await
+        self.finish(origin, &delivery, env, transition, ended, Some(started))
+            .await
     }
 
     /// Carries a transition out: the store first, then the broker.
+    /// `leased_at`: when the delivery that ended started (none for a
+    /// message quarantined undelivered).
     async fn finish(
         &self,
         origin: Origin,
@@ -680,6 +683,7 @@ impl<H: Host> Inner<H> {
         env: Envelope,
         transition: Transition,
         at: Timestamp,
+        leased_at: Option<Timestamp>,
     ) -> bool {
         let store = self.host.store();
         let source = self.source_ref(delivery);
@@ -698,6 +702,7 @@ impl<H: Host> Inner<H> {
             message: last.map(|f| f.message.clone()),
             redrives: env.redrives,
             freed_slot: false,
+            leased_at,
         };
         let written: Result<(), StoreError> = match transition {
             // A broker message is never asked to cancel (`decide` alone

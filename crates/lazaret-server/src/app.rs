@@ -6,12 +6,14 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lazaret_core::{
-    Breakers, DeadLetterReason, Envelope, ErrorKind, Event, FailureClass, FailureStats, JobType,
-    Lane, LeaseReservation, Policies, SplitMix64, Timestamp, Transition, decide,
+    BreakerState, Breakers, DeadLetterReason, Envelope, ErrorKind, Event, FailureClass,
+    FailureStats, JobType, Lane, LeaseReservation, Policies, SplitMix64, Timestamp, Transition,
+    decide,
 };
 use lazaret_guard::SourceSet;
 use lazaret_store::{Completed, DeadLetterId, Decider, LeasedJob, PauseTarget, Store, Switch};
 
+use crate::alerts::AlertHub;
 use crate::auth::ApiTokens;
 use crate::config::ServerConfig;
 use crate::metrics as m;
@@ -75,6 +77,9 @@ pub struct App<S> {
     pub breakers: Mutex<Breakers>,
     /// Failure fingerprints, rates and surges.
     pub failures: Mutex<FailureStats>,
+    /// `[[alerts]]`: the recent dead letters and breaker changes the alert
+    /// tasks decide from, and their targets.
+    pub alerts: AlertHub,
     /// Paused types and lanes.
     pub paused: Mutex<Paused>,
     /// Woken when a job may have become ready (long-polls wait on it).
@@ -131,7 +136,15 @@ impl<S: Store> App<S> {
             opened_rx: Mutex::new(Some(opened_rx)),
             store,
             breakers: Mutex::new(breakers),
-            failures: Mutex::new(FailureStats::default()),
+            failures: Mutex::new(
+                FailureStats::new(lazaret_core::StatsConfig {
+                    surge_count_min: config.surge_min,
+                    surge_share_min: config.surge_share,
+                    ..lazaret_core::StatsConfig::default()
+                })
+                .unwrap_or_default(),
+            ),
+            alerts: AlertHub::new(&config.alerts),
             paused: Mutex::new(Paused::default()),
             ready: Ready::default(),
             admission_records: Mutex::new(HashMap::new()),
@@ -315,6 +328,9 @@ impl<S: Store> App<S> {
         let mut breakers = self.breakers.lock().unwrap_or_else(|p| p.into_inner());
         let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
         for c in done {
+            if let Some(leased_at) = c.leased_at {
+                m::job_ran(c.lane.as_str(), now.saturating_since(leased_at));
+            }
             let expired = c
                 .kind
                 .as_ref()
@@ -338,6 +354,8 @@ impl<S: Store> App<S> {
                 Transition::Retry { .. } => m::retried(c.job_type.as_str()),
                 Transition::DeadLetter { reason } => {
                     m::dead_lettered(c.job_type.as_str(), reason.as_str(), "processing");
+                    self.alerts
+                        .record_dead_letter(Some(&c.job_type), reason, c.kind.as_ref(), now);
                     failures.record_dead_letter(
                         &c.job_type,
                         reason,
@@ -356,7 +374,7 @@ impl<S: Store> App<S> {
                 }
             }
         }
-        if drain_transitions(&mut breakers, &self.opened) {
+        if self.drain_breaker_changes(&mut breakers) {
             self.ready.anything();
         }
     }
@@ -367,9 +385,35 @@ impl<S: Store> App<S> {
     pub fn poll_breakers(&self, now: Timestamp) {
         let mut b = self.breakers.lock().unwrap_or_else(|p| p.into_inner());
         let _ = b.snapshot(now);
-        if drain_transitions(&mut b, &self.opened) {
+        if self.drain_breaker_changes(&mut b) {
             self.ready.anything();
         }
+    }
+
+    /// Logs the breakers' state changes and hands them to the alerts;
+    /// true when one may have made parked jobs leasable (a breaker left
+    /// `open`, or its probe slots were handed out again).
+    pub fn drain_breaker_changes(&self, breakers: &mut Breakers) -> bool {
+        let mut unparked = false;
+        while let Some(t) = breakers.poll_transition() {
+            unparked |= !matches!(t.to, BreakerState::Open { .. });
+            if matches!(t.to, BreakerState::HalfOpen { .. })
+                && matches!(t.from, BreakerState::HalfOpen { .. })
+            {
+                continue; // probe slots handed out again: not news
+            }
+            tracing::warn!(r#type = %t.ty, kind = %t.kind, from = %t.from, to = %t.to, "breaker changed state");
+            // Shared with the other nodes of a cluster (`serve::cluster`).
+            if let BreakerState::Open { until } = t.to {
+                let _ = self.opened.send(Switch::BreakerOpen {
+                    job_type: t.ty.as_str().to_owned(),
+                    kind: t.kind.as_str().to_owned(),
+                    until_ms: until.as_millis(),
+                });
+            }
+            self.alerts.record_breaker_change(&t);
+        }
+        unparked
     }
 
     /// Records an admission rejection in the statistics.
@@ -381,6 +425,8 @@ impl<S: Store> App<S> {
         now: Timestamp,
     ) {
         m::dead_lettered(ty.unwrap_or(""), reason.as_str(), "admission");
+        self.alerts
+            .record_dead_letter(ty.map(JobType::new).as_ref(), reason, None, now);
         let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
         failures.record_dead_letter(&JobType::new(ty.unwrap_or("")), reason, None, message, now);
     }
@@ -457,29 +503,6 @@ impl<S: Store> App<S> {
             b.refund(r, u32::try_from(used).unwrap_or(u32::MAX));
         }
     }
-}
-
-/// Logs the breakers' changes since the last call; `true` when one may
-/// have made parked jobs leasable (a breaker turned half-open, refilled
-/// its probe slots or closed).
-fn drain_transitions(
-    b: &mut Breakers,
-    opened: &tokio::sync::mpsc::UnboundedSender<Switch>,
-) -> bool {
-    let mut unparked = false;
-    while let Some(t) = b.poll_transition() {
-        tracing::warn!(r#type = %t.ty, kind = %t.kind, from = %t.from, to = %t.to, "breaker changed state");
-        // Shared with the other nodes of a cluster (`serve::cluster`).
-        if let lazaret_core::BreakerState::Open { until } = t.to {
-            let _ = opened.send(Switch::BreakerOpen {
-                job_type: t.ty.as_str().to_owned(),
-                kind: t.kind.as_str().to_owned(),
-                until_ms: until.as_millis(),
-            });
-        }
-        unparked |= !matches!(t.to, lazaret_core::BreakerState::Open { .. });
-    }
-    unparked
 }
 
 /// What a lease must leave out or limit now (see [`App::lease_filters`]).

@@ -17,7 +17,10 @@
 //! payload_bytes_max = 262144          # admission byte cap on one payload (at least 1)
 //! batch_bytes_max = 16777216          # cap on a whole batch body (413 POISON payload_too_large over it)
 //! accept_unknown_types = true         # false: UNKNOWN_TYPE for types not listed under [types]
-//! dead_letters_warn = 100000          # warn (log + metric) once the dead letters outnumber this
+//! dead_letters_warn = 100000          # warn (log + metric + alert) once the dead letters outnumber this
+//! surge_min = 20                      # a surge: at least this many dead letters in 5 minutes (1..=10000) …
+//! surge_share = 0.8                   # … this share of them with one failure (0.5 < x <= 1); /v1/stats
+//!                                     # dead_letters.surge and the default of every [[alerts]] entry
 //! admission_records_per_minute = 60   # per tenant: admission (POISON) dead-letter records kept per minute
 //! admission_records_all_per_minute = 600 # all tenants together: the same records kept per minute
 //! durability = "full"                 # "full": a commit survives power loss; "normal": faster,
@@ -106,6 +109,15 @@
 //! delivery_timeout_ms = 30000         # guard: a slower delivery failed with kind "timeout" (at least 1)
 //! redrive_to = "orders"               # optional: where a redrive republishes (default: where the message came from)
 //!
+//! [[alerts]]                          # a webhook target; several may be listed (docs/alerts.md)
+//! url = "http://127.0.0.1:9099/hook"  # POSTed one JSON body per alert (http:// only)
+//! events = ["dead_letters_appeared", "poison_rate", "reason_surge",
+//!           "breaker_opened", "breaker_closed", "dead_letters_over_warn"] # default: all six
+//! cooldown_ms = 300000                # one alert per (event, type, reason) per cooldown (at least 1000)
+//! poison_rate_per_min = 10            # poison_rate: dead letters of one type in the last minute (1..=10000)
+//! surge_min = 20                      # reason_surge: dead letters in the surge window, 5 min (1..=10000)
+//! surge_share = 0.8                   # reason_surge: share of them with one failure (0.5 < x <= 1)
+//!
 //! [[sources]]
 //! name = "celery-dlq"
 //! broker = "redis"
@@ -127,9 +139,9 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use lazaret_core::{
-    AdmissionConfig, Backoff, BreakerConfig, BreakerConfigError, ErrorKind, FailureClass, JobType,
-    Lane, Policies, PolicyError, SchedulerConfig, SchedulerConfigError, Share, TenantId,
-    TypePolicy, TypeSchemas,
+    AdmissionConfig, AlertEvent, AlertRule, Backoff, BreakerConfig, BreakerConfigError, ErrorKind,
+    FailureClass, JobType, Lane, Policies, PolicyError, SchedulerConfig, SchedulerConfigError,
+    Share, TenantId, TypePolicy, TypeSchemas,
 };
 use lazaret_guard::{BrokerKind, Mode, SourceSpec, TenantFrom};
 use serde::Deserialize;
@@ -195,6 +207,11 @@ pub struct ServerConfig {
     pub retention: RetentionConfig,
     /// Warn once the dead letters outnumber this (`dead_letters_warn`).
     pub dead_letters_warn: u64,
+    /// The surge rule's thresholds (`surge_min`, `surge_share`): for
+    /// `/v1/stats` and as every `[[alerts]]` entry's default.
+    pub surge_min: u64,
+    /// See [`ServerConfig::surge_min`].
+    pub surge_share: f64,
     /// Admission (POISON) dead-letter records kept per tenant per minute.
     pub admission_records_per_minute: u32,
     /// Admission dead-letter records kept per minute over all tenants
@@ -215,6 +232,17 @@ pub struct ServerConfig {
     /// whose breaker is open (the jobs wait until it closes) instead of
     /// answering `503 SHED`.
     pub park_lanes: BTreeSet<Lane>,
+    /// `[[alerts]]`, in file order: webhook targets and their rules.
+    pub alerts: Vec<AlertTarget>,
+}
+
+/// One `[[alerts]]` entry: where alerts go and which.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AlertTarget {
+    /// The webhook, `http://host:port/path`.
+    pub url: String,
+    /// Events, cooldown and thresholds.
+    pub rule: AlertRule,
 }
 
 /// The in-flight cap when `[tenants] inflight_max` is absent: none. Tenants
@@ -242,6 +270,8 @@ impl Default for ServerConfig {
             tokens: Vec::new(),
             retention: RetentionConfig::default(),
             dead_letters_warn: 100_000,
+            surge_min: 20,
+            surge_share: 0.8,
             admission_records_per_minute: 60,
             admission_records_all_per_minute: 600,
             durability: Durability::Full,
@@ -250,6 +280,7 @@ impl Default for ServerConfig {
             sources: Vec::new(),
             http: HttpConfig::default(),
             park_lanes: BTreeSet::new(),
+            alerts: Vec::new(),
         }
     }
 }
@@ -484,6 +515,8 @@ struct RawConfig {
     batch_bytes_max: Option<usize>,
     accept_unknown_types: Option<bool>,
     dead_letters_warn: Option<u64>,
+    surge_min: Option<u64>,
+    surge_share: Option<f64>,
     admission_records_per_minute: Option<u32>,
     admission_records_all_per_minute: Option<u32>,
     durability: Option<String>,
@@ -501,6 +534,23 @@ struct RawConfig {
     tokens: Vec<RawToken>,
     #[serde(default)]
     sources: Vec<RawSource>,
+    #[serde(default)]
+    alerts: Vec<RawAlert>,
+}
+
+/// `[[alerts]]`: the contract's keys.
+#[derive(Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "an alert table with url, events, cooldown_ms, poison_rate_per_min, surge_min, surge_share"
+)]
+struct RawAlert {
+    url: Option<String>,
+    events: Option<Vec<String>>,
+    cooldown_ms: Option<Ms>,
+    poison_rate_per_min: Option<u64>,
+    surge_min: Option<u64>,
+    surge_share: Option<f64>,
 }
 
 #[derive(Deserialize)]
@@ -896,6 +946,25 @@ impl<'a> Ctx<'a> {
         if let Some(v) = raw.dead_letters_warn {
             cfg.dead_letters_warn = v;
         }
+        {
+            // Checked with the alerts' own rule, so the ranges are the same.
+            let probe = AlertRule {
+                surge_min: raw.surge_min.unwrap_or(cfg.surge_min),
+                surge_share: raw.surge_share.unwrap_or(cfg.surge_share),
+                ..AlertRule::default()
+            };
+            match probe.validate() {
+                Err(e @ lazaret_core::AlertRuleError::SurgeMin(_)) => {
+                    return Err(self.invalid(&root("surge_min"), e.to_string()));
+                }
+                Err(e @ lazaret_core::AlertRuleError::SurgeShare(_)) => {
+                    return Err(self.invalid(&root("surge_share"), e.to_string()));
+                }
+                _ => {}
+            }
+            cfg.surge_min = probe.surge_min;
+            cfg.surge_share = probe.surge_share;
+        }
         if let Some(v) = raw.admission_records_per_minute {
             cfg.admission_records_per_minute = v;
         }
@@ -1002,6 +1071,7 @@ impl<'a> Ctx<'a> {
         };
         cfg.tokens = self.tokens(&raw)?;
         cfg.sources = self.sources(&raw)?;
+        cfg.alerts = self.alerts(&raw, &cfg)?;
         Ok(cfg)
     }
 
@@ -1359,6 +1429,77 @@ impl<'a> Ctx<'a> {
 
     /// Every `[[sources]]` entry as a [`SourceSpec`], with the contract's
     /// defaults filled in.
+    fn alerts(&self, raw: &RawConfig, cfg: &ServerConfig) -> Result<Vec<AlertTarget>, ConfigError> {
+        let mut out = Vec::with_capacity(raw.alerts.len());
+        for (i, a) in raw.alerts.iter().enumerate() {
+            let path = root("alerts").index(i);
+            let url = match a.url.as_deref().map(str::trim) {
+                None | Some("") => {
+                    return Err(self.invalid(
+                        &path.key("url"),
+                        "every [[alerts]] entry needs url: add url = \"http://127.0.0.1:9099/hook\" (POSTed one JSON body per alert)",
+                    ));
+                }
+                Some(u) => u.to_owned(),
+            };
+            let host_ok = url
+                .strip_prefix("http://")
+                .is_some_and(|rest| !rest.is_empty() && !rest.starts_with('/'));
+            if !host_ok {
+                let hint = if url.starts_with("https://") {
+                    "https targets are not supported yet; send to an http:// relay on this host"
+                } else {
+                    "write it as http://HOST:PORT/PATH"
+                };
+                return Err(self.invalid(
+                    &path.key("url"),
+                    format!("url {url:?} is not an http:// URL with a host: {hint}"),
+                ));
+            }
+            let mut rule = AlertRule {
+                surge_min: cfg.surge_min,
+                surge_share: cfg.surge_share,
+                ..AlertRule::default()
+            };
+            if let Some(events) = &a.events {
+                rule.events.clear();
+                for (j, e) in events.iter().enumerate() {
+                    let event: AlertEvent =
+                        e.parse()
+                            .map_err(|err: lazaret_core::alerts::UnknownAlertEvent| {
+                                self.invalid(&path.key("events").index(j), err.to_string())
+                            })?;
+                    rule.events.insert(event);
+                }
+            }
+            if let Some(Ms(v)) = a.cooldown_ms {
+                rule.cooldown = Duration::from_millis(v);
+            }
+            if let Some(v) = a.poison_rate_per_min {
+                rule.poison_rate_per_min = v;
+            }
+            if let Some(v) = a.surge_min {
+                rule.surge_min = v;
+            }
+            if let Some(v) = a.surge_share {
+                rule.surge_share = v;
+            }
+            rule.validate().map_err(|e| {
+                use lazaret_core::AlertRuleError as E;
+                let key = match e {
+                    E::NoEvents => "events",
+                    E::Cooldown(_) => "cooldown_ms",
+                    E::PoisonRate(_) => "poison_rate_per_min",
+                    E::SurgeMin(_) => "surge_min",
+                    _ => "surge_share",
+                };
+                self.invalid(&path.key(key), e.to_string())
+            })?;
+            out.push(AlertTarget { url, rule });
+        }
+        Ok(out)
+    }
+
     fn sources(&self, raw: &RawConfig) -> Result<Vec<SourceSpec>, ConfigError> {
         let mut out: Vec<SourceSpec> = Vec::with_capacity(raw.sources.len());
         for (i, s) in raw.sources.iter().enumerate() {
@@ -1698,6 +1839,117 @@ token = "..."                       # or token_sha256 = "hex"
     }
 
     #[test]
+    fn alerts_load_the_contract_example_with_defaults_for_the_rest() {
+        let cfg = parse(
+            r#"
+[[alerts]]
+url = "http://127.0.0.1:9099/hook"
+events = ["dead_letters_appeared", "poison_rate", "reason_surge",
+          "breaker_opened", "breaker_closed", "dead_letters_over_warn"]
+cooldown_ms = 300000
+poison_rate_per_min = 10
+
+[[alerts]]
+url = "http://ops.internal:8080/lazaret"
+events = ["reason_surge"]
+surge_min = 5
+surge_share = 0.9
+"#,
+        )
+        .unwrap();
+        assert_eq!(cfg.alerts.len(), 2);
+        assert_eq!(cfg.alerts[0].url, "http://127.0.0.1:9099/hook");
+        assert_eq!(cfg.alerts[0].rule, AlertRule::default());
+        let second = &cfg.alerts[1].rule;
+        assert_eq!(second.events, [AlertEvent::ReasonSurge].into());
+        assert_eq!((second.surge_min, second.surge_share), (5, 0.9));
+        assert_eq!(second.cooldown, Duration::from_secs(300));
+        assert!(parse("").unwrap().alerts.is_empty());
+    }
+
+    #[test]
+    fn top_level_surge_thresholds_are_every_targets_default() {
+        let cfg = parse(
+            "surge_min = 7\nsurge_share = 0.9\n[[alerts]]\nurl = \"http://h/a\"\n[[alerts]]\nurl = \"http://h/b\"\nsurge_min = 3\n",
+        )
+        .unwrap();
+        assert_eq!((cfg.surge_min, cfg.surge_share), (7, 0.9));
+        assert_eq!(
+            (cfg.alerts[0].rule.surge_min, cfg.alerts[0].rule.surge_share),
+            (7, 0.9)
+        );
+        assert_eq!(
+            (cfg.alerts[1].rule.surge_min, cfg.alerts[1].rule.surge_share),
+            (3, 0.9)
+        );
+        assert_refused(
+            "surge_share = 1.5\n",
+            "surge_share",
+            1,
+            "above 0.5 up to 1.0",
+        );
+        assert_refused("surge_min = 0\n", "surge_min", 1, "surge_min is 0");
+    }
+
+    #[test]
+    fn alert_mistakes_are_named_with_their_key() {
+        assert_refused(
+            "[[alerts]]\nevents = [\"poison_rate\"]\n",
+            "alerts[0].url",
+            1,
+            "every [[alerts]] entry needs url",
+        );
+        assert_refused(
+            "[[alerts]]\nurl = \"https://hooks.example.com/x\"\n",
+            "alerts[0].url",
+            2,
+            "https targets are not supported yet",
+        );
+        assert_refused(
+            "[[alerts]]\nurl = \"127.0.0.1:9099\"\n",
+            "alerts[0].url",
+            2,
+            "write it as http://HOST:PORT/PATH",
+        );
+        assert_refused(
+            "[[alerts]]\nurl = \"http://h/\"\nevents = [\"poison_rate\", \"dlq_depth\"]\n",
+            "alerts[0].events[1]",
+            3,
+            "unknown alert event `dlq_depth`: use dead_letters_appeared",
+        );
+        assert_refused(
+            "[[alerts]]\nurl = \"http://h/\"\nevents = []\n",
+            "alerts[0].events",
+            3,
+            "events is empty",
+        );
+        assert_refused(
+            "[[alerts]]\nurl = \"http://h/\"\ncooldown_ms = 10\n",
+            "alerts[0].cooldown_ms",
+            3,
+            "at least 1000",
+        );
+        assert_refused(
+            "[[alerts]]\nurl = \"http://h/\"\nsurge_share = 0.4\n",
+            "alerts[0].surge_share",
+            3,
+            "above 0.5 up to 1.0",
+        );
+        assert_refused(
+            "[[alerts]]\nurl = \"http://h/\"\nsurge_min = 0\n",
+            "alerts[0].surge_min",
+            3,
+            "surge_min is 0",
+        );
+        assert_refused(
+            "[[alerts]]\nurl = \"http://h/\"\nwebhook = 1\n",
+            "alerts[0].webhook",
+            3,
+            "unknown field `webhook`",
+        );
+    }
+
+    #[test]
     fn the_documented_example_loads_and_sets_every_key() {
         // The module doc is the key reference copied into docs: it must parse.
         let source = include_str!("config.rs");
@@ -1715,6 +1967,8 @@ token = "..."                       # or token_sha256 = "hex"
             cfg.scheduler.tenant_inflight_max[&TenantId::new("big-customer")],
             8
         );
+        assert_eq!(cfg.alerts.len(), 1);
+        assert_eq!(cfg.alerts[0].rule, AlertRule::default());
         assert_eq!(cfg.breaker_default.unwrap().failures_min, 20);
         assert_eq!(cfg.tokens.len(), 2);
         assert_eq!(cfg.tokens[1].role, Role::Producer);

@@ -2,11 +2,13 @@
 //!
 //! A thin shell: handlers parse and answer HTTP, `lazaret-core` decides
 //! (admission, scheduling, outcomes, breakers), `lazaret-store` applies.
+//! `[[alerts]]` (`alerts.rs`) deliver webhooks from background tasks.
 //! `[[sources]]` (`sources.rs`) run `lazaret-guard`'s guards and watches
 //! on the same `App`. What it deliberately does not do: decide policy in a
 //! handler, or read the clock anywhere but `app::now` (the sources' runtime
 //! reads its own, `lazaret_guard::guard::now`).
 
+pub mod alerts;
 pub mod api;
 pub mod app;
 pub mod auth;

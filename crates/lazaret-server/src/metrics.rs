@@ -12,7 +12,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Mutex, OnceLock};
 
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use std::time::Duration;
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 static GAUGE_LABELS: Mutex<BTreeSet<(String, String)>> = Mutex::new(BTreeSet::new());
@@ -22,6 +24,12 @@ static LANES_SEEN: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
 static BREAKER_TYPES: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
 static TYPES: Mutex<Bounded> = Mutex::new(Bounded::new());
 static LANES: Mutex<Bounded> = Mutex::new(Bounded::new());
+
+/// The bucket bounds of the time histograms, in seconds: from a lease
+/// straight off the queue to an hour-long backlog or job.
+pub const SECONDS_BUCKETS: [f64; 16] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
+];
 
 /// Values of the `type` label, and of the `lane` label, that are not in the
 /// config and still get a series of their own: the first ones seen.
@@ -93,7 +101,12 @@ pub fn lane_label(lane: &str) -> String {
 /// Installs the process-wide recorder once; later calls reuse it.
 pub fn install() -> &'static PrometheusHandle {
     HANDLE.get_or_init(|| {
-        let recorder = PrometheusBuilder::new().build_recorder();
+        // Histograms as Prometheus histograms (buckets), not the
+        // exporter's default summaries: buckets aggregate across nodes.
+        let builder = PrometheusBuilder::new()
+            .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &SECONDS_BUCKETS)
+            .unwrap_or_else(|_| PrometheusBuilder::new());
+        let recorder = builder.build_recorder();
         let handle = recorder.handle();
         if metrics::set_global_recorder(recorder).is_err() {
             tracing::warn!(
@@ -107,6 +120,18 @@ pub fn install() -> &'static PrometheusHandle {
 /// A job admitted.
 pub fn enqueued(ty: &str, lane: &str) {
     metrics::counter!("lazaret_jobs_enqueued_total", "type" => type_label(ty), "lane" => lane_label(lane)).increment(1);
+}
+
+/// A job leased after waiting `waited` since it became ready.
+pub fn job_waited(lane: &str, waited: Duration) {
+    metrics::histogram!("lazaret_job_wait_seconds", "lane" => lane_label(lane))
+        .record(waited.as_secs_f64());
+}
+
+/// An attempt's outcome (ack, fail or expiry), `ran` after its lease.
+pub fn job_ran(lane: &str, ran: Duration) {
+    metrics::histogram!("lazaret_job_run_seconds", "lane" => lane_label(lane))
+        .record(ran.as_secs_f64());
 }
 
 /// A job acknowledged.
@@ -171,6 +196,16 @@ pub fn describe_source(source: &str) {
 /// The `outcome` label values of `lazaret_source_deliveries_total`.
 pub const SOURCE_OUTCOMES: [&str; 4] = ["succeeded", "retried", "deferred", "dead_lettered"];
 
+/// An alert delivered to its target.
+pub fn alert_sent(event: &str) {
+    metrics::counter!("lazaret_alerts_sent_total", "event" => event.to_owned()).increment(1);
+}
+
+/// An alert that could not be delivered (every try failed, or its queue was full).
+pub fn alert_failed(event: &str) {
+    metrics::counter!("lazaret_alerts_failed_total", "event" => event.to_owned()).increment(1);
+}
+
 /// Open HTTP connections now.
 pub fn connections(n: usize) {
     metrics::gauge!("lazaret_http_connections").set(n as f64);
@@ -199,6 +234,7 @@ pub fn rejected(code: &'static str) {
 /// Sets the gauges from a fresh snapshot; gauges whose labels vanished go to 0.
 pub fn set_gauges(
     lanes: &[(String, u64, u64, u64)],
+    oldest_ready_age: &[(String, Duration)],
     dead_letters: &[(String, String, u64)],
     breakers: &[(String, bool)],
     dead_letters_over_warn: bool,
@@ -211,14 +247,23 @@ pub fn set_gauges(
         e.1 += scheduled;
         e.2 += leased;
     }
+    let mut oldest: BTreeMap<String, Duration> = BTreeMap::new();
+    for (lane, age) in oldest_ready_age {
+        let e = oldest.entry(lane_label(lane)).or_default();
+        *e = (*e).max(*age);
+    }
     let mut seen_lanes = LANES_SEEN.lock().unwrap_or_else(|p| p.into_inner());
     seen_lanes.extend(by_lane.keys().cloned());
+    seen_lanes.extend(oldest.keys().cloned());
     for lane in seen_lanes.iter() {
         let (queued, scheduled, leased) = by_lane.get(lane).copied().unwrap_or_default();
         metrics::gauge!("lazaret_queue_depth", "lane" => lane.clone())
             .set((queued + scheduled) as f64);
         metrics::gauge!("lazaret_jobs_ready", "lane" => lane.clone()).set(queued as f64);
         metrics::gauge!("lazaret_jobs_leased", "lane" => lane.clone()).set(leased as f64);
+        let age = oldest.get(lane).copied().unwrap_or_default();
+        metrics::gauge!("lazaret_oldest_job_age_seconds", "lane" => lane.clone())
+            .set(age.as_secs_f64());
     }
     drop(seen_lanes);
     let mut by_type: BTreeMap<(String, String), u64> = BTreeMap::new();
@@ -344,9 +389,24 @@ const FAMILIES: &[Family] = &[
         "Jobs held by workers now, by lane",
     ),
     family(
+        "lazaret_oldest_job_age_seconds",
+        "gauge",
+        "How long the longest-waiting ready job has waited since it became ready, by lane (0: none ready)",
+    ),
+    family(
+        "lazaret_job_wait_seconds",
+        "histogram",
+        "Time from a job becoming ready (enqueue, or its delay, retry or deferral coming due) to its lease, by lane",
+    ),
+    family(
+        "lazaret_job_run_seconds",
+        "histogram",
+        "Time from a lease to its outcome (ack, fail or lease expiry), by lane",
+    ),
+    family(
         "lazaret_breaker_open",
         "gauge",
-        "1 while a type's breaker is open or half-open, by type",
+        "1 while a breaker of the type is open (half-open reads 0: it admits probes), by type",
     ),
     family(
         "lazaret_rejected_total",
@@ -362,6 +422,16 @@ const FAMILIES: &[Family] = &[
         "lazaret_source_taken_in_total",
         "counter",
         "Dead letters a watch source took in from its broker, by source",
+    ),
+    family(
+        "lazaret_alerts_sent_total",
+        "counter",
+        "Alerts delivered to an [[alerts]] target, by event",
+    ),
+    family(
+        "lazaret_alerts_failed_total",
+        "counter",
+        "Alerts not delivered (every try failed, or the target's queue was full), by event",
     ),
     family("lazaret_http_connections", "gauge", "Open HTTP connections"),
     family(

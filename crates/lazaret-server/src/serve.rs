@@ -14,7 +14,7 @@ use crate::app::{App, CoreDecider, now};
 use crate::auth::api_token_entry;
 use crate::config::{Durability, ServerConfig};
 use crate::sources::{self, Sources};
-use crate::{api, conn, metrics};
+use crate::{alerts, api, conn, metrics};
 
 /// What `serve` needs.
 #[derive(Debug, Clone)]
@@ -130,6 +130,10 @@ async fn run<S: Store>(store: S, opts: ServeOptions, described: String) -> Resul
         tracing::info!(kind = pause.target.kind(), name = pause.target.name(), by = %pause.paused_by, "paused since before the restart");
         app.set_paused(&pause.target, true);
     }
+    if app.alerts.enabled() {
+        // The baseline, before any request can add a dead letter.
+        alerts::poll_once(&app).await;
+    }
     // Pauses made, and breakers opened, by other nodes of a cluster.
     for s in app.store.switches().await? {
         app.apply_switch(&s);
@@ -171,6 +175,8 @@ async fn run<S: Store>(store: S, opts: ServeOptions, described: String) -> Resul
     // Sources connect in the background: a broker that is down delays its
     // source, never the server.
     let sources = Sources::start(&app);
+    // Alerts from background tasks: a slow or dead webhook never holds up a job.
+    let alert_tasks = alerts::start(&app);
     let (sources_stop_tx, sources_stop_rx) = tokio::sync::oneshot::channel::<()>();
     let sources_stopped = tokio::spawn(async move {
         // Stopped as soon as the signal comes, alongside the HTTP side's
@@ -199,6 +205,9 @@ async fn run<S: Store>(store: S, opts: ServeOptions, described: String) -> Resul
     let _ = housekeeping.await;
     let _ = retention.await;
     let _ = cluster.await;
+    for t in alert_tasks {
+        t.abort();
+    }
     app.store.close().await?;
     Ok(())
 }

@@ -427,6 +427,7 @@ mod tests {
             lease_token: lazaret_store::LeaseToken(9),
             lease_expires_at: Timestamp::from_millis(0),
             created_at: Timestamp::from_millis(0),
+            ready_at: Timestamp::from_millis(0),
         };
         let text = serde_json::to_string(&LeaseReply {
             jobs: vec![leased(&j)],

@@ -169,6 +169,7 @@ macro_rules! conformance_suite {
             stats: [
                 stats_count_jobs_per_lane,
                 stats_count_commits_and_the_commands_in_them,
+                stats_time_when_jobs_became_ready_and_were_leased,
             ],
             tokens: [
                 created_tokens_are_listed_oldest_first_and_survive_a_restart,

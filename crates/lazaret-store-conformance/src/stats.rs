@@ -102,3 +102,92 @@ pub async fn stats_count_commits_and_the_commands_in_them<B: Backend>(b: &B) {
     assert_eq!(after.commands - before.commands, calls);
     assert_eq!(after.commits - before.commits, calls);
 }
+
+/// What the wait and run histograms and the oldest-job gauge are made of: a
+/// lease names when its job became ready (enqueue, or its retry coming
+/// due), an outcome when its attempt was leased, and the stats the oldest
+/// ready job of each lane.
+pub async fn stats_time_when_jobs_became_ready_and_were_leased<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
+    let in_lane = |lane: &str, req: LeaseRequest| LeaseRequest {
+        lanes: Some(vec![lane.into()]),
+        ..req
+    };
+    s.enqueue(vec![
+        NewJob {
+            now: at(10),
+            run_at: at(10),
+            ..new_job("email", "a", "slow")
+        },
+        NewJob {
+            now: at(20),
+            run_at: at(20),
+            ..new_job("email", "b", "slow")
+        },
+        NewJob {
+            now: at(5),
+            run_at: at(30),
+            ..new_job("email", "a", "fast")
+        },
+    ])
+    .await
+    .unwrap();
+    let stats = s.stats().await.unwrap();
+    assert_eq!(
+        stats.oldest_ready,
+        vec![("slow".into(), at(10))],
+        "a delayed job is not ready until it is due"
+    );
+    s.tick(at(30)).await.unwrap();
+    let stats = s.stats().await.unwrap();
+    assert_eq!(
+        stats.oldest_ready,
+        vec![("fast".into(), at(30)), ("slow".into(), at(10))]
+    );
+
+    let first = lease(&s, in_lane("slow", lease_req(at(40), 1))).await;
+    assert_eq!(first.len(), 1);
+    assert_eq!(first[0].ready_at, at(10));
+    let stats = s.stats().await.unwrap();
+    let slow = stats
+        .oldest_ready
+        .iter()
+        .find(|(l, _)| l.as_str() == "slow");
+    assert_eq!(slow, Some(&("slow".into(), at(20))), "the next oldest");
+
+    // A failure retried: ready again when the retry is due.
+    let done = complete(
+        &s,
+        &first[0],
+        Event::Failed(super::transient("http_503")),
+        at(50),
+    )
+    .await;
+    assert_eq!(done.leased_at, Some(at(40)));
+    let retry_at = match done.transition {
+        lazaret_core::Transition::Retry { at, .. } => at,
+        other => panic!("expected a retry, got {other:?}"),
+    };
+    s.tick(retry_at).await.unwrap();
+    let mut again = Vec::new();
+    for j in lease(&s, in_lane("slow", lease_req(retry_at, 10))).await {
+        again.push((j.id, j.ready_at));
+        let done = complete(
+            &s,
+            &j,
+            Event::Succeeded,
+            retry_at.saturating_add(std::time::Duration::from_millis(7)),
+        )
+        .await;
+        assert_eq!(done.leased_at, Some(retry_at), "an ack names its lease too");
+    }
+    again.sort();
+    assert!(again.contains(&(first[0].id, retry_at)), "{again:?}");
+    let stats = s.stats().await.unwrap();
+    assert!(
+        stats.oldest_ready.iter().all(|(l, _)| l.as_str() != "slow"),
+        "no job ready in slow: {:?}",
+        stats.oldest_ready
+    );
+}

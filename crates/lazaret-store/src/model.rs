@@ -153,6 +153,9 @@ pub struct LeasedJob {
     pub lease_expires_at: Timestamp,
     /// First admission.
     pub created_at: Timestamp,
+    /// When it became ready to lease: its enqueue, or the time its delay,
+    /// retry or deferral came due (the start of `lazaret_job_wait_seconds`).
+    pub ready_at: Timestamp,
 }
 
 /// A worker's outcome for one leased job.
@@ -192,6 +195,9 @@ pub struct Completed {
     /// The job's tenant was at its in-flight cap in the job's lane and has
     /// jobs ready there: a lease waiting only for that cap can now take one.
     pub freed_slot: bool,
+    /// When the attempt that just ended was leased, if the store knows (the
+    /// start of `lazaret_job_run_seconds`).
+    pub leased_at: Option<Timestamp>,
 }
 
 /// Why one item of a call was refused; the rest of the call goes on.
@@ -671,6 +677,9 @@ pub struct StoreStats {
     pub succeeded: u64,
     /// Cancelled jobs still kept (retention, as for succeeded ones).
     pub cancelled: u64,
+    /// Per lane with jobs ready now: when its longest-waiting ready job
+    /// became ready (`lazaret_oldest_job_age_seconds` is now minus this).
+    pub oldest_ready: Vec<(Lane, Timestamp)>,
     /// Which backend: `sqlite` or `postgres`.
     pub backend: &'static str,
     /// What only some backends count (SQLite's group commit and fsyncs);

@@ -378,6 +378,7 @@ pub(super) async fn redrive<S: Store>(
             }
         }
         m::redriven(redriven);
+        app.alerts.touch();
     }
     ok(json!({
         "matched": targets.len(),
@@ -495,6 +496,7 @@ pub(super) async fn purge<S: Store>(
         })
         .await?;
     let purged = app.store.purge(ids, Some(entry)).await?;
+    app.alerts.touch();
     ok(json!({ "purged": purged }))
 }
 

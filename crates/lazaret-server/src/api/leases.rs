@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use crate::app::{App, now};
 use crate::auth::Action;
 use crate::error::ApiError;
-use crate::views;
+use crate::{metrics as m, views};
 
 use super::{
     ApiResult, DELAY_MS_MAX, LEASE_JOBS_MAX, LEASE_NAMES_MAX, Shared, WAIT_MS_MAX, allow,
@@ -116,6 +116,9 @@ async fn lease_jobs<S: Store>(app: &App<S>, b: LeaseBody) -> Result<Vec<LeasedJo
         let leased = app.store.lease(req).await;
         app.refund_probes(filters.reservations, leased.as_deref().unwrap_or_default());
         let jobs = leased?;
+        for j in &jobs {
+            m::job_waited(j.lane.as_str(), now.saturating_since(j.ready_at));
+        }
         if !jobs.is_empty() || tokio::time::Instant::now() >= deadline || app.is_stopping() {
             return Ok(jobs);
         }

@@ -199,6 +199,10 @@ async fn snapshot<S: Store>(app: &App<S>) -> Result<Value, ApiError> {
             .iter()
             .map(|(l, c)| (l.to_string(), c.queued, c.scheduled, c.leased))
             .collect::<Vec<_>>(),
+        &s.oldest_ready
+            .iter()
+            .map(|(l, at)| (l.to_string(), now.saturating_since(*at)))
+            .collect::<Vec<_>>(),
         &s.dead_letters
             .iter()
             .map(|(t, r, n)| (t.clone().unwrap_or_default(), r.as_str().to_owned(), *n))
@@ -225,6 +229,8 @@ async fn snapshot<S: Store>(app: &App<S>) -> Result<Value, ApiError> {
         "paused": paused,
         "lanes": s.lanes.iter().map(|(l, c)| (l.to_string(), json!({
             "queued": c.queued, "scheduled": c.scheduled, "leased": c.leased,
+            "oldest_age_ms": s.oldest_ready.iter().find(|(o, _)| o == l)
+                .map_or(0, |(_, at)| lazaret_core::time::duration_ms(now.saturating_since(*at))),
         }))).collect::<serde_json::Map<_, _>>(),
         "succeeded_kept": s.succeeded,
         "store": store_section(&s),

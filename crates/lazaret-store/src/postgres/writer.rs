@@ -975,6 +975,7 @@ impl Writer {
                         lease_token: LeaseToken(r.get::<_, i64>(7) as u64),
                         lease_expires_at: expires,
                         created_at: Timestamp::from_millis(r.get(4)),
+                        ready_at: Timestamp::from_millis(r.get(8)),
                     },
                 )
             })
@@ -1066,6 +1067,7 @@ impl Writer {
             Some(_) => stored.envelope()?.redrives,
             None => 0,
         };
+        let leased_at = stored.lease_started_at.map(Timestamp::from_millis);
         stored.state = JobState::Succeeded;
         *current = None;
         let (lane, tenant) = (
@@ -1090,6 +1092,7 @@ impl Writer {
             message: None,
             redrives,
             freed_slot,
+            leased_at,
         }))
     }
 
@@ -1117,6 +1120,7 @@ impl Writer {
             }
         }
         let mut env = stored.envelope()?;
+        let leased_at = stored.lease_started_at.map(Timestamp::from_millis);
         let attempt = env.attempts;
         let decided = self.decider.decide(&mut env, event, now);
         let transition = lazaret_core::settle(&mut env, decided, cancel_requested);
@@ -1148,6 +1152,7 @@ impl Writer {
             message,
             redrives: env.redrives,
             freed_slot,
+            leased_at,
         }))
     }
 
@@ -1650,6 +1655,27 @@ impl Writer {
                 lanes.push((Lane::new(r.get::<_, String>(0)), c));
             }
         }
+        // One index probe (`jobs_ready`) per (lane, tenant) with jobs ready.
+        let oldest = self
+            .query(
+                "SELECT p.lane, min(x.run_at)::int8 FROM pairs p
+                 CROSS JOIN LATERAL (
+                   SELECT run_at FROM jobs j
+                   WHERE j.lane = p.lane AND j.tenant = p.tenant AND j.state = 'queued'
+                   ORDER BY run_at, id LIMIT 1) x
+                 WHERE p.ready > 0 GROUP BY p.lane ORDER BY p.lane",
+                &[],
+            )
+            .await?;
+        let oldest_ready: Vec<(Lane, Timestamp)> = oldest
+            .iter()
+            .map(|r| {
+                (
+                    Lane::new(r.get::<_, String>(0)),
+                    Timestamp::from_millis(r.get(1)),
+                )
+            })
+            .collect();
         let rows = self
             .query(
                 "SELECT type, reason, count(*) FROM dead_letters GROUP BY type, reason",
@@ -1670,6 +1696,7 @@ impl Writer {
             dead_letters,
             succeeded,
             cancelled,
+            oldest_ready,
             backend: "postgres",
             group_commit: Some(GroupCommitStats {
                 // Groups committed before this one, as SQLite counts.

@@ -291,6 +291,7 @@ async fn migrates_a_version_1_database_in_place() {
         lease_token: LeaseToken(old_token as u64),
         lease_expires_at: at(60_000),
         created_at: at(1),
+        ready_at: at(1),
     };
     complete(&s, &held, Event::Succeeded, at(7)).await;
     let view = job_view(&s, JobId(2)).await;
@@ -437,6 +438,7 @@ async fn migrates_a_version_4_database_to_cancels_listing_and_kept_pauses() {
         lease_token: LeaseToken(77),
         lease_expires_at: at(60_000),
         created_at: at(0),
+        ready_at: at(0),
     };
     let done = complete(&s, &held, Event::Failed(transient("http_503")), at(2)).await;
     assert_eq!(done.transition, Transition::Cancelled);
@@ -605,14 +607,11 @@ async fn a_lease_filtered_by_type_reads_the_same_whatever_else_is_queued() {
 /// version, gets the index, and filtered leases use it.
 #[tokio::test]
 async fn migrates_a_version_4_database_to_the_typed_ready_index() {
-    use lazaret_store_conformance::{at, enqueue_one, lease, lease_req, new_job};
+    use lazaret_core::JobId;
+    use lazaret_store_conformance::{at, lease, lease_req};
 
     let dir = tempfile::TempDir::new().unwrap();
     let path = dir.path().join(DB_FILE);
-    let s = open(dir.path());
-    enqueue_one(&s, new_job("bulk", "acme", "default")).await;
-    let email = enqueue_one(&s, new_job("email", "acme", "default")).await;
-    s.close().await.unwrap();
     let index_count = |conn: &rusqlite::Connection| -> i64 {
         conn.query_row(
             "SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND name = 'jobs_ready_type'",
@@ -622,12 +621,21 @@ async fn migrates_a_version_4_database_to_the_typed_ready_index() {
         .unwrap()
     };
     {
-        // What version 4 had: the same tables, no typed index.
+        // A file of version 4, which had no typed index: a bulk job queued
+        // before an email.
         let conn = rusqlite::Connection::open(&path).unwrap();
-        conn.execute_batch("DROP INDEX jobs_ready_type; PRAGMA user_version = 4;")
+        conn.execute_batch(include_str!("fixtures/schema_v4.sql"))
             .unwrap();
+        conn.execute_batch(&format!(
+            "INSERT INTO jobs (id, type, tenant, lane, state, run_at, attempts, created_at, payload)
+             VALUES (1, 'bulk', 'acme', 'default', 'queued', 0, 0, {t}, X'7B7D'),
+                    (2, 'email', 'acme', 'default', 'queued', 0, 0, {t}, X'7B7D');",
+            t = at(0).as_millis(),
+        ))
+        .unwrap();
         assert_eq!(index_count(&conn), 0);
     }
+    let email = JobId(2);
     let s = open(dir.path());
     {
         let conn = rusqlite::Connection::open(&path).unwrap();

@@ -4,6 +4,7 @@
 //! test starts its own server (see `harness`).
 
 mod admission;
+mod alerts;
 mod audit;
 mod auth;
 mod bench;
@@ -24,6 +25,7 @@ mod hostile_suite;
 mod kafka_sources;
 mod lanes;
 mod live_jobs;
+mod metrics;
 mod observing;
 mod outcome_next;
 mod python_worker;
