@@ -628,7 +628,7 @@ async fn guarded(args: &Args, queue: &str, handler_url: &str) -> Res<(Arc<Clock>
     let _ = stop.send(true);
     task.await??;
     waited?;
-    let stats = host.store().stats().await?;
+    let stats = host.store().stats().await?.group_commit.unwrap_or_default();
     host.store().close().await?;
     let sync_us = if stats.syncs > 0 {
         stats.sync_micros as f64 / stats.syncs as f64

@@ -11,7 +11,7 @@ use lazaret_core::{
     decide,
 };
 use lazaret_guard::SourceSet;
-use lazaret_store::{Completed, DeadLetterId, Decider, LeasedJob, PauseTarget, Store};
+use lazaret_store::{Completed, DeadLetterId, Decider, LeasedJob, PauseTarget, Store, Switch};
 
 use crate::alerts::AlertHub;
 use crate::auth::ApiTokens;
@@ -100,6 +100,13 @@ pub struct App<S> {
     redriving: Mutex<HashSet<DeadLetterId>>,
     /// `true` once the server is shutting down (see [`App::stopping`]).
     stop: tokio::sync::watch::Sender<bool>,
+    /// Breakers other nodes of a cluster opened: type → open until. This
+    /// node sheds and parks the type until then as if its own were open.
+    remote_breakers: Mutex<HashMap<String, Timestamp>>,
+    /// Breakers this node opened, to share with the cluster
+    /// (`serve::share_switches` publishes them through the store).
+    opened: tokio::sync::mpsc::UnboundedSender<Switch>,
+    opened_rx: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<Switch>>>,
 }
 
 /// A broker dead letter claimed for one redrive; released when dropped.
@@ -122,7 +129,11 @@ impl<S: Store> App<S> {
     /// Wraps a store and a configuration.
     pub fn new(store: S, config: ServerConfig) -> Arc<Self> {
         let breakers = Breakers::new(config.breaker_default, config.breakers.clone());
+        let (opened, opened_rx) = tokio::sync::mpsc::unbounded_channel();
         Arc::new(App {
+            remote_breakers: Mutex::new(HashMap::new()),
+            opened,
+            opened_rx: Mutex::new(Some(opened_rx)),
             store,
             breakers: Mutex::new(breakers),
             failures: Mutex::new(
@@ -144,6 +155,57 @@ impl<S: Store> App<S> {
             stop: tokio::sync::watch::Sender::new(false),
             config,
         })
+    }
+
+    /// The breakers this node opens, to share (taken once, by `serve`).
+    pub fn take_opened(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<Switch>> {
+        self.opened_rx
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+    }
+
+    /// Applies a switch another node shared (or this one, echoed back):
+    /// a pause, a resume, a breaker opened elsewhere.
+    pub fn apply_switch(&self, s: &Switch) {
+        match s {
+            Switch::PauseType { name, paused } | Switch::PauseLane { name, paused } => {
+                let mut p = self.paused.lock().unwrap_or_else(|p| p.into_inner());
+                let set = if matches!(s, Switch::PauseType { .. }) {
+                    &mut p.types
+                } else {
+                    &mut p.lanes
+                };
+                if *paused {
+                    set.insert(name.clone());
+                } else if set.remove(name) {
+                    drop(p);
+                    self.ready.anything();
+                }
+            }
+            Switch::BreakerOpen {
+                job_type, until_ms, ..
+            } => {
+                let until = Timestamp::from_millis(*until_ms);
+                let mut r = self
+                    .remote_breakers
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                let e = r.entry(job_type.clone()).or_insert(until);
+                *e = (*e).max(until);
+            }
+            _ => {}
+        }
+    }
+
+    /// Until when another node's breaker parks `ty`, if it does now.
+    fn remote_open(&self, ty: &str, now: Timestamp) -> Option<Timestamp> {
+        let mut r = self
+            .remote_breakers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        r.retain(|_, until| *until > now);
+        r.get(ty).copied()
     }
 
     /// Starts the shutdown: long-polls answer at once, redrives stop
@@ -252,6 +314,11 @@ impl<S: Store> App<S> {
         if !self.config.park_lanes.is_empty() && self.config.park_lanes.contains(&Lane::new(lane)) {
             return None;
         }
+        if let Some(until) = self.remote_open(ty, now) {
+            return Some(Duration::from_millis(
+                (until.as_millis() - now.as_millis()).max(1) as u64,
+            ));
+        }
         let mut b = self.breakers.lock().unwrap_or_else(|p| p.into_inner());
         b.shed_retry_after(&JobType::new(ty), now)
     }
@@ -336,6 +403,14 @@ impl<S: Store> App<S> {
                 continue; // probe slots handed out again: not news
             }
             tracing::warn!(r#type = %t.ty, kind = %t.kind, from = %t.from, to = %t.to, "breaker changed state");
+            // Shared with the other nodes of a cluster (`serve::cluster`).
+            if let BreakerState::Open { until } = t.to {
+                let _ = self.opened.send(Switch::BreakerOpen {
+                    job_type: t.ty.as_str().to_owned(),
+                    kind: t.kind.as_str().to_owned(),
+                    until_ms: until.as_millis(),
+                });
+            }
             self.alerts.record_breaker_change(&t);
         }
         unparked
@@ -374,6 +449,18 @@ impl<S: Store> App<S> {
             p.types.iter().map(|t| JobType::new(t.as_str())).collect();
         let exclude_lanes: Vec<Lane> = p.lanes.iter().map(|l| Lane::new(l.as_str())).collect();
         drop(p);
+        {
+            let mut r = self
+                .remote_breakers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            r.retain(|_, until| *until > now);
+            for ty in r.keys() {
+                if !exclude_types.iter().any(|t| t.as_str() == ty) {
+                    exclude_types.push(JobType::new(ty.as_str()));
+                }
+            }
+        }
         let mut b = self.breakers.lock().unwrap_or_else(|p| p.into_inner());
         let mut type_limits = Vec::new();
         let mut reservations = Vec::new();

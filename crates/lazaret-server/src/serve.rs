@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lazaret_core::FairScheduler;
-use lazaret_store::{SqliteStore, Store};
+use lazaret_store::{PgOptions, PostgresStore, SqliteStore, Store, StoreEvent};
 use tokio::net::TcpListener;
 
 use crate::app::{App, CoreDecider, now};
@@ -23,6 +23,9 @@ pub struct ServeOptions {
     pub listen: SocketAddr,
     /// The data directory of the embedded store.
     pub data: PathBuf,
+    /// A PostgreSQL store instead (`postgres://…`): several nodes may
+    /// serve one database.
+    pub postgres: Option<String>,
     /// The configuration.
     pub config: ServerConfig,
 }
@@ -67,7 +70,6 @@ pub enum ServeError {
 
 /// Runs the server until SIGTERM or ctrl-c. Prints, as its first line on
 /// stdout, `lazaret listening on http://ADDR` (tests and scripts read it).
-#[allow(clippy::print_stdout)] // the listening line on stdout is the interface
 pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
     if opts.config.tokens.is_empty() && !opts.listen.ip().is_loopback() {
         return Err(ServeError::OpenWithoutTokens(opts.listen));
@@ -82,16 +84,38 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
             .keys()
             .map(|l| l.as_str()),
     );
-    let fds = conn::raise_fd_limit();
-    let connections_max = conn::connections_max(opts.config.http.connections_max, fds.now);
     let scheduler = FairScheduler::new(opts.config.scheduler.clone())?;
+    let decider = Arc::new(CoreDecider::new(opts.config.policies.clone()));
+    if let Some(url) = &opts.postgres {
+        let pg = PgOptions::from_url(url)?;
+        let schema = pg.schema.clone();
+        let store = PostgresStore::open(pg, scheduler, decider).await?;
+        let described = format!(
+            "data: PostgreSQL, schema {schema} (durable at each commit; nodes on the same database share it)"
+        );
+        return run(store, opts, described).await;
+    }
     let durability = match opts.config.durability {
         Durability::Full => lazaret_store::Durability::Full,
         Durability::Normal => lazaret_store::Durability::Normal,
     };
-    let decider = Arc::new(CoreDecider::new(opts.config.policies.clone()));
     let store = SqliteStore::open(&opts.data, durability, scheduler, decider)?;
-    let db_path = store.path().display().to_string();
+    let described = format!(
+        "data: {} (sqlite, durability {})",
+        store.path().display(),
+        match durability {
+            lazaret_store::Durability::Full => "full: survives power loss",
+            lazaret_store::Durability::Normal => "normal: survives a process crash",
+        }
+    );
+    run(store, opts, described).await
+}
+
+/// Serves on an open store until the signal.
+#[allow(clippy::print_stdout)] // the listening line on stdout is the interface
+async fn run<S: Store>(store: S, opts: ServeOptions, described: String) -> Result<(), ServeError> {
+    let fds = conn::raise_fd_limit();
+    let connections_max = conn::connections_max(opts.config.http.connections_max, fds.now);
     let listener = TcpListener::bind(opts.listen)
         .await
         .map_err(|source| ServeError::Bind {
@@ -110,15 +134,13 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
         // The baseline, before any request can add a dead letter.
         alerts::poll_once(&app).await;
     }
+    // Pauses made, and breakers opened, by other nodes of a cluster.
+    for s in app.store.switches().await? {
+        app.apply_switch(&s);
+    }
     // The first stdout line is a contract with scripts and tests.
     println!("lazaret listening on http://{addr}");
-    println!(
-        "data: {db_path} (sqlite, durability {})",
-        match durability {
-            lazaret_store::Durability::Full => "full: survives power loss",
-            lazaret_store::Durability::Normal => "normal: survives a process crash",
-        }
-    );
+    println!("{described}");
     if app.config.tokens.is_empty() {
         println!("no tokens configured: serving loopback only, every caller is admin");
         if api_tokens > 0 {
@@ -132,7 +154,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
     for spec in &app.config.sources {
         println!("{}", sources::describe(spec));
     }
-    tracing::info!(%addr, data = %db_path, "lazaret serving");
+    tracing::info!(%addr, data = %described, "lazaret serving");
     let http = app.config.http;
     tracing::info!(
         fd_soft_before = %limit_text(fds.before),
@@ -147,6 +169,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
     );
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let cluster = tokio::spawn(cluster(Arc::clone(&app), stop_rx.clone()));
     let housekeeping = tokio::spawn(housekeeping(Arc::clone(&app), stop_rx.clone()));
     let retention = tokio::spawn(retention(Arc::clone(&app), stop_rx));
     // Sources connect in the background: a broker that is down delays its
@@ -181,6 +204,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
     let _ = stop_tx.send(true);
     let _ = housekeeping.await;
     let _ = retention.await;
+    let _ = cluster.await;
     for t in alert_tasks {
         t.abort();
     }
@@ -193,10 +217,12 @@ fn limit_text(limit: Option<u64>) -> String {
     limit.map_or_else(|| "unlimited".to_owned(), |n| n.to_string())
 }
 
-/// Puts the tokens created through the API in force; returns how many.
+/// Puts the tokens created through the API in force (in place of those
+/// before: another node may have revoked some); returns how many.
 async fn load_api_tokens<S: Store>(app: &App<S>) -> Result<usize, ServeError> {
     let stored = app.store.tokens().await?;
     let mut table = app.api_tokens.write().unwrap_or_else(|p| p.into_inner());
+    *table = crate::auth::ApiTokens::default();
     for t in &stored {
         if app.config.tokens.iter().any(|c| c.name == t.name) {
             return Err(ServeError::TokenNameClash(t.name.clone()));
@@ -225,6 +251,68 @@ async fn shutdown_signal() {
     tokio::select! {
         () = ctrl_c => {},
         () = term => {},
+    }
+}
+
+/// A node of a cluster: what the other nodes do reaches this one through
+/// the store's events (ready jobs wake long-polls, token changes reload the
+/// tokens, switches pause, resume or open breakers here too), and the
+/// breakers this node opens go out to them. A store of one process has no
+/// events; only the second half runs, and publishing keeps nothing.
+async fn cluster<S: Store>(app: Arc<App<S>>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    let mut opened = app.take_opened();
+    let mut events = app.store.events();
+    loop {
+        let event = async {
+            match events.as_mut() {
+                Some(rx) => Some(rx.recv().await),
+                None => std::future::pending().await,
+            }
+        };
+        let share = async {
+            match opened.as_mut() {
+                Some(rx) => rx.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = stop.changed() => return,
+            s = share => match s {
+                Some(s) => {
+                    if let Err(e) = app.store.publish(s).await {
+                        tracing::warn!(error = %e, "could not share a breaker with the cluster");
+                    }
+                }
+                None => opened = None,
+            },
+            e = event => match e {
+                Some(Ok(StoreEvent::Ready { jobs: None })) => app.ready.anything(),
+                Some(Ok(StoreEvent::Ready { jobs: Some(jobs) })) => {
+                    app.ready.jobs(jobs.iter().map(|(l, t)| (l, t)));
+                }
+                Some(Ok(StoreEvent::TokensChanged)) => {
+                    let _guard = app.token_changes.lock().await;
+                    if let Err(e) = load_api_tokens(&app).await {
+                        tracing::error!(error = %e, "could not reload the API tokens");
+                    }
+                }
+                Some(Ok(StoreEvent::Switch(s))) => app.apply_switch(&s),
+                Some(Ok(_)) => {}
+                Some(Err(tokio::sync::broadcast::error::RecvError::Lagged(n))) => {
+                    // Missed events: look at everything again.
+                    tracing::warn!(missed = n, "cluster events came faster than they were read");
+                    app.ready.anything();
+                    let _guard = app.token_changes.lock().await;
+                    let _ = load_api_tokens(&app).await;
+                    if let Ok(switches) = app.store.switches().await {
+                        for s in switches {
+                            app.apply_switch(&s);
+                        }
+                    }
+                }
+                Some(Err(_)) | None => events = None,
+            },
+        }
     }
 }
 

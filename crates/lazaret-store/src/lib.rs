@@ -14,9 +14,14 @@
 //! may do what.
 
 mod model;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 pub mod sqlite;
+mod stored;
 
 pub use model::*;
+#[cfg(feature = "postgres")]
+pub use postgres::{PgOptions, PostgresStore};
 pub use sqlite::{Durability, SqliteStore};
 
 use std::future::Future;
@@ -30,8 +35,8 @@ pub trait Decider: Send + Sync + 'static {
     fn decide(&self, env: &mut Envelope, event: Event, now: Timestamp) -> Transition;
 }
 
-/// The seam every backend implements (SQLite now, PostgreSQL next); one
-/// conformance suite in `tests/` runs against each.
+/// The seam every backend implements (SQLite, PostgreSQL); one conformance
+/// suite (`lazaret-store-conformance`) runs against each.
 pub trait Store: Send + Sync + 'static {
     /// Inserts admitted jobs (idempotently on tenant, type and key), in order.
     fn enqueue(
@@ -301,6 +306,28 @@ pub trait Store: Send + Sync + 'static {
     /// `/healthz` reports it.
     fn failure(&self) -> Option<String> {
         None
+    }
+
+    /// Changes other nodes on the same store made, as they commit: jobs
+    /// that became leasable, token changes, shared switches. `None` for a
+    /// store no other process writes to (SQLite: one process per data
+    /// directory), where every change is this process's own.
+    fn events(&self) -> Option<tokio::sync::broadcast::Receiver<StoreEvent>> {
+        None
+    }
+
+    /// Shares a switch (a pause, a resume, an open breaker) with every node
+    /// on this store, and keeps it for nodes that start later
+    /// ([`Store::switches`]). A store of one process keeps nothing.
+    fn publish(&self, switch: Switch) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = switch;
+        async { Ok(()) }
+    }
+
+    /// The switches in force, for a node that starts: pauses, and
+    /// breakers opened until a time still to come.
+    fn switches(&self) -> impl Future<Output = Result<Vec<Switch>, StoreError>> + Send {
+        async { Ok(Vec::new()) }
     }
 
     /// Flushes and closes; later calls fail with [`StoreError::Closed`].

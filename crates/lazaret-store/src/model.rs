@@ -677,14 +677,29 @@ pub struct StoreStats {
     pub succeeded: u64,
     /// Cancelled jobs still kept (retention, as for succeeded ones).
     pub cancelled: u64,
+    /// Per lane with jobs ready now: when its longest-waiting ready job
+    /// became ready (`lazaret_oldest_job_age_seconds` is now minus this).
+    pub oldest_ready: Vec<(Lane, Timestamp)>,
+    /// Which backend: `sqlite` or `postgres`.
+    pub backend: &'static str,
+    /// What only some backends count (SQLite's group commit and fsyncs);
+    /// `None` for a backend that keeps no such counters.
+    pub group_commit: Option<GroupCommitStats>,
+}
+
+/// Counters of a backend that groups concurrent requests into one
+/// transaction (and, for SQLite, one fsync): how much sharing it achieved.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GroupCommitStats {
     /// Transactions this process committed (group commit: one per group).
     pub commits: u64,
     /// Commands those transactions carried; `commands / commits` is how
     /// many requests shared each transaction.
     pub commands: u64,
-    /// fsyncs that made those transactions durable, with
-    /// `durability = "full"` (0 otherwise): one can cover several
-    /// transactions, so `commands / syncs` is how many requests shared each.
+    /// fsyncs that made those transactions durable, when the store makes
+    /// them itself (SQLite with `durability = "full"`; 0 otherwise): one can
+    /// cover several transactions, so `commands / syncs` is how many
+    /// requests shared each.
     pub syncs: u64,
     /// Time those fsyncs took, in microseconds: `sync_micros / syncs` is
     /// what the disk makes every durable request wait, on average.
@@ -696,9 +711,6 @@ pub struct StoreStats {
     /// not count): grows with the rows a lease looks at, not only those it
     /// returns, so `lease_steps / leases` shows a lease that scans.
     pub lease_steps: u64,
-    /// Per lane with jobs ready now: when its longest-waiting ready job
-    /// became ready (`lazaret_oldest_job_age_seconds` is now minus this).
-    pub oldest_ready: Vec<(Lane, Timestamp)>,
 }
 
 /// Job counts in one lane.
@@ -716,9 +728,10 @@ pub struct LaneCounts {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
-    /// The database refused or failed.
-    #[error("database error: {0}; check the data directory's disk space and permissions")]
-    Db(#[from] rusqlite::Error),
+    /// The database refused or failed (the message says which backend and
+    /// what to check).
+    #[error("database error: {0}")]
+    Db(DbError),
     /// The store was closed (shutting down).
     #[error("the store is closed (the server is shutting down); retry against a running server")]
     Closed,
@@ -764,4 +777,80 @@ pub enum StoreError {
     /// fsync); the store takes no more writes.
     #[error("{0}")]
     NotDurable(String),
+}
+
+/// A backend's own error, as text and code: the seam carries no backend's
+/// error type, so a caller never depends on which database it runs on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DbError {
+    /// What the database said, and what to check.
+    pub message: String,
+    /// The backend's code for it, when it has one (SQLite's error code
+    /// name such as `SQLITE_FULL`, PostgreSQL's SQLSTATE such as `40P01`).
+    pub code: Option<String>,
+}
+
+impl DbError {
+    /// An error with a message and no code.
+    pub fn new(message: impl Into<String>) -> Self {
+        DbError {
+            message: message.into(),
+            code: None,
+        }
+    }
+}
+
+impl fmt::Display for DbError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// What another node on the same store did, announced at its commit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreEvent {
+    /// Jobs may have become leasable: long-polls should look again. With
+    /// `jobs`, only these (lane, type) pairs did (enqueues); `None`: any
+    /// job may have (a promotion, a retry, an expiry, a redrive, a freed
+    /// slot), or too many pairs to name.
+    Ready {
+        /// The (lane, type) pairs made ready, when known.
+        jobs: Option<Vec<(lazaret_core::Lane, lazaret_core::JobType)>>,
+    },
+    /// API tokens were created or revoked: reload them.
+    TokensChanged,
+    /// A shared switch changed.
+    Switch(Switch),
+}
+
+/// A piece of live state every node of a cluster shares.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "switch", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Switch {
+    /// A type paused (`paused: false`: resumed).
+    PauseType {
+        /// The type.
+        name: String,
+        /// Paused or resumed.
+        paused: bool,
+    },
+    /// A lane paused (`paused: false`: resumed).
+    PauseLane {
+        /// The lane.
+        name: String,
+        /// Paused or resumed.
+        paused: bool,
+    },
+    /// A breaker opened on some node: every node sheds the type until
+    /// `until_ms` (ms since the epoch).
+    BreakerOpen {
+        /// The job type.
+        job_type: String,
+        /// The error kind that tripped it.
+        kind: String,
+        /// Open until.
+        until_ms: i64,
+    },
 }

@@ -36,6 +36,15 @@ pub struct BenchArgs {
     /// TOML config for the server the bench starts.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
+    /// Start the server on this PostgreSQL database instead of a fresh
+    /// SQLite directory: `postgres://USER@HOST:PORT/DB`. Each run gets a
+    /// fresh schema of its own, dropped after.
+    #[arg(long, value_name = "URL", conflicts_with = "server")]
+    store: Option<String>,
+    /// Nodes to start on the --store database; the clients are spread
+    /// over them (worker i talks to node i mod N).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=16), requires = "store")]
+    nodes: u64,
     /// Jobs to push through (enqueue → lease → ack) in each run.
     #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
     jobs: u64,
@@ -477,30 +486,80 @@ async fn run_async(args: BenchArgs) -> anyhow::Result<()> {
 
 /// Starts a server (unless --server), fills the backlog, runs the load.
 async fn run_one(args: &BenchArgs, spec: &RunSpec) -> anyhow::Result<RunReport> {
-    let mut spawned = match &args.server {
-        Some(_) => None,
-        None => Some(ServerProcess::spawn(args.config.as_deref()).await?),
+    // A fresh schema per run on PostgreSQL, shared by its nodes.
+    let schema = match &args.store {
+        Some(url) => Some(BenchSchema::new(url).await?),
+        None => None,
     };
-    let result = measure(args, spec, spawned.as_mut()).await;
-    if let Some(server) = spawned {
-        let log = server.log_excerpt();
-        server.stop().await;
-        return result.map_err(|e| anyhow::anyhow!("{e:#}\n{log}"));
+    let mut spawned = Vec::new();
+    if args.server.is_none() {
+        for _ in 0..args.nodes {
+            let store = schema.as_ref().map(BenchSchema::store_url);
+            spawned.push(ServerProcess::spawn(args.config.as_deref(), store.as_deref()).await?);
+        }
     }
-    result
+    let urls: Vec<String> = match &args.server {
+        Some(url) => vec![url.trim_end_matches('/').to_owned()],
+        None => spawned.iter().map(|s| s.url().to_owned()).collect(),
+    };
+    let result = measure(args, spec, spawned.first_mut(), &urls).await;
+    let mut log = String::new();
+    for server in spawned {
+        log.push_str(&server.log_excerpt());
+        server.stop().await;
+    }
+    if let Some(schema) = schema {
+        schema.drop_schema().await;
+    }
+    result.map_err(|e| anyhow::anyhow!("{e:#}\n{log}"))
+}
+
+/// A schema of its own for one bench run on PostgreSQL.
+struct BenchSchema {
+    opts: lazaret_store::PgOptions,
+    url: String,
+}
+
+impl BenchSchema {
+    async fn new(url: &str) -> anyhow::Result<Self> {
+        let mut opts = lazaret_store::PgOptions::from_url(url)?;
+        opts.schema = format!(
+            "lz_bench_{}_{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis())
+        );
+        let sep = if opts.url.contains('?') { '&' } else { '?' };
+        let url = format!("{}{sep}schema={}", opts.url, opts.schema);
+        Ok(BenchSchema { opts, url })
+    }
+
+    fn store_url(&self) -> String {
+        self.url.clone()
+    }
+
+    async fn drop_schema(self) {
+        if let Err(e) = lazaret_store::postgres::drop_schema(&self.opts).await {
+            eprintln!("  could not drop schema {}: {e}", self.opts.schema);
+        }
+    }
 }
 
 async fn measure(
     args: &BenchArgs,
     spec: &RunSpec,
     mut server: Option<&mut ServerProcess>,
+    urls: &[String],
 ) -> anyhow::Result<RunReport> {
-    let url = match (&args.server, &server) {
-        (Some(url), _) => url.trim_end_matches('/').to_owned(),
-        (None, Some(s)) => s.url().to_owned(),
-        (None, None) => bail!("no server to drive"),
+    let Some(url) = urls.first().cloned() else {
+        bail!("no server to drive")
     };
-    let client = http::Client::new(&url, args.token.as_deref())?;
+    let clients = urls
+        .iter()
+        .map(|u| http::Client::new(u, args.token.as_deref()))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let client = clients[0].clone();
     let rss =
         |server: &Option<&mut ServerProcess>| server.as_ref().map(|s| server::rss_kb(s.pid()));
     let mut memory = Memory {
@@ -530,7 +589,7 @@ async fn measure(
     };
     let cpu_before = cpu_at();
     let loadavg_start = server::loadavg();
-    let mut m = load::run_load(&client, &load).await?;
+    let mut m = load::run_load(&clients, &load).await?;
     let loadavg_end = server::loadavg();
     let cpu_after = cpu_at();
     let used = |a: Option<f64>, b: Option<f64>| Some(b? - a?);

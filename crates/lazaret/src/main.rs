@@ -30,6 +30,9 @@ struct Args {
 enum Command {
     /// Run the server (embedded SQLite by default).
     Serve(ServeArgs),
+    /// Bring a PostgreSQL store's schema up to this build's version (`serve`
+    /// does it too, at start), for operators who run migrations themselves.
+    Migrate(MigrateArgs),
     /// Drive a server over loopback HTTP and print jobs/s and latency percentiles.
     Bench(bench::BenchArgs),
     #[command(flatten)]
@@ -45,12 +48,22 @@ struct ServeArgs {
     /// Directory of the embedded database.
     #[arg(long, default_value = "./lazaret-data")]
     data: PathBuf,
-    /// A store URL instead of --data (`sqlite:///path/to/dir`).
-    #[arg(long)]
+    /// A store URL instead of --data: `sqlite:///path/to/dir`, or
+    /// `postgres://USER@HOST:PORT/DB[?schema=NAME]` for several nodes on one
+    /// database (docs/deploy.md).
+    #[arg(long, env = "LAZARET_STORE")]
     store: Option<String>,
     /// TOML configuration file (see docs/api.md).
     #[arg(long)]
     config: Option<PathBuf>,
+}
+
+/// Options of `lazaret migrate`.
+#[derive(Debug, clap::Args)]
+struct MigrateArgs {
+    /// The PostgreSQL store: `postgres://USER@HOST:PORT/DB[?schema=NAME]`.
+    #[arg(long, env = "LAZARET_STORE")]
+    store: String,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -66,6 +79,7 @@ fn main() -> anyhow::Result<()> {
             }
             run_serve(serve)
         }
+        Command::Migrate(m) => run_migrate(m),
         Command::Bench(b) => bench::run(b, args.global),
         Command::Client(c) => cli::run(args.global, c),
     }
@@ -109,12 +123,15 @@ fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
         Some(path) => lazaret_server::config::ServerConfig::load(path)?,
         None => lazaret_server::config::ServerConfig::default(),
     };
-    let data = match args.store.as_deref() {
-        None => args.data,
+    let (data, postgres) = match args.store.as_deref() {
+        None => (args.data, None),
         Some(url) => match url.strip_prefix("sqlite://") {
-            Some(dir) => PathBuf::from(dir),
+            Some(dir) => (PathBuf::from(dir), None),
+            None if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+                (args.data, Some(url.to_owned()))
+            }
             None => anyhow::bail!(
-                "--store {url:?} is not supported by this build: use sqlite:///path/to/dir (PostgreSQL comes with the multi-node store)"
+                "--store {url:?} names no store this build knows: use sqlite:///path/to/dir or postgres://USER@HOST:PORT/DB"
             ),
         },
     };
@@ -134,8 +151,39 @@ fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
     runtime.block_on(lazaret_server::serve(lazaret_server::ServeOptions {
         listen: args.listen,
         data,
+        postgres,
         config,
     }))?;
+    Ok(())
+}
+
+/// `lazaret migrate --store postgres://…`: runs the migrations and says
+/// what it found.
+#[allow(clippy::print_stdout)] // the report is the command's output
+fn run_migrate(args: MigrateArgs) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+
+    if !(args.store.starts_with("postgres://") || args.store.starts_with("postgresql://")) {
+        anyhow::bail!(
+            "lazaret migrate is for a PostgreSQL store (--store postgres://USER@HOST:PORT/DB); \
+             a SQLite store migrates itself when `lazaret serve` opens it"
+        );
+    }
+    let opts = lazaret_store::PgOptions::from_url(&args.store)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let before = runtime.block_on(lazaret_store::postgres::migrate(&opts))?;
+    let now = lazaret_store::postgres::SCHEMA_VERSION;
+    if before == now {
+        println!("schema {}: at version {now}, nothing to do", opts.schema);
+    } else {
+        println!(
+            "schema {}: migrated from version {before} to {now}",
+            opts.schema
+        );
+    }
     Ok(())
 }
 

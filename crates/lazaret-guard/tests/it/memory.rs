@@ -448,7 +448,7 @@ mod runtime {
                 )
             }
         }));
-        let before = h.store().stats().await.unwrap();
+        let before = h.store().stats().await.unwrap().group_commit.unwrap();
         let broker = b.connect(&spec).await;
         let (stop, rx) = tokio::sync::watch::channel(false);
         let guard = lazaret_guard::Guard::new(spec, Arc::clone(&h), broker, handler)
@@ -463,7 +463,7 @@ mod runtime {
             "{dls:#?}"
         );
         assert_eq!(b.depth(&queue), 0, "every poison message was acknowledged");
-        let after = h.store().stats().await.unwrap();
+        let after = h.store().stats().await.unwrap().group_commit.unwrap();
         (after.syncs - before.syncs, after.commands - before.commands)
     }
 

@@ -60,6 +60,20 @@ async fn pause_resume<S: Store>(
     if !pause {
         app.ready.anything();
     }
+    // Every node of a cluster pauses (or resumes) too; a store of one
+    // process shares nothing.
+    let name = target.name().to_owned();
+    let switch = match target {
+        PauseTarget::Type(_) => lazaret_store::Switch::PauseType {
+            name,
+            paused: pause,
+        },
+        PauseTarget::Lane(_) => lazaret_store::Switch::PauseLane {
+            name,
+            paused: pause,
+        },
+    };
+    app.store.publish(switch).await?;
     ok(json!({ "ok": true, "paused": pause, "changed": changed }))
 }
 
@@ -219,16 +233,7 @@ async fn snapshot<S: Store>(app: &App<S>) -> Result<Value, ApiError> {
                 .map_or(0, |(_, at)| lazaret_core::time::duration_ms(now.saturating_since(*at))),
         }))).collect::<serde_json::Map<_, _>>(),
         "succeeded_kept": s.succeeded,
-        "store": {
-            "commits": s.commits,
-            "commands": s.commands,
-            "commands_per_commit": if s.commits == 0 { 0.0 } else { s.commands as f64 / s.commits as f64 },
-            "syncs": s.syncs,
-            "commands_per_sync": if s.syncs == 0 { 0.0 } else { s.commands as f64 / s.syncs as f64 },
-            "sync_avg_ms": if s.syncs == 0 { 0.0 } else { s.sync_micros as f64 / s.syncs as f64 / 1000.0 },
-            "leases": s.leases,
-            "lease_steps_per_lease": if s.leases == 0 { 0.0 } else { s.lease_steps as f64 / s.leases as f64 },
-        },
+        "store": store_section(&s),
         "dead_letters": {
             "total": dl_total,
             "warn_at": app.config.dead_letters_warn,
@@ -241,6 +246,29 @@ async fn snapshot<S: Store>(app: &App<S>) -> Result<Value, ApiError> {
         "breakers": breakers.iter().map(|b| json!({ "type": b.ty.as_str(), "kind": b.kind.as_str(), "state": b.state.as_str() })).collect::<Vec<_>>(),
         "cancelled_kept": s.cancelled,
     }))
+}
+
+/// `/v1/stats`'s `store` object: which backend, and its group-commit
+/// counters when it keeps them (both stores do; another might not).
+fn store_section(s: &lazaret_store::StoreStats) -> Value {
+    let mut out = json!({ "backend": s.backend });
+    if let Some(g) = s.group_commit {
+        let ratio = |n: u64, d: u64| if d == 0 { 0.0 } else { n as f64 / d as f64 };
+        let extra = json!({
+            "commits": g.commits,
+            "commands": g.commands,
+            "commands_per_commit": ratio(g.commands, g.commits),
+            "syncs": g.syncs,
+            "commands_per_sync": ratio(g.commands, g.syncs),
+            "sync_avg_ms": ratio(g.sync_micros, g.syncs) / 1000.0,
+            "leases": g.leases,
+            "lease_steps_per_lease": ratio(g.lease_steps, g.leases),
+        });
+        if let (Some(o), Value::Object(e)) = (out.as_object_mut(), extra) {
+            o.extend(e);
+        }
+    }
+    out
 }
 
 pub(super) async fn stats<S: Store>(State(app): Shared<S>, headers: HeaderMap) -> ApiResult {

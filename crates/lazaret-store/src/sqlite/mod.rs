@@ -206,20 +206,34 @@ fn remove_if_empty(path: &Path) {
 /// `e`, or, when SQLite found the file at `path` is not a database or is
 /// damaged, a [`StoreError::Corrupt`] that says so and what to do.
 fn corrupt_error(path: &Path, e: StoreError) -> StoreError {
-    use rusqlite::ErrorCode::{DatabaseCorrupt, NotADatabase};
     match e {
-        StoreError::Db(rusqlite::Error::SqliteFailure(f, _))
-            if matches!(f.code, NotADatabase | DatabaseCorrupt) =>
+        StoreError::Db(d)
+            if matches!(d.code.as_deref(), Some("NotADatabase" | "DatabaseCorrupt")) =>
         {
             StoreError::Corrupt(format!(
-                "the database file {} is corrupt or not a lazaret database (SQLite: {}); \
+                "the database file {} is corrupt or not a lazaret database ({}); \
                  lazaret will not start on it: restore it from a backup, or move it aside \
                  to start a new, empty store (its job ids start from 1 again)",
                 path.display(),
-                f
+                d.message
             ))
         }
         other => other,
+    }
+}
+
+/// SQLite's errors cross the seam as text and code (`DbError`), so no
+/// caller depends on rusqlite.
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        let code = match &e {
+            rusqlite::Error::SqliteFailure(f, _) => Some(format!("{:?}", f.code)),
+            _ => None,
+        };
+        StoreError::Db(crate::DbError {
+            message: format!("SQLite: {e}; check the data directory's disk space and permissions"),
+            code,
+        })
     }
 }
 

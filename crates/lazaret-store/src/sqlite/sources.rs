@@ -9,7 +9,7 @@ use crate::{
 };
 
 fn db<T>(r: rusqlite::Result<T>) -> Result<T, StoreError> {
-    r.map_err(StoreError::Db)
+    r.map_err(StoreError::from)
 }
 
 fn corrupt(e: impl std::fmt::Display) -> StoreError {

@@ -213,7 +213,7 @@ pub(super) struct Writer {
 }
 
 fn db<T>(r: rusqlite::Result<T>) -> Result<T, StoreError> {
-    r.map_err(StoreError::Db)
+    r.map_err(StoreError::from)
 }
 
 fn ms(t: Timestamp) -> i64 {
@@ -1594,13 +1594,16 @@ impl Writer {
             dead_letters,
             succeeded: self.succeeded,
             cancelled: self.cancelled,
-            commits: self.commits,
-            commands: self.commands,
-            syncs: self.syncer.as_ref().map_or(0, Syncer::syncs),
-            sync_micros: self.syncer.as_ref().map_or(0, Syncer::sync_micros),
-            leases: self.leases,
-            lease_steps: self.lease_steps,
             oldest_ready,
+            backend: "sqlite",
+            group_commit: Some(crate::GroupCommitStats {
+                commits: self.commits,
+                commands: self.commands,
+                syncs: self.syncer.as_ref().map_or(0, Syncer::syncs),
+                sync_micros: self.syncer.as_ref().map_or(0, Syncer::sync_micros),
+                leases: self.leases,
+                lease_steps: self.lease_steps,
+            }),
         })
     }
 

@@ -1,5 +1,6 @@
 //! lazaret-store's integration tests, one binary (see STYLE.md §6): the
-//! backend-independent conformance suite and its instantiation per backend.
+//! conformance suite (`lazaret-store-conformance`) run against each backend,
+//! and what only one backend has.
 
-mod conformance;
+mod postgres;
 mod sqlite;

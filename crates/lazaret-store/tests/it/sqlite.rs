@@ -7,7 +7,33 @@ use lazaret_core::FairScheduler;
 use lazaret_store::sqlite::{DB_FILE, SCHEMA_VERSION};
 use lazaret_store::{Durability, SqliteStore, Store, StoreError};
 
-use crate::conformance::{SeededDecider, scheduler_config};
+use lazaret_store_conformance::{Backend, Capabilities, SeededDecider, scheduler_config};
+
+/// The SQLite backend of the conformance suite: a temporary directory per case.
+#[derive(Debug)]
+pub struct Sqlite;
+
+impl Backend for Sqlite {
+    type Store = SqliteStore;
+    type Place = tempfile::TempDir;
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::none().with_group_commit_stats(true)
+    }
+
+    async fn place(&self) -> tempfile::TempDir {
+        tempfile::TempDir::new().expect("a temporary directory")
+    }
+
+    async fn open(&self, place: &tempfile::TempDir) -> SqliteStore {
+        open(place.path())
+    }
+}
+
+/// Always there: SQLite is embedded.
+pub fn backend() -> Option<Sqlite> {
+    Some(Sqlite)
+}
 
 /// Opens the store in `dir` as the suite expects it.
 pub fn open(dir: &Path) -> SqliteStore {
@@ -24,7 +50,7 @@ fn try_open(dir: &Path) -> Result<SqliteStore, StoreError> {
     )
 }
 
-crate::conformance::conformance_suite!(crate::sqlite::open);
+lazaret_store_conformance::conformance_suite!(crate::sqlite::backend);
 
 #[tokio::test]
 async fn creates_its_file_in_the_data_directory() {
@@ -38,7 +64,7 @@ async fn creates_its_file_in_the_data_directory() {
 
 #[tokio::test]
 async fn a_second_store_on_the_same_directory_is_refused_until_the_first_is_closed() {
-    use crate::conformance::{enqueue_one, job_view, new_job};
+    use lazaret_store_conformance::{enqueue_one, job_view, new_job};
 
     let dir = tempfile::TempDir::new().unwrap();
     let first = open(dir.path());
@@ -94,8 +120,8 @@ async fn refuses_a_database_from_a_newer_build() {
 
 #[tokio::test]
 async fn a_failing_command_changes_nothing_and_the_store_goes_on() {
-    use crate::conformance::{at, enqueue_one, lease_one, lease_req, new_job, permanent};
     use lazaret_store::{Completion, Selector};
+    use lazaret_store_conformance::{at, enqueue_one, lease_one, lease_req, new_job, permanent};
 
     let dir = tempfile::TempDir::new().unwrap();
     let s = open(dir.path());
@@ -165,11 +191,11 @@ async fn a_failing_command_changes_nothing_and_the_store_goes_on() {
 /// broker dead letters and held retries (version 4).
 #[tokio::test]
 async fn migrates_a_version_1_database_in_place() {
-    use crate::conformance::{at, complete, job_view, lease_one, lease_req, new_job};
     use lazaret_core::{
         AttemptOutcome, Envelope, Event, JobId, JobState, WorkerId, grant_lease, record_success,
     };
     use lazaret_store::{LeaseToken, LeasedJob};
+    use lazaret_store_conformance::{at, complete, job_view, lease_one, lease_req, new_job};
 
     let dir = tempfile::TempDir::new().unwrap();
     let path = dir.path().join(DB_FILE);
@@ -285,11 +311,12 @@ async fn migrates_a_version_1_database_in_place() {
         "{} is not above the old {old_token}",
         job.lease_token
     );
-    let fresh = crate::conformance::enqueue_one(&s, new_job("resize", "acme", "default")).await;
+    let fresh =
+        lazaret_store_conformance::enqueue_one(&s, new_job("resize", "acme", "default")).await;
     assert_eq!(fresh, JobId(11));
     // Version 6's cancel works on the table version 1 → 2 rebuilt.
     assert_eq!(
-        crate::conformance::cancel::cancel(&s, fresh, at(8)).await,
+        lazaret_store_conformance::cancel::cancel(&s, fresh, at(8)).await,
         Ok(lazaret_store::Cancelled::Now)
     );
     assert_eq!(job_view(&s, fresh).await.state, JobState::Cancelled);
@@ -349,10 +376,10 @@ async fn migrates_a_version_1_database_in_place() {
 /// test above goes through the same step with its rebuilt table.
 #[tokio::test]
 async fn migrates_a_version_4_database_to_cancels_listing_and_kept_pauses() {
-    use crate::conformance::cancel::cancel;
-    use crate::conformance::{at, complete, job_view, transient};
     use lazaret_core::{Event, JobId, JobState, Transition};
     use lazaret_store::{AuditEntry, Cancelled, JobQuery, LeaseToken, LeasedJob, PauseTarget};
+    use lazaret_store_conformance::cancel::cancel;
+    use lazaret_store_conformance::{at, complete, job_view, transient};
 
     let dir = tempfile::TempDir::new().unwrap();
     let path = dir.path().join(DB_FILE);
@@ -497,7 +524,7 @@ async fn filtered_lease_steps(
     others: usize,
     shape: impl Fn(lazaret_store::LeaseRequest) -> lazaret_store::LeaseRequest,
 ) -> (u64, Vec<String>) {
-    use crate::conformance::{at, lease, lease_req, new_job};
+    use lazaret_store_conformance::{at, lease, lease_req, new_job};
 
     let dir = tempfile::TempDir::new().unwrap();
     let s = open(dir.path());
@@ -511,9 +538,19 @@ async fn filtered_lease_steps(
     ])
     .await
     .unwrap();
-    let before = s.stats().await.unwrap();
+    let before = s
+        .stats()
+        .await
+        .unwrap()
+        .group_commit
+        .expect("SQLite counts");
     let got = lease(&s, shape(lease_req(at(1), 10))).await;
-    let after = s.stats().await.unwrap();
+    let after = s
+        .stats()
+        .await
+        .unwrap()
+        .group_commit
+        .expect("SQLite counts");
     assert_eq!(after.leases - before.leases, 1);
     s.close().await.unwrap();
     let mut types: Vec<String> = got.iter().map(|j| j.job_type.to_string()).collect();
@@ -570,8 +607,8 @@ async fn a_lease_filtered_by_type_reads_the_same_whatever_else_is_queued() {
 /// version, gets the index, and filtered leases use it.
 #[tokio::test]
 async fn migrates_a_version_4_database_to_the_typed_ready_index() {
-    use crate::conformance::{at, lease, lease_req};
     use lazaret_core::JobId;
+    use lazaret_store_conformance::{at, lease, lease_req};
 
     let dir = tempfile::TempDir::new().unwrap();
     let path = dir.path().join(DB_FILE);

@@ -432,7 +432,8 @@ pub struct Measured {
 }
 
 struct Shared {
-    client: http::Client,
+    /// One per node: worker `i` talks to node `i % clients.len()`.
+    clients: Vec<http::Client>,
     load: Load,
     data: String,
     next_job: AtomicU64,
@@ -476,9 +477,9 @@ fn micros(since: Instant) -> u64 {
     u64::try_from(since.elapsed().as_micros()).unwrap_or(u64::MAX)
 }
 
-async fn producer(s: Arc<Shared>) -> ProducerOut {
+async fn producer(s: Arc<Shared>, index: u64) -> ProducerOut {
     let mut out = ProducerOut::default();
-    let mut conn = s.client.connection();
+    let mut conn = s.clients[(index as usize) % s.clients.len()].connection();
     while !s.stopping() && produce(&s, &mut conn, &mut out).await {}
     out
 }
@@ -525,7 +526,7 @@ async fn produce(s: &Shared, conn: &mut http::Connection, out: &mut ProducerOut)
 async fn consumer(s: Arc<Shared>, index: u64, cycle: bool) -> ConsumerOut {
     let mut out = ConsumerOut::default();
     let mut producing = cycle;
-    let mut conn = s.client.connection();
+    let mut conn = s.clients[(index as usize) % s.clients.len()].connection();
     let lease_body = lease_body(index, &s.load);
     let next = next_body(index, &s.load);
     // With `next`: the job held, acked (and the next one leased) at the top
@@ -679,11 +680,12 @@ async fn consumer(s: Arc<Shared>, index: u64, cycle: bool) -> ConsumerOut {
 }
 
 /// Runs `load.producers` producers and `load.consumers` consumers at once,
-/// from the first enqueue until the last of `load.jobs` jobs is acked.
-pub async fn run_load(client: &http::Client, load: &Load) -> anyhow::Result<Measured> {
+/// from the first enqueue until the last of `load.jobs` jobs is acked;
+/// with several clients (nodes), the workers are spread over them.
+pub async fn run_load(clients: &[http::Client], load: &Load) -> anyhow::Result<Measured> {
     let start = Instant::now();
     let shared = Arc::new(Shared {
-        client: client.clone(),
+        clients: clients.to_vec(),
         load: load.clone(),
         data: "x".repeat(load.payload_bytes),
         next_job: AtomicU64::new(0),
@@ -696,7 +698,7 @@ pub async fn run_load(client: &http::Client, load: &Load) -> anyhow::Result<Meas
         .map(|i| tokio::spawn(consumer(shared.clone(), i, i >= load.consumers)))
         .collect();
     let producers: Vec<_> = (0..load.producers)
-        .map(|_| tokio::spawn(producer(shared.clone())))
+        .map(|i| tokio::spawn(producer(shared.clone(), i)))
         .collect();
 
     let mut m = Measured::default();

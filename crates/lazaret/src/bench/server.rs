@@ -134,8 +134,9 @@ pub struct ServerProcess {
 
 impl ServerProcess {
     /// Starts `current_exe serve --listen 127.0.0.1:0 --data DIR [--config FILE]`
-    /// and waits until `GET /healthz` answers 200.
-    pub async fn spawn(config: Option<&Path>) -> anyhow::Result<Self> {
+    /// (`--store URL` instead of `--data` when given) and waits until
+    /// `GET /healthz` answers 200.
+    pub async fn spawn(config: Option<&Path>, store: Option<&str>) -> anyhow::Result<Self> {
         let exe = server_binary()?;
         let dir = TempDir::new()?;
         let data = dir.0.join("data");
@@ -145,11 +146,11 @@ impl ServerProcess {
             std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
 
         let mut cmd = Command::new(&exe);
-        cmd.arg("serve")
-            .arg("--listen")
-            .arg("127.0.0.1:0")
-            .arg("--data")
-            .arg(&data);
+        cmd.arg("serve").arg("--listen").arg("127.0.0.1:0");
+        match store {
+            Some(url) => cmd.arg("--store").arg(url),
+            None => cmd.arg("--data").arg(&data),
+        };
         if let Some(config) = config {
             cmd.arg("--config").arg(config);
         }

@@ -6,6 +6,13 @@
 //! waits for `/healthz`, and kills the child when the [`Server`] is dropped.
 //! A server can be restarted on the same data directory, gracefully
 //! (SIGTERM) or with `kill -9`.
+//!
+//! With `LAZARET_TEST_STORE=postgres` (and `LAZARET_TEST_PG_URL`), every
+//! server runs on PostgreSQL instead, in a schema of its own (dropped at
+//! the end), so the same tests hold the PostgreSQL store to the contract;
+//! tests of what only SQLite has (its file, its fsyncs) say they are
+//! skipped then ([`sqlite_only`]). [`Server::cluster`] starts several
+//! nodes on one schema (needs `LAZARET_TEST_PG_URL` whatever the switch).
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
@@ -52,6 +59,104 @@ pub struct Server {
     starts: u32,
     /// Environment variables for the next start.
     env: Vec<(String, String)>,
+    /// The PostgreSQL schema it serves, when on PostgreSQL (shared by the
+    /// nodes of a cluster; dropped with the last of them).
+    schema: Option<std::sync::Arc<PgSchema>>,
+}
+
+/// `LAZARET_TEST_PG_URL`, or `None` after saying the test is skipped (a
+/// failure under `CI=true`).
+pub fn pg_url() -> Option<String> {
+    match std::env::var("LAZARET_TEST_PG_URL") {
+        Ok(u) if !u.is_empty() => Some(u),
+        _ => {
+            assert!(
+                std::env::var("CI").as_deref() != Ok("true"),
+                "LAZARET_TEST_PG_URL is not set under CI=true: the PostgreSQL tests must run there"
+            );
+            eprintln!("skipped: set LAZARET_TEST_PG_URL=postgres://… to run the PostgreSQL tests");
+            None
+        }
+    }
+}
+
+/// Whether the servers of this run are on PostgreSQL (`LAZARET_TEST_STORE=postgres`).
+pub fn on_postgres() -> bool {
+    std::env::var("LAZARET_TEST_STORE").as_deref() == Ok("postgres")
+}
+
+/// `true` for a test of what only the SQLite store has; says it is skipped
+/// (and returns `false`) on PostgreSQL.
+pub fn sqlite_only(what: &str) -> bool {
+    if on_postgres() {
+        eprintln!("skipped on PostgreSQL: {what} is SQLite's");
+        return false;
+    }
+    true
+}
+
+/// A schema of its own on the test database, dropped when the last server
+/// on it goes.
+#[derive(Debug)]
+pub struct PgSchema {
+    url: String,
+    /// The schema's name.
+    pub name: String,
+}
+
+impl PgSchema {
+    /// A fresh schema name on `url` (created by the first server's migration).
+    pub fn fresh(url: &str) -> std::sync::Arc<PgSchema> {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let nanos = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        std::sync::Arc::new(PgSchema {
+            url: url.to_owned(),
+            name: format!(
+                "lz_it_{}_{}_{nanos}",
+                std::process::id(),
+                N.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            ),
+        })
+    }
+
+    /// The `--store` URL of a node on this schema.
+    pub fn store_url(&self) -> String {
+        let sep = if self.url.contains('?') { '&' } else { '?' };
+        format!("{}{sep}schema={}", self.url, self.name)
+    }
+}
+
+impl Drop for PgSchema {
+    fn drop(&mut self) {
+        let (url, name) = (self.url.clone(), self.name.clone());
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            rt.block_on(async move {
+                if let Ok((c, conn)) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await {
+                    tokio::spawn(conn);
+                    let _ = c
+                        .batch_execute(&format!("DROP SCHEMA IF EXISTS {name} CASCADE"))
+                        .await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+/// The schema a new server gets: a fresh one on PostgreSQL, else none.
+fn default_schema() -> Option<std::sync::Arc<PgSchema>> {
+    if !on_postgres() {
+        return None;
+    }
+    let url = std::env::var("LAZARET_TEST_PG_URL")
+        .expect("LAZARET_TEST_STORE=postgres needs LAZARET_TEST_PG_URL");
+    Some(PgSchema::fresh(&url))
 }
 
 impl Server {
@@ -69,9 +174,33 @@ impl Server {
                 .iter()
                 .map(|(k, v)| ((*k).into(), (*v).into()))
                 .collect(),
+            schema: default_schema(),
         };
         server.spawn().await;
         server
+    }
+
+    /// Starts `n` nodes with `config` on one PostgreSQL schema of their own
+    /// (a cluster), or `None` (skipped) without `LAZARET_TEST_PG_URL`.
+    pub async fn cluster(config: &str, n: usize) -> Option<Vec<Server>> {
+        let url = pg_url()?;
+        let schema = PgSchema::fresh(&url);
+        let mut nodes = Vec::with_capacity(n);
+        for _ in 0..n {
+            let dir = tempfile::tempdir().expect("a temporary directory");
+            std::fs::write(dir.path().join("lazaret.toml"), config).expect("config written");
+            let mut server = Server {
+                dir,
+                child: None,
+                base: String::new(),
+                starts: 0,
+                env: Vec::new(),
+                schema: Some(std::sync::Arc::clone(&schema)),
+            };
+            server.spawn().await;
+            nodes.push(server);
+        }
+        Some(nodes)
     }
 
     /// The environment variables of the next start.
@@ -101,6 +230,7 @@ impl Server {
             base: String::new(),
             starts: 0,
             env: Vec::new(),
+            schema: default_schema(),
         };
         server.spawn().await;
         server
@@ -226,11 +356,13 @@ impl Server {
         let config = self.dir.path().join("lazaret.toml");
         let data = self.dir.path().join("data");
         let log = std::fs::File::create(self.log_path()).expect("log file");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_lazaret"))
-            .arg("serve")
-            .args(["--listen", "127.0.0.1:0"])
-            .arg("--data")
-            .arg(&data)
+        let mut command = Command::new(env!("CARGO_BIN_EXE_lazaret"));
+        command.arg("serve").args(["--listen", "127.0.0.1:0"]);
+        match &self.schema {
+            Some(schema) => command.arg("--store").arg(schema.store_url()),
+            None => command.arg("--data").arg(&data),
+        };
+        let mut child = command
             .arg("--config")
             .arg(&config)
             .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))

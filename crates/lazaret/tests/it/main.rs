@@ -11,6 +11,7 @@ mod bench;
 mod browser;
 mod celery;
 mod cli;
+mod cluster;
 mod connections;
 mod dashboard;
 mod data_dir;

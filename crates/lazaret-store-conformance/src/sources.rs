@@ -3,8 +3,6 @@
 //! in order, are replaced, dropped, and dropped with their quarantine; all
 //! of it survives a restart.
 
-use std::path::Path;
-
 use lazaret_core::{
     DeadLetterReason, Envelope, Failure, FailureClass, JobId, Timestamp, grant_lease,
 };
@@ -14,6 +12,7 @@ use lazaret_store::{
 use serde_json::json;
 
 use super::at;
+use crate::Backend;
 
 fn source(name: &str, id: &str) -> SourceRef {
     SourceRef {
@@ -76,11 +75,9 @@ fn parked(name: &str, id: &str, due: Timestamp) -> ParkedMessage {
     }
 }
 
-pub async fn a_broker_message_is_quarantined_once_with_its_source_and_payload<S: Store>(
-    dir: &Path,
-    open: impl Fn(&Path) -> S,
-) {
-    let s = open(dir);
+pub async fn a_broker_message_is_quarantined_once_with_its_source_and_payload<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     let first = s
         .quarantine_message(quarantined("orders-src", "m-1", Stage::Processing, 0))
         .await
@@ -171,11 +168,9 @@ pub async fn a_broker_message_is_quarantined_once_with_its_source_and_payload<S:
     assert!(anew.created);
 }
 
-pub async fn a_batch_of_quarantines_answers_each_in_order<S: Store>(
-    dir: &Path,
-    open: impl Fn(&Path) -> S,
-) {
-    let s = open(dir);
+pub async fn a_batch_of_quarantines_answers_each_in_order<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     assert_eq!(s.quarantine_messages(Vec::new()).await.unwrap(), Vec::new());
     let before = s
         .quarantine_message(quarantined("orders-src", "m-2", Stage::Processing, 0))
@@ -220,11 +215,9 @@ pub async fn a_batch_of_quarantines_answers_each_in_order<S: Store>(
     );
 }
 
-pub async fn held_retries_come_due_in_order_and_are_replaced_or_dropped<S: Store>(
-    dir: &Path,
-    open: impl Fn(&Path) -> S,
-) {
-    let s = open(dir);
+pub async fn held_retries_come_due_in_order_and_are_replaced_or_dropped<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     s.park_message(parked("src", "late", at(3_000)))
         .await
         .unwrap();
@@ -315,11 +308,9 @@ pub async fn held_retries_come_due_in_order_and_are_replaced_or_dropped<S: Store
     );
 }
 
-pub async fn held_retries_and_broker_dead_letters_survive_a_restart<S: Store>(
-    dir: &Path,
-    open: impl Fn(&Path) -> S,
-) {
-    let s = open(dir);
+pub async fn held_retries_and_broker_dead_letters_survive_a_restart<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     s.park_message(parked("src", "p", at(1_000))).await.unwrap();
     let q = s
         .quarantine_message(quarantined("src", "q", Stage::Broker, 0))
@@ -327,7 +318,7 @@ pub async fn held_retries_and_broker_dead_letters_survive_a_restart<S: Store>(
         .unwrap();
     s.close().await.unwrap();
     drop(s);
-    let s = open(dir);
+    let s = b.open(&place).await;
     assert_eq!(
         s.due_messages("src".into(), at(1_000), 10).await.unwrap(),
         vec![parked("src", "p", at(1_000))]

@@ -1,20 +1,30 @@
 //! The `Store` contract, written once and run against every backend (STYLE.md §2).
 //!
-//! Each case is `pub async fn case<S: Store>(dir: &Path, open: impl Fn(&Path) -> S)`:
-//! it opens a fresh store on `dir` (and, for restarts, reopens it there), and
-//! drives it with explicit [`Timestamp`]s, so nothing sleeps and nothing reads
-//! the wall clock. Cases are split by concern, one module each, as River splits
-//! its driver tests.
+//! A library other crates import, as River's `riverdrivertest` is: a
+//! backend implements [`Backend`] (a factory: a fresh, empty place to keep
+//! a store, and an async `open` on it that a case may call again to
+//! restart), says where it differs through [`Capabilities`], and runs the
+//! whole suite with one line, one `#[tokio::test]` per case:
 //!
-//! A backend runs the whole suite with one line, one `#[tokio::test]` per case:
-//!
-//! ```ignore
-//! crate::conformance::conformance_suite!(crate::sqlite::open);
+//! ```text
+//! lazaret_store_conformance::conformance_suite!(crate::sqlite::backend);
 //! ```
 //!
-//! where `open(dir)` builds the store with [`scheduler_config`] and a
+//! where `backend()` returns `Option<impl Backend>`: `None` skips every
+//! case (a backend whose service is not configured says so itself, and
+//! fails under `CI=true`). Each case takes `&impl Backend`, opens its
+//! stores through it and drives them with explicit [`Timestamp`]s, so
+//! nothing sleeps and nothing reads the wall clock. Cases are split by
+//! concern, one module each, as River splits its driver tests.
+//!
+//! A backend opens its stores with [`scheduler_config`] and a
 //! [`SeededDecider`]: the cases' timings (backoff, crash loop, caps) rely on
-//! exactly that policy.
+//! exactly that policy. A backend with a clock of its own (PostgreSQL's)
+//! runs the suite with the caller's clock: the cases pass the times.
+//!
+//! What it deliberately does not test: anything only one backend has (its
+//! files, its schema version, its group-commit failure modes); those live
+//! beside the backend.
 
 pub mod audit;
 pub mod cancel;
@@ -31,6 +41,7 @@ pub mod stats;
 pub mod tokens;
 
 use std::fmt::Write as _;
+use std::future::Future;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -43,11 +54,59 @@ use lazaret_store::{
     LeasedJob, NewJob, Store, StoreStats,
 };
 
+/// What a backend under test provides: fresh places and stores on them.
+pub trait Backend: Send + Sync + 'static {
+    /// The store it opens.
+    type Store: Store;
+    /// Where a store keeps its data (a temporary directory, a schema of
+    /// its own); dropped at the end of the case, which may clean it up.
+    type Place: Send + Sync + 'static;
+
+    /// Where this backend differs from the others.
+    fn capabilities(&self) -> Capabilities;
+
+    /// A fresh, empty place, shared with no other case (cases run in
+    /// parallel).
+    fn place(&self) -> impl Future<Output = Self::Place> + Send;
+
+    /// Opens a store on `place` with [`scheduler_config`] and a
+    /// [`SeededDecider`]; panics if it cannot. Called again on the same
+    /// place after a close or a drop, it must find everything committed.
+    fn open(&self, place: &Self::Place) -> impl Future<Output = Self::Store> + Send;
+}
+
+/// Where backends may differ; a case asks instead of assuming.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// `StoreStats::group_commit` is kept, and counts every call that goes
+    /// through the writer (enqueue, lease, stats) as one command, and a
+    /// call alone as one commit.
+    pub group_commit_stats: bool,
+}
+
+impl Capabilities {
+    /// No optional behaviour.
+    pub const fn none() -> Self {
+        Capabilities {
+            group_commit_stats: false,
+        }
+    }
+
+    /// The same, with group-commit counters.
+    pub const fn with_group_commit_stats(mut self, yes: bool) -> Self {
+        self.group_commit_stats = yes;
+        self
+    }
+}
+
 /// Instantiates every conformance case as a `#[tokio::test]` for the backend
-/// whose `open(dir)` is the given path (absolute, e.g. `crate::sqlite::open`).
+/// that the given function (absolute path, e.g. `crate::sqlite::backend`)
+/// returns; a `None` skips the cases.
+#[macro_export]
 macro_rules! conformance_suite {
-    ($open:path) => {
-        $crate::conformance::conformance_suite!(@concerns $open;
+    ($backend:path) => {
+        $crate::conformance_suite!(@concerns $backend;
             enqueue: [
                 enqueue_then_lease_gives_the_payload_byte_for_byte,
                 idempotent_enqueue_returns_the_first_job,
@@ -140,17 +199,17 @@ macro_rules! conformance_suite {
             ],
         );
     };
-    (@concerns $open:path; $($concern:ident: [$($case:ident),+ $(,)?]),+ $(,)?) => {$(
+    (@concerns $backend:path; $($concern:ident: [$($case:ident),+ $(,)?]),+ $(,)?) => {$(
         mod $concern {$(
-            #[tokio::test]
+            #[::tokio::test]
             async fn $case() {
-                let dir = tempfile::TempDir::new().expect("a temporary directory");
-                $crate::conformance::$concern::$case(dir.path(), $open).await;
+                if let Some(backend) = $backend() {
+                    $crate::$concern::$case(&backend).await;
+                }
             }
         )+}
     )+};
 }
-pub(crate) use conformance_suite;
 
 // ---------------------------------------------------------------------------
 // The policy every backend is opened with.
@@ -202,6 +261,12 @@ impl SeededDecider {
             policy: policy(),
             rng: Mutex::new(SplitMix64::new(SEED)),
         }
+    }
+}
+
+impl Default for SeededDecider {
+    fn default() -> Self {
+        Self::new()
     }
 }
 

@@ -1,7 +1,5 @@
 //! Redrive and purge: back into line with a fresh budget, or gone for good.
 
-use std::path::Path;
-
 use lazaret_core::{AttemptOutcome, DeadLetterReason, Event, JobState};
 use lazaret_store::{
     AuditEntry, DeadLetterFilter, DeadLetterId, EnqueueOutcome, NewJob, PayloadFix, Selector,
@@ -9,16 +7,16 @@ use lazaret_store::{
 };
 
 use super::dead_letters::admission;
+use crate::Backend;
+
 use super::{
     at, complete, dead_letter_job, job_view, lane_counts, lease, lease_one, lease_req, new_job,
     permanent, sha256_hex,
 };
 
-pub async fn redrive_keeps_id_key_and_history_with_a_fresh_budget<S: Store>(
-    dir: &Path,
-    open: impl Fn(&Path) -> S,
-) {
-    let s = open(dir);
+pub async fn redrive_keeps_id_key_and_history_with_a_fresh_budget<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     let job = NewJob {
         idempotency_key: Some("img-7".into()),
         ..new_job("resize", "acme", "default")
@@ -79,8 +77,9 @@ pub async fn redrive_keeps_id_key_and_history_with_a_fresh_budget<S: Store>(
     );
 }
 
-pub async fn redrive_skips_admission_records<S: Store>(dir: &Path, open: impl Fn(&Path) -> S) {
-    let s = open(dir);
+pub async fn redrive_skips_admission_records<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     let adm = s
         .record_admission(admission(
             Some("resize"),
@@ -110,11 +109,9 @@ pub async fn redrive_skips_admission_records<S: Store>(dir: &Path, open: impl Fn
     );
 }
 
-pub async fn purge_removes_the_dead_letter_and_its_job<S: Store>(
-    dir: &Path,
-    open: impl Fn(&Path) -> S,
-) {
-    let s = open(dir);
+pub async fn purge_removes_the_dead_letter_and_its_job<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     let adm = s
         .record_admission(admission(None, None, DeadLetterReason::InvalidJson, at(50)))
         .await
@@ -158,11 +155,9 @@ fn fix(payload: &str) -> PayloadFix {
     }
 }
 
-pub async fn a_corrected_redrive_replaces_the_payload_and_keeps_the_original<S: Store>(
-    dir: &Path,
-    open: impl Fn(&Path) -> S,
-) {
-    let s = open(dir);
+pub async fn a_corrected_redrive_replaces_the_payload_and_keeps_the_original<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     let job = NewJob {
         idempotency_key: Some("img-7".into()),
         ..new_job("resize", "acme", "default")

@@ -1,16 +1,14 @@
 //! Audit: appended entries come back newest first, as written.
 
-use std::path::Path;
-
 use lazaret_store::{AuditEntry, AuditQuery, Store};
+
+use crate::Backend;
 
 use super::{at, dead_letter_job, new_job};
 
-pub async fn audit_entries_are_listed_newest_first<S: Store>(
-    dir: &Path,
-    open: impl Fn(&Path) -> S,
-) {
-    let s = open(dir);
+pub async fn audit_entries_are_listed_newest_first<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     assert!(s.audit_log(10).await.unwrap().is_empty());
     let entry = |ms: i64, action: &str, count: u64| AuditEntry {
         at: at(ms),
@@ -38,11 +36,9 @@ pub async fn audit_entries_are_listed_newest_first<S: Store>(
     assert!(s.audit_log(0).await.unwrap().is_empty());
 }
 
-pub async fn the_audit_log_pages_by_cursor_and_filters_by_action_and_actor<S: Store>(
-    dir: &Path,
-    open: impl Fn(&Path) -> S,
-) {
-    let s = open(dir);
+pub async fn the_audit_log_pages_by_cursor_and_filters_by_action_and_actor<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     let entry = |ms: i64, actor: &str, action: &str| AuditEntry {
         at: at(ms),
         actor: actor.into(),
@@ -103,11 +99,9 @@ pub async fn the_audit_log_pages_by_cursor_and_filters_by_action_and_actor<S: St
     assert_eq!(page.len(), 5);
 }
 
-pub async fn redrive_and_purge_count_onto_their_audit_entry<S: Store>(
-    dir: &Path,
-    open: impl Fn(&Path) -> S,
-) {
-    let s = open(dir);
+pub async fn redrive_and_purge_count_onto_their_audit_entry<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     let entry = |action: &str| AuditEntry {
         at: at(1),
         actor: "ops".into(),

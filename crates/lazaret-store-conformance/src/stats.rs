@@ -1,15 +1,16 @@
 //! Stats: job counts per lane, dead letters per (type, reason), succeeded jobs kept.
 
-use std::path::Path;
-
 use lazaret_core::{DeadLetterReason, Event};
 use lazaret_store::{LaneCounts, LeaseRequest, NewJob, Store};
 
 use super::dead_letters::admission;
+use crate::Backend;
+
 use super::{at, complete, lane_counts, lease, lease_req, new_job, permanent};
 
-pub async fn stats_count_jobs_per_lane<S: Store>(dir: &Path, open: impl Fn(&Path) -> S) {
-    let s = open(dir);
+pub async fn stats_count_jobs_per_lane<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     let empty = s.stats().await.unwrap();
     assert_eq!(lane_counts(&empty, "slow"), LaneCounts::default());
     assert_eq!(empty.succeeded, 0);
@@ -75,13 +76,17 @@ pub async fn stats_count_jobs_per_lane<S: Store>(dir: &Path, open: impl Fn(&Path
 }
 
 /// Commits and the commands in them are counted: called one at a time,
-/// every command is a group of its own.
-pub async fn stats_count_commits_and_the_commands_in_them<S: Store>(
-    dir: &Path,
-    open: impl Fn(&Path) -> S,
-) {
-    let s = open(dir);
-    let before = s.stats().await.unwrap();
+/// every command is a group of its own. A backend without group-commit
+/// counters reports none.
+pub async fn stats_count_commits_and_the_commands_in_them<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
+    let counters = |stats: lazaret_store::StoreStats| stats.group_commit;
+    if !b.capabilities().group_commit_stats {
+        assert_eq!(counters(s.stats().await.unwrap()), None);
+        return;
+    }
+    let before = counters(s.stats().await.unwrap()).expect("group-commit counters");
     let (jobs, leases) = (8, 4);
     for i in 0..jobs {
         s.enqueue(vec![new_job("resize", &format!("t-{i}"), "default")])
@@ -91,7 +96,7 @@ pub async fn stats_count_commits_and_the_commands_in_them<S: Store>(
     for _ in 0..leases {
         s.lease(lease_req(at(10), 1)).await.unwrap();
     }
-    let after = s.stats().await.unwrap();
+    let after = counters(s.stats().await.unwrap()).expect("group-commit counters");
     // The enqueues, the leases and the first stats call.
     let calls = jobs + leases + 1;
     assert_eq!(after.commands - before.commands, calls);
@@ -102,11 +107,9 @@ pub async fn stats_count_commits_and_the_commands_in_them<S: Store>(
 /// lease names when its job became ready (enqueue, or its retry coming
 /// due), an outcome when its attempt was leased, and the stats the oldest
 /// ready job of each lane.
-pub async fn stats_time_when_jobs_became_ready_and_were_leased<S: Store>(
-    dir: &Path,
-    open: impl Fn(&Path) -> S,
-) {
-    let s = open(dir);
+pub async fn stats_time_when_jobs_became_ready_and_were_leased<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     let in_lane = |lane: &str, req: LeaseRequest| LeaseRequest {
         lanes: Some(vec![lane.into()]),
         ..req

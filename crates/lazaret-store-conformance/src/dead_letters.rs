@@ -1,11 +1,11 @@
 //! Dead letters: admission records, paging and filters, grouping by reason.
 
-use std::path::Path;
-
 use lazaret_core::{DeadLetterReason, Failure, FailureClass, Timestamp};
 use lazaret_store::{
     AdmissionRecord, DeadLetterFilter, DeadLetterId, ReasonCount, Selector, Stage, Store,
 };
+
+use crate::Backend;
 
 use super::{at, dead_letter_job, new_job, sha256_hex};
 
@@ -32,11 +32,9 @@ pub fn admission(
     }
 }
 
-pub async fn admission_records_are_listed_with_stage_admission<S: Store>(
-    dir: &Path,
-    open: impl Fn(&Path) -> S,
-) {
-    let s = open(dir);
+pub async fn admission_records_are_listed_with_stage_admission<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     let rec = admission(
         Some("resize"),
         Some("acme"),
@@ -113,11 +111,9 @@ pub async fn admission_records_are_listed_with_stage_admission<S: Store>(
     assert_eq!(s.dead_letter_payload(unknown).await.unwrap(), None);
 }
 
-pub async fn dead_letters_page_newest_first_with_cursor_and_filters<S: Store>(
-    dir: &Path,
-    open: impl Fn(&Path) -> S,
-) {
-    let s = open(dir);
+pub async fn dead_letters_page_newest_first_with_cursor_and_filters<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     let (_, d1) = dead_letter_job(&s, new_job("resize", "a", "default"), at(100)).await;
     let (_, d2) = dead_letter_job(&s, new_job("resize", "b", "bulk"), at(200)).await;
     let d3 = s
@@ -215,8 +211,9 @@ pub async fn dead_letters_page_newest_first_with_cursor_and_filters<S: Store>(
     );
 }
 
-pub async fn reasons_group_by_reason_and_type<S: Store>(dir: &Path, open: impl Fn(&Path) -> S) {
-    let s = open(dir);
+pub async fn reasons_group_by_reason_and_type<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     dead_letter_job(&s, new_job("resize", "a", "default"), at(100)).await;
     dead_letter_job(&s, new_job("resize", "b", "default"), at(200)).await;
     dead_letter_job(&s, new_job("email", "a", "default"), at(300)).await;

@@ -1,10 +1,11 @@
 //! Lease: the request's filters and limits, fairness between tenants, in-flight caps.
 
 use std::collections::HashMap;
-use std::path::Path;
 
 use lazaret_core::{Event, JobId, TenantId};
 use lazaret_store::{LeaseRequest, LeasedJob, NewJob, Store};
+
+use crate::Backend;
 
 use super::{
     INFLIGHT_MAX, at, complete, enqueue_one, ids, lane_counts, lease, lease_req, new_job, transient,
@@ -28,8 +29,9 @@ fn sorted(mut v: Vec<JobId>) -> Vec<JobId> {
     v
 }
 
-pub async fn lease_respects_lanes<S: Store>(dir: &Path, open: impl Fn(&Path) -> S) {
-    let s = open(dir);
+pub async fn lease_respects_lanes<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     let id = one_each(
         &s,
         &[
@@ -52,8 +54,9 @@ pub async fn lease_respects_lanes<S: Store>(dir: &Path, open: impl Fn(&Path) -> 
     assert_eq!(ids(&lease(&s, req(&["slow"])).await), vec![id[1]]);
 }
 
-pub async fn lease_respects_exclude_lanes<S: Store>(dir: &Path, open: impl Fn(&Path) -> S) {
-    let s = open(dir);
+pub async fn lease_respects_exclude_lanes<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     let id = one_each(
         &s,
         &[
@@ -83,8 +86,9 @@ pub async fn lease_respects_exclude_lanes<S: Store>(dir: &Path, open: impl Fn(&P
     assert_eq!(ids(&lease(&s, lease_req(at(1), 10)).await), vec![id[1]]);
 }
 
-pub async fn lease_respects_types<S: Store>(dir: &Path, open: impl Fn(&Path) -> S) {
-    let s = open(dir);
+pub async fn lease_respects_types<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     // Same tenant and lane, and the unwanted type is first in line.
     let id = one_each(
         &s,
@@ -110,11 +114,9 @@ pub async fn lease_respects_types<S: Store>(dir: &Path, open: impl Fn(&Path) -> 
 
 /// Within a (lane, tenant), a lease for several types takes the oldest
 /// jobs across them, in line order, whatever the types' names.
-pub async fn a_lease_for_several_types_takes_the_oldest_across_them<S: Store>(
-    dir: &Path,
-    open: impl Fn(&Path) -> S,
-) {
-    let s = open(dir);
+pub async fn a_lease_for_several_types_takes_the_oldest_across_them<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     let id = one_each(
         &s,
         &[
@@ -151,8 +153,9 @@ pub async fn a_lease_for_several_types_takes_the_oldest_across_them<S: Store>(
     assert_eq!(ids(&lease(&s, lease_req(at(3), 10)).await), vec![id[1]]);
 }
 
-pub async fn lease_respects_exclude_types<S: Store>(dir: &Path, open: impl Fn(&Path) -> S) {
-    let s = open(dir);
+pub async fn lease_respects_exclude_types<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     let id = one_each(
         &s,
         &[
@@ -182,8 +185,9 @@ pub async fn lease_respects_exclude_types<S: Store>(dir: &Path, open: impl Fn(&P
     );
 }
 
-pub async fn lease_respects_type_limits<S: Store>(dir: &Path, open: impl Fn(&Path) -> S) {
-    let s = open(dir);
+pub async fn lease_respects_type_limits<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     let id = one_each(
         &s,
         &[
@@ -221,11 +225,9 @@ pub async fn lease_respects_type_limits<S: Store>(dir: &Path, open: impl Fn(&Pat
     );
 }
 
-pub async fn type_limits_leave_room_for_other_types<S: Store>(
-    dir: &Path,
-    open: impl Fn(&Path) -> S,
-) {
-    let s = open(dir);
+pub async fn type_limits_leave_room_for_other_types<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     // One tenant: two probes first in line, then an email. With one probe
     // allowed and a cap of 2, the lease can hold a probe and the email.
     let id = one_each(
@@ -252,8 +254,9 @@ pub async fn type_limits_leave_room_for_other_types<S: Store>(
     );
 }
 
-pub async fn lease_respects_max_jobs<S: Store>(dir: &Path, open: impl Fn(&Path) -> S) {
-    let s = open(dir);
+pub async fn lease_respects_max_jobs<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     one_each(
         &s,
         &[
@@ -275,11 +278,9 @@ pub async fn lease_respects_max_jobs<S: Store>(dir: &Path, open: impl Fn(&Path) 
     );
 }
 
-pub async fn a_new_tenant_is_served_in_the_first_round<S: Store>(
-    dir: &Path,
-    open: impl Fn(&Path) -> S,
-) {
-    let s = open(dir);
+pub async fn a_new_tenant_is_served_in_the_first_round<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     let big: Vec<NewJob> = (0..100)
         .map(|_| new_job("resize", "tenant-a", "default"))
         .collect();
@@ -300,11 +301,9 @@ pub async fn a_new_tenant_is_served_in_the_first_round<S: Store>(
     );
 }
 
-pub async fn a_tenant_never_exceeds_its_inflight_cap<S: Store>(
-    dir: &Path,
-    open: impl Fn(&Path) -> S,
-) {
-    let s = open(dir);
+pub async fn a_tenant_never_exceeds_its_inflight_cap<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     let mut jobs: Vec<NewJob> = (0..5)
         .map(|_| new_job("resize", "acme", "default"))
         .collect();

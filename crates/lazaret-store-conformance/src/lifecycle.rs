@@ -1,7 +1,6 @@
 //! Lifecycle: what survives a restart (closed or dropped), and a closed store's refusals.
 
 use std::collections::HashSet;
-use std::path::Path;
 
 use lazaret_core::{DeadLetterReason, Event, JobState};
 use lazaret_store::{
@@ -10,29 +9,30 @@ use lazaret_store::{
 };
 
 use super::dead_letters::admission;
+use crate::Backend;
+
 use super::{at, complete, enqueue_one, ids, job_view, lane_counts, lease, lease_req, new_job};
 
-pub async fn restart_after_close_keeps_everything<S: Store>(dir: &Path, open: impl Fn(&Path) -> S) {
-    restart_keeps_everything(dir, open, true).await;
+pub async fn restart_after_close_keeps_everything<B: Backend>(b: &B) {
+    restart_keeps_everything(b, true).await;
 }
 
-pub async fn restart_after_drop_keeps_everything<S: Store>(dir: &Path, open: impl Fn(&Path) -> S) {
-    restart_keeps_everything(dir, open, false).await;
+pub async fn restart_after_drop_keeps_everything<B: Backend>(b: &B) {
+    restart_keeps_everything(b, false).await;
 }
 
 /// The counts a restart must rebuild; the commit counters are per process.
 fn sorted_stats(mut s: StoreStats) -> StoreStats {
-    // Counters of this process's work, not of what is stored.
-    (s.commits, s.commands, s.syncs, s.sync_micros) = (0, 0, 0, 0);
-    (s.leases, s.lease_steps) = (0, 0);
+    s.group_commit = None;
     s.lanes.retain(|(_, c)| *c != Default::default());
     s.lanes.sort_by(|a, b| a.0.cmp(&b.0));
     s.dead_letters.sort();
     s
 }
 
-async fn restart_keeps_everything<S: Store>(dir: &Path, open: impl Fn(&Path) -> S, close: bool) {
-    let s = open(dir);
+async fn restart_keeps_everything<B: Backend>(b: &B, close: bool) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     // One tenant per job, so caps and fairness do not decide what is leased.
     let queued_job = NewJob {
         idempotency_key: Some("q-1".into()),
@@ -99,7 +99,7 @@ async fn restart_keeps_everything<S: Store>(dir: &Path, open: impl Fn(&Path) -> 
         s.close().await.unwrap();
     }
     drop(s);
-    let s = open(dir);
+    let s = b.open(&place).await;
 
     assert_eq!(job_view(&s, queued).await.state, JobState::Queued);
     let view = job_view(&s, delayed).await;
@@ -164,8 +164,9 @@ async fn restart_keeps_everything<S: Store>(dir: &Path, open: impl Fn(&Path) -> 
     assert_eq!(s.stats().await.unwrap().succeeded, 2);
 }
 
-pub async fn closed_store_refuses_calls<S: Store>(dir: &Path, open: impl Fn(&Path) -> S) {
-    let s = open(dir);
+pub async fn closed_store_refuses_calls<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     let id = enqueue_one(&s, new_job("resize", "acme", "default")).await;
     s.close().await.unwrap();
 

@@ -1,17 +1,15 @@
 //! Enqueue: payloads kept byte for byte, idempotency keys, delays, the in-flight hint.
 
-use std::path::Path;
-
 use lazaret_core::{AttemptOutcome, JobState};
 use lazaret_store::{EnqueueOutcome, NewJob, Store};
 
+use crate::Backend;
+
 use super::{LEASE, at, created, enqueue_one, ids, job_view, lease, lease_one, lease_req, new_job};
 
-pub async fn enqueue_then_lease_gives_the_payload_byte_for_byte<S: Store>(
-    dir: &Path,
-    open: impl Fn(&Path) -> S,
-) {
-    let s = open(dir);
+pub async fn enqueue_then_lease_gives_the_payload_byte_for_byte<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     // Odd spacing, a tab, a non-ASCII letter and a number in exponent form:
     // the store keeps the text, it never re-serialises it.
     let payload = "{ \"to\" : \"zoë@example.com\",\n\t\"amount\": 1.50e0, \"tags\": [ ] }"
@@ -65,11 +63,9 @@ pub async fn enqueue_then_lease_gives_the_payload_byte_for_byte<S: Store>(
     );
 }
 
-pub async fn idempotent_enqueue_returns_the_first_job<S: Store>(
-    dir: &Path,
-    open: impl Fn(&Path) -> S,
-) {
-    let s = open(dir);
+pub async fn idempotent_enqueue_returns_the_first_job<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     let keyed = |tenant: &str, ty: &str, payload: &str| NewJob {
         payload: payload.as_bytes().to_vec(),
         idempotency_key: Some("k-1".into()),
@@ -125,8 +121,9 @@ pub async fn idempotent_enqueue_returns_the_first_job<S: Store>(
     );
 }
 
-pub async fn duplicate_within_one_batch<S: Store>(dir: &Path, open: impl Fn(&Path) -> S) {
-    let s = open(dir);
+pub async fn duplicate_within_one_batch<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     let keyed = |key: &str, payload: &str| NewJob {
         payload: payload.as_bytes().to_vec(),
         idempotency_key: Some(key.into()),
@@ -158,8 +155,9 @@ pub async fn duplicate_within_one_batch<S: Store>(dir: &Path, open: impl Fn(&Pat
     assert_eq!(first_job.payload, br#"{"v":1}"#);
 }
 
-pub async fn delayed_job_waits_for_its_time<S: Store>(dir: &Path, open: impl Fn(&Path) -> S) {
-    let s = open(dir);
+pub async fn delayed_job_waits_for_its_time<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     let job = NewJob {
         run_at: at(5_000),
         idempotency_key: Some("later".into()),
@@ -202,8 +200,9 @@ pub async fn delayed_job_waits_for_its_time<S: Store>(dir: &Path, open: impl Fn(
     assert_eq!((leased.id, leased.attempt), (id, 1));
 }
 
-pub async fn enqueue_reports_the_tenants_inflight<S: Store>(dir: &Path, open: impl Fn(&Path) -> S) {
-    let s = open(dir);
+pub async fn enqueue_reports_the_tenants_inflight<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     let first = enqueue_one(&s, new_job("resize", "acme", "default")).await;
     assert_eq!(lease_one(&s, lease_req(at(1), 1)).await.id, first);
 

@@ -2,9 +2,9 @@
 //! name or secret is taken, revoked, audited in the same call, and survive a
 //! restart; and the name of the token that enqueued a job is kept with it.
 
-use std::path::Path;
-
 use lazaret_store::{ApiToken, AuditEntry, NewJob, Store, TokenError};
+
+use crate::Backend;
 
 use super::{at, enqueue_one, job_view, new_job, sha256_hex};
 
@@ -35,11 +35,9 @@ async fn create<S: Store>(s: &S, t: &ApiToken, ms: i64) -> Result<(), TokenError
         .expect("create_token")
 }
 
-pub async fn created_tokens_are_listed_oldest_first_and_survive_a_restart<S: Store>(
-    dir: &Path,
-    open: impl Fn(&Path) -> S,
-) {
-    let s = open(dir);
+pub async fn created_tokens_are_listed_oldest_first_and_survive_a_restart<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     assert!(s.tokens().await.unwrap().is_empty(), "a new store has none");
     let ci = token("ci-producer", "producer", 20);
     let night = token("night-worker", "worker", 10);
@@ -50,7 +48,7 @@ pub async fn created_tokens_are_listed_oldest_first_and_survive_a_restart<S: Sto
 
     s.close().await.unwrap();
     drop(s);
-    let s = open(dir);
+    let s = b.open(&place).await;
     assert_eq!(
         s.tokens().await.unwrap(),
         vec![night, ci],
@@ -58,11 +56,9 @@ pub async fn created_tokens_are_listed_oldest_first_and_survive_a_restart<S: Sto
     );
 }
 
-pub async fn a_taken_name_or_secret_is_refused_and_changes_nothing<S: Store>(
-    dir: &Path,
-    open: impl Fn(&Path) -> S,
-) {
-    let s = open(dir);
+pub async fn a_taken_name_or_secret_is_refused_and_changes_nothing<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     let first = token("ci", "producer", 1);
     create(&s, &first, 1).await.unwrap();
 
@@ -94,11 +90,9 @@ pub async fn a_taken_name_or_secret_is_refused_and_changes_nothing<S: Store>(
     );
 }
 
-pub async fn revoke_deletes_the_token_and_audits_it<S: Store>(
-    dir: &Path,
-    open: impl Fn(&Path) -> S,
-) {
-    let s = open(dir);
+pub async fn revoke_deletes_the_token_and_audits_it<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     let keep = token("keep", "operator", 1);
     let gone = token("gone", "producer", 2);
     create(&s, &keep, 1).await.unwrap();
@@ -136,11 +130,9 @@ pub async fn revoke_deletes_the_token_and_audits_it<S: Store>(
     assert_eq!(s.tokens().await.unwrap(), vec![keep, gone]);
 }
 
-pub async fn the_enqueuing_tokens_name_is_kept_with_the_job<S: Store>(
-    dir: &Path,
-    open: impl Fn(&Path) -> S,
-) {
-    let s = open(dir);
+pub async fn the_enqueuing_tokens_name_is_kept_with_the_job<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     let mine = enqueue_one(
         &s,
         NewJob {

@@ -1,12 +1,13 @@
 //! Housekeeping: lease expiry and the crash loop, heartbeats, retention of succeeded jobs.
 
-use std::path::Path;
 use std::time::Duration;
 
 use lazaret_core::{
     AttemptOutcome, DeadLetterReason, Event, FailureClass, JobState, Timestamp, Transition,
 };
 use lazaret_store::{Completion, ItemError, Stage, Store};
+
+use crate::Backend;
 
 use super::{
     CRASH_LOOP_MAX, LEASE, RETRY_DELAY, at, complete, dead_letter_job, enqueue_one, ids, job_view,
@@ -17,8 +18,9 @@ fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
-pub async fn lease_expiry_charges_an_attempt<S: Store>(dir: &Path, open: impl Fn(&Path) -> S) {
-    let s = open(dir);
+pub async fn lease_expiry_charges_an_attempt<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     let id = enqueue_one(&s, new_job("resize", "acme", "default")).await;
     let first = lease_one(&s, lease_req(at(0), 1)).await;
     let expires = first.lease_expires_at;
@@ -82,11 +84,9 @@ pub async fn lease_expiry_charges_an_attempt<S: Store>(dir: &Path, open: impl Fn
     assert_eq!((second.id, second.attempt), (id, 2));
 }
 
-pub async fn crash_loop_after_crash_loop_max_expiries<S: Store>(
-    dir: &Path,
-    open: impl Fn(&Path) -> S,
-) {
-    let s = open(dir);
+pub async fn crash_loop_after_crash_loop_max_expiries<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     let id = enqueue_one(&s, new_job("resize", "acme", "default")).await;
     let mut now: Timestamp = at(0);
     for crash in 1..=CRASH_LOOP_MAX {
@@ -138,8 +138,9 @@ pub async fn crash_loop_after_crash_loop_max_expiries<S: Store>(
     assert!(lease(&s, lease_req(now, 10)).await.is_empty());
 }
 
-pub async fn heartbeat_extends_the_lease<S: Store>(dir: &Path, open: impl Fn(&Path) -> S) {
-    let s = open(dir);
+pub async fn heartbeat_extends_the_lease<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     enqueue_one(&s, new_job("resize", "acme", "default")).await;
     enqueue_one(&s, new_job("resize", "globex", "default")).await;
     let held = lease(&s, lease_req(at(0), 2)).await;
@@ -173,11 +174,9 @@ pub async fn heartbeat_extends_the_lease<S: Store>(dir: &Path, open: impl Fn(&Pa
     );
 }
 
-pub async fn remove_succeeded_deletes_only_old_succeeded_jobs_in_batches<S: Store>(
-    dir: &Path,
-    open: impl Fn(&Path) -> S,
-) {
-    let s = open(dir);
+pub async fn remove_succeeded_deletes_only_old_succeeded_jobs_in_batches<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     for tenant in ["a", "b", "c", "d"] {
         enqueue_one(&s, new_job("resize", tenant, "default")).await;
     }

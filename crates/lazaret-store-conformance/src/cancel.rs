@@ -2,10 +2,10 @@
 //! a finished one never. Retention keeps and cleans cancelled jobs like
 //! succeeded ones.
 
-use std::path::Path;
-
 use lazaret_core::{AttemptOutcome, Event, JobId, JobState, Transition};
 use lazaret_store::{AuditEntry, CancelError, Cancelled, DeadLetterFilter, NewJob, Store};
+
+use crate::Backend;
 
 use super::{
     LEASE, at, complete, dead_letter_job, enqueue_one, job_view, lane_counts, lease, lease_one,
@@ -48,11 +48,9 @@ async fn cancel_counts<S: Store>(s: &S) -> Vec<u64> {
     counts
 }
 
-pub async fn a_waiting_job_is_cancelled_at_once_and_never_leased<S: Store>(
-    dir: &Path,
-    open: impl Fn(&Path) -> S,
-) {
-    let s = open(dir);
+pub async fn a_waiting_job_is_cancelled_at_once_and_never_leased<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     let queued = enqueue_one(&s, new_job("resize", "acme", "default")).await;
     let scheduled = enqueue_one(
         &s,
@@ -91,11 +89,9 @@ pub async fn a_waiting_job_is_cancelled_at_once_and_never_leased<S: Store>(
     assert_eq!(cancel_counts(&s).await, vec![1, 1]);
 }
 
-pub async fn a_leased_job_asked_to_cancel_hears_it_and_ends_cancelled_at_a_fail<S: Store>(
-    dir: &Path,
-    open: impl Fn(&Path) -> S,
-) {
-    let s = open(dir);
+pub async fn a_leased_job_asked_to_cancel_hears_it_and_ends_cancelled_at_a_fail<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     let id = enqueue_one(&s, new_job("resize", "acme", "default")).await;
     let job = lease_one(&s, lease_req(at(0), 1)).await;
     let hb = s
@@ -154,11 +150,11 @@ pub async fn a_leased_job_asked_to_cancel_hears_it_and_ends_cancelled_at_a_fail<
     assert_eq!(cancel_counts(&s).await, vec![1, 0]);
 }
 
-pub async fn a_permanent_failure_of_a_cancel_requested_job_writes_no_dead_letter<S: Store>(
-    dir: &Path,
-    open: impl Fn(&Path) -> S,
+pub async fn a_permanent_failure_of_a_cancel_requested_job_writes_no_dead_letter<B: Backend>(
+    b: &B,
 ) {
-    let s = open(dir);
+    let place = b.place().await;
+    let s = b.open(&place).await;
     let id = enqueue_one(&s, new_job("resize", "acme", "default")).await;
     let job = lease_one(&s, lease_req(at(0), 1)).await;
     cancel(&s, id, at(1)).await.unwrap();
@@ -169,8 +165,9 @@ pub async fn a_permanent_failure_of_a_cancel_requested_job_writes_no_dead_letter
     assert!(s.reasons().await.unwrap().is_empty());
 }
 
-pub async fn an_ack_after_a_cancel_request_stands<S: Store>(dir: &Path, open: impl Fn(&Path) -> S) {
-    let s = open(dir);
+pub async fn an_ack_after_a_cancel_request_stands<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     let id = enqueue_one(&s, new_job("resize", "acme", "default")).await;
     let job = lease_one(&s, lease_req(at(0), 1)).await;
     cancel(&s, id, at(1)).await.unwrap();
@@ -185,11 +182,9 @@ pub async fn an_ack_after_a_cancel_request_stands<S: Store>(dir: &Path, open: im
     );
 }
 
-pub async fn a_cancel_requested_lease_that_expires_ends_cancelled<S: Store>(
-    dir: &Path,
-    open: impl Fn(&Path) -> S,
-) {
-    let s = open(dir);
+pub async fn a_cancel_requested_lease_that_expires_ends_cancelled<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     let id = enqueue_one(&s, new_job("resize", "acme", "default")).await;
     let job = lease_one(&s, lease_req(at(0), 1)).await;
     cancel(&s, id, at(1)).await.unwrap();
@@ -221,11 +216,9 @@ pub async fn a_cancel_requested_lease_that_expires_ends_cancelled<S: Store>(
     );
 }
 
-pub async fn a_finished_or_unknown_job_is_refused_and_nothing_is_written<S: Store>(
-    dir: &Path,
-    open: impl Fn(&Path) -> S,
-) {
-    let s = open(dir);
+pub async fn a_finished_or_unknown_job_is_refused_and_nothing_is_written<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     let done = enqueue_one(&s, new_job("resize", "acme", "default")).await;
     let job = lease_one(&s, lease_req(at(0), 1)).await;
     complete(&s, &job, Event::Succeeded, at(1)).await;
@@ -254,11 +247,9 @@ pub async fn a_finished_or_unknown_job_is_refused_and_nothing_is_written<S: Stor
     assert!(!view.cancel_requested);
 }
 
-pub async fn retention_removes_old_cancelled_jobs_like_succeeded_ones<S: Store>(
-    dir: &Path,
-    open: impl Fn(&Path) -> S,
-) {
-    let s = open(dir);
+pub async fn retention_removes_old_cancelled_jobs_like_succeeded_ones<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     let old = enqueue_one(&s, new_job("resize", "acme", "default")).await;
     let recent = enqueue_one(&s, new_job("resize", "globex", "default")).await;
     let waiting = enqueue_one(&s, new_job("resize", "initech", "default")).await;
@@ -273,8 +264,9 @@ pub async fn retention_removes_old_cancelled_jobs_like_succeeded_ones<S: Store>(
     assert_eq!(s.stats().await.unwrap().cancelled, 1);
 }
 
-pub async fn cancels_survive_a_restart<S: Store>(dir: &Path, open: impl Fn(&Path) -> S) {
-    let s = open(dir);
+pub async fn cancels_survive_a_restart<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     let waiting = enqueue_one(&s, new_job("resize", "acme", "default")).await;
     let running = enqueue_one(&s, new_job("resize", "globex", "default")).await;
     cancel(&s, waiting, at(1)).await.unwrap();
@@ -284,7 +276,7 @@ pub async fn cancels_survive_a_restart<S: Store>(dir: &Path, open: impl Fn(&Path
     s.close().await.unwrap();
     drop(s);
 
-    let s = open(dir);
+    let s = b.open(&place).await;
     assert_eq!(job_view(&s, waiting).await.state, JobState::Cancelled);
     let stats = s.stats().await.unwrap();
     assert_eq!(stats.cancelled, 1, "counted again at start");

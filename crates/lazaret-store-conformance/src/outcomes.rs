@@ -1,6 +1,5 @@
 //! Outcomes: ack, fail (transient, permanent, deferred), fencing by lease token.
 
-use std::path::Path;
 use std::time::Duration;
 
 use lazaret_core::{
@@ -8,16 +7,16 @@ use lazaret_core::{
 };
 use lazaret_store::{Completion, ItemError, LeaseToken, NewJob, Stage, Store};
 
+use crate::Backend;
+
 use super::{
     ATTEMPTS_MAX, RETRY_DELAY, at, complete, enqueue_one, job_view, lease, lease_one, lease_req,
     new_job, permanent, sha256_hex, transient, try_complete,
 };
 
-pub async fn ack_marks_succeeded_with_one_history_record<S: Store>(
-    dir: &Path,
-    open: impl Fn(&Path) -> S,
-) {
-    let s = open(dir);
+pub async fn ack_marks_succeeded_with_one_history_record<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     let id = enqueue_one(&s, new_job("resize", "acme", "default")).await;
     let leased = lease_one(&s, lease_req(at(10), 1)).await;
 
@@ -66,11 +65,9 @@ pub async fn ack_marks_succeeded_with_one_history_record<S: Store>(
     assert!(lease(&s, lease_req(at(22), 10)).await.is_empty());
 }
 
-pub async fn wrong_token_is_lease_lost_and_changes_nothing<S: Store>(
-    dir: &Path,
-    open: impl Fn(&Path) -> S,
-) {
-    let s = open(dir);
+pub async fn wrong_token_is_lease_lost_and_changes_nothing<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     enqueue_one(&s, new_job("resize", "acme", "default")).await;
     enqueue_one(&s, new_job("resize", "globex", "default")).await;
     let held = lease(&s, lease_req(at(10), 2)).await;
@@ -134,8 +131,9 @@ pub async fn wrong_token_is_lease_lost_and_changes_nothing<S: Store>(
     assert_eq!(done.transition, Transition::Succeeded);
 }
 
-pub async fn unknown_id_is_not_found<S: Store>(dir: &Path, open: impl Fn(&Path) -> S) {
-    let s = open(dir);
+pub async fn unknown_id_is_not_found<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     enqueue_one(&s, new_job("resize", "acme", "default")).await;
     let leased = lease_one(&s, lease_req(at(1), 1)).await;
     let ghost = JobId(leased.id.0 + 1_000);
@@ -171,11 +169,9 @@ pub async fn unknown_id_is_not_found<S: Store>(dir: &Path, open: impl Fn(&Path) 
     assert_eq!(job_view(&s, leased.id).await.state, JobState::Leased);
 }
 
-pub async fn transient_failure_retries_after_the_backoff<S: Store>(
-    dir: &Path,
-    open: impl Fn(&Path) -> S,
-) {
-    let s = open(dir);
+pub async fn transient_failure_retries_after_the_backoff<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     let id = enqueue_one(&s, new_job("resize", "acme", "default")).await;
     let first = lease_one(&s, lease_req(at(10), 1)).await;
 
@@ -236,11 +232,9 @@ pub async fn transient_failure_retries_after_the_backoff<S: Store>(
     );
 }
 
-pub async fn attempts_max_failures_dead_letter_as_exhausted<S: Store>(
-    dir: &Path,
-    open: impl Fn(&Path) -> S,
-) {
-    let s = open(dir);
+pub async fn attempts_max_failures_dead_letter_as_exhausted<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     let id = enqueue_one(&s, new_job("resize", "acme", "default")).await;
     let mut now = at(0);
     for attempt in 1..=ATTEMPTS_MAX {
@@ -270,11 +264,9 @@ pub async fn attempts_max_failures_dead_letter_as_exhausted<S: Store>(
     assert_eq!(job_view(&s, id).await.state, JobState::DeadLettered);
 }
 
-pub async fn permanent_failure_dead_letters_in_the_same_call<S: Store>(
-    dir: &Path,
-    open: impl Fn(&Path) -> S,
-) {
-    let s = open(dir);
+pub async fn permanent_failure_dead_letters_in_the_same_call<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     let payload = br#"{"image": "cat.gif", "width": 64}"#.to_vec();
     let id = enqueue_one(
         &s,
@@ -347,11 +339,9 @@ pub async fn permanent_failure_dead_letters_in_the_same_call<S: Store>(
     );
 }
 
-pub async fn deferral_does_not_advance_the_attempt<S: Store>(
-    dir: &Path,
-    open: impl Fn(&Path) -> S,
-) {
-    let s = open(dir);
+pub async fn deferral_does_not_advance_the_attempt<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     let id = enqueue_one(&s, new_job("resize", "acme", "default")).await;
     let first = lease_one(&s, lease_req(at(10), 1)).await;
     assert_eq!(first.attempt, 1);
@@ -384,8 +374,9 @@ pub async fn deferral_does_not_advance_the_attempt<S: Store>(
 /// The envelope a reader sees at every step carries each attempt as the core
 /// records it: who ran it, from when to when, how it ended; and the
 /// admission facts (size, digest, key, schema version).
-pub async fn history_reads_right_after_every_step<S: Store>(dir: &Path, open: impl Fn(&Path) -> S) {
-    let s = open(dir);
+pub async fn history_reads_right_after_every_step<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     let payload = br#"{"to":"a@example.com"}"#;
     let id = enqueue_one(
         &s,
@@ -471,11 +462,9 @@ pub async fn history_reads_right_after_every_step<S: Store>(dir: &Path, open: im
 /// A token fences one lease of one job: every lease of a job, after a
 /// retry, an expiry or a redrive, gets a new one, and the old ones are
 /// refused.
-pub async fn every_lease_of_a_job_gets_a_new_token<S: Store>(
-    dir: &Path,
-    open: impl Fn(&Path) -> S,
-) {
-    let s = open(dir);
+pub async fn every_lease_of_a_job_gets_a_new_token<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     let id = enqueue_one(&s, new_job("send", "acme", "default")).await;
     let mut held = Vec::new();
     let mut now = at(10);
@@ -526,11 +515,11 @@ pub async fn every_lease_of_a_job_gets_a_new_token<S: Store>(
     complete(&s, &held[held.len() - 1], Event::Succeeded, now).await;
 }
 
-pub async fn an_outcome_at_or_after_the_lease_end_is_lease_lost_and_changes_nothing<S: Store>(
-    dir: &Path,
-    open: impl Fn(&Path) -> S,
+pub async fn an_outcome_at_or_after_the_lease_end_is_lease_lost_and_changes_nothing<B: Backend>(
+    b: &B,
 ) {
-    let s = open(dir);
+    let place = b.place().await;
+    let s = b.open(&place).await;
     enqueue_one(&s, new_job("resize", "acme", "default")).await;
     enqueue_one(&s, new_job("resize", "globex", "default")).await;
     let held = lease(&s, lease_req(at(10), 2)).await;

@@ -1,10 +1,10 @@
 //! Listing jobs: newest first, by cursor, filtered by state, type, tenant,
 //! lane and the token that enqueued them; and pauses kept across restarts.
 
-use std::path::Path;
-
 use lazaret_core::{Event, JobId, JobState};
 use lazaret_store::{AuditEntry, JobQuery, NewJob, Pause, PauseTarget, Store};
+
+use crate::Backend;
 
 use super::cancel::cancel;
 use super::{at, complete, dead_letter_job, enqueue_one, job_view, lease_one, lease_req, new_job};
@@ -22,11 +22,9 @@ fn query(limit: u32) -> JobQuery {
     }
 }
 
-pub async fn jobs_page_newest_first_with_cursor_and_filters<S: Store>(
-    dir: &Path,
-    open: impl Fn(&Path) -> S,
-) {
-    let s = open(dir);
+pub async fn jobs_page_newest_first_with_cursor_and_filters<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     let by = |token: &str, job: NewJob| NewJob {
         enqueued_by: Some(token.into()),
         ..job
@@ -200,11 +198,9 @@ pub async fn jobs_page_newest_first_with_cursor_and_filters<S: Store>(
     );
 }
 
-pub async fn a_listed_job_shows_its_dead_letter_and_its_cancel<S: Store>(
-    dir: &Path,
-    open: impl Fn(&Path) -> S,
-) {
-    let s = open(dir);
+pub async fn a_listed_job_shows_its_dead_letter_and_its_cancel<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     let (dead, dl) = dead_letter_job(&s, new_job("email", "acme", "default"), at(1)).await;
     let gone = enqueue_one(&s, new_job("resize", "acme", "default")).await;
     cancel(&s, gone, at(2)).await.unwrap();
@@ -248,11 +244,9 @@ fn pause_entry(action: &str, at_ms: i64) -> AuditEntry {
     }
 }
 
-pub async fn pauses_are_kept_across_a_restart_and_audited<S: Store>(
-    dir: &Path,
-    open: impl Fn(&Path) -> S,
-) {
-    let s = open(dir);
+pub async fn pauses_are_kept_across_a_restart_and_audited<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
     assert!(s.pauses().await.unwrap().is_empty());
     let ty = PauseTarget::Type("resize".into());
     let lane = PauseTarget::Lane("bulk".into());
@@ -288,7 +282,7 @@ pub async fn pauses_are_kept_across_a_restart_and_audited<S: Store>(
     s.close().await.unwrap();
     drop(s);
 
-    let s = open(dir);
+    let s = b.open(&place).await;
     assert_eq!(s.pauses().await.unwrap(), want, "a restart keeps them");
     assert!(
         s.set_pause(ty.clone(), false, pause_entry("resume", 4))

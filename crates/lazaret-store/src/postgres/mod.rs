@@ -1,0 +1,776 @@
+//! The PostgreSQL store: several stateless lazaret nodes on one database.
+//!
+//! One writer connection per node runs every change, grouping the ops that
+//! arrive together into one transaction (`writer`), so a commit's flush is
+//! shared by every request in it; reads go to a small pool of their own.
+//! Leases pick jobs `FOR UPDATE SKIP LOCKED` and charge the attempt in the
+//! same statement; a transition and its effects (the dead letter, the
+//! counts) are one transaction. Lease ends are on the database's clock
+//! ([`Clock::Database`]), so a node whose clock runs ahead cannot expire,
+//! and so steal, another node's lease. Wake-ups go through `LISTEN/NOTIFY`:
+//! a commit that made jobs leasable notifies `lazaret_ready`, token changes
+//! `lazaret_tokens`, shared switches (pauses, open breakers) `lazaret_switch`;
+//! every node's listener turns them into [`StoreEvent`]s.
+//!
+//! What it deliberately does not do: TLS (connect through a local socket,
+//! a sidecar or a private network), connection pooling beyond its own few
+//! connections, and any decision (the lease plan is the core's
+//! `FairScheduler`, outcomes the `Decider`'s).
+
+mod reader;
+mod schema;
+mod writer;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use futures_util::StreamExt as _;
+use lazaret_core::{FairScheduler, JobId, Timestamp};
+use tokio::sync::{Mutex, broadcast, mpsc, oneshot};
+use tokio_postgres::{AsyncMessage, Client, NoTls};
+
+pub use schema::SCHEMA_VERSION;
+use writer::{Answer, Cmd, Op, Writer};
+
+use crate::{
+    AdmissionRecord, AuditEntry, AuditId, AuditPage, AuditQuery, Completed, Completion, DbError,
+    DeadLetter, DeadLetterFilter, DeadLetterId, Decider, EnqueueOutcome, Held, ItemError, JobView,
+    LeaseRequest, LeaseToken, LeasedJob, NewJob, ParkedMessage, Quarantined, ReasonCount, Selector,
+    SourceDeadLetter, Stage, Store, StoreError, StoreEvent, StoreStats, Switch, Tick,
+};
+
+/// The notification channels of one schema. Channels are the database's,
+/// not a schema's: each schema gets its own names, so two lazaret clusters
+/// in two schemas of one database never hear each other.
+#[derive(Clone, Debug)]
+pub(crate) struct Channels {
+    /// Notified at the commit of anything that made jobs leasable.
+    pub ready: String,
+    /// Notified at the commit of a token's creation or revocation.
+    pub tokens: String,
+    /// Notified with a [`Switch`] as JSON.
+    pub switch: String,
+}
+
+impl Channels {
+    fn of(schema: &str) -> Self {
+        // FNV-1a: a short, stable name within PostgreSQL's 63 bytes.
+        let h = schema.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        Channels {
+            ready: format!("lazaret_{h:016x}_ready"),
+            tokens: format!("lazaret_{h:016x}_tokens"),
+            switch: format!("lazaret_{h:016x}_switch"),
+        }
+    }
+}
+/// Reader connections per node.
+const READERS: usize = 4;
+
+/// Whose clock a lease's end is measured on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Clock {
+    /// The database's (`clock_timestamp()`), read once per transaction: the
+    /// callers' times keep their distance from the callers' `now` but count
+    /// from the database's, so nodes with skewed clocks agree on every
+    /// lease's end. The default.
+    #[default]
+    Database,
+    /// The caller's `now`, as given: for tests that drive time themselves
+    /// (the conformance suite).
+    Caller,
+}
+
+/// Where and how to connect.
+#[derive(Clone, Debug)]
+pub struct PgOptions {
+    /// `postgres://user@host:port/db` (a `schema=NAME` query parameter is
+    /// read here, not by the driver; other parameters go to the driver).
+    pub url: String,
+    /// The schema lazaret's tables live in (`lazaret` unless the URL says).
+    pub schema: String,
+    /// Whose clock leases run on.
+    pub clock: Clock,
+    /// A [`Store::tick`] sooner than this after the last one (by the
+    /// caller's `now`) does nothing: every node ticks, and the database
+    /// need not be asked 40 times a second by each. Promotions and
+    /// expiries wait at most this long more. 0 ticks every time (tests).
+    pub tick_min: std::time::Duration,
+}
+
+/// The default [`PgOptions::tick_min`].
+pub const TICK_MIN: std::time::Duration = std::time::Duration::from_millis(100);
+
+impl PgOptions {
+    /// Options from a `--store` URL: `postgres://…[?schema=NAME]`.
+    pub fn from_url(url: &str) -> Result<Self, StoreError> {
+        let (base, query) = url.split_once('?').unwrap_or((url, ""));
+        let mut schema = "lazaret".to_owned();
+        let mut rest = Vec::new();
+        for kv in query.split('&').filter(|s| !s.is_empty()) {
+            match kv.split_once('=') {
+                Some(("schema", v)) => schema = v.to_owned(),
+                _ => rest.push(kv),
+            }
+        }
+        check_schema(&schema)?;
+        let url = if rest.is_empty() {
+            base.to_owned()
+        } else {
+            format!("{base}?{}", rest.join("&"))
+        };
+        Ok(PgOptions {
+            url,
+            schema,
+            clock: Clock::Database,
+            tick_min: TICK_MIN,
+        })
+    }
+}
+
+/// A schema name is put in SQL as written: letters, digits, `_` only.
+fn check_schema(schema: &str) -> Result<(), StoreError> {
+    let ok = !schema.is_empty()
+        && schema.len() <= 63
+        && schema
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        && !schema.as_bytes()[0].is_ascii_digit();
+    if ok {
+        Ok(())
+    } else {
+        Err(StoreError::Open {
+            path: schema.to_owned(),
+            source: std::io::Error::other(
+                "a schema name is 1 to 63 lower-case letters, digits and `_`, not starting with a digit; \
+                 fix the `schema=` parameter of --store",
+            ),
+        })
+    }
+}
+
+/// A PostgreSQL error as the seam carries it: its text, its SQLSTATE.
+pub(crate) fn pg<T>(r: Result<T, tokio_postgres::Error>) -> Result<T, StoreError> {
+    r.map_err(|e| {
+        let code = e.code().map(|c| c.code().to_owned());
+        let detail = e.as_db_error().map_or_else(
+            || match std::error::Error::source(&e) {
+                Some(cause) => format!("{e}: {cause}"),
+                None => e.to_string(),
+            },
+            |d| d.message().to_owned(),
+        );
+        if e.is_closed() {
+            return StoreError::Db(DbError {
+                message: format!(
+                    "PostgreSQL: the connection is closed ({detail}); check that the database is up; \
+                     lazaret reconnects at its next start"
+                ),
+                code,
+            });
+        }
+        StoreError::Db(DbError {
+            message: format!("PostgreSQL: {detail}"),
+            code,
+        })
+    })
+}
+
+/// Connects one client, with lazaret's schema first on its `search_path`,
+/// and drives its connection on a task; notifications go to `notify`.
+async fn connect(
+    opts: &PgOptions,
+    notify: Option<mpsc::UnboundedSender<tokio_postgres::Notification>>,
+) -> Result<Client, StoreError> {
+    let mut config: tokio_postgres::Config = opts.url.parse().map_err(|e| StoreError::Open {
+        path: opts.url.clone(),
+        source: std::io::Error::other(format!(
+            "{e}; --store takes postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE[?schema=NAME]"
+        )),
+    })?;
+    config.options(format!("-c search_path={}", opts.schema));
+    // Names the schema, so an operator (or a test) can tell the clusters'
+    // sessions apart in pg_stat_activity.
+    config.application_name(format!("lazaret/{}", opts.schema));
+    let (client, mut conn) = config.connect(NoTls).await.map_err(|e| StoreError::Open {
+        path: redact(&opts.url),
+        source: std::io::Error::other(format!(
+            "{e}; check that PostgreSQL is up, the address is right and the user may connect"
+        )),
+    })?;
+    tokio::spawn(async move {
+        let mut messages = futures_util::stream::poll_fn(move |cx| conn.poll_message(cx));
+        while let Some(m) = messages.next().await {
+            match m {
+                Ok(AsyncMessage::Notification(n)) => {
+                    if let Some(tx) = &notify {
+                        let _ = tx.send(n);
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "PostgreSQL connection ended");
+                    break;
+                }
+            }
+        }
+    });
+    Ok(client)
+}
+
+/// The URL without its password, for messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => {
+            let creds = &url[s + 3..at];
+            match creds.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..s + 3], &url[at..]),
+                None => url.to_owned(),
+            }
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// Runs the migrations on the database `opts` names and returns the
+/// schema version found before (0: none); what `lazaret migrate` does.
+pub async fn migrate(opts: &PgOptions) -> Result<i64, StoreError> {
+    let client = connect(opts, None).await?;
+    schema::migrate(&client, &opts.schema).await
+}
+
+/// The server process serving a connection (what a notification names).
+async fn backend_pid(c: &Client) -> Result<i32, StoreError> {
+    Ok(pg(c.query_one("SELECT pg_backend_pid()", &[]).await)?.get(0))
+}
+
+/// Drops the schema `opts` names with everything in it (tests, benches).
+pub async fn drop_schema(opts: &PgOptions) -> Result<(), StoreError> {
+    check_schema(&opts.schema)?;
+    let client = connect(opts, None).await?;
+    pg(client
+        .batch_execute(&format!("DROP SCHEMA IF EXISTS {} CASCADE", opts.schema))
+        .await)
+}
+
+/// The PostgreSQL [`Store`].
+#[derive(Debug, Clone)]
+pub struct PostgresStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    tx: mpsc::UnboundedSender<Cmd>,
+    readers: Vec<Mutex<Client>>,
+    next_reader: AtomicUsize,
+    closed: AtomicBool,
+    events: broadcast::Sender<StoreEvent>,
+    schema: String,
+    channels: Channels,
+    tick_min: std::time::Duration,
+    /// Why the writer cannot reach the database now.
+    down: Arc<std::sync::Mutex<Option<String>>>,
+    /// To connect readers again.
+    opts: PgOptions,
+    /// The caller's `now` of the last tick that ran, and what it found due next.
+    last_tick: std::sync::Mutex<Option<(Timestamp, Option<Timestamp>)>>,
+    /// Dropped (or sent) when the store goes: the listener stops.
+    _stop: tokio::sync::watch::Sender<()>,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("schema", &self.schema)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PostgresStore {
+    /// Connects, migrates (one node at a time), and starts the writer and
+    /// the listener.
+    pub async fn open(
+        opts: PgOptions,
+        scheduler: FairScheduler,
+        decider: Arc<dyn Decider>,
+    ) -> Result<Self, StoreError> {
+        check_schema(&opts.schema)?;
+        let writer_client = connect(&opts, None).await?;
+        schema::migrate(&writer_client, &opts.schema).await?;
+        let mut readers = Vec::with_capacity(READERS);
+        // The backends of this node's own connections: their notifications
+        // are its own changes, already seen.
+        let mut own: HashSet<i32> = HashSet::new();
+        own.insert(backend_pid(&writer_client).await?);
+        for _ in 0..READERS {
+            let c = connect(&opts, None).await?;
+            own.insert(backend_pid(&c).await?);
+            readers.push(Mutex::new(c));
+        }
+        let channels = Channels::of(&opts.schema);
+        let (events, _) = broadcast::channel(1024);
+        let (ntx, mut nrx) = mpsc::unbounded_channel();
+        let listener = connect(&opts, Some(ntx)).await?;
+        pg(listener
+            .batch_execute(&format!(
+                "LISTEN {}; LISTEN {}; LISTEN {};",
+                channels.ready, channels.tokens, channels.switch
+            ))
+            .await)?;
+        let ev = events.clone();
+        let heard = channels.clone();
+        let (stop, mut stopped) = tokio::sync::watch::channel(());
+        tokio::spawn(async move {
+            // The listener's client lives as long as this task: dropping it
+            // ends the LISTEN (and the connection).
+            let _listener = listener;
+            loop {
+                let n = tokio::select! {
+                    n = nrx.recv() => match n { Some(n) => n, None => break },
+                    _ = stopped.changed() => break,
+                };
+                if own.contains(&n.process_id()) {
+                    // This node's own commit: it woke its own waiters already.
+                    continue;
+                }
+                let event = match n.channel() {
+                    c if c == heard.ready => StoreEvent::Ready {
+                        jobs: serde_json::from_str::<Vec<(String, String)>>(n.payload())
+                            .ok()
+                            .map(|v| {
+                                v.into_iter()
+                                    .map(|(l, t)| {
+                                        (lazaret_core::Lane::new(l), lazaret_core::JobType::new(t))
+                                    })
+                                    .collect()
+                            }),
+                    },
+                    c if c == heard.tokens => StoreEvent::TokensChanged,
+                    c if c == heard.switch => match serde_json::from_str::<Switch>(n.payload()) {
+                        Ok(s) => StoreEvent::Switch(s),
+                        Err(e) => {
+                            tracing::warn!(error = %e, payload = n.payload(), "an unreadable switch");
+                            continue;
+                        }
+                    },
+                    _ => continue,
+                };
+                let _ = ev.send(event);
+            }
+        });
+        let (tx, rx) = mpsc::unbounded_channel();
+        let down = Arc::new(std::sync::Mutex::new(None));
+        let w = Writer::new(
+            writer_client,
+            opts.clone(),
+            Arc::clone(&down),
+            scheduler,
+            decider,
+            opts.clock,
+            channels.clone(),
+        );
+        tokio::spawn(w.run(rx));
+        Ok(PostgresStore {
+            inner: Arc::new(Inner {
+                tx,
+                readers,
+                next_reader: AtomicUsize::new(0),
+                closed: AtomicBool::new(false),
+                events,
+                schema: opts.schema.clone(),
+                channels,
+                tick_min: opts.tick_min,
+                down,
+                opts: opts.clone(),
+                last_tick: std::sync::Mutex::new(None),
+                _stop: stop,
+            }),
+        })
+    }
+
+    /// The schema this store keeps its tables in.
+    pub fn schema(&self) -> &str {
+        &self.inner.schema
+    }
+
+    async fn call<T: Send + 'static>(
+        &self,
+        op: Op,
+        pick: fn(Answer) -> Option<T>,
+    ) -> Result<T, StoreError> {
+        if self.inner.closed.load(Ordering::Acquire) {
+            return Err(StoreError::Closed);
+        }
+        let (tx, rx) = oneshot::channel();
+        let reply: writer::Reply = Box::new(move |r| {
+            let _ = tx.send(r.and_then(|a| {
+                pick(a).ok_or_else(|| StoreError::Corrupt("the writer answered another op".into()))
+            }));
+        });
+        self.inner
+            .tx
+            .send(Cmd {
+                op: Some(op),
+                reply,
+            })
+            .map_err(|_| StoreError::Closed)?;
+        rx.await.map_err(|_| StoreError::Closed)?
+    }
+
+    async fn reader(&self) -> Result<tokio::sync::MutexGuard<'_, Client>, StoreError> {
+        if self.inner.closed.load(Ordering::Acquire) {
+            return Err(StoreError::Closed);
+        }
+        let i = self.inner.next_reader.fetch_add(1, Ordering::Relaxed) % self.inner.readers.len();
+        let mut c = self.inner.readers[i].lock().await;
+        if c.is_closed() {
+            *c = connect(&self.inner.opts, None).await?;
+        }
+        Ok(c)
+    }
+}
+
+impl Store for PostgresStore {
+    async fn enqueue(&self, jobs: Vec<NewJob>) -> Result<Vec<EnqueueOutcome>, StoreError> {
+        self.call(Op::Enqueue(jobs), |a| match a {
+            Answer::Enqueued(v) => Some(v),
+            _ => None,
+        })
+        .await
+    }
+
+    async fn lease(&self, req: LeaseRequest) -> Result<Vec<LeasedJob>, StoreError> {
+        self.call(Op::Lease(req), |a| match a {
+            Answer::Leased(v) => Some(v),
+            _ => None,
+        })
+        .await
+    }
+
+    async fn complete(
+        &self,
+        items: Vec<Completion>,
+        now: Timestamp,
+    ) -> Result<Vec<Result<Completed, ItemError>>, StoreError> {
+        self.call(Op::Complete(items, now), |a| match a {
+            Answer::Completed(v) => Some(v),
+            _ => None,
+        })
+        .await
+    }
+
+    async fn heartbeat(
+        &self,
+        id: JobId,
+        token: LeaseToken,
+        expires_at: Timestamp,
+        now: Timestamp,
+    ) -> Result<Result<crate::Heartbeat, ItemError>, StoreError> {
+        self.call(Op::Heartbeat(id, token, expires_at, now), |a| match a {
+            Answer::Heartbeat(v) => Some(v),
+            _ => None,
+        })
+        .await
+    }
+
+    async fn cancel(
+        &self,
+        id: JobId,
+        now: Timestamp,
+        audit: AuditEntry,
+    ) -> Result<Result<crate::Cancelled, crate::CancelError>, StoreError> {
+        self.call(Op::Cancel(id, now, audit), |a| match a {
+            Answer::Cancel(v) => Some(v),
+            _ => None,
+        })
+        .await
+    }
+
+    async fn jobs(&self, query: crate::JobQuery) -> Result<crate::JobPage, StoreError> {
+        reader::jobs(&*self.reader().await?, &query).await
+    }
+
+    async fn set_pause(
+        &self,
+        target: crate::PauseTarget,
+        paused: bool,
+        audit: AuditEntry,
+    ) -> Result<bool, StoreError> {
+        self.call(Op::SetPause(target, paused, audit), |a| match a {
+            Answer::Flag(v) => Some(v),
+            _ => None,
+        })
+        .await
+    }
+
+    async fn pauses(&self) -> Result<Vec<crate::Pause>, StoreError> {
+        reader::pauses(&*self.reader().await?).await
+    }
+
+    async fn tick(&self, now: Timestamp) -> Result<Tick, StoreError> {
+        if !self.inner.tick_min.is_zero() {
+            let last = *self
+                .inner
+                .last_tick
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if let Some((at, next_due)) = last {
+                if now < at.saturating_add(self.inner.tick_min) && now >= at {
+                    return Ok(Tick {
+                        next_due,
+                        ..Tick::default()
+                    });
+                }
+            }
+        }
+        let t = self
+            .call(Op::Tick(now), |a| match a {
+                Answer::Tick(v) => Some(v),
+                _ => None,
+            })
+            .await?;
+        *self
+            .inner
+            .last_tick
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some((now, t.next_due));
+        Ok(t)
+    }
+
+    async fn record_admission(&self, rec: AdmissionRecord) -> Result<DeadLetterId, StoreError> {
+        self.call(Op::RecordAdmission(rec), |a| match a {
+            Answer::DeadLetter(v) => Some(v),
+            _ => None,
+        })
+        .await
+    }
+
+    async fn job(&self, id: JobId) -> Result<Option<JobView>, StoreError> {
+        reader::job(&*self.reader().await?, id).await
+    }
+
+    async fn dead_letters(
+        &self,
+        filter: DeadLetterFilter,
+        limit: u32,
+        cursor: Option<DeadLetterId>,
+    ) -> Result<(Vec<DeadLetter>, Option<DeadLetterId>), StoreError> {
+        reader::dead_letters(&*self.reader().await?, &filter, limit, cursor).await
+    }
+
+    async fn dead_letter(&self, id: DeadLetterId) -> Result<Option<DeadLetter>, StoreError> {
+        reader::dead_letter(&*self.reader().await?, id).await
+    }
+
+    async fn dead_letter_payload(
+        &self,
+        id: DeadLetterId,
+    ) -> Result<Option<Option<Vec<u8>>>, StoreError> {
+        reader::dead_letter_payload(&*self.reader().await?, id).await
+    }
+
+    async fn reasons(&self) -> Result<Vec<ReasonCount>, StoreError> {
+        reader::reasons(&*self.reader().await?).await
+    }
+
+    async fn match_dead_letters(
+        &self,
+        selector: Selector,
+    ) -> Result<Vec<(DeadLetterId, Stage)>, StoreError> {
+        reader::match_dead_letters(&*self.reader().await?, &selector).await
+    }
+
+    async fn redrive(
+        &self,
+        ids: Vec<DeadLetterId>,
+        now: Timestamp,
+        audit: Option<AuditId>,
+    ) -> Result<Vec<JobId>, StoreError> {
+        self.call(Op::Redrive(ids, now, audit), |a| match a {
+            Answer::Jobs(v) => Some(v),
+            _ => None,
+        })
+        .await
+    }
+
+    async fn redrive_corrected(
+        &self,
+        id: DeadLetterId,
+        fix: crate::PayloadFix,
+        now: Timestamp,
+        audit: Option<AuditId>,
+    ) -> Result<Option<JobId>, StoreError> {
+        self.call(Op::RedriveCorrected(id, fix, now, audit), |a| match a {
+            Answer::Job(v) => Some(v),
+            _ => None,
+        })
+        .await
+    }
+
+    async fn purge(
+        &self,
+        ids: Vec<DeadLetterId>,
+        audit: Option<AuditId>,
+    ) -> Result<u64, StoreError> {
+        self.call(Op::Purge(ids, audit), |a| match a {
+            Answer::Count(v) => Some(v),
+            _ => None,
+        })
+        .await
+    }
+
+    async fn audit(&self, entry: AuditEntry) -> Result<AuditId, StoreError> {
+        self.call(Op::Audit(entry), |a| match a {
+            Answer::Audit(v) => Some(v),
+            _ => None,
+        })
+        .await
+    }
+
+    async fn audit_page(&self, query: AuditQuery) -> Result<AuditPage, StoreError> {
+        reader::audit_page(&*self.reader().await?, &query).await
+    }
+
+    async fn stats(&self) -> Result<StoreStats, StoreError> {
+        self.call(Op::Stats, |a| match a {
+            Answer::Stats(v) => Some(v),
+            _ => None,
+        })
+        .await
+    }
+
+    async fn remove_succeeded(&self, before: Timestamp, batch: u32) -> Result<u64, StoreError> {
+        self.call(Op::RemoveSucceeded(before, batch), |a| match a {
+            Answer::Count(v) => Some(v),
+            _ => None,
+        })
+        .await
+    }
+
+    async fn create_token(
+        &self,
+        token: crate::ApiToken,
+        audit: AuditEntry,
+    ) -> Result<Result<(), crate::TokenError>, StoreError> {
+        self.call(Op::CreateToken(token, audit), |a| match a {
+            Answer::Token(v) => Some(v),
+            _ => None,
+        })
+        .await
+    }
+
+    async fn revoke_token(&self, name: String, audit: AuditEntry) -> Result<bool, StoreError> {
+        self.call(Op::RevokeToken(name, audit), |a| match a {
+            Answer::Flag(v) => Some(v),
+            _ => None,
+        })
+        .await
+    }
+
+    async fn quarantine_message(&self, dl: SourceDeadLetter) -> Result<Quarantined, StoreError> {
+        let mut v = self.quarantine_messages(vec![dl]).await?;
+        v.pop()
+            .ok_or_else(|| StoreError::Corrupt("no answer for the quarantine".into()))
+    }
+
+    async fn quarantine_messages(
+        &self,
+        dls: Vec<SourceDeadLetter>,
+    ) -> Result<Vec<Quarantined>, StoreError> {
+        self.call(Op::Quarantine(dls), |a| match a {
+            Answer::Quarantined(v) => Some(v),
+            _ => None,
+        })
+        .await
+    }
+
+    async fn park_message(&self, p: ParkedMessage) -> Result<(), StoreError> {
+        self.call(Op::Park(p), |a| match a {
+            Answer::Done => Some(()),
+            _ => None,
+        })
+        .await
+    }
+
+    async fn unpark_message(&self, source: String, message_id: String) -> Result<bool, StoreError> {
+        self.call(Op::Unpark(source, message_id), |a| match a {
+            Answer::Flag(v) => Some(v),
+            _ => None,
+        })
+        .await
+    }
+
+    async fn due_messages(
+        &self,
+        source: String,
+        now: Timestamp,
+        limit: u32,
+    ) -> Result<Vec<ParkedMessage>, StoreError> {
+        reader::due(&*self.reader().await?, &source, now, limit).await
+    }
+
+    async fn parked_message(
+        &self,
+        source: String,
+        message_id: String,
+    ) -> Result<Option<ParkedMessage>, StoreError> {
+        reader::parked(&*self.reader().await?, &source, &message_id).await
+    }
+
+    async fn next_message_due(&self, source: String) -> Result<Option<Timestamp>, StoreError> {
+        reader::next_due(&*self.reader().await?, &source).await
+    }
+
+    async fn message_held(&self, source: String, message_id: String) -> Result<Held, StoreError> {
+        reader::held(&*self.reader().await?, &source, &message_id).await
+    }
+
+    async fn tokens(&self) -> Result<Vec<crate::ApiToken>, StoreError> {
+        reader::tokens(&*self.reader().await?).await
+    }
+
+    fn failure(&self) -> Option<String> {
+        self.inner
+            .down
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn events(&self) -> Option<broadcast::Receiver<StoreEvent>> {
+        Some(self.inner.events.subscribe())
+    }
+
+    async fn publish(&self, switch: Switch) -> Result<(), StoreError> {
+        let payload = serde_json::to_string(&switch)
+            .map_err(|e| StoreError::Corrupt(format!("a switch as JSON: {e}")))?;
+        let c = self.reader().await?;
+        reader::save_switch(&c, &switch).await?;
+        pg(c.execute(
+            "SELECT pg_notify($1, $2)",
+            &[&self.inner.channels.switch, &payload],
+        )
+        .await)?;
+        Ok(())
+    }
+
+    async fn switches(&self) -> Result<Vec<Switch>, StoreError> {
+        reader::switches(&*self.reader().await?).await
+    }
+
+    async fn close(&self) -> Result<(), StoreError> {
+        if self.inner.closed.swap(true, Ordering::AcqRel) {
+            return Err(StoreError::Closed);
+        }
+        let (tx, rx) = oneshot::channel();
+        let reply: writer::Reply = Box::new(move |r| {
+            let _ = tx.send(r.map(drop));
+        });
+        if self.inner.tx.send(Cmd { op: None, reply }).is_err() {
+            return Ok(());
+        }
+        rx.await.map_err(|_| StoreError::Closed)?
+    }
+}

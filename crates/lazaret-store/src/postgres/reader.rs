@@ -1,0 +1,488 @@
+//! Reads, on the reader connections (each a snapshot of committed data).
+
+use lazaret_core::{Envelope, Failure, JobId, JobState, Timestamp};
+use tokio_postgres::{Client, Row};
+
+use super::pg;
+use super::writer::{JOB_COLUMNS, stored_job};
+use crate::{
+    ApiToken, AuditEntry, AuditId, AuditPage, AuditQuery, DeadLetter, DeadLetterFilter,
+    DeadLetterId, Held, JobView, ParkedMessage, ReasonCount, Selector, SourceRef, Stage,
+    StoreError, Switch,
+};
+
+fn corrupt(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(e.to_string())
+}
+
+/// What a job view reads after the `StoredJob` columns.
+const VIEW_COLUMNS: &str = "run_at, lease_expires_at, enqueued_by, cancel_requested, \
+     (SELECT d.id FROM dead_letters d WHERE d.job_id = jobs.id) AS dead_letter_id";
+
+fn view(r: &Row) -> Result<JobView, StoreError> {
+    let stored = stored_job(r)?;
+    let run_at: i64 = r.get(14);
+    let lease: Option<i64> = r.get(15);
+    let enqueued_by: Option<String> = r.get(16);
+    let cancel_requested: bool = r.get(17);
+    let dead_letter_id: Option<i64> = r.get(18);
+    let envelope = stored.envelope()?;
+    let state = stored.state;
+    let run_at = matches!(state, JobState::Queued | JobState::Scheduled)
+        .then_some(Timestamp::from_millis(run_at));
+    Ok(JobView {
+        envelope,
+        state,
+        run_at,
+        payload: stored.payload,
+        lease_expires_at: lease.map(Timestamp::from_millis),
+        enqueued_by,
+        dead_letter_id: dead_letter_id.map(|d| DeadLetterId(d as u64)),
+        cancel_requested,
+    })
+}
+
+pub(super) async fn job(c: &Client, id: JobId) -> Result<Option<JobView>, StoreError> {
+    let sql = format!("SELECT {JOB_COLUMNS}, {VIEW_COLUMNS} FROM jobs WHERE id = $1");
+    pg(c.query_opt(&sql, &[&(id.0 as i64)]).await)?
+        .map(|r| view(&r))
+        .transpose()
+}
+
+/// A page of jobs, newest first: `jobs_state (state, id)` with a state
+/// filter, the primary key without.
+pub(super) async fn jobs(c: &Client, q: &crate::JobQuery) -> Result<crate::JobPage, StoreError> {
+    let sql = format!(
+        "SELECT {JOB_COLUMNS}, {VIEW_COLUMNS} FROM jobs
+         WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR type = $2)
+           AND ($3::text IS NULL OR tenant = $3) AND ($4::text IS NULL OR lane = $4)
+           AND ($5::text IS NULL OR enqueued_by = $5) AND ($6::int8 IS NULL OR id < $6)
+         ORDER BY id DESC LIMIT $7"
+    );
+    let rows = pg(c
+        .query(
+            &sql,
+            &[
+                &q.state.map(|s| s.as_str()),
+                &q.job_type,
+                &q.tenant,
+                &q.lane,
+                &q.enqueued_by,
+                &q.before.map(|b| b.0 as i64),
+                &(i64::from(q.limit) + 1),
+            ],
+        )
+        .await)?;
+    let mut items = rows.iter().map(view).collect::<Result<Vec<_>, _>>()?;
+    let next = if items.len() > q.limit as usize {
+        items.truncate(q.limit as usize);
+        items.last().map(|j| j.envelope.id)
+    } else {
+        None
+    };
+    Ok((items, next))
+}
+
+pub(super) async fn pauses(c: &Client) -> Result<Vec<crate::Pause>, StoreError> {
+    let rows = pg(c
+        .query(
+            "SELECT target, name, paused_at, paused_by FROM pauses ORDER BY target, name",
+            &[],
+        )
+        .await)?;
+    let mut out = Vec::new();
+    for r in rows {
+        let (target, name): (String, String) = (r.get(0), r.get(1));
+        let target = match target.as_str() {
+            "type" => crate::PauseTarget::Type(name),
+            "lane" => crate::PauseTarget::Lane(name),
+            other => return Err(corrupt(format!("a pause of an unknown target {other:?}"))),
+        };
+        out.push(crate::Pause {
+            target,
+            paused_at: Timestamp::from_millis(r.get(2)),
+            paused_by: r.get(3),
+        });
+    }
+    Ok(out)
+}
+
+const DL_COLUMNS: &str = "d.id, d.job_id, d.type, d.tenant, d.lane, d.reason, d.stage, d.attempts, d.error,
+    d.idempotency_key, d.created_at, d.dead_lettered_at, d.payload_size, d.payload_sha256, d.payload_preview,
+    COALESCE(j.envelope, d.envelope), d.source";
+
+fn dead_letter_row(r: &Row) -> Result<DeadLetter, StoreError> {
+    let envelope: Option<String> = r.get(15);
+    let env = envelope
+        .map(|e| Envelope::from_json(&e))
+        .transpose()
+        .map_err(corrupt)?;
+    let error: Option<String> = r.get(8);
+    let error: Option<Failure> = error
+        .map(|e| serde_json::from_str(&e))
+        .transpose()
+        .map_err(corrupt)?;
+    let reason: String = r.get(5);
+    let stage: String = r.get(6);
+    let source: Option<String> = r.get(16);
+    Ok(DeadLetter {
+        id: DeadLetterId(r.get::<_, i64>(0) as u64),
+        job_id: r.get::<_, Option<i64>>(1).map(|j| JobId(j as u64)),
+        job_type: r.get(2),
+        tenant: r.get(3),
+        lane: r.get(4),
+        reason: reason.parse().map_err(corrupt)?,
+        stage: Stage::parse(&stage).unwrap_or(Stage::Processing),
+        attempts: r.get::<_, i32>(7) as u32,
+        error,
+        history: env.as_ref().map(|e| e.history.clone()).unwrap_or_default(),
+        idempotency_key: r.get(9),
+        created_at: Timestamp::from_millis(r.get(10)),
+        dead_lettered_at: Timestamp::from_millis(r.get(11)),
+        payload_size: r.get::<_, i64>(12) as u64,
+        payload_sha256: r.get(13),
+        payload_preview: r.get(14),
+        redrive_count: env.as_ref().map_or(0, |e| e.redrives),
+        schema_version: env.as_ref().and_then(|e| e.schema_version),
+        source: source
+            .map(|s| serde_json::from_str(&s))
+            .transpose()
+            .map_err(corrupt)?,
+    })
+}
+
+const FILTER: &str = "($1::text IS NULL OR d.type = $1) AND ($2::text IS NULL OR d.tenant = $2)
+    AND ($3::text IS NULL OR d.lane = $3) AND ($4::text IS NULL OR d.reason = $4)
+    AND ($5::text IS NULL OR d.source_name = $5) AND ($6::text IS NULL OR d.stage = $6)
+    AND ($7::int8 IS NULL OR d.job_id = $7)";
+
+pub(super) async fn dead_letters(
+    c: &Client,
+    f: &DeadLetterFilter,
+    limit: u32,
+    cursor: Option<DeadLetterId>,
+) -> Result<(Vec<DeadLetter>, Option<DeadLetterId>), StoreError> {
+    let sql = format!(
+        "SELECT {DL_COLUMNS} FROM dead_letters d LEFT JOIN jobs j ON j.id = d.job_id
+         WHERE {FILTER} AND ($8::int8 IS NULL OR d.id < $8) ORDER BY d.id DESC LIMIT $9"
+    );
+    let rows = pg(c
+        .query(
+            &sql,
+            &[
+                &f.job_type,
+                &f.tenant,
+                &f.lane,
+                &f.reason,
+                &f.source,
+                &f.stage,
+                &f.job_id.map(|j| j as i64),
+                &cursor.map(|c| c.0 as i64),
+                &(i64::from(limit) + 1),
+            ],
+        )
+        .await)?;
+    let mut items = rows
+        .iter()
+        .map(dead_letter_row)
+        .collect::<Result<Vec<_>, _>>()?;
+    let next = if items.len() > limit as usize {
+        items.truncate(limit as usize);
+        items.last().map(|d| d.id)
+    } else {
+        None
+    };
+    Ok((items, next))
+}
+
+pub(super) async fn dead_letter(
+    c: &Client,
+    id: DeadLetterId,
+) -> Result<Option<DeadLetter>, StoreError> {
+    let sql = format!(
+        "SELECT {DL_COLUMNS} FROM dead_letters d LEFT JOIN jobs j ON j.id = d.job_id WHERE d.id = $1"
+    );
+    pg(c.query_opt(&sql, &[&(id.0 as i64)]).await)?
+        .map(|r| dead_letter_row(&r))
+        .transpose()
+}
+
+pub(super) async fn dead_letter_payload(
+    c: &Client,
+    id: DeadLetterId,
+) -> Result<Option<Option<Vec<u8>>>, StoreError> {
+    let row = pg(c
+        .query_opt(
+            "SELECT CASE WHEN d.job_id IS NOT NULL THEN j.payload ELSE d.payload END
+             FROM dead_letters d LEFT JOIN jobs j ON j.id = d.job_id WHERE d.id = $1",
+            &[&(id.0 as i64)],
+        )
+        .await)?;
+    Ok(row.map(|r| r.get::<_, Option<Vec<u8>>>(0)))
+}
+
+pub(super) async fn reasons(c: &Client) -> Result<Vec<ReasonCount>, StoreError> {
+    let rows = pg(c
+        .query(
+            "SELECT reason, type, count(*), min(dead_lettered_at), max(dead_lettered_at)
+             FROM dead_letters GROUP BY reason, type ORDER BY count(*) DESC, reason, type",
+            &[],
+        )
+        .await)?;
+    rows.iter()
+        .map(|r| {
+            let reason: String = r.get(0);
+            Ok(ReasonCount {
+                reason: reason.parse().map_err(corrupt)?,
+                job_type: r.get(1),
+                count: r.get::<_, i64>(2) as u64,
+                first_at: Timestamp::from_millis(r.get(3)),
+                last_at: Timestamp::from_millis(r.get(4)),
+            })
+        })
+        .collect()
+}
+
+pub(super) async fn match_dead_letters(
+    c: &Client,
+    sel: &Selector,
+) -> Result<Vec<(DeadLetterId, Stage)>, StoreError> {
+    let rows = match sel {
+        Selector::Ids(ids) => {
+            let ids: Vec<i64> = ids.iter().map(|i| i.0 as i64).collect();
+            pg(c.query(
+                "SELECT d.id, d.stage FROM dead_letters d WHERE d.id = ANY($1) ORDER BY d.id",
+                &[&ids],
+            )
+            .await)?
+        }
+        Selector::Filter(f) => {
+            let sql =
+                format!("SELECT d.id, d.stage FROM dead_letters d WHERE {FILTER} ORDER BY d.id");
+            pg(c.query(
+                &sql,
+                &[
+                    &f.job_type,
+                    &f.tenant,
+                    &f.lane,
+                    &f.reason,
+                    &f.source,
+                    &f.stage,
+                    &f.job_id.map(|j| j as i64),
+                ],
+            )
+            .await)?
+        }
+    };
+    Ok(rows
+        .iter()
+        .map(|r| {
+            let stage: String = r.get(1);
+            (
+                DeadLetterId(r.get::<_, i64>(0) as u64),
+                Stage::parse(&stage).unwrap_or(Stage::Processing),
+            )
+        })
+        .collect())
+}
+
+pub(super) async fn audit_page(c: &Client, q: &AuditQuery) -> Result<AuditPage, StoreError> {
+    let rows = pg(c
+        .query(
+            "SELECT id, at, actor, action, request, count FROM audit
+             WHERE ($1::int8 IS NULL OR id < $1) AND ($2::text IS NULL OR action = $2)
+               AND ($3::text IS NULL OR actor = $3)
+             ORDER BY id DESC LIMIT $4",
+            &[
+                &q.before.map(|b| b.0 as i64),
+                &q.action,
+                &q.actor,
+                &(i64::from(q.limit) + 1),
+            ],
+        )
+        .await)?;
+    let mut out: Vec<(AuditId, AuditEntry)> = rows
+        .iter()
+        .map(|r| {
+            let request: String = r.get(4);
+            (
+                AuditId(r.get::<_, i64>(0) as u64),
+                AuditEntry {
+                    at: Timestamp::from_millis(r.get(1)),
+                    actor: r.get(2),
+                    action: r.get(3),
+                    request: serde_json::from_str(&request)
+                        .unwrap_or(serde_json::Value::String(request)),
+                    count: r.get::<_, i64>(5) as u64,
+                },
+            )
+        })
+        .collect();
+    let next = if out.len() > q.limit as usize {
+        out.truncate(q.limit as usize);
+        out.last().map(|(id, _)| *id)
+    } else {
+        None
+    };
+    Ok((out, next))
+}
+
+pub(super) async fn tokens(c: &Client) -> Result<Vec<ApiToken>, StoreError> {
+    let rows = pg(c
+        .query(
+            "SELECT name, role, token_sha256, created_at, created_by FROM tokens ORDER BY created_at, name",
+            &[],
+        )
+        .await)?;
+    Ok(rows
+        .iter()
+        .map(|r| ApiToken {
+            name: r.get(0),
+            role: r.get(1),
+            token_sha256: r.get(2),
+            created_at: Timestamp::from_millis(r.get(3)),
+            created_by: r.get(4),
+        })
+        .collect())
+}
+
+fn parked_row(r: &Row) -> Result<ParkedMessage, StoreError> {
+    let src: String = r.get(1);
+    let env: String = r.get(2);
+    Ok(ParkedMessage {
+        source: serde_json::from_str::<SourceRef>(&src).map_err(corrupt)?,
+        due_at: Timestamp::from_millis(r.get(0)),
+        envelope: Envelope::from_json(&env).map_err(corrupt)?,
+        body: r.get(3),
+    })
+}
+
+pub(super) async fn due(
+    c: &Client,
+    source: &str,
+    now: Timestamp,
+    limit: u32,
+) -> Result<Vec<ParkedMessage>, StoreError> {
+    let rows = pg(c
+        .query(
+            "SELECT due_at, ref, envelope, body FROM source_parked
+             WHERE source = $1 AND due_at <= $2 ORDER BY due_at LIMIT $3",
+            &[&source, &now.as_millis(), &i64::from(limit)],
+        )
+        .await)?;
+    rows.iter().map(parked_row).collect()
+}
+
+pub(super) async fn parked(
+    c: &Client,
+    source: &str,
+    message_id: &str,
+) -> Result<Option<ParkedMessage>, StoreError> {
+    pg(c.query_opt(
+        "SELECT due_at, ref, envelope, body FROM source_parked WHERE source = $1 AND message_id = $2",
+        &[&source, &message_id],
+    )
+    .await)?
+    .map(|r| parked_row(&r))
+    .transpose()
+}
+
+pub(super) async fn next_due(c: &Client, source: &str) -> Result<Option<Timestamp>, StoreError> {
+    let row = pg(c
+        .query_one(
+            "SELECT min(due_at) FROM source_parked WHERE source = $1",
+            &[&source],
+        )
+        .await)?;
+    Ok(row.get::<_, Option<i64>>(0).map(Timestamp::from_millis))
+}
+
+pub(super) async fn held(c: &Client, source: &str, message_id: &str) -> Result<Held, StoreError> {
+    if let Some(r) = pg(c
+        .query_opt(
+            "SELECT id FROM dead_letters WHERE source_name = $1 AND message_id = $2",
+            &[&source, &message_id],
+        )
+        .await)?
+    {
+        return Ok(Held::Quarantined(DeadLetterId(r.get::<_, i64>(0) as u64)));
+    }
+    let parked = pg(c
+        .query_opt(
+            "SELECT 1 FROM source_parked WHERE source = $1 AND message_id = $2",
+            &[&source, &message_id],
+        )
+        .await)?;
+    Ok(if parked.is_some() {
+        Held::Parked
+    } else {
+        Held::Nothing
+    })
+}
+
+/// Keeps a switch for nodes that start later (a resume deletes its pause).
+pub(super) async fn save_switch(c: &Client, s: &Switch) -> Result<(), StoreError> {
+    let (kind, key, until, keep) = match s {
+        Switch::PauseType { name, paused } => ("pause_type", name.clone(), None, *paused),
+        Switch::PauseLane { name, paused } => ("pause_lane", name.clone(), None, *paused),
+        Switch::BreakerOpen {
+            job_type,
+            kind,
+            until_ms,
+        } => (
+            "breaker",
+            format!("{job_type}\u{1f}{kind}"),
+            Some(*until_ms),
+            true,
+        ),
+    };
+    if keep {
+        pg(c.execute(
+            "INSERT INTO cluster_state (kind, key, until) VALUES ($1, $2, $3)
+             ON CONFLICT (kind, key) DO UPDATE SET until = excluded.until",
+            &[&kind, &key, &until],
+        )
+        .await)?;
+    } else {
+        pg(c.execute(
+            "DELETE FROM cluster_state WHERE kind = $1 AND key = $2",
+            &[&kind, &key],
+        )
+        .await)?;
+    }
+    Ok(())
+}
+
+pub(super) async fn switches(c: &Client) -> Result<Vec<Switch>, StoreError> {
+    let rows = pg(c
+        .query(
+            "SELECT kind, key, until FROM cluster_state ORDER BY kind, key",
+            &[],
+        )
+        .await)?;
+    let mut out = Vec::new();
+    for r in rows {
+        let (kind, key, until): (String, String, Option<i64>) = (r.get(0), r.get(1), r.get(2));
+        match kind.as_str() {
+            "pause_type" => out.push(Switch::PauseType {
+                name: key,
+                paused: true,
+            }),
+            "pause_lane" => out.push(Switch::PauseLane {
+                name: key,
+                paused: true,
+            }),
+            "breaker" => {
+                if let (Some((t, k)), Some(u)) = (key.split_once('\u{1f}'), until) {
+                    out.push(Switch::BreakerOpen {
+                        job_type: t.to_owned(),
+                        kind: k.to_owned(),
+                        until_ms: u,
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,1946 @@
+//! The writer task: every change is an [`Op`] on a channel; the task takes
+//! all pending ops into one transaction (group commit), so concurrent
+//! requests share one commit (one WAL flush) instead of paying one each.
+//!
+//! If an op fails, the whole group rolls back and each of its ops runs
+//! again alone, in a transaction of its own (a serialization failure or a
+//! deadlock with another node is retried a few times), so one bad op
+//! cannot fail the others and every answer is what happened.
+//!
+//! Counts per (lane, tenant) (`pairs`) change with every transition; the
+//! group gathers the changes and writes them once, in key order, before
+//! its commit. A lease reads the rows it picks from `FOR UPDATE`: their
+//! counts are then the cluster's, and another node's lease of the same
+//! tenant waits for this commit, so a tenant's in-flight cap holds across
+//! nodes. Jobs are picked `FOR UPDATE SKIP LOCKED`: two nodes never wait
+//! on, or take, the same job.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+
+use lazaret_core::{
+    Demand, Envelope, Event, FairScheduler, Grant, JobId, JobState, JobType, Lane, TenantId,
+    Timestamp, Transition, payload_preview,
+};
+use tokio::sync::mpsc;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Client, Row, Statement};
+
+use super::{Channels, Clock, pg};
+use crate::stored::StoredJob;
+use crate::{
+    AdmissionRecord, ApiToken, AuditEntry, AuditId, Completed, Completion, DeadLetterId, Decider,
+    EnqueueOutcome, GroupCommitStats, ItemError, LaneCounts, LeaseRequest, LeaseToken, LeasedJob,
+    NewJob, ParkedMessage, Quarantined, SourceDeadLetter, StoreError, StoreStats, Tick, TokenError,
+};
+
+/// Ops in one group at most.
+const GROUP_MAX: usize = 256;
+/// Scheduled jobs promoted per tick at most.
+const PROMOTE_MAX: i64 = 20_000;
+/// Expired leases handled per tick at most.
+const EXPIRE_MAX: i64 = 2_000;
+/// Rounds of picking in one lease when picked pairs come up short.
+const PICK_ROUNDS_MAX: usize = 8;
+/// Tries of an op alone after a serialization failure or deadlock.
+const RETRIES_MAX: u32 = 5;
+/// The advisory lock retention holds, so one node at a time deletes.
+pub(super) const RETENTION_LOCK: i64 = 0x6c61_7a61_7265_7402;
+
+/// Leases up to `$5` queued jobs of one (lane, tenant), oldest first, in
+/// one statement: picked `FOR UPDATE SKIP LOCKED` (never a job another
+/// transaction holds), charged an attempt and given a token from the
+/// sequence `lease_tokens`.
+const LEASE_SQL: &str = "WITH picked AS (
+                   SELECT id FROM jobs
+                   WHERE lane = $1 AND tenant = $2 AND state = 'queued'
+                     AND ($3::text[] IS NULL OR type = ANY($3)) AND NOT (type = ANY($4))
+                   ORDER BY run_at, id LIMIT $5 FOR UPDATE SKIP LOCKED)
+                 UPDATE jobs j SET state = 'leased', attempts = j.attempts + 1, leases = j.leases + 1,
+                   lease_token = nextval('lease_tokens'), lease_expires_at = $6, lease_started_at = $7,
+                   worker_id = $8
+                 FROM picked WHERE j.id = picked.id
+                 RETURNING j.id, j.type, j.idempotency_key, j.schema_version, j.created_at, j.payload,
+                   j.attempts, j.lease_token, j.run_at";
+
+/// The columns `StoredJob` is read from, in `stored_job`'s order.
+const COLUMNS: &str = "id, type, tenant, lane, state, attempts, lease_started_at, worker_id, \
+     idempotency_key, schema_version, created_at, finished_at, envelope, payload";
+
+/// A change to apply, with what it needs.
+// One op per request, moved once into the channel: boxing the large ones
+// would cost an allocation each and save nothing that matters.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub(super) enum Op {
+    Enqueue(Vec<NewJob>),
+    Lease(LeaseRequest),
+    Complete(Vec<Completion>, Timestamp),
+    Heartbeat(JobId, LeaseToken, Timestamp, Timestamp),
+    Cancel(JobId, Timestamp, AuditEntry),
+    SetPause(crate::PauseTarget, bool, AuditEntry),
+    Tick(Timestamp),
+    RecordAdmission(AdmissionRecord),
+    Redrive(Vec<DeadLetterId>, Timestamp, Option<AuditId>),
+    RedriveCorrected(DeadLetterId, crate::PayloadFix, Timestamp, Option<AuditId>),
+    Purge(Vec<DeadLetterId>, Option<AuditId>),
+    Audit(AuditEntry),
+    Stats,
+    RemoveSucceeded(Timestamp, u32),
+    CreateToken(ApiToken, AuditEntry),
+    RevokeToken(String, AuditEntry),
+    Quarantine(Vec<SourceDeadLetter>),
+    Park(ParkedMessage),
+    Unpark(String, String),
+}
+
+/// What an op answers.
+#[derive(Debug)]
+pub(super) enum Answer {
+    Enqueued(Vec<EnqueueOutcome>),
+    Leased(Vec<LeasedJob>),
+    Completed(Vec<Result<Completed, ItemError>>),
+    Heartbeat(Result<crate::Heartbeat, ItemError>),
+    Cancel(Result<crate::Cancelled, crate::CancelError>),
+    Tick(Tick),
+    DeadLetter(DeadLetterId),
+    Jobs(Vec<JobId>),
+    Job(Option<JobId>),
+    Count(u64),
+    Audit(AuditId),
+    Stats(StoreStats),
+    Token(Result<(), TokenError>),
+    Flag(bool),
+    Quarantined(Vec<Quarantined>),
+    Done,
+}
+
+/// Sends an op's answer to whoever waits for it.
+pub(super) type Reply = Box<dyn FnOnce(Result<Answer, StoreError>) + Send>;
+
+/// An op and where its answer goes; `None` closes the writer.
+pub(super) struct Cmd {
+    pub op: Option<Op>,
+    pub reply: Reply,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Delta {
+    ready: i64,
+    inflight: i64,
+    scheduled: i64,
+    succeeded: i64,
+    cancelled: i64,
+}
+
+/// What the group changed, written before its commit.
+#[derive(Default)]
+struct Group {
+    /// Count changes per (lane, tenant), applied in key order.
+    deltas: BTreeMap<(String, String), Delta>,
+    /// Counts read in this group (before its own deltas).
+    base: HashMap<(String, String), (i64, i64)>,
+    /// Anything may have become leasable: other nodes' long-polls should look.
+    wake: bool,
+    /// Only these (lane, type) pairs became leasable (enqueues).
+    woken: BTreeSet<(String, String)>,
+}
+
+/// At most this many (lane, type) pairs named in one notification; more
+/// wake every waiter (a NOTIFY payload is at most 8000 bytes).
+const WOKEN_MAX: usize = 16;
+
+pub(super) struct Writer {
+    client: Client,
+    /// To connect again when the database restarts or the connection drops.
+    opts: super::PgOptions,
+    /// Why the writer cannot reach the database now (`Store::failure`).
+    down: Arc<std::sync::Mutex<Option<String>>>,
+    statements: HashMap<&'static str, Statement>,
+    scheduler: FairScheduler,
+    decider: Arc<dyn Decider>,
+    clock: Clock,
+    channels: Channels,
+    group: Group,
+    grants: Vec<Grant>,
+    commits: u64,
+    commands: u64,
+    /// Lease ops run since start.
+    leases: u64,
+}
+
+fn ms(t: Timestamp) -> i64 {
+    t.as_millis()
+}
+
+fn corrupt(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(e.to_string())
+}
+
+/// Whether another try alone may succeed: a serialization failure, a
+/// deadlock with another node, or a unique key another node took meanwhile.
+fn retryable(e: &StoreError) -> bool {
+    matches!(e, StoreError::Db(d) if matches!(d.code.as_deref(), Some("40001" | "40P01" | "23505")))
+}
+
+/// A `jobs` row read with [`COLUMNS`] (and extra columns after them).
+pub(super) fn stored_job(r: &Row) -> Result<StoredJob, StoreError> {
+    let state: String = r.get(4);
+    Ok(StoredJob {
+        id: r.get(0),
+        job_type: r.get(1),
+        tenant: r.get(2),
+        lane: r.get(3),
+        state: state.parse::<JobState>().map_err(corrupt)?,
+        attempts: i64::from(r.get::<_, i32>(5)),
+        lease_started_at: r.get(6),
+        worker_id: r.get(7),
+        idempotency_key: r.get(8),
+        schema_version: r.get::<_, Option<i32>>(9).map(i64::from),
+        created_at: r.get(10),
+        finished_at: r.get(11),
+        envelope: r.get(12),
+        payload: r.get(13),
+    })
+}
+
+pub(super) const JOB_COLUMNS: &str = COLUMNS;
+
+impl Writer {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn new(
+        client: Client,
+        opts: super::PgOptions,
+        down: Arc<std::sync::Mutex<Option<String>>>,
+        scheduler: FairScheduler,
+        decider: Arc<dyn Decider>,
+        clock: Clock,
+        channels: Channels,
+    ) -> Self {
+        Writer {
+            client,
+            opts,
+            down,
+            statements: HashMap::new(),
+            scheduler,
+            decider,
+            clock,
+            channels,
+            group: Group::default(),
+            grants: Vec::new(),
+            commits: 0,
+            commands: 0,
+            leases: 0,
+        }
+    }
+
+    pub(super) async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Cmd>) {
+        let mut batch: Vec<Cmd> = Vec::with_capacity(GROUP_MAX);
+        while let Some(first) = rx.recv().await {
+            batch.push(first);
+            while batch.len() < GROUP_MAX {
+                match rx.try_recv() {
+                    Ok(cmd) => batch.push(cmd),
+                    Err(_) => break,
+                }
+            }
+            let close = batch.iter().position(|c| c.op.is_none());
+            let rest = close.map(|i| batch.split_off(i));
+            if !batch.is_empty() {
+                self.run_group(std::mem::take(&mut batch)).await;
+            }
+            if let Some(rest) = rest {
+                // Everything after the close is refused; the close is answered.
+                for (i, cmd) in rest.into_iter().enumerate() {
+                    (cmd.reply)(if i == 0 {
+                        Ok(Answer::Done)
+                    } else {
+                        Err(StoreError::Closed)
+                    });
+                }
+                rx.close();
+                while let Ok(cmd) = rx.try_recv() {
+                    (cmd.reply)(Err(StoreError::Closed));
+                }
+                return;
+            }
+        }
+    }
+
+    async fn run_group(&mut self, batch: Vec<Cmd>) {
+        let ops: Vec<&Op> = batch.iter().filter_map(|c| c.op.as_ref()).collect();
+        match self.transaction(&ops).await {
+            Ok(answers) => {
+                self.commits += 1;
+                self.commands += ops.len() as u64;
+                for (cmd, a) in batch.into_iter().zip(answers) {
+                    (cmd.reply)(Ok(a));
+                }
+            }
+            Err(_) if batch.len() > 1 => {
+                // Each op alone: one bad op must not fail the others.
+                for cmd in batch {
+                    let op = cmd.op.as_ref().expect("closes are split off");
+                    let r = self.alone(op).await;
+                    (cmd.reply)(r);
+                }
+            }
+            Err(first) => {
+                let cmd = batch.into_iter().next().expect("one command");
+                let r = if retryable(&first) {
+                    self.alone(cmd.op.as_ref().expect("closes are split off"))
+                        .await
+                } else {
+                    Err(first)
+                };
+                (cmd.reply)(r);
+            }
+        }
+    }
+
+    async fn alone(&mut self, op: &Op) -> Result<Answer, StoreError> {
+        let mut tries = 0;
+        loop {
+            match self.transaction(&[op]).await {
+                Ok(mut a) => {
+                    self.commits += 1;
+                    self.commands += 1;
+                    return Ok(a.pop().expect("one answer"));
+                }
+                Err(e) if retryable(&e) && tries < RETRIES_MAX => tries += 1,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Connects again if the connection is gone (a database restart, a
+    /// network cut): the ops of a group that met a closed connection failed
+    /// as not applied (or, at COMMIT, unknown), later ones go on.
+    async fn reconnect(&mut self) -> Result<(), StoreError> {
+        if !self.client.is_closed() {
+            return Ok(());
+        }
+        match super::connect(&self.opts, None).await {
+            Ok(c) => {
+                tracing::info!("PostgreSQL: the writer connected again");
+                self.client = c;
+                self.statements.clear();
+                *self.down.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                Ok(())
+            }
+            Err(e) => {
+                *self.down.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Some(format!("the store's database is unreachable: {e}"));
+                Err(e)
+            }
+        }
+    }
+
+    /// Runs ops in one transaction; on any error rolls it back.
+    async fn transaction(&mut self, ops: &[&Op]) -> Result<Vec<Answer>, StoreError> {
+        self.reconnect().await?;
+        self.group = Group::default();
+        pg(self.client.batch_execute("BEGIN").await)?;
+        let r = self.body(ops).await;
+        match r {
+            Ok(answers) => match pg(self.client.batch_execute("COMMIT").await) {
+                Ok(()) => Ok(answers),
+                Err(e) => Err(e),
+            },
+            Err(e) => {
+                let _ = self.client.batch_execute("ROLLBACK").await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn body(&mut self, ops: &[&Op]) -> Result<Vec<Answer>, StoreError> {
+        let db_now = match self.clock {
+            Clock::Caller => None,
+            Clock::Database => {
+                let st = self
+                    .stmt("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::int8")
+                    .await?;
+                let row = pg(self.client.query_one(&st, &[]).await)?;
+                Some(Timestamp::from_millis(row.get(0)))
+            }
+        };
+        let mut answers = Vec::with_capacity(ops.len());
+        for op in ops {
+            answers.push(self.exec(op, db_now).await?);
+        }
+        self.flush_counts().await?;
+        if self.group.wake || !self.group.woken.is_empty() {
+            let woken = std::mem::take(&mut self.group.woken);
+            let payload = if self.group.wake || woken.len() > WOKEN_MAX {
+                String::new()
+            } else {
+                serde_json::to_string(&woken).map_err(corrupt)?
+            };
+            let st = self.stmt("SELECT pg_notify($1, $2)").await?;
+            let channel = self.channels.ready.clone();
+            pg(self.client.execute(&st, &[&channel, &payload]).await)?;
+        }
+        Ok(answers)
+    }
+
+    async fn stmt(&mut self, sql: &'static str) -> Result<Statement, StoreError> {
+        if let Some(s) = self.statements.get(sql) {
+            return Ok(s.clone());
+        }
+        let s = pg(self.client.prepare(sql).await)?;
+        self.statements.insert(sql, s.clone());
+        Ok(s)
+    }
+
+    async fn query(
+        &mut self,
+        sql: &'static str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, StoreError> {
+        let st = self.stmt(sql).await?;
+        pg(self.client.query(&st, params).await)
+    }
+
+    async fn execute(
+        &mut self,
+        sql: &'static str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, StoreError> {
+        let st = self.stmt(sql).await?;
+        pg(self.client.execute(&st, params).await)
+    }
+
+    fn delta(&mut self, lane: &str, tenant: &str) -> &mut Delta {
+        self.group
+            .deltas
+            .entry((lane.to_owned(), tenant.to_owned()))
+            .or_default()
+    }
+
+    /// Writes the group's count changes, in key order (two nodes' groups
+    /// lock the rows in the same order: no deadlock between them).
+    async fn flush_counts(&mut self) -> Result<(), StoreError> {
+        let deltas = std::mem::take(&mut self.group.deltas);
+        let (mut lanes, mut tenants) = (Vec::new(), Vec::new());
+        let (mut ready, mut inflight, mut scheduled, mut succeeded, mut cancelled) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for ((l, t), d) in deltas {
+            if d.ready == 0
+                && d.inflight == 0
+                && d.scheduled == 0
+                && d.succeeded == 0
+                && d.cancelled == 0
+            {
+                continue;
+            }
+            cancelled.push(d.cancelled);
+            lanes.push(l);
+            tenants.push(t);
+            ready.push(d.ready);
+            inflight.push(d.inflight);
+            scheduled.push(d.scheduled);
+            succeeded.push(d.succeeded);
+        }
+        if lanes.is_empty() {
+            return Ok(());
+        }
+        self.execute(
+            "INSERT INTO pairs AS p (lane, tenant, ready, inflight, scheduled, succeeded, cancelled)
+             SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int8[], $6::int8[], $7::int8[])
+             ON CONFLICT (lane, tenant) DO UPDATE SET
+               ready = p.ready + excluded.ready, inflight = p.inflight + excluded.inflight,
+               scheduled = p.scheduled + excluded.scheduled, succeeded = p.succeeded + excluded.succeeded,
+               cancelled = p.cancelled + excluded.cancelled",
+            &[&lanes, &tenants, &ready, &inflight, &scheduled, &succeeded, &cancelled],
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// The (ready, inflight) of a pair now, this group's changes included.
+    async fn counts(&mut self, lane: &str, tenant: &str) -> Result<(i64, i64), StoreError> {
+        let key = (lane.to_owned(), tenant.to_owned());
+        let base = match self.group.base.get(&key) {
+            Some(b) => *b,
+            None => {
+                let rows = self
+                    .query(
+                        "SELECT ready, inflight FROM pairs WHERE lane = $1 AND tenant = $2",
+                        &[&lane, &tenant],
+                    )
+                    .await?;
+                let b = rows.first().map_or((0, 0), |r| (r.get(0), r.get(1)));
+                self.group.base.insert(key.clone(), b);
+                b
+            }
+        };
+        let d = self.group.deltas.get(&key).copied().unwrap_or_default();
+        Ok((base.0 + d.ready, base.1 + d.inflight))
+    }
+
+    async fn exec(&mut self, op: &Op, db_now: Option<Timestamp>) -> Result<Answer, StoreError> {
+        // On the database's clock, a caller's times keep their distance from
+        // the caller's `now` but count from the database's.
+        let rebase = |t: Timestamp, now: Timestamp| match db_now {
+            Some(d) => Timestamp::from_millis(d.as_millis() + (t.as_millis() - now.as_millis())),
+            None => t,
+        };
+        let now_of = |now: Timestamp| db_now.unwrap_or(now);
+        Ok(match op {
+            Op::Enqueue(jobs) => {
+                let jobs: Vec<NewJob> = jobs
+                    .iter()
+                    .map(|j| NewJob {
+                        run_at: rebase(j.run_at, j.now),
+                        now: now_of(j.now),
+                        ..j.clone()
+                    })
+                    .collect();
+                Answer::Enqueued(self.enqueue(&jobs).await?)
+            }
+            Op::Lease(req) => {
+                self.leases += 1;
+                let req = LeaseRequest {
+                    now: now_of(req.now),
+                    ..req.clone()
+                };
+                Answer::Leased(self.lease(&req).await?)
+            }
+            Op::Complete(items, now) => {
+                let now = now_of(*now);
+                let mut out = Vec::with_capacity(items.len());
+                let ids: Vec<i64> = items.iter().map(|i| i.id.0 as i64).collect();
+                let mut rows = self.lock_jobs(&ids).await?;
+                // Successes of leases whose running attempt is in columns
+                // need neither policy nor history (`decide`'s first rule):
+                // one UPDATE for all of them, as SQLite does one per job.
+                let mut succeeded: Vec<i64> = Vec::new();
+                for item in items {
+                    if let Some(done) = self.try_succeed(&mut rows, item, now).await? {
+                        succeeded.push(done.id.0 as i64);
+                        out.push(Ok(done));
+                        continue;
+                    }
+                    out.push(
+                        self.complete_one(
+                            &mut rows,
+                            item.id,
+                            Some(item.token),
+                            item.event.clone(),
+                            now,
+                        )
+                        .await?,
+                    );
+                }
+                if !succeeded.is_empty() {
+                    self.execute(
+                        "UPDATE jobs SET state = 'succeeded', finished_at = $2, lease_token = NULL,
+                           lease_expires_at = NULL
+                         WHERE id = ANY($1)",
+                        &[&succeeded, &ms(now)],
+                    )
+                    .await?;
+                }
+                Answer::Completed(out)
+            }
+            Op::Heartbeat(id, token, until, now) => {
+                let until = rebase(*until, *now);
+                Answer::Heartbeat(self.heartbeat(*id, *token, until, now_of(*now)).await?)
+            }
+            Op::Cancel(id, now, entry) => {
+                Answer::Cancel(self.cancel(*id, now_of(*now), entry.clone()).await?)
+            }
+            Op::SetPause(target, paused, entry) => {
+                Answer::Flag(self.set_pause(target, *paused, entry).await?)
+            }
+            Op::Tick(now) => Answer::Tick(self.tick(now_of(*now)).await?),
+            Op::RecordAdmission(rec) => {
+                let rec = AdmissionRecord {
+                    now: now_of(rec.now),
+                    ..rec.clone()
+                };
+                Answer::DeadLetter(self.record_admission(&rec).await?)
+            }
+            Op::Redrive(ids, now, audit) => {
+                Answer::Jobs(self.redrive(ids, now_of(*now), *audit).await?)
+            }
+            Op::RedriveCorrected(id, fix, now, audit) => Answer::Job(
+                self.redrive_corrected(*id, fix, now_of(*now), *audit)
+                    .await?,
+            ),
+            Op::Purge(ids, audit) => Answer::Count(self.purge(ids, *audit).await?),
+            Op::Audit(e) => Answer::Audit(self.audit(e).await?),
+            Op::Stats => Answer::Stats(self.stats().await?),
+            Op::RemoveSucceeded(before, batch) => {
+                Answer::Count(self.remove_succeeded(*before, *batch).await?)
+            }
+            Op::CreateToken(t, e) => Answer::Token(self.create_token(t, e).await?),
+            Op::RevokeToken(name, e) => Answer::Flag(self.revoke_token(name, e).await?),
+            Op::Quarantine(dls) => {
+                let mut out = Vec::with_capacity(dls.len());
+                for dl in dls {
+                    out.push(self.quarantine(dl).await?);
+                }
+                Answer::Quarantined(out)
+            }
+            Op::Park(p) => {
+                self.park(p).await?;
+                Answer::Done
+            }
+            Op::Unpark(source, id) => Answer::Flag(self.unpark(source, id).await?),
+        })
+    }
+
+    // -----------------------------------------------------------------
+    // Jobs.
+
+    async fn enqueue(&mut self, jobs: &[NewJob]) -> Result<Vec<EnqueueOutcome>, StoreError> {
+        let mut out: Vec<Option<EnqueueOutcome>> = vec![None; jobs.len()];
+        // Keys seen before, in one statement.
+        let keyed: Vec<usize> = (0..jobs.len())
+            .filter(|&i| jobs[i].idempotency_key.is_some())
+            .collect();
+        let mut existing: HashMap<(String, String, String), (i64, String, i64)> = HashMap::new();
+        if !keyed.is_empty() {
+            let tenants: Vec<&str> = keyed.iter().map(|&i| jobs[i].tenant.as_str()).collect();
+            let types: Vec<&str> = keyed.iter().map(|&i| jobs[i].job_type.as_str()).collect();
+            let keys: Vec<&str> = keyed
+                .iter()
+                .map(|&i| jobs[i].idempotency_key.as_deref().unwrap_or_default())
+                .collect();
+            let rows = self
+                .query(
+                    "SELECT j.tenant, j.type, j.idempotency_key, j.id, j.state, j.run_at FROM jobs j
+                     JOIN unnest($1::text[], $2::text[], $3::text[]) AS k(tenant, type, key)
+                       ON j.tenant = k.tenant AND j.type = k.type AND j.idempotency_key = k.key",
+                    &[&tenants, &types, &keys],
+                )
+                .await?;
+            for r in rows {
+                existing.insert(
+                    (r.get(0), r.get(1), r.get(2)),
+                    (r.get(3), r.get(4), r.get(5)),
+                );
+            }
+        }
+        let mut fresh: Vec<usize> = Vec::new();
+        for (i, job) in jobs.iter().enumerate() {
+            if let Some(key) = &job.idempotency_key {
+                let k = (
+                    job.tenant.as_str().to_owned(),
+                    job.job_type.as_str().to_owned(),
+                    key.clone(),
+                );
+                if existing.get(&k).is_some_and(|(id, _, _)| *id < 0) {
+                    // A duplicate of a job earlier in this batch: answered below.
+                    continue;
+                }
+                if let Some((id, state, run_at)) = existing.get(&k) {
+                    let mut state: JobState = state.parse().map_err(corrupt)?;
+                    if state == JobState::Scheduled && *run_at <= ms(job.now) {
+                        state = JobState::Queued;
+                    }
+                    out[i] = Some(EnqueueOutcome::Duplicate {
+                        id: JobId(*id as u64),
+                        state,
+                    });
+                    continue;
+                }
+                // Later in the same batch, this job is the one found.
+                let state = if job.run_at > job.now {
+                    "scheduled"
+                } else {
+                    "queued"
+                };
+                existing.insert(k, (-(i as i64) - 1, state.to_owned(), ms(job.run_at)));
+            }
+            fresh.push(i);
+        }
+        if !fresh.is_empty() {
+            let n = fresh.len() as i64;
+            let rows = self
+                .query(
+                    "SELECT nextval(pg_get_serial_sequence('jobs', 'id')) FROM generate_series(1, $1::int8)",
+                    &[&n],
+                )
+                .await?;
+            let ids: Vec<i64> = rows.iter().map(|r| r.get(0)).collect();
+            let mut c = InsertColumns::default();
+            for (&i, &id) in fresh.iter().zip(&ids) {
+                let job = &jobs[i];
+                let state = if job.run_at > job.now {
+                    JobState::Scheduled
+                } else {
+                    JobState::Queued
+                };
+                c.push(id, job, state);
+                out[i] = Some(EnqueueOutcome::Created {
+                    id: JobId(id as u64),
+                    state,
+                    inflight: 0,
+                });
+            }
+            self.execute(
+                "INSERT INTO jobs (id, type, tenant, lane, state, run_at, attempts, idempotency_key,
+                   schema_version, enqueued_by, created_at, payload)
+                 SELECT id, type, tenant, lane, state, run_at, 0, key, schema_version, enqueued_by, created_at, payload
+                 FROM unnest($1::int8[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int8[], $7::text[],
+                             $8::int4[], $9::text[], $10::int8[], $11::bytea[])
+                   AS u(id, type, tenant, lane, state, run_at, key, schema_version, enqueued_by, created_at, payload)",
+                &[
+                    &c.ids, &c.types, &c.tenants, &c.lanes, &c.states, &c.run_at, &c.keys,
+                    &c.schema_versions, &c.enqueued_by, &c.created_at, &c.payloads,
+                ],
+            )
+            .await?;
+        }
+        // Duplicates of a job created earlier in this batch.
+        for (i, job) in jobs.iter().enumerate() {
+            if out[i].is_some() {
+                continue;
+            }
+            let key = job.idempotency_key.clone().unwrap_or_default();
+            let k = (
+                job.tenant.as_str().to_owned(),
+                job.job_type.as_str().to_owned(),
+                key,
+            );
+            let (first, _, _) = existing[&k];
+            let first = (-first - 1) as usize;
+            let Some(EnqueueOutcome::Created { id, state, .. }) = out[first].clone() else {
+                return Err(corrupt("a batch duplicate without its first job"));
+            };
+            out[i] = Some(EnqueueOutcome::Duplicate { id, state });
+        }
+        let mut done = Vec::with_capacity(jobs.len());
+        for (job, o) in jobs.iter().zip(out) {
+            let mut o = o.expect("every job answered");
+            if let EnqueueOutcome::Created {
+                state, inflight, ..
+            } = &mut o
+            {
+                let (lane, tenant) = (job.lane.as_str(), job.tenant.as_str());
+                *inflight = self.counts(lane, tenant).await?.1.max(0) as u32;
+                if *state == JobState::Scheduled {
+                    self.delta(lane, tenant).scheduled += 1;
+                } else {
+                    self.delta(lane, tenant).ready += 1;
+                    self.group
+                        .woken
+                        .insert((lane.to_owned(), job.job_type.as_str().to_owned()));
+                }
+            }
+            done.push(o);
+        }
+        Ok(done)
+    }
+
+    async fn lease(&mut self, req: &LeaseRequest) -> Result<Vec<LeasedJob>, StoreError> {
+        let mut out: Vec<LeasedJob> = Vec::new();
+        let lane_ok = |lane: &str| {
+            req.lanes
+                .as_ref()
+                .is_none_or(|ls| ls.iter().any(|l| l.as_str() == lane))
+                && !req.exclude_lanes.iter().any(|l| l.as_str() == lane)
+        };
+        let types: Option<Vec<String>> = req
+            .types
+            .as_ref()
+            .map(|ts| ts.iter().map(|t| t.as_str().to_owned()).collect());
+        if types.as_ref().is_some_and(Vec::is_empty) || req.max_jobs == 0 {
+            return Ok(out);
+        }
+        // As in SQLite: types with a probe limit (half-open breakers) are
+        // leased by a query of their own, up to what is left of the limit,
+        // and kept out of the main one.
+        let mut excluded: Vec<String> = req
+            .exclude_types
+            .iter()
+            .map(|t| t.as_str().to_owned())
+            .collect();
+        let mut limits: Vec<(String, u32)> = Vec::new();
+        for (t, n) in &req.type_limits {
+            excluded.push(t.as_str().to_owned());
+            let wanted = types
+                .as_ref()
+                .is_none_or(|ts| ts.iter().any(|x| x == t.as_str()));
+            if *n > 0 && wanted && !req.exclude_types.contains(t) {
+                limits.push((t.as_str().to_owned(), *n));
+            }
+        }
+        // The pairs with ready jobs, locked: their counts are the cluster's
+        // until this group commits.
+        let only_lanes: Option<Vec<&str>> = req
+            .lanes
+            .as_ref()
+            .map(|ls| ls.iter().map(|l| l.as_str()).collect());
+        let not_lanes: Vec<&str> = req.exclude_lanes.iter().map(|l| l.as_str()).collect();
+        // Lane reserves are shares of every lease held: pairs that hold
+        // leases with nothing ready count then too (as in SQLite).
+        let held_too = self.scheduler.config().has_reserves();
+        let rows = self
+            .query(
+                "SELECT lane, tenant, ready, inflight FROM pairs
+                 WHERE (ready > 0 OR ($3 AND inflight > 0))
+                   AND ($1::text[] IS NULL OR lane = ANY($1)) AND NOT (lane = ANY($2))
+                 ORDER BY lane, tenant FOR UPDATE",
+                &[&only_lanes, &not_lanes, &held_too],
+            )
+            .await?;
+        let mut pairs: Vec<((Lane, TenantId), (i64, i64))> = Vec::new();
+        for r in rows {
+            let (lane, tenant): (String, String) = (r.get(0), r.get(1));
+            let base: (i64, i64) = (r.get(2), r.get(3));
+            self.group.base.insert((lane.clone(), tenant.clone()), base);
+            if lane_ok(&lane) {
+                pairs.push(((Lane::new(lane), TenantId::new(tenant)), base));
+            }
+        }
+        // Pairs made ready by this group only (enqueued earlier in it).
+        let unseen: Vec<(String, String)> = self
+            .group
+            .deltas
+            .iter()
+            .filter(|(k, d)| {
+                d.ready > 0
+                    && !pairs
+                        .iter()
+                        .any(|((l, t), _)| l.as_str() == k.0 && t.as_str() == k.1)
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        for (lane, tenant) in unseen {
+            if lane_ok(&lane) {
+                self.counts(&lane, &tenant).await?;
+                let base = self.group.base[&(lane.clone(), tenant.clone())];
+                pairs.push(((Lane::new(lane), TenantId::new(tenant)), base));
+            }
+        }
+        let mut short: HashSet<(Lane, TenantId)> = HashSet::new();
+        for _round in 0..PICK_ROUNDS_MAX {
+            let remaining = req.max_jobs.saturating_sub(out.len() as u32);
+            if remaining == 0 {
+                break;
+            }
+            let mut keys: Vec<((Lane, TenantId), (u32, u32))> = Vec::new();
+            for (key, base) in &pairs {
+                if short.contains(key) {
+                    continue;
+                }
+                let d = self
+                    .group
+                    .deltas
+                    .get(&(key.0.as_str().to_owned(), key.1.as_str().to_owned()))
+                    .copied()
+                    .unwrap_or_default();
+                let (ready, inflight) = (base.0 + d.ready, base.1 + d.inflight);
+                if ready > 0 || (held_too && inflight > 0) {
+                    keys.push((key.clone(), (ready.max(0) as u32, inflight.max(0) as u32)));
+                }
+            }
+            if keys.is_empty() {
+                break;
+            }
+            let demand: Vec<Demand<'_>> = keys
+                .iter()
+                .map(|((lane, tenant), (ready, inflight))| Demand {
+                    lane,
+                    tenant,
+                    ready: *ready,
+                    inflight: *inflight,
+                })
+                .collect();
+            let mut grants = std::mem::take(&mut self.grants);
+            self.scheduler.pick(&demand, remaining, &mut grants);
+            drop(demand);
+            if grants.is_empty() {
+                self.grants = grants;
+                break;
+            }
+            if limits.is_empty() {
+                // No probe quotas: every grant's statement goes out at once
+                // (pipelined on the one connection), not one round trip each.
+                let wanted: Vec<((Lane, TenantId), u32)> = grants
+                    .iter()
+                    .map(|g| (keys[g.demand_index].0.clone(), g.count))
+                    .collect();
+                self.grants = grants;
+                let got = self
+                    .lease_pairs(req, &wanted, types.as_ref(), &excluded, &mut out)
+                    .await?;
+                for ((key, count), n) in wanted.into_iter().zip(got) {
+                    if n < count {
+                        short.insert(key);
+                    }
+                }
+                continue;
+            }
+            for g in grants.iter() {
+                let (key, _) = &keys[g.demand_index];
+                let mut got = 0;
+                for (t, left) in limits.iter_mut().filter(|(_, left)| *left > 0) {
+                    let n = (*left).min(g.count - got);
+                    if n == 0 {
+                        break;
+                    }
+                    let only = vec![t.clone()];
+                    let leased = self
+                        .lease_from_pair(req, key, n, Some(&only), &[], &mut out)
+                        .await?;
+                    *left -= leased;
+                    got += leased;
+                }
+                if got < g.count {
+                    got += self
+                        .lease_from_pair(
+                            req,
+                            key,
+                            g.count - got,
+                            types.as_ref(),
+                            &excluded,
+                            &mut out,
+                        )
+                        .await?;
+                }
+                if got < g.count {
+                    short.insert(key.clone());
+                }
+            }
+            self.grants = grants;
+        }
+        Ok(out)
+    }
+
+    /// [`LEASE_SQL`] for several pairs at once, pipelined; how many each got.
+    async fn lease_pairs(
+        &mut self,
+        req: &LeaseRequest,
+        wanted: &[((Lane, TenantId), u32)],
+        types: Option<&Vec<String>>,
+        excluded: &[String],
+        out: &mut Vec<LeasedJob>,
+    ) -> Result<Vec<u32>, StoreError> {
+        let st = self.stmt(LEASE_SQL).await?;
+        let expires = req.now.saturating_add(req.lease);
+        let excluded: Vec<&str> = excluded.iter().map(String::as_str).collect();
+        let types: Option<Vec<&str>> = types.map(|ts| ts.iter().map(String::as_str).collect());
+        let (exp, now, worker) = (ms(expires), ms(req.now), req.worker_id.as_str());
+        let owned: Vec<(&str, &str, i64)> = wanted
+            .iter()
+            .map(|((l, t), n)| (l.as_str(), t.as_str(), i64::from(*n)))
+            .collect();
+        let params: Vec<[&(dyn ToSql + Sync); 8]> = owned
+            .iter()
+            .map(|(l, t, n)| -> [&(dyn ToSql + Sync); 8] {
+                [l, t, &types, &excluded, n, &exp, &now, &worker]
+            })
+            .collect();
+        let client = &self.client;
+        let results =
+            futures_util::future::join_all(params.iter().map(|p| client.query(&st, p.as_slice())))
+                .await;
+        let mut counts = Vec::with_capacity(wanted.len());
+        for (((lane, tenant), _), rows) in wanted.iter().zip(results) {
+            let rows = pg(rows)?;
+            counts.push(self.take_leased(&rows, lane, tenant, expires, out));
+        }
+        Ok(counts)
+    }
+
+    /// The jobs a [`LEASE_SQL`] returned, oldest first, into `out`; counted
+    /// into the group's deltas.
+    fn take_leased(
+        &mut self,
+        rows: &[Row],
+        lane: &Lane,
+        tenant: &TenantId,
+        expires: Timestamp,
+        out: &mut Vec<LeasedJob>,
+    ) -> u32 {
+        let mut got: Vec<(i64, LeasedJob)> = rows
+            .iter()
+            .map(|r| {
+                (
+                    r.get::<_, i64>(8),
+                    LeasedJob {
+                        id: JobId(r.get::<_, i64>(0) as u64),
+                        job_type: JobType::new(r.get::<_, String>(1)),
+                        tenant: tenant.clone(),
+                        lane: lane.clone(),
+                        payload: r.get(5),
+                        attempt: r.get::<_, i32>(6) as u32,
+                        idempotency_key: r.get(2),
+                        schema_version: r.get::<_, Option<i32>>(3).map(|v| v as u32),
+                        lease_token: LeaseToken(r.get::<_, i64>(7) as u64),
+                        lease_expires_at: expires,
+                        created_at: Timestamp::from_millis(r.get(4)),
+                        ready_at: Timestamp::from_millis(r.get(8)),
+                    },
+                )
+            })
+            .collect();
+        got.sort_by_key(|(run_at, j)| (*run_at, j.id));
+        let n = got.len() as u32;
+        out.extend(got.into_iter().map(|(_, j)| j));
+        let d = self.delta(lane.as_str(), tenant.as_str());
+        d.ready -= i64::from(n);
+        d.inflight += i64::from(n);
+        n
+    }
+
+    /// Leases up to `count` queued jobs of one (lane, tenant) ([`LEASE_SQL`]).
+    async fn lease_from_pair(
+        &mut self,
+        req: &LeaseRequest,
+        (lane, tenant): &(Lane, TenantId),
+        count: u32,
+        types: Option<&Vec<String>>,
+        excluded: &[String],
+        out: &mut Vec<LeasedJob>,
+    ) -> Result<u32, StoreError> {
+        let expires = req.now.saturating_add(req.lease);
+        let excluded: Vec<&str> = excluded.iter().map(String::as_str).collect();
+        let types: Option<Vec<&str>> = types.map(|ts| ts.iter().map(String::as_str).collect());
+        let rows = self
+            .query(
+                LEASE_SQL,
+                &[
+                    &lane.as_str(),
+                    &tenant.as_str(),
+                    &types,
+                    &excluded,
+                    &i64::from(count),
+                    &ms(expires),
+                    &ms(req.now),
+                    &req.worker_id.as_str(),
+                ],
+            )
+            .await?;
+        Ok(self.take_leased(&rows, lane, tenant, expires, out))
+    }
+
+    /// Locks the jobs an outcome batch names, by id order (two batches lock
+    /// in the same order), and reads them with their lease columns.
+    async fn lock_jobs(&mut self, ids: &[i64]) -> Result<HashMap<i64, Locked>, StoreError> {
+        let rows = self
+            .query(
+                "SELECT id, type, tenant, lane, state, attempts, lease_started_at, worker_id,
+                   idempotency_key, schema_version, created_at, finished_at, envelope, payload,
+                   lease_token, lease_expires_at, cancel_requested
+                 FROM jobs WHERE id = ANY($1) ORDER BY id FOR UPDATE",
+                &[&ids],
+            )
+            .await?;
+        let mut out = HashMap::with_capacity(rows.len());
+        for r in rows {
+            let job = stored_job(&r)?;
+            out.insert(job.id, (job, r.get(14), r.get(15), r.get(16)));
+        }
+        Ok(out)
+    }
+
+    /// A worker's success on its current, unexpired lease with the running
+    /// attempt in columns (`lease_started_at`): answered here, written by
+    /// the caller's one UPDATE for the batch. `None`: the general path.
+    async fn try_succeed(
+        &mut self,
+        rows: &mut HashMap<i64, Locked>,
+        item: &Completion,
+        now: Timestamp,
+    ) -> Result<Option<Completed>, StoreError> {
+        if !matches!(item.event, Event::Succeeded) {
+            return Ok(None);
+        }
+        let Some((stored, current, expires_at, _)) = rows.get_mut(&(item.id.0 as i64)) else {
+            return Ok(None);
+        };
+        let live = stored.state == JobState::Leased
+            && *current == Some(item.token.0 as i64)
+            && expires_at.is_some_and(|end| end > ms(now))
+            && stored.lease_started_at.is_some();
+        if !live {
+            return Ok(None);
+        }
+        // No envelope yet means no redrive yet.
+        let redrives = match &stored.envelope {
+            Some(_) => stored.envelope()?.redrives,
+            None => 0,
+        };
+        let leased_at = stored.lease_started_at.map(Timestamp::from_millis);
+        stored.state = JobState::Succeeded;
+        *current = None;
+        let (lane, tenant) = (
+            Lane::new(stored.lane.clone()),
+            TenantId::new(stored.tenant.clone()),
+        );
+        let (job_type, attempt) = (
+            JobType::new(stored.job_type.clone()),
+            stored.attempts as u32,
+        );
+        let freed_slot = self.release_slot(&lane, &tenant).await?;
+        self.delta(lane.as_str(), tenant.as_str()).succeeded += 1;
+        Ok(Some(Completed {
+            id: item.id,
+            job_type,
+            lane,
+            transition: Transition::Succeeded,
+            attempt,
+            kind: None,
+            class: None,
+            dead_letter: None,
+            message: None,
+            redrives,
+            freed_slot,
+            leased_at,
+        }))
+    }
+
+    /// Applies one outcome to a locked job. `token: None` is the reaper.
+    async fn complete_one(
+        &mut self,
+        rows: &mut HashMap<i64, Locked>,
+        id: JobId,
+        token: Option<LeaseToken>,
+        event: Event,
+        now: Timestamp,
+    ) -> Result<Result<Completed, ItemError>, StoreError> {
+        let Some((stored, current, expires_at, cancel_requested)) = rows.get_mut(&(id.0 as i64))
+        else {
+            return Ok(Err(ItemError::NotFound));
+        };
+        let cancel_requested = *cancel_requested;
+        if stored.state != JobState::Leased {
+            return Ok(Err(ItemError::LeaseLost));
+        }
+        if let Some(token) = token {
+            let ended = expires_at.is_some_and(|end| end <= ms(now));
+            if Some(token.0 as i64) != *current || ended {
+                return Ok(Err(ItemError::LeaseLost));
+            }
+        }
+        let mut env = stored.envelope()?;
+        let leased_at = stored.lease_started_at.map(Timestamp::from_millis);
+        let attempt = env.attempts;
+        let decided = self.decider.decide(&mut env, event, now);
+        let transition = lazaret_core::settle(&mut env, decided, cancel_requested);
+        // A later item of the same batch finds the job as it is now.
+        stored.state = transition.next_state(now);
+        *current = None;
+        let payload = std::mem::take(&mut stored.payload);
+        let (dead_letter, freed_slot) = self.apply(&env, transition, now, &payload).await?;
+        if let Some((s, _, _, _)) = rows.get_mut(&(id.0 as i64)) {
+            s.payload = payload;
+        }
+        let (kind, class, message) = env
+            .history
+            .last()
+            .and_then(|r| r.error.as_ref())
+            .filter(|_| transition != Transition::Succeeded)
+            .map_or((None, None, None), |e| {
+                (Some(e.kind.clone()), e.class, Some(e.message.clone()))
+            });
+        Ok(Ok(Completed {
+            id,
+            job_type: env.job_type.clone(),
+            lane: env.lane.clone(),
+            transition,
+            attempt,
+            kind,
+            class,
+            dead_letter,
+            message,
+            redrives: env.redrives,
+            freed_slot,
+            leased_at,
+        }))
+    }
+
+    /// A leased job of (lane, tenant) leaves the in-flight set; whether that
+    /// freed a slot of a tenant at its cap with jobs ready.
+    async fn release_slot(&mut self, lane: &Lane, tenant: &TenantId) -> Result<bool, StoreError> {
+        let cap = i64::from(self.scheduler.inflight_max(tenant));
+        let (ready, inflight) = self.counts(lane.as_str(), tenant.as_str()).await?;
+        self.delta(lane.as_str(), tenant.as_str()).inflight -= 1;
+        let freed = inflight >= cap && ready > 0;
+        if freed {
+            self.group.wake = true;
+        }
+        Ok(freed)
+    }
+
+    /// Writes a leased job's transition: the envelope, the state, and for a
+    /// dead letter its record, in this transaction.
+    async fn apply(
+        &mut self,
+        env: &Envelope,
+        transition: Transition,
+        now: Timestamp,
+        payload: &[u8],
+    ) -> Result<(Option<DeadLetterId>, bool), StoreError> {
+        let id = env.id.0 as i64;
+        let freed_slot = self.release_slot(&env.lane, &env.tenant).await?;
+        let (lane, tenant) = (env.lane.as_str(), env.tenant.as_str());
+        match transition {
+            Transition::Succeeded => {
+                self.finish(env, JobState::Succeeded, now).await?;
+                self.delta(lane, tenant).succeeded += 1;
+                Ok((None, freed_slot))
+            }
+            Transition::Retry { at, .. } | Transition::Defer { until: at } => {
+                let state = transition.next_state(now);
+                self.execute(
+                    "UPDATE jobs SET state = $2, run_at = $3, lease_token = NULL, lease_expires_at = NULL,
+                     lease_started_at = NULL, worker_id = NULL, attempts = $4, envelope = $5 WHERE id = $1",
+                    &[&id, &state.as_str(), &ms(at), &(env.attempts as i32), &env.to_json()],
+                )
+                .await?;
+                if state == JobState::Queued {
+                    self.delta(lane, tenant).ready += 1;
+                    self.group.wake = true;
+                } else {
+                    self.delta(lane, tenant).scheduled += 1;
+                }
+                Ok((None, freed_slot))
+            }
+            Transition::Cancelled => {
+                self.finish(env, JobState::Cancelled, now).await?;
+                self.delta(lane, tenant).cancelled += 1;
+                Ok((None, freed_slot))
+            }
+            Transition::DeadLetter { reason } => {
+                self.finish(env, JobState::DeadLettered, now).await?;
+                let error = env
+                    .last_error()
+                    .map(|e| serde_json::to_string(e).unwrap_or_default());
+                let rows = self
+                    .query(
+                        "INSERT INTO dead_letters (job_id, type, tenant, lane, reason, stage, attempts, error,
+                           idempotency_key, created_at, dead_lettered_at, payload_size, payload_sha256, payload_preview)
+                         VALUES ($1, $2, $3, $4, $5, 'processing', $6, $7, $8, $9, $10, $11, $12, $13)
+                         RETURNING id",
+                        &[
+                            &id,
+                            &env.job_type.as_str(),
+                            &tenant,
+                            &lane,
+                            &reason.as_str(),
+                            &(env.attempts as i32),
+                            &error,
+                            &env.idempotency_key,
+                            &ms(env.created_at),
+                            &ms(now),
+                            &(env.payload_size as i64),
+                            &env.payload_sha256,
+                            &payload_preview(payload, 4096),
+                        ],
+                    )
+                    .await?;
+                let dl: i64 = rows
+                    .first()
+                    .map(|r| r.get(0))
+                    .ok_or_else(|| corrupt("no id"))?;
+                Ok((Some(DeadLetterId(dl as u64)), freed_slot))
+            }
+        }
+    }
+
+    async fn finish(
+        &mut self,
+        env: &Envelope,
+        state: JobState,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        self.execute(
+            "UPDATE jobs SET state = $2, finished_at = $3, lease_token = NULL, lease_expires_at = NULL,
+             lease_started_at = NULL, worker_id = NULL, attempts = $4, envelope = $5 WHERE id = $1",
+            &[
+                &(env.id.0 as i64),
+                &state.as_str(),
+                &ms(now),
+                &(env.attempts as i32),
+                &env.to_json(),
+            ],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn heartbeat(
+        &mut self,
+        id: JobId,
+        token: LeaseToken,
+        until: Timestamp,
+        now: Timestamp,
+    ) -> Result<Result<crate::Heartbeat, ItemError>, StoreError> {
+        let rows = self
+            .query(
+                "UPDATE jobs SET lease_expires_at = $2
+                 WHERE id = $1 AND state = 'leased' AND lease_token = $3 AND lease_expires_at > $4
+                 RETURNING cancel_requested",
+                &[&(id.0 as i64), &ms(until), &(token.0 as i64), &ms(now)],
+            )
+            .await?;
+        if let Some(r) = rows.first() {
+            return Ok(Ok(crate::Heartbeat {
+                lease_expires_at: until,
+                cancel_requested: r.get(0),
+            }));
+        }
+        let exists = self
+            .query("SELECT 1 FROM jobs WHERE id = $1", &[&(id.0 as i64)])
+            .await?;
+        Ok(Err(if exists.is_empty() {
+            ItemError::NotFound
+        } else {
+            ItemError::LeaseLost
+        }))
+    }
+
+    /// Applies `lazaret_core::cancel`'s decision for the job's state, and
+    /// the audit entry when the cancel is accepted.
+    async fn cancel(
+        &mut self,
+        id: JobId,
+        now: Timestamp,
+        mut entry: AuditEntry,
+    ) -> Result<Result<crate::Cancelled, crate::CancelError>, StoreError> {
+        let rows = self
+            .query(
+                "SELECT state, lane, tenant, cancel_requested FROM jobs WHERE id = $1 FOR UPDATE",
+                &[&(id.0 as i64)],
+            )
+            .await?;
+        let Some(r) = rows.first() else {
+            return Ok(Err(crate::CancelError::NotFound));
+        };
+        let (state, lane, tenant, requested): (String, String, String, bool) =
+            (r.get(0), r.get(1), r.get(2), r.get(3));
+        let state: JobState = state.parse().map_err(corrupt)?;
+        let answer = match lazaret_core::cancel(state, requested) {
+            lazaret_core::CancelDecision::Refuse { state } => {
+                return Ok(Err(crate::CancelError::Finished(state)));
+            }
+            lazaret_core::CancelDecision::CancelNow => {
+                self.execute(
+                    "UPDATE jobs SET state = 'cancelled', finished_at = $2, cancel_requested = true
+                     WHERE id = $1",
+                    &[&(id.0 as i64), &ms(now)],
+                )
+                .await?;
+                let d = self.delta(&lane, &tenant);
+                if state == JobState::Queued {
+                    d.ready -= 1;
+                } else {
+                    d.scheduled -= 1;
+                }
+                d.cancelled += 1;
+                entry.count = 1;
+                crate::Cancelled::Now
+            }
+            lazaret_core::CancelDecision::Request => {
+                self.execute(
+                    "UPDATE jobs SET cancel_requested = true WHERE id = $1",
+                    &[&(id.0 as i64)],
+                )
+                .await?;
+                entry.count = 1;
+                crate::Cancelled::Requested { already: false }
+            }
+            lazaret_core::CancelDecision::AlreadyRequested => {
+                entry.count = 0;
+                crate::Cancelled::Requested { already: true }
+            }
+        };
+        self.audit(&entry).await?;
+        Ok(Ok(answer))
+    }
+
+    /// Records a pause or drops it, with its audit entry; whether it changed.
+    async fn set_pause(
+        &mut self,
+        target: &crate::PauseTarget,
+        paused: bool,
+        entry: &AuditEntry,
+    ) -> Result<bool, StoreError> {
+        let n = if paused {
+            self.execute(
+                "INSERT INTO pauses (target, name, paused_at, paused_by) VALUES ($1, $2, $3, $4)
+                 ON CONFLICT (target, name) DO NOTHING",
+                &[&target.kind(), &target.name(), &ms(entry.at), &entry.actor],
+            )
+            .await?
+        } else {
+            self.execute(
+                "DELETE FROM pauses WHERE target = $1 AND name = $2",
+                &[&target.kind(), &target.name()],
+            )
+            .await?
+        };
+        if !paused && n > 0 {
+            self.group.wake = true;
+        }
+        self.audit(entry).await?;
+        Ok(n > 0)
+    }
+
+    async fn tick(&mut self, now: Timestamp) -> Result<Tick, StoreError> {
+        let mut tick = Tick::default();
+        let promoted = self
+            .query(
+                "WITH due AS (
+                   SELECT id FROM jobs WHERE state = 'scheduled' AND run_at <= $1
+                   ORDER BY run_at LIMIT $2 FOR UPDATE SKIP LOCKED)
+                 UPDATE jobs j SET state = 'queued' FROM due WHERE j.id = due.id
+                 RETURNING j.lane, j.tenant",
+                &[&ms(now), &PROMOTE_MAX],
+            )
+            .await?;
+        for r in &promoted {
+            let (lane, tenant): (String, String) = (r.get(0), r.get(1));
+            let d = self.delta(&lane, &tenant);
+            d.scheduled -= 1;
+            d.ready += 1;
+            tick.promoted += 1;
+            self.group.wake = true;
+        }
+        let expired = self
+            .query(
+                "SELECT id FROM jobs WHERE state = 'leased' AND lease_expires_at <= $1
+                 ORDER BY lease_expires_at LIMIT $2 FOR UPDATE SKIP LOCKED",
+                &[&ms(now), &EXPIRE_MAX],
+            )
+            .await?;
+        let ids: Vec<i64> = expired.iter().map(|r| r.get(0)).collect();
+        if !ids.is_empty() {
+            let mut rows = self.lock_jobs(&ids).await?;
+            for id in ids {
+                if let Ok(done) = self
+                    .complete_one(&mut rows, JobId(id as u64), None, Event::LeaseExpired, now)
+                    .await?
+                {
+                    tick.expired.push(done);
+                }
+            }
+        }
+        let next = self
+            .query(
+                "SELECT run_at FROM jobs WHERE state = 'scheduled' ORDER BY run_at LIMIT 1",
+                &[],
+            )
+            .await?;
+        tick.next_due = next.first().map(|r| Timestamp::from_millis(r.get(0)));
+        Ok(tick)
+    }
+
+    // -----------------------------------------------------------------
+    // Dead letters, audit, tokens.
+
+    async fn record_admission(
+        &mut self,
+        rec: &AdmissionRecord,
+    ) -> Result<DeadLetterId, StoreError> {
+        let error = serde_json::json!({
+            "class": "permanent", "kind": rec.reason.as_str(), "message": rec.message,
+            "traceback": null, "retry_after_ms": null,
+        })
+        .to_string();
+        let rows = self
+            .query(
+                "INSERT INTO dead_letters (job_id, type, tenant, lane, reason, stage, attempts, error,
+                   idempotency_key, created_at, dead_lettered_at, payload_size, payload_sha256, payload_preview, payload)
+                 VALUES (NULL, $1, $2, $3, $4, 'admission', 0, $5, $6, $7, $7, $8, $9, $10, $11)
+                 RETURNING id",
+                &[
+                    &rec.job_type,
+                    &rec.tenant,
+                    &rec.lane,
+                    &rec.reason.as_str(),
+                    &error,
+                    &rec.idempotency_key,
+                    &ms(rec.now),
+                    &(rec.payload_size as i64),
+                    &rec.payload_sha256,
+                    &rec.payload_preview,
+                    &rec.payload,
+                ],
+            )
+            .await?;
+        Ok(DeadLetterId(rows[0].get::<_, i64>(0) as u64))
+    }
+
+    async fn redrive(
+        &mut self,
+        ids: &[DeadLetterId],
+        now: Timestamp,
+        audit: Option<AuditId>,
+    ) -> Result<Vec<JobId>, StoreError> {
+        let mut out = Vec::new();
+        for dl in ids {
+            let rows = self
+                .query(
+                    "SELECT job_id FROM dead_letters WHERE id = $1 AND stage = 'processing' FOR UPDATE",
+                    &[&(dl.0 as i64)],
+                )
+                .await?;
+            let Some(job_id) = rows.first().and_then(|r| r.get::<_, Option<i64>>(0)) else {
+                continue;
+            };
+            let rows = self
+                .query(
+                    "SELECT id, type, tenant, lane, state, attempts, lease_started_at, worker_id,
+                       idempotency_key, schema_version, created_at, finished_at, envelope, payload
+                     FROM jobs WHERE id = $1 AND state = 'dead_lettered' FOR UPDATE",
+                    &[&job_id],
+                )
+                .await?;
+            let Some(row) = rows.first() else { continue };
+            let mut env = stored_job(row)?.envelope()?;
+            lazaret_core::redrive(&mut env);
+            self.execute(
+                "UPDATE jobs SET state = 'queued', run_at = $2, attempts = 0, finished_at = NULL,
+                 lease_started_at = NULL, worker_id = NULL, redrives = $3, envelope = $4 WHERE id = $1",
+                &[&job_id, &ms(now), &(env.redrives as i32), &env.to_json()],
+            )
+            .await?;
+            self.execute("DELETE FROM dead_letters WHERE id = $1", &[&(dl.0 as i64)])
+                .await?;
+            self.delta(env.lane.as_str(), env.tenant.as_str()).ready += 1;
+            self.group.wake = true;
+            out.push(env.id);
+        }
+        self.audit_add(audit, out.len() as u64).await?;
+        Ok(out)
+    }
+
+    /// One processing dead letter back into line with a corrected payload
+    /// (the envelope keeps the one it replaced: `lazaret_core::redrive_corrected`).
+    async fn redrive_corrected(
+        &mut self,
+        dl: DeadLetterId,
+        fix: &crate::PayloadFix,
+        now: Timestamp,
+        audit: Option<AuditId>,
+    ) -> Result<Option<JobId>, StoreError> {
+        let rows = self
+            .query(
+                "SELECT job_id FROM dead_letters WHERE id = $1 AND stage = 'processing' FOR UPDATE",
+                &[&(dl.0 as i64)],
+            )
+            .await?;
+        let Some(job_id) = rows.first().and_then(|r| r.get::<_, Option<i64>>(0)) else {
+            return Ok(None);
+        };
+        let rows = self
+            .query(
+                "SELECT id, type, tenant, lane, state, attempts, lease_started_at, worker_id,
+                   idempotency_key, schema_version, created_at, finished_at, envelope, payload
+                 FROM jobs WHERE id = $1 AND state = 'dead_lettered' FOR UPDATE",
+                &[&job_id],
+            )
+            .await?;
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        let stored = stored_job(row)?;
+        let mut env = stored.envelope()?;
+        lazaret_core::redrive_corrected(
+            &mut env,
+            lazaret_core::CorrectedPayload {
+                previous: &stored.payload,
+                payload: &fix.payload,
+                schema_version: fix.schema_version,
+                actor: &fix.actor,
+                reason: &fix.reason,
+                now,
+            },
+        );
+        self.execute(
+            "UPDATE jobs SET state = 'queued', run_at = $2, attempts = 0, finished_at = NULL,
+             lease_started_at = NULL, worker_id = NULL, redrives = $3, envelope = $4,
+             payload = $5, schema_version = $6 WHERE id = $1",
+            &[
+                &job_id,
+                &ms(now),
+                &(env.redrives as i32),
+                &env.to_json(),
+                &fix.payload,
+                &fix.schema_version.map(|v| v as i32),
+            ],
+        )
+        .await?;
+        self.execute("DELETE FROM dead_letters WHERE id = $1", &[&(dl.0 as i64)])
+            .await?;
+        self.delta(env.lane.as_str(), env.tenant.as_str()).ready += 1;
+        self.group.wake = true;
+        self.audit_add(audit, 1).await?;
+        Ok(Some(env.id))
+    }
+
+    async fn audit_add(&mut self, audit: Option<AuditId>, n: u64) -> Result<(), StoreError> {
+        if let (Some(id), 1..) = (audit, n) {
+            self.execute(
+                "UPDATE audit SET count = count + $2 WHERE id = $1",
+                &[&(id.0 as i64), &(n as i64)],
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    async fn purge(
+        &mut self,
+        ids: &[DeadLetterId],
+        audit: Option<AuditId>,
+    ) -> Result<u64, StoreError> {
+        let mut n = 0;
+        for dl in ids {
+            let rows = self
+                .query(
+                    "DELETE FROM dead_letters WHERE id = $1 RETURNING job_id",
+                    &[&(dl.0 as i64)],
+                )
+                .await?;
+            let Some(row) = rows.first() else { continue };
+            if let Some(job_id) = row.get::<_, Option<i64>>(0) {
+                self.execute(
+                    "DELETE FROM jobs WHERE id = $1 AND state = 'dead_lettered'",
+                    &[&job_id],
+                )
+                .await?;
+            }
+            n += 1;
+        }
+        self.audit_add(audit, n).await?;
+        Ok(n)
+    }
+
+    async fn audit(&mut self, e: &AuditEntry) -> Result<AuditId, StoreError> {
+        let rows = self
+            .query(
+                "INSERT INTO audit (at, actor, action, request, count) VALUES ($1, $2, $3, $4, $5)
+                 RETURNING id",
+                &[
+                    &ms(e.at),
+                    &e.actor,
+                    &e.action,
+                    &e.request.to_string(),
+                    &(e.count as i64),
+                ],
+            )
+            .await?;
+        Ok(AuditId(rows[0].get::<_, i64>(0) as u64))
+    }
+
+    async fn stats(&mut self) -> Result<StoreStats, StoreError> {
+        let rows = self
+            .query(
+                "SELECT lane, sum(ready)::int8, sum(scheduled)::int8, sum(inflight)::int8, sum(succeeded)::int8,
+                   sum(cancelled)::int8
+                 FROM pairs GROUP BY lane ORDER BY lane",
+                &[],
+            )
+            .await?;
+        let mut lanes = Vec::new();
+        let (mut succeeded, mut cancelled) = (0u64, 0u64);
+        for r in rows {
+            cancelled += r.get::<_, i64>(5).max(0) as u64;
+            let c = LaneCounts {
+                queued: r.get::<_, i64>(1).max(0) as u64,
+                scheduled: r.get::<_, i64>(2).max(0) as u64,
+                leased: r.get::<_, i64>(3).max(0) as u64,
+            };
+            succeeded += r.get::<_, i64>(4).max(0) as u64;
+            if c != LaneCounts::default() {
+                lanes.push((Lane::new(r.get::<_, String>(0)), c));
+            }
+        }
+        // One index probe (`jobs_ready`) per (lane, tenant) with jobs ready.
+        let oldest = self
+            .query(
+                "SELECT p.lane, min(x.run_at)::int8 FROM pairs p
+                 CROSS JOIN LATERAL (
+                   SELECT run_at FROM jobs j
+                   WHERE j.lane = p.lane AND j.tenant = p.tenant AND j.state = 'queued'
+                   ORDER BY run_at, id LIMIT 1) x
+                 WHERE p.ready > 0 GROUP BY p.lane ORDER BY p.lane",
+                &[],
+            )
+            .await?;
+        let oldest_ready: Vec<(Lane, Timestamp)> = oldest
+            .iter()
+            .map(|r| {
+                (
+                    Lane::new(r.get::<_, String>(0)),
+                    Timestamp::from_millis(r.get(1)),
+                )
+            })
+            .collect();
+        let rows = self
+            .query(
+                "SELECT type, reason, count(*) FROM dead_letters GROUP BY type, reason",
+                &[],
+            )
+            .await?;
+        let mut dead_letters = Vec::new();
+        for r in rows {
+            let reason: String = r.get(1);
+            dead_letters.push((
+                r.get::<_, Option<String>>(0),
+                reason.parse().map_err(corrupt)?,
+                r.get::<_, i64>(2) as u64,
+            ));
+        }
+        Ok(StoreStats {
+            lanes,
+            dead_letters,
+            succeeded,
+            cancelled,
+            oldest_ready,
+            backend: "postgres",
+            group_commit: Some(GroupCommitStats {
+                // Groups committed before this one, as SQLite counts.
+                commits: self.commits,
+                commands: self.commands,
+                syncs: 0,
+                sync_micros: 0,
+                leases: self.leases,
+                // Not counted: PostgreSQL's plans show a lease's reads.
+                lease_steps: 0,
+            }),
+        })
+    }
+
+    /// Deletes a batch of old succeeded jobs, unless another node is
+    /// doing so now (one node at a time: an advisory lock).
+    async fn remove_succeeded(&mut self, before: Timestamp, batch: u32) -> Result<u64, StoreError> {
+        let locked = self
+            .query("SELECT pg_try_advisory_xact_lock($1)", &[&RETENTION_LOCK])
+            .await?;
+        if !locked.first().is_some_and(|r| r.get::<_, bool>(0)) {
+            return Ok(0);
+        }
+        let rows = self
+            .query(
+                "WITH old AS (
+                   SELECT id FROM jobs WHERE state = 'succeeded' AND finished_at < $1
+                   ORDER BY finished_at LIMIT $2 FOR UPDATE SKIP LOCKED)
+                 DELETE FROM jobs j USING old WHERE j.id = old.id RETURNING j.lane, j.tenant",
+                &[&ms(before), &i64::from(batch)],
+            )
+            .await?;
+        for r in &rows {
+            let (lane, tenant): (String, String) = (r.get(0), r.get(1));
+            self.delta(&lane, &tenant).succeeded -= 1;
+        }
+        let gone = self
+            .query(
+                "WITH old AS (
+                   SELECT id FROM jobs WHERE state = 'cancelled' AND finished_at < $1
+                   ORDER BY finished_at LIMIT $2 FOR UPDATE SKIP LOCKED)
+                 DELETE FROM jobs j USING old WHERE j.id = old.id RETURNING j.lane, j.tenant",
+                &[&ms(before), &i64::from(batch)],
+            )
+            .await?;
+        for r in &gone {
+            let (lane, tenant): (String, String) = (r.get(0), r.get(1));
+            self.delta(&lane, &tenant).cancelled -= 1;
+        }
+        Ok((rows.len() + gone.len()) as u64)
+    }
+
+    async fn create_token(
+        &mut self,
+        t: &ApiToken,
+        entry: &AuditEntry,
+    ) -> Result<Result<(), TokenError>, StoreError> {
+        if !self
+            .query("SELECT 1 FROM tokens WHERE name = $1", &[&t.name])
+            .await?
+            .is_empty()
+        {
+            return Ok(Err(TokenError::NameTaken));
+        }
+        if !self
+            .query(
+                "SELECT 1 FROM tokens WHERE token_sha256 = $1",
+                &[&t.token_sha256],
+            )
+            .await?
+            .is_empty()
+        {
+            return Ok(Err(TokenError::SecretTaken));
+        }
+        self.execute(
+            "INSERT INTO tokens (name, role, token_sha256, created_at, created_by)
+             VALUES ($1, $2, $3, $4, $5)",
+            &[
+                &t.name,
+                &t.role,
+                &t.token_sha256,
+                &ms(t.created_at),
+                &t.created_by,
+            ],
+        )
+        .await?;
+        self.audit(entry).await?;
+        self.tokens_changed().await?;
+        Ok(Ok(()))
+    }
+
+    async fn revoke_token(&mut self, name: &str, entry: &AuditEntry) -> Result<bool, StoreError> {
+        let n = self
+            .execute("DELETE FROM tokens WHERE name = $1", &[&name])
+            .await?;
+        if n == 0 {
+            return Ok(false);
+        }
+        self.audit(entry).await?;
+        self.tokens_changed().await?;
+        Ok(true)
+    }
+
+    /// Tells every node (at commit) that the API tokens changed.
+    async fn tokens_changed(&mut self) -> Result<(), StoreError> {
+        let channel = self.channels.tokens.clone();
+        self.execute("SELECT pg_notify($1, '')", &[&channel])
+            .await?;
+        Ok(())
+    }
+
+    // -----------------------------------------------------------------
+    // Broker messages.
+
+    async fn quarantine(&mut self, dl: &SourceDeadLetter) -> Result<Quarantined, StoreError> {
+        let src = &dl.source;
+        self.unpark(&src.name, &src.message_id).await?;
+        let error = dl
+            .error
+            .as_ref()
+            .map(|e| serde_json::to_string(e).map_err(corrupt))
+            .transpose()?;
+        let envelope = dl.envelope.as_ref().map(Envelope::to_json);
+        let source = serde_json::to_string(src).map_err(corrupt)?;
+        let sha: String = lazaret_core::payload_sha256(&dl.payload)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        let rows = self
+            .query(
+                "INSERT INTO dead_letters (job_id, type, tenant, lane, reason, stage, attempts, error,
+                   idempotency_key, created_at, dead_lettered_at, payload_size, payload_sha256,
+                   payload_preview, payload, source, source_name, message_id, envelope)
+                 VALUES (NULL, $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)
+                 ON CONFLICT (source_name, message_id) WHERE source_name IS NOT NULL DO NOTHING
+                 RETURNING id",
+                &[
+                    &dl.job_type,
+                    &dl.tenant,
+                    &dl.lane,
+                    &dl.reason.as_str(),
+                    &dl.stage.as_str(),
+                    &(dl.attempts as i32),
+                    &error,
+                    &dl.idempotency_key,
+                    &ms(dl.created_at),
+                    &ms(dl.now),
+                    &(dl.payload.len() as i64),
+                    &sha,
+                    &payload_preview(&dl.payload, 4096),
+                    &dl.payload,
+                    &source,
+                    &src.name,
+                    &src.message_id,
+                    &envelope,
+                ],
+            )
+            .await?;
+        if let Some(r) = rows.first() {
+            return Ok(Quarantined {
+                id: DeadLetterId(r.get::<_, i64>(0) as u64),
+                created: true,
+            });
+        }
+        let rows = self
+            .query(
+                "SELECT id FROM dead_letters WHERE source_name = $1 AND message_id = $2",
+                &[&src.name, &src.message_id],
+            )
+            .await?;
+        let id: i64 = rows
+            .first()
+            .map(|r| r.get(0))
+            .ok_or_else(|| corrupt("a quarantined message without its dead letter"))?;
+        Ok(Quarantined {
+            id: DeadLetterId(id as u64),
+            created: false,
+        })
+    }
+
+    async fn park(&mut self, p: &ParkedMessage) -> Result<(), StoreError> {
+        let source = serde_json::to_string(&p.source).map_err(corrupt)?;
+        self.execute(
+            "INSERT INTO source_parked (source, message_id, due_at, ref, envelope, body)
+             VALUES ($1, $2, $3, $4, $5, $6)
+             ON CONFLICT (source, message_id) DO UPDATE SET due_at = excluded.due_at,
+               ref = excluded.ref, envelope = excluded.envelope, body = excluded.body",
+            &[
+                &p.source.name,
+                &p.source.message_id,
+                &ms(p.due_at),
+                &source,
+                &p.envelope.to_json(),
+                &p.body,
+            ],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn unpark(&mut self, source: &str, message_id: &str) -> Result<bool, StoreError> {
+        let n = self
+            .execute(
+                "DELETE FROM source_parked WHERE source = $1 AND message_id = $2",
+                &[&source, &message_id],
+            )
+            .await?;
+        Ok(n > 0)
+    }
+}
+
+/// A job locked for an outcome: its row, lease token, lease end, and
+/// whether a cancel was requested.
+type Locked = (StoredJob, Option<i64>, Option<i64>, bool);
+
+/// The columns of a multi-row job insert.
+#[derive(Default)]
+struct InsertColumns<'a> {
+    ids: Vec<i64>,
+    types: Vec<&'a str>,
+    tenants: Vec<&'a str>,
+    lanes: Vec<&'a str>,
+    states: Vec<&'static str>,
+    run_at: Vec<i64>,
+    keys: Vec<Option<&'a str>>,
+    schema_versions: Vec<Option<i32>>,
+    enqueued_by: Vec<Option<&'a str>>,
+    created_at: Vec<i64>,
+    payloads: Vec<&'a [u8]>,
+}
+
+impl<'a> InsertColumns<'a> {
+    fn push(&mut self, id: i64, job: &'a NewJob, state: JobState) {
+        self.ids.push(id);
+        self.types.push(job.job_type.as_str());
+        self.tenants.push(job.tenant.as_str());
+        self.lanes.push(job.lane.as_str());
+        self.states.push(state.as_str());
+        self.run_at.push(ms(job.run_at));
+        self.keys.push(job.idempotency_key.as_deref());
+        self.schema_versions
+            .push(job.schema_version.map(|v| v as i32));
+        self.enqueued_by.push(job.enqueued_by.as_deref());
+        self.created_at.push(ms(job.now));
+        self.payloads.push(&job.payload);
+    }
+}
