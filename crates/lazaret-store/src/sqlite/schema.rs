@@ -33,7 +33,6 @@ CREATE TABLE IF NOT EXISTS jobs (
 );
 CREATE UNIQUE INDEX IF NOT EXISTS jobs_idempotency ON jobs (tenant, type, idempotency_key)
     WHERE idempotency_key IS NOT NULL;
-CREATE INDEX IF NOT EXISTS jobs_ready  ON jobs (lane, tenant, run_at, id) WHERE state = 'queued';
 CREATE INDEX IF NOT EXISTS jobs_due    ON jobs (run_at)                   WHERE state = 'scheduled';
 CREATE INDEX IF NOT EXISTS jobs_leases ON jobs (lease_expires_at)         WHERE state = 'leased';
 CREATE INDEX IF NOT EXISTS jobs_done   ON jobs (finished_at)              WHERE state = 'succeeded';
@@ -107,19 +106,21 @@ CREATE TABLE IF NOT EXISTS source_parked (
 CREATE INDEX IF NOT EXISTS source_parked_due ON source_parked (source, due_at);
 "#;
 
-/// What version 5 added: the ready jobs indexed by type as well, so that a
-/// lease for some types reads only jobs of those types (`jobs_ready` stays
-/// for leases of any type: one index walk, oldest first across types).
+/// What version 5 added: the ready jobs indexed by type, so that a lease
+/// for some types reads only jobs of those types. It replaces version 4's
+/// `jobs_ready` (lane, tenant, run_at, id): a lease of any type reads the
+/// oldest of each type its (lane, tenant) has ready, and every enqueue and
+/// lease keeps one ready index up to date, not two.
 const V5_OBJECTS: &str = r#"
 CREATE INDEX IF NOT EXISTS jobs_ready_type ON jobs (lane, tenant, type, run_at, id) WHERE state = 'queued';
+DROP INDEX IF EXISTS jobs_ready;
 "#;
 
-/// What version 6 added: listing jobs by state newest first is a range of
-/// `jobs_state` (never a scan of the table); retention finds cancelled
-/// jobs by `jobs_cancelled` as it finds succeeded ones by `jobs_done`;
-/// pauses are kept in `pauses`, so a restart keeps them.
+/// What version 6 added: retention finds cancelled jobs by
+/// `jobs_cancelled` as it finds succeeded ones by `jobs_done`; pauses are
+/// kept in `pauses`, so a restart keeps them. (Listing jobs needs no index:
+/// a page reads a bounded range of the rowid, `reader::JOBS_PAGE_ROWS_MAX`.)
 const V6_OBJECTS: &str = r#"
-CREATE INDEX IF NOT EXISTS jobs_state     ON jobs (state, id);
 CREATE INDEX IF NOT EXISTS jobs_cancelled ON jobs (finished_at) WHERE state = 'cancelled';
 CREATE TABLE IF NOT EXISTS pauses (
     target    TEXT    NOT NULL,         -- type | lane

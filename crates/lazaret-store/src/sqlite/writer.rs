@@ -788,11 +788,11 @@ impl Writer {
     /// (`super::sequence`): new for every lease, across restarts, redrives
     /// and power losses.
     ///
-    /// Reads go by index and stop at what they lease: any type by
-    /// `jobs_ready` (lane, tenant, run_at, id); one type by
-    /// `jobs_ready_type` (lane, tenant, type, run_at, id); several types by
-    /// the first `count` entries of each type in `jobs_ready_type`, merged
-    /// by (run_at, id), then the chosen rows by rowid. No read walks past
+    /// Reads go by index and stop at what they lease: one type by
+    /// `jobs_ready_type` (lane, tenant, type, run_at, id); several types
+    /// (or any type, when the pair holds several) by the first `count`
+    /// entries of each type in `jobs_ready_type`, merged by (run_at, id),
+    /// then the chosen rows by rowid. No read walks past
     /// jobs of a type it does not take.
     fn lease_take(
         &mut self,
@@ -805,10 +805,6 @@ impl Writer {
         // new binding expires the statement and the next step re-parses and
         // re-plans it (a tenth of the writer's time in profiles). The unary
         // plus keeps the plan independent of the value.
-        const ANY_TYPE: &str =
-            "SELECT id, type, idempotency_key, schema_version, created_at, payload, attempts, run_at
-             FROM jobs INDEXED BY jobs_ready WHERE lane = ?1 AND tenant = ?2 AND state = 'queued'
-             ORDER BY run_at, id LIMIT +?3";
         const ONE_TYPE: &str = "SELECT id, type, idempotency_key, schema_version, created_at, payload, attempts, run_at
              FROM jobs INDEXED BY jobs_ready_type WHERE lane = ?1 AND tenant = ?2 AND type = ?3 AND state = 'queued'
              ORDER BY run_at, id LIMIT +?4";
@@ -826,17 +822,33 @@ impl Writer {
             tenant,
             expires,
         };
-        match take.types.as_deref() {
+        // Every ready job is in one index, `jobs_ready_type` (lane, tenant,
+        // type, run_at, id), kept up by each enqueue and lease: a lease of
+        // any type reads the oldest of each type the pair has ready (one
+        // range when the tenant has one type, the usual case), so the
+        // success path pays for one ready index, not two.
+        let any: Vec<JobType>;
+        let types: &[JobType] = match take.types.as_deref() {
+            Some(types) => types,
             None => {
-                let mut stmt = db(self.conn.prepare_cached(ANY_TYPE))?;
-                let mut q = db(stmt.query(params![lane.as_str(), tenant.as_str(), count]))?;
-                while let Some(r) = db(q.next())? {
-                    out.push(ctx.job(r, &self.conn, &mut self.seq, &mut self.lease_late)?);
-                }
-                drop(q);
-                self.lease_steps += vm_steps(&stmt);
+                any = self
+                    .pairs
+                    .get(lane)
+                    .and_then(|tenants| tenants.get(tenant))
+                    .map(|p| {
+                        p.by_type
+                            .iter()
+                            .filter(|(_, n)| **n > 0)
+                            .map(|(t, _)| t.clone())
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                &any
             }
-            Some([job_type]) => {
+        };
+        match types {
+            [] => {}
+            [job_type] => {
                 let mut stmt = db(self.conn.prepare_cached(ONE_TYPE))?;
                 let mut q = db(stmt.query(params![
                     lane.as_str(),
@@ -850,7 +862,7 @@ impl Writer {
                 drop(q);
                 self.lease_steps += vm_steps(&stmt);
             }
-            Some(types) => {
+            types => {
                 let mut oldest: Vec<(i64, i64)> = Vec::new();
                 {
                     let mut stmt = db(self.conn.prepare_cached(OLDEST_OF_TYPE))?;
@@ -1544,20 +1556,27 @@ impl Writer {
         }
         let mut lanes: Vec<(Lane, LaneCounts)> = lanes.into_iter().collect();
         lanes.sort_by(|a, b| a.0.cmp(&b.0));
-        // One index probe (`jobs_ready`) per (lane, tenant) with jobs ready.
+        // One index probe (`jobs_ready_type`) per (lane, tenant, type) with
+        // jobs ready.
         let mut oldest: HashMap<Lane, i64> = HashMap::new();
         {
             let mut probe = db(self.conn.prepare_cached(
-                "SELECT run_at FROM jobs WHERE lane = ?1 AND tenant = ?2 AND state = 'queued'
+                "SELECT run_at FROM jobs INDEXED BY jobs_ready_type
+                 WHERE lane = ?1 AND tenant = ?2 AND type = ?3 AND state = 'queued'
                  ORDER BY run_at, id LIMIT 1",
             ))?;
             for (lane, tenants) in &self.pairs {
-                for (tenant, p) in tenants {
-                    if p.ready == 0 {
-                        continue;
-                    }
+                for ((tenant, job_type), _) in tenants.iter().flat_map(|(tenant, p)| {
+                    p.by_type
+                        .iter()
+                        .filter(|(_, n)| **n > 0)
+                        .map(move |(t, n)| ((tenant, t), n))
+                }) {
                     let at: Option<i64> = db(probe
-                        .query_row(params![lane.as_str(), tenant.as_str()], |r| r.get(0))
+                        .query_row(
+                            params![lane.as_str(), tenant.as_str(), job_type.as_str()],
+                            |r| r.get(0),
+                        )
                         .optional())?;
                     if let Some(at) = at {
                         let e = oldest.entry(lane.clone()).or_insert(at);
