@@ -14,7 +14,7 @@
 //! |---|---|---|---|---|
 //! | `dead_letters_appeared` | a type's dead letters go from none to some (between two polls) | the type | null | held now / 0 |
 //! | `poison_rate` | a type dead-letters at least `poison_rate_per_min` in the last minute | the type | null | in the last minute / 60000 |
-//! | `reason_surge` | [`FailureStats::surge_with`] holds: one failure holds `surge_share` of at least `surge_min` recent dead letters | the surging failure's type | its dead-letter reason | the surging failure's / the surge window |
+//! | `reason_surge` | [`FailureStats::surges_by_type`]: one failure holds `surge_share` of at least `surge_min` of a type's recent dead letters | the type | its dead-letter reason | the surging failure's / the surge window |
 //! | `breaker_opened` | a breaker turns open | the type | the error kind | the type's recent dead letters / [`RECENT_SPAN`] |
 //! | `breaker_closed` | a breaker turns closed again | the type | the error kind | as above |
 //! | `dead_letters_over_warn` | the dead letters held outnumber `dead_letters_warn` | null | null | held now / 0 |
@@ -478,17 +478,13 @@ impl Alerts {
     /// The alerts to send at `now` given `obs`, in event order.
     pub fn poll(&mut self, now: Timestamp, obs: &Observation<'_>) -> Vec<Alert> {
         let mut out = Vec::new();
-        let surge = obs
+        // Per type: one failure dominating a type's recent dead letters.
+        let surges = obs
             .failures
-            .surge_with(now, self.rule.surge_min, self.rule.surge_share);
-        let surge_type: Option<Option<JobType>> = surge.as_ref().map(|s| {
-            let t = s.key.job_type();
-            (!t.as_str().is_empty()).then(|| t.clone())
-        });
-        let systemic = |ty: Option<&JobType>| match (&surge_type, ty) {
-            (None, _) => false,
-            (Some(_), None) => true,
-            (Some(st), Some(t)) => st.as_ref() == Some(t),
+            .surges_by_type(now, self.rule.surge_min, self.rule.surge_share);
+        let systemic = |ty: Option<&JobType>| match ty {
+            None => !surges.is_empty(),
+            Some(t) => surges.iter().any(|s| s.key.job_type() == t),
         };
         let mut candidates: Vec<Candidate> = Vec::new();
 
@@ -529,8 +525,8 @@ impl Alerts {
             });
         }
 
-        // reason_surge: the surge rule of /v1/stats, with this target's thresholds.
-        if let Some(s) = &surge {
+        // reason_surge: the surge rule of /v1/stats per type, with this target's thresholds.
+        for s in &surges {
             let t = s.key.job_type();
             let reason = obs
                 .recent
@@ -606,7 +602,10 @@ impl Alerts {
                 obs.recent
                     .top_reasons(c.job_type.as_ref(), now, top_window, TOP_REASONS_MAX);
             let is_systemic = c.event == AlertEvent::ReasonSurge || systemic(c.job_type.as_ref());
-            let summary = summary(&c, is_systemic, &self.rule, obs, surge.as_ref());
+            let surge = surges
+                .iter()
+                .find(|s| Some(s.key.job_type()) == c.job_type.as_ref());
+            let summary = summary(&c, is_systemic, &self.rule, obs, surge);
             out.push(Alert {
                 link: link(c.event, c.job_type.as_ref(), c.reason.as_deref()),
                 event: c.event,
@@ -933,6 +932,53 @@ mod tests {
             names(&w.poll(&mut a, 71 * S)),
             ["poison_rate a - count=5 systemic=false"]
         );
+    }
+
+    #[test]
+    fn a_surge_in_one_type_fires_through_a_scatter_in_another() {
+        // 25 of one failure in `charge`, 75 scattered ones in `export`: over
+        // all types the failure holds only a quarter, but it is all of
+        // `charge`'s.
+        let mut w = World::new();
+        let mut a = Alerts::new(rule());
+        w.poll(&mut a, 0);
+        for i in 0..100 {
+            if i % 4 == 0 {
+                w.dead_letter(
+                    "charge",
+                    DeadLetterReason::KindExhausted,
+                    "timeout",
+                    "timeout",
+                    S + i,
+                );
+            } else {
+                let msg = format!("row {i} has no column {}", i * 7919);
+                w.dead_letter(
+                    "export",
+                    DeadLetterReason::Permanent,
+                    &format!("parse_{i}"),
+                    &msg,
+                    S + i,
+                );
+            }
+        }
+        let fired = w.poll(&mut a, 2 * S);
+        let surges: Vec<_> = fired
+            .iter()
+            .filter(|f| f.event == AlertEvent::ReasonSurge)
+            .map(|f| {
+                (
+                    f.job_type.as_ref().map(JobType::as_str),
+                    f.reason.as_deref(),
+                    f.count,
+                )
+            })
+            .collect();
+        assert_eq!(surges, [(Some("charge"), Some("kind_exhausted"), 25)]);
+        for f in &fired {
+            let ty = f.job_type.as_ref().map(JobType::as_str);
+            assert_eq!(f.systemic, ty == Some("charge"), "{f:?}");
+        }
     }
 
     #[test]

@@ -919,6 +919,48 @@ impl FailureStats {
         )
     }
 
+    /// The surge rule per type: each type whose tracked dead letters in the
+    /// window number at least `count_min`, with one failure (cause and
+    /// fingerprint) holding at least `share_min` of them, in type order.
+    /// A surge of one type is not diluted by a scatter in another (what
+    /// the alerts' `reason_surge` asks). Dead letters of no readable type
+    /// surge nowhere.
+    pub fn surges_by_type(&self, now: Timestamp, count_min: u64, share_min: f64) -> Vec<Surge> {
+        let share_min = if share_min > 0.5 {
+            share_min
+        } else {
+            0.5 + f64::EPSILON
+        };
+        let last = self.series.bucket_of(now);
+        let window = self.config.surge_buckets;
+        // Per type: its total, and its largest entry (ties: the smaller key).
+        let mut per: BTreeMap<&JobType, (u64, u64, &Entry)> = BTreeMap::new();
+        for e in &self.entries {
+            let n = e.recent.count_back(last, window);
+            if n == 0 || e.key.job_type().as_str().is_empty() {
+                continue;
+            }
+            let slot = per.entry(e.key.job_type()).or_insert((0, 0, e));
+            slot.0 += n;
+            if n > slot.1 || (n == slot.1 && e.key < slot.2.key) {
+                slot.1 = n;
+                slot.2 = e;
+            }
+        }
+        per.into_values()
+            .filter(|(total, count, _)| {
+                *total >= count_min.max(1) && *count as f64 >= share_min * *total as f64
+            })
+            .map(|(total, count, e)| Surge {
+                key: e.key.clone(),
+                count,
+                total,
+                share: count as f64 / total as f64,
+                window: self.series.bucket_width() * window as u32,
+            })
+            .collect()
+    }
+
     /// [`surge`](Self::surge) with other thresholds: at least `count_min`
     /// dead letters in the window and one key holding at least `share_min`
     /// of them (the alerts' `surge_min` and `surge_share`). A `share_min`
