@@ -39,7 +39,7 @@ pub struct BenchArgs {
     /// Start the server on this PostgreSQL database instead of a fresh
     /// SQLite directory: `postgres://USER@HOST:PORT/DB`. Each run gets a
     /// fresh schema of its own, dropped after.
-    #[arg(long, value_name = "URL", conflicts_with = "server")]
+    #[arg(long, value_name = "URL")]
     store: Option<String>,
     /// Nodes to start on the --store database; the clients are spread
     /// over them (worker i talks to node i mod N).
@@ -119,6 +119,11 @@ impl BenchArgs {
         if self.server.is_some() && self.config.is_some() {
             anyhow::bail!(
                 "--config configures the server the bench starts; with --server it drives yours"
+            );
+        }
+        if self.server.is_some() && self.store.is_some() {
+            anyhow::bail!(
+                "--store starts servers on that database; with --server the bench drives yours (give one)"
             );
         }
         if self.server.is_some() && self.scenario.is_some() {
@@ -1049,6 +1054,9 @@ mod tests {
         };
         assert!(with_server(&["--scenario", "all"]).is_err_and(|e| e.contains("--scenario")));
         assert!(with_server(&["--config", "x.toml"]).is_err_and(|e| e.contains("--config")));
+        assert!(
+            with_server(&["--store", "postgres://u@h/db"]).is_err_and(|e| e.contains("--store"))
+        );
         assert_eq!(with_server(&[]), Ok(()));
     }
 }
