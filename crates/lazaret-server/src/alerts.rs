@@ -10,11 +10,12 @@
 //!   [`POLL`], and puts the alerts on that target's bounded queue with
 //!   `try_send` (a full queue drops the alert, logged and counted as
 //!   failed: the poller never waits). The dead letters held come from the
-//!   store (a `GROUP BY` on the writer's connection, about 8 ms of CPU for
-//!   100,000 dead letters), read only when they may have changed (a dead
-//!   letter recorded, a redrive or purge) or every [`REFRESH`], and never
-//!   more often than a hundred times the last read took, so the read costs
-//!   the writer at most about 1 % of its time however large the quarantine;
+//!   store's `reasons` (a `GROUP BY` on a reader connection, never the
+//!   writer's: about 8 ms of CPU for 100,000 dead letters), read only when
+//!   they may have changed (a dead letter recorded, a redrive or purge) or
+//!   every [`REFRESH`], and never more often than a hundred times the last
+//!   read took, so the read costs at most about 1 % of a core however large
+//!   the quarantine;
 //! - one sender task per target POSTs them, in order, retrying a failed
 //!   delivery with backoff ([`DELIVERY_ATTEMPTS_MAX`] tries); a delivery
 //!   that fails every try is logged and counted in
@@ -60,7 +61,7 @@ pub const DELIVERY_TIMEOUT: Duration = Duration::from_secs(5);
 pub const REFRESH: Duration = Duration::from_secs(30);
 
 /// A store read of the dead letters held waits at least this many times as
-/// long as the last one took (the writer's share it may use: 1 %).
+/// long as the last one took (the share of a core it may use: 1 %).
 const READ_SPACING: u32 = 100;
 
 /// Breaker changes kept between two polls.
@@ -248,13 +249,12 @@ pub async fn poll_once<S: Store>(app: &App<S>) {
     if hub.read_due(started) {
         // Cleared first: a dead letter recorded during the read asks for another.
         hub.dirty.store(false, Ordering::Relaxed);
-        match app.store.stats().await {
-            Ok(s) => {
+        match app.store.reasons().await {
+            Ok(reasons) => {
                 let mut held = hub.held.lock().unwrap_or_else(|p| p.into_inner());
-                held.counts = s
-                    .dead_letters
+                held.counts = reasons
                     .iter()
-                    .map(|(t, r, n)| (t.as_deref().map(JobType::new), *r, *n))
+                    .map(|r| (r.job_type.as_deref().map(JobType::new), r.reason, r.count))
                     .collect();
                 held.read_at = Some(started);
                 held.took = started.elapsed();
