@@ -46,7 +46,10 @@ impl LeaseFilter<'_> {
     }
 }
 
-/// One (lane, tenant)'s counts, as the store keeps them.
+/// One (lane, tenant)'s counts, as the store keeps them. The store passes
+/// every pair with jobs ready or leases held; which of them take part (a
+/// pair with nothing ready counts only toward lane reserves) is decided
+/// here.
 #[derive(Clone, Copy, Debug)]
 pub struct PairCounts<'a> {
     /// The lane.

@@ -731,16 +731,16 @@ impl Writer {
             req.lanes.as_ref().is_none_or(|ls| ls.contains(lane))
                 && !req.exclude_lanes.contains(lane)
         };
-        let held_too = self.scheduler.config().has_reserves();
         let takes: Vec<OwnedTake> = {
             let pairs: Vec<PairCounts<'_>> = self
                 .pairs
                 .iter()
                 .filter(|(lane, _)| lane_ok(lane))
                 .flat_map(|(lane, tenants)| tenants.iter().map(move |(t, p)| (lane, t, p)))
-                // Lane reserves are shares of every lease held: pairs that
-                // hold leases with nothing ready count then too.
-                .filter(|(_, _, p)| p.ready > 0 || (held_too && p.inflight > 0))
+                // Pairs holding leases with nothing ready too: whether they
+                // count (lane reserves are shares of every lease held) is
+                // the plan's to say.
+                .filter(|(_, _, p)| p.ready > 0 || p.inflight > 0)
                 .map(|(lane, tenant, p)| PairCounts {
                     lane,
                     tenant,
