@@ -9,7 +9,9 @@ use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::IntoResponse;
 use lazaret_core::{DeadLetterReason, JobId};
 use lazaret_guard::{RedriveError, SourceSet};
-use lazaret_store::{AuditEntry, AuditId, DeadLetterFilter, DeadLetterId, Selector, Stage, Store};
+use lazaret_store::{
+    AuditEntry, AuditId, DeadLetter, DeadLetterFilter, DeadLetterId, Selector, Stage, Store,
+};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -103,6 +105,18 @@ pub(super) async fn dead_letters<S: Store>(
     }))
 }
 
+/// The dead letter `id`, or `404 NOT_FOUND` naming it.
+async fn held<S: Store>(app: &App<S>, id: DeadLetterId) -> Result<DeadLetter, ApiError> {
+    app.store
+        .dead_letter(id)
+        .await?
+        .ok_or_else(|| no_dead_letter(id))
+}
+
+fn no_dead_letter(id: DeadLetterId) -> ApiError {
+    ApiError::not_found(format!("no dead letter with id {}", id.0))
+}
+
 pub(super) async fn dead_letter<S: Store>(
     State(app): Shared<S>,
     headers: HeaderMap,
@@ -110,11 +124,7 @@ pub(super) async fn dead_letter<S: Store>(
 ) -> ApiResult {
     allow(&app, &headers, Action::ReadDeadLetters).await?;
     let dl = DeadLetterId(parse_id(&id, "dead letter")?);
-    let d = app
-        .store
-        .dead_letter(dl)
-        .await?
-        .ok_or_else(|| ApiError::not_found(format!("no dead letter with id {id}")))?;
+    let d = held(&app, dl).await?;
     // One dead letter shows a Celery task's arguments from the whole body.
     let payload = match &d.source {
         Some(s) if views::is_celery(s) => app.store.dead_letter_payload(dl).await?.flatten(),
@@ -130,11 +140,7 @@ pub(super) async fn dead_letter_payload<S: Store>(
 ) -> ApiResult {
     allow(&app, &headers, Action::ReadDeadLetters).await?;
     let dl = DeadLetterId(parse_id(&id, "dead letter")?);
-    let d = app
-        .store
-        .dead_letter(dl)
-        .await?
-        .ok_or_else(|| ApiError::not_found(format!("no dead letter with id {id}")))?;
+    let d = held(&app, dl).await?;
     // A broker message's body is whatever its producer sent: answer it as
     // the message's own content type, never as JSON it may not be.
     let content_type = match &d.source {
@@ -146,7 +152,7 @@ pub(super) async fn dead_letter_payload<S: Store>(
         None => "application/json".to_owned(),
     };
     match app.store.dead_letter_payload(dl).await? {
-        None => Err(ApiError::not_found(format!("no dead letter with id {id}"))),
+        None => Err(no_dead_letter(dl)),
         Some(None) => Err(ApiError::not_found(format!(
             "dead letter {id} has no stored payload: it was refused before it was read whole; its preview is in the dead letter"
         ))),
@@ -557,11 +563,7 @@ pub(super) async fn redrive_corrected<S: Store>(
             reason.len()
         )));
     }
-    let d = app
-        .store
-        .dead_letter(dl)
-        .await?
-        .ok_or_else(|| ApiError::not_found(format!("no dead letter with id {id}")))?;
+    let d = held(&app, dl).await?;
     if d.stage == Stage::Admission {
         return Err(ApiError::bad_request(format!(
             "dead letter {id} is an admission record: nothing was admitted, so there is no job to redrive; \

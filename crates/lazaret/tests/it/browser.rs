@@ -14,32 +14,10 @@ use std::process::Command;
 
 use serde_json::{Value, json};
 
-use crate::harness::{Api, QUICK, Server, id_text, lease_req};
+use crate::harness::{Api, QUICK, Server, TOKENS, id_text, lease_req};
 
 /// Dead letters of the surging type.
 const SURGE: usize = 20;
-
-const TOKENS: &str = r#"
-[[tokens]]
-name = "ops-alice"
-role = "operator"
-token = "operator-secret"
-
-[[tokens]]
-name = "root"
-role = "admin"
-token = "admin-secret"
-
-[[tokens]]
-name = "w-1"
-role = "worker"
-token = "worker-secret"
-
-[[tokens]]
-name = "p-1"
-role = "producer"
-token = "producer-secret"
-"#;
 
 fn browser_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser")

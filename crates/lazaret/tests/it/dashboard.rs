@@ -4,30 +4,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::harness::{EVENTUALLY, QUICK, Server, assert_error, id_text, job, lease_req};
+use crate::harness::{EVENTUALLY, QUICK, Server, TOKENS, assert_error, id_text, job, lease_req};
 use crate::team_handler::{Handler, ORDER_2, service};
-
-const TOKENS: &str = r#"
-[[tokens]]
-name = "ops-alice"
-role = "operator"
-token = "operator-secret"
-
-[[tokens]]
-name = "root"
-role = "admin"
-token = "admin-secret"
-
-[[tokens]]
-name = "w-1"
-role = "worker"
-token = "worker-secret"
-
-[[tokens]]
-name = "p-1"
-role = "producer"
-token = "producer-secret"
-"#;
 
 #[tokio::test]
 async fn the_dashboard_is_served_without_a_token_and_needs_nothing_from_elsewhere() {

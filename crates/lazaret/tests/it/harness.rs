@@ -965,3 +965,28 @@ pub async fn cli(server: &Server, args: &[&str]) -> String {
     );
     stdout
 }
+
+/// One token per role (`ops-alice` operator, `root` admin, `w-1` worker,
+/// `p-1` producer; the secret is the role followed by `-secret`), for
+/// tests of what each role may do.
+pub const TOKENS: &str = r#"
+[[tokens]]
+name = "ops-alice"
+role = "operator"
+token = "operator-secret"
+
+[[tokens]]
+name = "root"
+role = "admin"
+token = "admin-secret"
+
+[[tokens]]
+name = "w-1"
+role = "worker"
+token = "worker-secret"
+
+[[tokens]]
+name = "p-1"
+role = "producer"
+token = "producer-secret"
+"#;
