@@ -814,7 +814,8 @@
       onConfirm: async () => {
         const r = await api('POST', `/v1/jobs/${encodeURIComponent(id)}/cancel`, {});
         container.replaceChildren(el('p', { class: 'result', role: 'status' }, r.cancel_requested ? `Job ${id} is leased: cancel requested.` : `Job ${id}: ${r.state}.`));
-        flash(`Job ${id}: ${r.state}${r.cancel_requested ? ', cancel requested' : ''}.`);
+        // Kept through the refresh that follows, which would clear it.
+        flash(`Job ${id}: ${r.state}${r.cancel_requested ? ', cancel requested' : ''}.`, true);
         if (after) await after();
       },
     });

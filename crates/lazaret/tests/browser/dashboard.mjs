@@ -7,7 +7,7 @@
 //   LAZARET_ADMIN_TOKEN     the admin who purges at the end
 //   LAZARET_WORKER_TOKEN    the worker that leases and acks the redriven jobs, over HTTP
 //   LAZARET_SEED            {"plain": {dead_letter_id, job_id}, "hostile": {...}, "large": {..., payload_size},
-//                           "surge": {type, count}}
+//                           "surge": {type, count}, "waiting": {job_id} (scheduled an hour ahead)}
 //   LAZARET_SCREENSHOTS     where the screenshots go (docs/ when regenerating them)
 //   LAZARET_CHROMIUM        the browser (default /usr/bin/chromium); never downloaded
 // Exits 0 after printing "dashboard browser test: passed", 1 with the failing step otherwise.
@@ -25,7 +25,7 @@ const admin = process.env.LAZARET_ADMIN_TOKEN;
 const seed = JSON.parse(process.env.LAZARET_SEED || '{}');
 const shots = process.env.LAZARET_SCREENSHOTS || mkdtempSync(join(tmpdir(), 'lazaret-shots-'));
 const executablePath = process.env.LAZARET_CHROMIUM || '/usr/bin/chromium';
-assert.ok(base && operator && worker && admin && seed.plain && seed.hostile && seed.large && seed.surge, 'LAZARET_URL, the tokens and LAZARET_SEED are set');
+assert.ok(base && operator && worker && admin && seed.plain && seed.hostile && seed.large && seed.surge && seed.waiting, 'LAZARET_URL, the tokens and LAZARET_SEED are set');
 
 let step = 'start';
 function say(what) {
@@ -207,10 +207,14 @@ try {
   await audit.getByRole('row').filter({ hasText: 'payload_edited' }).filter({ hasText: 'ops-alice' }).first().waitFor();
   await shot('audit');
 
-  say('live jobs: listed with their state, or the view says the server cannot list them');
+  say('live jobs: the scheduled job is listed, and cancelled after its confirmation');
   await page.getByRole('navigation').getByRole('link', { name: 'Live jobs' }).click();
   await page.getByRole('heading', { name: 'Live jobs' }).waitFor();
-  await page.locator('#jobs-list').getByText(/cannot list live jobs|job \d+/).first().waitFor();
+  const list = page.locator('#jobs-list');
+  const cancelIt = `Cancel job ${seed.waiting.job_id}`;
+  await list.getByRole('button', { name: cancelIt }).first().click();
+  await list.getByRole('region', { name: `${cancelIt}?` }).getByRole('button', { name: cancelIt }).click();
+  await page.locator('#flash').getByText(`Job ${seed.waiting.job_id}: cancelled.`).waitFor();
 
   say('a worker token is offered only what a worker may do');
   await page.getByRole('button', { name: 'Sign out' }).click();

@@ -146,11 +146,21 @@ async fn an_operator_signs_in_finds_the_dead_letter_under_its_reason_and_redrive
         stats.body
     );
 
+    // A job an hour ahead, so no worker leases it: the page cancels it.
+    let r = producer
+        .post(
+            "/v1/jobs",
+            &json!({"type": "report", "tenant": "acme", "payload": {}, "delay_ms": 3_600_000}),
+        )
+        .await;
+    let waiting = r.expect(201)["id"].clone();
+
     let seed = json!({
         "plain": {"dead_letter_id": plain_dl, "job_id": plain_job},
         "hostile": {"dead_letter_id": hostile_dl, "job_id": hostile_job},
         "large": {"dead_letter_id": large_dl, "job_id": large_job, "payload_size": large_size},
         "surge": {"type": "charge_card", "count": SURGE},
+        "waiting": {"job_id": waiting},
     });
     let shots = tempfile::tempdir().expect("a screenshot directory");
     let shots_dir = std::env::var_os("LAZARET_DASHBOARD_SCREENSHOTS")
@@ -201,6 +211,19 @@ async fn an_operator_signs_in_finds_the_dead_letter_under_its_reason_and_redrive
     );
     assert_eq!(edit["actor"], "ops-alice");
     assert_eq!(edit["reason"], "the address held markup, not an address");
+
+    let waiting = operator
+        .get(&format!("/v1/jobs/{}", id_text(&waiting)))
+        .await;
+    let waiting = waiting.expect(200);
+    assert_eq!(waiting["state"], "cancelled", "{waiting}");
+    let cancels = operator.get("/v1/audit?action=cancel").await;
+    let cancels = cancels.expect(200)["items"].clone();
+    assert_eq!(
+        (&cancels[0]["actor"], &cancels[0]["count"]),
+        (&json!("ops-alice"), &json!(1)),
+        "{cancels}"
+    );
 
     let audit = operator.get("/v1/audit?action=redrive").await;
     let items = audit.expect(200)["items"].as_array().unwrap().clone();
