@@ -54,7 +54,7 @@ enum Mode {
 
 const USAGE: &str =
     "apalis-peer-bench [--url postgres://postgres@127.0.0.1:5432/test] [--jobs 50000] \
-[--backlog 0] [--batch 100] [--fetch 100] [--workers 8] [--concurrency 100] [--producers 8] \
+[--backlog 0] [--batch 100] [--fetch 100] [--workers 16] [--concurrency 100] [--producers 8] \
 [--payload-bytes 100] [--mode drain|concurrent] [--lock-tasks true|false]";
 
 fn parse_args() -> Result<Args, String> {
@@ -64,7 +64,7 @@ fn parse_args() -> Result<Args, String> {
         backlog: 0,
         batch: 100,
         fetch: 100,
-        workers: 8,
+        workers: 16,
         concurrency: 100,
         producers: 8,
         payload_bytes: 100,
