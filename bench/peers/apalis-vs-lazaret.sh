@@ -29,11 +29,15 @@ if [ -z "${NO_BUILD:-}" ]; then
     (cd "$root" && CARGO_TARGET_DIR=$LAZARET_TARGET cargo build --release -p lazaret)
     (cd "$here/apalis" && CARGO_TARGET_DIR=$APALIS_TARGET cargo build --release --locked)
 fi
-lazaret=$LAZARET_TARGET/release/lazaret
-peer=$APALIS_TARGET/release/apalis-peer-bench
-
 work=$(mktemp -d /tmp/apalis-vs-lazaret.XXXXXX)
 trap 'rm -rf "$work"' EXIT
+# Copies, so that another build into the shared target dir cannot swap a
+# binary between rounds (bench starts its servers from its own executable).
+cp "$LAZARET_TARGET/release/lazaret" "$work/lazaret"
+cp "$APALIS_TARGET/release/apalis-peer-bench" "$work/apalis-peer-bench"
+lazaret=$work/lazaret
+peer=$work/apalis-peer-bench
+echo "lazaret $(cd "$root" && git rev-parse --short HEAD), $("$lazaret" --version 2>/dev/null || true)" >&2
 printf '[tenants]\ninflight_max = 1000\n' > "$work/wide.toml"
 results=$work/results.tsv
 : > "$results"
