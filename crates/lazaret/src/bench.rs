@@ -4,7 +4,9 @@
 //! binary) on a random loopback port with a fresh temporary data directory,
 //! so the numbers are for the durable default store. Producers and consumers
 //! run at once; the clock runs from the first enqueue to the last ack, and
-//! every enqueued id must come back acked exactly once.
+//! every enqueued id must come back acked exactly once. The scenarios that
+//! test the promise under pressure (a lane flood, a tenant flood, a poison
+//! storm, an idle worker's start latency) live in [`promise`].
 
 mod http;
 mod load;
