@@ -4,10 +4,13 @@
 //! binary) on a random loopback port with a fresh temporary data directory,
 //! so the numbers are for the durable default store. Producers and consumers
 //! run at once; the clock runs from the first enqueue to the last ack, and
-//! every enqueued id must come back acked exactly once.
+//! every enqueued id must come back acked exactly once. The scenarios that
+//! test the promise under pressure (a lane flood, a tenant flood, a poison
+//! storm, an idle worker's start latency) live in [`promise`].
 
 mod http;
 mod load;
+mod promise;
 mod server;
 mod stats;
 
@@ -94,10 +97,36 @@ pub struct BenchArgs {
     /// instead of three. Needs --batch 1.
     #[arg(long)]
     next: bool,
-    /// Runs of each side in `--scenario next` (alternating, each against a
-    /// fresh server).
+    /// Runs of each side in `--scenario next` and the promise scenarios
+    /// (alternating, each against a fresh server).
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=50))]
     runs: u64,
+    /// lane-flood: jobs in the batch flood.
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
+    flood_jobs: u64,
+    /// lane-flood and start-latency: jobs the paced producer sends, one at a time.
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
+    probe_jobs: u64,
+    /// lane-flood and start-latency: the paced producer sends a job this often.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    probe_interval_ms: u64,
+    /// lane-flood: the batch workers lease both lanes, and nobody waits on
+    /// the interactive lane alone.
+    #[arg(long)]
+    shared_pool: bool,
+    /// tenant-flood: jobs of the big tenant.
+    #[arg(long, default_value_t = 50_000, value_parser = clap::value_parser!(u64).range(1..))]
+    big_tenant_jobs: u64,
+    /// tenant-flood: small tenants.
+    #[arg(long, default_value_t = 9, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    small_tenants: u64,
+    /// tenant-flood: jobs of each small tenant.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
+    small_tenant_jobs: u64,
+    /// The promise scenarios: simulated handler time per delivery, in µs
+    /// (the jobs of one lease run one after another).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(0..=10_000_000))]
+    work_us: u64,
     /// Give up a run after this long (then it fails).
     #[arg(long, default_value = "10m")]
     timeout: humantime::Duration,
@@ -170,6 +199,22 @@ enum Scenario {
     /// leases of any type.
     #[value(name = "mixed-types")]
     MixedTypes,
+    /// The interactive lane's enqueue → lease (p50/p95/p99), idle and
+    /// beside a batch flood of --flood-jobs, alternating, --runs times each.
+    #[value(name = "lane-flood")]
+    LaneFlood,
+    /// Nine small tenants' completion times, alone and after one tenant
+    /// queued --big-tenant-jobs, alternating, --runs times each.
+    #[value(name = "tenant-flood")]
+    TenantFlood,
+    /// Handler calls per second with every job acked and with 10 % failed
+    /// permanently and 5 % dropped until they crash-loop; checks where
+    /// every bad job ended. --jobs per run, --runs times each.
+    #[value(name = "poison-storm")]
+    PoisonStorm,
+    /// Enqueue → lease with one idle long-polling worker, --runs times.
+    #[value(name = "start-latency")]
+    StartLatency,
 }
 
 /// One run's settings.
@@ -316,6 +361,11 @@ impl RunSpec {
                 target_jobs_per_s: None,
                 ..batched("mixed-types", 20_000)
             }],
+            // Run by `promise::run`, not as load runs.
+            Scenario::LaneFlood
+            | Scenario::TenantFlood
+            | Scenario::PoisonStorm
+            | Scenario::StartLatency => Vec::new(),
         }
     }
 
@@ -415,6 +465,9 @@ async fn run_async(args: BenchArgs) -> anyhow::Result<()> {
     // A bad --server URL (https, say) is refused before anything starts.
     if let Some(url) = &args.server {
         http::parse_base_url(url).context("bad --server URL")?;
+    }
+    if let Some(p) = args.scenario.and_then(promise::Promise::of) {
+        return promise::run(&args, p).await;
     }
     let specs = match args.scenario {
         Some(s) => RunSpec::scenario(&args, s),

@@ -111,7 +111,7 @@ pub fn batch_body(from: u64, to: u64, shape: Shape<'_>, data: &str) -> String {
 /// An id or lease token as text, whether the server writes it as a JSON
 /// string (borrowed from the reply unless it holds escapes) or a number.
 #[derive(Debug, PartialEq, Eq)]
-struct Text<'a>(Cow<'a, str>);
+pub(super) struct Text<'a>(Cow<'a, str>);
 
 impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -139,7 +139,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for Text<'a> {
 }
 
 impl Text<'_> {
-    fn as_str(&self) -> &str {
+    pub(super) fn as_str(&self) -> &str {
         &self.0
     }
 }
@@ -183,15 +183,15 @@ struct Leased<'a> {
 
 /// `POST /v1/acks`: per item, the server's error if it refused it.
 #[derive(Debug, Deserialize)]
-struct AcksReply<'a> {
+pub(super) struct AcksReply<'a> {
     #[serde(borrow)]
-    results: Vec<AckItem<'a>>,
+    pub(super) results: Vec<AckItem<'a>>,
 }
 
 #[derive(Debug, Deserialize)]
-struct AckItem<'a> {
+pub(super) struct AckItem<'a> {
     #[serde(borrow)]
-    error: Option<&'a RawValue>,
+    pub(super) error: Option<&'a RawValue>,
 }
 
 /// The body of `POST /v1/leases`; the same for every lease of a consumer.
@@ -235,12 +235,12 @@ struct AckBodyItem<'a> {
 }
 
 /// Decodes a 2xx answer of `POST {path}`.
-fn decode<'a, T: Deserialize<'a>>(path: &str, body: &'a [u8]) -> anyhow::Result<T> {
+pub(super) fn decode<'a, T: Deserialize<'a>>(path: &str, body: &'a [u8]) -> anyhow::Result<T> {
     serde_json::from_slice(body).with_context(|| format!("POST {path}: unexpected answer"))
 }
 
 /// Enqueues a batch and returns the ids in order; any refused job is an error.
-async fn enqueue_batch(
+pub(super) async fn enqueue_batch(
     conn: &mut Connection,
     body: String,
     expect: u64,
@@ -266,7 +266,7 @@ async fn enqueue_batch(
 }
 
 /// Enqueues one job (`POST /v1/jobs`) and returns its id.
-async fn enqueue_one(conn: &mut Connection, body: String) -> anyhow::Result<String> {
+pub(super) async fn enqueue_one(conn: &mut Connection, body: String) -> anyhow::Result<String> {
     const PATH: &str = "/v1/jobs";
     let bytes = conn.post(PATH, body).await?;
     let reply: Enqueued<'_> = decode(PATH, &bytes)?;
@@ -473,7 +473,7 @@ struct ConsumerOut {
     timed_out: bool,
 }
 
-fn micros(since: Instant) -> u64 {
+pub(super) fn micros(since: Instant) -> u64 {
     u64::try_from(since.elapsed().as_micros()).unwrap_or(u64::MAX)
 }
 

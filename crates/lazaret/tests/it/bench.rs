@@ -73,3 +73,135 @@ async fn cyclers_work_alongside_producers_and_consumers() {
     assert_eq!(report["verify"]["acked"], 400, "{report}");
     assert_eq!(report["ok"], true, "{report}");
 }
+
+/// Runs `lazaret bench --json` with `args`, the bench starting servers of
+/// its own; returns its report.
+async fn bench_own_servers(args: &[&str]) -> Value {
+    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(env!("CARGO_BIN_EXE_lazaret"))
+            .args(["bench", "--json", "--runs", "1", "--consumers", "2"])
+            .args(&args)
+            .output()
+            .expect("the lazaret binary runs")
+    })
+    .await
+    .expect("bench thread");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "bench failed: {stderr}");
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {stderr}"))
+}
+
+/// The runs of a promise scenario's report, by side, each checked to have
+/// completed and verified.
+fn runs_by_side(report: &Value) -> std::collections::BTreeMap<String, Value> {
+    assert_eq!(report["failed_to_run"], serde_json::json!([]), "{report}");
+    let runs = report["runs"].as_array().expect("runs");
+    for r in runs {
+        assert_eq!(r["ok"], true, "{r}");
+    }
+    runs.iter()
+        .map(|r| (r["side"].as_str().unwrap().to_owned(), r.clone()))
+        .collect()
+}
+
+#[tokio::test]
+async fn lane_flood_measures_paced_jobs_idle_and_beside_a_flood() {
+    let report = bench_own_servers(&[
+        "--scenario",
+        "lane-flood",
+        "--flood-jobs",
+        "300",
+        "--probe-jobs",
+        "8",
+        "--probe-interval-ms",
+        "2",
+        "--work-us",
+        "0",
+    ])
+    .await;
+    let runs = runs_by_side(&report);
+    for (side, jobs) in [("idle", 8), ("flood", 308)] {
+        let r = &runs[side];
+        assert_eq!(r["verify"]["enqueued"], jobs, "{r}");
+        assert_eq!(r["verify"]["acked"], jobs, "{r}");
+        // Every paced job's enqueue → lease was measured.
+        assert_eq!(r["start_latency"]["count"], 8, "{r}");
+    }
+    assert!(report["summary"]["ratio_p95"].is_number(), "{report}");
+}
+
+#[tokio::test]
+async fn tenant_flood_times_every_small_tenant_alone_and_beside_the_big_one() {
+    let report = bench_own_servers(&[
+        "--scenario",
+        "tenant-flood",
+        "--big-tenant-jobs",
+        "200",
+        "--small-tenants",
+        "3",
+        "--small-tenant-jobs",
+        "5",
+        "--work-us",
+        "0",
+    ])
+    .await;
+    let runs = runs_by_side(&report);
+    for (side, jobs) in [("alone", 15), ("flood", 215)] {
+        let r = &runs[side];
+        assert_eq!(r["verify"]["acked"], jobs, "{r}");
+        let tenants: Vec<&String> = r["small_tenants_s"].as_object().unwrap().keys().collect();
+        assert_eq!(tenants, ["small-0", "small-1", "small-2"], "{r}");
+    }
+    assert!(runs["flood"]["big_tenant_s"].is_number());
+    assert!(report["summary"]["worst_ratio"].is_number(), "{report}");
+}
+
+#[tokio::test]
+async fn poison_storm_dead_letters_every_bad_job_with_its_reason() {
+    let report = bench_own_servers(&[
+        "--scenario",
+        "poison-storm",
+        "--jobs",
+        "100",
+        "--work-us",
+        "0",
+    ])
+    .await;
+    let runs = runs_by_side(&report);
+    let clean = &runs["clean"];
+    assert_eq!(clean["verify"]["acked"], 100, "{clean}");
+    assert_eq!(clean["handler_calls"], 100, "{clean}");
+    let storm = &runs["storm"];
+    let v = &storm["verify"];
+    // 10 failed permanently, 5 dropped until they crash-looped, 85 acked.
+    assert_eq!(
+        (&v["acked"], &v["dead_expected"], &v["dead_right"]),
+        (&Value::from(85), &Value::from(15), &Value::from(15)),
+        "{storm}"
+    );
+    // Each dropped job was delivered twice (crash_loop_max = 2).
+    assert_eq!(storm["handler_calls"], 85 + 10 + 5 * 2, "{storm}");
+    assert_eq!(report["summary"]["dead_letters_right"], true, "{report}");
+}
+
+#[tokio::test]
+async fn start_latency_measures_every_job_of_an_idle_worker() {
+    let report = bench_own_servers(&[
+        "--scenario",
+        "start-latency",
+        "--probe-jobs",
+        "6",
+        "--probe-interval-ms",
+        "2",
+    ])
+    .await;
+    let runs = runs_by_side(&report);
+    let r = &runs["idle"];
+    assert_eq!(r["verify"]["acked"], 6, "{r}");
+    assert_eq!(r["start_latency"]["count"], 6, "{r}");
+    assert!(
+        report["summary"]["start_p99_ms"]["median"].is_number(),
+        "{report}"
+    );
+}
