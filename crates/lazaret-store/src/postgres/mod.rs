@@ -15,7 +15,8 @@
 //! What it deliberately does not do: TLS (connect through a local socket,
 //! a sidecar or a private network), connection pooling beyond its own few
 //! connections, and any decision (the lease plan is the core's
-//! `FairScheduler`, outcomes the `Decider`'s).
+//! `plan_lease`, a freed slot its `FairScheduler::frees_slot`, outcomes
+//! the `Decider`'s).
 
 mod reader;
 mod schema;
