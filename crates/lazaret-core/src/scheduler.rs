@@ -225,6 +225,15 @@ impl SchedulerConfig {
     pub fn at_cap(&self, tenant: &TenantId, inflight: u32) -> bool {
         inflight >= self.inflight_max_for(tenant)
     }
+
+    /// Whether one of `tenant`'s leases in a lane ending frees a slot that
+    /// someone waits for: the tenant held `inflight` leases there (this one
+    /// included), so it was at its cap, and has `ready` jobs that the cap
+    /// kept back. Long-polls should then look again; any other lease end
+    /// changes nothing a waiting lease could take.
+    pub fn frees_slot(&self, tenant: &TenantId, inflight: u32, ready: u32) -> bool {
+        self.at_cap(tenant, inflight) && ready > 0
+    }
 }
 
 /// A [`SchedulerConfig`] that cannot be used.
@@ -396,6 +405,13 @@ impl FairScheduler {
     /// there (the gateway then answers `FAIR_QUEUE`).
     pub fn at_cap(&self, tenant: &TenantId, inflight: u32) -> bool {
         self.config.at_cap(tenant, inflight)
+    }
+
+    /// Whether a lease of `tenant` ending frees a capped slot with jobs
+    /// waiting ([`SchedulerConfig::frees_slot`]); `inflight` counts the
+    /// ending lease. Both stores ask this when a lease ends.
+    pub fn frees_slot(&self, tenant: &TenantId, inflight: u32, ready: u32) -> bool {
+        self.config.frees_slot(tenant, inflight, ready)
     }
 
     /// Chooses up to `max_jobs` leases among `demand`.
@@ -637,6 +653,32 @@ mod tests {
         tenant: TenantId,
         ready: u32,
         inflight: u32,
+    }
+
+    #[test]
+    fn a_lease_end_frees_a_slot_only_for_a_tenant_at_its_cap_with_jobs_ready() {
+        let s = FairScheduler::new(
+            SchedulerConfig::new(2).with_tenant_inflight_max(TenantId::from("big"), 5),
+        )
+        .unwrap();
+        let (acme, big) = (TenantId::from("acme"), TenantId::from("big"));
+        // (tenant, in flight with the ending lease, ready) → freed
+        let cases = [
+            (&acme, 2, 1, true),
+            (&acme, 3, 7, true),
+            (&acme, 2, 0, false),
+            (&acme, 1, 9, false),
+            (&acme, 0, 9, false),
+            (&big, 2, 9, false),
+            (&big, 5, 1, true),
+        ];
+        for (tenant, inflight, ready, freed) in cases {
+            assert_eq!(
+                s.frees_slot(tenant, inflight, ready),
+                freed,
+                "{tenant} holding {inflight} with {ready} ready"
+            );
+        }
     }
 
     fn row(lane: &str, tenant: &str, ready: u32, inflight: u32) -> Row {

@@ -15,7 +15,8 @@
 //! What it deliberately does not do: TLS (connect through a local socket,
 //! a sidecar or a private network), connection pooling beyond its own few
 //! connections, and any decision (the lease plan is the core's
-//! `FairScheduler`, outcomes the `Decider`'s).
+//! `plan_lease`, a freed slot its `FairScheduler::frees_slot`, outcomes
+//! the `Decider`'s).
 
 mod reader;
 mod schema;
@@ -68,6 +69,19 @@ impl Channels {
 }
 /// Reader connections per node.
 const READERS: usize = 4;
+
+/// Commands waiting for the writer at most; one more is refused with
+/// [`StoreError::Overloaded`] (the server answers `503 UNAVAILABLE` with
+/// `Retry-After`) instead of queueing without bound, as SQLite's
+/// `COMMANDS_MAX`. Housekeeping (ticks, retention) and close are never
+/// refused.
+pub const COMMANDS_MAX: usize = 10_000;
+
+/// The listener's first wait before connecting again, doubled after each
+/// failed try up to [`LISTEN_RETRY_MAX`].
+const LISTEN_RETRY_MIN: std::time::Duration = std::time::Duration::from_millis(100);
+/// The listener's longest wait between tries to connect again.
+const LISTEN_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Whose clock a lease's end is measured on.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -192,8 +206,12 @@ async fn connect(
     })?;
     config.options(format!("-c search_path={}", opts.schema));
     // Names the schema, so an operator (or a test) can tell the clusters'
-    // sessions apart in pg_stat_activity.
-    config.application_name(format!("lazaret/{}", opts.schema));
+    // sessions apart in pg_stat_activity, and the listener from the rest.
+    config.application_name(if notify.is_some() {
+        format!("lazaret/{}/listener", opts.schema)
+    } else {
+        format!("lazaret/{}", opts.schema)
+    });
     let (client, mut conn) = config.connect(NoTls).await.map_err(|e| StoreError::Open {
         path: redact(&opts.url),
         source: std::io::Error::other(format!(
@@ -255,6 +273,163 @@ pub async fn drop_schema(opts: &PgOptions) -> Result<(), StoreError> {
         .await)
 }
 
+/// Hears the other nodes of the cluster: LISTENs on the schema's channels
+/// and turns their notifications into [`StoreEvent`]s.
+///
+/// Notifications sent while the listener is not connected are lost, so
+/// when the database drops its connection it connects again (waiting
+/// [`LISTEN_RETRY_MIN`], doubling up to [`LISTEN_RETRY_MAX`]) and then says
+/// what they would have: the tokens may have changed, the shared switches
+/// as they are now (and a resume for each pause it knew of that is gone),
+/// and jobs may be ready (every long-poll looks again).
+struct Listener {
+    opts: PgOptions,
+    channels: Channels,
+    events: broadcast::Sender<StoreEvent>,
+    /// This node's writer and readers: their notifications are its own.
+    own: HashSet<i32>,
+    /// The pauses heard of, `true` for a type's: to resume those lifted
+    /// while the listener was away.
+    paused: HashSet<(bool, String)>,
+}
+
+/// A listening connection and its notifications (the sender ends with the
+/// connection).
+type Heard = (
+    Client,
+    mpsc::UnboundedReceiver<tokio_postgres::Notification>,
+);
+
+impl Listener {
+    /// Connects and LISTENs; then reads the shared switches, so none set
+    /// before the LISTEN is missed.
+    async fn listen(&mut self) -> Result<Heard, StoreError> {
+        let (ntx, nrx) = mpsc::unbounded_channel();
+        let client = connect(&self.opts, Some(ntx)).await?;
+        pg(client
+            .batch_execute(&format!(
+                "LISTEN {}; LISTEN {}; LISTEN {};",
+                self.channels.ready, self.channels.tokens, self.channels.switch
+            ))
+            .await)?;
+        let now = reader::switches(&client).await?;
+        let was = std::mem::take(&mut self.paused);
+        for s in &now {
+            self.note(s);
+        }
+        // What changed while away (nothing at the first connection).
+        for (is_type, name) in was.difference(&self.paused) {
+            let name = name.clone();
+            let _ = self.events.send(StoreEvent::Switch(if *is_type {
+                Switch::PauseType {
+                    name,
+                    paused: false,
+                }
+            } else {
+                Switch::PauseLane {
+                    name,
+                    paused: false,
+                }
+            }));
+        }
+        Ok((client, nrx))
+    }
+
+    /// Keeps `paused` up to date with a switch.
+    fn note(&mut self, s: &Switch) {
+        let (is_type, name, paused) = match s {
+            Switch::PauseType { name, paused } => (true, name, *paused),
+            Switch::PauseLane { name, paused } => (false, name, *paused),
+            _ => return,
+        };
+        if paused {
+            self.paused.insert((is_type, name.clone()));
+        } else {
+            self.paused.remove(&(is_type, name.clone()));
+        }
+    }
+
+    /// Hears until the store goes, connecting again whenever the
+    /// connection ends.
+    async fn run(mut self, mut heard: Heard, mut stopped: tokio::sync::watch::Receiver<()>) {
+        loop {
+            if self.hear(&mut heard.1, &mut stopped).await {
+                return;
+            }
+            tracing::warn!("PostgreSQL: the listener's connection ended; connecting again");
+            let mut wait = LISTEN_RETRY_MIN;
+            heard = loop {
+                tokio::select! {
+                    () = tokio::time::sleep(wait) => {},
+                    _ = stopped.changed() => return,
+                }
+                match self.listen().await {
+                    Ok(h) => break h,
+                    Err(e) => {
+                        tracing::warn!(error = %e, retry_in_ms = wait.as_millis() as u64,
+                            "PostgreSQL: the listener could not connect again");
+                        wait = (wait * 2).min(LISTEN_RETRY_MAX);
+                    }
+                }
+            };
+            tracing::info!("PostgreSQL: the listener connected again");
+            // `listen` sent the resumes; the rest of what may have been missed.
+            let _ = self.events.send(StoreEvent::TokensChanged);
+            let switches = reader::switches(&heard.0).await.unwrap_or_default();
+            for s in switches {
+                let _ = self.events.send(StoreEvent::Switch(s));
+            }
+            let _ = self.events.send(StoreEvent::Ready { jobs: None });
+        }
+    }
+
+    /// Turns notifications into events until the connection ends (`false`)
+    /// or the store goes (`true`).
+    async fn hear(
+        &mut self,
+        nrx: &mut mpsc::UnboundedReceiver<tokio_postgres::Notification>,
+        stopped: &mut tokio::sync::watch::Receiver<()>,
+    ) -> bool {
+        loop {
+            let n = tokio::select! {
+                n = nrx.recv() => match n { Some(n) => n, None => return false },
+                _ = stopped.changed() => return true,
+            };
+            if self.own.contains(&n.process_id()) {
+                // This node's own commit: it woke its own waiters already.
+                continue;
+            }
+            let event = match n.channel() {
+                c if c == self.channels.ready => StoreEvent::Ready {
+                    jobs: serde_json::from_str::<Vec<(String, String)>>(n.payload())
+                        .ok()
+                        .map(|v| {
+                            v.into_iter()
+                                .map(|(l, t)| {
+                                    (lazaret_core::Lane::new(l), lazaret_core::JobType::new(t))
+                                })
+                                .collect()
+                        }),
+                },
+                c if c == self.channels.tokens => StoreEvent::TokensChanged,
+                c if c == self.channels.switch => match serde_json::from_str::<Switch>(n.payload())
+                {
+                    Ok(s) => {
+                        self.note(&s);
+                        StoreEvent::Switch(s)
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, payload = n.payload(), "an unreadable switch");
+                        continue;
+                    }
+                },
+                _ => continue,
+            };
+            let _ = self.events.send(event);
+        }
+    }
+}
+
 /// The PostgreSQL [`Store`].
 #[derive(Debug, Clone)]
 pub struct PostgresStore {
@@ -263,6 +438,10 @@ pub struct PostgresStore {
 
 struct Inner {
     tx: mpsc::UnboundedSender<Cmd>,
+    /// Commands sent and not yet taken by the writer.
+    waiting: Arc<AtomicUsize>,
+    /// The bound on `waiting` for requests ([`COMMANDS_MAX`]).
+    commands_max: usize,
     readers: Vec<Mutex<Client>>,
     next_reader: AtomicUsize,
     closed: AtomicBool,
@@ -296,6 +475,17 @@ impl PostgresStore {
         scheduler: FairScheduler,
         decider: Arc<dyn Decider>,
     ) -> Result<Self, StoreError> {
+        Self::open_bounded(opts, scheduler, decider, COMMANDS_MAX).await
+    }
+
+    /// [`PostgresStore::open`] with another bound on the commands waiting
+    /// for the writer than [`COMMANDS_MAX`] (at least 1).
+    pub async fn open_bounded(
+        opts: PgOptions,
+        scheduler: FairScheduler,
+        decider: Arc<dyn Decider>,
+        commands_max: usize,
+    ) -> Result<Self, StoreError> {
         check_schema(&opts.schema)?;
         let writer_client = connect(&opts, None).await?;
         schema::migrate(&writer_client, &opts.schema).await?;
@@ -311,56 +501,18 @@ impl PostgresStore {
         }
         let channels = Channels::of(&opts.schema);
         let (events, _) = broadcast::channel(1024);
-        let (ntx, mut nrx) = mpsc::unbounded_channel();
-        let listener = connect(&opts, Some(ntx)).await?;
-        pg(listener
-            .batch_execute(&format!(
-                "LISTEN {}; LISTEN {}; LISTEN {};",
-                channels.ready, channels.tokens, channels.switch
-            ))
-            .await)?;
-        let ev = events.clone();
-        let heard = channels.clone();
-        let (stop, mut stopped) = tokio::sync::watch::channel(());
-        tokio::spawn(async move {
-            // The listener's client lives as long as this task: dropping it
-            // ends the LISTEN (and the connection).
-            let _listener = listener;
-            loop {
-                let n = tokio::select! {
-                    n = nrx.recv() => match n { Some(n) => n, None => break },
-                    _ = stopped.changed() => break,
-                };
-                if own.contains(&n.process_id()) {
-                    // This node's own commit: it woke its own waiters already.
-                    continue;
-                }
-                let event = match n.channel() {
-                    c if c == heard.ready => StoreEvent::Ready {
-                        jobs: serde_json::from_str::<Vec<(String, String)>>(n.payload())
-                            .ok()
-                            .map(|v| {
-                                v.into_iter()
-                                    .map(|(l, t)| {
-                                        (lazaret_core::Lane::new(l), lazaret_core::JobType::new(t))
-                                    })
-                                    .collect()
-                            }),
-                    },
-                    c if c == heard.tokens => StoreEvent::TokensChanged,
-                    c if c == heard.switch => match serde_json::from_str::<Switch>(n.payload()) {
-                        Ok(s) => StoreEvent::Switch(s),
-                        Err(e) => {
-                            tracing::warn!(error = %e, payload = n.payload(), "an unreadable switch");
-                            continue;
-                        }
-                    },
-                    _ => continue,
-                };
-                let _ = ev.send(event);
-            }
-        });
+        let (stop, stopped) = tokio::sync::watch::channel(());
+        let mut listener = Listener {
+            opts: opts.clone(),
+            channels: channels.clone(),
+            events: events.clone(),
+            own,
+            paused: HashSet::new(),
+        };
+        let heard = listener.listen().await?;
+        tokio::spawn(listener.run(heard, stopped));
         let (tx, rx) = mpsc::unbounded_channel();
+        let waiting = Arc::new(AtomicUsize::new(0));
         let down = Arc::new(std::sync::Mutex::new(None));
         let w = Writer::new(
             writer_client,
@@ -371,10 +523,12 @@ impl PostgresStore {
             opts.clock,
             channels.clone(),
         );
-        tokio::spawn(w.run(rx));
+        tokio::spawn(w.run(rx, Arc::clone(&waiting)));
         Ok(PostgresStore {
             inner: Arc::new(Inner {
                 tx,
+                waiting,
+                commands_max: commands_max.max(1),
                 readers,
                 next_reader: AtomicUsize::new(0),
                 closed: AtomicBool::new(false),
@@ -395,6 +549,9 @@ impl PostgresStore {
         &self.inner.schema
     }
 
+    /// Sends a request's op to the writer and waits for its answer;
+    /// [`StoreError::Overloaded`] at once when the bound's worth of
+    /// commands wait already ([`COMMANDS_MAX`]).
     async fn call<T: Send + 'static>(
         &self,
         op: Op,
@@ -403,19 +560,56 @@ impl PostgresStore {
         if self.inner.closed.load(Ordering::Acquire) {
             return Err(StoreError::Closed);
         }
+        let before = self.inner.waiting.fetch_add(1, Ordering::AcqRel);
+        if before >= self.inner.commands_max {
+            self.inner.waiting.fetch_sub(1, Ordering::AcqRel);
+            return Err(StoreError::Overloaded { waiting: before });
+        }
+        self.send(op, pick).await
+    }
+
+    /// [`PostgresStore::call`] without the bound: housekeeping, which must
+    /// run however busy the store is.
+    async fn call_internal<T: Send + 'static>(
+        &self,
+        op: Op,
+        pick: fn(Answer) -> Option<T>,
+    ) -> Result<T, StoreError> {
+        if self.inner.closed.load(Ordering::Acquire) {
+            return Err(StoreError::Closed);
+        }
+        self.inner.waiting.fetch_add(1, Ordering::AcqRel);
+        self.send(op, pick).await
+    }
+
+    /// Commands sent to the writer that it has not taken yet.
+    pub fn commands_waiting(&self) -> usize {
+        self.inner.waiting.load(Ordering::Acquire)
+    }
+
+    async fn send<T: Send + 'static>(
+        &self,
+        op: Op,
+        pick: fn(Answer) -> Option<T>,
+    ) -> Result<T, StoreError> {
         let (tx, rx) = oneshot::channel();
         let reply: writer::Reply = Box::new(move |r| {
             let _ = tx.send(r.and_then(|a| {
                 pick(a).ok_or_else(|| StoreError::Corrupt("the writer answered another op".into()))
             }));
         });
-        self.inner
+        if self
+            .inner
             .tx
             .send(Cmd {
                 op: Some(op),
                 reply,
             })
-            .map_err(|_| StoreError::Closed)?;
+            .is_err()
+        {
+            self.inner.waiting.fetch_sub(1, Ordering::AcqRel);
+            return Err(StoreError::Closed);
+        }
         rx.await.map_err(|_| StoreError::Closed)?
     }
 
@@ -526,7 +720,7 @@ impl Store for PostgresStore {
             }
         }
         let t = self
-            .call(Op::Tick(now), |a| match a {
+            .call_internal(Op::Tick(now), |a| match a {
                 Answer::Tick(v) => Some(v),
                 _ => None,
             })
@@ -642,7 +836,7 @@ impl Store for PostgresStore {
     }
 
     async fn remove_succeeded(&self, before: Timestamp, batch: u32) -> Result<u64, StoreError> {
-        self.call(Op::RemoveSucceeded(before, batch), |a| match a {
+        self.call_internal(Op::RemoveSucceeded(before, batch), |a| match a {
             Answer::Count(v) => Some(v),
             _ => None,
         })
@@ -768,7 +962,9 @@ impl Store for PostgresStore {
         let reply: writer::Reply = Box::new(move |r| {
             let _ = tx.send(r.map(drop));
         });
+        self.inner.waiting.fetch_add(1, Ordering::AcqRel);
         if self.inner.tx.send(Cmd { op: None, reply }).is_err() {
+            self.inner.waiting.fetch_sub(1, Ordering::AcqRel);
             return Ok(());
         }
         rx.await.map_err(|_| StoreError::Closed)?

@@ -5,9 +5,11 @@
 //! stores share one row shape (`crate::stored`). `lazaret_meta` holds the
 //! schema version. `pairs` keeps, per (lane, tenant), the counts the fair
 //! scheduler sees and the stats report (ready, leased, scheduled,
-//! succeeded): every transition updates them in its own transaction, so
-//! they are the cluster's counts, and a lease locks the rows it picks from
-//! (`FOR UPDATE`), so a tenant's in-flight cap holds across nodes.
+//! succeeded), and `ready_types` the ready counts per (lane, tenant, type)
+//! that the core's lease plan reads: every transition updates them in its
+//! own transaction, so they are the cluster's counts, and a lease locks the
+//! pairs it picks from (`FOR UPDATE`), so a tenant's in-flight cap holds
+//! across nodes.
 
 use tokio_postgres::Client;
 
@@ -15,7 +17,7 @@ use super::pg;
 use crate::StoreError;
 
 /// The version this build writes; older schemas are migrated at open.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// The advisory lock key migrations hold (`pg_advisory_xact_lock`).
 const MIGRATION_LOCK: i64 = 0x6c61_7a61_7265_7401;
@@ -140,6 +142,27 @@ CREATE TABLE IF NOT EXISTS cluster_state (
 );
 "#;
 
+/// v1 → v2: ready counts by type (`ready_types`, counted from the jobs
+/// queued now), and the ready index with the type (`jobs_ready_type`)
+/// instead of `jobs_ready` (lane, tenant, run_at, id), so a lease filtered
+/// by type (or leaving out an open breaker's or a paused type) reads only
+/// the jobs it leases. Every node must run this build: an older one would
+/// not keep `ready_types`.
+const V2: &str = r#"
+CREATE TABLE IF NOT EXISTS ready_types (
+    lane   text NOT NULL,
+    tenant text NOT NULL,
+    type   text NOT NULL,
+    ready  int8 NOT NULL DEFAULT 0,
+    PRIMARY KEY (lane, tenant, type)
+);
+INSERT INTO ready_types (lane, tenant, type, ready)
+    SELECT lane, tenant, type, count(*) FROM jobs WHERE state = 'queued' GROUP BY lane, tenant, type
+    ON CONFLICT (lane, tenant, type) DO UPDATE SET ready = excluded.ready;
+CREATE INDEX IF NOT EXISTS jobs_ready_type ON jobs (lane, tenant, type, run_at, id) WHERE state = 'queued';
+DROP INDEX IF EXISTS jobs_ready;
+"#;
+
 /// Brings the schema the client's `search_path` names up to
 /// [`SCHEMA_VERSION`], in one transaction under an advisory lock; refuses a
 /// schema newer than this build. Returns the version found before.
@@ -164,6 +187,9 @@ pub async fn migrate(c: &Client, schema: &str) -> Result<i64, StoreError> {
     }
     if found < 1 {
         pg(c.batch_execute(V1).await)?;
+    }
+    if found < 2 {
+        pg(c.batch_execute(V2).await)?;
     }
     pg(c.execute(
         "INSERT INTO lazaret_meta (key, value) VALUES ('schema_version', $1)

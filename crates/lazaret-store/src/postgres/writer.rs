@@ -7,20 +7,23 @@
 //! deadlock with another node is retried a few times), so one bad op
 //! cannot fail the others and every answer is what happened.
 //!
-//! Counts per (lane, tenant) (`pairs`) change with every transition; the
-//! group gathers the changes and writes them once, in key order, before
-//! its commit. A lease reads the rows it picks from `FOR UPDATE`: their
-//! counts are then the cluster's, and another node's lease of the same
-//! tenant waits for this commit, so a tenant's in-flight cap holds across
-//! nodes. Jobs are picked `FOR UPDATE SKIP LOCKED`: two nodes never wait
-//! on, or take, the same job.
+//! Counts per (lane, tenant) (`pairs`) and ready counts per (lane, tenant,
+//! type) (`ready_types`) change with every transition; the group gathers
+//! the changes and writes them once, in key order (the pairs first, then
+//! their types), before its commit. A lease locks the pairs it may take
+//! from (`FOR UPDATE`): their counts are then the cluster's, and another
+//! node's lease of the same tenant waits for this commit, so a tenant's
+//! in-flight cap holds across nodes. What to lease is the core's
+//! `plan_lease`, from those counts by type; this writer only runs each
+//! take's SQL. Jobs are picked `FOR UPDATE SKIP LOCKED`: two nodes never
+//! wait on, or take, the same job.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use lazaret_core::{
-    Demand, Envelope, Event, FairScheduler, Grant, JobId, JobState, JobType, Lane, TenantId,
-    Timestamp, Transition, payload_preview,
+    Among, Envelope, Event, FairScheduler, JobId, JobState, JobType, Lane, LeaseFilter, PairCounts,
+    TenantId, Timestamp, Transition, payload_preview, plan_lease,
 };
 use tokio::sync::mpsc;
 use tokio_postgres::types::ToSql;
@@ -40,25 +43,45 @@ const GROUP_MAX: usize = 256;
 const PROMOTE_MAX: i64 = 20_000;
 /// Expired leases handled per tick at most.
 const EXPIRE_MAX: i64 = 2_000;
-/// Rounds of picking in one lease when picked pairs come up short.
-const PICK_ROUNDS_MAX: usize = 8;
 /// Tries of an op alone after a serialization failure or deadlock.
 const RETRIES_MAX: u32 = 5;
 /// The advisory lock retention holds, so one node at a time deletes.
 pub(super) const RETENTION_LOCK: i64 = 0x6c61_7a61_7265_7402;
 
-/// Leases up to `$5` queued jobs of one (lane, tenant), oldest first, in
-/// one statement: picked `FOR UPDATE SKIP LOCKED` (never a job another
-/// transaction holds), charged an attempt and given a token from the
-/// sequence `lease_tokens`.
-const LEASE_SQL: &str = "WITH picked AS (
+/// Leases up to `$4` queued jobs of one (lane, tenant) and one type `$3`,
+/// oldest first, in one statement: one range of the typed ready index
+/// `jobs_ready_type` (lane, tenant, type, run_at, id), picked `FOR UPDATE
+/// SKIP LOCKED` (never a job another transaction holds), charged an attempt
+/// and given a token from the sequence `lease_tokens`.
+const LEASE_ONE_SQL: &str = "WITH picked AS (
                    SELECT id FROM jobs
-                   WHERE lane = $1 AND tenant = $2 AND state = 'queued'
-                     AND ($3::text[] IS NULL OR type = ANY($3)) AND NOT (type = ANY($4))
-                   ORDER BY run_at, id LIMIT $5 FOR UPDATE SKIP LOCKED)
+                   WHERE lane = $1 AND tenant = $2 AND type = $3 AND state = 'queued'
+                   ORDER BY run_at, id LIMIT $4 FOR UPDATE SKIP LOCKED)
                  UPDATE jobs j SET state = 'leased', attempts = j.attempts + 1, leases = j.leases + 1,
-                   lease_token = nextval('lease_tokens'), lease_expires_at = $6, lease_started_at = $7,
-                   worker_id = $8
+                   lease_token = nextval('lease_tokens'), lease_expires_at = $5, lease_started_at = $6,
+                   worker_id = $7
+                 FROM picked WHERE j.id = picked.id
+                 RETURNING j.id, j.type, j.idempotency_key, j.schema_version, j.created_at, j.payload,
+                   j.attempts, j.lease_token, j.run_at";
+
+/// [`LEASE_ONE_SQL`] among several types `$3`, as SQLite's writer does it:
+/// the first `$4` ready jobs of each type (a range of `jobs_ready_type`
+/// each, unlocked), merged by (run_at, id), and the oldest `$4` of them
+/// locked and leased. No read walks past jobs of a type it does not take.
+const LEASE_MERGED_SQL: &str = "WITH picked AS (
+                   SELECT id FROM jobs
+                   WHERE id = ANY(ARRAY(
+                       SELECT x.id FROM unnest($3::text[]) AS t(type)
+                       CROSS JOIN LATERAL (
+                         SELECT id, run_at FROM jobs
+                         WHERE lane = $1 AND tenant = $2 AND type = t.type AND state = 'queued'
+                         ORDER BY run_at, id LIMIT $4) x
+                       ORDER BY x.run_at, x.id LIMIT $4))
+                     AND state = 'queued'
+                   FOR UPDATE SKIP LOCKED)
+                 UPDATE jobs j SET state = 'leased', attempts = j.attempts + 1, leases = j.leases + 1,
+                   lease_token = nextval('lease_tokens'), lease_expires_at = $5, lease_started_at = $6,
+                   worker_id = $7
                  FROM picked WHERE j.id = picked.id
                  RETURNING j.id, j.type, j.idempotency_key, j.schema_version, j.created_at, j.payload,
                    j.attempts, j.lease_token, j.run_at";
@@ -138,8 +161,14 @@ struct Delta {
 struct Group {
     /// Count changes per (lane, tenant), applied in key order.
     deltas: BTreeMap<(String, String), Delta>,
+    /// Ready count changes per (lane, tenant, type), applied in key order
+    /// after the pairs' (`ready_types`); they add up to `deltas`' `ready`.
+    typed: BTreeMap<(String, String, String), i64>,
     /// Counts read in this group (before its own deltas).
     base: HashMap<(String, String), (i64, i64)>,
+    /// Ready counts by type of the pairs a lease of this group locked
+    /// (before the group's own changes).
+    base_types: HashMap<(String, String), BTreeMap<JobType, i64>>,
     /// Anything may have become leasable: other nodes' long-polls should look.
     wake: bool,
     /// Only these (lane, type) pairs became leasable (enqueues).
@@ -162,7 +191,6 @@ pub(super) struct Writer {
     clock: Clock,
     channels: Channels,
     group: Group,
-    grants: Vec<Grant>,
     commits: u64,
     commands: u64,
     /// Lease ops run since start.
@@ -171,6 +199,12 @@ pub(super) struct Writer {
 
 fn ms(t: Timestamp) -> i64 {
     t.as_millis()
+}
+
+/// A count of the database's as the core counts (negative: 0; past
+/// `u32::MAX`: `u32::MAX`).
+fn count32(n: i64) -> u32 {
+    u32::try_from(n.max(0)).unwrap_or(u32::MAX)
 }
 
 fn corrupt(e: impl std::fmt::Display) -> StoreError {
@@ -227,14 +261,20 @@ impl Writer {
             clock,
             channels,
             group: Group::default(),
-            grants: Vec::new(),
             commits: 0,
             commands: 0,
             leases: 0,
         }
     }
 
-    pub(super) async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Cmd>) {
+    /// Runs groups until closed; `waiting` counts the commands sent and not
+    /// taken yet (the store's bound on them), so each one taken counts down.
+    pub(super) async fn run(
+        mut self,
+        mut rx: mpsc::UnboundedReceiver<Cmd>,
+        waiting: Arc<std::sync::atomic::AtomicUsize>,
+    ) {
+        use std::sync::atomic::Ordering;
         let mut batch: Vec<Cmd> = Vec::with_capacity(GROUP_MAX);
         while let Some(first) = rx.recv().await {
             batch.push(first);
@@ -244,6 +284,7 @@ impl Writer {
                     Err(_) => break,
                 }
             }
+            waiting.fetch_sub(batch.len(), Ordering::AcqRel);
             let close = batch.iter().position(|c| c.op.is_none());
             let rest = close.map(|i| batch.split_off(i));
             if !batch.is_empty() {
@@ -260,6 +301,7 @@ impl Writer {
                 }
                 rx.close();
                 while let Ok(cmd) = rx.try_recv() {
+                    waiting.fetch_sub(1, Ordering::AcqRel);
                     (cmd.reply)(Err(StoreError::Closed));
                 }
                 return;
@@ -418,10 +460,29 @@ impl Writer {
             .or_default()
     }
 
+    /// `n` more (or fewer) jobs of `job_type` ready in (lane, tenant):
+    /// the pair's count and the type's.
+    fn add_ready(&mut self, lane: &str, tenant: &str, job_type: &str, n: i64) {
+        self.delta(lane, tenant).ready += n;
+        *self
+            .group
+            .typed
+            .entry((lane.to_owned(), tenant.to_owned(), job_type.to_owned()))
+            .or_default() += n;
+    }
+
     /// Writes the group's count changes, in key order (two nodes' groups
     /// lock the rows in the same order: no deadlock between them).
     async fn flush_counts(&mut self) -> Result<(), StoreError> {
         let deltas = std::mem::take(&mut self.group.deltas);
+        let typed = std::mem::take(&mut self.group.typed);
+        // Pairs whose types' counts change lock their row even when their
+        // own counts add up to no change.
+        let retyped: HashSet<(&str, &str)> = typed
+            .iter()
+            .filter(|(_, n)| **n != 0)
+            .map(|((l, t, _), _)| (l.as_str(), t.as_str()))
+            .collect();
         let (mut lanes, mut tenants) = (Vec::new(), Vec::new());
         let (mut ready, mut inflight, mut scheduled, mut succeeded, mut cancelled) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -431,6 +492,7 @@ impl Writer {
                 && d.scheduled == 0
                 && d.succeeded == 0
                 && d.cancelled == 0
+                && !retyped.contains(&(l.as_str(), t.as_str()))
             {
                 continue;
             }
@@ -453,6 +515,28 @@ impl Writer {
                scheduled = p.scheduled + excluded.scheduled, succeeded = p.succeeded + excluded.succeeded,
                cancelled = p.cancelled + excluded.cancelled",
             &[&lanes, &tenants, &ready, &inflight, &scheduled, &succeeded, &cancelled],
+        )
+        .await?;
+        // The types' counts, under the pairs' row locks taken just above
+        // (a type's count changes only with its pair's), in key order.
+        let (mut lanes, mut tenants, mut types, mut ready) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for ((l, t, ty), n) in typed {
+            if n != 0 {
+                lanes.push(l);
+                tenants.push(t);
+                types.push(ty);
+                ready.push(n);
+            }
+        }
+        if lanes.is_empty() {
+            return Ok(());
+        }
+        self.execute(
+            "INSERT INTO ready_types AS r (lane, tenant, type, ready)
+             SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::int8[])
+             ON CONFLICT (lane, tenant, type) DO UPDATE SET ready = r.ready + excluded.ready",
+            &[&lanes, &tenants, &types, &ready],
         )
         .await?;
         Ok(())
@@ -725,7 +809,7 @@ impl Writer {
                 if *state == JobState::Scheduled {
                     self.delta(lane, tenant).scheduled += 1;
                 } else {
-                    self.delta(lane, tenant).ready += 1;
+                    self.add_ready(lane, tenant, job.job_type.as_str(), 1);
                     self.group
                         .woken
                         .insert((lane.to_owned(), job.job_type.as_str().to_owned()));
@@ -736,220 +820,188 @@ impl Writer {
         Ok(done)
     }
 
+    /// Leases what the core's lease plan says, as SQLite's writer does.
+    /// The pairs this lease may take from are locked (`FOR UPDATE`) with
+    /// their ready counts by type (`ready_types`): their counts are then
+    /// the cluster's until this group commits, and another node's lease of
+    /// the same pair waits for it, so a tenant's cap holds across nodes.
+    /// `plan_lease` turns the counts into takes; each take reads only the
+    /// rows it leases, by the typed ready index ([`LEASE_ONE_SQL`],
+    /// [`LEASE_MERGED_SQL`]), so what a lease costs does not depend on how
+    /// many jobs of other types wait. The takes' statements go out at once,
+    /// pipelined on the one connection.
     async fn lease(&mut self, req: &LeaseRequest) -> Result<Vec<LeasedJob>, StoreError> {
         let mut out: Vec<LeasedJob> = Vec::new();
+        if req.max_jobs == 0 || req.types.as_ref().is_some_and(Vec::is_empty) {
+            // Nothing could be taken: no rows to lock.
+            return Ok(out);
+        }
         let lane_ok = |lane: &str| {
             req.lanes
                 .as_ref()
                 .is_none_or(|ls| ls.iter().any(|l| l.as_str() == lane))
                 && !req.exclude_lanes.iter().any(|l| l.as_str() == lane)
         };
-        let types: Option<Vec<String>> = req
-            .types
-            .as_ref()
-            .map(|ts| ts.iter().map(|t| t.as_str().to_owned()).collect());
-        if types.as_ref().is_some_and(Vec::is_empty) || req.max_jobs == 0 {
-            return Ok(out);
-        }
-        // As in SQLite: types with a probe limit (half-open breakers) are
-        // leased by a query of their own, up to what is left of the limit,
-        // and kept out of the main one.
-        let mut excluded: Vec<String> = req
-            .exclude_types
-            .iter()
-            .map(|t| t.as_str().to_owned())
-            .collect();
-        let mut limits: Vec<(String, u32)> = Vec::new();
-        for (t, n) in &req.type_limits {
-            excluded.push(t.as_str().to_owned());
-            let wanted = types
-                .as_ref()
-                .is_none_or(|ts| ts.iter().any(|x| x == t.as_str()));
-            if *n > 0 && wanted && !req.exclude_types.contains(t) {
-                limits.push((t.as_str().to_owned(), *n));
-            }
-        }
-        // The pairs with ready jobs, locked: their counts are the cluster's
-        // until this group commits.
         let only_lanes: Option<Vec<&str>> = req
             .lanes
             .as_ref()
             .map(|ls| ls.iter().map(|l| l.as_str()).collect());
         let not_lanes: Vec<&str> = req.exclude_lanes.iter().map(|l| l.as_str()).collect();
-        // Lane reserves are shares of every lease held: pairs that hold
-        // leases with nothing ready count then too (as in SQLite).
-        let held_too = self.scheduler.config().has_reserves();
+        // Every pair with jobs ready or leases held: which of them count
+        // (lane reserves are shares of every lease held) is the plan's to say.
         let rows = self
             .query(
-                "SELECT lane, tenant, ready, inflight FROM pairs
-                 WHERE (ready > 0 OR ($3 AND inflight > 0))
-                   AND ($1::text[] IS NULL OR lane = ANY($1)) AND NOT (lane = ANY($2))
-                 ORDER BY lane, tenant FOR UPDATE",
-                &[&only_lanes, &not_lanes, &held_too],
+                "SELECT p.lane, p.tenant, p.ready, p.inflight, t.type, t.ready FROM pairs p
+                 LEFT JOIN ready_types t ON t.lane = p.lane AND t.tenant = p.tenant AND t.ready > 0
+                 WHERE (p.ready > 0 OR p.inflight > 0)
+                   AND ($1::text[] IS NULL OR p.lane = ANY($1)) AND NOT (p.lane = ANY($2))
+                 ORDER BY p.lane, p.tenant FOR UPDATE OF p",
+                &[&only_lanes, &not_lanes],
             )
             .await?;
-        let mut pairs: Vec<((Lane, TenantId), (i64, i64))> = Vec::new();
+        let mut keys: Vec<(String, String)> = Vec::new();
         for r in rows {
-            let (lane, tenant): (String, String) = (r.get(0), r.get(1));
-            let base: (i64, i64) = (r.get(2), r.get(3));
-            self.group.base.insert((lane.clone(), tenant.clone()), base);
-            if lane_ok(&lane) {
-                pairs.push(((Lane::new(lane), TenantId::new(tenant)), base));
+            let key: (String, String) = (r.get(0), r.get(1));
+            if keys.last() != Some(&key) {
+                self.group.base.insert(key.clone(), (r.get(2), r.get(3)));
+                self.group.base_types.insert(key.clone(), BTreeMap::new());
+                keys.push(key.clone());
+            }
+            if let Some(t) = r.get::<_, Option<String>>(4) {
+                let types = self.group.base_types.get_mut(&key).expect("inserted above");
+                types.insert(JobType::new(t), r.get(5));
             }
         }
-        // Pairs made ready by this group only (enqueued earlier in it).
+        // Pairs made ready by this group only (enqueued earlier in it): none
+        // of their jobs is another transaction's to see, so their types'
+        // counts are this group's.
+        let locked: HashSet<(String, String)> = keys.iter().cloned().collect();
         let unseen: Vec<(String, String)> = self
             .group
             .deltas
             .iter()
-            .filter(|(k, d)| {
-                d.ready > 0
-                    && !pairs
-                        .iter()
-                        .any(|((l, t), _)| l.as_str() == k.0 && t.as_str() == k.1)
-            })
+            .filter(|(k, d)| d.ready > 0 && !locked.contains(*k))
             .map(|(k, _)| k.clone())
             .collect();
-        for (lane, tenant) in unseen {
-            if lane_ok(&lane) {
-                self.counts(&lane, &tenant).await?;
-                let base = self.group.base[&(lane.clone(), tenant.clone())];
-                pairs.push(((Lane::new(lane), TenantId::new(tenant)), base));
+        for key in unseen {
+            self.counts(&key.0, &key.1).await?;
+            self.group.base_types.insert(key.clone(), BTreeMap::new());
+            keys.push(key);
+        }
+        keys.retain(|(lane, _)| lane_ok(lane));
+        // The counts now, this group's changes included.
+        let mut counted: Vec<(Lane, TenantId, u32, BTreeMap<JobType, u32>)> =
+            Vec::with_capacity(keys.len());
+        for key in &keys {
+            let base = self.group.base.get(key).copied().unwrap_or_default();
+            let d = self.group.deltas.get(key).copied().unwrap_or_default();
+            let mut by_type: BTreeMap<JobType, i64> =
+                self.group.base_types.get(key).cloned().unwrap_or_default();
+            let from = (key.0.clone(), key.1.clone(), String::new());
+            for ((l, t, ty), n) in self.group.typed.range(from..) {
+                if (l, t) != (&key.0, &key.1) {
+                    break;
+                }
+                *by_type.entry(JobType::new(ty.clone())).or_default() += n;
+            }
+            let by_type: BTreeMap<JobType, u32> = by_type
+                .into_iter()
+                .filter(|(_, n)| *n > 0)
+                .map(|(t, n)| (t, count32(n)))
+                .collect();
+            let inflight = count32(base.1 + d.inflight);
+            if !by_type.is_empty() || inflight > 0 {
+                counted.push((
+                    Lane::new(key.0.clone()),
+                    TenantId::new(key.1.clone()),
+                    inflight,
+                    by_type,
+                ));
             }
         }
-        let mut short: HashSet<(Lane, TenantId)> = HashSet::new();
-        for _round in 0..PICK_ROUNDS_MAX {
-            let remaining = req.max_jobs.saturating_sub(out.len() as u32);
-            if remaining == 0 {
-                break;
-            }
-            let mut keys: Vec<((Lane, TenantId), (u32, u32))> = Vec::new();
-            for (key, base) in &pairs {
-                if short.contains(key) {
-                    continue;
-                }
-                let d = self
-                    .group
-                    .deltas
-                    .get(&(key.0.as_str().to_owned(), key.1.as_str().to_owned()))
-                    .copied()
-                    .unwrap_or_default();
-                let (ready, inflight) = (base.0 + d.ready, base.1 + d.inflight);
-                if ready > 0 || (held_too && inflight > 0) {
-                    keys.push((key.clone(), (ready.max(0) as u32, inflight.max(0) as u32)));
-                }
-            }
-            if keys.is_empty() {
-                break;
-            }
-            let demand: Vec<Demand<'_>> = keys
+        // The takes, owned, with the types each reads (any type: those the
+        // pair has ready).
+        let takes: Vec<(usize, Vec<String>, u32)> = {
+            let pairs: Vec<PairCounts<'_>> = counted
                 .iter()
-                .map(|((lane, tenant), (ready, inflight))| Demand {
+                .map(|(lane, tenant, inflight, ready)| PairCounts {
                     lane,
                     tenant,
-                    ready: *ready,
                     inflight: *inflight,
+                    ready,
                 })
                 .collect();
-            let mut grants = std::mem::take(&mut self.grants);
-            self.scheduler.pick(&demand, remaining, &mut grants);
-            drop(demand);
-            if grants.is_empty() {
-                self.grants = grants;
-                break;
-            }
-            if limits.is_empty() {
-                // No probe quotas: every grant's statement goes out at once
-                // (pipelined on the one connection), not one round trip each.
-                let wanted: Vec<((Lane, TenantId), u32)> = grants
-                    .iter()
-                    .map(|g| (keys[g.demand_index].0.clone(), g.count))
-                    .collect();
-                self.grants = grants;
-                let got = self
-                    .lease_pairs(req, &wanted, types.as_ref(), &excluded, &mut out)
-                    .await?;
-                for ((key, count), n) in wanted.into_iter().zip(got) {
-                    if n < count {
-                        short.insert(key);
+            let filter = LeaseFilter {
+                types: req.types.as_deref(),
+                excluded: &req.exclude_types,
+                probes: &req.type_limits,
+            };
+            plan_lease(&mut self.scheduler, &pairs, &filter, req.max_jobs)
+                .into_iter()
+                .map(|t| {
+                    let types = match t.among {
+                        Among::AnyType => counted[t.pair]
+                            .3
+                            .keys()
+                            .map(|ty| ty.as_str().to_owned())
+                            .collect(),
+                        Among::Types(ts) => ts.iter().map(|ty| ty.as_str().to_owned()).collect(),
+                    };
+                    (t.pair, types, t.count)
+                })
+                .collect()
+        };
+        if takes.is_empty() {
+            return Ok(out);
+        }
+        let one = self.stmt(LEASE_ONE_SQL).await?;
+        let merged = self.stmt(LEASE_MERGED_SQL).await?;
+        let expires = req.now.saturating_add(req.lease);
+        let (exp, now, worker) = (ms(expires), ms(req.now), req.worker_id.as_str());
+        // Per take: lane, tenant, types, count.
+        let args: Vec<(&str, &str, Vec<&str>, i64)> = takes
+            .iter()
+            .map(|(pair, types, count)| {
+                (
+                    counted[*pair].0.as_str(),
+                    counted[*pair].1.as_str(),
+                    types.iter().map(String::as_str).collect(),
+                    i64::from(*count),
+                )
+            })
+            .collect();
+        let calls: Vec<(&Statement, [&(dyn ToSql + Sync); 7])> = args
+            .iter()
+            .map(
+                |(lane, tenant, types, n)| -> (&Statement, [&(dyn ToSql + Sync); 7]) {
+                    match types.as_slice() {
+                        [one_type] => (&one, [lane, tenant, one_type, n, &exp, &now, &worker]),
+                        _ => (&merged, [lane, tenant, types, n, &exp, &now, &worker]),
                     }
-                }
-                continue;
+                },
+            )
+            .collect();
+        let client = &self.client;
+        let results = futures_util::future::join_all(
+            calls.iter().map(|(st, p)| client.query(*st, p.as_slice())),
+        )
+        .await;
+        drop(calls);
+        for ((pair, _, count), rows) in takes.iter().zip(results) {
+            let rows = pg(rows)?;
+            let (lane, tenant) = (&counted[*pair].0, &counted[*pair].1);
+            let got = self.take_leased(&rows, lane, tenant, expires, &mut out);
+            if got < *count {
+                // A job of the take was locked by another transaction (a
+                // cancel), or the counts are off: this lease is short.
+                tracing::debug!(%lane, %tenant, planned = count, got, "a lease take came up short");
             }
-            for g in grants.iter() {
-                let (key, _) = &keys[g.demand_index];
-                let mut got = 0;
-                for (t, left) in limits.iter_mut().filter(|(_, left)| *left > 0) {
-                    let n = (*left).min(g.count - got);
-                    if n == 0 {
-                        break;
-                    }
-                    let only = vec![t.clone()];
-                    let leased = self
-                        .lease_from_pair(req, key, n, Some(&only), &[], &mut out)
-                        .await?;
-                    *left -= leased;
-                    got += leased;
-                }
-                if got < g.count {
-                    got += self
-                        .lease_from_pair(
-                            req,
-                            key,
-                            g.count - got,
-                            types.as_ref(),
-                            &excluded,
-                            &mut out,
-                        )
-                        .await?;
-                }
-                if got < g.count {
-                    short.insert(key.clone());
-                }
-            }
-            self.grants = grants;
         }
         Ok(out)
     }
 
-    /// [`LEASE_SQL`] for several pairs at once, pipelined; how many each got.
-    async fn lease_pairs(
-        &mut self,
-        req: &LeaseRequest,
-        wanted: &[((Lane, TenantId), u32)],
-        types: Option<&Vec<String>>,
-        excluded: &[String],
-        out: &mut Vec<LeasedJob>,
-    ) -> Result<Vec<u32>, StoreError> {
-        let st = self.stmt(LEASE_SQL).await?;
-        let expires = req.now.saturating_add(req.lease);
-        let excluded: Vec<&str> = excluded.iter().map(String::as_str).collect();
-        let types: Option<Vec<&str>> = types.map(|ts| ts.iter().map(String::as_str).collect());
-        let (exp, now, worker) = (ms(expires), ms(req.now), req.worker_id.as_str());
-        let owned: Vec<(&str, &str, i64)> = wanted
-            .iter()
-            .map(|((l, t), n)| (l.as_str(), t.as_str(), i64::from(*n)))
-            .collect();
-        let params: Vec<[&(dyn ToSql + Sync); 8]> = owned
-            .iter()
-            .map(|(l, t, n)| -> [&(dyn ToSql + Sync); 8] {
-                [l, t, &types, &excluded, n, &exp, &now, &worker]
-            })
-            .collect();
-        let client = &self.client;
-        let results =
-            futures_util::future::join_all(params.iter().map(|p| client.query(&st, p.as_slice())))
-                .await;
-        let mut counts = Vec::with_capacity(wanted.len());
-        for (((lane, tenant), _), rows) in wanted.iter().zip(results) {
-            let rows = pg(rows)?;
-            counts.push(self.take_leased(&rows, lane, tenant, expires, out));
-        }
-        Ok(counts)
-    }
-
-    /// The jobs a [`LEASE_SQL`] returned, oldest first, into `out`; counted
-    /// into the group's deltas.
+    /// The jobs a lease statement returned, oldest first, into `out`;
+    /// counted into the group's deltas, by type.
     fn take_leased(
         &mut self,
         rows: &[Row],
@@ -982,42 +1034,20 @@ impl Writer {
             .collect();
         got.sort_by_key(|(run_at, j)| (*run_at, j.id));
         let n = got.len() as u32;
+        // Per type, once: a take reads one type, or a few.
+        let mut by_type: Vec<(&JobType, i64)> = Vec::new();
+        for (_, j) in &got {
+            match by_type.iter_mut().find(|(t, _)| *t == &j.job_type) {
+                Some((_, k)) => *k += 1,
+                None => by_type.push((&j.job_type, 1)),
+            }
+        }
+        for (t, k) in by_type {
+            self.add_ready(lane.as_str(), tenant.as_str(), t.as_str(), -k);
+        }
+        self.delta(lane.as_str(), tenant.as_str()).inflight += i64::from(n);
         out.extend(got.into_iter().map(|(_, j)| j));
-        let d = self.delta(lane.as_str(), tenant.as_str());
-        d.ready -= i64::from(n);
-        d.inflight += i64::from(n);
         n
-    }
-
-    /// Leases up to `count` queued jobs of one (lane, tenant) ([`LEASE_SQL`]).
-    async fn lease_from_pair(
-        &mut self,
-        req: &LeaseRequest,
-        (lane, tenant): &(Lane, TenantId),
-        count: u32,
-        types: Option<&Vec<String>>,
-        excluded: &[String],
-        out: &mut Vec<LeasedJob>,
-    ) -> Result<u32, StoreError> {
-        let expires = req.now.saturating_add(req.lease);
-        let excluded: Vec<&str> = excluded.iter().map(String::as_str).collect();
-        let types: Option<Vec<&str>> = types.map(|ts| ts.iter().map(String::as_str).collect());
-        let rows = self
-            .query(
-                LEASE_SQL,
-                &[
-                    &lane.as_str(),
-                    &tenant.as_str(),
-                    &types,
-                    &excluded,
-                    &i64::from(count),
-                    &ms(expires),
-                    &ms(req.now),
-                    &req.worker_id.as_str(),
-                ],
-            )
-            .await?;
-        Ok(self.take_leased(&rows, lane, tenant, expires, out))
     }
 
     /// Locks the jobs an outcome batch names, by id order (two batches lock
@@ -1157,12 +1187,14 @@ impl Writer {
     }
 
     /// A leased job of (lane, tenant) leaves the in-flight set; whether that
-    /// freed a slot of a tenant at its cap with jobs ready.
+    /// freed a slot someone waits for (the core's rule,
+    /// `FairScheduler::frees_slot`).
     async fn release_slot(&mut self, lane: &Lane, tenant: &TenantId) -> Result<bool, StoreError> {
-        let cap = i64::from(self.scheduler.inflight_max(tenant));
         let (ready, inflight) = self.counts(lane.as_str(), tenant.as_str()).await?;
         self.delta(lane.as_str(), tenant.as_str()).inflight -= 1;
-        let freed = inflight >= cap && ready > 0;
+        let freed = self
+            .scheduler
+            .frees_slot(tenant, count32(inflight), count32(ready));
         if freed {
             self.group.wake = true;
         }
@@ -1196,7 +1228,7 @@ impl Writer {
                 )
                 .await?;
                 if state == JobState::Queued {
-                    self.delta(lane, tenant).ready += 1;
+                    self.add_ready(lane, tenant, env.job_type.as_str(), 1);
                     self.group.wake = true;
                 } else {
                     self.delta(lane, tenant).scheduled += 1;
@@ -1307,15 +1339,15 @@ impl Writer {
     ) -> Result<Result<crate::Cancelled, crate::CancelError>, StoreError> {
         let rows = self
             .query(
-                "SELECT state, lane, tenant, cancel_requested FROM jobs WHERE id = $1 FOR UPDATE",
+                "SELECT state, lane, tenant, cancel_requested, type FROM jobs WHERE id = $1 FOR UPDATE",
                 &[&(id.0 as i64)],
             )
             .await?;
         let Some(r) = rows.first() else {
             return Ok(Err(crate::CancelError::NotFound));
         };
-        let (state, lane, tenant, requested): (String, String, String, bool) =
-            (r.get(0), r.get(1), r.get(2), r.get(3));
+        let (state, lane, tenant, requested, job_type): (String, String, String, bool, String) =
+            (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4));
         let state: JobState = state.parse().map_err(corrupt)?;
         let answer = match lazaret_core::cancel(state, requested) {
             lazaret_core::CancelDecision::Refuse { state } => {
@@ -1328,13 +1360,12 @@ impl Writer {
                     &[&(id.0 as i64), &ms(now)],
                 )
                 .await?;
-                let d = self.delta(&lane, &tenant);
                 if state == JobState::Queued {
-                    d.ready -= 1;
+                    self.add_ready(&lane, &tenant, &job_type, -1);
                 } else {
-                    d.scheduled -= 1;
+                    self.delta(&lane, &tenant).scheduled -= 1;
                 }
-                d.cancelled += 1;
+                self.delta(&lane, &tenant).cancelled += 1;
                 entry.count = 1;
                 crate::Cancelled::Now
             }
@@ -1392,15 +1423,14 @@ impl Writer {
                    SELECT id FROM jobs WHERE state = 'scheduled' AND run_at <= $1
                    ORDER BY run_at LIMIT $2 FOR UPDATE SKIP LOCKED)
                  UPDATE jobs j SET state = 'queued' FROM due WHERE j.id = due.id
-                 RETURNING j.lane, j.tenant",
+                 RETURNING j.lane, j.tenant, j.type",
                 &[&ms(now), &PROMOTE_MAX],
             )
             .await?;
         for r in &promoted {
-            let (lane, tenant): (String, String) = (r.get(0), r.get(1));
-            let d = self.delta(&lane, &tenant);
-            d.scheduled -= 1;
-            d.ready += 1;
+            let (lane, tenant, job_type): (String, String, String) = (r.get(0), r.get(1), r.get(2));
+            self.delta(&lane, &tenant).scheduled -= 1;
+            self.add_ready(&lane, &tenant, &job_type, 1);
             tick.promoted += 1;
             self.group.wake = true;
         }
@@ -1505,7 +1535,12 @@ impl Writer {
             .await?;
             self.execute("DELETE FROM dead_letters WHERE id = $1", &[&(dl.0 as i64)])
                 .await?;
-            self.delta(env.lane.as_str(), env.tenant.as_str()).ready += 1;
+            self.add_ready(
+                env.lane.as_str(),
+                env.tenant.as_str(),
+                env.job_type.as_str(),
+                1,
+            );
             self.group.wake = true;
             out.push(env.id);
         }
@@ -1571,7 +1606,12 @@ impl Writer {
         .await?;
         self.execute("DELETE FROM dead_letters WHERE id = $1", &[&(dl.0 as i64)])
             .await?;
-        self.delta(env.lane.as_str(), env.tenant.as_str()).ready += 1;
+        self.add_ready(
+            env.lane.as_str(),
+            env.tenant.as_str(),
+            env.job_type.as_str(),
+            1,
+        );
         self.group.wake = true;
         self.audit_add(audit, 1).await?;
         Ok(Some(env.id))
@@ -1655,15 +1695,17 @@ impl Writer {
                 lanes.push((Lane::new(r.get::<_, String>(0)), c));
             }
         }
-        // One index probe (`jobs_ready`) per (lane, tenant) with jobs ready.
+        // One index probe (`jobs_ready_type`) per (lane, tenant, type) with
+        // jobs ready.
         let oldest = self
             .query(
-                "SELECT p.lane, min(x.run_at)::int8 FROM pairs p
+                "SELECT r.lane, min(x.run_at)::int8 FROM ready_types r
                  CROSS JOIN LATERAL (
                    SELECT run_at FROM jobs j
-                   WHERE j.lane = p.lane AND j.tenant = p.tenant AND j.state = 'queued'
+                   WHERE j.lane = r.lane AND j.tenant = r.tenant AND j.type = r.type
+                     AND j.state = 'queued'
                    ORDER BY run_at, id LIMIT 1) x
-                 WHERE p.ready > 0 GROUP BY p.lane ORDER BY p.lane",
+                 WHERE r.ready > 0 GROUP BY r.lane ORDER BY r.lane",
                 &[],
             )
             .await?;

@@ -1006,13 +1006,13 @@ impl Writer {
     }
 
     /// A leased job of (lane, tenant) leaves the in-flight set; returns
-    /// whether that freed a slot of a tenant at its cap with jobs ready.
+    /// whether that freed a slot someone waits for (the core's rule,
+    /// `FairScheduler::frees_slot`).
     fn release_slot(&mut self, lane: &Lane, tenant: &TenantId) -> bool {
-        let cap = self.scheduler.inflight_max(tenant);
         let p = self.pair(lane, tenant);
-        let capped = p.inflight >= cap;
+        let (inflight, ready) = (p.inflight, p.ready);
         p.inflight = p.inflight.saturating_sub(1);
-        capped && p.ready > 0
+        self.scheduler.frees_slot(tenant, inflight, ready)
     }
 
     /// A success: `decide`'s first rule needs neither policy nor history, so

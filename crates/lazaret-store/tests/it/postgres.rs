@@ -396,4 +396,252 @@ mod cluster {
             JobState::Queued
         );
     }
+
+    /// A client of the test's own, outside the store.
+    async fn client(url: &str) -> tokio_postgres::Client {
+        let (c, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        c
+    }
+
+    /// The next event, within 30 s.
+    async fn next(events: &mut tokio::sync::broadcast::Receiver<StoreEvent>) -> StoreEvent {
+        tokio::time::timeout(Duration::from_secs(30), events.recv())
+            .await
+            .expect("an event within 30 s")
+            .expect("the channel is open")
+    }
+
+    #[tokio::test]
+    async fn the_listener_connects_again_and_hears_the_other_node_after_its_connection_drops() {
+        let Some(url) = url() else { return };
+        let (schema, a, b) = two_nodes(&url).await;
+        let mut events = b.events().expect("a shared store has events");
+        let c = client(&url).await;
+        // A pause lifted while b cannot hear: b learns of it when it is back.
+        let pause = |paused| Switch::PauseLane {
+            name: "bulk".into(),
+            paused,
+        };
+        a.publish(pause(true)).await.unwrap();
+        assert_eq!(next(&mut events).await, StoreEvent::Switch(pause(true)));
+        // Both nodes' listeners.
+        let killed = c
+            .query(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+                &[&format!("lazaret/{}/listener", schema.name)],
+            )
+            .await
+            .unwrap();
+        assert_eq!(killed.len(), 2, "both listeners");
+        a.publish(pause(false)).await.unwrap();
+        // Back, it says what it may have missed: tokens to reload, the
+        // resume made while away, and every long-poll should look again.
+        let want = [
+            StoreEvent::TokensChanged,
+            StoreEvent::Switch(pause(false)),
+            StoreEvent::Ready { jobs: None },
+        ];
+        let mut heard = Vec::new();
+        while !want.iter().all(|w| heard.contains(w)) {
+            heard.push(next(&mut events).await);
+        }
+        // And it hears the other node again.
+        let breaker = Switch::BreakerOpen {
+            job_type: "resize".into(),
+            kind: "timeout".into(),
+            until_ms: wall().as_millis() + 60_000,
+        };
+        a.publish(breaker.clone()).await.unwrap();
+        assert_eq!(next(&mut events).await, StoreEvent::Switch(breaker));
+    }
+
+    #[tokio::test]
+    async fn a_full_command_queue_refuses_requests_but_never_housekeeping() {
+        let Some(url) = url() else { return };
+        let schema = fresh_schema(&url);
+        let s = PostgresStore::open_bounded(
+            PgOptions {
+                url: url.clone(),
+                schema: schema.name.clone(),
+                clock: Clock::Caller,
+                tick_min: Duration::ZERO,
+            },
+            FairScheduler::new(scheduler_config()).unwrap(),
+            Arc::new(SeededDecider::new()),
+            1,
+        )
+        .await
+        .unwrap();
+        // Hold the writer: its first enqueue waits for the table.
+        let (c, watch) = (client(&url).await, client(&url).await);
+        c.batch_execute(&format!(
+            "BEGIN; LOCK TABLE {}.jobs IN ACCESS EXCLUSIVE MODE",
+            schema.name
+        ))
+        .await
+        .unwrap();
+        let held = tokio::spawn({
+            let s = s.clone();
+            async move { s.enqueue(vec![new_job("resize", "acme", "default")]).await }
+        });
+        while s.commands_waiting() > 0 || !held_by_lock(&watch, &schema.name).await {
+            tokio::task::yield_now().await;
+        }
+        // One waits (the bound), the next is refused at once.
+        let queued = tokio::spawn({
+            let s = s.clone();
+            async move { s.enqueue(vec![new_job("resize", "acme", "default")]).await }
+        });
+        while s.commands_waiting() < 1 {
+            tokio::task::yield_now().await;
+        }
+        let refused = s
+            .enqueue(vec![new_job("resize", "acme", "default")])
+            .await
+            .expect_err("past the bound");
+        assert!(
+            matches!(
+                refused,
+                lazaret_store::StoreError::Overloaded { waiting: 1 }
+            ),
+            "{refused:?}"
+        );
+        // Housekeeping still gets in line.
+        let tick = tokio::spawn({
+            let s = s.clone();
+            async move { s.tick(lazaret_store_conformance::at(0)).await }
+        });
+        while s.commands_waiting() < 2 {
+            tokio::task::yield_now().await;
+        }
+        c.batch_execute("COMMIT").await.unwrap();
+        held.await.unwrap().unwrap();
+        queued.await.unwrap().unwrap();
+        tick.await.unwrap().unwrap();
+        assert_eq!(s.commands_waiting(), 0);
+        s.enqueue(vec![new_job("resize", "acme", "default")])
+            .await
+            .unwrap();
+    }
+
+    /// Whether a session of `schema` waits for a lock.
+    async fn held_by_lock(c: &tokio_postgres::Client, schema: &str) -> bool {
+        let rows = c
+            .query(
+                "SELECT 1 FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'",
+                &[&format!("lazaret/{schema}")],
+            )
+            .await
+            .unwrap();
+        !rows.is_empty()
+    }
+}
+
+/// What a lease reads, counted by PostgreSQL's statistics.
+mod reads {
+    use super::*;
+
+    use lazaret_core::JobType;
+    use lazaret_store::Store;
+    use lazaret_store_conformance::{at, lease, lease_req, new_job};
+
+    /// Rows read from `jobs` (by index or by scan) since the schema was
+    /// made, by sessions that have ended (a session's counts reach the
+    /// statistics when it ends).
+    async fn jobs_rows_read(c: &tokio_postgres::Client, schema: &str) -> i64 {
+        let row = c
+            .query_one(
+                "SELECT (SELECT coalesce(sum(idx_tup_read), 0) FROM pg_stat_user_indexes
+                          WHERE schemaname = $1 AND relname = 'jobs')::int8
+                      + (SELECT coalesce(sum(seq_tup_read), 0) FROM pg_stat_user_tables
+                          WHERE schemaname = $1 AND relname = 'jobs')::int8",
+                &[&schema],
+            )
+            .await
+            .unwrap();
+        row.get(0)
+    }
+
+    /// Closes the store and waits until its sessions have ended (and so
+    /// reported what they read).
+    async fn close(s: PostgresStore, c: &tokio_postgres::Client, schema: &str) {
+        s.close().await.unwrap();
+        drop(s);
+        loop {
+            let n: i64 = c
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name IN ($1, $2)",
+                    &[
+                        &format!("lazaret/{schema}"),
+                        &format!("lazaret/{schema}/listener"),
+                    ],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if n == 0 {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_lease_filtered_by_type_does_not_read_another_types_backlog() {
+        let Some(url) = url() else { return };
+        let schema = fresh_schema(&url);
+        let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        const BACKLOG: i64 = 10_000;
+        let s = open(&url, &schema.name, Clock::Caller).await;
+        for _ in 0..BACKLOG / 1_000 {
+            let jobs = (0..1_000)
+                .map(|_| new_job("bulk", "acme", "default"))
+                .collect();
+            s.enqueue(jobs).await.unwrap();
+        }
+        // Newer than every bulk job: an index without the type walks them all first.
+        let email = |ms| lazaret_store::NewJob {
+            run_at: at(ms),
+            now: at(ms),
+            ..new_job("email", "acme", "default")
+        };
+        s.enqueue(vec![email(1), email(2)]).await.unwrap();
+        close(s, &c, &schema.name).await;
+        let before = jobs_rows_read(&c, &schema.name).await;
+
+        let s = open(&url, &schema.name, Clock::Caller).await;
+        let asked = lease(
+            &s,
+            lazaret_store::LeaseRequest {
+                types: Some(vec![JobType::from("email")]),
+                ..lease_req(at(10), 1)
+            },
+        )
+        .await;
+        // A breaker open for bulk (or bulk paused): the lease leaves it out.
+        let excluded = lease(
+            &s,
+            lazaret_store::LeaseRequest {
+                exclude_types: vec![JobType::from("bulk")],
+                ..lease_req(at(10), 1)
+            },
+        )
+        .await;
+        close(s, &c, &schema.name).await;
+        let read = jobs_rows_read(&c, &schema.name).await - before;
+        assert_eq!(asked.len(), 1);
+        assert_eq!(asked[0].job_type.as_str(), "email");
+        assert_eq!(excluded.len(), 1);
+        assert_eq!(excluded[0].job_type.as_str(), "email");
+        assert!(
+            read < 100,
+            "two leases of one email job each read {read} rows of jobs beside {BACKLOG} bulk jobs"
+        );
+    }
 }
