@@ -289,7 +289,11 @@ pub async fn dead_letters_after_an_id_are_read_lowest_first_with_their_failure<B
         )
     );
     assert_eq!(
-        (all[1].job_type.as_deref(), all[1].reason, all[1].kind.as_deref()),
+        (
+            all[1].job_type.as_deref(),
+            all[1].reason,
+            all[1].kind.as_deref()
+        ),
         (None, DeadLetterReason::InvalidJson, Some("invalid_json")),
         "an admission record's kind is its reason"
     );

@@ -8,8 +8,14 @@ pub async fn one_store_leads_every_duty_and_a_second_takes_over_when_it_goes<B: 
     let place = b.place().await;
     let first = b.open(&place).await;
     for duty in Duty::ALL {
-        assert!(first.lead(duty).await.unwrap(), "{duty:?}: the only store leads");
-        assert!(first.lead(duty).await.unwrap(), "{duty:?}: and goes on leading");
+        assert!(
+            first.lead(duty).await.unwrap(),
+            "{duty:?}: the only store leads"
+        );
+        assert!(
+            first.lead(duty).await.unwrap(),
+            "{duty:?}: and goes on leading"
+        );
     }
     if !b.capabilities().several_nodes {
         return;

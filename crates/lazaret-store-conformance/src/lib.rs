@@ -28,8 +28,8 @@
 
 pub mod audit;
 pub mod cancel;
-pub mod duties;
 pub mod dead_letters;
+pub mod duties;
 pub mod enqueue;
 pub mod housekeeping;
 pub mod lease;

@@ -90,7 +90,10 @@ impl Leadership {
                 // The session (and every lock of it) is gone or going: drop
                 // it; the next call connects again and asks afresh.
                 for d in std::mem::take(&mut led.held) {
-                    tracing::warn!(duty = d.as_str(), "this node no longer leads: its leadership connection failed");
+                    tracing::warn!(
+                        duty = d.as_str(),
+                        "this node no longer leads: its leadership connection failed"
+                    );
                 }
                 led.client = None;
                 pg(Err(e))

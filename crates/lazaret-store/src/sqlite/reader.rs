@@ -375,15 +375,17 @@ pub(super) fn dead_letters_after(
         "SELECT id, dead_lettered_at, type, reason, error FROM dead_letters
          WHERE id > ?1 ORDER BY id LIMIT +?2",
     ))?;
-    let rows = db(stmt.query_map(params![after.0 as i64, i64::from(limit)], |r| {
-        Ok((
-            r.get::<_, i64>(0)?,
-            r.get::<_, i64>(1)?,
-            r.get::<_, Option<String>>(2)?,
-            r.get::<_, String>(3)?,
-            r.get::<_, Option<String>>(4)?,
-        ))
-    }))?;
+    let rows = db(
+        stmt.query_map(params![after.0 as i64, i64::from(limit)], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, Option<String>>(2)?,
+                r.get::<_, String>(3)?,
+                r.get::<_, Option<String>>(4)?,
+            ))
+        }),
+    )?;
     let mut out = Vec::new();
     for row in rows {
         let (id, at, ty, reason, error) = db(row)?;
