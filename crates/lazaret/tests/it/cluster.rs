@@ -854,8 +854,6 @@ poison_rate_per_min = 4
     hook.wait_for("dead_letters_appeared", "marker").await;
     assert_eq!(hook.of("dead_letters_appeared", "report").len(), 1);
     assert_eq!(hook.of("poison_rate", "report").len(), 1);
-    let appeared = &hook.of("dead_letters_appeared", "report")[0];
-    assert_eq!(appeared["count"], 4, "{appeared}");
 
     // The leader dies (kill -9): another node takes over.
     let leader = alert_leader(&nodes).expect("one node says it sends the alerts");
