@@ -390,6 +390,82 @@ impl Breakers {
         tb.outcomes.add(tb.epoch(now));
     }
 
+    /// Another node of a cluster opened (`ty`, `kind`) until `until`: this
+    /// breaker opens too (closed or half-open → open; an open one keeps
+    /// the later end), so this node sheds, parks and later half-opens with
+    /// its own probe slots as if the breaker had tripped here. An end
+    /// already past changes nothing, and a type without breaker settings
+    /// has none to open (every node of a cluster has the same settings).
+    /// Whether anything changed.
+    pub fn open_elsewhere(
+        &mut self,
+        ty: &JobType,
+        kind: &ErrorKind,
+        until: Timestamp,
+        now: Timestamp,
+    ) -> bool {
+        let now = self.observe(now);
+        if until <= now {
+            return false;
+        }
+        let Some((tb, log)) = self.type_entry(ty) else {
+            return false;
+        };
+        tb.advance(ty, now, log);
+        let epoch = tb.epoch(now);
+        let Some(kb) = tb.kind_entry(kind, epoch) else {
+            return false;
+        };
+        match kb.phase {
+            Phase::Open { until: end } => {
+                if until > end {
+                    kb.phase = Phase::Open { until };
+                }
+                until > end
+            }
+            Phase::Closed | Phase::HalfOpen { .. } => {
+                let from = kb.public_state();
+                kb.phase = Phase::Open { until };
+                log.push(ty, kind, from, BreakerState::Open { until }, now);
+                true
+            }
+        }
+    }
+
+    /// Another node of a cluster closed (`ty`, `kind`) (a probe succeeded
+    /// there): this breaker closes too and counts afresh. An open one goes
+    /// through half-open on the way (the state machine has no open →
+    /// closed edge). Whether anything changed.
+    pub fn close_elsewhere(&mut self, ty: &JobType, kind: &ErrorKind, now: Timestamp) -> bool {
+        let now = self.observe(now);
+        let Some(tb) = self.types.get_mut(ty) else {
+            return false;
+        };
+        tb.advance(ty, now, &mut self.log);
+        let probes = tb.probes;
+        let Some(kb) = tb.kinds.get_mut(kind) else {
+            return false;
+        };
+        if kb.phase == Phase::Closed {
+            return false;
+        }
+        if let Phase::Open { .. } = kb.phase {
+            let to = BreakerState::HalfOpen {
+                probes_left: probes,
+            };
+            self.log.push(ty, kind, kb.public_state(), to, now);
+            kb.phase = Phase::HalfOpen {
+                probes_left: probes,
+                period_end: now,
+            };
+        }
+        self.log
+            .push(ty, kind, kb.public_state(), BreakerState::Closed, now);
+        kb.phase = Phase::Closed;
+        kb.failures.clear();
+        true
+    }
+
     /// Whether one job of `ty` may be leased now; when it may and a breaker
     /// is half-open, the lease is a probe and spends one slot of each
     /// half-open breaker of the type.
@@ -892,6 +968,46 @@ mod tests {
         std::iter::from_fn(|| b.poll_transition())
             .map(|tr| (tr.from, tr.to, tr.at))
             .collect()
+    }
+
+    #[test]
+    fn a_breaker_opened_elsewhere_opens_here_half_opens_with_its_probes_and_closes_elsewhere() {
+        let mut b = breakers(cfg());
+        let until = t(10_000);
+        assert!(b.open_elsewhere(&ty(), &k503(), until, t(1_000)));
+        assert_eq!(
+            b.state(&ty(), &k503(), t(1_000)),
+            BreakerState::Open { until }
+        );
+        assert_eq!(b.parked_until(&ty(), t(1_000)), Some(until));
+        // The same opening again, or an earlier end: nothing new.
+        assert!(!b.open_elsewhere(&ty(), &k503(), until, t(1_100)));
+        assert!(!b.open_elsewhere(&ty(), &k503(), t(5_000), t(1_100)));
+        assert_eq!(
+            transitions(&mut b),
+            vec![(BreakerState::Closed, BreakerState::Open { until }, t(1_000))]
+        );
+        // Its own probes once the end comes.
+        assert!(b.try_lease(&ty(), t(10_000)));
+        assert!(b.try_lease(&ty(), t(10_000)));
+        assert!(!b.try_lease(&ty(), t(10_000)), "two probes, then parked");
+        // Closed through another node's probe.
+        assert!(b.close_elsewhere(&ty(), &k503(), t(10_500)));
+        assert!(!b.close_elsewhere(&ty(), &k503(), t(10_600)));
+        assert_eq!(b.state(&ty(), &k503(), t(10_600)), BreakerState::Closed);
+        assert!(b.try_lease(&ty(), t(10_600)));
+        // An end already past, or a type without settings: nothing.
+        assert!(!b.open_elsewhere(&ty(), &k503(), t(10_000), t(10_600)));
+        assert!(!b.open_elsewhere(&JobType::new("other"), &k503(), t(99_000), t(10_600)));
+        // Closed while still open here: through half-open, edges only.
+        assert!(b.open_elsewhere(&ty(), &k503(), t(30_000), t(20_000)));
+        assert!(b.close_elsewhere(&ty(), &k503(), t(21_000)));
+        let steps = transitions(&mut b);
+        assert!(
+            steps.iter().all(|(from, to, _)| from.can_become(*to)),
+            "{steps:?}"
+        );
+        assert_eq!(steps.last().map(|s| s.1), Some(BreakerState::Closed));
     }
 
     #[test]

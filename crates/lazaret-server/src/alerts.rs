@@ -3,11 +3,24 @@
 //! The decisions (which event fires, dedup, cooldown, systemic) are
 //! `lazaret_core::alerts`; this module only moves bytes and time:
 //!
-//! - the job path records each dead letter in [`AlertHub::record_dead_letter`]
-//!   and each breaker change in [`AlertHub::record_breaker_change`]: a
-//!   push under a mutex, nothing more (and nothing at all with no targets);
+//! - the job path records each breaker change in
+//!   [`AlertHub::record_breaker_change`] (a push under a mutex, nothing at
+//!   all with no targets) and marks a dead letter written with
+//!   [`AlertHub::touch`]; breakers opened or closed on other nodes of a
+//!   cluster reach this node's breakers as switches and are recorded the
+//!   same way;
+//! - the dead letters counted (`poison_rate`, `reason_surge`, top reasons)
+//!   are read from the store, every node's alike: each poll reads those
+//!   above the last id read ([`Store::dead_letters_after`], an index range
+//!   on a reader), and reads the last [`SETTLE`] again, since on a store
+//!   several nodes write a dead letter may become visible after one with a
+//!   higher id;
 //! - one poller task ([`start`]) lets each target's `Alerts` decide every
-//!   [`POLL`], and puts the alerts on that target's bounded queue with
+//!   [`POLL`] on every node, so each node's dedup and cooldowns are those
+//!   of the cluster and a node that takes over sends neither again nor
+//!   late; only the node that leads the [`Duty::Alerts`] of the cluster
+//!   ([`Store::lead`]: one at a time; SQLite: always) puts the alerts on
+//!   the targets' bounded queues with
 //!   `try_send` (a full queue drops the alert, logged and counted as
 //!   failed: the poller never waits). The dead letters held come from the
 //!   store's `reasons` (a `GROUP BY` on a reader connection, never the
@@ -31,10 +44,10 @@ use tokio::time::Instant;
 
 use lazaret_core::alerts::TOP_REASONS_MAX;
 use lazaret_core::{
-    Alert, Alerts, BreakerTransition, DeadLetterReason, ErrorKind, JobType, Observation,
-    RecentDeadLetters, Timestamp,
+    Alert, Alerts, BreakerTransition, DeadLetterReason, ErrorKind, FailureStats, JobType,
+    Observation, RecentDeadLetters, StatsConfig,
 };
-use lazaret_store::Store;
+use lazaret_store::{DeadLetterFilter, DeadLetterId, Duty, Store, StoreError};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
@@ -67,6 +80,24 @@ const READ_SPACING: u32 = 100;
 /// Breaker changes kept between two polls.
 const CHANGES_MAX: usize = 1024;
 
+/// How long after it was written a dead letter is read again (each poll)
+/// in case one with a lower id commits later on another node: longer than
+/// any transaction of the store takes.
+pub const SETTLE: Duration = Duration::from_secs(10);
+
+/// Dead letters read from the store per poll at most (the rest next poll).
+const READ_MAX: u32 = 1000;
+
+/// Where the reading of the store's dead letters is.
+#[derive(Debug, Default)]
+struct Feed {
+    /// Every dead letter at or below this id is counted or was there
+    /// before the start; `None` until the first read.
+    floor: Option<DeadLetterId>,
+    /// Dead letters above `floor` counted already.
+    seen: std::collections::BTreeSet<DeadLetterId>,
+}
+
 /// The dead letters held, as last read from the store.
 #[derive(Debug, Default)]
 struct Held {
@@ -87,7 +118,14 @@ struct Target {
 /// What the alert tasks share with the job path.
 #[derive(Debug)]
 pub struct AlertHub {
+    /// The cluster's recent dead letters, as read from the store.
     recent: Mutex<RecentDeadLetters>,
+    /// Their fingerprints and surges (the node's own `App::failures` feeds
+    /// `/v1/stats`; this one is the cluster's, for the alerts).
+    failures: Mutex<FailureStats>,
+    feed: Mutex<Feed>,
+    /// Whether this node sent the last poll's alerts (it leads).
+    leading: AtomicBool,
     /// The dead letters held may have changed since the last store read.
     dirty: AtomicBool,
     held: Mutex<Held>,
@@ -96,10 +134,14 @@ pub struct AlertHub {
 }
 
 impl AlertHub {
-    /// The targets of `[[alerts]]`, nothing sent yet.
-    pub fn new(targets: &[AlertTarget]) -> Self {
+    /// The targets of `[[alerts]]`, nothing sent yet; `stats` is the
+    /// surge rule's configuration (as `/v1/stats` has it).
+    pub fn new(targets: &[AlertTarget], stats: StatsConfig) -> Self {
         AlertHub {
             recent: Mutex::new(RecentDeadLetters::default()),
+            failures: Mutex::new(FailureStats::new(stats).unwrap_or_default()),
+            feed: Mutex::new(Feed::default()),
+            leading: AtomicBool::new(false),
             dirty: AtomicBool::new(true),
             held: Mutex::new(Held::default()),
             changes: Mutex::new(VecDeque::new()),
@@ -123,26 +165,8 @@ impl AlertHub {
         !self.targets.is_empty()
     }
 
-    /// One dead letter, as it is written (processing, admission or broker).
-    pub fn record_dead_letter(
-        &self,
-        ty: Option<&JobType>,
-        reason: DeadLetterReason,
-        kind: Option<&ErrorKind>,
-        now: Timestamp,
-    ) {
-        if !self.enabled() {
-            return;
-        }
-        self.recent
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .record(ty, reason, kind, now);
-        self.dirty.store(true, Ordering::Relaxed);
-    }
-
-    /// The dead letters held may have changed (a redrive or purge): the
-    /// next check reads them again.
+    /// The dead letters held may have changed (one written, a redrive or
+    /// a purge): the next check reads them again.
     pub fn touch(&self) {
         self.dirty.store(true, Ordering::Relaxed);
     }
@@ -168,6 +192,17 @@ impl AlertHub {
             c.pop_front();
         }
         c.push_back(t.clone());
+    }
+}
+
+impl AlertHub {
+    /// Drops the breaker changes recorded so far (those a node finds in
+    /// force when it starts are not news).
+    pub fn forget_breaker_changes(&self) {
+        self.changes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
     }
 }
 
@@ -266,12 +301,16 @@ pub async fn poll_once<S: Store>(app: &App<S>) {
             }
         }
     }
+    if let Err(e) = read_dead_letters(app).await {
+        tracing::warn!(error = %e, "alerts: cannot read the recent dead letters; checking again shortly");
+        return;
+    }
     let now = now();
     {
         // Clock-driven changes (open → half-open) are noticed here too.
         let mut b = app.breakers.lock().unwrap_or_else(|p| p.into_inner());
         b.snapshot(now);
-        if app.drain_breaker_changes(&mut b) {
+        if app.drain_breaker_changes(&mut b, true) {
             app.ready.anything();
         }
     }
@@ -289,8 +328,8 @@ pub async fn poll_once<S: Store>(app: &App<S>) {
         .drain(..)
         .collect();
     let decided: Vec<(usize, Vec<Alert>)> = {
-        let failures = app.failures.lock().unwrap_or_else(|p| p.into_inner());
-        let recent = app.alerts.recent.lock().unwrap_or_else(|p| p.into_inner());
+        let failures = hub.failures.lock().unwrap_or_else(|p| p.into_inner());
+        let recent = hub.recent.lock().unwrap_or_else(|p| p.into_inner());
         let obs = Observation {
             held: &held,
             warn_at: app.config.dead_letters_warn,
@@ -308,6 +347,29 @@ pub async fn poll_once<S: Store>(app: &App<S>) {
             })
             .collect()
     };
+    // Every node decides (so its dedup and cooldowns stay the cluster's);
+    // the leader alone sends.
+    let leading = match app.store.lead(Duty::Alerts).await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!(error = %e, "alerts: cannot tell whether this node leads the cluster's alerts; sending none this time");
+            false
+        }
+    };
+    if hub.leading.swap(leading, Ordering::Relaxed) != leading {
+        tracing::info!(
+            leading,
+            "alerts: this node {} the cluster's alerts",
+            if leading {
+                "now sends"
+            } else {
+                "no longer sends"
+            }
+        );
+    }
+    if !leading {
+        return;
+    }
     for (i, alerts) in decided {
         let target = &app.alerts.targets[i];
         for a in alerts {
@@ -321,6 +383,59 @@ pub async fn poll_once<S: Store>(app: &App<S>) {
             }
         }
     }
+}
+
+/// Counts the dead letters written since the last read, on every node:
+/// those above the floor not counted yet. The floor moves past a dead
+/// letter once it is [`SETTLE`] old (every lower id has committed by then);
+/// the first read only finds where the store is (dead letters from before
+/// the start are not recent).
+async fn read_dead_letters<S: Store>(app: &App<S>) -> Result<(), StoreError> {
+    let hub = &app.alerts;
+    let floor = hub.feed.lock().unwrap_or_else(|p| p.into_inner()).floor;
+    let Some(floor) = floor else {
+        let (newest, _) = app
+            .store
+            .dead_letters(DeadLetterFilter::default(), 1, None)
+            .await?;
+        hub.feed.lock().unwrap_or_else(|p| p.into_inner()).floor =
+            Some(newest.first().map_or(DeadLetterId(0), |d| d.id));
+        return Ok(());
+    };
+    let rows = app.store.dead_letters_after(floor, READ_MAX).await?;
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let now = now();
+    let settled_before = now.saturating_sub(SETTLE);
+    let mut feed = hub.feed.lock().unwrap_or_else(|p| p.into_inner());
+    let mut recent = hub.recent.lock().unwrap_or_else(|p| p.into_inner());
+    let mut failures = hub.failures.lock().unwrap_or_else(|p| p.into_inner());
+    let mut settled = true;
+    let mut new = false;
+    for d in rows {
+        if feed.seen.insert(d.id) {
+            new = true;
+            // Never ahead of this node's clock (the store's may be).
+            let at = d.at.min(now);
+            let ty = JobType::new(d.job_type.as_deref().unwrap_or(""));
+            let kind = d.kind.as_deref().map(ErrorKind::new);
+            recent.record(Some(&ty), d.reason, kind.as_ref(), at);
+            failures.record_dead_letter(&ty, d.reason, kind.as_ref(), &d.message, at);
+        }
+        settled &= d.at < settled_before;
+        if settled {
+            feed.floor = Some(d.id);
+        }
+    }
+    if let Some(floor) = feed.floor {
+        feed.seen = feed.seen.split_off(&DeadLetterId(floor.0 + 1));
+    }
+    if new {
+        // The held counts changed too.
+        hub.touch();
+    }
+    Ok(())
 }
 
 /// Delivers one target's alerts in order, each with its retries.

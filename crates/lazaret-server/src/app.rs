@@ -57,6 +57,16 @@ impl Decider for CoreDecider {
     }
 }
 
+/// The alerts' failure statistics' configuration: the surge rule of
+/// `/v1/stats` (`App::failures` is built the same way).
+fn stats_config(config: &ServerConfig) -> lazaret_core::StatsConfig {
+    lazaret_core::StatsConfig {
+        surge_count_min: config.surge_min,
+        surge_share_min: config.surge_share,
+        ..lazaret_core::StatsConfig::default()
+    }
+}
+
 /// Types and lanes an operator paused.
 #[derive(Debug, Default)]
 pub struct Paused {
@@ -100,11 +110,8 @@ pub struct App<S> {
     redriving: Mutex<HashSet<DeadLetterId>>,
     /// `true` once the server is shutting down (see [`App::stopping`]).
     stop: tokio::sync::watch::Sender<bool>,
-    /// Breakers other nodes of a cluster opened: type → open until. This
-    /// node sheds and parks the type until then as if its own were open.
-    remote_breakers: Mutex<HashMap<String, Timestamp>>,
-    /// Breakers this node opened, to share with the cluster
-    /// (`serve::share_switches` publishes them through the store).
+    /// Breakers this node opened or closed, to share with the cluster
+    /// (`serve::cluster` publishes them through the store).
     opened: tokio::sync::mpsc::UnboundedSender<Switch>,
     opened_rx: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<Switch>>>,
 }
@@ -131,7 +138,6 @@ impl<S: Store> App<S> {
         let breakers = Breakers::new(config.breaker_default, config.breakers.clone());
         let (opened, opened_rx) = tokio::sync::mpsc::unbounded_channel();
         Arc::new(App {
-            remote_breakers: Mutex::new(HashMap::new()),
             opened,
             opened_rx: Mutex::new(Some(opened_rx)),
             store,
@@ -144,7 +150,7 @@ impl<S: Store> App<S> {
                 })
                 .unwrap_or_default(),
             ),
-            alerts: AlertHub::new(&config.alerts),
+            alerts: AlertHub::new(&config.alerts, stats_config(&config)),
             paused: Mutex::new(Paused::default()),
             ready: Ready::default(),
             admission_records: Mutex::new(HashMap::new()),
@@ -184,28 +190,40 @@ impl<S: Store> App<S> {
                 }
             }
             Switch::BreakerOpen {
-                job_type, until_ms, ..
+                job_type,
+                kind,
+                until_ms,
             } => {
+                let now = now();
+                let mut b = self.breakers.lock().unwrap_or_else(|p| p.into_inner());
+                // This node's own changes first, shared as usual.
+                self.drain_breaker_changes(&mut b, true);
                 let until = Timestamp::from_millis(*until_ms);
-                let mut r = self
-                    .remote_breakers
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner());
-                let e = r.entry(job_type.clone()).or_insert(until);
-                *e = (*e).max(until);
+                let (ty, kind) = (
+                    JobType::new(job_type.as_str()),
+                    ErrorKind::new(kind.as_str()),
+                );
+                b.open_elsewhere(&ty, &kind, until, now);
+                // The other node's change: its alerts, not shared back.
+                self.drain_breaker_changes(&mut b, false);
+            }
+            Switch::BreakerClosed { job_type, kind } => {
+                let now = now();
+                let mut b = self.breakers.lock().unwrap_or_else(|p| p.into_inner());
+                let mut unparked = self.drain_breaker_changes(&mut b, true);
+                let (ty, kind) = (
+                    JobType::new(job_type.as_str()),
+                    ErrorKind::new(kind.as_str()),
+                );
+                b.close_elsewhere(&ty, &kind, now);
+                unparked |= self.drain_breaker_changes(&mut b, false);
+                drop(b);
+                if unparked {
+                    self.ready.anything();
+                }
             }
             _ => {}
         }
-    }
-
-    /// Until when another node's breaker parks `ty`, if it does now.
-    fn remote_open(&self, ty: &str, now: Timestamp) -> Option<Timestamp> {
-        let mut r = self
-            .remote_breakers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        r.retain(|_, until| *until > now);
-        r.get(ty).copied()
     }
 
     /// Starts the shutdown: long-polls answer at once, redrives stop
@@ -314,11 +332,6 @@ impl<S: Store> App<S> {
         if !self.config.park_lanes.is_empty() && self.config.park_lanes.contains(&Lane::new(lane)) {
             return None;
         }
-        if let Some(until) = self.remote_open(ty, now) {
-            return Some(Duration::from_millis(
-                (until.as_millis() - now.as_millis()).max(1) as u64,
-            ));
-        }
         let mut b = self.breakers.lock().unwrap_or_else(|p| p.into_inner());
         b.shed_retry_after(&JobType::new(ty), now)
     }
@@ -354,8 +367,7 @@ impl<S: Store> App<S> {
                 Transition::Retry { .. } => m::retried(c.job_type.as_str()),
                 Transition::DeadLetter { reason } => {
                     m::dead_lettered(c.job_type.as_str(), reason.as_str(), "processing");
-                    self.alerts
-                        .record_dead_letter(Some(&c.job_type), reason, c.kind.as_ref(), now);
+                    self.alerts.touch();
                     failures.record_dead_letter(
                         &c.job_type,
                         reason,
@@ -374,7 +386,7 @@ impl<S: Store> App<S> {
                 }
             }
         }
-        if self.drain_breaker_changes(&mut breakers) {
+        if self.drain_breaker_changes(&mut breakers, true) {
             self.ready.anything();
         }
     }
@@ -385,15 +397,17 @@ impl<S: Store> App<S> {
     pub fn poll_breakers(&self, now: Timestamp) {
         let mut b = self.breakers.lock().unwrap_or_else(|p| p.into_inner());
         let _ = b.snapshot(now);
-        if self.drain_breaker_changes(&mut b) {
+        if self.drain_breaker_changes(&mut b, true) {
             self.ready.anything();
         }
     }
 
     /// Logs the breakers' state changes and hands them to the alerts;
     /// true when one may have made parked jobs leasable (a breaker left
-    /// `open`, or its probe slots were handed out again).
-    pub fn drain_breaker_changes(&self, breakers: &mut Breakers) -> bool {
+    /// `open`, or its probe slots were handed out again). With `share`,
+    /// openings and closings go out to the other nodes of a cluster
+    /// (without it they came from one: sending them back would echo).
+    pub fn drain_breaker_changes(&self, breakers: &mut Breakers, share: bool) -> bool {
         let mut unparked = false;
         while let Some(t) = breakers.poll_transition() {
             unparked |= !matches!(t.to, BreakerState::Open { .. });
@@ -404,12 +418,21 @@ impl<S: Store> App<S> {
             }
             tracing::warn!(r#type = %t.ty, kind = %t.kind, from = %t.from, to = %t.to, "breaker changed state");
             // Shared with the other nodes of a cluster (`serve::cluster`).
-            if let BreakerState::Open { until } = t.to {
-                let _ = self.opened.send(Switch::BreakerOpen {
-                    job_type: t.ty.as_str().to_owned(),
-                    kind: t.kind.as_str().to_owned(),
-                    until_ms: until.as_millis(),
-                });
+            match t.to {
+                BreakerState::Open { until } if share => {
+                    let _ = self.opened.send(Switch::BreakerOpen {
+                        job_type: t.ty.as_str().to_owned(),
+                        kind: t.kind.as_str().to_owned(),
+                        until_ms: until.as_millis(),
+                    });
+                }
+                BreakerState::Closed if share => {
+                    let _ = self.opened.send(Switch::BreakerClosed {
+                        job_type: t.ty.as_str().to_owned(),
+                        kind: t.kind.as_str().to_owned(),
+                    });
+                }
+                _ => {}
             }
             self.alerts.record_breaker_change(&t);
         }
@@ -425,8 +448,7 @@ impl<S: Store> App<S> {
         now: Timestamp,
     ) {
         m::dead_lettered(ty.unwrap_or(""), reason.as_str(), "admission");
-        self.alerts
-            .record_dead_letter(ty.map(JobType::new).as_ref(), reason, None, now);
+        self.alerts.touch();
         let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
         failures.record_dead_letter(&JobType::new(ty.unwrap_or("")), reason, None, message, now);
     }
@@ -449,18 +471,6 @@ impl<S: Store> App<S> {
             p.types.iter().map(|t| JobType::new(t.as_str())).collect();
         let exclude_lanes: Vec<Lane> = p.lanes.iter().map(|l| Lane::new(l.as_str())).collect();
         drop(p);
-        {
-            let mut r = self
-                .remote_breakers
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            r.retain(|_, until| *until > now);
-            for ty in r.keys() {
-                if !exclude_types.iter().any(|t| t.as_str() == ty) {
-                    exclude_types.push(JobType::new(ty.as_str()));
-                }
-            }
-        }
         let mut b = self.breakers.lock().unwrap_or_else(|p| p.into_inner());
         let mut type_limits = Vec::new();
         let mut reservations = Vec::new();

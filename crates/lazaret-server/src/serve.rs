@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lazaret_core::FairScheduler;
-use lazaret_store::{PgOptions, PostgresStore, SqliteStore, Store, StoreEvent};
+use lazaret_store::{Duty, PgOptions, PostgresStore, SqliteStore, Store, StoreEvent};
 use tokio::net::TcpListener;
 
 use crate::app::{App, CoreDecider, now};
@@ -130,13 +130,15 @@ async fn run<S: Store>(store: S, opts: ServeOptions, described: String) -> Resul
         tracing::info!(kind = pause.target.kind(), name = pause.target.name(), by = %pause.paused_by, "paused since before the restart");
         app.set_paused(&pause.target, true);
     }
+    // Pauses made, and breakers opened, by other nodes of a cluster: in
+    // force here too, but not news (the cluster's alerts told of them).
+    for s in app.store.switches().await? {
+        app.apply_switch(&s);
+    }
+    app.alerts.forget_breaker_changes();
     if app.alerts.enabled() {
         // The baseline, before any request can add a dead letter.
         alerts::poll_once(&app).await;
-    }
-    // Pauses made, and breakers opened, by other nodes of a cluster.
-    for s in app.store.switches().await? {
-        app.apply_switch(&s);
     }
     // The first stdout line is a contract with scripts and tests.
     println!("lazaret listening on http://{addr}");
@@ -357,13 +359,23 @@ async fn housekeeping<S: Store>(app: Arc<App<S>>, mut stop: tokio::sync::watch::
     }
 }
 
-/// Removes succeeded jobs past their retention in small batches.
+/// Removes succeeded jobs past their retention in small batches; in a
+/// cluster, on the one node that leads [`Duty::Retention`] (the others
+/// would only contend for the same rows).
 async fn retention<S: Store>(app: Arc<App<S>>, mut stop: tokio::sync::watch::Receiver<bool>) {
     let r = app.config.retention;
     loop {
         tokio::select! {
             _ = stop.changed() => return,
             () = tokio::time::sleep(Duration::from_millis(r.cleaner_interval_ms)) => {},
+        }
+        match app.store.lead(Duty::Retention).await {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(e) => {
+                tracing::warn!(error = %e, "retention: cannot tell whether this node leads it; trying again at the next round");
+                continue;
+            }
         }
         let before = now().saturating_sub(Duration::from_millis(r.succeeded_ms));
         loop {

@@ -86,8 +86,7 @@ impl<S: Store> Host for App<S> {
         m::source_taken_in(source);
         let kind = dl.error.as_ref().map(|e| &e.kind);
         let message = dl.error.as_ref().map_or("", |e| e.message.as_str());
-        self.alerts
-            .record_dead_letter(Some(&JobType::new(ty)), dl.reason, kind, now);
+        self.alerts.touch();
         let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
         failures.record_dead_letter(&JobType::new(ty), dl.reason, kind, message, now);
     }

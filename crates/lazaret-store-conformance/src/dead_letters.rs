@@ -246,3 +246,62 @@ pub async fn reasons_group_by_reason_and_type<B: Backend>(b: &B) {
         ]
     );
 }
+
+pub async fn dead_letters_after_an_id_are_read_lowest_first_with_their_failure<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
+    assert!(
+        s.dead_letters_after(DeadLetterId(0), 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let (_, first) = dead_letter_job(&s, new_job("resize", "a", "default"), at(100)).await;
+    let admitted = s
+        .record_admission(admission(
+            None,
+            None,
+            DeadLetterReason::InvalidJson,
+            at(200),
+        ))
+        .await
+        .unwrap();
+    let (_, third) = dead_letter_job(&s, new_job("email", "b", "default"), at(300)).await;
+
+    let all = s.dead_letters_after(DeadLetterId(0), 10).await.unwrap();
+    let ids: Vec<DeadLetterId> = all.iter().map(|d| d.id).collect();
+    assert_eq!(ids, vec![first, admitted, third], "lowest id first");
+    let d = &all[0];
+    assert_eq!(
+        (
+            d.at,
+            d.job_type.as_deref(),
+            d.reason,
+            d.kind.as_deref(),
+            d.message.as_str()
+        ),
+        (
+            at(100),
+            Some("resize"),
+            DeadLetterReason::Permanent,
+            Some("bad_input"),
+            "the image is not a PNG"
+        )
+    );
+    assert_eq!(
+        (
+            all[1].job_type.as_deref(),
+            all[1].reason,
+            all[1].kind.as_deref()
+        ),
+        (None, DeadLetterReason::InvalidJson, Some("invalid_json")),
+        "an admission record's kind is its reason"
+    );
+    let after_first = s.dead_letters_after(first, 1).await.unwrap();
+    assert_eq!(
+        after_first.iter().map(|d| d.id).collect::<Vec<_>>(),
+        vec![admitted],
+        "above the id given, at most the limit"
+    );
+    assert!(s.dead_letters_after(third, 10).await.unwrap().is_empty());
+}

@@ -29,6 +29,7 @@
 pub mod audit;
 pub mod cancel;
 pub mod dead_letters;
+pub mod duties;
 pub mod enqueue;
 pub mod housekeeping;
 pub mod lease;
@@ -83,6 +84,9 @@ pub struct Capabilities {
     /// through the writer (enqueue, lease, stats) as one command, and a
     /// call alone as one commit.
     pub group_commit_stats: bool,
+    /// Several stores may be open on one place at once (nodes of a
+    /// cluster), and [`Store::lead`] gives each duty to one of them.
+    pub several_nodes: bool,
 }
 
 impl Capabilities {
@@ -90,7 +94,14 @@ impl Capabilities {
     pub const fn none() -> Self {
         Capabilities {
             group_commit_stats: false,
+            several_nodes: false,
         }
+    }
+
+    /// The same, with several nodes on one place.
+    pub const fn with_several_nodes(mut self, yes: bool) -> Self {
+        self.several_nodes = yes;
+        self
     }
 
     /// The same, with group-commit counters.
@@ -148,6 +159,7 @@ macro_rules! conformance_suite {
                 admission_records_are_listed_with_stage_admission,
                 dead_letters_page_newest_first_with_cursor_and_filters,
                 reasons_group_by_reason_and_type,
+                dead_letters_after_an_id_are_read_lowest_first_with_their_failure,
             ],
             redrive: [
                 redrive_keeps_id_key_and_history_with_a_fresh_budget,
@@ -191,6 +203,9 @@ macro_rules! conformance_suite {
                 jobs_page_newest_first_with_cursor_and_filters,
                 a_listed_job_shows_its_dead_letter_and_its_cancel,
                 pauses_are_kept_across_a_restart_and_audited,
+            ],
+            duties: [
+                one_store_leads_every_duty_and_a_second_takes_over_when_it_goes,
             ],
             lifecycle: [
                 restart_after_close_keeps_everything,

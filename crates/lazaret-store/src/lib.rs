@@ -140,6 +140,18 @@ pub trait Store: Send + Sync + 'static {
     /// Dead letters grouped by reason and type.
     fn reasons(&self) -> impl Future<Output = Result<Vec<ReasonCount>, StoreError>> + Send;
 
+    /// Dead letters with an id above `after`, lowest id first, at most
+    /// `limit`, whichever node wrote them (processing, admission and
+    /// broker ones alike): what the alerts count. On a store several nodes
+    /// write to, a dead letter may become visible after one with a higher
+    /// id (its transaction committed later): a reader re-reads the last
+    /// few seconds' ids (see the server's `alerts`).
+    fn dead_letters_after(
+        &self,
+        after: DeadLetterId,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<RecentDeadLetter>, StoreError>> + Send;
+
     /// The dead letters a selector matches: (id, stage), oldest first.
     fn match_dead_letters(
         &self,
@@ -328,6 +340,16 @@ pub trait Store: Send + Sync + 'static {
     /// breakers opened until a time still to come.
     fn switches(&self) -> impl Future<Output = Result<Vec<Switch>, StoreError>> + Send {
         async { Ok(Vec::new()) }
+    }
+
+    /// Whether this node does `duty` for the cluster now: at most one node
+    /// of a cluster gets `true` for a duty at a time, and when it stops
+    /// (or dies, or loses the database) another one's next call gets it.
+    /// Call it before each round of the duty. A store of one process
+    /// (SQLite) always leads.
+    fn lead(&self, duty: Duty) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        let _ = duty;
+        async { Ok(true) }
     }
 
     /// Flushes and closes; later calls fail with [`StoreError::Closed`].

@@ -853,4 +853,89 @@ pub enum Switch {
         /// Open until.
         until_ms: i64,
     },
+    /// A breaker closed on some node (a probe succeeded there): every node
+    /// closes it too.
+    BreakerClosed {
+        /// The job type.
+        job_type: String,
+        /// The error kind.
+        kind: String,
+    },
+}
+
+/// A duty one node of a cluster does for all of them at a time
+/// ([`crate::Store::lead`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum Duty {
+    /// Deciding and sending the `[[alerts]]` webhooks.
+    Alerts,
+    /// Removing succeeded and cancelled jobs past their retention.
+    Retention,
+}
+
+impl Duty {
+    /// Every duty.
+    pub const ALL: [Duty; 2] = [Duty::Alerts, Duty::Retention];
+
+    /// The duty's name, for logs.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Duty::Alerts => "alerts",
+            Duty::Retention => "retention",
+        }
+    }
+
+    /// A small number of its own (the PostgreSQL advisory lock's second key).
+    pub const fn number(self) -> i32 {
+        match self {
+            Duty::Alerts => 1,
+            Duty::Retention => 2,
+        }
+    }
+}
+
+/// A dead letter as the alerts read it ([`crate::Store::dead_letters_after`]):
+/// what it is about, not what it holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecentDeadLetter {
+    /// Its id.
+    pub id: DeadLetterId,
+    /// When it was written (`dead_lettered_at`).
+    pub at: Timestamp,
+    /// Type, when known.
+    pub job_type: Option<String>,
+    /// Why.
+    pub reason: DeadLetterReason,
+    /// The last failure's kind, when there was one.
+    pub kind: Option<String>,
+    /// The last failure's message (empty without one).
+    pub message: String,
+}
+
+impl RecentDeadLetter {
+    /// From a `dead_letters` row's columns, as both backends keep them
+    /// (`error` is the [`Failure`] as JSON).
+    pub(crate) fn from_columns(
+        id: i64,
+        at: i64,
+        job_type: Option<String>,
+        reason: &str,
+        error: Option<&str>,
+    ) -> Result<Self, StoreError> {
+        let error: Option<Failure> = error
+            .map(serde_json::from_str)
+            .transpose()
+            .map_err(|e| StoreError::Corrupt(format!("dead letter {id}: its error: {e}")))?;
+        Ok(RecentDeadLetter {
+            id: DeadLetterId(id as u64),
+            at: Timestamp::from_millis(at),
+            job_type,
+            reason: reason
+                .parse()
+                .map_err(|e| StoreError::Corrupt(format!("dead letter {id}: {e}")))?,
+            kind: error.as_ref().map(|f| f.kind.as_str().to_owned()),
+            message: error.map(|f| f.message).unwrap_or_default(),
+        })
+    }
 }

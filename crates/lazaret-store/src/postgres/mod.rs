@@ -18,6 +18,7 @@
 //! `plan_lease`, a freed slot its `FairScheduler::frees_slot`, outcomes
 //! the `Decider`'s).
 
+mod cluster;
 mod reader;
 mod schema;
 mod writer;
@@ -455,6 +456,8 @@ struct Inner {
     opts: PgOptions,
     /// The caller's `now` of the last tick that ran, and what it found due next.
     last_tick: std::sync::Mutex<Option<(Timestamp, Option<Timestamp>)>>,
+    /// The duties this node leads for the cluster (`cluster.rs`).
+    leadership: cluster::Leadership,
     /// Dropped (or sent) when the store goes: the listener stops.
     _stop: tokio::sync::watch::Sender<()>,
 }
@@ -539,6 +542,7 @@ impl PostgresStore {
                 down,
                 opts: opts.clone(),
                 last_tick: std::sync::Mutex::new(None),
+                leadership: cluster::Leadership::new(opts.clone()),
                 _stop: stop,
             }),
         })
@@ -769,6 +773,21 @@ impl Store for PostgresStore {
         reader::reasons(&*self.reader().await?).await
     }
 
+    async fn dead_letters_after(
+        &self,
+        after: DeadLetterId,
+        limit: u32,
+    ) -> Result<Vec<crate::RecentDeadLetter>, StoreError> {
+        cluster::dead_letters_after(&*self.reader().await?, after, limit).await
+    }
+
+    async fn lead(&self, duty: crate::Duty) -> Result<bool, StoreError> {
+        if self.inner.closed.load(Ordering::Acquire) {
+            return Err(StoreError::Closed);
+        }
+        self.inner.leadership.lead(duty).await
+    }
+
     async fn match_dead_letters(
         &self,
         selector: Selector,
@@ -958,6 +977,7 @@ impl Store for PostgresStore {
         if self.inner.closed.swap(true, Ordering::AcqRel) {
             return Err(StoreError::Closed);
         }
+        self.inner.leadership.resign().await;
         let (tx, rx) = oneshot::channel();
         let reply: writer::Reply = Box::new(move |r| {
             let _ = tx.send(r.map(drop));

@@ -435,6 +435,9 @@ pub(super) async fn save_switch(c: &Client, s: &Switch) -> Result<(), StoreError
             Some(*until_ms),
             true,
         ),
+        Switch::BreakerClosed { job_type, kind } => {
+            ("breaker", format!("{job_type}\u{1f}{kind}"), None, false)
+        }
     };
     if keep {
         pg(c.execute(

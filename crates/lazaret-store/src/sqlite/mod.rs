@@ -568,6 +568,15 @@ impl Store for SqliteStore {
         self.read(reader::reasons).await
     }
 
+    async fn dead_letters_after(
+        &self,
+        after: DeadLetterId,
+        limit: u32,
+    ) -> Result<Vec<crate::RecentDeadLetter>, StoreError> {
+        self.read(move |c| reader::dead_letters_after(c, after, limit))
+            .await
+    }
+
     async fn match_dead_letters(
         &self,
         selector: Selector,

@@ -6,7 +6,7 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use super::stored::{COLUMN_COUNT, COLUMNS, StoredJob};
 use crate::{
     AuditEntry, DeadLetter, DeadLetterFilter, DeadLetterId, JobPage, JobQuery, JobView, Pause,
-    PauseTarget, ReasonCount, Selector, Stage, StoreError,
+    PauseTarget, ReasonCount, RecentDeadLetter, Selector, Stage, StoreError,
 };
 
 fn db<T>(r: rusqlite::Result<T>) -> Result<T, StoreError> {
@@ -361,6 +361,41 @@ pub(super) fn reasons(c: &Connection) -> Result<Vec<ReasonCount>, StoreError> {
             first_at: Timestamp::from_millis(first),
             last_at: Timestamp::from_millis(last),
         });
+    }
+    Ok(out)
+}
+
+/// Dead letters above `after` by id (the primary key), lowest first.
+pub(super) fn dead_letters_after(
+    c: &Connection,
+    after: DeadLetterId,
+    limit: u32,
+) -> Result<Vec<RecentDeadLetter>, StoreError> {
+    let mut stmt = db(c.prepare_cached(
+        "SELECT id, dead_lettered_at, type, reason, error FROM dead_letters
+         WHERE id > ?1 ORDER BY id LIMIT +?2",
+    ))?;
+    let rows = db(
+        stmt.query_map(params![after.0 as i64, i64::from(limit)], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, Option<String>>(2)?,
+                r.get::<_, String>(3)?,
+                r.get::<_, Option<String>>(4)?,
+            ))
+        }),
+    )?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (id, at, ty, reason, error) = db(row)?;
+        out.push(RecentDeadLetter::from_columns(
+            id,
+            at,
+            ty,
+            &reason,
+            error.as_deref(),
+        )?);
     }
     Ok(out)
 }

@@ -54,7 +54,9 @@ impl Backend for Postgres {
     type Place = Schema;
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::none().with_group_commit_stats(true)
+        Capabilities::none()
+            .with_group_commit_stats(true)
+            .with_several_nodes(true)
     }
 
     async fn place(&self) -> Schema {

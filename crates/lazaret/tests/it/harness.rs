@@ -187,20 +187,26 @@ impl Server {
         let schema = PgSchema::fresh(&url);
         let mut nodes = Vec::with_capacity(n);
         for _ in 0..n {
-            let dir = tempfile::tempdir().expect("a temporary directory");
-            std::fs::write(dir.path().join("lazaret.toml"), config).expect("config written");
-            let mut server = Server {
-                dir,
-                child: None,
-                base: String::new(),
-                starts: 0,
-                env: Vec::new(),
-                schema: Some(std::sync::Arc::clone(&schema)),
-            };
-            server.spawn().await;
-            nodes.push(server);
+            nodes.push(Server::on_schema(config, &schema).await);
         }
         Some(nodes)
+    }
+
+    /// Starts one node with `config` on `schema` (created by its first
+    /// node's migration, unless `lazaret migrate` made it).
+    pub async fn on_schema(config: &str, schema: &std::sync::Arc<PgSchema>) -> Server {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        std::fs::write(dir.path().join("lazaret.toml"), config).expect("config written");
+        let mut server = Server {
+            dir,
+            child: None,
+            base: String::new(),
+            starts: 0,
+            env: Vec::new(),
+            schema: Some(std::sync::Arc::clone(schema)),
+        };
+        server.spawn().await;
+        server
     }
 
     /// The environment variables of the next start.
