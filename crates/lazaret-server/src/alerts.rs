@@ -5,7 +5,9 @@
 //!
 //! - the job path records each dead letter in [`AlertHub::record_dead_letter`]
 //!   and each breaker change in [`AlertHub::record_breaker_change`]: a
-//!   push under a mutex, nothing more (and nothing at all with no targets);
+//!   push under a mutex, nothing more (breaker changes not at all with no
+//!   targets; dead letters always, bounded by `RECENT_MAX`, since
+//!   `/v1/stats` reads their reasons for its per-type `surges`);
 //! - one poller task ([`start`]) lets each target's `Alerts` decide every
 //!   [`POLL`], and puts the alerts on that target's bounded queue with
 //!   `try_send` (a full queue drops the alert, logged and counted as
@@ -131,14 +133,17 @@ impl AlertHub {
         kind: Option<&ErrorKind>,
         now: Timestamp,
     ) {
-        if !self.enabled() {
-            return;
-        }
+        // Kept with no targets too: `/v1/stats` names each surge's reason from them.
         self.recent
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .record(ty, reason, kind, now);
         self.dirty.store(true, Ordering::Relaxed);
+    }
+
+    /// The recent dead letters (locked while the guard lives).
+    pub fn recent(&self) -> std::sync::MutexGuard<'_, RecentDeadLetters> {
+        self.recent.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The dead letters held may have changed (a redrive or purge): the
