@@ -39,7 +39,7 @@ use std::time::Duration;
 use crate::breaker::{BreakerState, BreakerTransition};
 use crate::failure::DeadLetterReason;
 use crate::ids::{ErrorKind, JobType};
-use crate::stats::{FailureCause, FailureStats};
+use crate::stats::{FailureCause, FailureStats, Surge};
 use crate::time::{Timestamp, duration_ms};
 
 /// The window of the `poison_rate` event.
@@ -353,6 +353,38 @@ impl RecentDeadLetters {
     }
 }
 
+/// One type's surge ([`FailureStats::surges_by_type`]) with the dead-letter
+/// reason its dominant failure's dead letters carry.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TypeSurge {
+    /// The surge: its key names the type, the cause and the fingerprint.
+    pub surge: Surge,
+    /// The dead-letter reason most of the failure's recent dead letters
+    /// carry (`None`: none of them is among the recent ones kept).
+    pub reason: Option<DeadLetterReason>,
+}
+
+/// The surge rule per type, each surge with its dead-letter reason: what
+/// `reason_surge` fires for, and what `/v1/stats` lists as
+/// `dead_letters.surges` (so the dashboard marks the same rows the alerts
+/// name). `count_min` and `share_min` are `surge_min` and `surge_share`.
+pub fn type_surges(
+    failures: &FailureStats,
+    recent: &RecentDeadLetters,
+    now: Timestamp,
+    count_min: u64,
+    share_min: f64,
+) -> Vec<TypeSurge> {
+    failures
+        .surges_by_type(now, count_min, share_min)
+        .into_iter()
+        .map(|surge| TypeSurge {
+            reason: recent.reason_of(surge.key.job_type(), surge.key.cause(), now, surge.window),
+            surge,
+        })
+        .collect()
+}
+
 /// One entry of [`Alert::top_reasons`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TopReason {
@@ -479,12 +511,16 @@ impl Alerts {
     pub fn poll(&mut self, now: Timestamp, obs: &Observation<'_>) -> Vec<Alert> {
         let mut out = Vec::new();
         // Per type: one failure dominating a type's recent dead letters.
-        let surges = obs
-            .failures
-            .surges_by_type(now, self.rule.surge_min, self.rule.surge_share);
+        let surges = type_surges(
+            obs.failures,
+            obs.recent,
+            now,
+            self.rule.surge_min,
+            self.rule.surge_share,
+        );
         let systemic = |ty: Option<&JobType>| match ty {
             None => !surges.is_empty(),
-            Some(t) => surges.iter().any(|s| s.key.job_type() == t),
+            Some(t) => surges.iter().any(|s| s.surge.key.job_type() == t),
         };
         let mut candidates: Vec<Candidate> = Vec::new();
 
@@ -526,16 +562,12 @@ impl Alerts {
         }
 
         // reason_surge: the surge rule of /v1/stats per type, with this target's thresholds.
-        for s in &surges {
+        for TypeSurge { surge: s, reason } in &surges {
             let t = s.key.job_type();
-            let reason = obs
-                .recent
-                .reason_of(t, s.key.cause(), now, s.window)
-                .map(|r| r.as_str().to_owned());
             candidates.push(Candidate {
                 event: AlertEvent::ReasonSurge,
                 job_type: (!t.as_str().is_empty()).then(|| t.clone()),
-                reason,
+                reason: reason.map(|r| r.as_str().to_owned()),
                 count: s.count,
                 window: s.window,
             });
@@ -604,6 +636,7 @@ impl Alerts {
             let is_systemic = c.event == AlertEvent::ReasonSurge || systemic(c.job_type.as_ref());
             let surge = surges
                 .iter()
+                .map(|s| &s.surge)
                 .find(|s| Some(s.key.job_type()) == c.job_type.as_ref());
             let summary = summary(&c, is_systemic, &self.rule, obs, surge);
             out.push(Alert {
@@ -643,7 +676,7 @@ fn summary(
     systemic: bool,
     rule: &AlertRule,
     obs: &Observation<'_>,
-    surge: Option<&crate::stats::Surge>,
+    surge: Option<&Surge>,
 ) -> String {
     let ty = c
         .job_type
@@ -979,6 +1012,58 @@ mod tests {
             let ty = f.job_type.as_ref().map(JobType::as_str);
             assert_eq!(f.systemic, ty == Some("charge"), "{f:?}");
         }
+    }
+
+    #[test]
+    fn type_surges_name_each_surging_type_with_its_dead_letter_reason() {
+        // `charge`: 24 timeouts that exhausted their kind's budget and one
+        // permanent failure; `export`: a scatter. Only `charge` surges, and
+        // its reason is the one its timeouts carry, not the other row's.
+        let mut w = World::new();
+        for i in 0..24 {
+            w.dead_letter(
+                "charge",
+                DeadLetterReason::KindExhausted,
+                "timeout",
+                "timeout",
+                S + i,
+            );
+        }
+        w.dead_letter(
+            "charge",
+            DeadLetterReason::Permanent,
+            "declined",
+            "declined",
+            S + 30,
+        );
+        for i in 0..30 {
+            let msg = format!("row {i} has no column {}", i * 7919);
+            w.dead_letter(
+                "export",
+                DeadLetterReason::Permanent,
+                &format!("parse_{i}"),
+                &msg,
+                S + i,
+            );
+        }
+        let surges = type_surges(&w.failures, &w.recent, at(2 * S), 20, 0.8);
+        let got: Vec<_> = surges
+            .iter()
+            .map(|s| {
+                (
+                    s.surge.key.job_type().as_str(),
+                    s.reason,
+                    s.surge.count,
+                    s.surge.total,
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [("charge", Some(DeadLetterReason::KindExhausted), 24, 25)]
+        );
+        // Over all types the same failure holds under half: no single surge.
+        assert_eq!(w.failures.surge_with(at(2 * S), 20, 0.8), None);
     }
 
     #[test]

@@ -35,7 +35,8 @@ pub use admission::{
     check_body_size, check_size, payload_preview,
 };
 pub use alerts::{
-    Alert, AlertEvent, AlertRule, AlertRuleError, Alerts, Observation, RecentDeadLetters, TopReason,
+    Alert, AlertEvent, AlertRule, AlertRuleError, Alerts, Observation, RecentDeadLetters,
+    TopReason, TypeSurge, type_surges,
 };
 pub use breaker::{
     BreakerConfig, BreakerConfigError, BreakerState, BreakerTransition, BreakerView, Breakers,

@@ -5,8 +5,10 @@
 //!
 //! - the job path records each breaker change in
 //!   [`AlertHub::record_breaker_change`] (a push under a mutex, nothing at
-//!   all with no targets) and marks a dead letter written with
-//!   [`AlertHub::touch`]; breakers opened or closed on other nodes of a
+//!   all with no targets) and each dead letter it writes with
+//!   [`AlertHub::record_dead_letter`] (kept in the node's own recent dead
+//!   letters, which `/v1/stats` reads for its per-type `surges`, and the
+//!   held counts marked for a new read); breakers opened or closed on other nodes of a
 //!   cluster reach this node's breakers as switches and are recorded the
 //!   same way;
 //! - the dead letters counted (`poison_rate`, `reason_surge`, top reasons)
@@ -45,7 +47,7 @@ use tokio::time::Instant;
 use lazaret_core::alerts::TOP_REASONS_MAX;
 use lazaret_core::{
     Alert, Alerts, BreakerTransition, DeadLetterReason, ErrorKind, FailureStats, JobType,
-    Observation, RecentDeadLetters, StatsConfig,
+    Observation, RecentDeadLetters, StatsConfig, Timestamp,
 };
 use lazaret_store::{DeadLetterFilter, DeadLetterId, Duty, Store, StoreError};
 use serde_json::{Value, json};
@@ -120,6 +122,10 @@ struct Target {
 pub struct AlertHub {
     /// The cluster's recent dead letters, as read from the store.
     recent: Mutex<RecentDeadLetters>,
+    /// This node's own recent dead letters, recorded as they are written:
+    /// `/v1/stats` names each per-type surge's reason from them, at once
+    /// (the cluster's above lag a poll behind), with or without targets.
+    local: Mutex<RecentDeadLetters>,
     /// Their fingerprints and surges (the node's own `App::failures` feeds
     /// `/v1/stats`; this one is the cluster's, for the alerts).
     failures: Mutex<FailureStats>,
@@ -139,6 +145,7 @@ impl AlertHub {
     pub fn new(targets: &[AlertTarget], stats: StatsConfig) -> Self {
         AlertHub {
             recent: Mutex::new(RecentDeadLetters::default()),
+            local: Mutex::new(RecentDeadLetters::default()),
             failures: Mutex::new(FailureStats::new(stats).unwrap_or_default()),
             feed: Mutex::new(Feed::default()),
             leading: AtomicBool::new(false),
@@ -163,6 +170,28 @@ impl AlertHub {
     /// Whether any target is configured.
     pub fn enabled(&self) -> bool {
         !self.targets.is_empty()
+    }
+
+    /// One dead letter this node wrote (processing, admission or broker):
+    /// kept in the node's own recent dead letters, and the held counts
+    /// read again at the next check.
+    pub fn record_dead_letter(
+        &self,
+        ty: Option<&JobType>,
+        reason: DeadLetterReason,
+        kind: Option<&ErrorKind>,
+        now: Timestamp,
+    ) {
+        self.local
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .record(ty, reason, kind, now);
+        self.touch();
+    }
+
+    /// This node's recent dead letters (locked while the guard lives).
+    pub fn recent(&self) -> std::sync::MutexGuard<'_, RecentDeadLetters> {
+        self.local.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The dead letters held may have changed (one written, a redrive or

@@ -367,7 +367,8 @@ impl<S: Store> App<S> {
                 Transition::Retry { .. } => m::retried(c.job_type.as_str()),
                 Transition::DeadLetter { reason } => {
                     m::dead_lettered(c.job_type.as_str(), reason.as_str(), "processing");
-                    self.alerts.touch();
+                    self.alerts
+                        .record_dead_letter(Some(&c.job_type), reason, c.kind.as_ref(), now);
                     failures.record_dead_letter(
                         &c.job_type,
                         reason,
@@ -448,9 +449,10 @@ impl<S: Store> App<S> {
         now: Timestamp,
     ) {
         m::dead_lettered(ty.unwrap_or(""), reason.as_str(), "admission");
-        self.alerts.touch();
+        let ty = JobType::new(ty.unwrap_or(""));
+        self.alerts.record_dead_letter(Some(&ty), reason, None, now);
         let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
-        failures.record_dead_letter(&JobType::new(ty.unwrap_or("")), reason, None, message, now);
+        failures.record_dead_letter(&ty, reason, None, message, now);
     }
 
     /// Parked lanes and types, and half-open probe limits, for a lease of

@@ -86,9 +86,11 @@ impl<S: Store> Host for App<S> {
         m::source_taken_in(source);
         let kind = dl.error.as_ref().map(|e| &e.kind);
         let message = dl.error.as_ref().map_or("", |e| e.message.as_str());
-        self.alerts.touch();
+        let ty = JobType::new(ty);
+        self.alerts
+            .record_dead_letter(Some(&ty), dl.reason, kind, now);
         let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
-        failures.record_dead_letter(&JobType::new(ty), dl.reason, kind, message, now);
+        failures.record_dead_letter(&ty, dl.reason, kind, message, now);
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, UNIX_EPOCH};
 
-use lazaret_core::{AttemptRecord, Failure, JobState, Timestamp};
+use lazaret_core::{AttemptRecord, Failure, JobState, Timestamp, payload_preview};
 use lazaret_guard::celery::{Task, arguments};
 use lazaret_store::{ApiToken, DeadLetter, JobView, LeasedJob, ReasonCount, SourceRef};
 use serde::Serialize;
@@ -77,7 +77,12 @@ pub struct JobBody<'a> {
     attempt: u32,
     idempotency_key: Option<&'a str>,
     schema_version: Option<u32>,
-    payload: Box<RawValue>,
+    /// Left out with [`PayloadShown::Preview`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payload: Option<Box<RawValue>>,
+    /// Only with [`PayloadShown::Preview`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payload_preview: Option<&'a str>,
     payload_size: u64,
     payload_sha256: &'a str,
     created_at: String,
@@ -104,12 +109,29 @@ pub struct JobPage<'a> {
     pub next_cursor: Option<String>,
 }
 
+/// How much of a payload a job reply carries (`?payload=` of `GET /v1/jobs`
+/// and `GET /v1/jobs/{id}`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PayloadShown {
+    /// `payload` byte for byte (the contract's default), and each edit's
+    /// `previous_payload`.
+    #[default]
+    Full,
+    /// `payload_preview` instead: the first [`PAYLOAD_PREVIEW_BYTES`] as
+    /// text (cut at a char boundary), and `previous_payload_preview` for
+    /// edits; the whole bytes are at `GET /v1/jobs/{id}/payload`.
+    Preview,
+}
+
+/// The bytes of a payload preview, as for dead letters.
+pub const PAYLOAD_PREVIEW_BYTES: usize = 4096;
+
 /// An item of `GET /v1/jobs`: the job as `GET /v1/jobs/{id}` shows it,
 /// without `history`.
-pub fn job_item(j: &JobView, now: Timestamp) -> JobBody<'_> {
+pub fn job_item(j: &JobView, now: Timestamp, shown: PayloadShown) -> JobBody<'_> {
     JobBody {
         history: None,
-        ..job_body(j, now)
+        ..job_body(j, now, shown)
     }
 }
 
@@ -121,21 +143,28 @@ pub struct PayloadEditBody<'a> {
     actor: &'a str,
     reason: &'a str,
     redrive: u32,
-    previous_payload: Box<RawValue>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    previous_payload: Option<Box<RawValue>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    previous_payload_preview: Option<&'a str>,
     previous_payload_size: u64,
     previous_payload_sha256: &'a str,
     previous_schema_version: Option<u32>,
 }
 
 /// The body of `GET /v1/jobs/{id}`.
-pub fn job(j: &JobView, now: Timestamp) -> JobBody<'_> {
+pub fn job(j: &JobView, now: Timestamp, shown: PayloadShown) -> JobBody<'_> {
     JobBody {
         history: Some(history(&j.envelope.history)),
-        ..job_body(j, now)
+        ..job_body(j, now, shown)
     }
 }
 
-fn job_body(j: &JobView, now: Timestamp) -> JobBody<'_> {
+fn job_body(j: &JobView, now: Timestamp, shown: PayloadShown) -> JobBody<'_> {
+    let full = shown == PayloadShown::Full;
+    fn preview(bytes: &[u8]) -> &str {
+        payload_preview(bytes, PAYLOAD_PREVIEW_BYTES)
+    }
     let e = &j.envelope;
     let state = match (j.state, j.run_at) {
         (JobState::Scheduled, Some(at)) if at <= now => JobState::Queued,
@@ -150,7 +179,8 @@ fn job_body(j: &JobView, now: Timestamp) -> JobBody<'_> {
         attempt: e.attempts,
         idempotency_key: e.idempotency_key.as_deref(),
         schema_version: e.schema_version,
-        payload: raw_payload(&j.payload),
+        payload: full.then(|| raw_payload(&j.payload)),
+        payload_preview: (!full).then(|| preview(&j.payload)),
         payload_size: e.payload_size,
         payload_sha256: &e.payload_sha256,
         created_at: time(e.created_at),
@@ -170,7 +200,8 @@ fn job_body(j: &JobView, now: Timestamp) -> JobBody<'_> {
                 actor: &p.actor,
                 reason: &p.reason,
                 redrive: p.redrive,
-                previous_payload: raw_payload(p.previous_payload.as_bytes()),
+                previous_payload: full.then(|| raw_payload(p.previous_payload.as_bytes())),
+                previous_payload_preview: (!full).then(|| preview(p.previous_payload.as_bytes())),
                 previous_payload_size: p.previous_size,
                 previous_payload_sha256: &p.previous_sha256,
                 previous_schema_version: p.previous_schema_version,

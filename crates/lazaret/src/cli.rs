@@ -9,8 +9,8 @@
 //!
 //! Exit status (`errors::ExitCode`, docs/api.md#cli): 0 done; 1 the server
 //! answered with an error, or the command did not do all it was asked (a
-//! redrive naming ids that match nothing, or dead letters a broker did not
-//! take back); 2 the command line was wrong or the command was refused
+//! redrive or purge naming ids that match nothing, or dead letters a broker
+//! did not take back); 2 the command line was wrong or the command was refused
 //! before anything changed (an empty redrive or purge selection, a purge
 //! without `--confirm`, a payload that is not JSON, an unreadable
 //! `--ca-cert`; clap's usage errors exit
@@ -395,7 +395,33 @@ async fn dlq_purge(
             confirm: true,
         };
         let reply = client.post(&["v1", "dead-letters", "purge"], &body).await?;
-        return emit(out, json, &reply, render::purged);
+        emit(out, json, &reply, render::purged)?;
+        let v: Value = reply.json()?;
+        // Ids that matched nothing: a typo, or already redriven or purged.
+        // As with redrive, scripts must see that the command did not do
+        // all it named.
+        let missing = render::redrive_not_found(&v);
+        if let (Selection::Ids(ids), None) = (&selection, v.get("not_found")) {
+            // An older server does not name them: say how many.
+            let purged = v.get("purged").and_then(Value::as_u64).unwrap_or(0);
+            let unmatched = (ids.len() as u64).saturating_sub(purged);
+            if unmatched > 0 {
+                return Err(anyhow!(
+                    "{unmatched} of the {} id(s) given match no dead letter (this server does not \
+                     say which); the others were purged; check them with `lazaret dlq show ID`",
+                    ids.len()
+                ));
+            }
+        }
+        if !missing.is_empty() {
+            return Err(anyhow!(
+                "{} id(s) match no dead letter: {}; the others were purged; check them with \
+                 `lazaret dlq show ID` (an id already redriven or purged is gone)",
+                missing.len(),
+                table::clean_line(&missing.join(", ")),
+            ));
+        }
+        return Ok(());
     }
 
     let preview = purge_preview(client, &selection).await?;

@@ -74,10 +74,14 @@ pub(super) async fn app_css() -> Response {
 }
 
 /// What each role may do, by the names the dashboard uses.
-const ABILITIES: [(&str, Action); 7] = [
+/// `read_jobs` is one job by id (a worker may); `list_jobs` is `GET /v1/jobs`
+/// (a worker may not), so the dashboard offers the live-jobs list only to
+/// the roles it answers.
+const ABILITIES: [(&str, Action); 8] = [
     ("observe", Action::Observe),
     ("produce", Action::Produce),
     ("read_jobs", Action::ReadJob),
+    ("list_jobs", Action::ListJobs),
     ("work", Action::Work),
     ("read_dead_letters", Action::ReadDeadLetters),
     ("operate", Action::Operate),

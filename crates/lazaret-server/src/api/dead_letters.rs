@@ -483,6 +483,10 @@ pub(super) async fn purge<S: Store>(
             "purge deletes dead letters for good: send \"confirm\": true",
         ));
     }
+    let requested = match &sel {
+        Selector::Ids(ids) => ids.clone(),
+        Selector::Filter(_) => Vec::new(),
+    };
     let ids: Vec<DeadLetterId> = app
         .store
         .match_dead_letters(sel)
@@ -490,6 +494,15 @@ pub(super) async fn purge<S: Store>(
         .into_iter()
         .map(|(i, _)| i)
         .collect();
+    // Ids that match nothing (a typo, or gone already): named, as redrive
+    // names them, so that a client can say the purge did not do all it named.
+    let mut not_found: Vec<String> = Vec::new();
+    for id in &requested {
+        let text = id.0.to_string();
+        if !ids.contains(id) && !not_found.contains(&text) {
+            not_found.push(text);
+        }
+    }
     // Written first; the purge adds its count in its own transaction.
     let entry = app
         .store
@@ -503,7 +516,7 @@ pub(super) async fn purge<S: Store>(
         .await?;
     let purged = app.store.purge(ids, Some(entry)).await?;
     app.alerts.touch();
-    ok(json!({ "purged": purged }))
+    ok(json!({ "purged": purged, "not_found": not_found }))
 }
 
 /// Longest `reason` of a corrected redrive, in bytes.

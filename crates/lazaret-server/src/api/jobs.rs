@@ -14,7 +14,8 @@ use lazaret_core::{
     NAME_BYTES_MAX, TenantId, Timestamp, Verdict, admit, payload_preview, payload_sha256,
 };
 use lazaret_store::{
-    AdmissionRecord, AuditEntry, CancelError, Cancelled, EnqueueOutcome, JobQuery, NewJob, Store,
+    AdmissionRecord, AuditEntry, CancelError, Cancelled, EnqueueOutcome, JobQuery, JobView, NewJob,
+    Store,
 };
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -441,13 +442,29 @@ pub(super) async fn enqueue_batch<S: Store>(
     ok(json!({ "results": results }))
 }
 
-pub(super) async fn job<S: Store>(
-    State(app): Shared<S>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> ApiResult {
-    let caller = allow(&app, &headers, Action::ReadJob).await?;
-    let id = parse_id(&id, "job")?;
+/// The query of `GET /v1/jobs/{id}`; any other parameter is refused.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct JobParams {
+    payload: Option<String>,
+}
+
+/// `?payload=full` (the default) or `?payload=preview`.
+fn payload_shown(word: Option<String>) -> Result<views::PayloadShown, ApiError> {
+    match empty_none(word).as_deref() {
+        None | Some("full") => Ok(views::PayloadShown::Full),
+        Some("preview") => Ok(views::PayloadShown::Preview),
+        Some(other) => Err(ApiError::bad_request(format!(
+            "payload={other:?} is not one of full (the whole payload, the default) and \
+             preview (its first {} bytes; the whole one is at /v1/jobs/{{id}}/payload)",
+            views::PAYLOAD_PREVIEW_BYTES
+        ))),
+    }
+}
+
+/// The job `id` if the caller may read it (a producer only its own).
+async fn readable<S: Store>(app: &App<S>, caller: &Caller, id: &str) -> Result<JobView, ApiError> {
+    let id = parse_id(id, "job")?;
     let view = app
         .store
         .job(JobId(id))
@@ -460,7 +477,40 @@ pub(super) async fn job<S: Store>(
              Read it with the token that enqueued it, or ask an operator"
         )));
     }
-    Ok(Json(views::job(&view, now())).into_response())
+    Ok(view)
+}
+
+pub(super) async fn job<S: Store>(
+    State(app): Shared<S>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    query: Result<Query<JobParams>, QueryRejection>,
+) -> ApiResult {
+    let caller = allow(&app, &headers, Action::ReadJob).await?;
+    let Query(q) = query.map_err(|e| {
+        ApiError::bad_request(format!("{}; the only parameter is payload", e.body_text()))
+    })?;
+    let shown = payload_shown(q.payload)?;
+    let view = readable(&app, &caller, &id).await?;
+    Ok(Json(views::job(&view, now(), shown)).into_response())
+}
+
+/// `GET /v1/jobs/{id}/payload`: the job's payload bytes as they were
+/// admitted (or as a corrected redrive replaced them), for whoever may read
+/// the job: what the dashboard downloads instead of loading a large
+/// payload into the page.
+pub(super) async fn job_payload<S: Store>(
+    State(app): Shared<S>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> ApiResult {
+    let caller = allow(&app, &headers, Action::ReadJob).await?;
+    let view = readable(&app, &caller, &id).await?;
+    Ok((
+        [(header::CONTENT_TYPE, "application/json")],
+        Body::from(view.payload),
+    )
+        .into_response())
 }
 
 /// The query of `GET /v1/jobs`; any other parameter is refused.
@@ -474,6 +524,7 @@ pub(super) struct ListParams {
     lane: Option<String>,
     limit: Option<u32>,
     cursor: Option<String>,
+    payload: Option<String>,
 }
 
 /// `GET /v1/jobs`: a page of jobs, newest first. A producer sees only the
@@ -486,10 +537,11 @@ pub(super) async fn list<S: Store>(
     let caller = allow(&app, &headers, Action::ListJobs).await?;
     let Query(q) = query.map_err(|e| {
         ApiError::bad_request(format!(
-            "{}; the parameters are state, type, tenant, lane, limit and cursor",
+            "{}; the parameters are state, type, tenant, lane, limit, cursor and payload",
             e.body_text()
         ))
     })?;
+    let shown = payload_shown(q.payload)?;
     let state = match empty_none(q.state) {
         Some(word) => Some(
             word.parse::<JobState>()
@@ -521,7 +573,10 @@ pub(super) async fn list<S: Store>(
     let now = now();
     // A struct, not `json!`: the payloads stay byte for byte (see `views::JobBody`).
     Ok(Json(views::JobPage {
-        items: items.iter().map(|j| views::job_item(j, now)).collect(),
+        items: items
+            .iter()
+            .map(|j| views::job_item(j, now, shown))
+            .collect(),
         next_cursor: next.map(|c| c.to_string()),
     })
     .into_response())

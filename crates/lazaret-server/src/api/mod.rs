@@ -122,6 +122,7 @@ fn routes<S: Store>(app: Arc<App<S>>) -> Router {
         .route("/v1/jobs", post(jobs::enqueue::<S>).get(jobs::list::<S>))
         .route("/v1/jobs/batch", post(jobs::enqueue_batch::<S>))
         .route("/v1/jobs/{id}", get(jobs::job::<S>))
+        .route("/v1/jobs/{id}/payload", get(jobs::job_payload::<S>))
         .route(
             "/v1/jobs/{id}/cancel",
             post(jobs::cancel::<S>).layer(Cap::max(CANCEL_BODY_BYTES_MAX)),

@@ -216,6 +216,31 @@ async fn snapshot<S: Store>(app: &App<S>) -> Result<Value, ApiError> {
             "key": s.key.to_string(), "count": s.count, "total": s.total, "share": s.share,
         })
     });
+    // Per type, the rule the alerts' `reason_surge` applies (with the
+    // server's thresholds), each with the dead-letter reason it carries:
+    // the rows the dashboard marks. `surge` above stays the cross-type one.
+    let surges: Vec<Value> = {
+        let recent = app.alerts.recent();
+        lazaret_core::type_surges(
+            &failures,
+            &recent,
+            now,
+            app.config.surge_min,
+            app.config.surge_share,
+        )
+        .iter()
+        .map(|t| {
+            let s = &t.surge;
+            json!({
+                "type": s.key.job_type().as_str(),
+                "reason": t.reason.map(|r| r.as_str()),
+                "cause": s.key.cause().to_string(),
+                "fingerprint": s.key.fingerprint(),
+                "key": s.key.to_string(), "count": s.count, "total": s.total, "share": s.share,
+            })
+        })
+        .collect()
+    };
     let top: Vec<Value> = failures
         .top(10)
         .iter()
@@ -242,6 +267,7 @@ async fn snapshot<S: Store>(app: &App<S>) -> Result<Value, ApiError> {
             "top_failures": top,
             "other_failures": failures.other(),
             "surge": surge,
+            "surges": surges,
         },
         "breakers": breakers.iter().map(|b| json!({ "type": b.ty.as_str(), "kind": b.kind.as_str(), "state": b.state.as_str() })).collect::<Vec<_>>(),
         "cancelled_kept": s.cancelled,

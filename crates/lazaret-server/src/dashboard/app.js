@@ -13,6 +13,8 @@
   /** Characters of a request or payload shown in a table cell before "…". */
   const CELL_CHARS_MAX = 160;
   const REFRESH_MS = 5000;
+  /** Bytes of a payload the server previews (`payload_preview`). */
+  const PREVIEW_BYTES = 4096;
 
   const state = {
     who: null,
@@ -272,12 +274,14 @@
         await deadLetters(params);
       } else if (parts[0] === 'dead-letter' && parts[1] && may('read_dead_letters')) {
         await deadLetter(parts[1]);
-      } else if (parts[0] === 'jobs' && may('read_jobs')) {
+      } else if (parts[0] === 'jobs' && may('list_jobs')) {
         await jobs(params);
       } else if (parts[0] === 'job' && parts[1] && may('read_jobs')) {
         await job(parts[1]);
       } else if (parts[0] === 'audit' && may('read_dead_letters')) {
         await audit(params);
+      } else if (parts[0] === 'breakers') {
+        await breakersView(params);
       } else {
         await overview();
         state.timer = setInterval(() => {
@@ -343,13 +347,11 @@
     $('overview-updated').textContent = `Updated ${new Date().toISOString().slice(11, 19)}Z; refreshes every ${REFRESH_MS / 1000} s.`;
 
     const dl = stats.dead_letters || {};
-    const surge = dl.surge;
-    $('overview-surge').replaceChildren(surge
-      ? el('div', { class: 'surge', role: 'note' },
-        el('strong', {}, 'Systemic failure likely: '),
-        `${Math.round(surge.share * 100)}% of the last ${surge.total} dead letters share one cause (${surge.count} × `,
-        el('code', {}, surge.key), '). One bug or one outage, not scattered bad data.')
-      : '');
+    const surges = surgesOf(stats);
+    $('overview-surge').replaceChildren(...surges.map((surge) => el('div', { class: 'surge', role: 'note' },
+      el('strong', {}, `Systemic failure likely${surge.type ? ` in ${surge.type}` : ''}: `),
+      `${Math.round(surge.share * 100)}% of the last ${surge.total} dead letters${surge.type ? ' of this type' : ''} share one cause (${surge.count} × `,
+      el('code', {}, surge.key), '). One bug or one outage, not scattered bad data.')));
 
     const lanes = Object.entries(stats.lanes || {});
     const rows = lanes.map(([lane, c]) => ({ lane, ...c }));
@@ -383,6 +385,7 @@
           ['Type', (r) => dash(r.type)],
           ['Reason', (r) => el('code', {}, r.reason)],
           ['Count', (r) => String(r.count)],
+          ['Surge', (r) => surgeBadge(surgeFor(surges, r))],
           ['', (r) => (may('read_dead_letters')
             ? el('a', { href: `#/dead-letters${query({ reason: r.reason, type: r.type })}` }, `Show ${r.count} ${r.reason} of ${dash(r.type)}`)
             : '')],
@@ -396,7 +399,7 @@
     $('overview-breakers').replaceChildren(table(
       'Circuit breakers that are not closed',
       [
-        ['Type', (b) => el('code', {}, b.type)],
+        ['Type', (b) => el('a', { href: `#/breakers${query({ type: b.type })}` }, b.type)],
         ['Error kind', (b) => el('code', {}, b.kind)],
         ['State', (b) => badge(b.state, b.state === 'open' ? 'bad' : 'warn')],
         ['Until', (b) => fmtTime(b.until)],
@@ -428,12 +431,27 @@
 
   // ---------------------------------------------------------------- dead letters
 
-  /** The surge's type and cause, found among the top failures it names. */
-  function surgeOf(stats) {
+  /**
+   * The surges, per type, by the rule the alerts use (`dead_letters.surges`:
+   * type, reason, cause, key, count, total, share). A server without that
+   * list gives its one cross-type surge, with the type and cause found
+   * among the top failures it names and no reason.
+   */
+  function surgesOf(stats) {
     const dl = (stats && stats.dead_letters) || {};
-    if (!dl.surge) return null;
+    if (Array.isArray(dl.surges)) return dl.surges;
+    if (!dl.surge) return [];
     const top = (dl.top_failures || []).find((t) => `${t.type}/${t.cause}: ${t.fingerprint}` === dl.surge.key);
-    return { ...dl.surge, type: top ? top.type : null, cause: top ? top.cause : null };
+    return [{ ...dl.surge, type: top ? top.type : null, cause: top ? top.cause : null, reason: null }];
+  }
+
+  /** The surge of a (reason, type) row: its type's, when it carries the row's reason (any of the type's rows when the reason is unknown). */
+  function surgeFor(surges, row) {
+    return surges.find((s) => s.type !== null && s.type === row.type && (s.reason === null || s.reason === undefined || s.reason === row.reason)) || null;
+  }
+
+  function surgeBadge(surge) {
+    return surge ? badge(`systemic: ${Math.round(surge.share * 100)}% ${surge.cause}`, 'bad') : '';
   }
 
   async function deadLetters(params) {
@@ -442,8 +460,18 @@
       api('GET', '/v1/dead-letters/reasons'),
       api('GET', '/v1/stats').catch(() => null),
     ]);
-    const surge = surgeOf(stats);
-    const rows = reasons.reasons || [];
+    const surges = surgesOf(stats);
+    const all = reasons.reasons || [];
+    // The alerts' links: `?type=T` alone narrows the groups to T's;
+    // `?reason=R` (with or without a type) opens that group below them.
+    const onlyType = params.get('type');
+    const reason = params.get('reason');
+    const narrowed = onlyType && !reason;
+    const rows = narrowed ? all.filter((r) => r.type === onlyType) : all;
+    $('dl-filter').replaceChildren(narrowed
+      ? el('p', { id: 'dl-filter-note' }, `Showing type ${onlyType} only. `,
+        el('a', { href: '#/dead-letters' }, 'Show every type and reason'))
+      : '');
     $('dl-reasons').replaceChildren(table(
       'Dead letters grouped by reason and type',
       [
@@ -452,24 +480,23 @@
         ['Count', (r) => String(r.count)],
         ['First seen', (r) => fmtTime(r.first_at)],
         ['Last seen', (r) => fmtTime(r.last_at)],
-        ['Surge', (r) => (surge && surge.type !== null && surge.type === r.type
-          ? badge(`systemic: ${Math.round(surge.share * 100)}% ${surge.cause}`, 'bad')
-          : '')],
+        ['Surge', (r) => surgeBadge(surgeFor(surges, r))],
         ['', (r) => el('a', { href: `#/dead-letters${query({ reason: r.reason, type: r.type })}` }, `Show ${r.count} ${r.reason}${r.type ? ` of ${r.type}` : ''}`)],
       ],
       rows,
-      'The quarantine is empty.',
+      narrowed ? 'No dead letter matches.' : 'The quarantine is empty.',
     ));
-    const reason = params.get('reason');
     if (!reason) {
       $('dl-group').hidden = true;
       return;
     }
-    const group = { reason, type: params.get('type') };
+    const group = { reason, type: onlyType };
     const key = JSON.stringify(group);
     if (JSON.stringify(state.group) !== key) state.selected = new Set();
     state.group = group;
-    const count = (rows.find((r) => r.reason === reason && (r.type || null) === (group.type || null)) || {}).count || 0;
+    const count = all
+      .filter((r) => r.reason === reason && (!onlyType || r.type === onlyType))
+      .reduce((n, r) => n + r.count, 0);
     $('dl-group').hidden = false;
     $('dl-group-h').textContent = `${reason}${group.type ? ` · ${group.type}` : ''} (${count})`;
     $('dl-confirm').replaceChildren();
@@ -597,7 +624,9 @@
       confirmLabel: `Purge ${count}`,
       onConfirm: async () => {
         const done = await api('POST', '/v1/dead-letters/purge', { ...selection, confirm: true });
-        box.replaceChildren(el('p', { class: 'result', role: 'status' }, `Purged ${done.purged}.`));
+        const gone = done.not_found || [];
+        box.replaceChildren(el('p', { class: 'result', role: 'status' }, `Purged ${done.purged}.`),
+          gone.length ? el('p', { class: 'warn' }, `Not found (already redriven or purged): ${gone.join(', ')}`) : '');
         flash(`Purged ${done.purged}.`, true);
         state.selected = new Set();
         if (after) await after();
@@ -832,7 +861,8 @@
     const list = $('jobs-list');
     let page;
     try {
-      page = await api('GET', `/v1/jobs${query({ ...filters, limit: 50, cursor })}`);
+      // Previews only: a page of large payloads is never loaded whole.
+      page = await api('GET', `/v1/jobs${query({ ...filters, limit: 50, cursor, payload: 'preview' })}`);
     } catch (e) {
       if (e.status === 404 || e.status === 405) {
         list.replaceChildren(el('p', { class: 'warn' }, `This server cannot list live jobs (GET /v1/jobs answered ${e.status} ${e.code}): it is older than the dashboard. One job can still be opened by id from a dead letter.`));
@@ -866,11 +896,16 @@
     // The job view reuses the dead-letter section's layout.
     showView('dead-letter', 'jobs');
     const body = $('dle-body');
-    const j = await api('GET', `/v1/jobs/${encodeURIComponent(id)}`);
+    // The payload's first 4 KiB, never all of it; the rest is a download.
+    const j = await api('GET', `/v1/jobs/${encodeURIComponent(id)}${query({ payload: 'preview' })}`);
     $('dle-h').textContent = `Job ${j.id}: ${j.state}`;
-    $('dle-back').href = '#/jobs';
-    $('dle-back').textContent = '← Live jobs';
-    const payload = JSON.stringify(j.payload, null, 2);
+    // A worker reads one job but may not list them.
+    $('dle-back').href = may('list_jobs') ? '#/jobs' : '#/overview';
+    $('dle-back').textContent = may('list_jobs') ? '← Live jobs' : '← Overview';
+    // A server without `?payload=preview` sends the whole payload: cut it here.
+    const preview = j.payload_preview !== undefined ? j.payload_preview : cut(JSON.stringify(j.payload), PREVIEW_BYTES);
+    const previewBytes = new TextEncoder().encode(preview).length;
+    const whole = previewBytes >= j.payload_size;
     const confirmBox = el('div');
     const parts = [
       el('p', { id: 'job-state' }, 'State: ', badge(j.state, j.state)),
@@ -889,14 +924,23 @@
       confirmBox,
       el('h3', {}, 'Attempts'), historyTable(j.history),
       el('h3', {}, 'Payload'),
-      el('pre', { class: 'payload', tabindex: '0' }, cut(payload, 4096)),
+      el('p', { class: 'muted' }, whole
+        ? `The whole payload (${fmtBytes(j.payload_size)}).`
+        : `The first ${fmtBytes(previewBytes)} of ${fmtBytes(j.payload_size)}; the rest is not loaded.`),
+      el('pre', { class: 'payload', id: 'job-payload-preview', tabindex: '0', 'aria-label': 'Payload preview' }, whole ? prettyIfJson(preview) : preview),
+      el('p', {}, el('button', {
+        type: 'button',
+        onclick: () => download(`/v1/jobs/${encodeURIComponent(j.id)}/payload`, `job-${j.id}.payload`).catch(showError),
+      }, `Download the whole payload (${fmtBytes(j.payload_size)})`)),
     ];
     const edits = j.payload_edits || [];
     if (edits.length) {
       parts.push(el('h3', {}, 'Payload edits'), el('ol', { class: 'edits' }, edits.map((e) => el('li', {},
         el('p', {}, fmtTime(e.at), ` by ${e.actor} (redrive ${e.redrive}): “${e.reason}”`),
-        el('details', {}, el('summary', {}, `The payload it replaced (${fmtBytes(e.previous_payload_size)})`),
-          el('pre', { class: 'payload' }, cut(JSON.stringify(e.previous_payload, null, 2), 4096)))))));
+        el('details', {}, el('summary', {}, `The payload it replaced (${fmtBytes(e.previous_payload_size)}${e.previous_payload_size > PREVIEW_BYTES ? `; its first ${fmtBytes(PREVIEW_BYTES)}` : ''})`),
+          el('pre', { class: 'payload' }, e.previous_payload_preview !== undefined
+            ? e.previous_payload_preview
+            : cut(JSON.stringify(e.previous_payload), PREVIEW_BYTES)))))));
     }
     $('dle-body').replaceChildren(...parts);
     if (LIVE.includes(j.state) && !state.timer) {
@@ -909,6 +953,38 @@
       }, 1000);
     }
     body.setAttribute('data-state', j.state);
+  }
+
+  // ---------------------------------------------------------------- breakers
+
+  /** The breakers that are not closed, all or of `?type=` (where the breaker alerts link). */
+  async function breakersView(params) {
+    showView('breakers');
+    const only = params.get('type');
+    const all = (await api('GET', '/v1/breakers')).breakers || [];
+    const rows = all.filter((b) => !only || b.type === only);
+    $('breakers-filter').replaceChildren(only
+      ? el('p', {}, `Showing type ${only} only. `, el('a', { href: '#/breakers' }, 'Show every type'))
+      : '');
+    $('breakers-list').replaceChildren(
+      table(
+        only ? `Breakers of ${only} that are not closed` : 'Breakers that are not closed',
+        [
+          ['Type', (b) => el('code', {}, b.type)],
+          ['Error kind', (b) => el('code', {}, b.kind)],
+          ['State', (b) => badge(b.state, b.state === 'open' ? 'bad' : 'warn')],
+          ['Until', (b) => fmtTime(b.until)],
+          ['', (b) => (may('read_dead_letters')
+            ? el('a', { href: `#/dead-letters${query({ type: b.type })}` }, `Dead letters of ${b.type}`)
+            : '')],
+        ],
+        rows,
+        only
+          ? `No breaker of ${only} is open or half-open: it is closed (a probe succeeded, or it never opened).`
+          : 'Every breaker is closed.',
+      ),
+      el('p', { class: 'muted' }, 'An open breaker parks its type\'s jobs (no attempts spent) until it half-opens; then one probe decides whether it closes.'),
+    );
   }
 
   // ---------------------------------------------------------------- audit

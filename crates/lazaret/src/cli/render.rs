@@ -609,7 +609,8 @@ fn redrive_items(out: Out, rows: &[Value], dry_run: bool) -> io::Result<()> {
     Ok(())
 }
 
-/// The requested ids a redrive reply names as matching nothing redrivable.
+/// The requested ids a redrive or purge reply names as matching nothing
+/// (redrive: nothing redrivable).
 pub fn redrive_not_found(v: &Value) -> Vec<String> {
     items(v, "not_found")
         .iter()
@@ -650,7 +651,12 @@ pub fn corrected(out: Out, v: &Value) -> io::Result<()> {
 
 /// `POST /v1/dead-letters/purge`.
 pub fn purged(out: Out, v: &Value) -> io::Result<()> {
-    fields(out, &[("purged", text(v, "purged"))])
+    fields(out, &[("purged", text(v, "purged"))])?;
+    let missing = redrive_not_found(v);
+    if !missing.is_empty() {
+        writeln!(out, "not found: {}", clean_line(&missing.join(", ")))?;
+    }
+    Ok(())
 }
 
 /// `GET /v1/tokens`: one row per token, never a secret.
@@ -958,6 +964,10 @@ mod tests {
         let v = json!({"matched": 25, "redriven": 25, "job_ids": many});
         assert!(render(|o| redriven(o, &v, false)).ends_with("  … and 5 more (--json for all)\n"));
         assert_eq!(render(|o| purged(o, &json!({"purged": 7}))), "purged:  7\n");
+        assert_eq!(
+            render(|o| purged(o, &json!({"purged": 1, "not_found": ["9", "12"]}))),
+            "purged:  1\nnot found: 9, 12\n"
+        );
     }
 
     fn broker_dead_letter_json() -> Value {

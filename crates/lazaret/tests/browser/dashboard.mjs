@@ -7,7 +7,9 @@
 //   LAZARET_ADMIN_TOKEN     the admin who purges at the end
 //   LAZARET_WORKER_TOKEN    the worker that leases and acks the redriven jobs, over HTTP
 //   LAZARET_SEED            {"plain": {dead_letter_id, job_id}, "hostile": {...}, "large": {..., payload_size},
-//                           "surge": {type, count}, "waiting": {job_id} (scheduled an hour ahead)}
+//                           "surge": {type, count, other_reason} (one more dead letter of the type, another reason),
+//                           "scatter": {type, count} (one dead letter per failure kind),
+//                           "breaker": {type, kind} (open), "waiting": {job_id} (scheduled an hour ahead)}
 //   LAZARET_SCREENSHOTS     where the screenshots go (docs/ when regenerating them)
 //   LAZARET_CHROMIUM        the browser (default /usr/bin/chromium); never downloaded
 // Exits 0 after printing "dashboard browser test: passed", 1 with the failing step otherwise.
@@ -25,7 +27,7 @@ const admin = process.env.LAZARET_ADMIN_TOKEN;
 const seed = JSON.parse(process.env.LAZARET_SEED || '{}');
 const shots = process.env.LAZARET_SCREENSHOTS || mkdtempSync(join(tmpdir(), 'lazaret-shots-'));
 const executablePath = process.env.LAZARET_CHROMIUM || '/usr/bin/chromium';
-assert.ok(base && operator && worker && admin && seed.plain && seed.hostile && seed.large && seed.surge && seed.waiting, 'LAZARET_URL, the tokens and LAZARET_SEED are set');
+assert.ok(base && operator && worker && admin && seed.plain && seed.hostile && seed.large && seed.surge && seed.scatter && seed.breaker && seed.waiting, 'LAZARET_URL, the tokens and LAZARET_SEED are set');
 
 let step = 'start';
 function say(what) {
@@ -74,9 +76,12 @@ const pageErrors = [];
 page.on('pageerror', (e) => pageErrors.push(e.message));
 // Nothing may be fetched from anywhere but this server.
 const foreign = [];
+// Every read of jobs (a list or one job): each must ask for previews only.
+const jobReads = [];
 page.on('request', (r) => {
   const u = r.url();
   if (!u.startsWith(base) && !u.startsWith('data:') && !u.startsWith('blob:')) foreign.push(u);
+  if (r.method() === 'GET' && /\/v1\/jobs(\/\d+)?(\?|$)/.test(u.slice(base.length))) jobReads.push(u);
 });
 const shot = async (name) => page.screenshot({ path: join(shots, `dashboard-${name}.png`), fullPage: true });
 
@@ -97,10 +102,13 @@ try {
   await page.getByText('ops-alice (operator)').waitFor();
   await page.getByRole('table', { name: /Lanes/ }).waitFor();
   const held = await page.locator('#overview-dl dd').first().textContent();
-  const total = 3 + seed.surge.count;
+  const total = 3 + seed.surge.count + 1 + seed.scatter.count;
   assert.match(held, new RegExp(`^${total}\\b`), `${total} dead letters are held (overview says ${held})`);
-  await page.getByRole('note').getByText('Systemic failure likely').waitFor();
+  // Per type, as the alerts judge: the surge holds within its type although
+  // the scatter of another type dilutes it below the share over all types.
+  await page.getByRole('note').getByText(`Systemic failure likely in ${seed.surge.type}`).waitFor();
   await page.getByRole('note').getByText(`${seed.surge.type}/http_503: gateway unavailable`).waitFor();
+  assert.equal(await page.getByRole('note').count(), 1, 'one surging type');
   const cookies = await context.cookies();
   assert.deepEqual(cookies, [], 'the token is never a cookie');
   await shot('overview');
@@ -120,10 +128,41 @@ try {
   const row = groups.getByRole('row').filter({ hasText: 'send_email' });
   await row.getByRole('cell', { name: 'permanent', exact: true }).waitFor();
   assert.equal((await row.getByRole('cell').nth(2).textContent()).trim(), '2');
-  const surging = groups.getByRole('row').filter({ hasText: seed.surge.type });
+  const ofSurgeType = groups.getByRole('row').filter({ hasText: seed.surge.type });
+  const surging = ofSurgeType.filter({ has: page.getByRole('cell', { name: 'permanent', exact: true }) });
   await surging.getByText(/^systemic: \d+% http_503$/).waitFor();
   assert.equal(await row.getByText(/systemic/).count(), 0, 'only the surging type is marked');
+  const otherReason = ofSurgeType.filter({ has: page.getByRole('cell', { name: seed.surge.other_reason, exact: true }) });
+  await otherReason.waitFor();
+  assert.equal(await otherReason.getByText(/systemic/).count(), 0, 'the badge is on the surging reason\'s row only');
+  const scatter = groups.getByRole('row').filter({ hasText: seed.scatter.type });
+  await scatter.waitFor();
+  assert.equal((await scatter.getByRole('cell').nth(2).textContent()).trim(), String(seed.scatter.count));
+  assert.equal(await scatter.getByText(/systemic/).count(), 0, 'a scatter is not marked');
   await shot('dead-letters');
+
+  say('the alerts\' links open their views: a type\'s breakers, a type\'s dead letters');
+  await page.goto(`${base}/#/breakers?type=${seed.breaker.type}`);
+  const breakerRows = page.getByRole('table', { name: `Breakers of ${seed.breaker.type} that are not closed` }).getByRole('row');
+  await breakerRows.filter({ hasText: seed.breaker.kind }).getByText('open', { exact: true }).waitFor();
+  await page.goto(`${base}/#/breakers?type=${seed.surge.type}`);
+  await page.getByText(`No breaker of ${seed.surge.type} is open or half-open`).waitFor();
+  await page.goto(`${base}/#/dead-letters?type=${seed.scatter.type}`);
+  await page.getByText(`Showing type ${seed.scatter.type} only.`).waitFor();
+  assert.equal(await groups.getByRole('row').count(), 2, `the header and the one row of ${seed.scatter.type}`);
+  await groups.getByRole('row').filter({ hasText: seed.scatter.type }).waitFor();
+  await page.getByRole('link', { name: 'Show every type and reason' }).click();
+  await page.locator('#dl-filter-note').waitFor({ state: 'detached' });
+  await scatter.waitFor();
+  await page.goto(`${base}/#/dead-letters?type=${seed.surge.type}&reason=permanent`);
+  await page.getByRole('heading', { name: `permanent · ${seed.surge.type} (${seed.surge.count})` }).waitFor();
+  const groupRows = page.getByRole('table', { name: 'Dead letters with reason permanent' }).getByRole('row');
+  await groupRows.nth(seed.surge.count).waitFor();
+  assert.equal(await groupRows.count(), 1 + seed.surge.count, 'that group\'s dead letters');
+  await page.goto(`${base}/#/dead-letters?reason=${seed.surge.other_reason}`);
+  await page.getByRole('heading', { name: `${seed.surge.other_reason} (1)` }).waitFor();
+  await page.goto(`${base}/#/dead-letters`);
+  await page.locator('#dl-group').waitFor({ state: 'hidden' });
 
   say('redrive of a whole reason: the dry run counts and lists all of it; cancel moves nothing');
   await surging.getByRole('link', { name: `Show ${seed.surge.count} permanent of ${seed.surge.type}` }).click();
@@ -201,6 +240,18 @@ try {
   assert.equal(statSync(file).size, seed.large.payload_size, 'the download is the whole payload');
   assert.ok(readFileSync(file, 'utf8').endsWith('}'));
 
+  say('a large job payload: a cut preview and a download, never loaded whole');
+  await page.goto(`${base}/#/job/${seed.large.job_id}`);
+  await page.getByRole('heading', { name: `Job ${seed.large.job_id}: dead_lettered` }).waitFor();
+  await page.locator('#dle-body').getByText(/^The first 4\.0 KiB of/).waitFor();
+  const jobShown = await page.locator('#job-payload-preview').textContent();
+  assert.ok(jobShown.length <= 4096 && jobShown.startsWith('{"blob":"xxx'), `the job's preview is its first 4 KiB (${jobShown.length})`);
+  const [jobDownload] = await Promise.all([
+    page.waitForEvent('download'),
+    page.getByRole('button', { name: /^Download the whole payload/ }).click(),
+  ]);
+  assert.equal(statSync(await jobDownload.path()).size, seed.large.payload_size, 'the job payload downloads whole');
+
   say('the audit log shows the edit, by whom and why');
   await page.getByRole('navigation').getByRole('link', { name: 'Audit log' }).click();
   const audit = page.getByRole('table', { name: 'Audit log, newest first' });
@@ -224,6 +275,14 @@ try {
   assert.equal(await page.getByRole('navigation').getByRole('link', { name: 'Dead letters' }).isVisible(), false);
   assert.equal(await page.getByRole('navigation').getByRole('link', { name: 'Audit log' }).isVisible(), false);
   assert.equal(await page.locator('#pause-form').isVisible(), false, 'no pause form for a worker');
+  // A worker reads a job by id but may not list jobs (GET /v1/jobs would answer 403).
+  assert.equal(await page.getByRole('navigation').getByRole('link', { name: 'Live jobs' }).isVisible(), false, 'no live-jobs list for a worker');
+  await page.goto(`${base}/#/jobs`);
+  await page.getByRole('heading', { name: 'Overview' }).waitFor();
+  assert.equal(await page.locator('#view-jobs').isVisible(), false, 'the live-jobs route falls back to the overview');
+  await page.goto(`${base}/#/job/${seed.waiting.job_id}`);
+  await page.getByRole('heading', { name: `Job ${seed.waiting.job_id}: cancelled` }).waitFor();
+  assert.equal(await page.getByRole('alert').isVisible(), false, 'no refused call on the way');
 
   say('an admin purges the large dead letter after confirming');
   await page.getByRole('button', { name: 'Sign out' }).click();
@@ -241,6 +300,8 @@ try {
   await page.getByRole('table', { name: 'Dead letters grouped by reason and type' })
     .getByRole('row').filter({ hasText: 'resize' }).waitFor({ state: 'detached' });
 
+  assert.ok(jobReads.length > 0, 'jobs were read');
+  assert.deepEqual(jobReads.filter((u) => !u.includes('payload=preview')), [], 'every read of jobs asks for previews only');
   assert.deepEqual(pageErrors, [], 'no script error on the page');
   assert.deepEqual(foreign, [], 'nothing fetched from elsewhere');
   console.log('dashboard browser test: passed');

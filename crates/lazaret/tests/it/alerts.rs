@@ -1,5 +1,6 @@
 //! Alerts: `[[alerts]]` webhooks, checked with a local HTTP receiver.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -7,6 +8,7 @@ use axum::Json;
 use axum::extract::State;
 use axum::routing::post;
 use serde_json::{Value, json};
+use tokio::io::AsyncReadExt;
 
 use crate::harness::{EVENTUALLY, QUICK, Server, job, lease_req};
 
@@ -390,6 +392,151 @@ async fn a_dead_receiver_does_not_slow_enqueues_and_failed_deliveries_are_counte
         !log.contains("/hook"),
         "the webhook path stays out of the log: {log}"
     );
+}
+
+/// A webhook receiver that accepts every connection, reads the request
+/// and never answers: each request stays open until the client gives up
+/// or the test ends. It counts the requests it holds open now.
+struct Silent {
+    url: String,
+    open: Arc<AtomicUsize>,
+    received: Arc<AtomicUsize>,
+    notify: Arc<tokio::sync::Notify>,
+}
+
+impl Silent {
+    async fn start() -> Silent {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        let open = Arc::new(AtomicUsize::new(0));
+        let received = Arc::new(AtomicUsize::new(0));
+        let notify = Arc::new(tokio::sync::Notify::new());
+        let (o, r, n) = (
+            Arc::clone(&open),
+            Arc::clone(&received),
+            Arc::clone(&notify),
+        );
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let (open, received, notify) = (Arc::clone(&o), Arc::clone(&r), Arc::clone(&n));
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match stream.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    open.fetch_add(1, Ordering::SeqCst);
+                    received.fetch_add(1, Ordering::SeqCst);
+                    notify.notify_waiters();
+                    // Read on (the body) and never write: held until the
+                    // client closes its end.
+                    while let Ok(n) = stream.read(&mut buf).await {
+                        if n == 0 {
+                            break;
+                        }
+                    }
+                    open.fetch_sub(1, Ordering::SeqCst);
+                });
+            }
+        });
+        Silent {
+            url,
+            open,
+            received,
+            notify,
+        }
+    }
+
+    /// Waits until the receiver holds at least one request open.
+    async fn wait_holding(&self, server: &Server) {
+        let deadline = Instant::now() + EVENTUALLY;
+        loop {
+            let notified = self.notify.notified();
+            if self.open.load(Ordering::SeqCst) > 0 {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no alert request reached the receiver within {EVENTUALLY:?}\nserver log:\n{}",
+                server.log()
+            );
+            let _ = tokio::time::timeout(Duration::from_millis(200), notified).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_receiver_that_never_answers_does_not_hold_up_the_job_path() {
+    let receiver = Silent::start().await;
+    let server = Server::start(&config(&receiver.url, "")).await;
+    let api = server.api();
+
+    // One dead letter: its alert goes out and the receiver holds it open.
+    dead_letter(&server, "charge", 1, |_| "card declined".into()).await;
+    receiver.wait_holding(&server).await;
+
+    // Meanwhile, the job path: 400 jobs of 400 new types enqueued, leased
+    // and failed into dead letters, each of which is one more alert
+    // (`dead_letters_appeared` for its type) for the stuck target. Every
+    // request is answered (each within the harness's usual deadline).
+    const TYPES: usize = 400;
+    let batch: Vec<Value> = (0..TYPES)
+        .map(|i| job(&format!("t{i}"), "acme", json!({ "n": i })))
+        .collect();
+    let r = api.post("/v1/jobs/batch", &json!({ "jobs": batch })).await;
+    let results = r.expect(200)["results"].clone();
+    assert!(
+        results
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|x| x["state"] == "queued"),
+        "{results}"
+    );
+    let mut leased = Vec::new();
+    while leased.len() < TYPES {
+        leased.extend(api.lease_eventually(&lease_req("w", 1000, 30_000)).await);
+    }
+    let fails: Vec<Value> = leased
+        .iter()
+        .map(|j| {
+            json!({"id": j["id"], "lease_token": j["lease_token"],
+                        "error": {"class": "permanent", "kind": "bad", "message": "no"}})
+        })
+        .collect();
+    let r = api.post("/v1/fails", &json!({ "items": fails })).await;
+    let results = r.expect(200)["results"].clone();
+    assert!(
+        results
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|x| x["state"] == "dead_lettered"),
+        "{results}"
+    );
+    let r = api.enqueue(&job("report", "acme", json!({}))).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+
+    // The alerts queue (256) overflowed: the poller dropped and counted
+    // the rest instead of waiting for the receiver. Only drops reach 100
+    // here: one delivery takes several held tries before it fails.
+    let text = metrics_until(&server, "lazaret_alerts_failed_total", 100.0).await;
+    assert_eq!(
+        metric_sum(&text, "lazaret_alerts_sent_total"),
+        0.0,
+        "nothing was answered, so nothing counts as sent: {text}"
+    );
+    assert!(
+        server
+            .log()
+            .contains("alert dropped: the target's queue is full"),
+        "{}",
+        server.log()
+    );
+    assert!(receiver.received.load(Ordering::SeqCst) >= 1);
 }
 
 #[tokio::test]

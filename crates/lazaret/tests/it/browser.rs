@@ -18,6 +18,18 @@ use crate::harness::{Api, QUICK, Server, TOKENS, id_text, lease_req};
 
 /// Dead letters of the surging type.
 const SURGE: usize = 20;
+/// Dead letters of the scattering type, each its own failure.
+const SCATTER: usize = 30;
+
+/// A breaker that opens after two failures and stays open through the test.
+const BREAKER: &str = r#"
+[types.flaky.breaker]
+failures_min = 2
+failure_ratio = 0.5
+window_ms = 60000
+cooldown_ms = 3600000
+probes = 1
+"#;
 
 fn browser_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/browser")
@@ -75,7 +87,7 @@ async fn an_operator_signs_in_finds_the_dead_letter_under_its_reason_and_redrive
         );
         return;
     }
-    let server = Server::start(&format!("{QUICK}\n{TOKENS}")).await;
+    let server = Server::start(&format!("{QUICK}\n{TOKENS}\n{BREAKER}")).await;
     let producer = server.api_as("producer-secret");
     let worker = server.api_as("worker-secret");
     let operator = server.api_as("operator-secret");
@@ -139,11 +151,94 @@ async fn an_operator_signs_in_finds_the_dead_letter_under_its_reason_and_redrive
             .all(|r| r["state"] == "dead_lettered"),
         "{results}"
     );
+
+    // One more dead letter of the surging type, with another reason: its
+    // attempts ran out on timeouts.
+    let extra = producer
+        .enqueue_ok(&json!({"type": "charge_card", "tenant": "t-x", "payload": {"n": -1}}))
+        .await;
+    let mut req = lease_req("seed", 1, 30_000);
+    req["types"] = json!(["charge_card"]);
+    loop {
+        let leased = worker.lease_eventually(&req).await;
+        assert_eq!(leased[0]["id"], extra);
+        let r = worker
+            .fail(
+                &extra,
+                &leased[0]["lease_token"],
+                json!({"class": "transient", "kind": "timeout", "message": "no answer"}),
+            )
+            .await;
+        if r.expect(200)["state"] == "dead_lettered" {
+            break;
+        }
+    }
+
+    // A scatter in another type: every dead letter its own failure, so
+    // over all types the surge's share falls under 80 %.
+    let batch: Vec<Value> = (0..SCATTER)
+        .map(|n| json!({"type": "export", "tenant": "initech", "payload": {"row": n}}))
+        .collect();
+    producer
+        .post("/v1/jobs/batch", &json!({ "jobs": batch }))
+        .await
+        .expect(200);
+    let mut req = lease_req("seed", SCATTER as u32, 30_000);
+    req["types"] = json!(["export"]);
+    let mut leased = Vec::new();
+    while leased.len() < SCATTER {
+        leased.extend(worker.lease_eventually(&req).await);
+    }
+    let fails: Vec<Value> = leased
+        .iter()
+        .enumerate()
+        .map(|(i, j)| json!({"id": j["id"], "lease_token": j["lease_token"],
+                             "error": {"class": "permanent", "kind": format!("parse_{i}"), "message": format!("column {i} is bad")}}))
+        .collect();
+    worker
+        .post("/v1/fails", &json!({ "items": fails }))
+        .await
+        .expect(200);
     let stats = operator.get("/v1/stats").await;
-    assert!(
-        stats.expect(200)["dead_letters"]["surge"].is_object(),
-        "a surge: {}",
-        stats.body
+    let dl = stats.expect(200)["dead_letters"].clone();
+    assert_eq!(dl["surge"], Value::Null, "diluted over all types: {dl}");
+    let surges: Vec<(&Value, &Value)> = dl["surges"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (&s["type"], &s["reason"]))
+        .collect();
+    assert_eq!(
+        surges,
+        [(&json!("charge_card"), &json!("permanent"))],
+        "per type: {dl}"
+    );
+
+    // Two 503s of `flaky`: its breaker opens (and parks the retries).
+    let mut req = lease_req("seed", 1, 30_000);
+    req["types"] = json!(["flaky"]);
+    for n in 0..2 {
+        producer
+            .enqueue_ok(&json!({"type": "flaky", "tenant": "acme", "payload": {"n": n}}))
+            .await;
+    }
+    for _ in 0..2 {
+        let leased = worker.lease_one(&req).await;
+        worker
+            .fail(
+                &leased["id"],
+                &leased["lease_token"],
+                json!({"class": "transient", "kind": "http_503", "message": "down"}),
+            )
+            .await
+            .expect(200);
+    }
+    let breakers = operator.get("/v1/breakers").await;
+    let breakers = breakers.expect(200)["breakers"].clone();
+    assert_eq!(
+        (&breakers[0]["type"], &breakers[0]["state"]),
+        (&json!("flaky"), &json!("open")),
+        "{breakers}"
     );
 
     // A job an hour ahead, so no worker leases it: the page cancels it.
@@ -159,7 +254,9 @@ async fn an_operator_signs_in_finds_the_dead_letter_under_its_reason_and_redrive
         "plain": {"dead_letter_id": plain_dl, "job_id": plain_job},
         "hostile": {"dead_letter_id": hostile_dl, "job_id": hostile_job},
         "large": {"dead_letter_id": large_dl, "job_id": large_job, "payload_size": large_size},
-        "surge": {"type": "charge_card", "count": SURGE},
+        "surge": {"type": "charge_card", "count": SURGE, "other_reason": "exhausted"},
+        "scatter": {"type": "export", "count": SCATTER},
+        "breaker": {"type": "flaky", "kind": "http_503"},
         "waiting": {"job_id": waiting},
     });
     let shots = tempfile::tempdir().expect("a screenshot directory");
@@ -242,15 +339,21 @@ async fn an_operator_signs_in_finds_the_dead_letter_under_its_reason_and_redrive
     );
     let reasons = operator.get("/v1/dead-letters/reasons").await;
     let left = reasons.expect(200)["reasons"].clone();
+    let mut left: Vec<(&Value, &Value, &Value)> = left
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (&r["type"], &r["reason"], &r["count"]))
+        .collect();
+    left.sort_by_key(|(t, r, _)| (t.to_string(), r.to_string()));
     assert_eq!(
-        left.as_array().map(Vec::len),
-        Some(1),
-        "two redriven, the large one purged, the surge left: {left}"
-    );
-    assert_eq!(
-        (&left[0]["type"], &left[0]["count"]),
-        (&json!("charge_card"), &json!(SURGE)),
-        "{left}"
+        left,
+        [
+            (&json!("charge_card"), &json!("exhausted"), &json!(1)),
+            (&json!("charge_card"), &json!("permanent"), &json!(SURGE)),
+            (&json!("export"), &json!("permanent"), &json!(SCATTER)),
+        ],
+        "two redriven, the large one purged, the surge and the scatter left"
     );
     let dry_runs = operator.get("/v1/audit?action=redrive").await;
     let whole_reason = dry_runs.expect(200)["items"]

@@ -338,6 +338,69 @@ async fn a_redrive_dry_run_lists_the_rows_and_unknown_ids_fail_by_name() {
 }
 
 #[tokio::test]
+async fn a_purge_names_the_ids_that_match_nothing_and_fails() {
+    let server = start().await;
+    let base = server.base();
+    let d1 = dead_letter(&server, 1).await;
+    let purge = |ids: &[&str], json: bool| {
+        let mut l = vec![
+            "dlq",
+            "purge",
+            "--confirm",
+            "--server",
+            base,
+            "--token",
+            ADMIN,
+        ];
+        if json {
+            l.push("--json");
+        }
+        for id in ids {
+            l.extend(["--id", id]);
+        }
+        let l: Vec<String> = l.into_iter().map(str::to_owned).collect();
+        async move {
+            let args: Vec<&str> = l.iter().map(String::as_str).collect();
+            lazaret(&args, &[]).await
+        }
+    };
+
+    let typo = purge(&["999999"], false).await;
+    assert_eq!(typo.code, 1, "{typo:?}");
+    assert!(
+        typo.stderr.contains("1 id(s) match no dead letter: 999999"),
+        "{typo:?}"
+    );
+    assert!(typo.stdout.contains("purged:  0"), "{typo:?}");
+    assert_eq!(
+        server.api_as(ADMIN).dead_letters("").await.len(),
+        1,
+        "the other dead letter is untouched"
+    );
+
+    // One real, one not: the real one goes, the other is named, exit 1.
+    let mixed = purge(&[&d1, "424242"], true).await;
+    assert_eq!(mixed.code, 1, "{mixed:?}");
+    let reply: Value = serde_json::from_str(&mixed.stdout).expect("--json prints the reply");
+    assert_eq!(reply, json!({"purged": 1, "not_found": ["424242"]}));
+    assert!(
+        mixed.stderr.contains("424242") && mixed.stderr.contains("the others were purged"),
+        "{mixed:?}"
+    );
+    assert!(server.api_as(ADMIN).dead_letters("").await.is_empty());
+
+    // Gone now: purging it again names it too.
+    let again = purge(&[&d1], false).await;
+    assert_eq!(again.code, 1, "{again:?}");
+    assert!(
+        again
+            .stderr
+            .contains(&format!("1 id(s) match no dead letter: {d1}")),
+        "{again:?}"
+    );
+}
+
+#[tokio::test]
 async fn dlq_correct_redrives_one_dead_letter_with_a_corrected_payload() {
     let server = start().await;
     let base = server.base();

@@ -87,12 +87,12 @@ async fn whoami_names_the_token_its_role_and_what_that_role_may_do() {
         (
             "operator-secret",
             json!({"name": "ops-alice", "role": "operator", "auth": true, "admin": false,
-                   "may": ["observe", "read_jobs", "read_dead_letters", "operate"]}),
+                   "may": ["observe", "read_jobs", "list_jobs", "read_dead_letters", "operate"]}),
         ),
         (
             "admin-secret",
             json!({"name": "root", "role": "admin", "auth": true, "admin": true,
-                   "may": ["observe", "produce", "read_jobs", "work", "read_dead_letters", "operate", "administer"]}),
+                   "may": ["observe", "produce", "read_jobs", "list_jobs", "work", "read_dead_letters", "operate", "administer"]}),
         ),
         (
             "worker-secret",
@@ -102,7 +102,7 @@ async fn whoami_names_the_token_its_role_and_what_that_role_may_do() {
         (
             "producer-secret",
             json!({"name": "p-1", "role": "producer", "auth": true, "admin": false,
-                   "may": ["observe", "produce", "read_jobs"]}),
+                   "may": ["observe", "produce", "read_jobs", "list_jobs"]}),
         ),
     ];
     for (token, want) in cases {

@@ -123,7 +123,7 @@ async fn jobs_are_listed_newest_first_by_cursor_and_by_filter() {
         e["message"]
             .as_str()
             .unwrap()
-            .contains("state, type, tenant, lane, limit and cursor"),
+            .contains("state, type, tenant, lane, limit, cursor and payload"),
         "{e}"
     );
     let r = api.get("/v1/jobs?state=running").await;
@@ -452,4 +452,162 @@ async fn pauses_survive_a_restart_and_stats_show_them() {
         .enqueue_ok(&job("report", "acme", json!({"n": 3})))
         .await;
     assert_eq!(api.lease_one(&lease_req("w", 1, 30_000)).await["id"], id);
+}
+
+#[tokio::test]
+async fn a_job_payload_can_be_previewed_and_downloaded_whole_by_whoever_may_read_the_job() {
+    use sha2::Digest;
+
+    let config = format!(
+        r#"{QUICK}
+[[tokens]]
+name = "shop"
+role = "producer"
+token = "{PRODUCER_A}"
+
+[[tokens]]
+name = "billing"
+role = "producer"
+token = "{PRODUCER_B}"
+
+[[tokens]]
+name = "mail-worker"
+role = "worker"
+token = "{WORKER}"
+
+[[tokens]]
+name = "ops-alice"
+role = "operator"
+token = "{OPERATOR}"
+"#
+    );
+    let server = Server::start(&config).await;
+    let (shop, worker, operator) = (
+        server.api_as(PRODUCER_A),
+        server.api_as(WORKER),
+        server.api_as(OPERATOR),
+    );
+    // 10 KB of two-byte chars: 4096 bytes would end inside one.
+    let payload = json!({"blob": "é".repeat(5000)});
+    let text = serde_json::to_string(&payload).unwrap();
+    let id = shop.enqueue_ok(&job("resize", "acme", payload)).await;
+    let path = format!("/v1/jobs/{}", id_text(&id));
+
+    // The default is the contract's: the whole payload.
+    let full = shop.get(&path).await.expect(200).clone();
+    assert_eq!(full["payload"]["blob"].as_str().unwrap().len(), 10_000);
+    assert!(
+        full.get("payload_preview").is_none(),
+        "{}",
+        full["payload_size"]
+    );
+
+    // `payload=preview`: its first 4 KiB (cut at a char), size and hash; no payload.
+    let check = |j: &Value| {
+        assert!(j.get("payload").is_none(), "no whole payload");
+        let preview = j["payload_preview"].as_str().expect("payload_preview");
+        assert!(
+            preview.len() <= 4096 && preview.len() > 4090,
+            "{}",
+            preview.len()
+        );
+        assert!(text.starts_with(preview));
+        assert_eq!(j["payload_size"], text.len());
+        assert_eq!(
+            j["payload_sha256"],
+            hex::encode(sha2::Sha256::digest(text.as_bytes()))
+        );
+    };
+    let one = shop.get(&format!("{path}?payload=preview")).await;
+    check(one.expect(200));
+    assert!(
+        one.body["history"].is_array(),
+        "still the whole job otherwise"
+    );
+    let page = operator.get("/v1/jobs?type=resize&payload=preview").await;
+    let page = page.expect(200).clone();
+    assert_eq!(ids(&page), vec![id.clone()]);
+    check(&page["items"][0]);
+    let page = operator.get("/v1/jobs?type=resize&payload=full").await;
+    assert_eq!(page.expect(200)["items"][0]["payload"], full["payload"]);
+
+    let r = shop.get(&format!("{path}?payload=half")).await;
+    assert_error(&r, 400, "BAD_REQUEST", None);
+    assert!(r.text().contains("preview"), "{}", r.text());
+    assert_error(
+        &shop.get(&format!("{path}?payloads=preview")).await,
+        400,
+        "BAD_REQUEST",
+        None,
+    );
+    assert_error(
+        &operator.get("/v1/jobs?payload=half").await,
+        400,
+        "BAD_REQUEST",
+        None,
+    );
+
+    // The bytes whole, for whoever may read the job, exactly as admitted.
+    let bytes_path = format!("{path}/payload");
+    for api in [&shop, &worker, &operator] {
+        let r = api.get(&bytes_path).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.headers["content-type"], "application/json");
+        assert_eq!(r.bytes, text.as_bytes());
+    }
+    assert_error(
+        &server.api_as(PRODUCER_B).get(&bytes_path).await,
+        403,
+        "FORBIDDEN",
+        None,
+    );
+    assert_error(
+        &server.api().get(&bytes_path).await,
+        401,
+        "UNAUTHORIZED",
+        None,
+    );
+    assert_error(
+        &operator.get("/v1/jobs/999999/payload").await,
+        404,
+        "NOT_FOUND",
+        None,
+    );
+
+    // After a corrected redrive the payload it replaced is previewed too.
+    let leased = worker.lease_one(&lease_req("w", 1, 30_000)).await;
+    worker
+        .fail(
+            &leased["id"],
+            &leased["lease_token"],
+            json!({"class": "permanent", "kind": "too_big", "message": "too big"}),
+        )
+        .await
+        .expect(200);
+    let dl = operator.dead_letter_of(&id).await["id"].clone();
+    operator
+        .post(
+            &format!("/v1/dead-letters/{}/redrive", id_text(&dl)),
+            &json!({"payload": {"blob": "small"}, "reason": "shrunk"}),
+        )
+        .await
+        .expect(200);
+    let j = operator.get(&format!("{path}?payload=preview")).await;
+    let j = j.expect(200);
+    assert_eq!(j["payload_preview"], r#"{"blob":"small"}"#);
+    let edit = &j["payload_edits"][0];
+    assert!(edit.get("previous_payload").is_none(), "{edit}");
+    let before = edit["previous_payload_preview"].as_str().unwrap();
+    assert!(
+        before.len() <= 4096 && text.starts_with(before),
+        "{}",
+        before.len()
+    );
+    assert_eq!(edit["previous_payload_size"], text.len());
+    let r = operator.get(&bytes_path).await;
+    assert_eq!(
+        r.text(),
+        r#"{"blob":"small"}"#,
+        "the payload the job has now"
+    );
 }
