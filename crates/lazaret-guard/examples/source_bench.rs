@@ -12,8 +12,10 @@
 //! beforehand with `--messages` messages (publisher confirms, in batches;
 //! not timed):
 //!
-//! - **plain**: lapin, prefetch = concurrency, POST (reqwest, one shared
-//!   keep-alive client) then `basic.ack`, at most `concurrency` in flight;
+//! - **plain**: lapin with the guard's prefetch
+//!   (`SourceSpec::unsettled_max`: `concurrency + settling`), POST (reqwest,
+//!   one shared keep-alive client) then `basic.ack`, at most `concurrency`
+//!   in flight;
 //! - **guarded**: `lazaret_guard::Guard` with `HttpHandler`, a `LocalHost`
 //!   on a fresh SQLite store (`Durability::Full`) in a temporary directory;
 //! - **poison**: the same, with every `--poison-every`-th message (default
@@ -36,7 +38,14 @@
 //! (`full`, the default, or `normal`: no fsync before the ack, to see what
 //! the fsync's wait costs; not a setting for production), `--phases`
 //! (a comma list of `plain`, `guarded`, `poison`, e.g. to profile one; the
-//! order is rotated by one each round so no phase always runs first).
+//! order is rotated by one each round so no phase always runs first),
+//! `--handler-ms` (the handler sleeps this long before it answers: a
+//! downstream with latency rather than CPU, so that the handler, not the
+//! machine, bounds the rate; default 0, a no-op), `--settling` (the
+//! guard's `SourceSpec::settling`: messages being written and acknowledged
+//! beyond `concurrency`, which frees a handler slot once its outcome is
+//! decided; default 0, the slot is held until the ack; the plain
+//! consumer's prefetch follows, `concurrency + settling`).
 
 #![allow(clippy::print_stdout)]
 
@@ -90,6 +99,8 @@ struct Args {
     linger: Duration,
     durability: Durability,
     phases: Vec<Kind>,
+    handler_delay: Duration,
+    settling: u32,
 }
 
 fn args() -> Res<Args> {
@@ -103,6 +114,8 @@ fn args() -> Res<Args> {
         linger: QUARANTINE_LINGER,
         durability: Durability::Full,
         phases: vec![Kind::Plain, Kind::Guarded, Kind::Poison],
+        handler_delay: Duration::ZERO,
+        settling: 0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -115,6 +128,8 @@ fn args() -> Res<Args> {
             "--poison-every" => a.poison_every = value()?.parse()?,
             "--settle-ms" => a.settle = Duration::from_millis(value()?.parse()?),
             "--linger-ms" => a.linger = Duration::from_millis(value()?.parse()?),
+            "--handler-ms" => a.handler_delay = Duration::from_millis(value()?.parse()?),
+            "--settling" => a.settling = value()?.parse()?,
             "--durability" => {
                 a.durability = match value()?.as_str() {
                     "full" => Durability::Full,
@@ -132,7 +147,8 @@ fn args() -> Res<Args> {
                 println!(
                     "source_bench [--url AMQP_URL] [--messages N] [--rounds R] \
                      [--concurrency C] [--poison-every K] [--settle-ms MS] [--linger-ms MS] \
-                     [--durability full|normal] [--phases plain,guarded,poison]"
+                     [--durability full|normal] [--phases plain,guarded,poison] \
+                     [--handler-ms MS] [--settling N]"
                 );
                 std::process::exit(0);
             }
@@ -147,23 +163,27 @@ fn args() -> Res<Args> {
     {
         return Err("--messages, --rounds, --concurrency and --poison-every must be ≥ 1".into());
     }
-    if a.concurrency > usize::from(u16::MAX) {
-        return Err("--concurrency must fit an AMQP prefetch (≤ 65535)".into());
+    if guard_prefetch(&a).is_err() {
+        return Err("--concurrency plus --settling must fit an AMQP prefetch (≤ 65535)".into());
     }
     Ok(a)
 }
 
 // ---------------------------------------------------------------- handler
 
-/// What the no-op handler saw.
+/// What the no-op handler saw, and how long it waits before answering.
 #[derive(Debug, Default)]
 struct Hits {
     calls: AtomicU64,
     poison: AtomicU64,
+    delay: Duration,
 }
 
 async fn hit(State(hits): State<Arc<Hits>>, body: Bytes) -> StatusCode {
     hits.calls.fetch_add(1, Ordering::Relaxed);
+    if !hits.delay.is_zero() {
+        tokio::time::sleep(hits.delay).await;
+    }
     if body.starts_with(POISON) {
         hits.poison.fetch_add(1, Ordering::Relaxed);
         StatusCode::BAD_REQUEST
@@ -434,7 +454,17 @@ impl Clock {
     }
 }
 
-/// (a) A plain consumer: prefetch = concurrency, POST, ack.
+/// The guard's RabbitMQ prefetch at `concurrency`, which the plain
+/// consumer uses too.
+fn guard_prefetch(args: &Args) -> Res<u16> {
+    let mut spec = SourceSpec::guard("bench", BrokerKind::RabbitMq, "", "", "bench");
+    spec.concurrency = u32::try_from(args.concurrency)?;
+    spec.settling = args.settling;
+    Ok(u16::try_from(spec.unsettled_max())?)
+}
+
+/// (a) A plain consumer: prefetch = the guard's, POST, ack, at most
+/// `concurrency` in flight.
 async fn plain(
     args: &Args,
     queue: &str,
@@ -444,7 +474,7 @@ async fn plain(
     let n = args.messages;
     let conn = Connection::connect(&args.url, props()).await?;
     let ch = conn.create_channel().await?;
-    ch.basic_qos(args.concurrency as u16, BasicQosOptions::default())
+    ch.basic_qos(guard_prefetch(args)?, BasicQosOptions::default())
         .await?;
     let mut consumer = ch
         .basic_consume(
@@ -601,6 +631,7 @@ async fn guarded(args: &Args, queue: &str, handler_url: &str) -> Res<(Arc<Clock>
         "bench",
     );
     spec.concurrency = u32::try_from(args.concurrency)?;
+    spec.settling = args.settling;
     spec.deliver = Some(handler_url.to_owned());
     let clock = Arc::new(Clock::default());
     let broker: Arc<dyn Broker> = Arc::new(Timed {
@@ -788,11 +819,13 @@ fn report(args: &Args, rounds: &[Round]) {
     let share = 1.0 - 1.0 / args.poison_every as f64;
     println!();
     println!(
-        "source_bench: {} messages per phase, concurrency (= prefetch) {}, 1 in {} poison, \
-         {} round(s), phase order rotated each round",
+        "source_bench: {} messages per phase, concurrency {} (prefetch {}), 1 in {} poison, \
+         handler {} ms, {} round(s), phase order rotated each round",
         args.messages,
         args.concurrency,
+        guard_prefetch(args).unwrap_or(u16::MAX),
         args.poison_every,
+        args.handler_delay.as_millis(),
         rounds.len()
     );
     println!();
@@ -946,7 +979,10 @@ fn report(args: &Args, rounds: &[Round]) {
 #[tokio::main]
 async fn main() -> Res<()> {
     let args = args()?;
-    let hits = Arc::new(Hits::default());
+    let hits = Arc::new(Hits {
+        delay: args.handler_delay,
+        ..Hits::default()
+    });
     let handler_url = start_handler(Arc::clone(&hits)).await?;
     let admin = Connection::connect(&args.url, props())
         .await

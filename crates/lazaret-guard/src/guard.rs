@@ -14,6 +14,11 @@
 //!   (`message_held`) and only acknowledged, so there is exactly one dead
 //!   letter (or one held retry).
 //!
+//! A delivery holds one of `concurrency` handler slots until it is
+//! settled; with a settling allowance ([`SourceSpec::settling`], 0 by
+//! default) it gives the slot back once its outcome is decided and its
+//! write and acknowledgement hold a settling slot instead.
+//!
 //! A broker whose retries must wait on the broker itself (SQS FIFO: a failed
 //! message keeps holding its group, [`Broker::holds_retries`]) is held
 //! there instead of acknowledged; the store records what lazaret charged,
@@ -138,7 +143,15 @@ struct Inner<H: Host> {
     broker: Arc<dyn Broker>,
     handler: Arc<dyn Handler>,
     rng: Mutex<SplitMix64>,
+    /// Handler calls in flight: `concurrency`.
     permits: Arc<Semaphore>,
+    /// Messages whose outcome is decided and whose write and
+    /// acknowledgement are under way ([`SourceSpec::settling_max`]). A
+    /// delivery gives its handler slot back once its outcome is decided, so
+    /// a slow durable write (a dead letter's fsync) does not hold up the
+    /// next delivery; the broker's window (RabbitMQ's prefetch,
+    /// [`SourceSpec::unsettled_max`]) covers both.
+    settling: Arc<Semaphore>,
     /// Held retries being delivered now, by message id.
     running: Mutex<HashSet<String>>,
     faults: Faults,
@@ -277,6 +290,7 @@ impl<H: Host> Guard<H> {
             .map_or(0, |d| d.as_nanos() as u64)
             ^ u64::from(std::process::id()).rotate_left(32);
         let permits = Arc::new(Semaphore::new(spec.concurrency.max(1) as usize));
+        let settling = Arc::new(Semaphore::new(spec.settling_max() as usize));
         Guard {
             inner: Arc::new(Inner {
                 spec,
@@ -285,6 +299,7 @@ impl<H: Host> Guard<H> {
                 handler,
                 rng: Mutex::new(SplitMix64::new(seed)),
                 permits,
+                settling,
                 running: Mutex::new(HashSet::new()),
                 faults: Faults::default(),
                 crashed: watch::channel(false).0,
@@ -341,7 +356,11 @@ impl<H: Host> Guard<H> {
             let all = inner.spec.concurrency.max(1);
             let _ = tokio::time::timeout(
                 inner.spec.delivery_timeout + Duration::from_secs(1),
-                inner.permits.acquire_many(all),
+                async {
+                    let calls = inner.permits.acquire_many(all).await;
+                    let writes = inner.settling.acquire_many(inner.spec.settling_max()).await;
+                    (calls, writes)
+                },
             )
             .await;
         }
@@ -429,14 +448,13 @@ impl<H: Host> Inner<H> {
                     let delivery = parked_delivery(&p);
                     let policy = me.host.policy(&me.spec.job_type);
                     let settled = me
-                        .attempt(Origin::Parked, delivery, p.envelope, policy)
+                        .attempt(Origin::Parked, delivery, p.envelope, policy, permit)
                         .await;
                     if !settled {
                         // The store refused: leave the retry held, look again later.
                         tokio::time::sleep(Duration::from_secs(1)).await;
                     }
                     me.lock_running().remove(&id);
-                    drop(permit);
                 });
             }
             tokio::select! {
@@ -484,8 +502,7 @@ impl<H: Host> Inner<H> {
                         // Settled in between: new to lazaret after all.
                         Ok(None) => {}
                         Ok(Some(p)) => {
-                            self.resume(ack, delivery, p).await;
-                            drop(permit);
+                            self.resume(ack, delivery, p, permit).await;
                             return;
                         }
                         Err(e) => {
@@ -532,17 +549,23 @@ impl<H: Host> Inner<H> {
             let transition = Transition::DeadLetter { reason };
             self.finish(Origin::Broker(ack), &delivery, env, transition, at, None)
                 .await;
+            drop(permit);
         } else {
-            self.attempt(Origin::Broker(ack), delivery, env, policy)
+            self.attempt(Origin::Broker(ack), delivery, env, policy, permit)
                 .await;
         }
-        drop(permit);
     }
 
     /// The broker's redelivery of a retry it held: when due, the retry,
     /// with the envelope lazaret recorded; when early (the broker's longest
     /// hold ran out, or lazaret stopped before holding it), held again.
-    async fn resume(&self, ack: Box<dyn Acker>, delivery: Delivery, p: ParkedMessage) {
+    async fn resume(
+        &self,
+        ack: Box<dyn Acker>,
+        delivery: Delivery,
+        p: ParkedMessage,
+        permit: OwnedSemaphorePermit,
+    ) {
         let at = now();
         let recorded = p
             .source
@@ -580,8 +603,10 @@ impl<H: Host> Inner<H> {
             let transition = Transition::DeadLetter { reason };
             self.finish(Origin::Held(ack), &delivery, env, transition, at, None)
                 .await;
+            drop(permit);
         } else {
-            self.attempt(Origin::Held(ack), delivery, env, policy).await;
+            self.attempt(Origin::Held(ack), delivery, env, policy, permit)
+                .await;
         }
     }
 
@@ -614,13 +639,16 @@ impl<H: Host> Inner<H> {
     }
 
     /// Delivers once and settles; `false` when the outcome could not be
-    /// recorded (the message was then handed back or left held).
+    /// recorded (the message was then handed back or left held). The
+    /// handler slot `permit` is given back once the outcome is decided; the
+    /// write and the acknowledgement then hold a settling slot.
     async fn attempt(
         &self,
         origin: Origin,
         delivery: Delivery,
         mut env: Envelope,
         policy: TypePolicy,
+        permit: OwnedSemaphorePermit,
     ) -> bool {
         let started = now();
         let worker = WorkerId::from(self.spec.worker_id());
@@ -669,8 +697,20 @@ impl<H: Host> Inner<H> {
             let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
             decide(&mut env, &policy, event, ended, &mut *rng)
         };
-        self.finish(origin, &delivery, env, transition, ended, Some(started))
-            .await
+        // With no settling allowance the handler slot is held to the end.
+        let (slot, settling) = if self.spec.settling_max() == 0 {
+            (Some(permit), None)
+        } else {
+            // Never closed; were it, settling without a slot is still correct.
+            let settling = Arc::clone(&self.settling).acquire_owned().await.ok();
+            drop(permit);
+            (None, settling)
+        };
+        let settled = self
+            .finish(origin, &delivery, env, transition, ended, Some(started))
+            .await;
+        drop((slot, settling));
+        settled
     }
 
     /// Carries a transition out: the store first, then the broker.
@@ -686,7 +726,6 @@ impl<H: Host> Inner<H> {
         leased_at: Option<Timestamp>,
     ) -> bool {
         let store = self.host.store();
-        let source = self.source_ref(delivery);
         // What the host observes, read before the envelope moves into the store.
         let failed = transition != Transition::Succeeded;
         let last = env.last_error().filter(|_| failed);
@@ -710,7 +749,7 @@ impl<H: Host> Inner<H> {
             // message is done with, like a success: dropped and acknowledged.
             Transition::Succeeded | Transition::Cancelled => match origin {
                 Origin::Parked | Origin::Held(_) => store
-                    .unpark_message(source.name.clone(), source.message_id.clone())
+                    .unpark_message(self.spec.name.clone(), delivery.message_id.clone())
                     .await
                     .map(drop),
                 Origin::Broker(_) => Ok(()),
@@ -719,7 +758,7 @@ impl<H: Host> Inner<H> {
                 let source = if self.broker.holds_retries() {
                     self.held_ref(delivery)
                 } else {
-                    source
+                    self.source_ref(delivery)
                 };
                 store
                     .park_message(ParkedMessage {
@@ -731,8 +770,13 @@ impl<H: Host> Inner<H> {
                     .await
             }
             Transition::DeadLetter { reason } => {
+                // A first delivery from the broker was not looked up in the
+                // store (`take`): no retry can be held for it.
+                let first = matches!(origin, Origin::Broker(_))
+                    && !delivery.redelivered
+                    && delivery.broker_prior == 0;
                 let dl = SourceDeadLetter {
-                    source,
+                    source: self.source_ref(delivery),
                     job_type: Some(self.spec.job_type.to_string()),
                     tenant: Some(env.tenant.to_string()),
                     lane: Some(self.spec.lane.to_string()),
@@ -745,6 +789,7 @@ impl<H: Host> Inner<H> {
                     envelope: Some(env),
                     now: at,
                     payload: delivery.body.clone(),
+                    may_be_parked: !first,
                 };
                 self.quarantine(dl).await.map(|q| {
                     done.dead_letter = Some(q.id);

@@ -230,7 +230,12 @@ pub fn classify(status: StatusCode, retry_after: Option<Duration>, body: &[u8]) 
         ErrorKind::from(format!("http_{code}").as_str()),
         format!("the handler answered {status}"),
     );
-    if let Ok(b) = serde_json::from_slice::<ErrorBody>(body) {
+    let parsed = if body.is_empty() {
+        None
+    } else {
+        serde_json::from_slice::<ErrorBody>(body).ok()
+    };
+    if let Some(b) = parsed {
         let e = b.error;
         if let Some(c) = e.class.as_deref().and_then(parse_class) {
             class = c;

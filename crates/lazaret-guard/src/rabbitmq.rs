@@ -174,9 +174,11 @@ impl RabbitMq {
     async fn open_consumer(&self) -> Result<Box<dyn Consumer>, BrokerError> {
         let queue = self.spec.queue.clone();
         let channel = self.channel().await?;
-        // A prefetch of `concurrency`: RabbitMQ sends no more than the guard
-        // can run at once, so nothing waits unacknowledged in a buffer.
-        let prefetch = u16::try_from(self.spec.concurrency.max(1)).unwrap_or(u16::MAX);
+        // A prefetch of what the guard holds unsettled at most: `concurrency`
+        // handler calls and `settling` more being written and acknowledged
+        // (`SourceSpec::unsettled_max`; `concurrency` by default), so nothing
+        // waits unacknowledged in a buffer.
+        let prefetch = u16::try_from(self.spec.unsettled_max()).unwrap_or(u16::MAX);
         channel
             .basic_qos(prefetch, BasicQosOptions::default())
             .await

@@ -91,6 +91,14 @@ pub struct SourceSpec {
     pub tenant: TenantFrom,
     /// Guard: deliveries in flight.
     pub concurrency: u32,
+    /// Guard (library only, experimental): messages whose outcome is
+    /// decided and whose write and acknowledgement are under way, beyond
+    /// `concurrency`. Above 0 a delivery gives its handler slot back once
+    /// its outcome is decided, so a dead letter's durable write does not
+    /// hold up the next delivery; but the next delivery may then start
+    /// before `Host::observe` has fed the outcome to the breakers. 0 (the
+    /// default): the slot is held until the message is settled.
+    pub settling: u32,
     /// Guard: a delivery slower than this failed (kind `timeout`).
     pub delivery_timeout: Duration,
     /// Where a redrive republishes (default: the source queue, or for watch
@@ -99,6 +107,20 @@ pub struct SourceSpec {
 }
 
 impl SourceSpec {
+    /// Guard: messages being settled beyond `concurrency`
+    /// ([`SourceSpec::settling`]).
+    pub fn settling_max(&self) -> u32 {
+        self.settling
+    }
+
+    /// Guard: messages taken from the broker and not settled yet, at most
+    /// (RabbitMQ's prefetch): `concurrency` with their handler running, and
+    /// [`SourceSpec::settling_max`] more whose outcome is decided and whose
+    /// write and acknowledgement are under way.
+    pub fn unsettled_max(&self) -> u32 {
+        self.concurrency.max(1).saturating_add(self.settling_max())
+    }
+
     /// A guard source with the contract's defaults, for library users and
     /// tests: group `lazaret`, tenant `default`, lane `default`, 16 in
     /// flight, 30 s per delivery.
@@ -121,6 +143,7 @@ impl SourceSpec {
             lane: Lane::from("default"),
             tenant: TenantFrom::Fixed("default".into()),
             concurrency: 16,
+            settling: 0,
             delivery_timeout: Duration::from_secs(30),
             redrive_to: None,
         }

@@ -63,6 +63,7 @@ fn quarantined(name: &str, id: &str, stage: Stage, ms: i64) -> SourceDeadLetter 
         created_at: at(ms),
         now: at(ms + 5),
         payload: b"\xff binary \x00 body".to_vec(),
+        may_be_parked: true,
     }
 }
 

@@ -315,6 +315,11 @@ pub struct SourceDeadLetter {
     pub now: Timestamp,
     /// The message body, byte for byte.
     pub payload: Vec<u8>,
+    /// `false` only when the message cannot have a retry held for it (a
+    /// first delivery from the broker, which the guard did not look up in
+    /// the store): the quarantine then skips dropping one. `true` is always
+    /// correct.
+    pub may_be_parked: bool,
 }
 
 /// What quarantining a broker message did.

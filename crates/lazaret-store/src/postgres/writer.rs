@@ -1855,7 +1855,9 @@ impl Writer {
 
     async fn quarantine(&mut self, dl: &SourceDeadLetter) -> Result<Quarantined, StoreError> {
         let src = &dl.source;
-        self.unpark(&src.name, &src.message_id).await?;
+        if dl.may_be_parked {
+            self.unpark(&src.name, &src.message_id).await?;
+        }
         let error = dl
             .error
             .as_ref()
@@ -1863,10 +1865,7 @@ impl Writer {
             .transpose()?;
         let envelope = dl.envelope.as_ref().map(Envelope::to_json);
         let source = serde_json::to_string(src).map_err(corrupt)?;
-        let sha: String = lazaret_core::payload_sha256(&dl.payload)
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let sha = hex::encode(lazaret_core::payload_sha256(&dl.payload));
         let rows = self
             .query(
                 "INSERT INTO dead_letters (job_id, type, tenant, lane, reason, stage, attempts, error,

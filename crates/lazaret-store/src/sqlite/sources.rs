@@ -21,10 +21,13 @@ fn json(v: &impl serde::Serialize) -> Result<String, StoreError> {
 }
 
 /// Writes the dead letter unless this (source, message id) is there
-/// already, and drops the message's parked retry in the same transaction.
+/// already, and drops the message's parked retry (when it
+/// [may have one](SourceDeadLetter::may_be_parked)) in the same transaction.
 pub(super) fn quarantine(c: &Connection, dl: &SourceDeadLetter) -> Result<Quarantined, StoreError> {
     let src = &dl.source;
-    unpark(c, &src.name, &src.message_id)?;
+    if dl.may_be_parked {
+        unpark(c, &src.name, &src.message_id)?;
+    }
     let error = dl.error.as_ref().map(json).transpose()?;
     let envelope = dl.envelope.as_ref().map(Envelope::to_json);
     let inserted = db(c.prepare_cached(
@@ -46,10 +49,7 @@ pub(super) fn quarantine(c: &Connection, dl: &SourceDeadLetter) -> Result<Quaran
         dl.created_at.as_millis(),
         dl.now.as_millis(),
         dl.payload.len() as i64,
-        payload_sha256(&dl.payload)
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect::<String>(),
+        hex::encode(payload_sha256(&dl.payload)),
         payload_preview(&dl.payload, 4096),
         dl.payload,
         json(src)?,

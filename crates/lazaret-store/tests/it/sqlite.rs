@@ -357,6 +357,7 @@ async fn migrates_a_version_1_database_in_place() {
             created_at: at(9),
             now: at(9),
             payload: b"x".to_vec(),
+            may_be_parked: true,
         })
         .await
         .unwrap();
