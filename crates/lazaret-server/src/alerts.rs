@@ -5,10 +5,8 @@
 //!
 //! - the job path records each breaker change in
 //!   [`AlertHub::record_breaker_change`] (a push under a mutex, nothing at
-//!   all with no targets) and each dead letter it writes with
-//!   [`AlertHub::record_dead_letter`] (kept in the node's own recent dead
-//!   letters, which `/v1/stats` reads for its per-type `surges`, and the
-//!   held counts marked for a new read); breakers opened or closed on other nodes of a
+//!   all with no targets) and marks a dead letter written with
+//!   [`AlertHub::touch`]; breakers opened or closed on other nodes of a
 //!   cluster reach this node's breakers as switches and are recorded the
 //!   same way;
 //! - the dead letters counted (`poison_rate`, `reason_surge`, top reasons)
@@ -47,7 +45,7 @@ use tokio::time::Instant;
 use lazaret_core::alerts::TOP_REASONS_MAX;
 use lazaret_core::{
     Alert, Alerts, BreakerTransition, DeadLetterReason, ErrorKind, FailureStats, JobType,
-    Observation, RecentDeadLetters, StatsConfig, Timestamp,
+    Observation, RecentDeadLetters, StatsConfig,
 };
 use lazaret_store::{DeadLetterFilter, DeadLetterId, Duty, Store, StoreError};
 use serde_json::{Value, json};
@@ -122,12 +120,8 @@ struct Target {
 pub struct AlertHub {
     /// The cluster's recent dead letters, as read from the store.
     recent: Mutex<RecentDeadLetters>,
-    /// This node's own recent dead letters, recorded as they are written:
-    /// `/v1/stats` names each per-type surge's reason from them, at once
-    /// (the cluster's above lag a poll behind), with or without targets.
-    local: Mutex<RecentDeadLetters>,
-    /// Their fingerprints and surges (the node's own `App::failures` feeds
-    /// `/v1/stats`; this one is the cluster's, for the alerts).
+    /// Their fingerprints and surges: the cluster's, for the alerts and
+    /// `/v1/stats` alike.
     failures: Mutex<FailureStats>,
     feed: Mutex<Feed>,
     /// Whether this node sent the last poll's alerts (it leads).
@@ -145,7 +139,6 @@ impl AlertHub {
     pub fn new(targets: &[AlertTarget], stats: StatsConfig) -> Self {
         AlertHub {
             recent: Mutex::new(RecentDeadLetters::default()),
-            local: Mutex::new(RecentDeadLetters::default()),
             failures: Mutex::new(FailureStats::new(stats).unwrap_or_default()),
             feed: Mutex::new(Feed::default()),
             leading: AtomicBool::new(false),
@@ -172,26 +165,18 @@ impl AlertHub {
         !self.targets.is_empty()
     }
 
-    /// One dead letter this node wrote (processing, admission or broker):
-    /// kept in the node's own recent dead letters, and the held counts
-    /// read again at the next check.
-    pub fn record_dead_letter(
+    /// The cluster's failure statistics and recent dead letters, as last
+    /// read from the store ([`catch_up`] reads what is new), locked in
+    /// that order while the guards live: `/v1/stats` reports them.
+    pub fn cluster_view(
         &self,
-        ty: Option<&JobType>,
-        reason: DeadLetterReason,
-        kind: Option<&ErrorKind>,
-        now: Timestamp,
+    ) -> (
+        std::sync::MutexGuard<'_, FailureStats>,
+        std::sync::MutexGuard<'_, RecentDeadLetters>,
     ) {
-        self.local
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .record(ty, reason, kind, now);
-        self.touch();
-    }
-
-    /// This node's recent dead letters (locked while the guard lives).
-    pub fn recent(&self) -> std::sync::MutexGuard<'_, RecentDeadLetters> {
-        self.local.lock().unwrap_or_else(|p| p.into_inner())
+        let failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        let recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        (failures, recent)
     }
 
     /// The dead letters held may have changed (one written, a redrive or
@@ -419,7 +404,28 @@ pub async fn poll_once<S: Store>(app: &App<S>) {
 /// letter once it is [`SETTLE`] old (every lower id has committed by then);
 /// the first read only finds where the store is (dead letters from before
 /// the start are not recent).
-async fn read_dead_letters<S: Store>(app: &App<S>) -> Result<(), StoreError> {
+/// Reads the dead letters written on any node since the last read into the
+/// cluster's failure statistics, with or without alert targets: the poller
+/// does each [`POLL`], `serve` once before it listens (the baseline: dead
+/// letters from before the start are not recent) and `GET /v1/stats` before
+/// it reports them, so its `rate_per_min`, `top_failures` and surges are
+/// the cluster's and never a poll behind.
+pub async fn catch_up<S: Store>(app: &App<S>) -> Result<(), StoreError> {
+    // A burst larger than one read takes a few (bounded: a flood of dead
+    // letters is reported a call or two later rather than stalling one).
+    for _ in 0..CATCH_UP_READS_MAX {
+        if read_dead_letters(app).await? < READ_MAX as usize {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Reads of [`READ_MAX`] dead letters one [`catch_up`] may make.
+const CATCH_UP_READS_MAX: usize = 10;
+
+/// Reads what is new; how many rows the read returned.
+async fn read_dead_letters<S: Store>(app: &App<S>) -> Result<usize, StoreError> {
     let hub = &app.alerts;
     let floor = hub.feed.lock().unwrap_or_else(|p| p.into_inner()).floor;
     let Some(floor) = floor else {
@@ -429,17 +435,21 @@ async fn read_dead_letters<S: Store>(app: &App<S>) -> Result<(), StoreError> {
             .await?;
         hub.feed.lock().unwrap_or_else(|p| p.into_inner()).floor =
             Some(newest.first().map_or(DeadLetterId(0), |d| d.id));
-        return Ok(());
+        return Ok(0);
     };
     let rows = app.store.dead_letters_after(floor, READ_MAX).await?;
+    let read = rows.len();
     if rows.is_empty() {
-        return Ok(());
+        return Ok(0);
     }
     let now = now();
     let settled_before = now.saturating_sub(SETTLE);
     let mut feed = hub.feed.lock().unwrap_or_else(|p| p.into_inner());
-    let mut recent = hub.recent.lock().unwrap_or_else(|p| p.into_inner());
+    // Always `failures` before `recent` (as `poll_once` and
+    // `AlertHub::cluster_view` take them): `/v1/stats` runs this while the
+    // poller may decide.
     let mut failures = hub.failures.lock().unwrap_or_else(|p| p.into_inner());
+    let mut recent = hub.recent.lock().unwrap_or_else(|p| p.into_inner());
     let mut settled = true;
     let mut new = false;
     for d in rows {
@@ -464,7 +474,7 @@ async fn read_dead_letters<S: Store>(app: &App<S>) -> Result<(), StoreError> {
         // The held counts changed too.
         hub.touch();
     }
-    Ok(())
+    Ok(read)
 }
 
 /// Delivers one target's alerts in order, each with its retries.

@@ -367,8 +367,7 @@ impl<S: Store> App<S> {
                 Transition::Retry { .. } => m::retried(c.job_type.as_str()),
                 Transition::DeadLetter { reason } => {
                     m::dead_lettered(c.job_type.as_str(), reason.as_str(), "processing");
-                    self.alerts
-                        .record_dead_letter(Some(&c.job_type), reason, c.kind.as_ref(), now);
+                    self.alerts.touch();
                     failures.record_dead_letter(
                         &c.job_type,
                         reason,
@@ -450,7 +449,7 @@ impl<S: Store> App<S> {
     ) {
         m::dead_lettered(ty.unwrap_or(""), reason.as_str(), "admission");
         let ty = JobType::new(ty.unwrap_or(""));
-        self.alerts.record_dead_letter(Some(&ty), reason, None, now);
+        self.alerts.touch();
         let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
         failures.record_dead_letter(&ty, reason, None, message, now);
     }

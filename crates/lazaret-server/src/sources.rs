@@ -87,8 +87,7 @@ impl<S: Store> Host for App<S> {
         let kind = dl.error.as_ref().map(|e| &e.kind);
         let message = dl.error.as_ref().map_or("", |e| e.message.as_str());
         let ty = JobType::new(ty);
-        self.alerts
-            .record_dead_letter(Some(&ty), dl.reason, kind, now);
+        self.alerts.touch();
         let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
         failures.record_dead_letter(&ty, dl.reason, kind, message, now);
     }

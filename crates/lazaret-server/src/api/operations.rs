@@ -210,7 +210,13 @@ async fn snapshot<S: Store>(app: &App<S>) -> Result<Value, ApiError> {
         &open_types,
         dl_total > app.config.dead_letters_warn,
     );
-    let failures = app.failures.lock().unwrap_or_else(|p| p.into_inner());
+    // Every node's dead letters, read from the store up to now (the
+    // cluster's on PostgreSQL; on SQLite the same as this node's).
+    if let Err(e) = crate::alerts::catch_up(app).await {
+        tracing::warn!(error = %e, "stats: cannot read the newest dead letters; reporting the failure statistics as last read");
+    }
+    let now = crate::app::now();
+    let (failures, recent) = app.alerts.cluster_view();
     let surge = failures.surge(now).map(|s| {
         json!({
             "key": s.key.to_string(), "count": s.count, "total": s.total, "share": s.share,
@@ -220,7 +226,6 @@ async fn snapshot<S: Store>(app: &App<S>) -> Result<Value, ApiError> {
     // server's thresholds), each with the dead-letter reason it carries:
     // the rows the dashboard marks. `surge` above stays the cross-type one.
     let surges: Vec<Value> = {
-        let recent = app.alerts.recent();
         lazaret_core::type_surges(
             &failures,
             &recent,

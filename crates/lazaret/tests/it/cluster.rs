@@ -741,6 +741,27 @@ token = \"{ADMIN}\"
     .await;
 }
 
+#[tokio::test]
+async fn failure_statistics_in_stats_count_every_nodes_dead_letters() {
+    let Some(nodes) = Server::cluster(QUICK, 2).await else {
+        return;
+    };
+    dead_letter(&nodes[0], "charge", 2).await;
+    dead_letter(&nodes[1], "charge", 1).await;
+    for (i, node) in nodes.iter().enumerate() {
+        let stats = node.api().get("/v1/stats").await;
+        let dl = stats.expect(200)["dead_letters"].clone();
+        let counted: u64 = dl["top_failures"]
+            .as_array()
+            .expect("top_failures")
+            .iter()
+            .filter(|f| f["type"] == "charge")
+            .map(|f| f["count"].as_u64().expect("a count"))
+            .sum();
+        assert_eq!(counted, 3, "node {i} counts both nodes' dead letters: {dl}");
+    }
+}
+
 /// A webhook receiver on 127.0.0.1: keeps every body it is POSTed.
 struct Hook {
     url: String,
