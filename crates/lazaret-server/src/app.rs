@@ -6,9 +6,8 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lazaret_core::{
-    BreakerState, Breakers, DeadLetterReason, Envelope, ErrorKind, Event, FailureClass,
-    FailureStats, JobType, Lane, LeaseReservation, Policies, SplitMix64, Timestamp, Transition,
-    decide,
+    BreakerState, Breakers, DeadLetterReason, Envelope, ErrorKind, Event, FailureClass, JobType,
+    Lane, LeaseReservation, Policies, SplitMix64, Timestamp, Transition, decide,
 };
 use lazaret_guard::SourceSet;
 use lazaret_store::{Completed, DeadLetterId, Decider, LeasedJob, PauseTarget, Store, Switch};
@@ -57,8 +56,8 @@ impl Decider for CoreDecider {
     }
 }
 
-/// The alerts' failure statistics' configuration: the surge rule of
-/// `/v1/stats` (`App::failures` is built the same way).
+/// The failure statistics' configuration (the alerts' and `/v1/stats`'s,
+/// which are one: `AlertHub`'s, read from the store).
 fn stats_config(config: &ServerConfig) -> lazaret_core::StatsConfig {
     lazaret_core::StatsConfig {
         surge_count_min: config.surge_min,
@@ -85,8 +84,6 @@ pub struct App<S> {
     pub config: ServerConfig,
     /// Breakers per (type, kind).
     pub breakers: Mutex<Breakers>,
-    /// Failure fingerprints, rates and surges.
-    pub failures: Mutex<FailureStats>,
     /// `[[alerts]]`: the recent dead letters and breaker changes the alert
     /// tasks decide from, and their targets.
     pub alerts: AlertHub,
@@ -142,14 +139,6 @@ impl<S: Store> App<S> {
             opened_rx: Mutex::new(Some(opened_rx)),
             store,
             breakers: Mutex::new(breakers),
-            failures: Mutex::new(
-                FailureStats::new(lazaret_core::StatsConfig {
-                    surge_count_min: config.surge_min,
-                    surge_share_min: config.surge_share,
-                    ..lazaret_core::StatsConfig::default()
-                })
-                .unwrap_or_default(),
-            ),
             alerts: AlertHub::new(&config.alerts, stats_config(&config)),
             paused: Mutex::new(Paused::default()),
             ready: Ready::default(),
@@ -339,7 +328,6 @@ impl<S: Store> App<S> {
     /// Feeds applied outcomes to breakers, statistics and metrics.
     pub fn observe<'a>(&self, done: impl IntoIterator<Item = &'a Completed>, now: Timestamp) {
         let mut breakers = self.breakers.lock().unwrap_or_else(|p| p.into_inner());
-        let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
         for c in done {
             if let Some(leased_at) = c.leased_at {
                 m::job_ran(c.lane.as_str(), now.saturating_since(leased_at));
@@ -368,13 +356,6 @@ impl<S: Store> App<S> {
                 Transition::DeadLetter { reason } => {
                     m::dead_lettered(c.job_type.as_str(), reason.as_str(), "processing");
                     self.alerts.touch();
-                    failures.record_dead_letter(
-                        &c.job_type,
-                        reason,
-                        c.kind.as_ref(),
-                        c.message.as_deref().unwrap_or(""),
-                        now,
-                    );
                 }
                 _ => {}
             }
@@ -439,19 +420,11 @@ impl<S: Store> App<S> {
         unparked
     }
 
-    /// Records an admission rejection in the statistics.
-    pub fn observe_admission(
-        &self,
-        ty: Option<&str>,
-        reason: DeadLetterReason,
-        message: &str,
-        now: Timestamp,
-    ) {
+    /// Counts an admission rejection (the statistics read its record
+    /// from the store, like every dead letter).
+    pub fn observe_admission(&self, ty: Option<&str>, reason: DeadLetterReason) {
         m::dead_lettered(ty.unwrap_or(""), reason.as_str(), "admission");
-        let ty = JobType::new(ty.unwrap_or(""));
         self.alerts.touch();
-        let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
-        failures.record_dead_letter(&ty, reason, None, message, now);
     }
 
     /// Parked lanes and types, and half-open probe limits, for a lease of

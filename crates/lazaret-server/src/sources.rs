@@ -80,16 +80,11 @@ impl<S: Store> Host for App<S> {
         m::source_delivery(source, outcome);
     }
 
-    fn observe_taken_in(&self, source: &str, dl: &SourceDeadLetter, now: Timestamp) {
+    fn observe_taken_in(&self, source: &str, dl: &SourceDeadLetter, _now: Timestamp) {
         let ty = dl.job_type.as_deref().unwrap_or("");
         m::dead_lettered(self.metric_type(source, ty), dl.reason.as_str(), "broker");
         m::source_taken_in(source);
-        let kind = dl.error.as_ref().map(|e| &e.kind);
-        let message = dl.error.as_ref().map_or("", |e| e.message.as_str());
-        let ty = JobType::new(ty);
         self.alerts.touch();
-        let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
-        failures.record_dead_letter(&ty, dl.reason, kind, message, now);
     }
 }
 

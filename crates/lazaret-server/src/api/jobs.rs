@@ -106,7 +106,7 @@ async fn read_capped(headers: &HeaderMap, body: Body, cap: usize) -> Result<Read
 
 async fn record_poison<S: Store>(app: &App<S>, rec: AdmissionRecord) {
     let now = rec.now;
-    app.observe_admission(rec.job_type.as_deref(), rec.reason, &rec.message, now);
+    app.observe_admission(rec.job_type.as_deref(), rec.reason);
     if app.admission_record_allowed(rec.tenant.as_deref(), now) {
         if let Err(e) = app.store.record_admission(rec).await {
             tracing::error!(error = %e, "could not record an admission dead letter");
