@@ -427,20 +427,55 @@ pub(super) async fn enqueue_batch<S: Store>(
         }
     }
     if !admitted.is_empty() {
-        let outcomes = app.store.enqueue(jobs).await?;
-        for ((i, job), outcome) in admitted.iter().zip(&outcomes) {
-            results[*i] = Some(enqueue_reply(&app, job, outcome).1);
+        // One store command per chunk, all sent at once: they share the
+        // store's transactions as one command would, but its single writer
+        // can run another request's enqueue, lease or ack between them, and
+        // a chunk that fails fails only its own jobs.
+        let mut chunks = Vec::with_capacity(jobs.len().div_ceil(ENQUEUE_CHUNK));
+        let mut rest = jobs.into_iter();
+        loop {
+            let chunk: Vec<NewJob> = rest.by_ref().take(ENQUEUE_CHUNK).collect();
+            if chunk.is_empty() {
+                break;
+            }
+            chunks.push(app.store.enqueue(chunk));
         }
-        app.ready.jobs(
-            admitted
-                .iter()
-                .zip(&outcomes)
-                .filter(|(_, o)| made_ready(o))
-                .map(|((_, job), _)| (&job.lane, &job.job_type)),
-        );
+        let answers = futures_util::future::join_all(chunks).await;
+        if answers.iter().all(Result::is_err) {
+            // Nothing was applied: the request fails as a whole, with the
+            // store's status (503 and Retry-After when it is overloaded).
+            if let Some(Err(e)) = answers.into_iter().next() {
+                return Err(e.into());
+            }
+        } else {
+            let mut ready: Vec<(&Lane, &JobType)> = Vec::new();
+            for (chunk, answer) in admitted.chunks(ENQUEUE_CHUNK).zip(answers) {
+                match answer {
+                    Ok(outcomes) => {
+                        for ((i, job), outcome) in chunk.iter().zip(&outcomes) {
+                            results[*i] = Some(enqueue_reply(&app, job, outcome).1);
+                            let pair = (&job.lane, &job.job_type);
+                            if made_ready(outcome) && !ready.contains(&pair) {
+                                ready.push(pair);
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        let body = ApiError::from(e).body();
+                        for (i, _) in chunk {
+                            results[*i] = Some(body.clone());
+                        }
+                    }
+                }
+            }
+            app.ready.jobs(ready);
+        }
     }
     ok(json!({ "results": results }))
 }
+
+/// Jobs of a batch per store command (`enqueue_batch`).
+const ENQUEUE_CHUNK: usize = 100;
 
 /// The query of `GET /v1/jobs/{id}`; any other parameter is refused.
 #[derive(Debug, Deserialize)]

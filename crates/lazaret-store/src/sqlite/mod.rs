@@ -980,7 +980,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn when_sqlite_rolls_a_whole_group_back_nothing_after_it_commits_alone() {
+    async fn when_sqlite_rolls_a_whole_group_back_what_follows_runs_in_a_new_transaction() {
         let dir = tempfile::TempDir::new().unwrap();
         let s = open(dir.path(), Box::new(|| Ok(())));
         // A failing command rolls its group back; the next groups run with
@@ -999,24 +999,93 @@ mod tests {
         release.send(()).unwrap();
         let _ = pause.await.unwrap();
         assert!(breaker.await.unwrap().is_err());
-        for (key, answer) in [("k1", first.await.unwrap()), ("k2", after.await.unwrap())] {
-            assert!(
-                matches!(answer, Err(StoreError::NotApplied(_))),
-                "{key}: {answer:?}"
-            );
-        }
-        // Neither is in the database: both enqueue as new jobs.
+        // The command before it is undone with it; the one queued behind it
+        // runs in a transaction of its own, after the rollback.
+        let first = first.await.unwrap();
+        assert!(
+            matches!(first, Err(StoreError::NotApplied(_))),
+            "k1: {first:?}"
+        );
+        let after = after.await.unwrap();
+        assert!(
+            matches!(after.as_deref(), Ok([EnqueueOutcome::Created { .. }])),
+            "k2: {after:?}"
+        );
+        // The database says the same: k1 is new, k2 is there.
         let out = s.enqueue(vec![job("k1"), job("k2")]).await.unwrap();
         assert!(
             matches!(
                 out[..],
                 [
                     EnqueueOutcome::Created { .. },
-                    EnqueueOutcome::Created { .. }
+                    EnqueueOutcome::Duplicate { .. }
                 ]
             ),
             "{out:?}"
         );
+        s.close().await.unwrap();
+    }
+
+    /// Two bulk enqueues wait in the queue before a one-job enqueue: the
+    /// small one runs first (ids are issued in the order commands run), and
+    /// all three are applied.
+    #[tokio::test]
+    async fn a_small_command_runs_before_bulk_commands_queued_ahead_of_it() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let scheduler = FairScheduler::new(SchedulerConfig::new(10)).expect("scheduler");
+        let s = Arc::new(
+            SqliteStore::open(
+                dir.path(),
+                Durability::Full,
+                scheduler,
+                Arc::new(NoDecisions),
+            )
+            .expect("open"),
+        );
+        let bulk = |prefix: &str| -> Vec<NewJob> {
+            (0..=writer::BULK_ROWS)
+                .map(|i| job(&format!("{prefix}-{i}")))
+                .collect()
+        };
+        let resume = s.hold_writer();
+        let send = |jobs: Vec<NewJob>| {
+            let s = Arc::clone(&s);
+            tokio::spawn(async move { s.enqueue(jobs).await })
+        };
+        let first = send(bulk("a"));
+        while s.waiting.load(Ordering::Acquire) < 1 {
+            tokio::task::yield_now().await;
+        }
+        let second = send(bulk("b"));
+        while s.waiting.load(Ordering::Acquire) < 2 {
+            tokio::task::yield_now().await;
+        }
+        let small = send(vec![job("small")]);
+        while s.waiting.load(Ordering::Acquire) < 3 {
+            tokio::task::yield_now().await;
+        }
+        drop(resume);
+        let id = |o: &EnqueueOutcome| match o {
+            EnqueueOutcome::Created { id, .. } => id.0,
+            other => panic!("not created: {other:?}"),
+        };
+        let small = small.await.unwrap().expect("applied");
+        let (first, second) = (
+            first.await.unwrap().expect("applied"),
+            second.await.unwrap().expect("applied"),
+        );
+        assert_eq!(
+            (first.len(), second.len()),
+            (writer::BULK_ROWS + 1, writer::BULK_ROWS + 1)
+        );
+        let bulk_ids: Vec<u64> = first.iter().chain(&second).map(id).collect();
+        assert!(
+            bulk_ids.iter().all(|&b| id(&small[0]) < b),
+            "the small enqueue ({}) ran after bulk ones ({bulk_ids:?})",
+            id(&small[0])
+        );
+        // The bulk commands kept their own order.
+        assert!(bulk_ids.windows(2).all(|w| w[0] < w[1]), "{bulk_ids:?}");
         s.close().await.unwrap();
     }
 

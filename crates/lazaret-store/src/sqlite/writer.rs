@@ -3,7 +3,7 @@
 //! the in-flight counts per (lane, tenant) that the core's lease plan and
 //! fair scheduler pick from, rebuilt from the database at start.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
 
@@ -90,6 +90,22 @@ pub(super) enum Cmd {
     Crash,
 }
 
+impl Cmd {
+    /// Whether this waits behind small commands ([`Queue`]).
+    fn is_bulk(&self) -> bool {
+        match self {
+            Cmd::Enqueue(jobs, _) => jobs.len() > BULK_ROWS,
+            Cmd::Complete(items, _, _) => items.len() > BULK_ROWS,
+            Cmd::QuarantineMany(items, _) => items.len() > BULK_ROWS,
+            Cmd::Redrive(ids, ..) | Cmd::Purge(ids, ..) => ids.len() > BULK_ROWS,
+            // Housekeeping: promotions and expiries by the thousand, and
+            // retention's deletes.
+            Cmd::Tick(..) | Cmd::RemoveSucceeded(..) => true,
+            _ => false,
+        }
+    }
+}
+
 /// The writer's end of the command queue: takes commands off it and keeps
 /// count of those still waiting (`SqliteStore::call` refuses commands past
 /// its bound).
@@ -109,6 +125,114 @@ impl Inbox {
         let cmd = self.rx.try_recv().ok()?;
         self.waiting.fetch_sub(1, Ordering::AcqRel);
         Some(cmd)
+    }
+}
+
+/// Commands taken off the inbox and not yet run, in two queues: bulk
+/// commands (many rows each: large enqueues and outcome batches, and
+/// housekeeping) wait behind every other. A group runs the small commands
+/// first and then bulk ones, but stops taking bulk ones once small commands
+/// wait for its commit (see [`Queue::next`]); so a flood of bulk enqueues
+/// delays a single job's enqueue, lease or ack by about one bulk command,
+/// not by everything queued before it. Commands of different requests are
+/// concurrent, so this reordering is never visible to any one client.
+#[derive(Default)]
+pub(super) struct Queue {
+    small: VecDeque<Cmd>,
+    bulk: VecDeque<Cmd>,
+    /// Small commands queued when the current group began: they run in it.
+    group_smalls: usize,
+    /// Small commands run in the current group so far.
+    smalls_taken: usize,
+}
+
+impl Queue {
+    fn len(&self) -> usize {
+        self.small.len() + self.bulk.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.small.is_empty() && self.bulk.is_empty()
+    }
+
+    fn push(&mut self, cmd: Cmd) {
+        if cmd.is_bulk() {
+            self.bulk.push_back(cmd);
+        } else {
+            self.small.push_back(cmd);
+        }
+    }
+
+    /// Takes what waits in the inbox, as long as this holds fewer than
+    /// [`GROUP_MAX`] (the inbox's own bound then holds the rest back).
+    fn fill(&mut self, rx: &Inbox) {
+        while self.len() < GROUP_MAX {
+            match rx.try_recv() {
+                Some(cmd) => self.push(cmd),
+                None => break,
+            }
+        }
+    }
+
+    /// Any command, small ones first: for failing or flushing them all.
+    fn pop_any(&mut self) -> Option<Cmd> {
+        self.small.pop_front().or_else(|| self.bulk.pop_front())
+    }
+
+    /// Starts a group: the small commands queued now all run in it.
+    fn begin_group(&mut self) {
+        self.group_smalls = self.small.len();
+        self.smalls_taken = 0;
+    }
+
+    /// The next command of the group that began at `began` and has run
+    /// `taken` commands, or `None` to commit it now.
+    ///
+    /// - Small commands queued when it began run in it; those arriving
+    ///   later join it during [`LATE_JOIN_WINDOW`] (to share its fsync),
+    ///   and after that end it, so that they lead the next group.
+    /// - Then bulk commands: always one (so that a steady stream of small
+    ///   commands cannot starve them), more during the window, and while
+    ///   no small command is in the group or waiting, for up to
+    ///   [`BULK_GROUP_WINDOW`].
+    /// - Once the store is closing, everything queued, and nothing more
+    ///   from the inbox.
+    fn next(
+        &mut self,
+        rx: &Inbox,
+        taken: usize,
+        bulk_taken: bool,
+        closing: bool,
+        began: std::time::Instant,
+    ) -> Option<Cmd> {
+        if closing {
+            return self.pop_any();
+        }
+        if taken >= GROUP_MAX {
+            return None;
+        }
+        if self.group_smalls > 0 {
+            self.group_smalls -= 1;
+            self.smalls_taken += 1;
+            return self.small.pop_front();
+        }
+        self.fill(rx);
+        let elapsed = began.elapsed();
+        let open = elapsed <= LATE_JOIN_WINDOW;
+        if !self.small.is_empty() {
+            if !open {
+                return None;
+            }
+            self.smalls_taken += 1;
+            return self.small.pop_front();
+        }
+        let more_bulk =
+            !bulk_taken || open || (self.smalls_taken == 0 && elapsed <= BULK_GROUP_WINDOW);
+        if more_bulk {
+            self.bulk.pop_front()
+        } else {
+            None
+        }
     }
 }
 
@@ -135,6 +259,12 @@ const GROUP_MAX: usize = 1024;
 /// Commands arriving while a group runs join it only during this window,
 /// so a steady stream of arrivals cannot hold a group's commit back.
 const LATE_JOIN_WINDOW: std::time::Duration = std::time::Duration::from_millis(2);
+/// A group of bulk commands only goes on taking more of them for this long
+/// (their answers wait for its commit).
+const BULK_GROUP_WINDOW: std::time::Duration = std::time::Duration::from_millis(20);
+/// A command of more rows than this (jobs enqueued, outcomes, dead letters,
+/// ids) is bulk: it waits behind the small ones ([`Queue`]).
+pub(super) const BULK_ROWS: usize = 16;
 /// Scheduled jobs promoted per tick at most; the rest go on the next.
 const PROMOTE_MAX: i64 = 20_000;
 /// Expired leases handled per tick at most.
@@ -316,17 +446,16 @@ impl Writer {
     }
 
     pub(super) fn run(mut self, rx: Inbox) {
-        let mut batch = Vec::with_capacity(GROUP_MAX);
-        while let Some(first) = rx.recv() {
-            batch.push(first);
-            while batch.len() < GROUP_MAX {
-                match rx.try_recv() {
-                    Some(cmd) => batch.push(cmd),
-                    None => break,
+        let mut queue = Queue::default();
+        loop {
+            if queue.is_empty() {
+                match rx.recv() {
+                    Some(cmd) => queue.push(cmd),
+                    None => return,
                 }
             }
-            let closing = self.run_group(&mut batch, &rx);
-            if closing {
+            queue.fill(&rx);
+            if self.run_group(&mut queue, &rx) {
                 return;
             }
         }
@@ -351,8 +480,8 @@ impl Writer {
     /// Commands that arrive while the group runs join it before its COMMIT
     /// (up to [`GROUP_MAX`], for [`LATE_JOIN_WINDOW`]): they share its fsync
     /// instead of waiting for the next one.
-    fn run_group(&mut self, batch: &mut Vec<Cmd>, rx: &Inbox) -> bool {
-        let mut pending: Vec<Pending> = Vec::with_capacity(batch.len());
+    fn run_group(&mut self, queue: &mut Queue, rx: &Inbox) -> bool {
+        let mut pending: Vec<Pending> = Vec::with_capacity(queue.len());
         // Leases whose tokens are all below a reservation on disk: answered
         // at COMMIT, before the fsync (see `super::sequence`).
         let mut early: Vec<Pending> = Vec::new();
@@ -372,7 +501,7 @@ impl Writer {
         };
         if let Some(why) = refused {
             let mut closing = false;
-            for cmd in batch.drain(..) {
+            while let Some(cmd) = queue.pop_any() {
                 if let Cmd::Close(tx) = cmd {
                     closing = true;
                     self.close(tx);
@@ -387,83 +516,72 @@ impl Writer {
         }
         let mut group_error: Option<String> = None;
         let mut taken = 0;
+        let mut bulk_taken = false;
         let began_at = std::time::Instant::now();
-        loop {
-            taken += batch.len();
-            for cmd in batch.drain(..) {
-                if let Cmd::Close(tx) = cmd {
-                    close = Some(tx);
-                    continue;
-                }
-                if let Some(why) = &group_error {
-                    fail_cmd(cmd, why);
-                    continue;
-                }
-                if isolated {
-                    if let Err(e) = self.exec("SAVEPOINT cmd") {
-                        fail_cmd(
-                            cmd,
-                            &format!(
-                                "could not open a savepoint ({e}); retry, and if it persists check the data directory's disk space and permissions"
-                            ),
-                        );
-                        continue;
-                    }
-                }
-                let mark = self.seq.mark();
-                let is_lease = matches!(cmd, Cmd::Lease(..));
-                self.lease_late = false;
-                let (p, ok) = self.execute(cmd);
-                if is_lease && !self.lease_late && self.syncer.is_some() {
-                    early.push(p);
-                } else {
-                    pending.push(p);
-                }
-                if ok && !isolated {
-                    continue;
-                }
-                if !ok {
-                    self.dirty = true;
-                }
-                if !isolated {
-                    group_error = Some(
-                        "another request in the same transaction failed, so none of it was applied; retry".into(),
+        queue.begin_group();
+        while group_error.is_none() {
+            let Some(cmd) = queue.next(rx, taken, bulk_taken, close.is_some(), began_at) else {
+                break;
+            };
+            taken += 1;
+            bulk_taken |= cmd.is_bulk();
+            if let Cmd::Close(tx) = cmd {
+                close = Some(tx);
+                continue;
+            }
+            if isolated {
+                if let Err(e) = self.exec("SAVEPOINT cmd") {
+                    fail_cmd(
+                        cmd,
+                        &format!(
+                            "could not open a savepoint ({e}); retry, and if it persists check the data directory's disk space and permissions"
+                        ),
                     );
                     continue;
                 }
-                if !ok && self.conn.is_autocommit() {
-                    // SQLite rolled the whole transaction back by itself
-                    // (a full disk, an I/O error): nothing of the group is
-                    // left, and a savepoint now would start a transaction
-                    // of its own, committed by its RELEASE.
-                    group_error = Some(
-                        "the database rolled the transaction back after an error in another request, so none of it was applied; retry, and if it persists check the data directory's disk space".into(),
-                    );
-                    continue;
-                }
-                let end = if ok {
-                    self.exec("RELEASE cmd")
-                } else {
-                    self.seq.rolled_back_to(mark);
-                    self.exec("ROLLBACK TO cmd")
-                        .and_then(|()| self.exec("RELEASE cmd"))
-                };
-                if let Err(e) = end {
-                    tracing::error!(error = %e, "savepoint release failed");
-                    self.dirty = true;
-                }
             }
-            if group_error.is_some() || close.is_some() || began_at.elapsed() > LATE_JOIN_WINDOW {
-                break;
+            let mark = self.seq.mark();
+            let is_lease = matches!(cmd, Cmd::Lease(..));
+            self.lease_late = false;
+            let (p, ok) = self.execute(cmd);
+            if is_lease && !self.lease_late && self.syncer.is_some() {
+                early.push(p);
+            } else {
+                pending.push(p);
             }
-            while taken + batch.len() < GROUP_MAX {
-                match rx.try_recv() {
-                    Some(cmd) => batch.push(cmd),
-                    None => break,
-                }
+            if ok && !isolated {
+                continue;
             }
-            if batch.is_empty() {
-                break;
+            if !ok {
+                self.dirty = true;
+            }
+            if !isolated {
+                // What is still queued runs in the next groups, isolated.
+                group_error = Some(
+                    "another request in the same transaction failed, so none of it was applied; retry".into(),
+                );
+                continue;
+            }
+            if !ok && self.conn.is_autocommit() {
+                // SQLite rolled the whole transaction back by itself
+                // (a full disk, an I/O error): nothing of the group is
+                // left, and a savepoint now would start a transaction
+                // of its own, committed by its RELEASE.
+                group_error = Some(
+                    "the database rolled the transaction back after an error in another request, so none of it was applied; retry, and if it persists check the data directory's disk space".into(),
+                );
+                continue;
+            }
+            let end = if ok {
+                self.exec("RELEASE cmd")
+            } else {
+                self.seq.rolled_back_to(mark);
+                self.exec("ROLLBACK TO cmd")
+                    .and_then(|()| self.exec("RELEASE cmd"))
+            };
+            if let Err(e) = end {
+                tracing::error!(error = %e, "savepoint release failed");
+                self.dirty = true;
             }
         }
         if let Some(why) = group_error {
@@ -481,6 +599,7 @@ impl Writer {
                 p(Some(StoreError::NotApplied(why.clone())));
             }
             if let Some(tx) = close {
+                fail_queued(queue);
                 self.close(tx);
                 return true;
             }
@@ -534,6 +653,7 @@ impl Writer {
             }
         }
         if let Some(tx) = close {
+            fail_queued(queue);
             self.close(tx);
             return true;
         }
@@ -1748,6 +1868,16 @@ fn vm_steps(stmt: &rusqlite::Statement<'_>) -> u64 {
 }
 
 /// Answers a command that never ran: `StoreError::NotApplied`, for `why`.
+/// Answers every command still queued when the store closes.
+fn fail_queued(queue: &mut Queue) {
+    while let Some(cmd) = queue.pop_any() {
+        fail_cmd(
+            cmd,
+            "the store closed before this request ran, so it was not applied; retry once lazaret is back",
+        );
+    }
+}
+
 fn fail_cmd(cmd: Cmd, why: &str) {
     let e = || StoreError::NotApplied(why.to_owned());
     match cmd {

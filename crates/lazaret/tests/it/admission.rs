@@ -304,3 +304,54 @@ async fn a_batch_over_batch_bytes_max_is_refused_whole_and_one_under_it_is_taken
     let body = r.expect(200);
     assert_eq!(body["results"].as_array().map(Vec::len), Some(5), "{body}");
 }
+
+/// A batch of several hundred jobs is applied in chunks (one store command
+/// each), yet answers as one list: every job's result in its own place, a
+/// poison job's error where it was, a key repeated across chunks a
+/// duplicate of the first, and every admitted job leasable once.
+#[tokio::test]
+async fn a_large_batch_answers_every_job_in_place_across_chunks() {
+    let server = start().await;
+    let api = server.api();
+    let mut jobs: Vec<Value> = (0..250)
+        .map(|n| job("report", "acme", json!({"n": n})))
+        .collect();
+    jobs[3]["idempotency_key"] = json!("same");
+    jobs[230]["idempotency_key"] = json!("same");
+    jobs[120] = job("email", "acme", json!({"not_to": 1}));
+    jobs[120]["schema_version"] = json!(1);
+
+    let r = api.post("/v1/jobs/batch", &json!({"jobs": jobs})).await;
+    let body = r.expect(200);
+    let results = body["results"].as_array().expect("results");
+    assert_eq!(results.len(), 250, "{body}");
+    assert_eq!(results[120]["error"]["code"], "POISON", "{}", results[120]);
+    assert_eq!(results[230]["admission"], "DUPLICATE", "{}", results[230]);
+    assert_eq!(results[230]["id"], results[3]["id"]);
+    let mut created: Vec<String> = Vec::new();
+    for (n, r) in results.iter().enumerate() {
+        if n == 120 || n == 230 {
+            continue;
+        }
+        assert_eq!(r["state"], "queued", "job {n}: {r}");
+        created.push(r["id"].to_string());
+    }
+    let distinct: std::collections::HashSet<_> = created.iter().collect();
+    assert_eq!(
+        distinct.len(),
+        248,
+        "every admitted job has an id of its own"
+    );
+
+    let mut leased: Vec<String> = Vec::new();
+    loop {
+        let got = api.lease(&lease_req("w-batch", 100, 30_000)).await;
+        if got.is_empty() {
+            break;
+        }
+        leased.extend(got.iter().map(|j| j["id"].to_string()));
+    }
+    leased.sort();
+    created.sort();
+    assert_eq!(leased, created, "every admitted job is leased once");
+}
