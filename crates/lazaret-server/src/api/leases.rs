@@ -308,6 +308,16 @@ async fn single<S: Store>(
     let outcome = r
         .pop()
         .unwrap_or_else(|| Err(ApiError::bad_request("empty")))?;
+    with_next(app, outcome, next).await
+}
+
+/// The reply to outcomes already applied: `outcome` alone, or with the
+/// lease `next` asks for (`jobs`, and `next_error` when it was refused).
+async fn with_next<S: Store>(
+    app: &App<S>,
+    outcome: Value,
+    next: Option<Box<RawValue>>,
+) -> ApiResult {
     let Some(next) = next else {
         return Ok(Json(outcome).into_response());
     };
@@ -357,37 +367,50 @@ pub(super) async fn fail<S: Store>(
 #[derive(Debug, Deserialize)]
 struct ItemsBody {
     items: Vec<ItemBody>,
+    /// As in [`AckBody`]: leased once the outcomes are applied.
+    next: Option<Box<RawValue>>,
 }
 
-async fn batch_outcomes<S: Store>(app: &App<S>, body: &[u8], failing: bool) -> ApiResult {
+/// What a batch of outcomes makes of each item's `error`.
+#[derive(Clone, Copy, Debug)]
+enum Outcomes {
+    /// `/v1/acks`: every item succeeded (an `error` is ignored).
+    Acks,
+    /// `/v1/fails`: every item failed; one without `error` is refused.
+    Fails,
+    /// `/v1/outcomes`: an item with `error` failed, one without succeeded.
+    Mixed,
+}
+
+async fn batch_outcomes<S: Store>(app: &App<S>, body: &[u8], kind: Outcomes) -> ApiResult {
     let b: ItemsBody = parse_json(body)?;
     let items = b
         .items
         .into_iter()
         .map(|i| {
-            let error = if failing {
-                match i.error {
-                    Some(e) => Some(e),
-                    None => {
-                        return (
-                            i.id.clone(),
-                            Err(ApiError::bad_request(
-                                "each item of /v1/fails needs an error",
-                            )),
-                        );
-                    }
+            let error = match (kind, i.error) {
+                (Outcomes::Acks, _) => None,
+                (Outcomes::Fails | Outcomes::Mixed, Some(e)) => Some(e),
+                (Outcomes::Mixed, None) => None,
+                (Outcomes::Fails, None) => {
+                    return (
+                        i.id.clone(),
+                        Err(ApiError::bad_request(
+                            "each item of /v1/fails needs an error (use /v1/outcomes to ack and fail in one request)",
+                        )),
+                    );
                 }
-            } else {
-                None
             };
             let c = completion(&i.id, &i.lease_token, error);
             (i.id, c)
         })
         .collect();
     let results = complete(app, items).await?;
-    ok(
-        json!({ "results": results.into_iter().map(|r| r.unwrap_or_else(|e| e.body())).collect::<Vec<_>>() }),
-    )
+    let results: Vec<Value> = results
+        .into_iter()
+        .map(|r| r.unwrap_or_else(|e| e.body()))
+        .collect();
+    with_next(app, json!({ "results": results }), b.next).await
 }
 
 pub(super) async fn acks<S: Store>(
@@ -396,7 +419,7 @@ pub(super) async fn acks<S: Store>(
     body: Bytes,
 ) -> ApiResult {
     allow(&app, &headers, Action::Work).await?;
-    batch_outcomes(&app, &body, false).await
+    batch_outcomes(&app, &body, Outcomes::Acks).await
 }
 
 pub(super) async fn fails<S: Store>(
@@ -405,7 +428,18 @@ pub(super) async fn fails<S: Store>(
     body: Bytes,
 ) -> ApiResult {
     allow(&app, &headers, Action::Work).await?;
-    batch_outcomes(&app, &body, true).await
+    batch_outcomes(&app, &body, Outcomes::Fails).await
+}
+
+/// `POST /v1/outcomes`: acks and fails of one worker's batch in one
+/// request (and, with `next`, its next lease).
+pub(super) async fn outcomes<S: Store>(
+    State(app): Shared<S>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> ApiResult {
+    allow(&app, &headers, Action::Work).await?;
+    batch_outcomes(&app, &body, Outcomes::Mixed).await
 }
 
 #[derive(Debug, Deserialize)]

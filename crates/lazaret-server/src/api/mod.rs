@@ -145,6 +145,10 @@ fn routes<S: Store>(app: Arc<App<S>>) -> Router {
         )
         .route("/v1/acks", post(leases::acks::<S>).layer(Cap::max(batch)))
         .route("/v1/fails", post(leases::fails::<S>).layer(Cap::max(batch)))
+        .route(
+            "/v1/outcomes",
+            post(leases::outcomes::<S>).layer(Cap::max(batch)),
+        )
         .route("/v1/dead-letters", get(dead_letters::dead_letters::<S>))
         .route("/v1/dead-letters/reasons", get(dead_letters::reasons::<S>))
         .route(

@@ -79,6 +79,7 @@ async fn malformed_json_bodies_are_bad_request_everywhere() {
         format!("/v1/jobs/{id}/heartbeat"),
         "/v1/acks".to_owned(),
         "/v1/fails".to_owned(),
+        "/v1/outcomes".to_owned(),
         "/v1/dead-letters/redrive".to_owned(),
     ];
     for path in &paths {

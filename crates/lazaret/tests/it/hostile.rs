@@ -235,6 +235,7 @@ async fn a_body_that_is_not_an_object_is_bad_request_in_the_envelope() {
         "/v1/leases",
         "/v1/acks",
         "/v1/fails",
+        "/v1/outcomes",
         "/v1/pause",
         "/v1/dead-letters/redrive",
         fail.as_str(),

@@ -285,6 +285,77 @@ async fn acks_and_fails_can_be_batched() {
     assert_eq!(again["attempt"], 2);
 }
 
+/// `POST /v1/outcomes` acks and fails one batch in one request, each item
+/// with the meaning of its single-job endpoint, and with `next` answers
+/// the next lease too; a bad `next` leaves the outcomes standing.
+#[tokio::test]
+async fn outcomes_ack_and_fail_in_one_request_and_lease_the_next() {
+    let server = Server::start(QUICK).await;
+    let api = server.api();
+    for n in 0..5 {
+        api.enqueue_ok(&job("report", "acme", json!({"n": n})))
+            .await;
+    }
+    let mut jobs = Vec::new();
+    while jobs.len() < 3 {
+        jobs.extend(api.lease_eventually(&lease_req("w", 3, 30_000)).await);
+    }
+    let (a, b, c) = (&jobs[0], &jobs[1], &jobs[2]);
+
+    let r = api
+        .post(
+            "/v1/outcomes",
+            &json!({"items": [
+                {"id": a["id"], "lease_token": a["lease_token"]},
+                {"id": b["id"], "lease_token": b["lease_token"],
+                 "error": {"class": "permanent", "kind": "bad_input", "message": "no"}},
+                {"id": c["id"], "lease_token": "stale"},
+            ], "next": lease_req("w", 2, 30_000)}),
+        )
+        .await;
+    let body = r.expect(200);
+    let results = body["results"].as_array().expect("results");
+    assert_eq!(results.len(), 3, "{body}");
+    assert_eq!(results[0]["state"], "succeeded", "{body}");
+    assert_eq!(results[1]["state"], "dead_lettered", "{body}");
+    assert_eq!(results[1]["reason"], "permanent", "{body}");
+    assert_eq!(results[2]["error"]["code"], "LEASE_LOST", "{body}");
+    let next = body["jobs"].as_array().expect("jobs: the next lease");
+    assert_eq!(next.len(), 2, "the two jobs still queued: {body}");
+    assert!(body.get("next_error").is_none(), "{body}");
+    assert_eq!(api.job(&a["id"]).await["state"], "succeeded");
+    assert_eq!(api.job(&b["id"]).await["state"], "dead_lettered");
+    assert_eq!(api.job(&c["id"]).await["state"], "leased");
+
+    // Without `next`, the reply is the results alone; a bad `next` is
+    // refused in `next_error` while the outcomes stand.
+    let r = api
+        .post(
+            "/v1/outcomes",
+            &json!({"items": [{"id": next[0]["id"], "lease_token": next[0]["lease_token"]}],
+                    "next": {"worker_id": "w", "max_jobs": 0}}),
+        )
+        .await;
+    let body = r.expect(200);
+    assert_eq!(body["results"][0]["state"], "succeeded", "{body}");
+    assert_eq!(body["jobs"], json!([]), "{body}");
+    assert_eq!(body["next_error"]["code"], "BAD_REQUEST", "{body}");
+    assert_eq!(api.job(&next[0]["id"]).await["state"], "succeeded");
+    let r = api
+        .post(
+            "/v1/outcomes",
+            &json!({"items": [{"id": next[1]["id"], "lease_token": next[1]["lease_token"],
+                               "error": {"class": "transient", "kind": "http_503"}}]}),
+        )
+        .await;
+    let body = r.expect(200);
+    assert_eq!(body["results"][0]["state"], "scheduled", "{body}");
+    assert!(
+        body.get("jobs").is_none(),
+        "no lease asked, none answered: {body}"
+    );
+}
+
 #[tokio::test]
 async fn a_heartbeat_extends_the_lease() {
     let server = Server::start(QUICK).await;
