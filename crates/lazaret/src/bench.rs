@@ -114,6 +114,12 @@ pub struct BenchArgs {
     /// the interactive lane alone.
     #[arg(long)]
     shared_pool: bool,
+    /// lane-flood: workers long-polling the interactive lane, one job at a
+    /// time each (ignored with --shared-pool). One is saturated by its own
+    /// round trips during a flood (about 100 jobs/s at ~10 ms each), and
+    /// its queue, not the server's, then sets the latency.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=64))]
+    interactive_workers: u64,
     /// tenant-flood: jobs of the big tenant.
     #[arg(long, default_value_t = 50_000, value_parser = clap::value_parser!(u64).range(1..))]
     big_tenant_jobs: u64,

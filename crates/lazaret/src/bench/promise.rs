@@ -427,7 +427,7 @@ async fn lane_flood(
     };
     let interactive_pool = (!args.shared_pool).then(|| Pool {
         name: "interactive",
-        workers: 1,
+        workers: args.interactive_workers,
         lanes: lanes(&["interactive"]),
         max_jobs: 1,
         wait_ms: PROBE_WAIT_MS,
@@ -832,7 +832,10 @@ fn summarize(
                 if args.shared_pool {
                     format!("{} shared by both lanes", args.consumers)
                 } else {
-                    format!("{} batch + 1 interactive (long poll)", args.consumers)
+                    format!(
+                        "{} batch + {} interactive (long poll, one job at a time)",
+                        args.consumers, args.interactive_workers
+                    )
                 },
                 args.work_us,
                 args.flood_jobs,

@@ -263,26 +263,29 @@ struct Poison {
     message: &'static str,
 }
 
-#[derive(Debug, Serialize)]
-struct Items<'a> {
-    items: Vec<Item<'a>>,
-}
-
-/// `POST /v1/fails`: per item, the outcome or the server's error.
+/// `POST /v1/outcomes`: per item, the outcome or the server's error.
 #[derive(Debug, Deserialize)]
-struct FailsReply<'a> {
+struct OutcomesReply<'a> {
     #[serde(borrow)]
-    results: Vec<FailResult<'a>>,
+    results: Vec<OutcomeResult<'a>>,
 }
 
 #[derive(Debug, Deserialize)]
-struct FailResult<'a> {
+struct OutcomeResult<'a> {
     #[serde(default, borrow)]
     state: Option<&'a str>,
     #[serde(default, borrow)]
     reason: Option<&'a str>,
     #[serde(default, borrow)]
     error: Option<&'a serde_json::value::RawValue>,
+}
+
+/// `POST /v1/outcomes` with the next lease: every outcome of a lease and
+/// the next lease in one request.
+#[derive(Debug, Serialize)]
+struct OutcomesBody<'a> {
+    items: Vec<Item<'a>>,
+    next: &'a serde_json::value::RawValue,
 }
 
 /// Runs `pool.workers` workers until the run is done or stops.
@@ -301,28 +304,43 @@ pub async fn run_pool(run: Arc<Run>, client: http::Client, pool: Pool) -> PoolOu
     out
 }
 
+/// A worker's lease requests: the long poll of `POST /v1/leases`, and the
+/// `next` of its outcomes, which does not wait.
+struct LeaseAsk {
+    bytes: Bytes,
+    raw: Box<serde_json::value::RawValue>,
+}
+
 async fn worker(run: Arc<Run>, client: http::Client, pool: Arc<Pool>, index: u64) -> PoolOut {
     let mut out = PoolOut::default();
     let mut conn = client.connection();
     let worker_id = format!("{}-{index}", pool.name);
-    let lease_body = Bytes::from(
-        serde_json::to_vec(&LeaseBody {
+    let body = |wait_ms| {
+        serde_json::to_string(&LeaseBody {
             worker_id: &worker_id,
             lanes: &pool.lanes,
             types: None,
             max_jobs: pool.max_jobs,
             lease_ms: pool.lease_ms,
-            wait_ms: pool.wait_ms,
+            wait_ms,
         })
-        .expect("a struct of strings and numbers encodes"),
-    );
+        .expect("a struct of strings and numbers encodes")
+    };
+    // The lease that comes with outcomes does not wait: their answer would
+    // wait with it. When it finds nothing, the worker long-polls.
+    let ask = LeaseAsk {
+        bytes: Bytes::from(body(pool.wait_ms)),
+        raw: serde_json::value::RawValue::from_string(body(0)).expect("just encoded"),
+    };
+    // The next lease, when the last outcomes brought it.
+    let mut carried: Option<Bytes> = None;
     let mut stopped = run.stopped.subscribe();
     while !run.stopping() {
         // Once the run is done, a lease still waiting is dropped: nobody
         // holds an unfinished job then (every outcome the run waits for
         // has happened).
         tokio::select! {
-            r = lease_and_handle(&run, &pool, &mut conn, &lease_body, &mut out) => {
+            r = lease_and_handle(&run, &pool, &mut conn, &ask, &mut carried, &mut out) => {
                 if let Err(e) = r {
                     run.fail(e);
                     break;
@@ -334,15 +352,22 @@ async fn worker(run: Arc<Run>, client: http::Client, pool: Arc<Pool>, index: u64
     out
 }
 
-/// One lease and the handling of what it brought.
+/// One lease (or the one the last outcomes brought) and the handling of
+/// what it brought: the work, then every outcome in one `POST
+/// /v1/outcomes` that also leases the next jobs, as a batching worker
+/// does.
 async fn lease_and_handle(
     run: &Run,
     pool: &Pool,
     conn: &mut Connection,
-    lease_body: &Bytes,
+    ask: &LeaseAsk,
+    carried: &mut Option<Bytes>,
     out: &mut PoolOut,
 ) -> anyhow::Result<()> {
-    let reply = conn.post(LEASES, lease_body.clone()).await?;
+    let reply = match carried.take() {
+        Some(reply) => reply,
+        None => conn.post(LEASES, ask.bytes.clone()).await?,
+    };
     let received = Instant::now();
     let received_us = u64::try_from(received.duration_since(run.start).as_micros()).unwrap_or(0);
     let jobs = decode::<Leases<'_>>(LEASES, &reply)?.jobs;
@@ -367,44 +392,48 @@ async fn lease_and_handle(
             Fate::Ack
         }
     };
-    let (mut acks, mut fails, mut drops) = (Vec::new(), Vec::new(), 0);
+    let (mut reported, mut drops) = (Vec::new(), 0);
     for j in &jobs {
         match fate(j) {
-            Fate::Ack => acks.push(j),
-            Fate::FailPermanent => fails.push(j),
             Fate::Drop => drops += 1,
+            f => reported.push((j, f)),
         }
     }
-    if !acks.is_empty() {
-        ack(run, conn, &acks, out).await?;
-    }
-    if !fails.is_empty() {
-        fail_permanently(run, conn, &fails, out).await?;
+    if !reported.is_empty() {
+        *carried = Some(report(run, conn, &reported, &ask.raw, out).await?);
     }
     run.count(&run.dropped, drops);
     out.last_handled = Some(Instant::now());
     Ok(())
 }
 
-async fn ack(
+/// Reports the outcomes of `jobs` and leases the next jobs (`next`), in
+/// one request; returns the reply, whose `jobs` are that next lease.
+async fn report(
     run: &Run,
     conn: &mut Connection,
-    jobs: &[&Delivery<'_>],
+    jobs: &[(&Delivery<'_>, Fate)],
+    next: &serde_json::value::RawValue,
     out: &mut PoolOut,
-) -> anyhow::Result<()> {
-    const PATH: &str = "/v1/acks";
-    let body = Items {
+) -> anyhow::Result<Bytes> {
+    const PATH: &str = "/v1/outcomes";
+    let body = OutcomesBody {
         items: jobs
             .iter()
-            .map(|j| Item {
+            .map(|(j, fate)| Item {
                 id: j.id.as_str(),
                 lease_token: j.lease_token.as_str(),
-                error: None,
+                error: (*fate == Fate::FailPermanent).then_some(Poison {
+                    class: "permanent",
+                    kind: "bench_poison",
+                    message: "poison storm: this job fails on purpose",
+                }),
             })
             .collect(),
+        next,
     };
     let bytes = conn.post(PATH, serde_json::to_vec(&body)?).await?;
-    let reply: load::AcksReply<'_> = decode(PATH, &bytes)?;
+    let reply: OutcomesReply<'_> = decode(PATH, &bytes)?;
     if reply.results.len() != jobs.len() {
         out.outcome_errors += jobs.len() as u64;
         bail!(
@@ -414,67 +443,25 @@ async fn ack(
         );
     }
     let now = Instant::now();
-    let mut ok = 0;
-    for (j, r) in jobs.iter().zip(&reply.results) {
-        if let Some(e) = r.error {
-            out.outcome_errors += 1;
-            run.fail(anyhow::anyhow!("ack of job {} refused: {e}", j.id.as_str()));
-            continue;
-        }
-        ok += 1;
-        out.acked.push(j.id.as_str().to_owned());
-        match out.last_ack_by_tenant.get_mut(j.tenant.as_str()) {
-            Some(t) => *t = now,
-            None => {
-                out.last_ack_by_tenant
-                    .insert(j.tenant.as_str().to_owned(), now);
+    let (mut acked, mut failed) = (0, 0);
+    for ((j, fate), r) in jobs.iter().zip(&reply.results) {
+        match (fate, r.state, r.reason, r.error) {
+            (Fate::Ack, Some("succeeded"), _, None) => {
+                acked += 1;
+                out.acked.push(j.id.as_str().to_owned());
+                match out.last_ack_by_tenant.get_mut(j.tenant.as_str()) {
+                    Some(t) => *t = now,
+                    None => {
+                        out.last_ack_by_tenant
+                            .insert(j.tenant.as_str().to_owned(), now);
+                    }
+                }
             }
-        }
-    }
-    run.count(&run.acked, ok);
-    Ok(())
-}
-
-async fn fail_permanently(
-    run: &Run,
-    conn: &mut Connection,
-    jobs: &[&Delivery<'_>],
-    out: &mut PoolOut,
-) -> anyhow::Result<()> {
-    const PATH: &str = "/v1/fails";
-    let body = Items {
-        items: jobs
-            .iter()
-            .map(|j| Item {
-                id: j.id.as_str(),
-                lease_token: j.lease_token.as_str(),
-                error: Some(Poison {
-                    class: "permanent",
-                    kind: "bench_poison",
-                    message: "poison storm: this job fails on purpose",
-                }),
-            })
-            .collect(),
-    };
-    let bytes = conn.post(PATH, serde_json::to_vec(&body)?).await?;
-    let reply: FailsReply<'_> = decode(PATH, &bytes)?;
-    if reply.results.len() != jobs.len() {
-        out.outcome_errors += jobs.len() as u64;
-        bail!(
-            "POST {PATH}: {} results for {} items",
-            reply.results.len(),
-            jobs.len()
-        );
-    }
-    let mut ok = 0;
-    for (j, r) in jobs.iter().zip(&reply.results) {
-        match (r.state, r.reason, r.error) {
-            (Some("dead_lettered"), Some("permanent"), None) => ok += 1,
+            (Fate::FailPermanent, Some("dead_lettered"), Some("permanent"), None) => failed += 1,
             _ => {
                 out.outcome_errors += 1;
                 run.fail(anyhow::anyhow!(
-                    "a permanent failure of job {} was answered state {:?}, reason {:?}, error {:?} \
-                     (expected dead_lettered, permanent)",
+                    "the outcome of job {} ({fate:?}) was answered state {:?}, reason {:?}, error {:?}",
                     j.id.as_str(),
                     r.state,
                     r.reason,
@@ -483,8 +470,9 @@ async fn fail_permanently(
             }
         }
     }
-    run.count(&run.failed, ok);
-    Ok(())
+    run.count(&run.acked, acked);
+    run.count(&run.failed, failed);
+    Ok(bytes)
 }
 
 /// Where jobs go: one lane, one type, and the tenant of each.
