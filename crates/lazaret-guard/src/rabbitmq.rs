@@ -1,8 +1,9 @@
 //! The RabbitMQ adapter (AMQP 0-9-1 through lapin, on tokio): consumes a
-//! queue with manual acknowledgements and a prefetch of the source's
-//! `concurrency`, maps each delivery onto [`Delivery`], publishes redrives
-//! with publisher confirms and `mandatory`, and reads the `x-death` header
-//! of a dead-letter queue's messages for watch mode.
+//! queue with manual acknowledgements and a prefetch of what the guard
+//! holds unsettled (`concurrency + settling`), maps each delivery onto
+//! [`Delivery`], publishes redrives with publisher confirms and
+//! `mandatory`, and reads the `x-death` header of a dead-letter queue's
+//! messages for watch mode.
 //!
 //! Only moves messages: what happens to one is the runtime's decision.
 
@@ -176,7 +177,7 @@ impl RabbitMq {
         let channel = self.channel().await?;
         // A prefetch of what the guard holds unsettled at most: `concurrency`
         // handler calls and `settling` more being written and acknowledged
-        // (`SourceSpec::unsettled_max`; `concurrency` by default), so nothing
+        // (`SourceSpec::unsettled_max`; twice `concurrency` by default), so nothing
         // waits unacknowledged in a buffer.
         let prefetch = u16::try_from(self.spec.unsettled_max()).unwrap_or(u16::MAX);
         channel
