@@ -44,8 +44,9 @@
 //! machine, bounds the rate; default 0, a no-op), `--settling` (the
 //! guard's `SourceSpec::settling`: messages being written and acknowledged
 //! beyond `concurrency`, which frees a handler slot once its outcome is
-//! decided; default 0, the slot is held until the ack; the plain
-//! consumer's prefetch follows, `concurrency + settling`).
+//! decided; default: the guard's, as many as `concurrency`; 0 holds the
+//! slot until the ack; the plain consumer's prefetch follows,
+//! `concurrency + settling`).
 
 #![allow(clippy::print_stdout)]
 
@@ -100,7 +101,7 @@ struct Args {
     durability: Durability,
     phases: Vec<Kind>,
     handler_delay: Duration,
-    settling: u32,
+    settling: Option<u32>,
 }
 
 fn args() -> Res<Args> {
@@ -115,7 +116,7 @@ fn args() -> Res<Args> {
         durability: Durability::Full,
         phases: vec![Kind::Plain, Kind::Guarded, Kind::Poison],
         handler_delay: Duration::ZERO,
-        settling: 0,
+        settling: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -129,7 +130,7 @@ fn args() -> Res<Args> {
             "--settle-ms" => a.settle = Duration::from_millis(value()?.parse()?),
             "--linger-ms" => a.linger = Duration::from_millis(value()?.parse()?),
             "--handler-ms" => a.handler_delay = Duration::from_millis(value()?.parse()?),
-            "--settling" => a.settling = value()?.parse()?,
+            "--settling" => a.settling = Some(value()?.parse()?),
             "--durability" => {
                 a.durability = match value()?.as_str() {
                     "full" => Durability::Full,
@@ -457,10 +458,19 @@ impl Clock {
 /// The guard's RabbitMQ prefetch at `concurrency`, which the plain
 /// consumer uses too.
 fn guard_prefetch(args: &Args) -> Res<u16> {
+    Ok(u16::try_from(bench_spec(args)?.unsettled_max())?)
+}
+
+/// The guard's settling allowance for these options.
+fn guard_settling(args: &Args) -> Res<u32> {
+    Ok(bench_spec(args)?.settling_max())
+}
+
+fn bench_spec(args: &Args) -> Res<SourceSpec> {
     let mut spec = SourceSpec::guard("bench", BrokerKind::RabbitMq, "", "", "bench");
     spec.concurrency = u32::try_from(args.concurrency)?;
     spec.settling = args.settling;
-    Ok(u16::try_from(spec.unsettled_max())?)
+    Ok(spec)
 }
 
 /// (a) A plain consumer: prefetch = the guard's, POST, ack, at most
@@ -819,10 +829,11 @@ fn report(args: &Args, rounds: &[Round]) {
     let share = 1.0 - 1.0 / args.poison_every as f64;
     println!();
     println!(
-        "source_bench: {} messages per phase, concurrency {} (prefetch {}), 1 in {} poison, \
-         handler {} ms, {} round(s), phase order rotated each round",
+        "source_bench: {} messages per phase, concurrency {} (settling {}, prefetch {}), \
+         1 in {} poison, handler {} ms, {} round(s), phase order rotated each round",
         args.messages,
         args.concurrency,
+        guard_settling(args).unwrap_or(0),
         guard_prefetch(args).unwrap_or(u16::MAX),
         args.poison_every,
         args.handler_delay.as_millis(),

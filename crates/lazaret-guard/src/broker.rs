@@ -120,7 +120,8 @@ pub trait Broker: Send + Sync + fmt::Debug {
     fn kind(&self) -> &'static str;
 
     /// Opens a consumer on the source's queue (its consumer group, durable
-    /// consumer, prefetch of `concurrency`). Called again after an error.
+    /// consumer, prefetch of `SourceSpec::unsettled_max`). Called again
+    /// after an error.
     fn consume(&self) -> BoxFuture<'_, Result<Box<dyn Consumer>, BrokerError>>;
 
     /// Publishes and returns once the broker confirmed it (publisher

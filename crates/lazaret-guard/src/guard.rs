@@ -14,10 +14,12 @@
 //!   (`message_held`) and only acknowledged, so there is exactly one dead
 //!   letter (or one held retry).
 //!
-//! A delivery holds one of `concurrency` handler slots until it is
-//! settled; with a settling allowance ([`SourceSpec::settling`], 0 by
-//! default) it gives the slot back once its outcome is decided and its
-//! write and acknowledgement hold a settling slot instead.
+//! A delivery holds one of `concurrency` handler slots until its outcome is
+//! decided and the host has observed it (so a breaker that this outcome
+//! opens stops the next take); its write and acknowledgement then hold one
+//! of [`SourceSpec::settling_max`] settling slots instead (as many as
+//! `concurrency` by default; with none, the handler slot is held until the
+//! message is settled).
 //!
 //! A broker whose retries must wait on the broker itself (SQS FIFO: a failed
 //! message keeps holding its group, [`Broker::holds_retries`]) is held
@@ -547,7 +549,8 @@ impl<H: Host> Inner<H> {
         if let Some(reason) = spent {
             // It killed its consumers often enough: quarantine it undelivered.
             let transition = Transition::DeadLetter { reason };
-            self.finish(Origin::Broker(ack), &delivery, env, transition, at, None)
+            let done = self.observe(&env, transition, at, None);
+            self.finish(Origin::Broker(ack), &delivery, env, done, at)
                 .await;
             drop(permit);
         } else {
@@ -601,7 +604,8 @@ impl<H: Host> Inner<H> {
         };
         if let Some(reason) = spent {
             let transition = Transition::DeadLetter { reason };
-            self.finish(Origin::Held(ack), &delivery, env, transition, at, None)
+            let done = self.observe(&env, transition, at, None);
+            self.finish(Origin::Held(ack), &delivery, env, done, at)
                 .await;
             drop(permit);
         } else {
@@ -640,8 +644,9 @@ impl<H: Host> Inner<H> {
 
     /// Delivers once and settles; `false` when the outcome could not be
     /// recorded (the message was then handed back or left held). The
-    /// handler slot `permit` is given back once the outcome is decided; the
-    /// write and the acknowledgement then hold a settling slot.
+    /// handler slot `permit` is given back once the outcome is decided and
+    /// observed; the write and the acknowledgement then hold a settling
+    /// slot.
     async fn attempt(
         &self,
         origin: Origin,
@@ -697,6 +702,11 @@ impl<H: Host> Inner<H> {
             let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
             decide(&mut env, &policy, event, ended, &mut *rng)
         };
+        // The breakers hear of the outcome before the slot is given back:
+        // the next take asks them first, so the failure that opens one
+        // stops it (were the slot freed first, another message could be
+        // taken while this one's write is under way).
+        let done = self.observe(&env, transition, ended, Some(started));
         // With no settling allowance the handler slot is held to the end.
         let (slot, settling) = if self.spec.settling_max() == 0 {
             (Some(permit), None)
@@ -706,30 +716,25 @@ impl<H: Host> Inner<H> {
             drop(permit);
             (None, settling)
         };
-        let settled = self
-            .finish(origin, &delivery, env, transition, ended, Some(started))
-            .await;
+        let settled = self.finish(origin, &delivery, env, done, ended).await;
         drop((slot, settling));
         settled
     }
 
-    /// Carries a transition out: the store first, then the broker.
-    /// `leased_at`: when the delivery that ended started (none for a
-    /// message quarantined undelivered).
-    async fn finish(
+    /// Tells the host how an attempt ended (breakers, statistics,
+    /// metrics), before its write: the outcome it returns is then carried
+    /// out by [`Inner::finish`]. `leased_at`: when the delivery that ended
+    /// started (none for a message quarantined undelivered).
+    fn observe(
         &self,
-        origin: Origin,
-        delivery: &Delivery,
-        env: Envelope,
+        env: &Envelope,
         transition: Transition,
         at: Timestamp,
         leased_at: Option<Timestamp>,
-    ) -> bool {
-        let store = self.host.store();
-        // What the host observes, read before the envelope moves into the store.
+    ) -> Completed {
         let failed = transition != Transition::Succeeded;
         let last = env.last_error().filter(|_| failed);
-        let mut done = Completed {
+        let done = Completed {
             id: JobId(0),
             job_type: self.spec.job_type.clone(),
             lane: self.spec.lane.clone(),
@@ -743,6 +748,21 @@ impl<H: Host> Inner<H> {
             freed_slot: false,
             leased_at,
         };
+        self.host.observe(&self.spec.name, &done, at);
+        done
+    }
+
+    /// Carries an observed outcome out: the store first, then the broker.
+    async fn finish(
+        &self,
+        origin: Origin,
+        delivery: &Delivery,
+        env: Envelope,
+        mut done: Completed,
+        at: Timestamp,
+    ) -> bool {
+        let store = self.host.store();
+        let transition = done.transition;
         let written: Result<(), StoreError> = match transition {
             // A broker message is never asked to cancel (`decide` alone
             // settles it), so `Cancelled` does not come; were it to, the
@@ -796,7 +816,6 @@ impl<H: Host> Inner<H> {
                 })
             }
         };
-        self.host.observe(&self.spec.name, &done, at);
         if let Err(e) = written {
             if let Some(ack) = origin.into_acker() {
                 self.give_back(ack, &e).await;
@@ -805,6 +824,7 @@ impl<H: Host> Inner<H> {
             }
             return false;
         }
+        self.host.recorded(&self.spec.name, &done, at);
         if transition != Transition::Succeeded {
             if let Some(crash) = &self.faults.crash_after_write {
                 if crash(delivery) {

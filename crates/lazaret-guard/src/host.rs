@@ -36,7 +36,18 @@ pub trait Host: Send + Sync + 'static {
     }
 
     /// An attempt ended as `done` says (breakers, statistics, metrics).
+    /// Called once its outcome is decided, before lazaret writes it (a
+    /// held retry, a dead letter) and before the handler slot is given
+    /// back, so a breaker this outcome opens stops the next take; the
+    /// write may still fail (the message then goes back to the broker).
     fn observe(&self, source: &str, done: &Completed, now: Timestamp);
+
+    /// The outcome [`Host::observe`] saw is written: a dead letter is
+    /// durable now and `done.dead_letter` names it (alerts that read the
+    /// store look again).
+    fn recorded(&self, source: &str, done: &Completed, now: Timestamp) {
+        let _ = (source, done, now);
+    }
 
     /// A watch source took in a broker's dead letter.
     fn observe_taken_in(&self, source: &str, dl: &SourceDeadLetter, now: Timestamp) {

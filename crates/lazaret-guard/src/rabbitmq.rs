@@ -1,12 +1,19 @@
 //! The RabbitMQ adapter (AMQP 0-9-1 through lapin, on tokio): consumes a
-//! queue with manual acknowledgements and a prefetch of the source's
-//! `concurrency`, maps each delivery onto [`Delivery`], publishes redrives
-//! with publisher confirms and `mandatory`, and reads the `x-death` header
-//! of a dead-letter queue's messages for watch mode.
+//! queue with manual acknowledgements and a prefetch of what the guard
+//! holds unsettled ([`SourceSpec::unsettled_max`]), maps each delivery onto
+//! [`Delivery`], publishes redrives with publisher confirms and
+//! `mandatory`, and reads the `x-death` header of a dead-letter queue's
+//! messages for watch mode. Acknowledgements that are ready together go
+//! as one `basic.ack multiple=true` when nothing below them on the channel
+//! is unsettled ([`acks`]).
 //!
 //! Only moves messages: what happens to one is the runtime's decision.
 
+mod acks;
+
+use std::collections::HashMap;
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine;
@@ -21,7 +28,9 @@ use lapin::types::{AMQPValue, FieldArray, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use lazaret_core::{DeadLetterReason, Failure, Timestamp};
 use serde_json::{Map, Number, Value, json};
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, oneshot};
+
+use self::acks::{AckTracker, DeliveryTag};
 
 use crate::broker::{Acker, Broker, BrokerError, Consumer, Incoming, redact};
 use crate::celery;
@@ -176,7 +185,7 @@ impl RabbitMq {
         let channel = self.channel().await?;
         // A prefetch of what the guard holds unsettled at most: `concurrency`
         // handler calls and `settling` more being written and acknowledged
-        // (`SourceSpec::unsettled_max`; `concurrency` by default), so nothing
+        // (`SourceSpec::unsettled_max`; twice `concurrency` by default), so nothing
         // waits unacknowledged in a buffer.
         let prefetch = u16::try_from(self.spec.unsettled_max()).unwrap_or(u16::MAX);
         channel
@@ -200,6 +209,7 @@ impl RabbitMq {
                 why: format!("{e}; check that the queue exists on this virtual host"),
             })?;
         Ok(Box::new(RabbitConsumer {
+            acks: Arc::new(Acks::new(channel.clone())),
             channel,
             consumer,
             queue,
@@ -317,6 +327,7 @@ struct RabbitConsumer {
     channel: Channel,
     consumer: lapin::Consumer,
     queue: String,
+    acks: Arc<Acks>,
 }
 
 impl fmt::Debug for RabbitConsumer {
@@ -335,9 +346,11 @@ impl Consumer for RabbitConsumer {
                 None => Ok(None),
                 Some(Err(e)) => Err(op_error(format!("consume from queue {}", self.queue), &e)),
                 Some(Ok(d)) => {
+                    self.acks.delivered(d.delivery_tag);
                     let ack = RabbitAcker {
                         acker: d.acker.clone(),
-                        _channel: self.channel.clone(),
+                        tag: d.delivery_tag,
+                        acks: Arc::clone(&self.acks),
                     };
                     let delivery = to_delivery(
                         d.data,
@@ -357,17 +370,139 @@ impl Consumer for RabbitConsumer {
     }
 }
 
-/// Settles one delivery. It keeps its channel open: a delivery can only be
-/// acknowledged on the channel it came on, and the guard may still be
-/// settling it after it dropped the consumer.
+/// The acknowledgements of one consumer's channel. Each `basic.ack` is a
+/// frame RabbitMQ handles on its own, so acks that are ready together are
+/// sent together: at most one batch is being sent per channel, and the
+/// acks that become ready meanwhile make the next, planned by the
+/// [`AckTracker`] (one `multiple=true` frame for the ready prefix of the
+/// channel's unsettled tags, each other ack alone, so none waits on a
+/// message still being handled). A lone ack is sent at once.
+struct Acks {
+    /// Kept open while a consumer or acker of it lives: a delivery can only
+    /// be acknowledged on the channel it came on.
+    channel: Channel,
+    state: std::sync::Mutex<AckState>,
+}
+
+type AckReply = oneshot::Sender<Result<(), String>>;
+
+#[derive(Default)]
+struct AckState {
+    tracker: AckTracker,
+    /// Who waits for each ready tag's frame to be sent.
+    waiters: HashMap<DeliveryTag, AckReply>,
+    /// A task is sending; it plans again until nothing is ready.
+    sending: bool,
+}
+
+impl Acks {
+    fn new(channel: Channel) -> Acks {
+        Acks {
+            channel,
+            state: std::sync::Mutex::new(AckState::default()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, AckState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn delivered(&self, tag: DeliveryTag) {
+        self.lock().tracker.delivered(tag);
+    }
+
+    /// Acknowledges `tag`; answers once the frame that covers it is sent.
+    async fn ack(self: Arc<Self>, tag: DeliveryTag) -> Result<(), BrokerError> {
+        let failed = |why: String| BrokerError::Op {
+            broker: KIND,
+            op: "basic.ack".into(),
+            why,
+        };
+        let (reply, answer) = oneshot::channel();
+        let start = {
+            let mut state = self.lock();
+            if !state.tracker.ready(tag) {
+                return Err(failed(format!(
+                    "delivery tag {tag} is settled already on this channel"
+                )));
+            }
+            state.waiters.insert(tag, reply);
+            !std::mem::replace(&mut state.sending, true)
+        };
+        if start {
+            // A task of its own, so that a waiter dropped (shutdown) never
+            // strands the others.
+            tokio::spawn(Arc::clone(&self).send_all());
+        }
+        match answer.await {
+            Ok(r) => r.map_err(failed),
+            Err(_) => Err(failed(
+                "it was not sent; RabbitMQ redelivers the message".into(),
+            )),
+        }
+    }
+
+    /// Sends what is ready, plan after plan, until nothing is; then the
+    /// next ack starts a new task.
+    async fn send_all(self: Arc<Self>) {
+        loop {
+            let planned: Vec<_> = {
+                let mut state = self.lock();
+                let frames = state.tracker.take_frames();
+                if frames.is_empty() {
+                    state.sending = false;
+                    return;
+                }
+                frames
+                    .into_iter()
+                    .map(|f| {
+                        let waiters: Vec<AckReply> = f
+                            .covers
+                            .iter()
+                            .filter_map(|t| state.waiters.remove(t))
+                            .collect();
+                        (f, waiters)
+                    })
+                    .collect()
+            };
+            // A plan's frames cover disjoint tags: sent together, and all
+            // before the next plan's (a tag acked twice closes the channel).
+            let sent = futures_util::future::join_all(planned.iter().map(|(f, _)| {
+                self.channel.basic_ack(
+                    f.tag,
+                    BasicAckOptions {
+                        multiple: f.multiple,
+                    },
+                )
+            }))
+            .await;
+            for ((_, waiters), r) in planned.into_iter().zip(sent) {
+                let r = r.map_err(|e| format!("{e}; RabbitMQ redelivers the message"));
+                for w in waiters {
+                    let _ = w.send(r.clone());
+                }
+            }
+        }
+    }
+
+    /// `tag`'s hand-back was sent: acks above it may now cover its place.
+    fn handed_back(&self, tag: DeliveryTag) {
+        self.lock().tracker.handed_back(tag);
+    }
+}
+
+/// Settles one delivery, through its channel's [`Acks`].
 struct RabbitAcker {
     acker: lapin::acker::Acker,
-    _channel: Channel,
+    tag: DeliveryTag,
+    acks: Arc<Acks>,
 }
 
 impl fmt::Debug for RabbitAcker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RabbitAcker").finish_non_exhaustive()
+        f.debug_struct("RabbitAcker")
+            .field("tag", &self.tag)
+            .finish_non_exhaustive()
     }
 }
 
@@ -387,10 +522,7 @@ fn sent(op: &str, r: Result<bool, lapin::Error>) -> Result<(), BrokerError> {
 
 impl Acker for RabbitAcker {
     fn ack(self: Box<Self>) -> BoxFuture<'static, Result<(), BrokerError>> {
-        Box::pin(async move {
-            let r = self.acker.ack(BasicAckOptions::default()).await;
-            sent("basic.ack", r)
-        })
+        Box::pin(async move { Arc::clone(&self.acks).ack(self.tag).await })
     }
 
     fn release(self: Box<Self>) -> BoxFuture<'static, Result<(), BrokerError>> {
@@ -402,6 +534,11 @@ impl Acker for RabbitAcker {
                     requeue: true,
                 })
                 .await;
+            if matches!(r, Ok(true)) {
+                // Only once RabbitMQ has the nack may an ack above cover
+                // the tag: until then it still holds the message for us.
+                self.acks.handed_back(self.tag);
+            }
             sent("basic.nack (requeue)", r)
         })
     }

@@ -91,14 +91,14 @@ pub struct SourceSpec {
     pub tenant: TenantFrom,
     /// Guard: deliveries in flight.
     pub concurrency: u32,
-    /// Guard (library only, experimental): messages whose outcome is
-    /// decided and whose write and acknowledgement are under way, beyond
-    /// `concurrency`. Above 0 a delivery gives its handler slot back once
-    /// its outcome is decided, so a dead letter's durable write does not
-    /// hold up the next delivery; but the next delivery may then start
-    /// before `Host::observe` has fed the outcome to the breakers. 0 (the
-    /// default): the slot is held until the message is settled.
-    pub settling: u32,
+    /// Guard: messages whose outcome is decided and whose write and
+    /// acknowledgement are under way, beyond `concurrency` (`None`, the
+    /// default: as many as `concurrency`). Above 0 a delivery gives its
+    /// handler slot back once its outcome is decided and fed to the
+    /// breakers, so a dead letter's durable write or an acknowledgement
+    /// does not hold up the next delivery. 0: the slot is held until the
+    /// message is settled.
+    pub settling: Option<u32>,
     /// Guard: a delivery slower than this failed (kind `timeout`).
     pub delivery_timeout: Duration,
     /// Where a redrive republishes (default: the source queue, or for watch
@@ -108,9 +108,9 @@ pub struct SourceSpec {
 
 impl SourceSpec {
     /// Guard: messages being settled beyond `concurrency`
-    /// ([`SourceSpec::settling`]).
+    /// ([`SourceSpec::settling`]; by default as many as `concurrency`).
     pub fn settling_max(&self) -> u32 {
-        self.settling
+        self.settling.unwrap_or(self.concurrency.max(1))
     }
 
     /// Guard: messages taken from the broker and not settled yet, at most
@@ -123,7 +123,7 @@ impl SourceSpec {
 
     /// A guard source with the contract's defaults, for library users and
     /// tests: group `lazaret`, tenant `default`, lane `default`, 16 in
-    /// flight, 30 s per delivery.
+    /// flight (and as many settling), 30 s per delivery.
     pub fn guard(
         name: impl Into<String>,
         broker: BrokerKind,
@@ -143,7 +143,7 @@ impl SourceSpec {
             lane: Lane::from("default"),
             tenant: TenantFrom::Fixed("default".into()),
             concurrency: 16,
-            settling: 0,
+            settling: None,
             delivery_timeout: Duration::from_secs(30),
             redrive_to: None,
         }

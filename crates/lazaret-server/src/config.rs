@@ -106,6 +106,7 @@
 //! tenant = "default"                  # every message's tenant; or tenant_header = "x-tenant" (not both)
 //! lane = "default"                    # the lane its dead letters are filed under; pausing the lane holds the source
 //! concurrency = 16                    # guard: deliveries in flight (at least 1)
+//! settling = 16                       # guard: messages whose outcome is decided and whose write and ack are under way, beyond concurrency (default: as many as concurrency; 0 holds a delivery's slot until its ack)
 //! delivery_timeout_ms = 30000         # guard: a slower delivery failed with kind "timeout" (at least 1)
 //! redrive_to = "orders"               # optional: where a redrive republishes (default: where the message came from)
 //!
@@ -666,6 +667,7 @@ struct RawSource {
     tenant_header: Option<String>,
     lane: Option<String>,
     concurrency: Option<u32>,
+    settling: Option<u32>,
     delivery_timeout_ms: Option<Ms>,
     redrive_to: Option<String>,
 }
@@ -1662,6 +1664,7 @@ impl<'a> Ctx<'a> {
                 }
                 spec.concurrency = n;
             }
+            spec.settling = s.settling;
             if let Some(Ms(v)) = s.delivery_timeout_ms {
                 if v == 0 {
                     return Err(self.invalid(
@@ -2020,9 +2023,20 @@ surge_share = 0.9
         assert_eq!(s.lane.as_str(), "default");
         assert_eq!(s.tenant, TenantFrom::Fixed("default".into()));
         assert_eq!(s.concurrency, 16);
+        assert_eq!(s.settling, None);
+        assert_eq!(s.settling_max(), 16, "as many settling as in flight");
         assert_eq!(s.delivery_timeout, Duration::from_secs(30));
         assert_eq!(s.redrive_to, None);
         assert!(parse("").unwrap().sources.is_empty());
+        let cfg = parse(&format!(
+            "{GUARD}deliver = \"http://127.0.0.1:9/h\"\nconcurrency = 4\n"
+        ))
+        .unwrap();
+        assert_eq!(
+            cfg.sources[0].settling_max(),
+            4,
+            "the settling allowance follows concurrency"
+        );
     }
 
     #[test]
@@ -2030,7 +2044,7 @@ surge_share = 0.9
         let cfg = parse(
             "[[sources]]\nname = \"a.b-c_1\"\nbroker = \"nats\"\nurl = \"nats://127.0.0.1:4222\"\n\
              queue = \"ORDERS\"\ngroup = \"g\"\nmode = \"guard\"\ndeliver = \"https://h/x\"\n\
-             type = \"t\"\ntenant = \"acme\"\nlane = \"batch\"\nconcurrency = 3\n\
+             type = \"t\"\ntenant = \"acme\"\nlane = \"batch\"\nconcurrency = 3\nsettling = 0\n\
              delivery_timeout_ms = 1500\nredrive_to = \"ORDERS.retry\"\n",
         )
         .unwrap();
@@ -2041,6 +2055,8 @@ surge_share = 0.9
         assert_eq!(s.tenant, TenantFrom::Fixed("acme".into()));
         assert_eq!(s.lane.as_str(), "batch");
         assert_eq!(s.concurrency, 3);
+        assert_eq!(s.settling, Some(0));
+        assert_eq!(s.settling_max(), 0);
         assert_eq!(s.delivery_timeout, ms(1500));
         assert_eq!(s.redrive_to.as_deref(), Some("ORDERS.retry"));
     }

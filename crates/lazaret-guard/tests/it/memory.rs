@@ -370,7 +370,7 @@ mod runtime {
 
     use lazaret_core::{BreakerConfig, Breakers, DeadLetterReason, JobType};
     use lazaret_guard::{Faults, Host, LocalHost, Mode, Outcome};
-    use lazaret_store::Store as _;
+    use lazaret_store::{Completed, Store as _};
     use serde_json::json;
 
     use super::Memory;
@@ -566,6 +566,97 @@ mod runtime {
         assert_eq!(b.depth(&queue), 0, "acknowledged after the quarantine");
     }
 
+    /// A host that notes what it is told, around a [`LocalHost`].
+    struct Noting {
+        inner: Arc<LocalHost<lazaret_store::SqliteStore>>,
+        /// ("observe" or "recorded", the dead letter it named).
+        told: std::sync::Mutex<Vec<(&'static str, Option<lazaret_store::DeadLetterId>)>>,
+    }
+
+    impl Host for Noting {
+        type Store = lazaret_store::SqliteStore;
+
+        fn store(&self) -> &Self::Store {
+            self.inner.store()
+        }
+
+        fn policy(&self, ty: &JobType) -> lazaret_core::TypePolicy {
+            self.inner.policy(ty)
+        }
+
+        fn try_deliver(
+            &self,
+            ty: &JobType,
+            lane: &lazaret_core::Lane,
+            now: lazaret_core::Timestamp,
+        ) -> Result<(), Duration> {
+            self.inner.try_deliver(ty, lane, now)
+        }
+
+        fn observe(&self, source: &str, done: &Completed, now: lazaret_core::Timestamp) {
+            self.told
+                .lock()
+                .unwrap()
+                .push(("observe", done.dead_letter));
+            self.inner.observe(source, done, now);
+        }
+
+        fn recorded(&self, _source: &str, done: &Completed, _now: lazaret_core::Timestamp) {
+            self.told
+                .lock()
+                .unwrap()
+                .push(("recorded", done.dead_letter));
+        }
+    }
+
+    /// The host observes an outcome before lazaret writes it (the breakers
+    /// must know before the handler slot is free) and is told again once
+    /// the write is durable, with the dead letter's id.
+    #[tokio::test]
+    async fn the_host_observes_an_outcome_before_its_write_and_hears_when_it_is_written() {
+        let b = Memory::default();
+        let dir = tempfile::tempdir().unwrap();
+        let queue = b.fresh_queue("noting").await;
+        let name = unique("noting");
+        let spec = b.spec(&name, &queue, Mode::Guard);
+        b.produce(&queue, "m-n", b"{}", headers(json!({}))).await;
+        let h = Arc::new(Noting {
+            inner: host(dir.path(), policies("orders", 3, Duration::from_millis(50))),
+            told: std::sync::Mutex::default(),
+        });
+        let (faults, settled) = settled_log();
+        let handler = lazaret_guard::handler_fn(|_| async {
+            Outcome::Failure(
+                lazaret_core::Failure::new("http_400", "bad")
+                    .with_class(lazaret_core::FailureClass::Permanent),
+            )
+        });
+        let (stop, rx) = tokio::sync::watch::channel(false);
+        let guard = lazaret_guard::Guard::new(
+            spec.clone(),
+            Arc::clone(&h),
+            b.connect(&spec).await,
+            Arc::new(handler),
+        )
+        .with_faults(faults);
+        let task = tokio::spawn(guard.run(rx));
+        wait_settled(
+            &settled,
+            "m-n",
+            lazaret_guard::Settled::Quarantined,
+            Duration::from_secs(10),
+        )
+        .await;
+        let _ = stop.send(true);
+        task.await.unwrap().unwrap();
+        let dls = dead_letters_of(h.store(), &name).await;
+        assert_eq!(dls.len(), 1);
+        assert_eq!(
+            *h.told.lock().unwrap(),
+            vec![("observe", None), ("recorded", Some(dls[0].id))]
+        );
+    }
+
     /// A host whose `orders` breaker opens after 3 failures and stays open
     /// for a minute.
     fn breaker_host(dir: &std::path::Path) -> Arc<LocalHost<lazaret_store::SqliteStore>> {
@@ -591,12 +682,29 @@ mod runtime {
     /// broker: the messages wait there, spending no attempt.
     #[tokio::test]
     async fn an_open_breaker_stops_the_source_taking_messages() {
+        breaker_stops_taking_after_three_failures(None).await;
+    }
+
+    /// A delivery that gives its handler slot back before its write and
+    /// acknowledgement (a settling allowance) has fed the breakers first:
+    /// the failure that opens the breaker stops the next take, with no
+    /// delivery beyond the breaker's threshold.
+    #[tokio::test]
+    async fn with_a_settling_allowance_the_breaker_still_stops_at_its_threshold() {
+        breaker_stops_taking_after_three_failures(Some(4)).await;
+    }
+
+    /// Ten messages, one at a time, each failing transiently: the breaker
+    /// (three failures) opens on the third and the other seven stay on the
+    /// broker.
+    async fn breaker_stops_taking_after_three_failures(settling: Option<u32>) {
         let b = Memory::default();
         let dir = tempfile::tempdir().unwrap();
         let queue = b.fresh_queue("breaker").await;
         let name = unique("breaker");
         let mut spec = b.spec(&name, &queue, Mode::Guard);
         spec.concurrency = 1;
+        spec.settling = settling;
         for i in 0..10 {
             b.produce(&queue, &format!("m-{i}"), b"{}", headers(json!({})))
                 .await;
@@ -616,7 +724,7 @@ mod runtime {
             Faults::default(),
         )
         .await;
-        log.wait_for(Duration::from_secs(10), |s| s.len() == 3)
+        log.wait_for(Duration::from_secs(10), |s| s.len() >= 3)
             .await;
         tokio::time::sleep(Duration::from_millis(500)).await;
         assert_eq!(log.all().len(), 3, "delivered while the breaker was open");

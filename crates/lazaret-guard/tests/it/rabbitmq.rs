@@ -18,8 +18,8 @@ use lazaret_core::{DeadLetterReason, Failure, FailureClass};
 use lazaret_guard::message::header_text;
 use lazaret_guard::rabbitmq::{json_to_table, table_to_json};
 use lazaret_guard::{
-    BrokerError, BrokerKind, Delivery, Faults, Host, Mode, Outcome, OwnedCall, Republish, Settled,
-    SourceSet, SourceSpec, handler_fn,
+    BrokerError, BrokerKind, Delivery, Faults, Host, Incoming, Mode, Outcome, OwnedCall, Republish,
+    Settled, SourceSet, SourceSpec, handler_fn,
 };
 use lazaret_store::Stage;
 use serde_json::{Map, Value, json};
@@ -709,6 +709,144 @@ async fn a_guard_and_a_redrive_reconnect_after_the_connection_died() {
     assert_eq!(calls.of("again").message_id, "again");
     let _ = stop.send(true);
     task.await.unwrap().unwrap();
+}
+
+/// Takes `n` messages from a consumer of the adapter, in delivery order.
+async fn take_n(consumer: &mut Box<dyn lazaret_guard::Consumer>, n: usize) -> Vec<Incoming> {
+    let mut taken = Vec::new();
+    for _ in 0..n {
+        let next = tokio::time::timeout(PATIENCE, consumer.next())
+            .await
+            .expect("a message within the patience")
+            .expect("consume")
+            .expect("the consumer is open");
+        taken.push(next);
+    }
+    taken
+}
+
+/// Acknowledges these together (on one task, so that they are all ready
+/// before the first is sent: the adapter may send them as one
+/// `multiple=true` frame).
+async fn ack_together(acks: Vec<Incoming>) {
+    for r in futures_util::future::join_all(acks.into_iter().map(|i| i.ack.ack())).await {
+        r.expect("acknowledged");
+    }
+}
+
+/// The message ids (and whether redelivered) of the `n` or more messages
+/// `queue` holds once it holds `n` ready, taken until it has none for a
+/// second.
+async fn drain_ids(b: &Rabbit, queue: &str, n: u32) -> Vec<(String, bool)> {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while b.ready(queue).await < n {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{queue} never held {n} messages ready"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut ids = Vec::new();
+    while let Some((_ch, d)) = b.get(queue, true, Duration::from_secs(1)).await {
+        let id = d
+            .properties
+            .message_id()
+            .as_ref()
+            .map(|m| m.as_str().to_owned())
+            .unwrap_or_default();
+        ids.push((id, d.redelivered));
+    }
+    ids.sort();
+    ids
+}
+
+/// Acks ready together go out coalesced, yet never over a message still
+/// being handled or being handed back: after the consumer's channel
+/// closes, exactly those come back, redelivered, and every acknowledged
+/// one is gone.
+#[tokio::test]
+async fn an_ack_never_covers_a_message_still_being_handled_or_handed_back() {
+    let Some(b) = rabbit_or_skip().await else {
+        return;
+    };
+    let queue = b.fresh_queue("acks").await;
+    for i in 1..=6 {
+        b.produce(&queue, &format!("m-{i}"), b"{}", headers(json!({})))
+            .await;
+    }
+    let spec = b.spec(&unique("acks"), &queue, Mode::Guard);
+    let broker = b.connect(&spec).await;
+    let mut consumer = broker.consume().await.expect("consume");
+    let mut taken = take_n(&mut consumer, 6).await.into_iter();
+    let mut next = |id: &str| {
+        let i = taken.next().expect("six taken");
+        assert_eq!(i.delivery.message_id, id, "delivered in queue order");
+        i
+    };
+    let (m1, m2, m3, m4, m5, m6) = (
+        next("m-1"),
+        next("m-2"),
+        next("m-3"),
+        next("m-4"),
+        next("m-5"),
+        next("m-6"),
+    );
+    // 1 and 2 ready together: one frame may acknowledge both.
+    ack_together(vec![m2, m1]).await;
+    // 3 is still being handled; 5 is handed back, and 4 and 6 acked
+    // while its nack may not be sent yet.
+    let release = m5.ack.release();
+    let (released, ()) = tokio::join!(release, ack_together(vec![m6, m4]));
+    released.expect("handed back");
+    // The guard dies with 3 unsettled: channel and connection go.
+    drop((m3, consumer, broker));
+    assert_eq!(
+        drain_ids(&b, &queue, 2).await,
+        vec![("m-3".to_owned(), true), ("m-5".to_owned(), true)],
+        "only what was being handled or was handed back comes back"
+    );
+}
+
+/// Many acks ready at once go as few frames as RabbitMQ accepts, and it
+/// forgets every message they cover: with a prefetch of 20, the next 20
+/// come only once all of the first 20 are acknowledged.
+#[tokio::test]
+async fn acks_ready_together_acknowledge_every_message() {
+    let Some(b) = rabbit_or_skip().await else {
+        return;
+    };
+    let queue = b.fresh_queue("acks-all").await;
+    for i in 0..60 {
+        b.produce(&queue, &format!("m-{i:02}"), b"{}", headers(json!({})))
+            .await;
+    }
+    let mut spec = b.spec(&unique("acks-all"), &queue, Mode::Guard);
+    spec.concurrency = 10;
+    spec.settling = Some(10);
+    let broker = b.connect(&spec).await;
+    let mut consumer = broker.consume().await.expect("consume");
+    let mut first = take_n(&mut consumer, 20).await;
+    // Out of order, as handlers finish.
+    first.reverse();
+    ack_together(first).await;
+    // Taking these needs all 20 prefetch slots back.
+    let second = take_n(&mut consumer, 20).await;
+    let (early, late) = {
+        let mut second = second;
+        let late = second.split_off(10);
+        (second, late)
+    };
+    ack_together(late).await;
+    ack_together(early).await;
+    let third = take_n(&mut consumer, 20).await;
+    ack_together(third).await;
+    drop((consumer, broker));
+    b.produce(&queue, "end", b"{}", headers(json!({}))).await;
+    assert_eq!(
+        drain_ids(&b, &queue, 1).await,
+        vec![("end".to_owned(), false)],
+        "all acknowledged"
+    );
 }
 
 // The behaviours every broker must show (tests/it/scenarios.rs).

@@ -1,0 +1,346 @@
+//! Which acknowledgements of one channel can go out as one frame: a pure
+//! tracker of the channel's delivery tags, no I/O (the adapter sends the
+//! frames it plans).
+//!
+//! `basic.ack multiple=true` with tag `t` acknowledges *every* delivery of
+//! the channel at or below `t` that is still unacknowledged. So one may be
+//! sent only when every such delivery is ready to be acknowledged: a
+//! delivery still being handled, being handed back (`basic.nack`), or
+//! dropped unsettled (a crash) must never be covered, or RabbitMQ would
+//! forget a message lazaret has not written down. The tracker knows every
+//! tag the consumer handed over ([`AckTracker::delivered`]) and keeps each
+//! until it is acknowledged or its hand-back is sent; a tag the consumer
+//! has not handed over yet is above every tag handed over, since one
+//! consumer on one channel receives its deliveries in tag order.
+//!
+//! [`AckTracker::take_frames`] plans what to send for the acks that are
+//! ready: one frame for the ready prefix of the channel's unsettled tags
+//! (`multiple=true` when it covers more than one), and one `multiple=false`
+//! frame for each other ready tag, so no ack waits on a delivery still
+//! being handled. Frames of one plan cover disjoint tags and must all be
+//! sent before the next plan's: a tag acknowledged twice (once alone, once
+//! covered) is a channel error in RabbitMQ.
+
+use std::collections::BTreeSet;
+
+/// An AMQP delivery tag (per channel, from 1).
+pub type DeliveryTag = u64;
+
+/// One `basic.ack` to send.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AckFrame {
+    /// The tag in the frame.
+    pub tag: DeliveryTag,
+    /// `multiple=true`: every unacknowledged tag at or below `tag` too.
+    pub multiple: bool,
+    /// The tags it acknowledges, `tag` included (whose waiters to answer).
+    pub covers: Vec<DeliveryTag>,
+}
+
+/// The delivery tags of one channel and which of them are ready to ack.
+#[derive(Debug, Default)]
+pub struct AckTracker {
+    /// Handed over by the consumer, and neither acknowledged (in a frame
+    /// planned) nor handed back (its `basic.nack` sent). A tag dropped
+    /// unsettled stays here for the channel's life: RabbitMQ still holds
+    /// it unacknowledged, so no `multiple` frame may cover it.
+    unsettled: BTreeSet<DeliveryTag>,
+    /// The unsettled tags whose acknowledgement was asked for.
+    ready: BTreeSet<DeliveryTag>,
+    /// The highest tag handed over.
+    last: DeliveryTag,
+    /// A tag came at or below `last` (never on one consumer's channel):
+    /// the order this tracker relies on does not hold, so every frame of
+    /// the channel goes alone.
+    disordered: bool,
+}
+
+impl AckTracker {
+    /// The consumer handed over delivery `tag`.
+    pub fn delivered(&mut self, tag: DeliveryTag) {
+        if tag <= self.last {
+            self.disordered = true;
+        }
+        self.last = self.last.max(tag);
+        self.unsettled.insert(tag);
+    }
+
+    /// `tag` may be acknowledged now; `false` when it is not an unsettled
+    /// tag of this channel (acknowledged or handed back already), which
+    /// the caller answers as an error rather than send.
+    pub fn ready(&mut self, tag: DeliveryTag) -> bool {
+        if !self.unsettled.contains(&tag) {
+            return false;
+        }
+        self.ready.insert(tag);
+        true
+    }
+
+    /// `tag`'s hand-back (`basic.nack` with requeue) was sent: RabbitMQ no
+    /// longer holds it for this channel. Until this is called the tag
+    /// blocks every `multiple` frame above it.
+    pub fn handed_back(&mut self, tag: DeliveryTag) {
+        self.unsettled.remove(&tag);
+        self.ready.remove(&tag);
+    }
+
+    /// The frames that acknowledge every ready tag, which then count as
+    /// acknowledged: the ready prefix of the unsettled tags in one frame,
+    /// each other ready tag alone.
+    pub fn take_frames(&mut self) -> Vec<AckFrame> {
+        let mut frames = Vec::new();
+        if self.ready.is_empty() {
+            return frames;
+        }
+        let prefix: Vec<DeliveryTag> = self
+            .unsettled
+            .iter()
+            .take_while(|t| self.ready.contains(t))
+            .copied()
+            .collect();
+        for t in &prefix {
+            self.unsettled.remove(t);
+            self.ready.remove(t);
+        }
+        if self.disordered {
+            frames.extend(prefix.into_iter().map(alone));
+        } else if let Some(&tag) = prefix.last() {
+            frames.push(AckFrame {
+                tag,
+                multiple: prefix.len() > 1,
+                covers: prefix,
+            });
+        }
+        for t in std::mem::take(&mut self.ready) {
+            self.unsettled.remove(&t);
+            frames.push(alone(t));
+        }
+        frames
+    }
+}
+
+fn alone(tag: DeliveryTag) -> AckFrame {
+    AckFrame {
+        tag,
+        multiple: false,
+        covers: vec![tag],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn frame(tag: DeliveryTag, multiple: bool, covers: &[DeliveryTag]) -> AckFrame {
+        AckFrame {
+            tag,
+            multiple,
+            covers: covers.to_vec(),
+        }
+    }
+
+    #[test]
+    fn a_ready_prefix_goes_as_one_multiple_ack() {
+        let mut t = AckTracker::default();
+        (1..=4).for_each(|tag| t.delivered(tag));
+        assert!(t.ready(2) && t.ready(1) && t.ready(3));
+        assert_eq!(t.take_frames(), vec![frame(3, true, &[1, 2, 3])]);
+        assert!(t.ready(4));
+        assert_eq!(t.take_frames(), vec![frame(4, false, &[4])]);
+        assert!(t.take_frames().is_empty());
+    }
+
+    #[test]
+    fn a_tag_still_handled_below_keeps_the_acks_above_it_single() {
+        let mut t = AckTracker::default();
+        (1..=5).for_each(|tag| t.delivered(tag));
+        assert!(t.ready(1) && t.ready(3) && t.ready(4));
+        assert_eq!(
+            t.take_frames(),
+            vec![
+                frame(1, false, &[1]),
+                frame(3, false, &[3]),
+                frame(4, false, &[4])
+            ]
+        );
+        // 2 is done now; 5 too: the prefix is 2 and 5 (3 and 4 are acked).
+        assert!(t.ready(5) && t.ready(2));
+        assert_eq!(t.take_frames(), vec![frame(5, true, &[2, 5])]);
+    }
+
+    #[test]
+    fn a_hand_back_blocks_until_its_nack_is_sent() {
+        let mut t = AckTracker::default();
+        (1..=3).for_each(|tag| t.delivered(tag));
+        // 1 is being handed back: its nack is not sent yet.
+        assert!(t.ready(2) && t.ready(3));
+        assert_eq!(
+            t.take_frames(),
+            vec![frame(2, false, &[2]), frame(3, false, &[3])]
+        );
+        t.handed_back(1);
+        t.delivered(4);
+        t.delivered(5);
+        assert!(t.ready(4) && t.ready(5));
+        assert_eq!(t.take_frames(), vec![frame(5, true, &[4, 5])]);
+        assert!(!t.ready(1), "handed back: no ack for it");
+        assert!(!t.ready(4), "acked already");
+    }
+
+    #[test]
+    fn out_of_order_tags_are_acked_alone() {
+        let mut t = AckTracker::default();
+        t.delivered(2);
+        t.delivered(1);
+        assert!(t.ready(1) && t.ready(2));
+        assert_eq!(
+            t.take_frames(),
+            vec![frame(1, false, &[1]), frame(2, false, &[2])]
+        );
+    }
+
+    /// What happens to one tag in a generated run.
+    #[derive(Clone, Copy, Debug)]
+    enum Fate {
+        /// Acknowledged after `at` steps.
+        Ack(u8),
+        /// Handed back: the nack asked for after `at` steps, sent after
+        /// `sent` more.
+        Release(u8, u8),
+        /// Dropped unsettled (a crash between write and ack).
+        Drop,
+    }
+
+    fn fate() -> impl Strategy<Value = Fate> {
+        prop_oneof![
+            6 => any::<u8>().prop_map(|at| Fate::Ack(at % 40)),
+            2 => (any::<u8>(), any::<u8>()).prop_map(|(at, s)| Fate::Release(at % 40, s % 8)),
+            1 => Just(Fate::Drop),
+        ]
+    }
+
+    /// RabbitMQ's side of one channel: what it holds unacknowledged.
+    #[derive(Default)]
+    struct Server {
+        unacked: BTreeSet<DeliveryTag>,
+        acked: BTreeSet<DeliveryTag>,
+    }
+
+    impl Server {
+        /// Applies a frame as RabbitMQ does; panics where it would close
+        /// the channel (an unknown tag) or ack what was not ready.
+        fn ack(&mut self, f: &AckFrame, ready: &BTreeSet<DeliveryTag>) {
+            assert!(
+                self.unacked.contains(&f.tag),
+                "unknown delivery tag {} (PRECONDITION_FAILED)",
+                f.tag
+            );
+            let gone: Vec<DeliveryTag> = if f.multiple {
+                self.unacked.range(..=f.tag).copied().collect()
+            } else {
+                vec![f.tag]
+            };
+            for t in gone {
+                assert!(ready.contains(&t), "acked {t}, which was not ready");
+                assert!(f.covers.contains(&t), "{t} acked but not reported covered");
+                self.unacked.remove(&t);
+                self.acked.insert(t);
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        /// Tags handed over in order (some while others are settling),
+        /// acked, handed back or dropped at random times, with plans taken
+        /// at random steps: every frame is one RabbitMQ accepts, acks only
+        /// tags that were ready, answers each ack exactly once, never
+        /// covers a tag handed back or dropped; every ack asked for is
+        /// sent by the next plan.
+        #[test]
+        fn frames_ack_exactly_the_ready_tags(
+            fates in proptest::collection::vec(fate(), 1..40),
+            deliver_at in proptest::collection::vec(0u8..40, 1..40),
+            plan_every in 1u8..6,
+        ) {
+            let n = fates.len();
+            let mut t = AckTracker::default();
+            let mut server = Server::default();
+            // The step at which each tag is handed over, in tag order.
+            let mut at: Vec<u8> = deliver_at.iter().cycle().take(n).copied().collect();
+            at.sort_unstable();
+            let mut asked: BTreeSet<DeliveryTag> = BTreeSet::new();
+            let mut answered: BTreeMap<DeliveryTag, u32> = BTreeMap::new();
+            let mut handed_back: BTreeSet<DeliveryTag> = BTreeSet::new();
+            let mut delivered = 0usize;
+            for step in 0u16..200 {
+                while delivered < n && u16::from(at[delivered]) <= step {
+                    delivered += 1;
+                    let tag = delivered as DeliveryTag;
+                    t.delivered(tag);
+                    server.unacked.insert(tag);
+                }
+                for (i, f) in fates.iter().take(delivered).enumerate() {
+                    let tag = i as DeliveryTag + 1;
+                    let since = step - u16::from(at[i]);
+                    match *f {
+                        Fate::Ack(a) if since == u16::from(a) => {
+                            prop_assert!(t.ready(tag));
+                            asked.insert(tag);
+                        }
+                        Fate::Release(r, s) if since == u16::from(r) + u16::from(s) => {
+                            // The nack is sent, then the tracker told.
+                            prop_assert!(server.unacked.remove(&tag));
+                            t.handed_back(tag);
+                            handed_back.insert(tag);
+                        }
+                        _ => {}
+                    }
+                }
+                if step % u16::from(plan_every) == 0 || step == 199 {
+                    let ready: BTreeSet<DeliveryTag> =
+                        asked.difference(&answered.keys().copied().collect()).copied().collect();
+                    for f in t.take_frames() {
+                        server.ack(&f, &ready);
+                        for c in &f.covers {
+                            *answered.entry(*c).or_default() += 1;
+                        }
+                    }
+                    prop_assert!(t.take_frames().is_empty());
+                }
+            }
+            prop_assert_eq!(&asked.iter().copied().collect::<Vec<_>>(),
+                &answered.keys().copied().collect::<Vec<_>>(), "every ack answered");
+            prop_assert!(answered.values().all(|&k| k == 1), "answered once");
+            prop_assert_eq!(&server.acked, &asked, "RabbitMQ forgot exactly the acked");
+            for (i, f) in fates.iter().enumerate() {
+                let tag = i as DeliveryTag + 1;
+                match f {
+                    Fate::Drop => prop_assert!(server.unacked.contains(&tag), "dropped {} kept", tag),
+                    Fate::Release(..) => prop_assert!(handed_back.contains(&tag)),
+                    Fate::Ack(_) => {}
+                }
+            }
+        }
+
+        /// When every tag is ready before a plan, one frame acknowledges
+        /// them all.
+        #[test]
+        fn all_ready_is_one_frame(n in 2u64..200) {
+            let mut t = AckTracker::default();
+            (1..=n).for_each(|tag| t.delivered(tag));
+            for tag in (1..=n).rev() {
+                prop_assert!(t.ready(tag));
+            }
+            let frames = t.take_frames();
+            prop_assert_eq!(frames.len(), 1);
+            prop_assert_eq!(frames[0].tag, n);
+            prop_assert!(frames[0].multiple);
+        }
+    }
+}
