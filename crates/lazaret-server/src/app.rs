@@ -111,12 +111,6 @@ pub struct App<S> {
     /// (`serve::cluster` publishes them through the store).
     opened: tokio::sync::mpsc::UnboundedSender<Switch>,
     opened_rx: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<Switch>>>,
-    /// Held by the one batch enqueue of more than one store command
-    /// admitted at a time (`api::jobs::enqueue_batch`): a flood of large
-    /// batches then takes one core's worth of admission and one writer
-    /// queue's worth of bulk at a time, and the other requests keep the
-    /// rest of the machine.
-    pub bulk_enqueues: tokio::sync::Semaphore,
 }
 
 /// A broker dead letter claimed for one redrive; released when dropped.
@@ -154,7 +148,6 @@ impl<S: Store> App<S> {
             sources: RwLock::new(SourceSet::default()),
             redriving: Mutex::new(HashSet::new()),
             stop: tokio::sync::watch::Sender::new(false),
-            bulk_enqueues: tokio::sync::Semaphore::new(1),
             config,
         })
     }

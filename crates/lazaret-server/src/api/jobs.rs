@@ -406,15 +406,6 @@ pub(super) async fn enqueue_batch<S: Store>(
         }
     };
     let batch: BatchBody<'_> = parse_json(&bytes)?;
-    // Large batches are admitted one at a time (their parse above is
-    // cheap; admission and the store are not), so a flood of them on many
-    // connections cannot take every core from small requests; batches of
-    // one chunk or less never wait here.
-    let _bulk = if batch.jobs.len() > ENQUEUE_CHUNK {
-        app.bulk_enqueues.acquire().await.ok()
-    } else {
-        None
-    };
     let now = now();
     let mut results: Vec<Option<Value>> = vec![None; batch.jobs.len()];
     let mut admitted: Vec<(usize, Admitted)> = Vec::new();
