@@ -762,30 +762,32 @@ mod tests {
     }
 
     #[test]
-    fn permanent_failures_name_their_class() {
-        let body = Items {
-            items: vec![Item {
-                id: "1",
-                lease_token: "2",
-                error: Some(Poison {
-                    class: "permanent",
-                    kind: "bench_poison",
-                    message: "m",
-                }),
-            }],
+    fn outcomes_carry_an_error_only_for_a_permanent_failure_and_the_next_lease() {
+        let next =
+            serde_json::value::RawValue::from_string(r#"{"max_jobs":10,"wait_ms":0}"#.into())
+                .unwrap();
+        let body = OutcomesBody {
+            items: vec![
+                Item {
+                    id: "1",
+                    lease_token: "2",
+                    error: Some(Poison {
+                        class: "permanent",
+                        kind: "bench_poison",
+                        message: "m",
+                    }),
+                },
+                Item {
+                    id: "3",
+                    lease_token: "4",
+                    error: None,
+                },
+            ],
+            next: &next,
         };
         let v: Value = serde_json::to_value(&body).unwrap();
         assert_eq!(v["items"][0]["error"]["class"], "permanent");
-        let acks = Items {
-            items: vec![Item {
-                id: "1",
-                lease_token: "2",
-                error: None,
-            }],
-        };
-        assert_eq!(
-            serde_json::to_value(&acks).unwrap(),
-            json!({"items": [{"id": "1", "lease_token": "2"}]})
-        );
+        assert_eq!(v["items"][1], json!({"id": "3", "lease_token": "4"}));
+        assert_eq!(v["next"], json!({"max_jobs": 10, "wait_ms": 0}));
     }
 }
