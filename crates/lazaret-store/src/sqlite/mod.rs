@@ -1032,16 +1032,7 @@ mod tests {
     #[tokio::test]
     async fn a_small_command_runs_before_bulk_commands_queued_ahead_of_it() {
         let dir = tempfile::TempDir::new().unwrap();
-        let scheduler = FairScheduler::new(SchedulerConfig::new(10)).expect("scheduler");
-        let s = Arc::new(
-            SqliteStore::open(
-                dir.path(),
-                Durability::Full,
-                scheduler,
-                Arc::new(NoDecisions),
-            )
-            .expect("open"),
-        );
+        let s = Arc::new(open(dir.path(), Box::new(|| Ok(()))));
         let bulk = |prefix: &str| -> Vec<NewJob> {
             (0..=writer::BULK_ROWS)
                 .map(|i| job(&format!("{prefix}-{i}")))

@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use crate::harness::{QUICK, Server, assert_error, at, job, lease_req};
+use crate::harness::{Api, QUICK, Server, assert_error, at, job, lease_req};
 
 #[tokio::test]
 async fn an_enqueued_job_is_leased_with_every_field_then_acked() {
@@ -229,11 +229,9 @@ async fn a_batch_with_one_bad_job_has_one_error_in_its_list() {
     assert_eq!(leased, [json!(1), json!(3)]);
 }
 
-#[tokio::test]
-async fn acks_and_fails_can_be_batched() {
-    let server = Server::start(QUICK).await;
-    let api = server.api();
-    for n in 0..3 {
+/// Enqueues `queued` report jobs and leases three of them as worker `w`.
+async fn enqueue_and_lease_three(api: &Api, queued: u64) -> Vec<Value> {
+    for n in 0..queued {
         api.enqueue_ok(&job("report", "acme", json!({"n": n})))
             .await;
     }
@@ -241,6 +239,14 @@ async fn acks_and_fails_can_be_batched() {
     while jobs.len() < 3 {
         jobs.extend(api.lease_eventually(&lease_req("w", 3, 30_000)).await);
     }
+    jobs
+}
+
+#[tokio::test]
+async fn acks_and_fails_can_be_batched() {
+    let server = Server::start(QUICK).await;
+    let api = server.api();
+    let jobs = enqueue_and_lease_three(&api, 3).await;
     let (a, b, c) = (&jobs[0], &jobs[1], &jobs[2]);
 
     let r = api
@@ -292,14 +298,7 @@ async fn acks_and_fails_can_be_batched() {
 async fn outcomes_ack_and_fail_in_one_request_and_lease_the_next() {
     let server = Server::start(QUICK).await;
     let api = server.api();
-    for n in 0..5 {
-        api.enqueue_ok(&job("report", "acme", json!({"n": n})))
-            .await;
-    }
-    let mut jobs = Vec::new();
-    while jobs.len() < 3 {
-        jobs.extend(api.lease_eventually(&lease_req("w", 3, 30_000)).await);
-    }
+    let jobs = enqueue_and_lease_three(&api, 5).await;
     let (a, b, c) = (&jobs[0], &jobs[1], &jobs[2]);
 
     let r = api
