@@ -492,7 +492,13 @@
     }
     const group = { reason, type: onlyType };
     const key = JSON.stringify(group);
-    if (JSON.stringify(state.group) !== key) state.selected = new Set();
+    if (JSON.stringify(state.group) !== key) {
+      state.selected = new Set();
+      // Another group's rows must not stay under this heading while its
+      // own load: a box ticked there would select a dead letter of the
+      // group before.
+      $('dl-list').replaceChildren(el('p', {}, 'Loading…'));
+    }
     state.group = group;
     const count = all
       .filter((r) => r.reason === reason && (!onlyType || r.type === onlyType))

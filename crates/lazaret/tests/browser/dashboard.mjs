@@ -64,7 +64,9 @@ const context = await chromium.launchPersistentContext(profile, {
   executablePath,
   headless: true,
   args: [
-    '--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+    // --disable-dev-shm-usage: containers often give /dev/shm 64 MB,
+    // where chromium's renderer crashes; /tmp has room.
+    '--headless', '--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage', '--disable-quic', '--no-first-run',
     '--disable-background-networking', '--disable-component-update', '--disable-sync',
   ],
   viewport: { width: 1280, height: 860 },
@@ -174,7 +176,9 @@ try {
   await page.getByText('Dry run:').waitFor({ state: 'detached' });
   await row.getByRole('link', { name: 'Show 2 permanent of send_email' }).click();
   await page.getByRole('heading', { name: 'permanent · send_email (2)' }).waitFor();
-  await page.getByRole('link', { name: `Open ${seed.plain.dead_letter_id}` }).waitFor();
+  // Exact: "Open 1" is a prefix of "Open 10", a link of the group shown
+  // before, which may still be on the page for a moment.
+  await page.getByRole('link', { name: `Open ${seed.plain.dead_letter_id}`, exact: true }).waitFor();
 
   say('hostile error text is shown as text, never run');
   await page.getByText('<script>window.__pwned=3</script> bad address').first().waitFor();
@@ -184,7 +188,7 @@ try {
   assert.equal(await page.getByRole('button', { name: /Purge/ }).count(), 0);
 
   say('redrive of a selection: the dry run lists what would move, then the confirm redrives it at a rate');
-  await page.getByLabel(`Select dead letter ${seed.plain.dead_letter_id}`).check();
+  await page.getByLabel(`Select dead letter ${seed.plain.dead_letter_id}`, { exact: true }).check();
   await page.getByRole('button', { name: 'Redrive selected…' }).click();
   await page.getByText('Dry run: 1 would be redriven').waitFor();
   await page.getByRole('list', { name: 'What the redrive would move' })

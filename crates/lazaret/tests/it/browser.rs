@@ -281,9 +281,10 @@ async fn an_operator_signs_in_finds_the_dead_letter_under_its_reason_and_redrive
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    // The script's own account last: CI shows the tail of a failure.
     assert!(
         out.status.success() && printed.contains("dashboard browser test: passed"),
-        "the browser test failed ({}):\n{printed}\nserver log:\n{}",
+        "the browser test failed ({}).\nserver log:\n{}\nthe script printed:\n{printed}",
         out.status,
         server.log()
     );
