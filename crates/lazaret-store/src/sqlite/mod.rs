@@ -15,6 +15,7 @@
 //! its connection is closed, so a second server on the same directory is
 //! refused instead of issuing the same job ids and lease tokens.
 
+mod checkpoint;
 mod reader;
 mod schema;
 mod sequence;
@@ -321,6 +322,14 @@ impl SqliteStore {
                 sync::Syncer::start(sync, Arc::clone(&failure)).map_err(open_error(dir))?;
             w.set_syncer(syncer);
         }
+        // Checkpoints run beside the writer (see `checkpoint`); its own
+        // automatic one only bounds the WAL.
+        let started = open_conn(&path)
+            .map_err(|e| corrupt_error(&path, e))
+            .and_then(|conn| {
+                checkpoint::Checkpointer::start(conn, Arc::clone(&failure)).map_err(open_error(dir))
+            })?;
+        w.set_checkpointer(started)?;
         let (tx, rx) = mpsc::channel();
         let waiting = Arc::new(AtomicUsize::new(0));
         let inbox = writer::Inbox {
@@ -758,7 +767,7 @@ mod tests {
         .expect("open")
     }
 
-    fn job(key: &str) -> NewJob {
+    pub(super) fn job(key: &str) -> NewJob {
         NewJob {
             job_type: "t".into(),
             tenant: "acme".into(),
@@ -1023,6 +1032,35 @@ mod tests {
             ),
             "{out:?}"
         );
+        s.close().await.unwrap();
+    }
+
+    /// Committed jobs reach the database file without the writer running
+    /// a checkpoint: its own automatic one waits for a WAL far larger than
+    /// these, so the file grows only by the checkpoint thread's copies.
+    #[tokio::test]
+    async fn the_checkpoint_thread_copies_commits_into_the_database() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let s = open(dir.path(), Box::new(|| Ok(())));
+        let db_len = || std::fs::metadata(dir.path().join(DB_FILE)).unwrap().len();
+        let before = db_len();
+        let jobs: Vec<NewJob> = (0..2000).map(|i| job(&format!("k{i}"))).collect();
+        s.enqueue(jobs).await.expect("enqueued");
+        let wal = std::fs::metadata(dir.path().join(format!("{DB_FILE}-wal")))
+            .unwrap()
+            .len();
+        assert!(
+            wal < u64::from(checkpoint::WRITER_AUTOCHECKPOINT_PAGES) * 1024,
+            "the WAL ({wal} bytes) is far below the writer's own checkpoint"
+        );
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while db_len() <= before {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the database file stayed at {before} bytes: nothing checkpointed the WAL"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         s.close().await.unwrap();
     }
 

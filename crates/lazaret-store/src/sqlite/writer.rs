@@ -95,6 +95,7 @@ impl Cmd {
     fn is_bulk(&self) -> bool {
         match self {
             Cmd::Enqueue(jobs, _) => jobs.len() > BULK_ROWS,
+            Cmd::Lease(req, _) => req.max_jobs as usize > BULK_ROWS,
             Cmd::Complete(items, _, _) => items.len() > BULK_ROWS,
             Cmd::QuarantineMany(items, _) => items.len() > BULK_ROWS,
             Cmd::Redrive(ids, ..) | Cmd::Purge(ids, ..) => ids.len() > BULK_ROWS,
@@ -131,15 +132,18 @@ impl Inbox {
 /// Commands taken off the inbox and not yet run, in two queues: bulk
 /// commands (many rows each: large enqueues and outcome batches, and
 /// housekeeping) wait behind every other. A group runs the small commands
-/// first and then bulk ones, but stops taking bulk ones once small commands
-/// wait for its commit (see [`Queue::next`]); so a flood of bulk enqueues
-/// delays a single job's enqueue, lease or ack by about one bulk command,
-/// not by everything queued before it. Commands of different requests are
-/// concurrent, so this reordering is never visible to any one client.
+/// first and then bulk ones, but takes no bulk one once a small command
+/// waits for its commit (see [`Queue::next`]); so a flood of bulk enqueues
+/// delays a single job's enqueue, lease or ack by at most the one bulk
+/// command running when it arrives, not by everything queued before it.
+/// Commands of different requests are concurrent, so this reordering is
+/// never visible to any one client.
 #[derive(Default)]
 pub(super) struct Queue {
     small: VecDeque<Cmd>,
-    bulk: VecDeque<Cmd>,
+    /// With when each was queued: a bulk command that has waited
+    /// [`BULK_WAIT_MAX`] joins even a group of small ones.
+    bulk: VecDeque<(std::time::Instant, Cmd)>,
     /// Small commands queued when the current group began: they run in it.
     group_smalls: usize,
     /// Small commands run in the current group so far.
@@ -157,7 +161,7 @@ impl Queue {
 
     fn push(&mut self, cmd: Cmd) {
         if cmd.is_bulk() {
-            self.bulk.push_back(cmd);
+            self.bulk.push_back((std::time::Instant::now(), cmd));
         } else {
             self.small.push_back(cmd);
         }
@@ -176,7 +180,9 @@ impl Queue {
 
     /// Any command, small ones first: for failing or flushing them all.
     fn pop_any(&mut self) -> Option<Cmd> {
-        self.small.pop_front().or_else(|| self.bulk.pop_front())
+        self.small
+            .pop_front()
+            .or_else(|| self.bulk.pop_front().map(|(_, c)| c))
     }
 
     /// Starts a group: the small commands queued now all run in it.
@@ -191,10 +197,12 @@ impl Queue {
     /// - Small commands queued when it began run in it; those arriving
     ///   later join it during [`LATE_JOIN_WINDOW`] (to share its fsync),
     ///   and after that end it, so that they lead the next group.
-    /// - Then bulk commands: always one (so that a steady stream of small
-    ///   commands cannot starve them), more during the window, and while
-    ///   no small command is in the group or waiting, for up to
-    ///   [`BULK_GROUP_WINDOW`].
+    /// - Then bulk commands, only while no small command is in the group
+    ///   or waiting: always one, more for up to [`BULK_GROUP_WINDOW`]. A
+    ///   group with a small command commits without any (its fsync is what
+    ///   the small one waits for), unless the oldest bulk command has
+    ///   waited [`BULK_WAIT_MAX`]: then one joins, so that a steady stream
+    ///   of small commands cannot starve bulk ones.
     /// - Once the store is closing, everything queued, and nothing more
     ///   from the inbox.
     fn next(
@@ -226,10 +234,17 @@ impl Queue {
             self.smalls_taken += 1;
             return self.small.pop_front();
         }
-        let more_bulk =
-            !bulk_taken || open || (self.smalls_taken == 0 && elapsed <= BULK_GROUP_WINDOW);
+        let more_bulk = if self.smalls_taken > 0 {
+            !bulk_taken
+                && self
+                    .bulk
+                    .front()
+                    .is_some_and(|(queued, _)| queued.elapsed() >= BULK_WAIT_MAX)
+        } else {
+            !bulk_taken || elapsed <= BULK_GROUP_WINDOW
+        };
         if more_bulk {
-            self.bulk.pop_front()
+            self.bulk.pop_front().map(|(_, c)| c)
         } else {
             None
         }
@@ -262,9 +277,12 @@ const LATE_JOIN_WINDOW: std::time::Duration = std::time::Duration::from_millis(2
 /// A group of bulk commands only goes on taking more of them for this long
 /// (their answers wait for its commit).
 const BULK_GROUP_WINDOW: std::time::Duration = std::time::Duration::from_millis(20);
+/// A bulk command that has waited this long runs even in a group of small
+/// commands ([`Queue::next`]).
+const BULK_WAIT_MAX: std::time::Duration = std::time::Duration::from_millis(50);
 /// A command of more rows than this (jobs enqueued, outcomes, dead letters,
 /// ids) is bulk: it waits behind the small ones ([`Queue`]).
-pub(super) const BULK_ROWS: usize = 16;
+pub(super) const BULK_ROWS: usize = 1;
 /// Scheduled jobs promoted per tick at most; the rest go on the next.
 const PROMOTE_MAX: i64 = 20_000;
 /// Expired leases handled per tick at most.
@@ -314,6 +332,10 @@ pub(super) struct Writer {
     /// `None`: answers go out at COMMIT. Declared before `conn` so that it is
     /// dropped, and its answers flushed, before the connection closes.
     syncer: Option<Syncer>,
+    /// Copies the WAL into the database beside this thread
+    /// (`super::checkpoint`); stopped before the connection's last
+    /// checkpoint at close.
+    checkpointer: Option<super::checkpoint::Checkpointer>,
     conn: Connection,
     scheduler: FairScheduler,
     decider: Arc<dyn Decider>,
@@ -380,7 +402,23 @@ impl Writer {
             leases: 0,
             lease_steps: 0,
             syncer: None,
+            checkpointer: None,
         })
+    }
+
+    /// From now on a thread of its own checkpoints, and this connection's
+    /// automatic checkpoint only bounds the WAL.
+    pub(super) fn set_checkpointer(
+        &mut self,
+        checkpointer: super::checkpoint::Checkpointer,
+    ) -> Result<(), StoreError> {
+        db(self.conn.pragma_update(
+            None,
+            "wal_autocheckpoint",
+            super::checkpoint::WRITER_AUTOCHECKPOINT_PAGES,
+        ))?;
+        self.checkpointer = Some(checkpointer);
+        Ok(())
     }
 
     /// From now on, answers go out after the syncer's fsync.
@@ -669,6 +707,9 @@ impl Writer {
     /// verifies their checksums. This connection then closes without a
     /// checkpoint, and so must the reader (`SqliteStore::close`).
     fn close(&mut self, tx: Reply<()>) {
+        if let Some(c) = &mut self.checkpointer {
+            c.stop();
+        }
         let failure = self.syncer.as_mut().and_then(|syncer| {
             syncer.finish();
             syncer.failure()
@@ -1906,5 +1947,65 @@ fn fail_cmd(cmd: Cmd, why: &str) {
         Cmd::Sql(_, _, tx) => drop(tx.send(Err(e()))),
         #[cfg(any(test, feature = "test-hooks"))]
         Cmd::Hold(..) | Cmd::Crash => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+
+    fn enqueue(jobs: usize) -> Cmd {
+        let (tx, _rx) = oneshot::channel();
+        let jobs = (0..jobs)
+            .map(|i| super::super::tests::job(&format!("k{i}")))
+            .collect();
+        Cmd::Enqueue(jobs, tx)
+    }
+
+    fn rows(cmd: Option<Cmd>) -> Option<usize> {
+        match cmd {
+            Some(Cmd::Enqueue(jobs, _)) => Some(jobs.len()),
+            Some(_) => panic!("not an enqueue"),
+            None => None,
+        }
+    }
+
+    fn inbox() -> (mpsc::Sender<Cmd>, Inbox) {
+        let (tx, rx) = mpsc::channel();
+        let waiting = Arc::new(AtomicUsize::new(0));
+        (tx, Inbox { rx, waiting })
+    }
+
+    /// A group with a one-job command commits without the bulk command
+    /// queued before it, which runs in the next group; a bulk command that
+    /// has waited `BULK_WAIT_MAX` joins even a group of small ones.
+    #[test]
+    fn a_group_with_a_small_command_takes_no_bulk_one_until_bulk_waited_too_long() {
+        let (_tx, rx) = inbox();
+        let bulk = BULK_ROWS + 1;
+        let mut q = Queue::default();
+        q.push(enqueue(bulk));
+        q.push(enqueue(1));
+        q.begin_group();
+        let began = Instant::now();
+        assert_eq!(rows(q.next(&rx, 0, false, false, began)), Some(1));
+        assert_eq!(rows(q.next(&rx, 1, false, false, began)), None, "commits");
+        q.begin_group();
+        let began = Instant::now();
+        assert_eq!(rows(q.next(&rx, 0, false, false, began)), Some(bulk));
+        assert_eq!(rows(q.next(&rx, 1, true, false, began)), None);
+
+        let long_ago = Instant::now()
+            .checked_sub(BULK_WAIT_MAX)
+            .expect("the clock is past BULK_WAIT_MAX");
+        q.bulk.push_back((long_ago, enqueue(bulk)));
+        q.push(enqueue(1));
+        q.begin_group();
+        let began = Instant::now();
+        assert_eq!(rows(q.next(&rx, 0, false, false, began)), Some(1));
+        assert_eq!(rows(q.next(&rx, 1, false, false, began)), Some(bulk));
+        assert_eq!(rows(q.next(&rx, 2, true, false, began)), None);
     }
 }
