@@ -107,6 +107,9 @@ pub struct App<S> {
     redriving: Mutex<HashSet<DeadLetterId>>,
     /// `true` once the server is shutting down (see [`App::stopping`]).
     stop: tokio::sync::watch::Sender<bool>,
+    /// The runtime that large requests do their CPU-heavy part on (see
+    /// [`App::run_bulk`]); unset, they do it in place.
+    bulk: std::sync::OnceLock<tokio::runtime::Handle>,
     /// Breakers this node opened or closed, to share with the cluster
     /// (`serve::cluster` publishes them through the store).
     opened: tokio::sync::mpsc::UnboundedSender<Switch>,
@@ -148,8 +151,35 @@ impl<S: Store> App<S> {
             sources: RwLock::new(SourceSet::default()),
             redriving: Mutex::new(HashSet::new()),
             stop: tokio::sync::watch::Sender::new(false),
+            bulk: std::sync::OnceLock::new(),
             config,
         })
+    }
+
+    /// Where [`App::run_bulk`] runs its work from now on (`serve` sets its
+    /// low-priority runtime once).
+    pub fn set_bulk(&self, runtime: tokio::runtime::Handle) {
+        let _ = self.bulk.set(runtime);
+    }
+
+    /// Runs the CPU-heavy part of a large request (parsing and admitting
+    /// a big batch) on the bulk runtime, so that it never holds the
+    /// worker that serves small requests, and at a lower CPU priority
+    /// than that worker. `None` when the bulk runtime is gone (the server
+    /// is stopping). Without one it runs in place.
+    pub async fn run_bulk<T, F>(&self, work: F) -> Option<T>
+    where
+        T: Send + 'static,
+        F: std::future::Future<Output = T> + Send + 'static,
+    {
+        let Some(runtime) = self.bulk.get() else {
+            return Some(work.await);
+        };
+        match runtime.spawn(work).await {
+            Ok(t) => Some(t),
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => None,
+        }
     }
 
     /// The breakers this node opens, to share (taken once, by `serve`).

@@ -111,6 +111,55 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
     run(store, opts, described).await
 }
 
+/// The nice value of the bulk runtime's thread: the kernel gives it about a
+/// tenth of the CPU time of a thread at the default 0 when both want it.
+const BULK_NICE: i32 = 10;
+
+/// A runtime of one thread, at a lower CPU priority, for the CPU-heavy
+/// part of large requests ([`App::run_bulk`]): a 1,000-job batch takes
+/// milliseconds to parse and admit, which on the HTTP workers (one on two
+/// cores) would hold up every small enqueue, lease and ack behind it.
+/// Dropped, it shuts down without waiting (a runtime may not block inside
+/// another).
+struct BulkRuntime(Option<tokio::runtime::Runtime>);
+
+impl BulkRuntime {
+    fn start() -> std::io::Result<BulkRuntime> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("lazaret-bulk")
+            .on_thread_start(lower_priority)
+            .enable_all()
+            .build()?;
+        Ok(BulkRuntime(Some(runtime)))
+    }
+
+    fn handle(&self) -> tokio::runtime::Handle {
+        self.0
+            .as_ref()
+            .map(|r| r.handle().clone())
+            .expect("set until dropped")
+    }
+}
+
+impl Drop for BulkRuntime {
+    fn drop(&mut self) {
+        if let Some(r) = self.0.take() {
+            r.shutdown_background();
+        }
+    }
+}
+
+/// Lowers the calling thread's CPU priority to [`BULK_NICE`] (on Linux a
+/// nice value is per thread); where it cannot, the thread runs at the
+/// default priority and still off the HTTP workers.
+fn lower_priority() {
+    #[cfg(unix)]
+    if let Err(e) = rustix::process::setpriority_process(None, BULK_NICE) {
+        tracing::debug!(error = %e, "cannot lower the bulk runtime's priority");
+    }
+}
+
 /// Serves on an open store until the signal.
 #[allow(clippy::print_stdout)] // the listening line on stdout is the interface
 async fn run<S: Store>(store: S, opts: ServeOptions, described: String) -> Result<(), ServeError> {
@@ -124,6 +173,8 @@ async fn run<S: Store>(store: S, opts: ServeOptions, described: String) -> Resul
         })?;
     let addr = listener.local_addr()?;
     let app = App::new(store, opts.config);
+    let bulk = BulkRuntime::start()?;
+    app.set_bulk(bulk.handle());
     let api_tokens = load_api_tokens(&app).await?;
     // Pauses are kept in the store: a restart keeps them in force.
     for pause in app.store.pauses().await? {
