@@ -209,7 +209,7 @@ impl RabbitMq {
                 why: format!("{e}; check that the queue exists on this virtual host"),
             })?;
         Ok(Box::new(RabbitConsumer {
-            acks: Arc::new(Acks::new(channel.clone())),
+            acks: Arc::new(Acks::new(channel.clone(), usize::from(prefetch))),
             channel,
             consumer,
             queue,
@@ -375,14 +375,27 @@ impl Consumer for RabbitConsumer {
 /// sent together: at most one batch is being sent per channel, and the
 /// acks that become ready meanwhile make the next, planned by the
 /// [`AckTracker`] (one `multiple=true` frame for the ready prefix of the
-/// channel's unsettled tags, each other ack alone, so none waits on a
-/// message still being handled). A lone ack is sent at once.
+/// channel's unsettled tags). An ack above a tag that is not ready yet (a
+/// poison message whose dead letter is being written, say) waits for it
+/// to join the prefix, for at most [`ACK_HOLD`] and while fewer than
+/// `held_max` wait; then each goes alone. A lone ready ack at the bottom
+/// is sent at once.
 struct Acks {
     /// Kept open while a consumer or acker of it lives: a delivery can only
     /// be acknowledged on the channel it came on.
     channel: Channel,
     state: std::sync::Mutex<AckState>,
+    /// Wakes a sender waiting out a hold: an ack or a hand-back may have
+    /// closed the gap.
+    wake: tokio::sync::Notify,
+    /// Held acks at most (they keep their deliveries' settling slots).
+    held_max: usize,
 }
+
+/// How long an ack above a gap waits for the gap to close. Longer than a
+/// dead letter's durable write usually takes, short against a handler's
+/// time, so a slow handler below only delays the acks above it this much.
+const ACK_HOLD: Duration = Duration::from_millis(2);
 
 type AckReply = oneshot::Sender<Result<(), String>>;
 
@@ -393,13 +406,20 @@ struct AckState {
     waiters: HashMap<DeliveryTag, AckReply>,
     /// A task is sending; it plans again until nothing is ready.
     sending: bool,
+    /// Since when acks above a gap have been held.
+    held_since: Option<tokio::time::Instant>,
 }
 
 impl Acks {
-    fn new(channel: Channel) -> Acks {
+    fn new(channel: Channel, unsettled_max: usize) -> Acks {
         Acks {
             channel,
             state: std::sync::Mutex::new(AckState::default()),
+            wake: tokio::sync::Notify::new(),
+            // Half the prefetch: with a quarter, a 10% poison mix at
+            // ~15,000 msg/s still sent most acks alone (14,200 frames for
+            // 20,000 messages); with half, 4,700, as many as without poison.
+            held_max: (unsettled_max / 2).max(1),
         }
     }
 
@@ -433,6 +453,8 @@ impl Acks {
             // A task of its own, so that a waiter dropped (shutdown) never
             // strands the others.
             tokio::spawn(Arc::clone(&self).send_all());
+        } else {
+            self.wake.notify_one();
         }
         match answer.await {
             Ok(r) => r.map_err(failed),
@@ -443,27 +465,53 @@ impl Acks {
     }
 
     /// Sends what is ready, plan after plan, until nothing is; then the
-    /// next ack starts a new task.
+    /// next ack starts a new task. Acks above a gap are held (see
+    /// [`Acks`]): the task waits for the gap to close or the hold to end.
     async fn send_all(self: Arc<Self>) {
         loop {
-            let planned: Vec<_> = {
+            let planned: Result<Vec<_>, tokio::time::Instant> = {
                 let mut state = self.lock();
-                let frames = state.tracker.take_frames();
+                let now = tokio::time::Instant::now();
+                let flush = state.tracker.held() >= self.held_max
+                    || state.held_since.is_some_and(|t| now >= t + ACK_HOLD);
+                let frames = if flush {
+                    state.tracker.take_frames()
+                } else {
+                    state.tracker.take_prefix()
+                };
+                state.held_since = match state.tracker.held() {
+                    0 => None,
+                    _ => Some(state.held_since.unwrap_or(now)),
+                };
                 if frames.is_empty() {
-                    state.sending = false;
-                    return;
+                    let Some(since) = state.held_since else {
+                        state.sending = false;
+                        return;
+                    };
+                    Err(since + ACK_HOLD)
+                } else {
+                    Ok(frames
+                        .into_iter()
+                        .map(|f| {
+                            let waiters: Vec<AckReply> = f
+                                .covers
+                                .iter()
+                                .filter_map(|t| state.waiters.remove(t))
+                                .collect();
+                            (f, waiters)
+                        })
+                        .collect())
                 }
-                frames
-                    .into_iter()
-                    .map(|f| {
-                        let waiters: Vec<AckReply> = f
-                            .covers
-                            .iter()
-                            .filter_map(|t| state.waiters.remove(t))
-                            .collect();
-                        (f, waiters)
-                    })
-                    .collect()
+            };
+            let planned = match planned {
+                Ok(planned) => planned,
+                Err(until) => {
+                    tokio::select! {
+                        () = tokio::time::sleep_until(until) => {}
+                        () = self.wake.notified() => {}
+                    }
+                    continue;
+                }
             };
             // A plan's frames cover disjoint tags: sent together, and all
             // before the next plan's (a tag acked twice closes the channel).
@@ -488,6 +536,7 @@ impl Acks {
     /// `tag`'s hand-back was sent: acks above it may now cover its place.
     fn handed_back(&self, tag: DeliveryTag) {
         self.lock().tracker.handed_back(tag);
+        self.wake.notify_one();
     }
 }
 
