@@ -513,7 +513,7 @@ async fn admit_batch<S: Store>(app: &App<S>, caller: &Caller, bytes: &[u8]) -> A
 }
 
 /// Jobs of a batch per store command (`enqueue_batch`).
-const ENQUEUE_CHUNK: usize = 25;
+const ENQUEUE_CHUNK: usize = 10;
 
 /// The query of `GET /v1/jobs/{id}`; any other parameter is refused.
 #[derive(Debug, Deserialize)]
