@@ -176,11 +176,11 @@ impl Running {
     }
 }
 
-/// Starts a guard of `spec` delivering to `handler`.
-pub async fn start_guard<B: TestBroker>(
+/// Starts a guard of `spec` delivering to `handler`, on any host.
+pub async fn start_guard<B: TestBroker, H: lazaret_guard::Host + 'static>(
     b: &B,
     spec: SourceSpec,
-    host: Arc<LocalHost<SqliteStore>>,
+    host: Arc<H>,
     handler: Arc<dyn Handler>,
     faults: Faults,
 ) -> Running {

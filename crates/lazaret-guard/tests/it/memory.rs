@@ -631,15 +631,7 @@ mod runtime {
                     .with_class(lazaret_core::FailureClass::Permanent),
             )
         });
-        let (stop, rx) = tokio::sync::watch::channel(false);
-        let guard = lazaret_guard::Guard::new(
-            spec.clone(),
-            Arc::clone(&h),
-            b.connect(&spec).await,
-            Arc::new(handler),
-        )
-        .with_faults(faults);
-        let task = tokio::spawn(guard.run(rx));
+        let g = start_guard(&b, spec, Arc::clone(&h), Arc::new(handler), faults).await;
         wait_settled(
             &settled,
             "m-n",
@@ -647,8 +639,7 @@ mod runtime {
             Duration::from_secs(10),
         )
         .await;
-        let _ = stop.send(true);
-        task.await.unwrap().unwrap();
+        g.stop().await.unwrap();
         let dls = dead_letters_of(h.store(), &name).await;
         assert_eq!(dls.len(), 1);
         assert_eq!(
