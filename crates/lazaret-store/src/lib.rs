@@ -313,6 +313,15 @@ pub trait Store: Send + Sync + 'static {
     /// Every API token, oldest first.
     fn tokens(&self) -> impl Future<Output = Result<Vec<ApiToken>, StoreError>> + Send;
 
+    /// Whether an enqueue of one job, once its future has been polled
+    /// once, runs before any lease sent after that poll: then a caller may
+    /// wake the job's long-polls right after that first poll instead of
+    /// after the enqueue's answer, which waits for the disk. `false` by
+    /// default (the caller wakes them after the answer).
+    fn orders_one_job_commands(&self) -> bool {
+        false
+    }
+
     /// Why the store takes no more writes, once it has failed for good (a
     /// commit that could not be made durable); `None` while healthy.
     /// `/healthz` reports it.

@@ -373,19 +373,20 @@ pub(super) async fn enqueue<S: Store>(
     };
     let job = admit_one(&app, &parsed, enqueuer(&app, &caller), now).await?;
     let admitted = Admitted::of(&job);
-    let due_now = parsed.delay_ms.unwrap_or(0) == 0;
     let stored = app.store.enqueue(vec![job]);
     tokio::pin!(stored);
-    // The first poll hands the command to the store. A long-poll woken now
-    // sends its lease after it, so the lease runs after this insert (the
-    // SQLite writer takes one-row commands in order) and needs no wait for
-    // the insert's fsync: the worker can start while the producer's answer
-    // waits for the disk. A power loss in that window takes the job back
-    // and the producer, unanswered, sends it again: at least once, as
-    // always. Woken for nothing (a duplicate, a refusal, a store that does
-    // not order commands), a long-poll looks once and waits again.
+    // The first poll hands the command to the store. Where the store runs
+    // it before any lease sent later, a long-poll woken now leases the job
+    // right after its insert, and the worker can start while the
+    // producer's answer waits for the disk. A power loss in that window
+    // takes the job back and the producer, unanswered, sends it again: at
+    // least once, as always. Woken for nothing (a duplicate, a refusal), a
+    // long-poll looks once and waits again.
     let first = futures_util::poll!(stored.as_mut());
-    if due_now && first.is_pending() {
+    let woken = first.is_pending()
+        && parsed.delay_ms.unwrap_or(0) == 0
+        && app.store.orders_one_job_commands();
+    if woken {
         app.ready.jobs([(&admitted.lane, &admitted.job_type)]);
     }
     let outcome = match first {
@@ -393,7 +394,7 @@ pub(super) async fn enqueue<S: Store>(
         std::task::Poll::Pending => stored.await,
     }?;
     let (status, body) = enqueue_reply(&app, &admitted, &outcome[0]);
-    if made_ready(&outcome[0]) {
+    if !woken && made_ready(&outcome[0]) {
         app.ready.jobs([(&admitted.lane, &admitted.job_type)]);
     }
     Ok((status, Json(body)).into_response())

@@ -712,6 +712,14 @@ impl Store for SqliteStore {
         self.read(reader::tokens).await
     }
 
+    /// The writer takes one-row commands in the order they were sent
+    /// (`writer::Queue`), and `enqueue` sends its command at the first
+    /// poll; a lease is answered at its commit once its token is reserved
+    /// on disk (`sync`).
+    fn orders_one_job_commands(&self) -> bool {
+        true
+    }
+
     fn failure(&self) -> Option<String> {
         self.failure.get().cloned()
     }
