@@ -92,6 +92,13 @@ pub trait Acker: Send + Sync {
         Box::pin(async { Ok(()) })
     }
 
+    /// The message's outcome is decided and lazaret is writing it down (a
+    /// dead letter, a held retry): its [`Acker::ack`] or
+    /// [`Acker::release`] follows as soon as that write is done. RabbitMQ
+    /// lets the acks of later deliveries wait for it, to go with it as one
+    /// `multiple` frame; a no-op elsewhere.
+    fn decided(&self) {}
+
     /// Hands the message back undelivered (lazaret could not record what
     /// happened to it): the broker redelivers it later.
     fn release(self: Box<Self>) -> BoxFuture<'static, Result<(), BrokerError>>;

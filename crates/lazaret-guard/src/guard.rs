@@ -66,11 +66,20 @@ const DUE_BATCH: u32 = 256;
 const DUE_POLL: Duration = Duration::from_millis(100);
 
 /// How long the first dead letter of a batch waits for others to share its
-/// durable write, beyond those that arrive while the previous batch is
-/// written (see [`Quarantines`]): none by default.
-pub const QUARANTINE_LINGER: Duration = Duration::ZERO;
+/// durable write during a poison storm (see [`Quarantines`]), beyond those
+/// that arrive while the previous batch is written. A write costs a
+/// transaction and an fsync whoever shares it: on the 2-core VM of
+/// `docs/benchmarks.md` one dead letter alone costs ~140 µs of CPU in the
+/// store, four together ~50 each, sixteen ~16.
+pub const QUARANTINE_LINGER: Duration = Duration::from_millis(2);
+/// A dead letter is part of a storm when the batch before it was taken
+/// less than this long ago; a lone one is written at once.
+const STORM_GAP: Duration = Duration::from_secs(1);
 /// Dead letters written in one transaction at most.
 const QUARANTINE_BATCH: usize = 256;
+/// Dead letters pending that make a batch worth writing without lingering:
+/// past this many, sharing saves little more per dead letter.
+const QUARANTINE_COMPANY: usize = 16;
 
 /// Decides, for a message, whether an injected crash happens now.
 pub type CrashHook = Arc<dyn Fn(&Delivery) -> bool + Send + Sync>;
@@ -168,10 +177,11 @@ type QuarantineReply = oneshot::Sender<Result<Quarantined, StoreError>>;
 /// and an fsync, which cost more than a whole healthy delivery. So at most
 /// one write is in flight per guard, and the dead letters that arrive while
 /// it runs are written together by the next one, in one transaction and
-/// one fsync (group commit): a lone dead letter is written at once, and
-/// the more arrive together in a poison storm, the less each costs. An
-/// optional `linger` (zero by default) makes the first of a batch wait for
-/// company too. Only the poison message's own acknowledgement waits.
+/// one fsync (group commit). In a storm (the previous batch was taken less
+/// than [`STORM_GAP`] ago) each batch also waits `linger`
+/// ([`QUARANTINE_LINGER`]) for company, unless [`QUARANTINE_COMPANY`] are
+/// pending already; a lone dead letter is written at once. Only the poison messages' acknowledgements wait (and, on
+/// RabbitMQ, the acks above them, which then go with theirs as one frame).
 struct Quarantines {
     state: Mutex<Batching>,
     linger: Duration,
@@ -182,6 +192,8 @@ struct Batching {
     pending: Vec<(SourceDeadLetter, QuarantineReply)>,
     /// A write task is running; it takes what is pending until none is.
     writing: bool,
+    /// When the last batch was taken: whether a storm is on.
+    last_batch: Option<tokio::time::Instant>,
 }
 
 impl Quarantines {
@@ -206,16 +218,22 @@ impl Quarantines {
     /// Writes what is pending, batch after batch, until nothing is; then
     /// the next arrival starts a new task.
     async fn write_all<S: Store>(&self, store: &S) {
-        if !self.linger.is_zero() {
-            tokio::time::sleep(self.linger).await;
-        }
         loop {
+            let linger = {
+                let state = self.lock();
+                let storm = state.last_batch.is_some_and(|t| t.elapsed() < STORM_GAP);
+                storm && state.pending.len() < QUARANTINE_COMPANY
+            };
+            if linger && !self.linger.is_zero() {
+                tokio::time::sleep(self.linger).await;
+            }
             let batch = {
                 let mut state = self.lock();
                 if state.pending.is_empty() {
                     state.writing = false;
                     return;
                 }
+                state.last_batch = Some(tokio::time::Instant::now());
                 let n = state.pending.len().min(QUARANTINE_BATCH);
                 state.pending.drain(..n).collect::<Vec<_>>()
             };
@@ -310,9 +328,10 @@ impl<H: Host> Guard<H> {
         }
     }
 
-    /// How long the first dead letter of a batch waits for others to share
-    /// its durable write ([`QUARANTINE_LINGER`], zero, by default: those
-    /// that arrive while the previous batch is written share one anyway).
+    /// How long the first dead letter of a batch waits during a storm for
+    /// others to share its durable write ([`QUARANTINE_LINGER`] by default;
+    /// zero: only those that arrive while the previous batch is written
+    /// share it).
     pub fn with_quarantine_linger(self, linger: Duration) -> Guard<H> {
         let mut inner = Arc::try_unwrap(self.inner)
             .unwrap_or_else(|_| unreachable!("a new guard is not shared yet"));
@@ -763,6 +782,11 @@ impl<H: Host> Inner<H> {
     ) -> bool {
         let store = self.host.store();
         let transition = done.transition;
+        if !matches!(transition, Transition::Succeeded | Transition::Cancelled) {
+            if let Some(ack) = origin.acker() {
+                ack.decided();
+            }
+        }
         let written: Result<(), StoreError> = match transition {
             // A broker message is never asked to cancel (`decide` alone
             // settles it), so `Cancelled` does not come; were it to, the
