@@ -185,7 +185,7 @@ impl RabbitMq {
         let channel = self.channel().await?;
         // A prefetch of what the guard holds unsettled at most: `concurrency`
         // handler calls and `settling` more being written and acknowledged
-        // (`SourceSpec::unsettled_max`; twice `concurrency` by default), so nothing
+        // (`SourceSpec::unsettled_max`; 8 × `concurrency` by default), so nothing
         // waits unacknowledged in a buffer.
         let prefetch = u16::try_from(self.spec.unsettled_max()).unwrap_or(u16::MAX);
         channel
@@ -375,11 +375,13 @@ impl Consumer for RabbitConsumer {
 /// sent together: at most one batch is being sent per channel, and the
 /// acks that become ready meanwhile make the next, planned by the
 /// [`AckTracker`] (one `multiple=true` frame for the ready prefix of the
-/// channel's unsettled tags). An ack above a tag that is not ready yet (a
-/// poison message whose dead letter is being written, say) waits for it
-/// to join the prefix, for at most [`ACK_HOLD`] and while fewer than
-/// `held_max` wait; then each goes alone. A lone ready ack at the bottom
-/// is sent at once.
+/// channel's unsettled tags). An ack above a tag that is not ready yet
+/// waits for it to join the prefix: behind a delivery whose outcome is
+/// decided and being written (a poison message's dead letter,
+/// [`Acker::decided`]) until that write ends, for at most
+/// [`ACK_HOLD_DECIDED`]; behind a handler still running for at most
+/// [`ACK_HOLD`] and while fewer than `held_max` wait. Then each goes
+/// alone. A lone ready ack at the bottom is sent at once.
 struct Acks {
     /// Kept open while a consumer or acker of it lives: a delivery can only
     /// be acknowledged on the channel it came on.
@@ -388,14 +390,20 @@ struct Acks {
     /// Wakes a sender waiting out a hold: an ack or a hand-back may have
     /// closed the gap.
     wake: tokio::sync::Notify,
-    /// Held acks at most (they keep their deliveries' settling slots).
+    /// Held acks at most behind a handler still running (they keep their
+    /// deliveries' settling slots); behind writes, as many as those slots.
     held_max: usize,
 }
 
-/// How long an ack above a gap waits for the gap to close. Longer than a
-/// dead letter's durable write usually takes, short against a handler's
-/// time, so a slow handler below only delays the acks above it this much.
+/// How long an ack above a gap waits for the gap to close while a handler
+/// still runs below it: short against a handler's time, so a slow handler
+/// below only delays the acks above it this much.
 const ACK_HOLD: Duration = Duration::from_millis(2);
+/// How long an ack above a gap waits when every gap below it is decided
+/// and being written (a dead letter, a held retry): such a gap closes as
+/// soon as its write is durable, so the acks above wait for it and go as
+/// one frame; this bound only matters when the disk stalls.
+const ACK_HOLD_DECIDED: Duration = Duration::from_millis(50);
 
 type AckReply = oneshot::Sender<Result<(), String>>;
 
@@ -416,9 +424,12 @@ impl Acks {
             channel,
             state: std::sync::Mutex::new(AckState::default()),
             wake: tokio::sync::Notify::new(),
-            // Half the prefetch: with a quarter, a 10% poison mix at
-            // ~15,000 msg/s still sent most acks alone (14,200 frames for
-            // 20,000 messages); with half, 4,700, as many as without poison.
+            // Half the prefetch, behind a running handler (behind a write
+            // the settling slots bound them). With a quarter of a prefetch
+            // of 32, a 10% poison mix at ~15,000 msg/s still sent most acks
+            // alone (14,200 frames for 20,000 messages); with half, 4,700,
+            // as many as without poison. Waiting out the dead letters'
+            // writes (prefetch 128) cut it to ~3,000 for 40,000.
             held_max: (unsettled_max / 2).max(1),
         }
     }
@@ -472,15 +483,23 @@ impl Acks {
             let planned: Result<Vec<_>, tokio::time::Instant> = {
                 let mut state = self.lock();
                 let now = tokio::time::Instant::now();
-                let flush = state.tracker.held() >= self.held_max
-                    || state.held_since.is_some_and(|t| now >= t + ACK_HOLD);
+                // Behind a delivery being written, acks wait for its write
+                // (bounded by the settling slots they keep); behind a
+                // handler still running, only briefly and only so many.
+                let decided = state.tracker.blocked_by_decided();
+                let hold = if decided { ACK_HOLD_DECIDED } else { ACK_HOLD };
+                let flush = (!decided && state.tracker.held() >= self.held_max)
+                    || state.held_since.is_some_and(|t| now >= t + hold);
                 let frames = if flush {
                     state.tracker.take_frames()
                 } else {
                     state.tracker.take_prefix()
                 };
+                // The hold counts from the last time the prefix moved: the
+                // gap that blocks it now may be another.
                 state.held_since = match state.tracker.held() {
                     0 => None,
+                    _ if !frames.is_empty() => Some(now),
                     _ => Some(state.held_since.unwrap_or(now)),
                 };
                 if frames.is_empty() {
@@ -488,7 +507,7 @@ impl Acks {
                         state.sending = false;
                         return;
                     };
-                    Err(since + ACK_HOLD)
+                    Err(since + hold)
                 } else {
                     Ok(frames
                         .into_iter()
@@ -533,6 +552,12 @@ impl Acks {
         }
     }
 
+    /// `tag`'s outcome is decided and being written: acks above it wait
+    /// for it ([`ACK_HOLD_DECIDED`]) rather than go alone.
+    fn decided(&self, tag: DeliveryTag) {
+        self.lock().tracker.decided(tag);
+    }
+
     /// `tag`'s hand-back was sent: acks above it may now cover its place.
     fn handed_back(&self, tag: DeliveryTag) {
         self.lock().tracker.handed_back(tag);
@@ -572,6 +597,10 @@ fn sent(op: &str, r: Result<bool, lapin::Error>) -> Result<(), BrokerError> {
 impl Acker for RabbitAcker {
     fn ack(self: Box<Self>) -> BoxFuture<'static, Result<(), BrokerError>> {
         Box::pin(async move { Arc::clone(&self.acks).ack(self.tag).await })
+    }
+
+    fn decided(&self) {
+        self.acks.decided(self.tag);
     }
 
     fn release(self: Box<Self>) -> BoxFuture<'static, Result<(), BrokerError>> {

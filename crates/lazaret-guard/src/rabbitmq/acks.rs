@@ -47,6 +47,9 @@ pub struct AckTracker {
     unsettled: BTreeSet<DeliveryTag>,
     /// The unsettled tags whose acknowledgement was asked for.
     ready: BTreeSet<DeliveryTag>,
+    /// Unsettled tags, not ready yet, whose outcome is decided: lazaret is
+    /// writing it down, and their ack or hand-back follows the write.
+    decided: BTreeSet<DeliveryTag>,
     /// The highest tag handed over.
     last: DeliveryTag,
     /// A tag came at or below `last` (never on one consumer's channel):
@@ -73,7 +76,31 @@ impl AckTracker {
             return false;
         }
         self.ready.insert(tag);
+        self.decided.remove(&tag);
         true
+    }
+
+    /// `tag`'s outcome is decided and being written: it will be ready (or
+    /// handed back) once the write is done, so acks above it may wait for
+    /// it ([`AckTracker::blocked_by_decided`]). Ignored for a tag that is not
+    /// unsettled or is ready already.
+    pub fn decided(&mut self, tag: DeliveryTag) {
+        if self.unsettled.contains(&tag) && !self.ready.contains(&tag) {
+            self.decided.insert(tag);
+        }
+    }
+
+    /// Whether the lowest unsettled tag, the one that keeps the held acks
+    /// out of the prefix, is decided: then it closes as soon as its write
+    /// ends, not when a handler answers. `true` when nothing is held.
+    pub fn blocked_by_decided(&self) -> bool {
+        if self.ready.is_empty() {
+            return true;
+        }
+        self.unsettled
+            .iter()
+            .find(|t| !self.ready.contains(t))
+            .is_none_or(|t| self.decided.contains(t))
     }
 
     /// `tag`'s hand-back (`basic.nack` with requeue) was sent: RabbitMQ no
@@ -82,6 +109,7 @@ impl AckTracker {
     pub fn handed_back(&mut self, tag: DeliveryTag) {
         self.unsettled.remove(&tag);
         self.ready.remove(&tag);
+        self.decided.remove(&tag);
     }
 
     /// Ready tags that the last [`AckTracker::take_prefix`] left: each
@@ -221,6 +249,37 @@ mod tests {
     }
 
     #[test]
+    fn held_acks_know_whether_a_write_or_a_handler_blocks_them() {
+        let mut t = AckTracker::default();
+        (1..=4).for_each(|tag| t.delivered(tag));
+        assert!(t.blocked_by_decided(), "nothing held");
+        assert!(t.ready(2) && t.ready(4));
+        assert!(t.take_prefix().is_empty());
+        assert!(!t.blocked_by_decided(), "1 is still with its handler");
+        // 1 failed: its dead letter is being written.
+        t.decided(1);
+        assert!(t.blocked_by_decided());
+        // Written: the prefix moves up to 3, whose handler still runs.
+        assert!(t.ready(1));
+        assert_eq!(t.take_prefix(), vec![frame(2, true, &[1, 2])]);
+        assert!(!t.blocked_by_decided());
+        t.decided(3);
+        assert!(t.blocked_by_decided());
+        // Its write failed and it was handed back: 4 goes alone.
+        t.handed_back(3);
+        assert_eq!(t.take_prefix(), vec![frame(4, false, &[4])]);
+        // Settled tags, ready ones and unknown ones are not gaps.
+        t.decided(3);
+        t.decided(4);
+        t.decided(9);
+        t.delivered(5);
+        t.delivered(6);
+        assert!(t.ready(6));
+        t.decided(6);
+        assert!(!t.blocked_by_decided(), "5 blocks, and it is not decided");
+    }
+
+    #[test]
     fn a_hand_back_blocks_until_its_nack_is_sent() {
         let mut t = AckTracker::default();
         (1..=3).for_each(|tag| t.delivered(tag));
@@ -317,6 +376,7 @@ mod tests {
             deliver_at in proptest::collection::vec(0u8..40, 1..40),
             plan_every in 1u8..6,
             holding in any::<u64>(),
+            decide_first in any::<bool>(),
         ) {
             let n = fates.len();
             let mut t = AckTracker::default();
@@ -342,6 +402,14 @@ mod tests {
                         Fate::Ack(a) if since == u16::from(a) => {
                             prop_assert!(t.ready(tag));
                             asked.insert(tag);
+                        }
+                        // Some outcomes are decided (written) a step
+                        // before they are acked or handed back: that
+                        // only tells the adapter how long to hold.
+                        Fate::Ack(a) | Fate::Release(a, _)
+                            if decide_first && since + 1 == u16::from(a) =>
+                        {
+                            t.decided(tag);
                         }
                         Fate::Release(r, s) if since == u16::from(r) + u16::from(s) => {
                             // The nack is sent, then the tracker told.
