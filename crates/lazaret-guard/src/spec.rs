@@ -93,7 +93,7 @@ pub struct SourceSpec {
     pub concurrency: u32,
     /// Guard: messages whose outcome is decided and whose write and
     /// acknowledgement are under way, beyond `concurrency` (`None`, the
-    /// default: as many as `concurrency`). Above 0 a delivery gives its
+    /// default: [`SETTLING_PER_SLOT`] × `concurrency`). Above 0 a delivery gives its
     /// handler slot back once its outcome is decided and fed to the
     /// breakers, so a dead letter's durable write or an acknowledgement
     /// does not hold up the next delivery. 0: the slot is held until the
@@ -106,11 +106,23 @@ pub struct SourceSpec {
     pub redrive_to: Option<String>,
 }
 
+/// Settling slots per handler slot by default, so that RabbitMQ's prefetch
+/// is 8 × `concurrency` (128 at the default 16, inside the 100–300 that
+/// RabbitMQ advises for throughput). In a poison storm the acks of the
+/// messages after a dead letter wait for its durable write, so they can go
+/// as one frame with it (`rabbitmq`), and dead letters wait a few
+/// milliseconds for each other to share that write (`guard`): the window
+/// must hold a few milliseconds of deliveries beyond the handlers', or the
+/// consumer stalls on a full prefetch.
+pub const SETTLING_PER_SLOT: u32 = 7;
+
 impl SourceSpec {
     /// Guard: messages being settled beyond `concurrency`
-    /// ([`SourceSpec::settling`]; by default as many as `concurrency`).
+    /// ([`SourceSpec::settling`]; by default [`SETTLING_PER_SLOT`] per
+    /// handler slot).
     pub fn settling_max(&self) -> u32 {
-        self.settling.unwrap_or(self.concurrency.max(1))
+        self.settling
+            .unwrap_or(self.concurrency.max(1).saturating_mul(SETTLING_PER_SLOT))
     }
 
     /// Guard: messages taken from the broker and not settled yet, at most
@@ -123,7 +135,7 @@ impl SourceSpec {
 
     /// A guard source with the contract's defaults, for library users and
     /// tests: group `lazaret`, tenant `default`, lane `default`, 16 in
-    /// flight (and as many settling), 30 s per delivery.
+    /// flight (and 7 × as many settling), 30 s per delivery.
     pub fn guard(
         name: impl Into<String>,
         broker: BrokerKind,
