@@ -180,8 +180,9 @@ type QuarantineReply = oneshot::Sender<Result<Quarantined, StoreError>>;
 /// one fsync (group commit). In a storm (the previous batch was taken less
 /// than [`STORM_GAP`] ago) each batch also waits `linger`
 /// ([`QUARANTINE_LINGER`]) for company, unless [`QUARANTINE_COMPANY`] are
-/// pending already; a lone dead letter is written at once. Only the poison messages' acknowledgements wait (and, on
-/// RabbitMQ, the acks above them, which then go with theirs as one frame).
+/// pending already; a lone dead letter is written at once. Only the poison
+/// messages' acknowledgements wait (and, on RabbitMQ, the acks above them,
+/// which then go with theirs as one frame).
 struct Quarantines {
     state: Mutex<Batching>,
     linger: Duration,
