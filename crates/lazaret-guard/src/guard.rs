@@ -180,12 +180,26 @@ type QuarantineReply = oneshot::Sender<Result<Quarantined, StoreError>>;
 /// one fsync (group commit). In a storm (the previous batch was taken less
 /// than [`STORM_GAP`] ago) each batch also waits `linger`
 /// ([`QUARANTINE_LINGER`]) for company, unless [`QUARANTINE_COMPANY`] are
-/// pending already; a lone dead letter is written at once. Only the poison
-/// messages' acknowledgements wait (and, on RabbitMQ, the acks above them,
-/// which then go with theirs as one frame).
+/// pending already or half the broker's window is taken (see
+/// [`Quarantines::room`]); a lone dead letter is written at once. Only the
+/// poison messages' acknowledgements wait (and, on RabbitMQ, the acks above
+/// them, which then go with theirs as one frame).
 struct Quarantines {
     state: Mutex<Batching>,
     linger: Duration,
+    /// The slots that bound the broker's window while messages settle (the
+    /// settling slots, or the handler slots with no settling allowance),
+    /// and how many there are. The messages behind a lingering dead letter
+    /// keep theirs until its write ends (RabbitMQ holds their acks for it),
+    /// so a linger that outlasted the free slots would stall the consumer
+    /// on a full window: on a fast machine 2 ms is 60 deliveries.
+    room: (Arc<Semaphore>, usize),
+    /// Ends a linger under way: enough company, or the window half full.
+    /// The linger ends then even if the slot is soon given back (an ack
+    /// sent at once): the window was full enough to stall.
+    hurry: tokio::sync::Notify,
+    /// A linger is under way: only then is `hurry` worth a call.
+    lingering: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Default)]
@@ -198,10 +212,28 @@ struct Batching {
 }
 
 impl Quarantines {
-    fn new(linger: Duration) -> Quarantines {
+    fn new(linger: Duration, room: (Arc<Semaphore>, usize)) -> Quarantines {
         Quarantines {
             state: Mutex::new(Batching::default()),
             linger,
+            room,
+            hurry: tokio::sync::Notify::new(),
+            lingering: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Whether at least half the window's slots are free, so that a
+    /// linger does not stall the deliveries behind it.
+    fn roomy(&self) -> bool {
+        let (slots, max) = &self.room;
+        slots.available_permits() * 2 >= *max
+    }
+
+    /// A slot was taken: a linger under way ends if the window is now
+    /// half full. An atomic load while none is.
+    fn slot_taken(&self) {
+        if self.lingering.load(std::sync::atomic::Ordering::Acquire) && !self.roomy() {
+            self.hurry.notify_waiters();
         }
     }
 
@@ -213,20 +245,45 @@ impl Quarantines {
     fn push(&self, dl: SourceDeadLetter, reply: QuarantineReply) -> bool {
         let mut state = self.lock();
         state.pending.push((dl, reply));
+        if state.pending.len() == QUARANTINE_COMPANY {
+            self.hurry.notify_waiters();
+        }
         !std::mem::replace(&mut state.writing, true)
+    }
+
+    /// Whether a batch should wait for more company now.
+    fn should_linger(&self) -> bool {
+        let state = self.lock();
+        let storm = state.last_batch.is_some_and(|t| t.elapsed() < STORM_GAP);
+        storm && state.pending.len() < QUARANTINE_COMPANY && self.roomy()
+    }
+
+    /// Waits up to `linger` for company, during a storm, while the window
+    /// has room (see [`Quarantines::room`]).
+    async fn linger_for_company(&self) {
+        use std::sync::atomic::Ordering;
+        let hurried = self.hurry.notified();
+        tokio::pin!(hurried);
+        // Registered before the last look, so a hurry after it is heard
+        // (a slot taken in a race with the look is missed at worst, and
+        // the linger runs its course).
+        hurried.as_mut().enable();
+        self.lingering.store(true, Ordering::Release);
+        if self.should_linger() {
+            tokio::select! {
+                () = tokio::time::sleep(self.linger) => {}
+                () = hurried => {}
+            }
+        }
+        self.lingering.store(false, Ordering::Release);
     }
 
     /// Writes what is pending, batch after batch, until nothing is; then
     /// the next arrival starts a new task.
     async fn write_all<S: Store>(&self, store: &S) {
         loop {
-            let linger = {
-                let state = self.lock();
-                let storm = state.last_batch.is_some_and(|t| t.elapsed() < STORM_GAP);
-                storm && state.pending.len() < QUARANTINE_COMPANY
-            };
-            if linger && !self.linger.is_zero() {
-                tokio::time::sleep(self.linger).await;
+            if !self.linger.is_zero() {
+                self.linger_for_company().await;
             }
             let batch = {
                 let mut state = self.lock();
@@ -312,6 +369,7 @@ impl<H: Host> Guard<H> {
             ^ u64::from(std::process::id()).rotate_left(32);
         let permits = Arc::new(Semaphore::new(spec.concurrency.max(1) as usize));
         let settling = Arc::new(Semaphore::new(spec.settling_max() as usize));
+        let room = Self::window(&spec, &permits, &settling);
         Guard {
             inner: Arc::new(Inner {
                 spec,
@@ -324,8 +382,20 @@ impl<H: Host> Guard<H> {
                 running: Mutex::new(HashSet::new()),
                 faults: Faults::default(),
                 crashed: watch::channel(false).0,
-                quarantines: Arc::new(Quarantines::new(QUARANTINE_LINGER)),
+                quarantines: Arc::new(Quarantines::new(QUARANTINE_LINGER, room)),
             }),
+        }
+    }
+
+    /// The slots that bound the broker's window while messages settle.
+    fn window(
+        spec: &SourceSpec,
+        permits: &Arc<Semaphore>,
+        settling: &Arc<Semaphore>,
+    ) -> (Arc<Semaphore>, usize) {
+        match spec.settling_max() {
+            0 => (Arc::clone(permits), spec.concurrency.max(1) as usize),
+            n => (Arc::clone(settling), n as usize),
         }
     }
 
@@ -336,7 +406,8 @@ impl<H: Host> Guard<H> {
     pub fn with_quarantine_linger(self, linger: Duration) -> Guard<H> {
         let mut inner = Arc::try_unwrap(self.inner)
             .unwrap_or_else(|_| unreachable!("a new guard is not shared yet"));
-        inner.quarantines = Arc::new(Quarantines::new(linger));
+        let room = Self::window(&inner.spec, &inner.permits, &inner.settling);
+        inner.quarantines = Arc::new(Quarantines::new(linger, room));
         Guard {
             inner: Arc::new(inner),
         }
@@ -736,6 +807,7 @@ impl<H: Host> Inner<H> {
             drop(permit);
             (None, settling)
         };
+        self.quarantines.slot_taken();
         let settled = self.finish(origin, &delivery, env, done, ended).await;
         drop((slot, settling));
         settled

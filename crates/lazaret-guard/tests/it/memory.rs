@@ -545,6 +545,60 @@ mod runtime {
         );
     }
 
+    /// A storm's linger ends once half the window's slots are taken: the
+    /// messages behind a lingering dead letter keep theirs until its write
+    /// ends, so lingering on would stall the consumer. With two settling
+    /// slots, each lingering dead letter's wait ends when the next
+    /// message (poison or healthy) takes the last slot: a storm with a
+    /// linger of a minute is written well inside the 20 s waited here.
+    #[tokio::test]
+    async fn a_storms_linger_ends_when_half_the_window_is_taken() {
+        let b = Memory::default();
+        let dir = tempfile::tempdir().unwrap();
+        let queue = b.fresh_queue("full").await;
+        let name = unique("full");
+        let mut spec = b.spec(&name, &queue, Mode::Guard);
+        spec.settling = Some(2);
+        // Poison first, then healthy messages whose slots end the last
+        // dead letter's linger; each call ends 15 ms after the one before.
+        let ids: Vec<String> = (0..STORM)
+            .map(|i| format!("p-{i}"))
+            .chain((0..4).map(|i| format!("h-{i}")))
+            .collect();
+        for id in &ids {
+            b.produce(&queue, id, b"{}", headers(json!({}))).await;
+        }
+        let h = host(
+            dir.path(),
+            policies("orders", 10, Duration::from_millis(100)),
+        );
+        let order: std::collections::HashMap<String, u64> = ids.iter().cloned().zip(0..).collect();
+        let handler = Arc::new(lazaret_guard::handler_fn(move |call| {
+            let id = call.delivery.message_id.clone();
+            let at = Duration::from_millis(15 * order[&id]);
+            async move {
+                tokio::time::sleep(at).await;
+                if id.starts_with('p') {
+                    Outcome::Failure(
+                        lazaret_core::Failure::new("http_400", "poison")
+                            .with_class(lazaret_core::FailureClass::Permanent),
+                    )
+                } else {
+                    Outcome::Success
+                }
+            }
+        }));
+        let broker = b.connect(&spec).await;
+        let (stop, rx) = tokio::sync::watch::channel(false);
+        let guard = lazaret_guard::Guard::new(spec, Arc::clone(&h), broker, handler)
+            .with_quarantine_linger(Duration::from_secs(60));
+        let task = tokio::spawn(guard.run(rx));
+        let dls = wait_dead_letters(h.store(), &name, STORM, Duration::from_secs(20)).await;
+        let _ = stop.send(true);
+        task.await.unwrap().unwrap();
+        assert_eq!(dls.len(), STORM);
+    }
+
     /// A lone dead letter is not kept waiting for company: the linger is
     /// for storms (a batch taken within the last second), and a guard's
     /// first dead letter is written at once even with a linger of a
