@@ -44,7 +44,7 @@
 //! machine, bounds the rate; default 0, a no-op), `--settling` (the
 //! guard's `SourceSpec::settling`: messages being written and acknowledged
 //! beyond `concurrency`, which frees a handler slot once its outcome is
-//! decided; default: the guard's, 7 × `concurrency`; 0 holds the
+//! decided; default: the guard's, 15 × `concurrency`; 0 holds the
 //! slot until the ack; the plain consumer's prefetch follows,
 //! `concurrency + settling`).
 

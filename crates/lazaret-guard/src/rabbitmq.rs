@@ -185,7 +185,7 @@ impl RabbitMq {
         let channel = self.channel().await?;
         // A prefetch of what the guard holds unsettled at most: `concurrency`
         // handler calls and `settling` more being written and acknowledged
-        // (`SourceSpec::unsettled_max`; 8 × `concurrency` by default), so nothing
+        // (`SourceSpec::unsettled_max`; 16 × `concurrency` by default), so nothing
         // waits unacknowledged in a buffer.
         let prefetch = u16::try_from(self.spec.unsettled_max()).unwrap_or(u16::MAX);
         channel

@@ -107,14 +107,16 @@ pub struct SourceSpec {
 }
 
 /// Settling slots per handler slot by default, so that RabbitMQ's prefetch
-/// is 8 × `concurrency` (128 at the default 16, inside the 100–300 that
+/// is 16 × `concurrency` (256 at the default 16, inside the 100–300 that
 /// RabbitMQ advises for throughput). In a poison storm the acks of the
 /// messages after a dead letter wait for its durable write, so they can go
 /// as one frame with it (`rabbitmq`), and dead letters wait a few
 /// milliseconds for each other to share that write (`guard`): the window
 /// must hold a few milliseconds of deliveries beyond the handlers', or the
-/// consumer stalls on a full prefetch.
-pub const SETTLING_PER_SLOT: u32 = 7;
+/// consumer stalls on a full prefetch. At 30,000 msg/s, 7 per slot
+/// (prefetch 128) held too few: a 10% poison mix lowered the healthy rate
+/// to 0.87 of the clean one; 15 gave 1.04 (`docs/benchmarks.md`).
+pub const SETTLING_PER_SLOT: u32 = 15;
 
 impl SourceSpec {
     /// Guard: messages being settled beyond `concurrency`
@@ -135,7 +137,7 @@ impl SourceSpec {
 
     /// A guard source with the contract's defaults, for library users and
     /// tests: group `lazaret`, tenant `default`, lane `default`, 16 in
-    /// flight (and 7 × as many settling), 30 s per delivery.
+    /// flight (and 15 × as many settling), 30 s per delivery.
     pub fn guard(
         name: impl Into<String>,
         broker: BrokerKind,

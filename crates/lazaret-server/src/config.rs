@@ -106,7 +106,7 @@
 //! tenant = "default"                  # every message's tenant; or tenant_header = "x-tenant" (not both)
 //! lane = "default"                    # the lane its dead letters are filed under; pausing the lane holds the source
 //! concurrency = 16                    # guard: deliveries in flight (at least 1)
-//! settling = 112                      # guard: messages whose outcome is decided and whose write and ack are under way, beyond concurrency (default: 7 × concurrency, so RabbitMQ's prefetch is 8 × concurrency; 0 holds a delivery's slot until its ack)
+//! settling = 240                      # guard: messages whose outcome is decided and whose write and ack are under way, beyond concurrency (default: 15 × concurrency, so RabbitMQ's prefetch is 16 × concurrency; 0 holds a delivery's slot until its ack)
 //! delivery_timeout_ms = 30000         # guard: a slower delivery failed with kind "timeout" (at least 1)
 //! redrive_to = "orders"               # optional: where a redrive republishes (default: where the message came from)
 //!
@@ -2024,11 +2024,11 @@ surge_share = 0.9
         assert_eq!(s.tenant, TenantFrom::Fixed("default".into()));
         assert_eq!(s.concurrency, 16);
         assert_eq!(s.settling, None);
-        assert_eq!(s.settling_max(), 112, "7 settling per handler slot");
+        assert_eq!(s.settling_max(), 240, "15 settling per handler slot");
         assert_eq!(
             s.unsettled_max(),
-            128,
-            "RabbitMQ's prefetch: 8 × concurrency"
+            256,
+            "RabbitMQ's prefetch: 16 × concurrency"
         );
         assert_eq!(s.delivery_timeout, Duration::from_secs(30));
         assert_eq!(s.redrive_to, None);
