@@ -2039,7 +2039,7 @@ surge_share = 0.9
         .unwrap();
         assert_eq!(
             cfg.sources[0].settling_max(),
-            28,
+            60,
             "the settling allowance follows concurrency"
         );
     }
