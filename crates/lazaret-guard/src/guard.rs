@@ -33,6 +33,7 @@
 
 use std::collections::HashSet;
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -44,7 +45,7 @@ use lazaret_store::{
     Completed, Held, ParkedMessage, Quarantined, SourceDeadLetter, SourceRef, Stage, Store,
     StoreError,
 };
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot, watch};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot, watch};
 
 use crate::broker::{Acker, Broker, BrokerError, Incoming, Reconnecting};
 use crate::handler::{Call, Handler, Outcome};
@@ -197,9 +198,9 @@ struct Quarantines {
     /// Ends a linger under way: enough company, or the window half full.
     /// The linger ends then even if the slot is soon given back (an ack
     /// sent at once): the window was full enough to stall.
-    hurry: tokio::sync::Notify,
+    hurry: Notify,
     /// A linger is under way: only then is `hurry` worth a call.
-    lingering: std::sync::atomic::AtomicBool,
+    lingering: AtomicBool,
 }
 
 #[derive(Default)]
@@ -217,8 +218,8 @@ impl Quarantines {
             state: Mutex::new(Batching::default()),
             linger,
             room,
-            hurry: tokio::sync::Notify::new(),
-            lingering: std::sync::atomic::AtomicBool::new(false),
+            hurry: Notify::new(),
+            lingering: AtomicBool::new(false),
         }
     }
 
@@ -232,7 +233,7 @@ impl Quarantines {
     /// A slot was taken: a linger under way ends if the window is now
     /// half full. An atomic load while none is.
     fn slot_taken(&self) {
-        if self.lingering.load(std::sync::atomic::Ordering::Acquire) && !self.roomy() {
+        if self.lingering.load(Ordering::Acquire) && !self.roomy() {
             self.hurry.notify_waiters();
         }
     }
@@ -261,7 +262,6 @@ impl Quarantines {
     /// Waits up to `linger` for company, during a storm, while the window
     /// has room (see [`Quarantines::room`]).
     async fn linger_for_company(&self) {
-        use std::sync::atomic::Ordering;
         let hurried = self.hurry.notified();
         tokio::pin!(hurried);
         // Registered before the last look, so a hurry after it is heard
@@ -369,7 +369,11 @@ impl<H: Host> Guard<H> {
             ^ u64::from(std::process::id()).rotate_left(32);
         let permits = Arc::new(Semaphore::new(spec.concurrency.max(1) as usize));
         let settling = Arc::new(Semaphore::new(spec.settling_max() as usize));
-        let room = Self::window(&spec, &permits, &settling);
+        // The slots that bound the broker's window while messages settle.
+        let room = match spec.settling_max() {
+            0 => (Arc::clone(&permits), spec.concurrency.max(1) as usize),
+            n => (Arc::clone(&settling), n as usize),
+        };
         Guard {
             inner: Arc::new(Inner {
                 spec,
@@ -387,18 +391,6 @@ impl<H: Host> Guard<H> {
         }
     }
 
-    /// The slots that bound the broker's window while messages settle.
-    fn window(
-        spec: &SourceSpec,
-        permits: &Arc<Semaphore>,
-        settling: &Arc<Semaphore>,
-    ) -> (Arc<Semaphore>, usize) {
-        match spec.settling_max() {
-            0 => (Arc::clone(permits), spec.concurrency.max(1) as usize),
-            n => (Arc::clone(settling), n as usize),
-        }
-    }
-
     /// How long the first dead letter of a batch waits during a storm for
     /// others to share its durable write ([`QUARANTINE_LINGER`] by default;
     /// zero: only those that arrive while the previous batch is written
@@ -406,8 +398,9 @@ impl<H: Host> Guard<H> {
     pub fn with_quarantine_linger(self, linger: Duration) -> Guard<H> {
         let mut inner = Arc::try_unwrap(self.inner)
             .unwrap_or_else(|_| unreachable!("a new guard is not shared yet"));
-        let room = Self::window(&inner.spec, &inner.permits, &inner.settling);
-        inner.quarantines = Arc::new(Quarantines::new(linger, room));
+        Arc::get_mut(&mut inner.quarantines)
+            .unwrap_or_else(|| unreachable!("a new guard's quarantines are not shared yet"))
+            .linger = linger;
         Guard {
             inner: Arc::new(inner),
         }
