@@ -80,12 +80,16 @@ pub async fn poison_at_the_head(b: &impl TestBroker) {
             Outcome::Success
         }
     });
-    let g = start_guard(b, spec, Arc::clone(&host), handler, Faults::default()).await;
+    let (faults, settled) = settled_log();
+    let g = start_guard(b, spec, Arc::clone(&host), handler, faults).await;
     let seen = log
         .wait_for(PATIENCE, |s| {
             s.iter().filter(|x| x.message_id.starts_with("ok-")).count() == 10
         })
         .await;
+    // The healthy messages may overtake the poison's write (they settle
+    // while it is under way); it is acknowledged once it is durable.
+    wait_settled(&settled, "poison", Settled::Parked, PATIENCE).await;
     // Every healthy message went through while the poison waited out its
     // backoff (5 s at least) in lazaret's store, not at the head of the queue.
     let poison: Vec<u32> = seen
