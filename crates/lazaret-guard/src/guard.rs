@@ -61,6 +61,21 @@ pub fn now() -> Timestamp {
     Timestamp::from_millis(ms)
 }
 
+/// The wall clock rounded up to the next whole millisecond: the time an
+/// outcome is decided at. Its retry, due a backoff later, is then never
+/// early when the runtime compares the due time with a [`now`] rounded
+/// down, nor is a hold of `due - now()` short.
+fn now_rounded_up() -> Timestamp {
+    let since = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    Timestamp::from_millis(millis_rounded_up(since))
+}
+
+fn millis_rounded_up(d: Duration) -> i64 {
+    i64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX)
+}
+
 /// Held retries taken from the store per look.
 const DUE_BATCH: u32 = 256;
 /// The longest a held retry waits past its due time for the next look.
@@ -781,7 +796,7 @@ impl<H: Host> Inner<H> {
                 .with_class(FailureClass::Transient),
             ),
         };
-        let ended = now();
+        let ended = now_rounded_up();
         let transition = {
             let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
             decide(&mut env, &policy, event, ended, &mut *rng)
@@ -1026,5 +1041,20 @@ fn parked_delivery(p: &ParkedMessage) -> Delivery {
         redelivered: false,
         queue: p.source.queue.clone(),
         position: p.source.position.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_decision_time_is_never_before_the_clock_it_was_read_from() {
+        let ms = Duration::from_millis;
+        assert_eq!(millis_rounded_up(Duration::ZERO), 0);
+        assert_eq!(millis_rounded_up(ms(300)), 300);
+        assert_eq!(millis_rounded_up(Duration::from_nanos(1)), 1);
+        assert_eq!(millis_rounded_up(ms(299) + Duration::from_micros(765)), 300);
+        assert_eq!(millis_rounded_up(ms(300) + Duration::from_nanos(1)), 301);
     }
 }
