@@ -55,10 +55,7 @@ use crate::spec::{SourceSpec, TenantFrom};
 
 /// The wall clock, read by the runtime only (the core gets `now`).
 pub fn now() -> Timestamp {
-    let ms = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64);
-    Timestamp::from_millis(ms)
+    Timestamp::from_millis(millis(since_epoch()))
 }
 
 /// The wall clock rounded up to the next whole millisecond: the time an
@@ -66,14 +63,23 @@ pub fn now() -> Timestamp {
 /// early when the runtime compares the due time with a [`now`] rounded
 /// down, nor is a hold of `due - now()` short.
 fn now_rounded_up() -> Timestamp {
-    let since = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    Timestamp::from_millis(millis_rounded_up(since))
+    Timestamp::from_millis(millis_up(since_epoch()))
 }
 
-fn millis_rounded_up(d: Duration) -> i64 {
-    i64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX)
+fn since_epoch() -> Duration {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+}
+
+/// Whole milliseconds in `d`, rounded down.
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Whole milliseconds in `d`, rounded up.
+fn millis_up(d: Duration) -> i64 {
+    millis(d + Duration::from_nanos(999_999))
 }
 
 /// Held retries taken from the store per look.
@@ -1051,10 +1057,12 @@ mod tests {
     #[test]
     fn a_decision_time_is_never_before_the_clock_it_was_read_from() {
         let ms = Duration::from_millis;
-        assert_eq!(millis_rounded_up(Duration::ZERO), 0);
-        assert_eq!(millis_rounded_up(ms(300)), 300);
-        assert_eq!(millis_rounded_up(Duration::from_nanos(1)), 1);
-        assert_eq!(millis_rounded_up(ms(299) + Duration::from_micros(765)), 300);
-        assert_eq!(millis_rounded_up(ms(300) + Duration::from_nanos(1)), 301);
+        assert_eq!(millis_up(Duration::ZERO), 0);
+        assert_eq!(millis_up(ms(300)), 300);
+        assert_eq!(millis_up(Duration::from_nanos(1)), 1);
+        assert_eq!(millis_up(ms(299) + Duration::from_micros(765)), 300);
+        assert_eq!(millis_up(ms(300) + Duration::from_nanos(1)), 301);
+        // `now` floors the same instant it would round up.
+        assert_eq!(millis(ms(299) + Duration::from_micros(765)), 299);
     }
 }
