@@ -101,9 +101,19 @@ impl Leadership {
         }
     }
 
-    /// Lets every duty go (the store closes).
+    /// Lets every duty go (the store closes). The locks are released by a
+    /// statement, not left to the session's end: dropping the client only
+    /// starts closing the connection, and until the server has ended the
+    /// backend another node asking at once would still find them held.
     pub(super) async fn resign(&self) {
-        *self.state.lock().await = Led::default();
+        let mut led = self.state.lock().await;
+        if let Some(client) = led.client.as_ref() {
+            if !led.held.is_empty() {
+                // If this fails the session is going anyway, and its locks with it.
+                let _ = client.simple_query("SELECT pg_advisory_unlock_all()").await;
+            }
+        }
+        *led = Led::default();
     }
 }
 

@@ -166,9 +166,25 @@ DROP INDEX IF EXISTS jobs_ready;
 /// Brings the schema the client's `search_path` names up to
 /// [`SCHEMA_VERSION`], in one transaction under an advisory lock; refuses a
 /// schema newer than this build. Returns the version found before.
+///
+/// Every first-start step, the `CREATE SCHEMA` included, runs after the lock
+/// is taken: nodes started together on a fresh database (or a fresh
+/// `?schema=`) wait for the first one's migration instead of racing it
+/// (two concurrent `CREATE SCHEMA IF NOT EXISTS` collide on PostgreSQL's
+/// catalog index, and the loser's start failed).
 pub async fn migrate(c: &Client, schema: &str) -> Result<i64, StoreError> {
+    let migrated = migrate_locked(c, schema).await;
+    if migrated.is_err() {
+        // Leave the connection usable (and the lock released) whatever failed.
+        let _ = c.batch_execute("ROLLBACK").await;
+    }
+    migrated
+}
+
+async fn migrate_locked(c: &Client, schema: &str) -> Result<i64, StoreError> {
     pg(c.batch_execute(&format!(
-        "CREATE SCHEMA IF NOT EXISTS {schema}; BEGIN; SELECT pg_advisory_xact_lock({MIGRATION_LOCK});
+        "BEGIN; SELECT pg_advisory_xact_lock({MIGRATION_LOCK});
+         CREATE SCHEMA IF NOT EXISTS {schema};
          CREATE TABLE IF NOT EXISTS lazaret_meta (key text PRIMARY KEY, value int8 NOT NULL);"
     ))
     .await)?;
@@ -180,9 +196,11 @@ pub async fn migrate(c: &Client, schema: &str) -> Result<i64, StoreError> {
         .await)?;
     let found: i64 = row.map_or(0, |r| r.get(0));
     if found > SCHEMA_VERSION {
-        let _ = c.batch_execute("ROLLBACK").await;
         return Err(StoreError::Corrupt(format!(
-            "the database has lazaret schema version {found}, newer than this build's {SCHEMA_VERSION}; run a newer lazaret"
+            "the database has lazaret schema version {found}, newer than this build's \
+             {SCHEMA_VERSION}: this build is older than the schema. Run the lazaret \
+             version that migrated it (or a newer one); docs/deploy.md, \"Upgrading\", says \
+             how nodes are upgraded and rolled back"
         )));
     }
     if found < 1 {

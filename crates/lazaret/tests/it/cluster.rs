@@ -938,3 +938,32 @@ async fn migrate_prepares_a_fresh_schema_once_and_a_node_serves_it() {
         "and after a node served it"
     );
 }
+
+#[tokio::test]
+async fn nodes_started_at_the_same_instant_on_a_fresh_schema_all_come_up() {
+    let Some(url) = harness::pg_url() else {
+        return;
+    };
+    // The race is between the nodes' first statements, so give it several
+    // chances: every round is a fresh schema and three nodes spawned
+    // together (each node's process starts at its task's first poll).
+    for _ in 0..4 {
+        let schema = PgSchema::fresh(&url);
+        let starting: Vec<_> = (0..3)
+            .map(|_| {
+                let schema = Arc::clone(&schema);
+                tokio::spawn(async move { Server::on_schema(QUICK, &schema).await })
+            })
+            .collect();
+        let mut nodes = Vec::new();
+        for node in starting {
+            nodes.push(node.await.expect("every node comes up"));
+        }
+        let id = nodes[0]
+            .api()
+            .enqueue_ok(&job("report", "acme", json!({})))
+            .await;
+        let leased = nodes[2].api().lease_one(&lease_req("w", 1, 30_000)).await;
+        assert_eq!(leased["id"], id, "one database behind all three");
+    }
+}
