@@ -195,6 +195,8 @@ pub(super) struct Writer {
     commands: u64,
     /// Lease ops run since start.
     leases: u64,
+    /// (lane, tenant) pairs those leases looked at (`GroupCommitStats::lease_pairs`).
+    lease_pairs: u64,
 }
 
 fn ms(t: Timestamp) -> i64 {
@@ -264,6 +266,7 @@ impl Writer {
             commits: 0,
             commands: 0,
             leases: 0,
+            lease_pairs: 0,
         }
     }
 
@@ -1749,6 +1752,7 @@ impl Writer {
                 leases: self.leases,
                 // Not counted: PostgreSQL's plans show a lease's reads.
                 lease_steps: 0,
+                lease_pairs: self.lease_pairs,
             }),
         })
     }

@@ -19,6 +19,7 @@ mod checkpoint;
 mod reader;
 mod schema;
 mod sequence;
+mod pairs;
 mod sources;
 mod stored;
 mod sync;
