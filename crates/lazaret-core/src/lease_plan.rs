@@ -531,7 +531,12 @@ mod tests {
             keys.iter()
                 .map(|k| {
                     let (inflight, ready) = &self.pairs[*k];
-                    PairCounts { lane: &k.0, tenant: &k.1, inflight: *inflight, ready }
+                    PairCounts {
+                        lane: &k.0,
+                        tenant: &k.1,
+                        inflight: *inflight,
+                        ready,
+                    }
                 })
                 .collect()
         }
@@ -564,9 +569,9 @@ mod tests {
                     .filter(|((l, _), (_, r))| l == lane && r.values().any(|n| *n > 0))
                     .map(|(k, _)| k)
                     .collect();
-                let start = scheduler
-                    .resume_after(lane)
-                    .map_or(0, |after| ready.partition_point(|(_, t)| t.as_str() <= after));
+                let start = scheduler.resume_after(lane).map_or(0, |after| {
+                    ready.partition_point(|(_, t)| t.as_str() <= after)
+                });
                 let mut window = LaneWindow::new(filter, max_jobs);
                 for k in ready[start..].iter().chain(&ready[..start]) {
                     if window.is_full() {
@@ -594,7 +599,8 @@ mod tests {
         /// Applies owned takes (no types: any type).
         fn apply(&mut self, takes: &[(Lane, TenantId, Vec<JobType>, u32)]) {
             for (lane, tenant, types, count) in takes {
-                let (inflight, ready) = self.pairs.get_mut(&(lane.clone(), tenant.clone())).unwrap();
+                let (inflight, ready) =
+                    self.pairs.get_mut(&(lane.clone(), tenant.clone())).unwrap();
                 *inflight += count;
                 let mut n = *count;
                 let types: Vec<JobType> = if types.is_empty() {
@@ -613,14 +619,22 @@ mod tests {
         }
     }
 
-    fn owned(keys: &[&(Lane, TenantId)], plan: &[Take<'_>]) -> Vec<(Lane, TenantId, Vec<JobType>, u32)> {
+    fn owned(
+        keys: &[&(Lane, TenantId)],
+        plan: &[Take<'_>],
+    ) -> Vec<(Lane, TenantId, Vec<JobType>, u32)> {
         plan.iter()
             .map(|t| {
                 let types = match &t.among {
                     Among::AnyType => Vec::new(),
                     Among::Types(ts) => ts.iter().map(|t| (*t).clone()).collect(),
                 };
-                (keys[t.pair].0.clone(), keys[t.pair].1.clone(), types, t.count)
+                (
+                    keys[t.pair].0.clone(),
+                    keys[t.pair].1.clone(),
+                    types,
+                    t.count,
+                )
             })
             .collect()
     }
@@ -630,7 +644,12 @@ mod tests {
         let lane = Lane::from("default");
         let book = Book {
             pairs: (0..10_000)
-                .map(|i| ((lane.clone(), TenantId::new(format!("t{i:05}"))), (0, types(&[("a", 1)]))))
+                .map(|i| {
+                    (
+                        (lane.clone(), TenantId::new(format!("t{i:05}"))),
+                        (0, types(&[("a", 1)])),
+                    )
+                })
                 .collect(),
         };
         let mut s = FairScheduler::new(SchedulerConfig::new(2)).unwrap();

@@ -904,10 +904,8 @@ impl Writer {
         if wanted.is_empty() {
             return Ok(out);
         }
-        let (wanted_lanes, wanted_tenants): (Vec<&str>, Vec<&str>) = wanted
-            .iter()
-            .map(|(l, t)| (l.as_str(), t.as_str()))
-            .unzip();
+        let (wanted_lanes, wanted_tenants): (Vec<&str>, Vec<&str>) =
+            wanted.iter().map(|(l, t)| (l.as_str(), t.as_str())).unzip();
         let rows = self
             .query(
                 "SELECT p.lane, p.tenant, p.ready, p.inflight, t.type, t.ready FROM pairs p
@@ -934,10 +932,8 @@ impl Writer {
         // of their jobs is another transaction's to see, so their types'
         // counts are this group's.
         let locked: HashSet<(String, String)> = keys.iter().cloned().collect();
-        let unseen: Vec<(String, String)> = wanted
-            .into_iter()
-            .filter(|k| !locked.contains(k))
-            .collect();
+        let unseen: Vec<(String, String)> =
+            wanted.into_iter().filter(|k| !locked.contains(k)).collect();
         for key in unseen {
             self.counts(&key.0, &key.1).await?;
             self.group.base_types.insert(key.clone(), BTreeMap::new());
@@ -1239,10 +1235,7 @@ impl Writer {
         }
         if self.scheduler.config().has_reserves() {
             let busy = self
-                .query(
-                    "SELECT lane, tenant FROM pairs WHERE inflight > 0",
-                    &[],
-                )
+                .query("SELECT lane, tenant FROM pairs WHERE inflight > 0", &[])
                 .await?;
             for r in busy {
                 let (lane, tenant): (String, String) = (r.get(0), r.get(1));
@@ -1273,7 +1266,9 @@ impl Writer {
         let rows = self.query(WALK_COUNTS_SQL, &[&lane, &tenants]).await?;
         let mut found: HashMap<String, (i64, BTreeMap<String, i64>)> = HashMap::new();
         for r in rows {
-            let e = found.entry(r.get(0)).or_insert_with(|| (r.get(1), BTreeMap::new()));
+            let e = found
+                .entry(r.get(0))
+                .or_insert_with(|| (r.get(1), BTreeMap::new()));
             if let Some(t) = r.get::<_, Option<String>>(2) {
                 e.1.insert(t, r.get(3));
             }

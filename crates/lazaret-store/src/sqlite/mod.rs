@@ -16,10 +16,10 @@
 //! refused instead of issuing the same job ids and lease tokens.
 
 mod checkpoint;
+mod pairs;
 mod reader;
 mod schema;
 mod sequence;
-mod pairs;
 mod sources;
 mod stored;
 mod sync;

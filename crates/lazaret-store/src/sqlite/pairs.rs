@@ -51,7 +51,11 @@ impl Pairs {
         self.tenants_ready.clear();
     }
 
-    pub(super) fn get(&self, lane: &(impl AsRef<str> + ?Sized), tenant: &(impl AsRef<str> + ?Sized)) -> Option<&Pair> {
+    pub(super) fn get(
+        &self,
+        lane: &(impl AsRef<str> + ?Sized),
+        tenant: &(impl AsRef<str> + ?Sized),
+    ) -> Option<&Pair> {
         self.lanes.get(lane.as_ref())?.pairs.get(tenant.as_ref())
     }
 
@@ -72,7 +76,13 @@ impl Pairs {
 
     /// Changes one pair with `f`, which may change the ready count of
     /// `job_type` only, and keeps the sets in step.
-    fn change(&mut self, lane: &str, tenant: &str, job_type: Option<&str>, f: impl FnOnce(&mut Pair)) {
+    fn change(
+        &mut self,
+        lane: &str,
+        tenant: &str,
+        job_type: Option<&str>,
+        f: impl FnOnce(&mut Pair),
+    ) {
         if !self.lanes.contains_key(lane) {
             self.lanes.insert(Lane::new(lane), LanePairs::default());
         }
@@ -81,7 +91,12 @@ impl Pairs {
             l.pairs.insert(TenantId::new(tenant), Pair::default());
         }
         let p = l.pairs.get_mut(tenant).expect("inserted above");
-        let of_type = |p: &Pair| job_type.and_then(|t| p.by_type.get(t)).copied().unwrap_or(0);
+        let of_type = |p: &Pair| {
+            job_type
+                .and_then(|t| p.by_type.get(t))
+                .copied()
+                .unwrap_or(0)
+        };
         let before = (p.ready, p.inflight, of_type(p));
         f(p);
         let after = (p.ready, p.inflight, of_type(p));
@@ -136,7 +151,13 @@ impl Pairs {
         }
     }
 
-    pub(super) fn add_ready(&mut self, lane: &(impl AsRef<str> + ?Sized), tenant: &(impl AsRef<str> + ?Sized), job_type: &(impl AsRef<str> + ?Sized), n: u32) {
+    pub(super) fn add_ready(
+        &mut self,
+        lane: &(impl AsRef<str> + ?Sized),
+        tenant: &(impl AsRef<str> + ?Sized),
+        job_type: &(impl AsRef<str> + ?Sized),
+        n: u32,
+    ) {
         let job_type = job_type.as_ref();
         self.change(lane.as_ref(), tenant.as_ref(), Some(job_type), |p| {
             p.ready += n;
@@ -149,7 +170,13 @@ impl Pairs {
         });
     }
 
-    pub(super) fn take_ready(&mut self, lane: &(impl AsRef<str> + ?Sized), tenant: &(impl AsRef<str> + ?Sized), job_type: &(impl AsRef<str> + ?Sized), n: u32) {
+    pub(super) fn take_ready(
+        &mut self,
+        lane: &(impl AsRef<str> + ?Sized),
+        tenant: &(impl AsRef<str> + ?Sized),
+        job_type: &(impl AsRef<str> + ?Sized),
+        n: u32,
+    ) {
         let job_type = job_type.as_ref();
         self.change(lane.as_ref(), tenant.as_ref(), Some(job_type), |p| {
             p.ready = p.ready.saturating_sub(n);
@@ -159,12 +186,21 @@ impl Pairs {
         });
     }
 
-    pub(super) fn add_inflight(&mut self, lane: &(impl AsRef<str> + ?Sized), tenant: &(impl AsRef<str> + ?Sized), n: u32) {
+    pub(super) fn add_inflight(
+        &mut self,
+        lane: &(impl AsRef<str> + ?Sized),
+        tenant: &(impl AsRef<str> + ?Sized),
+        n: u32,
+    ) {
         self.change(lane.as_ref(), tenant.as_ref(), None, |p| p.inflight += n);
     }
 
     /// One lease of the pair ends: its in-flight count and ready jobs before.
-    pub(super) fn release(&mut self, lane: &(impl AsRef<str> + ?Sized), tenant: &(impl AsRef<str> + ?Sized)) -> (u32, u32) {
+    pub(super) fn release(
+        &mut self,
+        lane: &(impl AsRef<str> + ?Sized),
+        tenant: &(impl AsRef<str> + ?Sized),
+    ) -> (u32, u32) {
         let (mut inflight, mut ready) = (0, 0);
         self.change(lane.as_ref(), tenant.as_ref(), None, |p| {
             (inflight, ready) = (p.inflight, p.ready);

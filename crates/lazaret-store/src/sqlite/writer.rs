@@ -1021,7 +1021,8 @@ impl Writer {
         drop(update);
         let got = (out.len() - start) as u32;
         for job in &out[start..] {
-            self.pairs.take_ready(lane, tenant, job.job_type.as_str(), 1);
+            self.pairs
+                .take_ready(lane, tenant, job.job_type.as_str(), 1);
         }
         self.pairs.add_inflight(lane, tenant, got);
         Ok(got)

@@ -284,7 +284,10 @@ async fn measure(args: &BenchArgs, run: u64, tenants: u64, url: &str) -> anyhow:
         }
     }
     let measured_s = start.elapsed().as_secs_f64();
-    let mut other_us = match other.await.context("the other tenant's producer panicked")? {
+    let mut other_us = match other
+        .await
+        .context("the other tenant's producer panicked")?
+    {
         Ok(lat) => lat,
         Err(e) => {
             errors.push(format!("{e:#}"));

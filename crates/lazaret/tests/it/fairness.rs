@@ -215,7 +215,9 @@ async fn a_new_tenant_beyond_ready_max_is_refused_with_429() {
     api.enqueue_ok(&job("report", "globex", json!({"n": 1})))
         .await;
 
-    let r = api.enqueue(&job("report", "initech", json!({"n": 1}))).await;
+    let r = api
+        .enqueue(&job("report", "initech", json!({"n": 1})))
+        .await;
     let body = r.expect(429);
     assert_eq!(body["error"]["code"], "TOO_MANY_TENANTS", "{body}");
     let message = body["error"]["message"].as_str().unwrap_or_default();
@@ -234,7 +236,10 @@ async fn a_new_tenant_beyond_ready_max_is_refused_with_429() {
         )
         .await;
     let results = r.expect(200)["results"].clone();
-    assert!(results[0]["id"].is_string(), "acme waits already: {results}");
+    assert!(
+        results[0]["id"].is_string(),
+        "acme waits already: {results}"
+    );
     assert_eq!(results[1]["error"]["code"], "TOO_MANY_TENANTS", "{results}");
 
     // Nothing of the refused tenants was queued.
