@@ -15,6 +15,24 @@
 //! falls short only when several pairs counted the same half-open probes and
 //! they ran out; that exhausts at least one probe type, so there are at most
 //! one more rounds than probe types.
+//!
+//! **The pairs a lease needs.** Tenants are free-form names, so a lane may
+//! have 100,000 of them with jobs ready; passing every one to
+//! [`plan_lease`] made each lease cost that many. A lease needs far fewer:
+//! the round-robin visits a lane's tenants in cyclic name order after
+//! [`FairScheduler::resume_after`], and a lease of `max_jobs` serves at
+//! most `max_jobs` of the tenants that have free jobs of its types. So a
+//! store walks each lane's pairs with jobs ready in that order, from an
+//! ordered structure (an index, a B-tree), and offers them to a
+//! [`LaneWindow`], which says which to keep and when to stop: after the
+//! `max_jobs`-th pair with free jobs it may take (below its cap), keeping
+//! the pairs with only half-open probes met on the way. Given those pairs
+//! (plus, when lanes hold reserves, every pair holding leases, which
+//! [`FairScheduler`] counts toward the reserves), in (lane, tenant) order
+//! (half-open probes go to the first pairs granted them), the plan is the one the
+//! whole demand gives, and so is the scheduler's state after it: the
+//! round never reaches a pair beyond the window, because it would first
+//! have served `max_jobs` pairs of it (see the `window` tests).
 
 use std::collections::BTreeMap;
 
@@ -35,8 +53,9 @@ pub struct LeaseFilter<'a> {
 }
 
 impl LeaseFilter<'_> {
-    /// Whether the worker's own filter and the exclusions let `t` through.
-    fn admits(&self, t: &JobType) -> bool {
+    /// Whether the worker's own filter and the exclusions let `t` through
+    /// (as a free type or as a probe).
+    pub fn admits(&self, t: &JobType) -> bool {
         self.types.is_none_or(|ts| ts.contains(t)) && !self.excluded.contains(t)
     }
 
@@ -227,6 +246,55 @@ pub fn plan_lease<'a>(
     takes
 }
 
+/// Which of one lane's pairs a lease of `max_jobs` needs (see the
+/// [module docs](self)): offer the lane's pairs with jobs ready in cyclic
+/// name order after [`FairScheduler::resume_after`], keep those
+/// [`offer`](Self::offer) keeps, and stop once it [`is_full`](Self::is_full).
+#[derive(Debug)]
+pub struct LaneWindow<'f, 'a> {
+    filter: &'f LeaseFilter<'a>,
+    /// Pairs with free jobs still wanted.
+    wanted: u32,
+}
+
+impl<'f, 'a> LaneWindow<'f, 'a> {
+    /// A window for a lease of `max_jobs` through `filter`.
+    pub fn new(filter: &'f LeaseFilter<'a>, max_jobs: u32) -> Self {
+        LaneWindow {
+            filter,
+            wanted: max_jobs,
+        }
+    }
+
+    /// Whether the plan needs `pair`, the next in the lane's order: it
+    /// needs a pair below its cap with jobs the lease may take; one with
+    /// free jobs (not only half-open probes) counts toward `max_jobs`.
+    pub fn offer(&mut self, scheduler: &FairScheduler, pair: &PairCounts<'_>) -> bool {
+        if self.is_full() || scheduler.at_cap(pair.tenant, pair.inflight) {
+            return false;
+        }
+        let (mut free, mut probe) = (false, false);
+        for (t, &n) in pair.ready {
+            if n == 0 || !self.filter.admits(t) {
+                continue;
+            }
+            match self.filter.probes.iter().find(|(p, _)| p == t) {
+                Some((_, left)) => probe |= *left > 0,
+                None => free = true,
+            }
+        }
+        if free {
+            self.wanted -= 1;
+        }
+        free || probe
+    }
+
+    /// Whether the lane needs no more pairs.
+    pub fn is_full(&self) -> bool {
+        self.wanted == 0
+    }
+}
+
 /// Adds `count` to the take of (`pair`, `among`), or a new take.
 fn add<'a>(takes: &mut Vec<Take<'a>>, pair: usize, among: Among<'a>, count: u32) {
     match takes
@@ -241,6 +309,8 @@ fn add<'a>(takes: &mut Vec<Take<'a>>, pair: usize, among: Among<'a>, count: u32)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use std::collections::BTreeSet;
 
     use proptest::prelude::*;
 
@@ -447,6 +517,230 @@ mod tests {
                 .map(|(t, l)| (*l).min(ready.iter().map(|r| r[t]).sum()))
                 .sum();
             prop_assert_eq!(total, max_jobs.min(free + probe_room));
+        }
+    }
+
+    /// A tiny store: counts per (lane, tenant) by type, changed by each plan.
+    #[derive(Clone, Debug)]
+    struct Book {
+        pairs: BTreeMap<(Lane, TenantId), (u32, BTreeMap<JobType, u32>)>,
+    }
+
+    impl Book {
+        fn counts<'b>(&'b self, keys: &[&'b (Lane, TenantId)]) -> Vec<PairCounts<'b>> {
+            keys.iter()
+                .map(|k| {
+                    let (inflight, ready) = &self.pairs[*k];
+                    PairCounts {
+                        lane: &k.0,
+                        tenant: &k.1,
+                        inflight: *inflight,
+                        ready,
+                    }
+                })
+                .collect()
+        }
+
+        /// Every pair with jobs ready or leases held: what stores passed before.
+        fn all(&self) -> Vec<&(Lane, TenantId)> {
+            self.pairs
+                .iter()
+                .filter(|(_, (inflight, ready))| *inflight > 0 || ready.values().any(|n| *n > 0))
+                .map(|(k, _)| k)
+                .collect()
+        }
+
+        /// What a store passes now: per lane, the window walked from the
+        /// round's cursor (counting the pairs looked at), plus the pairs
+        /// holding leases when lanes hold reserves.
+        fn window(
+            &self,
+            scheduler: &FairScheduler,
+            filter: &LeaseFilter<'_>,
+            max_jobs: u32,
+            looked: &mut usize,
+        ) -> Vec<&(Lane, TenantId)> {
+            let mut keep: Vec<&(Lane, TenantId)> = Vec::new();
+            let lanes: BTreeSet<&Lane> = self.pairs.keys().map(|(l, _)| l).collect();
+            for lane in lanes {
+                let ready: Vec<&(Lane, TenantId)> = self
+                    .pairs
+                    .iter()
+                    .filter(|((l, _), (_, r))| l == lane && r.values().any(|n| *n > 0))
+                    .map(|(k, _)| k)
+                    .collect();
+                let start = scheduler.resume_after(lane).map_or(0, |after| {
+                    ready.partition_point(|(_, t)| t.as_str() <= after)
+                });
+                let mut window = LaneWindow::new(filter, max_jobs);
+                for k in ready[start..].iter().chain(&ready[..start]) {
+                    if window.is_full() {
+                        break;
+                    }
+                    *looked += 1;
+                    if window.offer(scheduler, &self.counts(&[k])[0]) {
+                        keep.push(k);
+                    }
+                }
+            }
+            if scheduler.config().has_reserves() {
+                for (k, (inflight, _)) in &self.pairs {
+                    if *inflight > 0 && !keep.contains(&k) {
+                        keep.push(k);
+                    }
+                }
+            }
+            // In key order, as the whole demand: which of several pairs
+            // counting the same probes gets them goes by row order.
+            keep.sort();
+            keep
+        }
+
+        /// Applies owned takes (no types: any type).
+        fn apply(&mut self, takes: &[(Lane, TenantId, Vec<JobType>, u32)]) {
+            for (lane, tenant, types, count) in takes {
+                let (inflight, ready) =
+                    self.pairs.get_mut(&(lane.clone(), tenant.clone())).unwrap();
+                *inflight += count;
+                let mut n = *count;
+                let types: Vec<JobType> = if types.is_empty() {
+                    ready.keys().cloned().collect()
+                } else {
+                    types.clone()
+                };
+                for t in types {
+                    let c = ready.get_mut(&t).unwrap();
+                    let k = n.min(*c);
+                    *c -= k;
+                    n -= k;
+                }
+                assert_eq!(n, 0);
+            }
+        }
+    }
+
+    fn owned(
+        keys: &[&(Lane, TenantId)],
+        plan: &[Take<'_>],
+    ) -> Vec<(Lane, TenantId, Vec<JobType>, u32)> {
+        plan.iter()
+            .map(|t| {
+                let types = match &t.among {
+                    Among::AnyType => Vec::new(),
+                    Among::Types(ts) => ts.iter().map(|t| (*t).clone()).collect(),
+                };
+                (
+                    keys[t.pair].0.clone(),
+                    keys[t.pair].1.clone(),
+                    types,
+                    t.count,
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_window_looks_at_max_jobs_pairs_of_many_thousands() {
+        let lane = Lane::from("default");
+        let book = Book {
+            pairs: (0..10_000)
+                .map(|i| {
+                    (
+                        (lane.clone(), TenantId::new(format!("t{i:05}"))),
+                        (0, types(&[("a", 1)])),
+                    )
+                })
+                .collect(),
+        };
+        let mut s = FairScheduler::new(SchedulerConfig::new(2)).unwrap();
+        let filter = LeaseFilter::default();
+        let mut book = book;
+        for lease in 0..50u32 {
+            let mut looked = 0;
+            let keys = book.window(&s, &filter, 1, &mut looked);
+            assert_eq!(looked, 1, "lease {lease} looked at {looked} pairs");
+            let plan = plan_lease(&mut s, &book.counts(&keys), &filter, 1);
+            let plan = owned(&keys, &plan);
+            assert_eq!(plan[0].1.as_str(), format!("t{lease:05}"));
+            book.apply(&plan);
+        }
+    }
+
+    proptest! {
+        /// Leases planned from each lane's window (plus the pairs holding
+        /// leases, for reserves) are the leases the whole demand gives,
+        /// lease after lease, so the scheduler's round stays the same too.
+        #[test]
+        fn a_window_plans_what_the_whole_demand_plans(
+            cells in prop::collection::btree_map(
+                (0..2usize, 0..6usize),
+                (0u32..3, prop::collection::vec(0u32..3, TYPES.len())),
+                1..12,
+            ),
+            inflight_max in 1u32..=3,
+            paused in prop::option::of(0..6usize),
+            reserve in prop::option::of(1u32..=1_000_000),
+            leases in prop::collection::vec(
+                (
+                    1u32..6,
+                    prop::option::of(prop::collection::btree_set(0..TYPES.len(), 1..=2)),
+                    prop::collection::btree_set(0..TYPES.len(), 0..=1),
+                    prop::collection::btree_map(0..TYPES.len(), 0u32..3, 0..=1),
+                    prop::option::of(any::<prop::sample::Index>()),
+                ),
+                1..12,
+            ),
+        ) {
+            let lanes = ["batch", "default"];
+            let mut book = Book {
+                pairs: cells
+                    .iter()
+                    .map(|((l, t), (inflight, counts))| {
+                        let ready = TYPES.iter().zip(counts).map(|(ty, n)| (JobType::from(*ty), *n)).collect();
+                        ((Lane::from(lanes[*l]), TenantId::new(format!("t{t}"))), (*inflight, ready))
+                    })
+                    .collect(),
+            };
+            let mut config = SchedulerConfig::new(inflight_max).with_lane_weight("batch", 2);
+            if let Some(t) = paused {
+                config = config.with_tenant_inflight_max(format!("t{t}").as_str(), 0);
+            }
+            if let Some(parts) = reserve {
+                config = config.with_lane_reserve("default", crate::Share::from_parts(parts).unwrap());
+            }
+            let (mut whole, mut windowed) = (
+                FairScheduler::new(config.clone()).unwrap(),
+                FairScheduler::new(config).unwrap(),
+            );
+            for (max_jobs, only, excluded, probes, release) in leases {
+                // A lease ends now and then, so capped tenants come back.
+                if let Some(i) = release {
+                    let busy: Vec<(Lane, TenantId)> = book.pairs.iter().filter(|(_, (n, _))| *n > 0).map(|(k, _)| k.clone()).collect();
+                    if !busy.is_empty() {
+                        book.pairs.get_mut(i.get(&busy)).unwrap().0 -= 1;
+                    }
+                }
+                let only: Option<Vec<JobType>> = only.map(|s| s.iter().map(|&i| JobType::from(TYPES[i])).collect());
+                let excluded: Vec<JobType> = excluded.iter().map(|&i| JobType::from(TYPES[i])).collect();
+                let probes: Vec<(JobType, u32)> = probes.iter().map(|(&i, &n)| (JobType::from(TYPES[i]), n)).collect();
+                let filter = LeaseFilter { types: only.as_deref(), excluded: &excluded, probes: &probes };
+
+                let all = book.all();
+                let plan = plan_lease(&mut whole, &book.counts(&all), &filter, max_jobs);
+                let want = owned(&all, &plan);
+                drop(all);
+                let mut looked = 0;
+                let keys = book.window(&windowed, &filter, max_jobs, &mut looked);
+                let got_plan = plan_lease(&mut windowed, &book.counts(&keys), &filter, max_jobs);
+                let got = owned(&keys, &got_plan);
+                let sorted = |mut v: Vec<(Lane, TenantId, Vec<JobType>, u32)>| { v.sort(); v };
+                prop_assert_eq!(sorted(got), sorted(want.clone()));
+                for lane in lanes {
+                    let lane = Lane::from(lane);
+                    prop_assert_eq!(windowed.resume_after(&lane), whole.resume_after(&lane));
+                }
+                book.apply(&want);
+            }
         }
     }
 }

@@ -57,7 +57,7 @@ pub use ids::{
     ErrorKind, IDEMPOTENCY_KEY_BYTES_MAX, JobId, JobType, Lane, NAME_BYTES_MAX, NameError,
     TenantId, WorkerId, check_name,
 };
-pub use lease_plan::{Among, LeaseFilter, PairCounts, Take, plan_lease};
+pub use lease_plan::{Among, LaneWindow, LeaseFilter, PairCounts, Take, plan_lease};
 pub use policy::{Backoff, Policies, PolicyError, TypePolicy};
 pub use rng::{Entropy, SplitMix64};
 pub use scheduler::{Demand, FairScheduler, Grant, SchedulerConfig, SchedulerConfigError, Share};

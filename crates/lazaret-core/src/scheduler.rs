@@ -131,6 +131,10 @@ pub struct SchedulerConfig {
     /// Per-tenant overrides of `inflight_max`. An override of 0 is allowed
     /// and pauses that tenant: it is never granted a lease.
     pub tenant_inflight_max: BTreeMap<TenantId, u32>,
+    /// How many distinct tenants may have jobs ready at once (`None`: no
+    /// bound). A job of a tenant with none ready is refused at the bound
+    /// ([`SchedulerConfig::admits_tenant`]).
+    pub tenants_ready_max: Option<u32>,
 }
 
 impl SchedulerConfig {
@@ -142,6 +146,7 @@ impl SchedulerConfig {
             lane_reserves: BTreeMap::new(),
             inflight_max,
             tenant_inflight_max: BTreeMap::new(),
+            tenants_ready_max: None,
         }
     }
 
@@ -224,6 +229,20 @@ impl SchedulerConfig {
     /// there (the gateway then answers `FAIR_QUEUE`).
     pub fn at_cap(&self, tenant: &TenantId, inflight: u32) -> bool {
         inflight >= self.inflight_max_for(tenant)
+    }
+
+    /// Whether a new job of a tenant may be queued, given whether the
+    /// tenant has jobs ready already (`has_ready`, in any lane) and how many
+    /// distinct tenants have jobs ready (`tenants_ready`): a tenant already
+    /// in the ready set always may; a new one only below
+    /// `tenants_ready_max`. Tenant names are chosen by producers, and
+    /// every ready tenant is a place in the round-robin, so the bound is
+    /// how an operator caps that set.
+    pub fn admits_tenant(&self, has_ready: bool, tenants_ready: usize) -> bool {
+        has_ready
+            || self
+                .tenants_ready_max
+                .is_none_or(|max| tenants_ready < max as usize)
     }
 
     /// Whether one of `tenant`'s leases in a lane ending frees a slot that
@@ -384,6 +403,14 @@ impl FairScheduler {
     /// The config this scheduler was built with.
     pub fn config(&self) -> &SchedulerConfig {
         &self.config
+    }
+
+    /// The tenant `lane`'s round resumes after: the last one served
+    /// (`None`: the round starts at the first tenant in name order). A
+    /// lease needs only the lane's pairs that come next in the cyclic name
+    /// order from here ([`crate::LaneWindow`]).
+    pub fn resume_after(&self, lane: &Lane) -> Option<&str> {
+        self.lanes.get(lane)?.last_served.as_deref()
     }
 
     /// `lane`'s weight: configured, or the default.

@@ -39,6 +39,8 @@
 //! [tenants]                         # a tenant is whoever a job is for (a customer, a team);
 //!                                     # tenants take turns, so one tenant's backlog never holds up another's
 //! inflight_max = 2                    # per-tenant in-flight cap in each lane (at least 1); absent: no cap
+//! ready_max = 100000                  # distinct tenants with jobs ready at most (at least 1); absent: no
+//!                                     # bound; a job of one more is refused 429 TOO_MANY_TENANTS
 //! [tenants.overrides]                 # per-tenant caps (also without a default cap); 0 pauses that tenant
 //! big-customer = 8
 //!
@@ -557,10 +559,11 @@ struct RawAlert {
 #[derive(Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a table with inflight_max and overrides"
+    expecting = "a table with inflight_max, ready_max and overrides"
 )]
 struct RawTenants {
     inflight_max: Option<u32>,
+    ready_max: Option<u32>,
     #[serde(default)]
     overrides: BTreeMap<String, u32>,
 }
@@ -1092,6 +1095,15 @@ impl<'a> Ctx<'a> {
         if let Some(t) = &raw.tenants {
             if let Some(n) = t.inflight_max {
                 s.inflight_max = n;
+            }
+            if let Some(n) = t.ready_max {
+                if n == 0 {
+                    return Err(self.invalid(
+                        &root("tenants").key("ready_max"),
+                        "ready_max is 0, so no job could ever be queued; set it to at least 1 (it bounds how many distinct tenants may have jobs ready at once), or leave it out for no bound",
+                    ));
+                }
+                s.tenants_ready_max = Some(n);
             }
             for (name, n) in &t.overrides {
                 self.not_blank(&root("tenants").key("overrides").key(name), name, "tenant")?;
@@ -2521,6 +2533,12 @@ failures_min = 3
             "tenants.inflight_max",
             2,
             "[tenants.overrides]",
+        );
+        assert_refused(
+            "[tenants]\ninflight_max = 2\nready_max = 0\n",
+            "tenants.ready_max",
+            3,
+            "at least 1",
         );
         assert_refused(
             "payload_bytes_max = 0\n",

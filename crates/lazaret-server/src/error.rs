@@ -35,6 +35,9 @@ pub enum Code {
     Internal,
     /// Shutting down.
     Unavailable,
+    /// A new tenant's job, with as many tenants holding jobs ready as
+    /// `[tenants] ready_max` allows.
+    TooManyTenants,
 }
 
 impl Code {
@@ -54,6 +57,7 @@ impl Code {
             Code::BadState => "BAD_STATE",
             Code::Internal => "INTERNAL",
             Code::Unavailable => "UNAVAILABLE",
+            Code::TooManyTenants => "TOO_MANY_TENANTS",
         }
     }
 }

@@ -361,3 +361,90 @@ fn assert_inflight(held: &[LeasedJob]) {
         assert!(n <= INFLIGHT_MAX, "{key:?} holds {n} leases");
     }
 }
+
+/// Tenants take turns in name order, round after round, wrapping past the
+/// last name; a tenant that arrives behind the round's position waits for
+/// the next round, one ahead of it is served in this one (issue 32: a
+/// lease walks the tenants from the round's position, not all of them).
+pub async fn tenants_take_turns_in_name_order_across_rounds<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
+    let mut jobs = Vec::new();
+    for _ in 0..2 {
+        for t in ["t1", "t3", "t5", "t7"] {
+            jobs.push(new_job("resize", t, "default"));
+        }
+    }
+    s.enqueue(jobs).await.unwrap();
+    let mut order = Vec::new();
+    for i in 0..8 {
+        if i == 2 {
+            // The round is past t3: t2 waits for the next round, t6 not.
+            s.enqueue(vec![
+                new_job("resize", "t2", "default"),
+                new_job("resize", "t6", "default"),
+            ])
+            .await
+            .unwrap();
+        }
+        let got = lease(&s, lease_req(at(1), 1)).await;
+        assert_eq!(got.len(), 1, "lease {i}");
+        order.push(got[0].tenant.to_string());
+        // Acked at once, so no tenant is held at its cap.
+        complete(&s, &got[0], Event::Succeeded, at(1)).await;
+    }
+    assert_eq!(
+        order,
+        ["t1", "t3", "t5", "t6", "t7", "t1", "t2", "t3"],
+        "one per tenant per round, in name order from where the round is"
+    );
+}
+
+/// A lease looks at about as many (lane, tenant) pairs as it leases jobs,
+/// with 2,000 tenants waiting (issue 32: it looked at every one of them);
+/// a lease filtered by type does not look at the tenants of other types.
+pub async fn a_lease_looks_at_a_few_tenants_of_thousands<B: Backend>(b: &B) {
+    if !b.capabilities().group_commit_stats {
+        return;
+    }
+    let place = b.place().await;
+    let s = b.open(&place).await;
+    let mut jobs: Vec<NewJob> = (0..2000)
+        .map(|i| new_job("resize", &format!("t{i:04}"), "default"))
+        .collect();
+    jobs.extend((0..5).map(|i| new_job("email", &format!("u{i}"), "default")));
+    for chunk in jobs.chunks(500) {
+        s.enqueue(chunk.to_vec()).await.unwrap();
+    }
+    let looked = || async {
+        s.stats()
+            .await
+            .unwrap()
+            .group_commit
+            .map_or(0, |g| g.lease_pairs)
+    };
+    let before = looked().await;
+    for _ in 0..5 {
+        assert_eq!(lease(&s, lease_req(at(1), 1)).await.len(), 1);
+    }
+    let unfiltered = looked().await - before;
+    assert!(
+        unfiltered <= 10,
+        "5 leases of one job looked at {unfiltered} pairs of 2,005"
+    );
+    let before = looked().await;
+    let emails = lease(
+        &s,
+        LeaseRequest {
+            types: Some(vec!["email".into()]),
+            ..lease_req(at(1), 3)
+        },
+    )
+    .await;
+    assert_eq!(emails.len(), 3);
+    let filtered = looked().await - before;
+    assert!(
+        filtered <= 5,
+        "a lease of 3 emails looked at {filtered} pairs, of which 5 have emails"
+    );
+}

@@ -136,6 +136,8 @@ macro_rules! conformance_suite {
                 lease_respects_max_jobs,
                 a_new_tenant_is_served_in_the_first_round,
                 a_tenant_never_exceeds_its_inflight_cap,
+                tenants_take_turns_in_name_order_across_rounds,
+                a_lease_looks_at_a_few_tenants_of_thousands,
             ],
             outcomes: [
                 ack_marks_succeeded_with_one_history_record,

@@ -103,6 +103,13 @@ pub enum EnqueueOutcome {
         /// Its state now.
         state: JobState,
     },
+    /// Refused: the job's tenant has no jobs ready, and as many tenants as
+    /// the bound (`SchedulerConfig::tenants_ready_max`) have; nothing was
+    /// written.
+    TooManyTenants {
+        /// The bound.
+        tenants_ready_max: u32,
+    },
 }
 
 /// A worker's request for work.
@@ -716,6 +723,10 @@ pub struct GroupCommitStats {
     /// not count): grows with the rows a lease looks at, not only those it
     /// returns, so `lease_steps / leases` shows a lease that scans.
     pub lease_steps: u64,
+    /// (lane, tenant) pairs those leases looked at to plan: about as many
+    /// as they lease, never every tenant with jobs ready (0 where a store
+    /// does not count).
+    pub lease_pairs: u64,
 }
 
 /// Job counts in one lane.

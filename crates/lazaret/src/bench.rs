@@ -13,6 +13,7 @@ mod load;
 mod promise;
 mod server;
 mod stats;
+mod tenants;
 
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -133,6 +134,9 @@ pub struct BenchArgs {
     /// (the jobs of one lease run one after another).
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(0..=10_000_000))]
     work_us: u64,
+    /// tenants: seconds of leasing measured on each side.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=600))]
+    measure_s: u64,
     /// Give up a run after this long (then it fails).
     #[arg(long, default_value = "10m")]
     timeout: humantime::Duration,
@@ -221,6 +225,10 @@ enum Scenario {
     /// Enqueue → lease with one idle long-polling worker, --runs times.
     #[value(name = "start-latency")]
     StartLatency,
+    /// Single-job leases by 16 workers for --measure-s with --jobs queued
+    /// over as many tenants (one job each), and over one tenant,
+    /// alternating, --runs times each: lease rates and their ratio.
+    Tenants,
 }
 
 /// One run's settings.
@@ -371,7 +379,8 @@ impl RunSpec {
             Scenario::LaneFlood
             | Scenario::TenantFlood
             | Scenario::PoisonStorm
-            | Scenario::StartLatency => Vec::new(),
+            | Scenario::StartLatency
+            | Scenario::Tenants => Vec::new(),
         }
     }
 
@@ -471,6 +480,9 @@ async fn run_async(args: BenchArgs) -> anyhow::Result<()> {
     // A bad --server URL (https, say) is refused before anything starts.
     if let Some(url) = &args.server {
         http::parse_base_url(url).context("bad --server URL")?;
+    }
+    if args.scenario == Some(Scenario::Tenants) {
+        return tenants::run(&args).await;
     }
     if let Some(p) = args.scenario.and_then(promise::Promise::of) {
         return promise::run(&args, p).await;

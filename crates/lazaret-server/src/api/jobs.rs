@@ -24,7 +24,7 @@ use serde_json::{Value, json};
 use crate::app::{App, now};
 use crate::auth::{Action, Caller};
 use crate::config::Role;
-use crate::error::ApiError;
+use crate::error::{ApiError, Code};
 use crate::{metrics as m, views};
 
 use super::{
@@ -269,6 +269,20 @@ fn enqueue_reply<S: Store>(
             StatusCode::OK,
             json!({ "id": id.to_string(), "state": state.as_str(), "admission": "DUPLICATE" }),
         ),
+        EnqueueOutcome::TooManyTenants { tenants_ready_max } => {
+            let e = ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                Code::TooManyTenants,
+                format!(
+                    "tenant `{}` has no jobs ready, and {tenants_ready_max} tenants already have jobs ready, \
+                     the bound set by `[tenants] ready_max`; nothing was queued. Retry once other tenants' jobs \
+                     are done, or raise `[tenants] ready_max` in the server's config",
+                    job.tenant
+                ),
+            );
+            m::rejected(e.code.as_str());
+            (e.status, e.body())
+        }
     }
 }
 

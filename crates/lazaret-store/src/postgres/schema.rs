@@ -17,7 +17,7 @@ use super::pg;
 use crate::StoreError;
 
 /// The version this build writes; older schemas are migrated at open.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// The advisory lock key migrations hold (`pg_advisory_xact_lock`).
 const MIGRATION_LOCK: i64 = 0x6c61_7a61_7265_7401;
@@ -163,6 +163,18 @@ CREATE INDEX IF NOT EXISTS jobs_ready_type ON jobs (lane, tenant, type, run_at, 
 DROP INDEX IF EXISTS jobs_ready;
 "#;
 
+/// v2 → v3: the indexes a lease walks (issue 32): tenants with jobs ready
+/// per lane (`pairs_walk`) and per (lane, type) (`ready_types_walk`), in
+/// byte order (`COLLATE "C"`, the order of the core's round), and pairs
+/// holding leases (`pairs_busy`, for lane reserves), so a lease reads
+/// about as many pairs as it leases jobs instead of locking every pair.
+const V3: &str = r#"
+CREATE INDEX IF NOT EXISTS pairs_walk ON pairs (lane, tenant COLLATE "C") WHERE ready > 0;
+CREATE INDEX IF NOT EXISTS pairs_busy ON pairs (lane, tenant) WHERE inflight > 0;
+CREATE INDEX IF NOT EXISTS ready_types_walk ON ready_types (lane, type, tenant COLLATE "C") WHERE ready > 0;
+DROP INDEX IF EXISTS pairs_ready;
+"#;
+
 /// Brings the schema the client's `search_path` names up to
 /// [`SCHEMA_VERSION`], in one transaction under an advisory lock; refuses a
 /// schema newer than this build. Returns the version found before.
@@ -208,6 +220,9 @@ async fn migrate_locked(c: &Client, schema: &str) -> Result<i64, StoreError> {
     }
     if found < 2 {
         pg(c.batch_execute(V2).await)?;
+    }
+    if found < 3 {
+        pg(c.batch_execute(V3).await)?;
     }
     pg(c.execute(
         "INSERT INTO lazaret_meta (key, value) VALUES ('schema_version', $1)

@@ -22,8 +22,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use lazaret_core::{
-    Among, Envelope, Event, FairScheduler, JobId, JobState, JobType, Lane, LeaseFilter, PairCounts,
-    TenantId, Timestamp, Transition, payload_preview, plan_lease,
+    Among, Envelope, Event, FairScheduler, JobId, JobState, JobType, Lane, LaneWindow, LeaseFilter,
+    PairCounts, TenantId, Timestamp, Transition, payload_preview, plan_lease,
 };
 use tokio::sync::mpsc;
 use tokio_postgres::types::ToSql;
@@ -47,6 +47,47 @@ const EXPIRE_MAX: i64 = 2_000;
 const RETRIES_MAX: u32 = 5;
 /// The advisory lock retention holds, so one node at a time deletes.
 pub(super) const RETENTION_LOCK: i64 = 0x6c61_7a61_7265_7402;
+
+/// Lanes with jobs ready, by a skip scan of `pairs_walk`: one index probe
+/// per lane, however many tenants wait in it.
+const READY_LANES_SQL: &str = "WITH RECURSIVE l(lane) AS (
+        (SELECT lane FROM pairs WHERE ready > 0 ORDER BY lane LIMIT 1)
+        UNION ALL
+        SELECT (SELECT p.lane FROM pairs p WHERE p.ready > 0 AND p.lane > l.lane ORDER BY p.lane LIMIT 1)
+        FROM l WHERE l.lane IS NOT NULL)
+    SELECT lane FROM l WHERE lane IS NOT NULL";
+
+/// The types with jobs ready in lane `$1`, by a skip scan of `ready_types_walk`.
+const LANE_TYPES_SQL: &str = "WITH RECURSIVE t(type) AS (
+        (SELECT type FROM ready_types WHERE lane = $1 AND ready > 0 ORDER BY type LIMIT 1)
+        UNION ALL
+        SELECT (SELECT r.type FROM ready_types r WHERE r.lane = $1 AND r.ready > 0 AND r.type > t.type
+                ORDER BY r.type LIMIT 1)
+        FROM t WHERE t.type IS NOT NULL)
+    SELECT type FROM t WHERE type IS NOT NULL";
+
+/// The next `$3` tenants with jobs ready in lane `$1` after `$2`, in byte
+/// order (`COLLATE "C"`: the order of the core's round), by `pairs_walk`.
+const WALK_PAIRS_SQL: &str = r#"SELECT tenant FROM pairs
+    WHERE lane = $1 AND ready > 0 AND tenant COLLATE "C" > $2
+    ORDER BY tenant COLLATE "C" LIMIT $3"#;
+
+/// The same among the tenants with jobs of the types `$4` ready, by
+/// `ready_types_walk`: the first `$3` of each type, merged.
+const WALK_TYPES_SQL: &str = r#"SELECT DISTINCT w.tenant COLLATE "C" FROM unnest($4::text[]) AS ty(type),
+    LATERAL (SELECT r.tenant FROM ready_types r
+             WHERE r.lane = $1 AND r.type = ty.type AND r.ready > 0 AND r.tenant COLLATE "C" > $2
+             ORDER BY r.tenant COLLATE "C" LIMIT $3) w
+    ORDER BY 1 LIMIT $3"#;
+
+/// Counts of the tenants `$2` of lane `$1`, by type (read without locks:
+/// the walk only chooses which pairs the lease locks and plans from).
+const WALK_COUNTS_SQL: &str = "SELECT p.tenant, p.inflight, t.type, t.ready FROM pairs p
+    LEFT JOIN ready_types t ON t.lane = p.lane AND t.tenant = p.tenant AND t.ready > 0
+    WHERE p.lane = $1 AND p.tenant = ANY($2)";
+
+/// Tenants the walk reads per statement at most.
+const WALK_BATCH_MAX: u32 = 1000;
 
 /// Leases up to `$4` queued jobs of one (lane, tenant) and one type `$3`,
 /// oldest first, in one statement: one range of the typed ready index
@@ -195,6 +236,8 @@ pub(super) struct Writer {
     commands: u64,
     /// Lease ops run since start.
     leases: u64,
+    /// (lane, tenant) pairs those leases looked at (`GroupCommitStats::lease_pairs`).
+    lease_pairs: u64,
 }
 
 fn ms(t: Timestamp) -> i64 {
@@ -264,6 +307,7 @@ impl Writer {
             commits: 0,
             commands: 0,
             leases: 0,
+            lease_pairs: 0,
         }
     }
 
@@ -741,6 +785,7 @@ impl Writer {
             }
             fresh.push(i);
         }
+        self.refuse_new_tenants(jobs, &mut fresh, &mut out).await?;
         if !fresh.is_empty() {
             let n = fresh.len() as i64;
             let rows = self
@@ -792,10 +837,14 @@ impl Writer {
             );
             let (first, _, _) = existing[&k];
             let first = (-first - 1) as usize;
-            let Some(EnqueueOutcome::Created { id, state, .. }) = out[first].clone() else {
-                return Err(corrupt("a batch duplicate without its first job"));
-            };
-            out[i] = Some(EnqueueOutcome::Duplicate { id, state });
+            out[i] = Some(match out[first].clone() {
+                Some(EnqueueOutcome::Created { id, state, .. }) => {
+                    EnqueueOutcome::Duplicate { id, state }
+                }
+                // Refused with its first job.
+                Some(refused @ EnqueueOutcome::TooManyTenants { .. }) => refused,
+                _ => return Err(corrupt("a batch duplicate without its first job")),
+            });
         }
         let mut done = Vec::with_capacity(jobs.len());
         for (job, o) in jobs.iter().zip(out) {
@@ -842,21 +891,28 @@ impl Writer {
                 .is_none_or(|ls| ls.iter().any(|l| l.as_str() == lane))
                 && !req.exclude_lanes.iter().any(|l| l.as_str() == lane)
         };
-        let only_lanes: Option<Vec<&str>> = req
-            .lanes
-            .as_ref()
-            .map(|ls| ls.iter().map(|l| l.as_str()).collect());
-        let not_lanes: Vec<&str> = req.exclude_lanes.iter().map(|l| l.as_str()).collect();
-        // Every pair with jobs ready or leases held: which of them count
-        // (lane reserves are shares of every lease held) is the plan's to say.
+        let filter = LeaseFilter {
+            types: req.types.as_deref(),
+            excluded: &req.exclude_types,
+            probes: &req.type_limits,
+        };
+        // Only the pairs the plan needs (the core's `LaneWindow`, walked
+        // from each lane's round position), then those locked in key order
+        // with their counts: a lease costs about `max_jobs` pairs, however
+        // many tenants have jobs ready.
+        let wanted = self.window(req, &filter, &lane_ok).await?;
+        if wanted.is_empty() {
+            return Ok(out);
+        }
+        let (wanted_lanes, wanted_tenants): (Vec<&str>, Vec<&str>) =
+            wanted.iter().map(|(l, t)| (l.as_str(), t.as_str())).unzip();
         let rows = self
             .query(
                 "SELECT p.lane, p.tenant, p.ready, p.inflight, t.type, t.ready FROM pairs p
                  LEFT JOIN ready_types t ON t.lane = p.lane AND t.tenant = p.tenant AND t.ready > 0
-                 WHERE (p.ready > 0 OR p.inflight > 0)
-                   AND ($1::text[] IS NULL OR p.lane = ANY($1)) AND NOT (p.lane = ANY($2))
+                 WHERE (p.lane, p.tenant) IN (SELECT * FROM unnest($1::text[], $2::text[]))
                  ORDER BY p.lane, p.tenant FOR UPDATE OF p",
-                &[&only_lanes, &not_lanes],
+                &[&wanted_lanes, &wanted_tenants],
             )
             .await?;
         let mut keys: Vec<(String, String)> = Vec::new();
@@ -876,13 +932,8 @@ impl Writer {
         // of their jobs is another transaction's to see, so their types'
         // counts are this group's.
         let locked: HashSet<(String, String)> = keys.iter().cloned().collect();
-        let unseen: Vec<(String, String)> = self
-            .group
-            .deltas
-            .iter()
-            .filter(|(k, d)| d.ready > 0 && !locked.contains(*k))
-            .map(|(k, _)| k.clone())
-            .collect();
+        let unseen: Vec<(String, String)> =
+            wanted.into_iter().filter(|k| !locked.contains(k)).collect();
         for key in unseen {
             self.counts(&key.0, &key.1).await?;
             self.group.base_types.insert(key.clone(), BTreeMap::new());
@@ -931,11 +982,6 @@ impl Writer {
                     ready,
                 })
                 .collect();
-            let filter = LeaseFilter {
-                types: req.types.as_deref(),
-                excluded: &req.exclude_types,
-                probes: &req.type_limits,
-            };
             plan_lease(&mut self.scheduler, &pairs, &filter, req.max_jobs)
                 .into_iter()
                 .map(|t| {
@@ -998,6 +1044,258 @@ impl Writer {
             }
         }
         Ok(out)
+    }
+
+    /// `[tenants] ready_max`: drops from `fresh` (answering
+    /// `TooManyTenants`) the jobs of tenants with no jobs ready once as many
+    /// tenants as the bound have some (the core's `admits_tenant`). The
+    /// count is read when the bound is set, and costs at most the bound;
+    /// nodes enqueuing at once may each admit one more.
+    async fn refuse_new_tenants(
+        &mut self,
+        jobs: &[NewJob],
+        fresh: &mut Vec<usize>,
+        out: &mut [Option<EnqueueOutcome>],
+    ) -> Result<(), StoreError> {
+        let Some(max) = self.scheduler.config().tenants_ready_max else {
+            return Ok(());
+        };
+        if fresh.is_empty() {
+            return Ok(());
+        }
+        let rows = self
+            .query("SELECT DISTINCT tenant FROM pairs WHERE ready > 0", &[])
+            .await?;
+        let mut ready: HashSet<String> = rows.iter().map(|r| r.get(0)).collect();
+        ready.extend(
+            self.group
+                .deltas
+                .iter()
+                .filter(|(_, d)| d.ready > 0)
+                .map(|((_, t), _)| t.clone()),
+        );
+        let config = self.scheduler.config();
+        fresh.retain(|&i| {
+            let tenant = jobs[i].tenant.as_str();
+            if config.admits_tenant(ready.contains(tenant), ready.len()) {
+                ready.insert(tenant.to_owned());
+                true
+            } else {
+                out[i] = Some(EnqueueOutcome::TooManyTenants {
+                    tenants_ready_max: max,
+                });
+                false
+            }
+        });
+        Ok(())
+    }
+
+    /// The (lane, tenant) pairs a lease needs, in key order: per lane that
+    /// `lane_ok` lets through, its tenants with jobs ready (of the types
+    /// the lease may take) in byte order from the round's position
+    /// (`FairScheduler::resume_after`), wrapping once, offered to the
+    /// core's `LaneWindow` until it has enough; this group's own changes
+    /// counted in. With lane reserves, every pair holding leases too.
+    /// Nothing is locked here: the lease locks what this returns.
+    async fn window(
+        &mut self,
+        req: &LeaseRequest,
+        filter: &LeaseFilter<'_>,
+        lane_ok: &impl Fn(&str) -> bool,
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        let every_type =
+            filter.types.is_none() && filter.excluded.is_empty() && filter.probes.is_empty();
+        let mut lanes: BTreeSet<String> = self
+            .query(READY_LANES_SQL, &[])
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        lanes.extend(
+            self.group
+                .deltas
+                .iter()
+                .filter(|(_, d)| d.ready > 0)
+                .map(|((l, _), _)| l.clone()),
+        );
+        lanes.retain(|l| lane_ok(l));
+        let batch = req.max_jobs.clamp(8, WALK_BATCH_MAX);
+        let limit = i64::from(batch);
+        let mut wanted: BTreeSet<(String, String)> = BTreeSet::new();
+        for lane in &lanes {
+            let types: Vec<String> = if every_type {
+                Vec::new()
+            } else {
+                let mut ts: BTreeSet<String> = match filter.types {
+                    Some(ts) => ts.iter().map(|t| t.as_str().to_owned()).collect(),
+                    None => self
+                        .query(LANE_TYPES_SQL, &[lane])
+                        .await?
+                        .iter()
+                        .map(|r| r.get(0))
+                        .collect(),
+                };
+                if filter.types.is_none() {
+                    let from = (lane.clone(), String::new(), String::new());
+                    ts.extend(
+                        self.group
+                            .typed
+                            .range(from..)
+                            .take_while(|((l, _, _), _)| l == lane)
+                            .filter(|(_, n)| **n > 0)
+                            .map(|((_, _, t), _)| t.clone()),
+                    );
+                }
+                ts.into_iter()
+                    .filter(|t| filter.admits(&JobType::new(t.as_str())))
+                    .collect()
+            };
+            if !every_type && types.is_empty() {
+                continue;
+            }
+            // This group's pairs with jobs ready, which `pairs` shows only
+            // at its commit.
+            let from = (lane.clone(), String::new());
+            let mine: BTreeSet<String> = self
+                .group
+                .deltas
+                .range(from..)
+                .take_while(|((l, _), _)| l == lane)
+                .filter(|(_, d)| d.ready > 0)
+                .map(|((_, t), _)| t.clone())
+                .collect();
+            let after: Option<String> = self
+                .scheduler
+                .resume_after(&Lane::new(lane.as_str()))
+                .map(str::to_owned);
+            let lane_id = Lane::new(lane.as_str());
+            let mut window = LaneWindow::new(filter, req.max_jobs);
+            // From the round's position to the end, then from the start up
+            // to the position.
+            let passes: Vec<(String, Option<String>)> = match &after {
+                Some(a) => vec![(a.clone(), None), (String::new(), Some(a.clone()))],
+                None => vec![(String::new(), None)],
+            };
+            'walk: for (mut lo, hi) in passes {
+                loop {
+                    let rows = if every_type {
+                        self.query(WALK_PAIRS_SQL, &[lane, &lo, &limit]).await?
+                    } else {
+                        self.query(WALK_TYPES_SQL, &[lane, &lo, &limit, &types])
+                            .await?
+                    };
+                    let mut batch_tenants: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+                    let full = batch_tenants.len() as i64 == limit;
+                    // The range this batch covers, this group's tenants in it merged.
+                    let end: Option<String> = if full {
+                        batch_tenants.last().cloned()
+                    } else {
+                        hi.clone()
+                    };
+                    let upper = match &end {
+                        Some(e) => std::ops::Bound::Included(e.clone()),
+                        None => std::ops::Bound::Unbounded,
+                    };
+                    batch_tenants.extend(
+                        mine.range((std::ops::Bound::Excluded(lo.clone()), upper))
+                            .cloned(),
+                    );
+                    batch_tenants.sort();
+                    batch_tenants.dedup();
+                    if let Some(h) = &hi {
+                        batch_tenants.retain(|t| t <= h);
+                    }
+                    let counted = self.walk_counts(lane, &batch_tenants).await?;
+                    for (tenant, inflight, ready) in &counted {
+                        self.lease_pairs += 1;
+                        let tenant_id = TenantId::new(tenant.as_str());
+                        let pair = PairCounts {
+                            lane: &lane_id,
+                            tenant: &tenant_id,
+                            inflight: *inflight,
+                            ready,
+                        };
+                        if window.offer(&self.scheduler, &pair) {
+                            wanted.insert((lane.clone(), tenant.clone()));
+                        }
+                        if window.is_full() {
+                            break 'walk;
+                        }
+                    }
+                    let past_hi = match (&hi, &end) {
+                        (Some(h), Some(e)) => e >= h,
+                        _ => false,
+                    };
+                    if !full || past_hi {
+                        break;
+                    }
+                    lo = end.expect("a full batch has a last tenant");
+                }
+            }
+        }
+        if self.scheduler.config().has_reserves() {
+            let busy = self
+                .query("SELECT lane, tenant FROM pairs WHERE inflight > 0", &[])
+                .await?;
+            for r in busy {
+                let (lane, tenant): (String, String) = (r.get(0), r.get(1));
+                if lane_ok(&lane) {
+                    self.lease_pairs += 1;
+                    wanted.insert((lane, tenant));
+                }
+            }
+            for ((lane, tenant), d) in &self.group.deltas {
+                if d.inflight > 0 && lane_ok(lane) {
+                    wanted.insert((lane.clone(), tenant.clone()));
+                }
+            }
+        }
+        Ok(wanted.into_iter().collect())
+    }
+
+    /// The counts of `tenants` of `lane` now (this group's changes
+    /// included), in the order given: (tenant, in flight, ready by type).
+    async fn walk_counts(
+        &mut self,
+        lane: &str,
+        tenants: &[String],
+    ) -> Result<Vec<(String, u32, BTreeMap<JobType, u32>)>, StoreError> {
+        if tenants.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows = self.query(WALK_COUNTS_SQL, &[&lane, &tenants]).await?;
+        let mut found: HashMap<String, (i64, BTreeMap<String, i64>)> = HashMap::new();
+        for r in rows {
+            let e = found
+                .entry(r.get(0))
+                .or_insert_with(|| (r.get(1), BTreeMap::new()));
+            if let Some(t) = r.get::<_, Option<String>>(2) {
+                e.1.insert(t, r.get(3));
+            }
+        }
+        Ok(tenants
+            .iter()
+            .map(|tenant| {
+                let key = (lane.to_owned(), tenant.clone());
+                let (mut inflight, mut by_type) = found.remove(tenant).unwrap_or_default();
+                if let Some(d) = self.group.deltas.get(&key) {
+                    inflight += d.inflight;
+                }
+                let from = (lane.to_owned(), tenant.clone(), String::new());
+                for ((l, t, ty), n) in self.group.typed.range(from..) {
+                    if (l.as_str(), t) != (lane, tenant) {
+                        break;
+                    }
+                    *by_type.entry(ty.clone()).or_default() += n;
+                }
+                let ready = by_type
+                    .into_iter()
+                    .filter(|(_, n)| *n > 0)
+                    .map(|(t, n)| (JobType::new(t), count32(n)))
+                    .collect();
+                (tenant.clone(), count32(inflight.max(0)), ready)
+            })
+            .collect())
     }
 
     /// The jobs a lease statement returned, oldest first, into `out`;
@@ -1749,6 +2047,7 @@ impl Writer {
                 leases: self.leases,
                 // Not counted: PostgreSQL's plans show a lease's reads.
                 lease_steps: 0,
+                lease_pairs: self.lease_pairs,
             }),
         })
     }

@@ -16,6 +16,7 @@
 //! refused instead of issuing the same job ids and lease tokens.
 
 mod checkpoint;
+mod pairs;
 mod reader;
 mod schema;
 mod sequence;

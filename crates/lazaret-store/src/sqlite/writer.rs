@@ -3,7 +3,7 @@
 //! the in-flight counts per (lane, tenant) that the core's lease plan and
 //! fair scheduler pick from, rebuilt from the database at start.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
 
@@ -288,36 +288,6 @@ const PROMOTE_MAX: i64 = 20_000;
 /// Expired leases handled per tick at most.
 const EXPIRE_MAX: i64 = 2_000;
 
-/// One (lane, tenant)'s counts.
-#[derive(Clone, Debug, Default)]
-struct Pair {
-    /// Ready jobs, all types.
-    ready: u32,
-    /// Ready jobs by type (a type stays with 0 once seen; `rebuild_counts`
-    /// drops the zeros).
-    by_type: BTreeMap<JobType, u32>,
-    inflight: u32,
-}
-
-impl Pair {
-    fn add_ready(&mut self, job_type: &JobType, n: u32) {
-        self.ready += n;
-        match self.by_type.get_mut(job_type.as_str()) {
-            Some(c) => *c += n,
-            None => {
-                self.by_type.insert(job_type.clone(), n);
-            }
-        }
-    }
-
-    fn take_ready(&mut self, job_type: &str, n: u32) {
-        self.ready = self.ready.saturating_sub(n);
-        if let Some(c) = self.by_type.get_mut(job_type) {
-            *c = c.saturating_sub(n);
-        }
-    }
-}
-
 /// A take of the lease plan, owned, so the counts it was planned from can change.
 struct OwnedTake {
     lane: Lane,
@@ -339,8 +309,8 @@ pub(super) struct Writer {
     conn: Connection,
     scheduler: FairScheduler,
     decider: Arc<dyn Decider>,
-    /// Per lane, per tenant: looked up by `&str` (the newtypes borrow as str), so the hot path clones nothing.
-    pairs: HashMap<Lane, HashMap<TenantId, Pair>>,
+    /// Per lane, per tenant, with the ordered sets a lease walks (`super::pairs`).
+    pairs: super::pairs::Pairs,
     scheduled: HashMap<Lane, u64>,
     succeeded: u64,
     cancelled: u64,
@@ -362,6 +332,8 @@ pub(super) struct Writer {
     /// (`StoreStats::lease_steps`).
     leases: u64,
     lease_steps: u64,
+    /// (lane, tenant) pairs those leases looked at (`GroupCommitStats::lease_pairs`).
+    lease_pairs: u64,
 }
 
 fn db<T>(r: rusqlite::Result<T>) -> Result<T, StoreError> {
@@ -391,7 +363,7 @@ impl Writer {
             conn,
             scheduler,
             decider,
-            pairs: HashMap::new(),
+            pairs: super::pairs::Pairs::default(),
             scheduled: HashMap::new(),
             succeeded: 0,
             cancelled: 0,
@@ -401,6 +373,7 @@ impl Writer {
             isolated_groups: 0,
             leases: 0,
             lease_steps: 0,
+            lease_pairs: 0,
             syncer: None,
             checkpointer: None,
         })
@@ -452,21 +425,8 @@ impl Writer {
             let lane = Lane::new(lane);
             match state.as_str() {
                 "scheduled" => *self.scheduled.entry(lane).or_default() += n as u64,
-                "queued" => self
-                    .pairs
-                    .entry(lane)
-                    .or_default()
-                    .entry(TenantId::new(tenant))
-                    .or_default()
-                    .add_ready(&JobType::new(job_type), n as u32),
-                _ => {
-                    self.pairs
-                        .entry(lane)
-                        .or_default()
-                        .entry(TenantId::new(tenant))
-                        .or_default()
-                        .inflight += n as u32
-                }
+                "queued" => self.pairs.add_ready(&lane, &tenant, &job_type, n as u32),
+                _ => self.pairs.add_inflight(&lane, &tenant, n as u32),
             }
         }
         self.succeeded = db(self.conn.query_row(
@@ -792,17 +752,6 @@ impl Writer {
         }
     }
 
-    fn pair(&mut self, lane: &Lane, tenant: &TenantId) -> &mut Pair {
-        if !self.pairs.contains_key(lane.as_str()) {
-            self.pairs.insert(lane.clone(), HashMap::new());
-        }
-        let tenants = self.pairs.get_mut(lane.as_str()).expect("inserted above");
-        if !tenants.contains_key(tenant.as_str()) {
-            tenants.insert(tenant.clone(), Pair::default());
-        }
-        tenants.get_mut(tenant.as_str()).expect("inserted above")
-    }
-
     fn enqueue(&mut self, jobs: Vec<NewJob>) -> Result<Vec<EnqueueOutcome>, StoreError> {
         let mut out = Vec::with_capacity(jobs.len());
         for job in jobs {
@@ -829,6 +778,18 @@ impl Writer {
                     });
                     continue;
                 }
+            }
+            // A bound on the tenants with jobs ready, if configured: a job of
+            // a tenant with none ready is refused at it (the core's rule).
+            let config = self.scheduler.config();
+            if !config.admits_tenant(
+                self.pairs.has_ready(job.tenant.as_str()),
+                self.pairs.tenants_ready(),
+            ) {
+                out.push(EnqueueOutcome::TooManyTenants {
+                    tenants_ready_max: config.tenants_ready_max.unwrap_or_default(),
+                });
+                continue;
             }
             let id = JobId(self.seq.ids.issue(&self.conn)?);
             let state = if job.run_at > job.now {
@@ -858,19 +819,16 @@ impl Writer {
                     ms(job.now),
                     job.payload,
                 ]))?;
-            let inflight = if state == JobState::Scheduled {
-                let inflight = self
-                    .pairs
-                    .get(job.lane.as_str())
-                    .and_then(|t| t.get(job.tenant.as_str()))
-                    .map_or(0, |p| p.inflight);
-                *self.scheduled.entry(job.lane).or_default() += 1;
-                inflight
+            if state == JobState::Scheduled {
+                *self.scheduled.entry(job.lane.clone()).or_default() += 1;
             } else {
-                let p = self.pair(&job.lane, &job.tenant);
-                p.add_ready(&job.job_type, 1);
-                p.inflight
-            };
+                self.pairs
+                    .add_ready(&job.lane, &job.tenant, &job.job_type, 1);
+            }
+            let inflight = self
+                .pairs
+                .get(job.lane.as_str(), job.tenant.as_str())
+                .map_or(0, |p| p.inflight);
             out.push(EnqueueOutcome::Created {
                 id,
                 state,
@@ -893,27 +851,21 @@ impl Writer {
                 && !req.exclude_lanes.contains(lane)
         };
         let takes: Vec<OwnedTake> = {
-            let pairs: Vec<PairCounts<'_>> = self
-                .pairs
-                .iter()
-                .filter(|(lane, _)| lane_ok(lane))
-                .flat_map(|(lane, tenants)| tenants.iter().map(move |(t, p)| (lane, t, p)))
-                // Pairs holding leases with nothing ready too: whether they
-                // count (lane reserves are shares of every lease held) is
-                // the plan's to say.
-                .filter(|(_, _, p)| p.ready > 0 || p.inflight > 0)
-                .map(|(lane, tenant, p)| PairCounts {
-                    lane,
-                    tenant,
-                    inflight: p.inflight,
-                    ready: &p.by_type,
-                })
-                .collect();
             let filter = LeaseFilter {
                 types: req.types.as_deref(),
                 excluded: &req.exclude_types,
                 probes: &req.type_limits,
             };
+            // Only the pairs the plan needs, walked in the round's order
+            // from ordered sets (`super::pairs`): about `max_jobs` per
+            // lane, however many tenants have jobs ready.
+            let pairs: Vec<PairCounts<'_>> = self.pairs.window(
+                &self.scheduler,
+                &filter,
+                lane_ok,
+                req.max_jobs,
+                &mut self.lease_pairs,
+            );
             plan_lease(&mut self.scheduler, &pairs, &filter, req.max_jobs)
                 .into_iter()
                 .map(|t| OwnedTake {
@@ -994,8 +946,7 @@ impl Writer {
             None => {
                 any = self
                     .pairs
-                    .get(lane)
-                    .and_then(|tenants| tenants.get(tenant))
+                    .get(lane, tenant)
                     .map(|p| {
                         p.by_type
                             .iter()
@@ -1069,11 +1020,11 @@ impl Writer {
         }
         drop(update);
         let got = (out.len() - start) as u32;
-        let p = self.pair(lane, tenant);
         for job in &out[start..] {
-            p.take_ready(job.job_type.as_str(), 1);
+            self.pairs
+                .take_ready(lane, tenant, job.job_type.as_str(), 1);
         }
-        p.inflight += got;
+        self.pairs.add_inflight(lane, tenant, got);
         Ok(got)
     }
 
@@ -1170,9 +1121,7 @@ impl Writer {
     /// whether that freed a slot someone waits for (the core's rule,
     /// `FairScheduler::frees_slot`).
     fn release_slot(&mut self, lane: &Lane, tenant: &TenantId) -> bool {
-        let p = self.pair(lane, tenant);
-        let (inflight, ready) = (p.inflight, p.ready);
-        p.inflight = p.inflight.saturating_sub(1);
+        let (inflight, ready) = self.pairs.release(lane, tenant);
         self.scheduler.frees_slot(tenant, inflight, ready)
     }
 
@@ -1279,8 +1228,8 @@ impl Writer {
                     )?
                     .execute(params![id, state_word(state), ms(at), env.attempts, env.to_json()]))?;
                 if state == JobState::Queued {
-                    self.pair(&env.lane, &env.tenant)
-                        .add_ready(&env.job_type, 1);
+                    self.pairs
+                        .add_ready(&env.lane, &env.tenant, &env.job_type, 1);
                 } else {
                     *self.scheduled.entry(env.lane.clone()).or_default() += 1;
                 }
@@ -1383,17 +1332,20 @@ impl Writer {
     ) -> Result<Result<Cancelled, CancelError>, StoreError> {
         let row = db(self
             .conn
-            .prepare_cached("SELECT state, lane, tenant, cancel_requested FROM jobs WHERE id = ?1")?
+            .prepare_cached(
+                "SELECT state, lane, tenant, cancel_requested, type FROM jobs WHERE id = ?1",
+            )?
             .query_row(params![id.0 as i64], |r| {
                 Ok((
                     r.get::<_, String>(0)?,
                     r.get::<_, String>(1)?,
                     r.get::<_, String>(2)?,
                     r.get::<_, bool>(3)?,
+                    r.get::<_, String>(4)?,
                 ))
             })
             .optional())?;
-        let Some((state, lane, tenant, requested)) = row else {
+        let Some((state, lane, tenant, requested, job_type)) = row else {
             return Ok(Err(CancelError::NotFound));
         };
         let state: JobState = state
@@ -1412,8 +1364,7 @@ impl Writer {
                     .execute(params![id.0 as i64, ms(now)]))?;
                 let lane = Lane::new(lane);
                 if state == JobState::Queued {
-                    let p = self.pair(&lane, &TenantId::new(tenant));
-                    p.ready = p.ready.saturating_sub(1);
+                    self.pairs.take_ready(&lane, &tenant, &job_type, 1);
                 } else if let Some(n) = self.scheduled.get_mut(&lane) {
                     *n = n.saturating_sub(1);
                 }
@@ -1484,8 +1435,7 @@ impl Writer {
             if let Some(n) = self.scheduled.get_mut(&lane) {
                 *n = n.saturating_sub(1);
             }
-            self.pair(&lane, &TenantId::new(tenant))
-                .add_ready(&JobType::new(job_type), 1);
+            self.pairs.add_ready(&lane, &tenant, &job_type, 1);
             tick.promoted += 1;
         }
         let expired: Vec<i64> = {
@@ -1578,8 +1528,8 @@ impl Writer {
                 .conn
                 .prepare_cached("DELETE FROM dead_letters WHERE id = ?1")?
                 .execute(params![dl.0 as i64]))?;
-            self.pair(&env.lane, &env.tenant)
-                .add_ready(&env.job_type, 1);
+            self.pairs
+                .add_ready(&env.lane, &env.tenant, &env.job_type, 1);
             out.push(env.id);
         }
         self.audit_add(audit, out.len() as u64)?;
@@ -1645,8 +1595,8 @@ impl Writer {
             .conn
             .prepare_cached("DELETE FROM dead_letters WHERE id = ?1")?
             .execute(params![dl.0 as i64]))?;
-        self.pair(&env.lane, &env.tenant)
-            .add_ready(&env.job_type, 1);
+        self.pairs
+            .add_ready(&env.lane, &env.tenant, &env.job_type, 1);
         self.audit_add(audit, 1)?;
         Ok(Some(env.id))
     }
@@ -1705,7 +1655,7 @@ impl Writer {
 
     fn stats(&mut self) -> Result<StoreStats, StoreError> {
         let mut lanes: HashMap<Lane, LaneCounts> = HashMap::new();
-        for (lane, tenants) in &self.pairs {
+        for (lane, tenants) in self.pairs.iter() {
             let c = lanes.entry(lane.clone()).or_default();
             for p in tenants.values() {
                 c.queued += u64::from(p.ready);
@@ -1726,7 +1676,7 @@ impl Writer {
                  WHERE lane = ?1 AND tenant = ?2 AND type = ?3 AND state = 'queued'
                  ORDER BY run_at, id LIMIT 1",
             ))?;
-            for (lane, tenants) in &self.pairs {
+            for (lane, tenants) in self.pairs.iter() {
                 for ((tenant, job_type), _) in tenants.iter().flat_map(|(tenant, p)| {
                     p.by_type
                         .iter()
@@ -1783,6 +1733,7 @@ impl Writer {
                 sync_micros: self.syncer.as_ref().map_or(0, Syncer::sync_micros),
                 leases: self.leases,
                 lease_steps: self.lease_steps,
+                lease_pairs: self.lease_pairs,
             }),
         })
     }

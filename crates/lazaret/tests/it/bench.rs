@@ -205,3 +205,24 @@ async fn start_latency_measures_every_job_of_an_idle_worker() {
         "{report}"
     );
 }
+
+/// `--scenario tenants` (issue 32): both sides run, one tenant and one
+/// job per tenant, and the report gives their lease rates and the ratio.
+#[tokio::test]
+async fn tenants_measures_single_job_leases_over_one_tenant_and_many() {
+    let report =
+        bench_own_servers(&["--scenario", "tenants", "--jobs", "300", "--measure-s", "1"]).await;
+    let runs = report["runs"].as_array().expect("runs");
+    let tenants: Vec<&Value> = runs.iter().map(|r| &r["tenants"]).collect();
+    assert_eq!(
+        tenants,
+        [&serde_json::json!(1), &serde_json::json!(300)],
+        "{report}"
+    );
+    for r in runs {
+        assert_eq!(r["errors"], serde_json::json!([]), "{r}");
+        assert!(r["leases"].as_u64().unwrap() > 0, "{r}");
+        assert!(r["lease"]["count"].as_u64().unwrap() > 0, "{r}");
+    }
+    assert!(report["ratio"].is_number(), "{report}");
+}

@@ -201,3 +201,56 @@ async fn a_poison_job_at_the_head_of_a_lane_does_not_delay_the_healthy_jobs_behi
         assert_eq!(r.expect(200)["reason"], "permanent");
     }
 }
+
+/// `[tenants] ready_max` bounds the distinct tenants with jobs ready
+/// (issue 32, item 10): a job of one more is refused `429
+/// TOO_MANY_TENANTS` and nothing is queued, a tenant already waiting is
+/// still served, and a tenant whose jobs are all leased makes room.
+#[tokio::test]
+async fn a_new_tenant_beyond_ready_max_is_refused_with_429() {
+    let server = Server::start("[tenants]\nready_max = 2\n").await;
+    let api = server.api();
+    api.enqueue_ok(&job("report", "acme", json!({"n": 1})))
+        .await;
+    api.enqueue_ok(&job("report", "globex", json!({"n": 1})))
+        .await;
+
+    let r = api
+        .enqueue(&job("report", "initech", json!({"n": 1})))
+        .await;
+    let body = r.expect(429);
+    assert_eq!(body["error"]["code"], "TOO_MANY_TENANTS", "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("`initech`") && message.contains("[tenants] ready_max"),
+        "the message names the tenant and the key: {message}"
+    );
+    // In a batch, the refused job is one error in the list.
+    let r = api
+        .post(
+            "/v1/jobs/batch",
+            &json!({"jobs": [
+                job("report", "acme", json!({"n": 2})),
+                job("report", "umbrella", json!({"n": 1})),
+            ]}),
+        )
+        .await;
+    let results = r.expect(200)["results"].clone();
+    assert!(
+        results[0]["id"].is_string(),
+        "acme waits already: {results}"
+    );
+    assert_eq!(results[1]["error"]["code"], "TOO_MANY_TENANTS", "{results}");
+
+    // Nothing of the refused tenants was queued.
+    let page = api.get("/v1/jobs?tenant=initech").await;
+    assert_eq!(page.expect(200)["items"], json!([]));
+
+    // globex's only job is leased: two tenants wait no more than one.
+    let mut req = lease_req("w", 10, 30_000);
+    req["types"] = json!(["report"]);
+    let leased = api.lease(&req).await;
+    assert_eq!(leased.len(), 3, "acme's two and globex's one");
+    api.enqueue_ok(&job("report", "initech", json!({"n": 1})))
+        .await;
+}
