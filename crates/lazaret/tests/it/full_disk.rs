@@ -106,7 +106,11 @@ struct Handler {
 
 impl Handler {
     async fn start(&self) -> String {
-        async fn handle(State(h): State<Handler>, headers: HeaderMap, body: Bytes) -> impl IntoResponse {
+        async fn handle(
+            State(h): State<Handler>,
+            headers: HeaderMap,
+            body: Bytes,
+        ) -> impl IntoResponse {
             let id = headers
                 .get("lazaret-message-id")
                 .and_then(|v| v.to_str().ok())
@@ -121,7 +125,11 @@ impl Handler {
             if body.starts_with(b"poison") {
                 (StatusCode::BAD_REQUEST, "this order has no amount").into_response()
             } else if body.starts_with(b"transient") && before == 0 {
-                (StatusCode::SERVICE_UNAVAILABLE, "the database is restarting").into_response()
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the database is restarting",
+                )
+                    .into_response()
             } else {
                 StatusCode::NO_CONTENT.into_response()
             }
@@ -236,7 +244,12 @@ fn cpu_time(pid: u32) -> Duration {
     // The fields after the command name, which is in parentheses.
     let after = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
     let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| fields.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
     // utime and stime are fields 14 and 15 of the line, 12 and 13 here;
     // the kernel counts them in USER_HZ (100 on Linux).
     Duration::from_millis((ticks(11) + ticks(12)) * 10)
@@ -399,7 +412,9 @@ delivery_timeout_ms = 5000
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let metrics = api.get("/metrics").await.text();
-    let delivery_count = dl["source"]["headers"]["x-delivery-count"].as_u64().unwrap_or(0);
+    let delivery_count = dl["source"]["headers"]["x-delivery-count"]
+        .as_u64()
+        .unwrap_or(0);
     let _ = writeln!(
         std::io::stderr(),
         "{test}: after space came back: the poison's dead letter: reason {}, kind {}, \
@@ -413,14 +428,23 @@ delivery_timeout_ms = 5000
         handler.count("t1"),
         metric(&metrics, "lazaret_source_given_back_total", SOURCE),
     );
-    assert_eq!(p1_during, 1, "the poison reached the handler once: {during}");
-    assert_eq!(t1_during, 1, "the transient message reached the handler once: {during}");
+    assert_eq!(
+        p1_during, 1,
+        "the poison reached the handler once: {during}"
+    );
+    assert_eq!(
+        t1_during, 1,
+        "the transient message reached the handler once: {during}"
+    );
     assert!(
         warn1 - warn0 <= 2 * (window.as_secs() as usize / 10 + 1),
         "a line per interval, not per message: {during}\n{}",
         server.log()
     );
-    assert_eq!(health, 503, "/healthz says the store is not writable: {during}");
+    assert_eq!(
+        health, 503,
+        "/healthz says the store is not writable: {during}"
+    );
     assert!(
         why["error"]["message"]
             .as_str()
@@ -438,11 +462,22 @@ delivery_timeout_ms = 5000
         "{during}"
     );
     assert_eq!(dl["source"]["message_id"], "p1", "{dl}");
-    assert_eq!(dl["reason"], "permanent", "the handler's answer, kept: {dl}");
+    assert_eq!(
+        dl["reason"], "permanent",
+        "the handler's answer, kept: {dl}"
+    );
     assert_eq!(dl["error"]["kind"], "http_400", "{dl}");
     assert_eq!(dl["attempts"], 1, "{dl}");
-    assert_eq!(handler.count("p1"), 1, "the poison reached the handler once in all");
-    assert_eq!(handler.count("t1"), 2, "the transient message: its failure and its retry");
+    assert_eq!(
+        handler.count("p1"),
+        1,
+        "the poison reached the handler once in all"
+    );
+    assert_eq!(
+        handler.count("t1"),
+        2,
+        "the transient message: its failure and its retry"
+    );
     for id in &healthy {
         assert_eq!(handler.count(id), 1, "{id} delivered once");
     }
