@@ -1116,4 +1116,49 @@ mod runtime {
         );
         g.stop().await.unwrap();
     }
+
+    /// A watch source whose quarantine the store refuses holds the broker's
+    /// dead letter and tries again later, never handing it back at once
+    /// (which made the broker hand it straight back, in a loop).
+    #[tokio::test]
+    async fn a_watch_source_holds_a_dead_letter_the_store_refuses() {
+        use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+        use lazaret_store::StoreError;
+
+        let b = Memory::default();
+        let dir = tempfile::tempdir().unwrap();
+        let queue = b.fresh_queue("watchfull").await;
+        let name = unique("watchfull");
+        let spec = b.spec(&name, &queue, Mode::Watch);
+        b.produce(&queue, "m-w", b"{}", headers(json!({}))).await;
+        let h = host(dir.path(), policies("orders", 3, Duration::from_millis(50)));
+        let full = Arc::new(AtomicBool::new(true));
+        let tries = Arc::new(AtomicU32::new(0));
+        let faults = Faults {
+            refuse_write: Some({
+                let (full, tries) = (Arc::clone(&full), Arc::clone(&tries));
+                Arc::new(move |_| {
+                    tries.fetch_add(1, Ordering::SeqCst);
+                    full.load(Ordering::SeqCst)
+                        .then(|| StoreError::NotApplied("database or disk is full".into()))
+                })
+            }),
+            ..Faults::default()
+        };
+        let w = start_watch_on(&b, spec, Arc::clone(&h), faults).await;
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while tries.load(Ordering::SeqCst) < 4 {
+            assert!(std::time::Instant::now() < deadline, "not tried again");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(b.told("m-w").is_empty(), "{:?}", b.told("m-w"));
+        assert!(h.store_writes().and_then(|w| w.refusal()).is_some());
+        full.store(false, Ordering::SeqCst);
+        let dls = wait_dead_letters(h.store(), &name, 1, Duration::from_secs(30)).await;
+        assert_eq!(dls.len(), 1);
+        assert_eq!(b.told("m-w"), vec!["ack"]);
+        assert_eq!(h.store_writes().and_then(|w| w.refusal()), None);
+        w.stop().await.unwrap();
+    }
 }
