@@ -237,9 +237,9 @@ enum Write {
     /// Drop the held retry (a held retry succeeded).
     Unpark,
     /// Hold a retry.
-    Park(ParkedMessage),
+    Park(Box<ParkedMessage>),
     /// Quarantine.
-    Quarantine(SourceDeadLetter),
+    Quarantine(Box<SourceDeadLetter>),
 }
 
 /// Marks a message as held for a refused write while it lives.
@@ -854,7 +854,7 @@ impl<H: Host> Inner<H> {
                 ..p
             };
             let written = self
-                .write_held(Some(ack.as_ref()), &delivery, &Write::Park(again))
+                .write_held(Some(ack.as_ref()), &delivery, &Write::Park(Box::new(again)))
                 .await;
             if let Err(e) = written {
                 self.give_back(ack, &delivery.message_id, &e).await;
@@ -1056,12 +1056,12 @@ impl<H: Host> Inner<H> {
                 } else {
                     self.source_ref(delivery)
                 };
-                Write::Park(ParkedMessage {
+                Write::Park(Box::new(ParkedMessage {
                     source,
                     due_at: due,
                     envelope: env,
                     body: delivery.body.clone(),
-                })
+                }))
             }
             Transition::DeadLetter { reason } => {
                 // A first delivery from the broker was not looked up in the
@@ -1069,7 +1069,7 @@ impl<H: Host> Inner<H> {
                 let first = matches!(origin, Origin::Broker(_))
                     && !delivery.redelivered
                     && delivery.broker_prior == 0;
-                Write::Quarantine(SourceDeadLetter {
+                Write::Quarantine(Box::new(SourceDeadLetter {
                     source: self.source_ref(delivery),
                     job_type: Some(self.spec.job_type.to_string()),
                     tenant: Some(env.tenant.to_string()),
@@ -1084,7 +1084,7 @@ impl<H: Host> Inner<H> {
                     now: at,
                     payload: delivery.body.clone(),
                     may_be_parked: !first,
-                })
+                }))
             }
         };
         // A refused write keeps the outcome and is tried again (the
@@ -1216,8 +1216,8 @@ impl<H: Host> Inner<H> {
                 .unpark_message(self.spec.name.clone(), delivery.message_id.clone())
                 .await
                 .map(|_| None),
-            Write::Park(p) => store.park_message(p.clone()).await.map(|()| None),
-            Write::Quarantine(dl) => self.quarantine(dl.clone()).await.map(|q| Some(q.id)),
+            Write::Park(p) => store.park_message((**p).clone()).await.map(|()| None),
+            Write::Quarantine(dl) => self.quarantine((**dl).clone()).await.map(|q| Some(q.id)),
         }
     }
 
