@@ -30,8 +30,17 @@
 //! While the type's breaker is open or the type or lane is paused, the
 //! runtime takes no message from the broker (the broker keeps them) and
 //! delivers no held retry.
+//!
+//! While the store refuses writes (a full disk; [`StoreWrites`]) the same
+//! gate is closed, and a message whose outcome could not be written keeps
+//! it: the write is tried again after a growing delay
+//! ([`store_retry_delay`]) while the message stays unacknowledged (kept
+//! from redelivery by in-progress acks where the broker needs them), so
+//! the handler is never asked again for an answer it gave and the broker
+//! never spins it. Only a source that stops hands such a message back,
+//! and counts it ([`Host::given_back`]).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -42,14 +51,14 @@ use lazaret_core::{
     TypePolicy, WorkerId, absorb_earlier_deliveries, decide, grant_lease,
 };
 use lazaret_store::{
-    Completed, Held, ParkedMessage, Quarantined, SourceDeadLetter, SourceRef, Stage, Store,
-    StoreError,
+    Completed, DeadLetterId, Held, ParkedMessage, Quarantined, SourceDeadLetter, SourceRef, Stage,
+    Store, StoreError,
 };
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot, watch};
 
 use crate::broker::{Acker, Broker, BrokerError, Incoming, Reconnecting};
 use crate::handler::{Call, Handler, Outcome};
-use crate::host::Host;
+use crate::host::{Host, StoreWrites, store_retry_delay};
 use crate::message::Delivery;
 use crate::spec::{SourceSpec, TenantFrom};
 
@@ -109,6 +118,10 @@ pub type CrashHook = Arc<dyn Fn(&Delivery) -> bool + Send + Sync>;
 /// Told how each broker message was settled (tests).
 pub type SettledHook = Arc<dyn Fn(&Delivery, Settled) + Send + Sync>;
 
+/// Decides, for a message, whether lazaret's next write for it fails, and
+/// with what (tests: a full disk).
+pub type RefuseHook = Arc<dyn Fn(&Delivery) -> Option<StoreError> + Send + Sync>;
+
 /// How a broker message was settled, for [`Faults::settled`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Settled {
@@ -134,6 +147,10 @@ pub struct Faults {
     /// Called once a message is settled: its broker acknowledgement
     /// succeeded, or, for a held retry, its outcome was written.
     pub settled: Option<SettledHook>,
+    /// Called before each write of a message's outcome (a held retry, a
+    /// dead letter, a held retry dropped): `Some(error)` fails that write
+    /// with it, as a full disk would.
+    pub refuse_write: Option<RefuseHook>,
 }
 
 impl fmt::Debug for Faults {
@@ -141,6 +158,7 @@ impl fmt::Debug for Faults {
         f.debug_struct("Faults")
             .field("crash_after_write", &self.crash_after_write.is_some())
             .field("settled", &self.settled.is_some())
+            .field("refuse_write", &self.refuse_write.is_some())
             .finish()
     }
 }
@@ -190,6 +208,56 @@ struct Inner<H: Host> {
     faults: Faults,
     crashed: watch::Sender<bool>,
     quarantines: Arc<Quarantines>,
+    /// The source stops: a message held for a refused write is handed back.
+    stopping: watch::Sender<bool>,
+    /// Whether the store takes writes, when the host keeps none for all
+    /// its sources.
+    own_writes: StoreWrites,
+    /// Messages whose outcome waits for the store to take writes, by id
+    /// (how many deliveries of that id): a redelivery of one (its channel
+    /// was lost meanwhile) waits for that write instead of going to the
+    /// handler again.
+    holding: Mutex<HashMap<String, u32>>,
+    /// Messages this source handed back to the broker, by id, with how
+    /// often: the broker counts each as a delivery, which is no crash.
+    /// In memory only (a restart forgets it), at most [`GIVEN_BACK_MAX`].
+    given_back: Mutex<HashMap<String, u32>>,
+}
+
+/// Message ids whose hand-backs a source remembers at most.
+const GIVEN_BACK_MAX: usize = 10_000;
+/// How often a source closed because the store refuses writes looks again.
+const STORE_RECHECK: Duration = Duration::from_millis(100);
+
+/// What an outcome writes to the store before the broker message is
+/// settled.
+enum Write {
+    /// Nothing (a success straight from the broker).
+    Nothing,
+    /// Drop the held retry (a held retry succeeded).
+    Unpark,
+    /// Hold a retry.
+    Park(Box<ParkedMessage>),
+    /// Quarantine.
+    Quarantine(Box<SourceDeadLetter>),
+}
+
+/// Marks a message as held for a refused write while it lives.
+struct Holding<'a> {
+    ids: &'a Mutex<HashMap<String, u32>>,
+    id: String,
+}
+
+impl Drop for Holding<'_> {
+    fn drop(&mut self) {
+        let mut ids = self.ids.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = ids.get_mut(&self.id) {
+            *n -= 1;
+            if *n == 0 {
+                ids.remove(&self.id);
+            }
+        }
+    }
 }
 
 type QuarantineReply = oneshot::Sender<Result<Quarantined, StoreError>>;
@@ -408,6 +476,10 @@ impl<H: Host> Guard<H> {
                 faults: Faults::default(),
                 crashed: watch::channel(false).0,
                 quarantines: Arc::new(Quarantines::new(QUARANTINE_LINGER, room)),
+                stopping: watch::channel(false).0,
+                own_writes: StoreWrites::default(),
+                holding: Mutex::new(HashMap::new()),
+                given_back: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -458,6 +530,8 @@ impl<H: Host> Guard<H> {
         if let Some(parked) = parked {
             parked.abort();
         }
+        // Messages held for a refused write are handed back now.
+        inner.stopping.send_replace(true);
         if result.is_ok() && !*inner.crashed.borrow() {
             // Let deliveries in flight settle, for at most one delivery timeout.
             let all = inner.spec.concurrency.max(1);
@@ -476,11 +550,61 @@ impl<H: Host> Guard<H> {
 }
 
 impl<H: Host> Inner<H> {
+    /// Whether the store takes writes, for this source.
+    fn writes(&self) -> &StoreWrites {
+        self.host.store_writes().unwrap_or(&self.own_writes)
+    }
+
+    /// How long a message taken from the broker waits before it is
+    /// delivered: while its type or lane is parked, or the store refuses
+    /// writes (its outcome could not be written).
+    fn held_back(&self) -> Option<Duration> {
+        self.host
+            .held_back(&self.spec.job_type, &self.spec.lane, now())
+            .or_else(|| self.writes().refusal().map(|_| STORE_RECHECK))
+    }
+
+    /// How often a message held for a long time is kept from redelivery.
+    fn progress_every(&self) -> Duration {
+        (self.spec.delivery_timeout / 4).clamp(Duration::from_millis(500), Duration::from_secs(10))
+    }
+
+    /// Waits before the next try of a refused store operation (the
+    /// `tries`-th failed): [`store_retry_delay`], at most
+    /// [`Inner::progress_every`], then keeps `ack`'s message from
+    /// redelivery. `false` when the source stops meanwhile.
+    async fn wait_to_retry(&self, tries: u32, ack: Option<&dyn Acker>) -> bool {
+        let mut stopping = self.stopping.subscribe();
+        if *stopping.borrow_and_update() {
+            return false;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(store_retry_delay(tries).min(self.progress_every())) => {}
+            _ = stopping.changed() => return false,
+        }
+        if let Some(ack) = ack {
+            if let Err(e) = ack.progress().await {
+                tracing::debug!(source = %self.spec.name, "in-progress ack failed: {e}");
+            }
+        }
+        true
+    }
+
     /// Waits until the type and lane may be delivered, or shutdown.
     async fn gate(&self, shutdown: &mut watch::Receiver<bool>) -> bool {
         loop {
             if *shutdown.borrow() {
                 return false;
+            }
+            // The store refuses writes: take nothing whose outcome could
+            // not be written. The source holding the refused write tries it
+            // again, and the first that succeeds opens this again.
+            if self.writes().refusal().is_some() {
+                tokio::select! {
+                    _ = tokio::time::sleep(STORE_RECHECK) => {}
+                    _ = shutdown.changed() => {}
+                }
+                continue;
             }
             match self
                 .host
@@ -578,33 +702,75 @@ impl<H: Host> Inner<H> {
     /// A message fresh from the broker.
     async fn take(self: Arc<Self>, incoming: Incoming, permit: OwnedSemaphorePermit) {
         let Incoming { mut delivery, ack } = incoming;
-        // The gate was open when the runtime asked the broker, but a pause or
-        // a breaker may have closed it while `next` waited: hold the message
-        // (kept from redelivery) until it opens again.
-        while let Some(wait) = self
-            .host
-            .held_back(&self.spec.job_type, &self.spec.lane, now())
-        {
+        // The gate was open when the runtime asked the broker, but a pause,
+        // a breaker or a refused write may have closed it while `next`
+        // waited: hold the message (kept from redelivery) until it opens
+        // again.
+        while let Some(wait) = self.held_back() {
             if let Err(e) = ack.progress().await {
                 tracing::debug!(source = %self.spec.name, "in-progress ack failed: {e}");
             }
             tokio::time::sleep(wait.clamp(Duration::from_millis(10), Duration::from_secs(1))).await;
         }
         delivery.resolve_id();
-        if delivery.redelivered || delivery.broker_prior > 0 {
-            let held = self
-                .host
-                .store()
-                .message_held(self.spec.name.clone(), delivery.message_id.clone())
-                .await;
+        // Deliveries the broker counted because this source handed the
+        // message back are no crashes.
+        let given_back = self.given_back_before(&delivery.message_id);
+        delivery.broker_prior = delivery.broker_prior.saturating_sub(given_back);
+        if delivery.redelivered || delivery.broker_prior > 0 || given_back > 0 {
+            // A redelivery of a message whose outcome this source still
+            // holds for a refused write (its channel was lost): that write
+            // decides; the handler is not asked again.
+            let mut tries = 0;
+            while self.is_holding(&delivery.message_id) {
+                if !self.wait_to_retry(tries.min(3), Some(ack.as_ref())).await {
+                    self.give_back(ack, &delivery.message_id, &StoreError::Closed)
+                        .await;
+                    return;
+                }
+                tries += 1;
+            }
+            let mut tries = 0;
+            let held = loop {
+                let held = self
+                    .host
+                    .store()
+                    .message_held(self.spec.name.clone(), delivery.message_id.clone())
+                    .await;
+                match held {
+                    Err(e) if !matches!(e, StoreError::Closed) => {
+                        tracing::debug!(source = %self.spec.name, "cannot read whether a redelivered message is held: {e}; trying again");
+                        if !self.wait_to_retry(tries, Some(ack.as_ref())).await {
+                            self.give_back(ack, &delivery.message_id, &e).await;
+                            return;
+                        }
+                        tries += 1;
+                    }
+                    held => break held,
+                }
+            };
             match held {
                 Ok(Held::Nothing) => {}
                 Ok(Held::Parked) if self.broker.holds_retries() => {
-                    let record = self
-                        .host
-                        .store()
-                        .parked_message(self.spec.name.clone(), delivery.message_id.clone())
-                        .await;
+                    let mut tries = 0;
+                    let record = loop {
+                        let record = self
+                            .host
+                            .store()
+                            .parked_message(self.spec.name.clone(), delivery.message_id.clone())
+                            .await;
+                        match record {
+                            Err(e) if !matches!(e, StoreError::Closed) => {
+                                if !self.wait_to_retry(tries, Some(ack.as_ref())).await {
+                                    self.give_back(ack, &delivery.message_id, &e).await;
+                                    drop(permit);
+                                    return;
+                                }
+                                tries += 1;
+                            }
+                            record => break record,
+                        }
+                    };
                     match record {
                         // Settled in between: new to lazaret after all.
                         Ok(None) => {}
@@ -613,7 +779,7 @@ impl<H: Host> Inner<H> {
                             return;
                         }
                         Err(e) => {
-                            self.give_back(ack, &e).await;
+                            self.give_back(ack, &delivery.message_id, &e).await;
                             drop(permit);
                             return;
                         }
@@ -630,7 +796,7 @@ impl<H: Host> Inner<H> {
                     return;
                 }
                 Err(e) => {
-                    self.give_back(ack, &e).await;
+                    self.give_back(ack, &delivery.message_id, &e).await;
                     drop(permit);
                     return;
                 }
@@ -687,8 +853,11 @@ impl<H: Host> Inner<H> {
                 source: self.held_ref(&delivery),
                 ..p
             };
-            if let Err(e) = self.host.store().park_message(again).await {
-                self.give_back(ack, &e).await;
+            let written = self
+                .write_held(Some(ack.as_ref()), &delivery, &Write::Park(Box::new(again)))
+                .await;
+            if let Err(e) = written {
+                self.give_back(ack, &delivery.message_id, &e).await;
                 return;
             }
             if let Err(e) = ack.hold(wait).await {
@@ -867,23 +1036,19 @@ impl<H: Host> Inner<H> {
         mut done: Completed,
         at: Timestamp,
     ) -> bool {
-        let store = self.host.store();
         let transition = done.transition;
         if !matches!(transition, Transition::Succeeded | Transition::Cancelled) {
             if let Some(ack) = origin.acker() {
                 ack.decided();
             }
         }
-        let written: Result<(), StoreError> = match transition {
+        let write = match transition {
             // A broker message is never asked to cancel (`decide` alone
             // settles it), so `Cancelled` does not come; were it to, the
             // message is done with, like a success: dropped and acknowledged.
             Transition::Succeeded | Transition::Cancelled => match origin {
-                Origin::Parked | Origin::Held(_) => store
-                    .unpark_message(self.spec.name.clone(), delivery.message_id.clone())
-                    .await
-                    .map(drop),
-                Origin::Broker(_) => Ok(()),
+                Origin::Parked | Origin::Held(_) => Write::Unpark,
+                Origin::Broker(_) => Write::Nothing,
             },
             Transition::Retry { at: due, .. } | Transition::Defer { until: due } => {
                 let source = if self.broker.holds_retries() {
@@ -891,14 +1056,12 @@ impl<H: Host> Inner<H> {
                 } else {
                     self.source_ref(delivery)
                 };
-                store
-                    .park_message(ParkedMessage {
-                        source,
-                        due_at: due,
-                        envelope: env,
-                        body: delivery.body.clone(),
-                    })
-                    .await
+                Write::Park(Box::new(ParkedMessage {
+                    source,
+                    due_at: due,
+                    envelope: env,
+                    body: delivery.body.clone(),
+                }))
             }
             Transition::DeadLetter { reason } => {
                 // A first delivery from the broker was not looked up in the
@@ -906,7 +1069,7 @@ impl<H: Host> Inner<H> {
                 let first = matches!(origin, Origin::Broker(_))
                     && !delivery.redelivered
                     && delivery.broker_prior == 0;
-                let dl = SourceDeadLetter {
+                Write::Quarantine(Box::new(SourceDeadLetter {
                     source: self.source_ref(delivery),
                     job_type: Some(self.spec.job_type.to_string()),
                     tenant: Some(env.tenant.to_string()),
@@ -921,19 +1084,21 @@ impl<H: Host> Inner<H> {
                     now: at,
                     payload: delivery.body.clone(),
                     may_be_parked: !first,
-                };
-                self.quarantine(dl).await.map(|q| {
-                    done.dead_letter = Some(q.id);
-                })
+                }))
             }
         };
-        if let Err(e) = written {
-            if let Some(ack) = origin.into_acker() {
-                self.give_back(ack, &e).await;
-            } else {
-                tracing::warn!(source = %self.spec.name, "cannot record the outcome of a held retry: {e}; it stays held");
+        // A refused write keeps the outcome and is tried again (the
+        // message held meanwhile); it fails only when the source stops.
+        match self.write_held(origin.acker(), delivery, &write).await {
+            Ok(dead_letter) => done.dead_letter = dead_letter,
+            Err(e) => {
+                if let Some(ack) = origin.into_acker() {
+                    self.give_back(ack, &delivery.message_id, &e).await;
+                } else {
+                    tracing::warn!(source = %self.spec.name, "cannot record the outcome of a held retry: {e}; it stays held");
+                }
+                return false;
             }
-            return false;
         }
         self.host.recorded(&self.spec.name, &done, at);
         if transition != Transition::Succeeded {
@@ -998,8 +1163,108 @@ impl<H: Host> Inner<H> {
         }
     }
 
-    async fn give_back(&self, ack: Box<dyn Acker>, e: &StoreError) {
-        tracing::warn!(source = %self.spec.name, "cannot record a message's outcome: {e}; handing it back to the broker");
+    /// Writes `write` for `delivery`; the dead letter it made, if any. A
+    /// refused write is tried again after a growing delay, the message
+    /// held meanwhile (`ack` keeps it from redelivery) and new messages
+    /// kept out ([`StoreWrites`]); this fails only when the source stops
+    /// or the store is closed.
+    async fn write_held(
+        &self,
+        ack: Option<&dyn Acker>,
+        delivery: &Delivery,
+        write: &Write,
+    ) -> Result<Option<DeadLetterId>, StoreError> {
+        let mut tries = 0;
+        let mut _holding = None;
+        loop {
+            match self.write_once(delivery, write).await {
+                Ok(dead_letter) => {
+                    self.writes().wrote();
+                    return Ok(dead_letter);
+                }
+                Err(StoreError::Closed) => return Err(StoreError::Closed),
+                Err(e) => {
+                    self.writes().refused(&self.spec.name, &e);
+                    _holding.get_or_insert_with(|| self.hold(&delivery.message_id));
+                    if !self.wait_to_retry(tries, ack).await {
+                        return Err(e);
+                    }
+                    tries += 1;
+                }
+            }
+        }
+    }
+
+    /// One try of `write`.
+    async fn write_once(
+        &self,
+        delivery: &Delivery,
+        write: &Write,
+    ) -> Result<Option<DeadLetterId>, StoreError> {
+        if matches!(write, Write::Nothing) {
+            return Ok(None);
+        }
+        if let Some(refuse) = &self.faults.refuse_write {
+            if let Some(e) = refuse(delivery) {
+                return Err(e);
+            }
+        }
+        let store = self.host.store();
+        match write {
+            Write::Nothing => Ok(None),
+            Write::Unpark => store
+                .unpark_message(self.spec.name.clone(), delivery.message_id.clone())
+                .await
+                .map(|_| None),
+            Write::Park(p) => store.park_message((**p).clone()).await.map(|()| None),
+            Write::Quarantine(dl) => self.quarantine((**dl).clone()).await.map(|q| Some(q.id)),
+        }
+    }
+
+    /// Marks `id` as held for a refused write until the mark is dropped.
+    fn hold(&self, id: &str) -> Holding<'_> {
+        *self
+            .holding
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(id.to_owned())
+            .or_default() += 1;
+        Holding {
+            ids: &self.holding,
+            id: id.to_owned(),
+        }
+    }
+
+    fn is_holding(&self, id: &str) -> bool {
+        self.holding
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains_key(id)
+    }
+
+    /// How often this source handed `id` back before this delivery (and
+    /// forgets it: the delivery at hand accounts for them).
+    fn given_back_before(&self, id: &str) -> u32 {
+        self.given_back
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id)
+            .unwrap_or(0)
+    }
+
+    /// Hands a message back to the broker (it could not be recorded and
+    /// cannot be held any longer: the source stops, or the store is
+    /// closed), remembering it so that its redelivery is not taken for a
+    /// crash, and counting it ([`Host::given_back`]).
+    async fn give_back(&self, ack: Box<dyn Acker>, id: &str, e: &StoreError) {
+        tracing::warn!(source = %self.spec.name, message_id = %id, "cannot record a message's outcome: {e}; handing it back to the broker");
+        {
+            let mut given = self.given_back.lock().unwrap_or_else(|p| p.into_inner());
+            if given.len() < GIVEN_BACK_MAX || given.contains_key(id) {
+                *given.entry(id.to_owned()).or_default() += 1;
+            }
+        }
+        self.host.given_back(&self.spec.name);
         if let Err(e) = ack.release().await {
             tracing::warn!(source = %self.spec.name, "handing it back failed too: {e}; the broker redelivers it when the connection drops");
         }

@@ -1,15 +1,18 @@
 //! What a source's runtime shares with whatever runs it: the store, the
 //! policies, the breakers and pauses, the metrics. `lazaret serve`'s `App`
 //! is one host, so its sources share everything with its queue;
-//! [`LocalHost`] is one for library users.
+//! [`LocalHost`] is one for library users. [`StoreWrites`] is what the
+//! sources of one host know of the store's writes: while it refuses them
+//! (a full disk), no source takes a message.
 
 use std::sync::Mutex;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use lazaret_core::{
     Breakers, FailureClass, JobType, Lane, Policies, Timestamp, Transition, TypePolicy,
 };
-use lazaret_store::{Completed, SourceDeadLetter, Store};
+use lazaret_store::{Completed, SourceDeadLetter, Store, StoreError};
 
 /// A source's window on the rest of lazaret.
 pub trait Host: Send + Sync + 'static {
@@ -53,6 +56,127 @@ pub trait Host: Send + Sync + 'static {
     fn observe_taken_in(&self, source: &str, dl: &SourceDeadLetter, now: Timestamp) {
         let _ = (source, dl, now);
     }
+
+    /// Whether the store takes writes, shared by every source of this host
+    /// (and, for `lazaret serve`, reported by `/healthz` and `/metrics`).
+    /// `None`: each source keeps its own.
+    fn store_writes(&self) -> Option<&StoreWrites> {
+        None
+    }
+
+    /// A source handed a message back to its broker (a nack with requeue,
+    /// or its equivalent) because lazaret could not write its outcome and
+    /// could hold it no longer (the source is stopping). Each such
+    /// hand-back raises the broker's delivery count (a quorum queue's
+    /// `x-delivery-count`, which its `x-delivery-limit` counts).
+    fn given_back(&self, source: &str) {
+        let _ = source;
+    }
+}
+
+/// How long a source waits before it tries a refused store write (or read)
+/// again, after `tries` tries that failed: 100 ms, doubling, at most 5 s.
+/// Meanwhile the message stays unacknowledged with the source (kept from
+/// redelivery by in-progress acks where the broker needs them), never
+/// handed back at once.
+pub fn store_retry_delay(tries: u32) -> Duration {
+    Duration::from_millis(100u64.saturating_mul(1 << tries.min(6))).min(STORE_RETRY_DELAY_MAX)
+}
+
+/// The longest wait between two tries of a refused store write.
+pub const STORE_RETRY_DELAY_MAX: Duration = Duration::from_secs(5);
+
+/// How often, at most, a store that keeps refusing writes is logged.
+pub const STORE_REFUSED_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// Whether lazaret's store takes writes, as the sources saw it last: it
+/// refuses them from a write that failed (a full disk: SQLite's
+/// `SQLITE_FULL`, PostgreSQL's `53100`; an I/O error; a rolled-back
+/// transaction) until one succeeds. The source that saw the failure keeps
+/// trying its write (with [`store_retry_delay`]), so a store that takes
+/// writes again is noticed by itself. Logged when it starts refusing, at
+/// most once per [`STORE_REFUSED_LOG_EVERY`] while it goes on, and when it
+/// takes writes again; never once per message.
+#[derive(Debug, Default)]
+pub struct StoreWrites {
+    /// A fast look for the common case: nothing refused.
+    refusing: AtomicBool,
+    state: Mutex<Option<Refusal>>,
+}
+
+#[derive(Debug)]
+struct Refusal {
+    why: String,
+    since: Instant,
+    logged: Instant,
+    /// Refusals since the last line in the log.
+    unlogged: u64,
+}
+
+impl StoreWrites {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Refusal>> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A write of `source` failed with `e`: the store refuses writes.
+    pub fn refused(&self, source: &str, e: &StoreError) {
+        let now = Instant::now();
+        let why = e.to_string();
+        let mut state = self.lock();
+        match state.as_mut() {
+            None => {
+                tracing::warn!(
+                    source,
+                    "the store is not writable: {why}; the sources take no new message and keep the outcomes they hold (unacknowledged) until it is, trying again every few seconds; free disk space (or fix the database) and they resume by themselves"
+                );
+                *state = Some(Refusal {
+                    why,
+                    since: now,
+                    logged: now,
+                    unlogged: 0,
+                });
+                self.refusing.store(true, Ordering::Release);
+            }
+            Some(r) => {
+                r.unlogged += 1;
+                if now.duration_since(r.logged) >= STORE_REFUSED_LOG_EVERY {
+                    tracing::warn!(
+                        source,
+                        "the store is still not writable after {:.0?}: {why} ({} more writes refused since the last line); the sources still hold their messages",
+                        now.duration_since(r.since),
+                        r.unlogged
+                    );
+                    r.logged = now;
+                    r.unlogged = 0;
+                }
+                r.why = why;
+            }
+        }
+    }
+
+    /// A write succeeded: the store takes writes (again).
+    pub fn wrote(&self) {
+        if !self.refusing.load(Ordering::Acquire) {
+            return;
+        }
+        if let Some(r) = self.lock().take() {
+            self.refusing.store(false, Ordering::Release);
+            tracing::info!(
+                "the store takes writes again after {:.0?}; the sources resume",
+                r.since.elapsed()
+            );
+        }
+    }
+
+    /// Why the store refuses writes, while it does.
+    pub fn refusal(&self) -> Option<String> {
+        if !self.refusing.load(Ordering::Acquire) {
+            return None;
+        }
+        self.lock()
+            .as_ref()
+            .map(|r| format!("the store is not writable: {}", r.why))
+    }
 }
 
 /// A host of its own, for a library user running sources without
@@ -62,6 +186,7 @@ pub struct LocalHost<S> {
     store: S,
     policies: Policies,
     breakers: Mutex<Breakers>,
+    writes: StoreWrites,
 }
 
 impl<S: Store> LocalHost<S> {
@@ -71,6 +196,7 @@ impl<S: Store> LocalHost<S> {
             store,
             policies,
             breakers: Mutex::new(breakers),
+            writes: StoreWrites::default(),
         }
     }
 
@@ -106,6 +232,10 @@ impl<S: Store> Host for LocalHost<S> {
         let mut b = self.breakers.lock().unwrap_or_else(|p| p.into_inner());
         record(&mut b, done, now);
     }
+
+    fn store_writes(&self) -> Option<&StoreWrites> {
+        Some(&self.writes)
+    }
 }
 
 /// [`Host::try_deliver`] as breakers alone decide it.
@@ -129,5 +259,35 @@ pub fn record(b: &mut Breakers, done: &Completed, now: Timestamp) {
             None => b.record_other(&done.job_type, now),
         },
         _ => b.record_other(&done.job_type, now),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_write_is_tried_again_later_and_later() {
+        let delays: Vec<u128> = (0..9).map(|n| store_retry_delay(n).as_millis()).collect();
+        assert_eq!(delays, [100, 200, 400, 800, 1600, 3200, 5000, 5000, 5000]);
+        assert_eq!(store_retry_delay(u32::MAX), STORE_RETRY_DELAY_MAX);
+    }
+
+    #[test]
+    fn writes_are_refused_from_a_failure_until_a_success() {
+        let w = StoreWrites::default();
+        assert_eq!(w.refusal(), None);
+        w.wrote();
+        w.refused(
+            "orders",
+            &StoreError::NotApplied("the commit failed (database or disk is full)".into()),
+        );
+        let why = w.refusal().expect("refused");
+        assert!(why.starts_with("the store is not writable: "), "{why}");
+        assert!(why.contains("disk is full"), "{why}");
+        w.refused("orders", &StoreError::Overloaded { waiting: 1 });
+        assert!(w.refusal().expect("still refused").contains("overloaded"));
+        w.wrote();
+        assert_eq!(w.refusal(), None);
     }
 }

@@ -49,7 +49,7 @@ pub mod sqs;
 pub use broker::{Acker, Broker, BrokerError, Consumer, Incoming, connect};
 pub use guard::{Faults, Guard, GuardError, QUARANTINE_LINGER, Settled};
 pub use handler::{Call, Handler, HttpHandler, Outcome, OwnedCall, handler_fn};
-pub use host::{Host, LocalHost};
+pub use host::{Host, LocalHost, StoreWrites};
 pub use message::{Delivery, Republish};
 pub use redrive::{RedriveError, SourceSet};
 pub use spec::{BrokerKind, Mode, SourceSpec, TenantFrom};

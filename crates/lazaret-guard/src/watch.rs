@@ -2,19 +2,23 @@
 //! on it, such as Celery) already fills. Each message is taken in as a
 //! dead letter with `stage: "broker"` and the broker's reason, then
 //! acknowledged: the quarantine write first, the acknowledgement after it.
+//! A quarantine the store refuses (a full disk) is tried again after a
+//! growing delay, the message held meanwhile, and no other message is
+//! taken until the store takes writes again (as in guard mode).
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use lazaret_core::{DeadLetterReason, Failure, Timestamp};
-use lazaret_store::{SourceDeadLetter, SourceRef, Stage, Store};
+use lazaret_store::{SourceDeadLetter, SourceRef, Stage, Store, StoreError};
 use serde_json::{Map, Value};
 use tokio::sync::watch;
 
 use crate::broker::{Broker, Reconnecting};
 use crate::celery;
 use crate::guard::{Faults, GuardError, now};
-use crate::host::Host;
+use crate::host::{Host, StoreWrites, store_retry_delay};
 use crate::message::Delivery;
 use crate::spec::{SourceSpec, TenantFrom};
 
@@ -45,6 +49,8 @@ pub struct Watch<H: Host> {
     host: Arc<H>,
     broker: Arc<dyn Broker>,
     faults: Faults,
+    /// Whether the store takes writes, when the host keeps none.
+    own_writes: StoreWrites,
 }
 
 impl<H: Host> fmt::Debug for Watch<H> {
@@ -63,6 +69,7 @@ impl<H: Host> Watch<H> {
             host,
             broker,
             faults: Faults::default(),
+            own_writes: StoreWrites::default(),
         }
     }
 
@@ -72,10 +79,27 @@ impl<H: Host> Watch<H> {
         self
     }
 
+    fn writes(&self) -> &StoreWrites {
+        self.host.store_writes().unwrap_or(&self.own_writes)
+    }
+
     /// Runs until `shutdown` turns true.
     pub async fn run(self, mut shutdown: watch::Receiver<bool>) -> Result<(), GuardError> {
         let mut messages = Reconnecting::new(self.broker.as_ref(), &self.spec.name);
+        let every = (self.spec.delivery_timeout / 4)
+            .clamp(Duration::from_millis(500), Duration::from_secs(10));
         loop {
+            // While the store refuses writes (this source's or another's),
+            // take nothing: the broker keeps its dead letters.
+            while self.writes().refusal().is_some() {
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                    _ = shutdown.changed() => {}
+                }
+                if *shutdown.borrow() {
+                    return Ok(());
+                }
+            }
             let Some(incoming) = messages.next(&mut shutdown).await else {
                 return Ok(());
             };
@@ -90,7 +114,42 @@ impl<H: Host> Watch<H> {
                 }
             };
             let dl = self.dead_letter(delivery, taken, now());
-            match self.host.store().quarantine_message(dl.clone()).await {
+            let mut tries = 0;
+            let written = loop {
+                let refused = self
+                    .faults
+                    .refuse_write
+                    .as_ref()
+                    .and_then(|refuse| refuse(&dl_delivery(&dl)));
+                let r = match refused {
+                    Some(e) => Err(e),
+                    None => self.host.store().quarantine_message(dl.clone()).await,
+                };
+                match r {
+                    Ok(q) => {
+                        self.writes().wrote();
+                        break Ok(q);
+                    }
+                    Err(StoreError::Closed) => break Err(StoreError::Closed),
+                    Err(e) => {
+                        // Held, never handed back at once: the broker would
+                        // hand it straight back.
+                        self.writes().refused(&self.spec.name, &e);
+                        tokio::select! {
+                            _ = tokio::time::sleep(store_retry_delay(tries).min(every)) => {}
+                            _ = shutdown.changed() => {}
+                        }
+                        if *shutdown.borrow() {
+                            break Err(e);
+                        }
+                        if let Err(e) = incoming.ack.progress().await {
+                            tracing::debug!(source = %self.spec.name, "in-progress ack failed: {e}");
+                        }
+                        tries += 1;
+                    }
+                }
+            };
+            match written {
                 Ok(q) => {
                     if q.created {
                         self.host.observe_taken_in(&self.spec.name, &dl, now());
@@ -98,6 +157,7 @@ impl<H: Host> Watch<H> {
                 }
                 Err(e) => {
                     tracing::warn!(source = %self.spec.name, "cannot quarantine a broker dead letter: {e}; handing it back");
+                    self.host.given_back(&self.spec.name);
                     let _ = incoming.ack.release().await;
                     continue;
                 }

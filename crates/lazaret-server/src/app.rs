@@ -103,6 +103,9 @@ pub struct App<S> {
     /// The `[[sources]]` connected to their brokers so far (a source joins
     /// once its broker answers): where redrives of broker dead letters go.
     pub sources: RwLock<SourceSet>,
+    /// Whether the store takes writes, as the sources saw it last
+    /// (`/healthz` and `lazaret_store_writable` report it).
+    pub store_writes: lazaret_guard::StoreWrites,
     /// Broker dead letters being republished now (see [`App::claim_redrive`]).
     redriving: Mutex<HashSet<DeadLetterId>>,
     /// `true` once the server is shutting down (see [`App::stopping`]).
@@ -149,6 +152,7 @@ impl<S: Store> App<S> {
             api_tokens: RwLock::new(ApiTokens::default()),
             token_changes: tokio::sync::Mutex::new(()),
             sources: RwLock::new(SourceSet::default()),
+            store_writes: lazaret_guard::StoreWrites::default(),
             redriving: Mutex::new(HashSet::new()),
             stop: tokio::sync::watch::Sender::new(false),
             bulk: std::sync::OnceLock::new(),

@@ -216,6 +216,16 @@ impl From<StoreError> for ApiError {
             // Backpressure: the store's command queue is full. Say when
             // to come back instead of queueing without bound; no log line
             // per refusal (an overload would flood the log).
+            // The disk is full (or failing): nothing was written; the
+            // same request may succeed once there is room again.
+            StoreError::Db(ref d) if d.is_out_of_room() => {
+                tracing::debug!(error = %e, "refused: the store cannot write");
+                let mut err = Self::unavailable(format!(
+                    "the store is not writable: {e}; nothing of this request was applied, retry later"
+                ));
+                err.retry_after_s = Some(1);
+                err
+            }
             StoreError::Overloaded { .. } => {
                 tracing::debug!(error = %e, "refused: the store's command queue is full");
                 let mut err = Self::unavailable(e.to_string());
@@ -264,6 +274,16 @@ mod tests {
             (StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE", Some(1))
         );
         assert!(busy.message.contains("overloaded"), "{}", busy.message);
+
+        let full = ApiError::from(StoreError::Db(lazaret_store::DbError {
+            message: "SQLite: database or disk is full".into(),
+            code: Some("DiskFull".into()),
+        }));
+        assert_eq!(
+            (full.status, full.code.as_str(), full.retry_after_s),
+            (StatusCode::SERVICE_UNAVAILABLE, "UNAVAILABLE", Some(1))
+        );
+        assert!(full.message.contains("not writable"), "{}", full.message);
 
         let closed = ApiError::from(StoreError::Closed);
         assert_eq!(closed.status, StatusCode::SERVICE_UNAVAILABLE);

@@ -183,6 +183,18 @@ pub fn source_taken_in(source: &str) {
     metrics::counter!("lazaret_source_taken_in_total", "source" => source.to_owned()).increment(1);
 }
 
+/// A source handed a message back to its broker because lazaret could not
+/// write its outcome (see `Host::given_back`).
+pub fn source_given_back(source: &str) {
+    metrics::counter!("lazaret_source_given_back_total", "source" => source.to_owned())
+        .increment(1);
+}
+
+/// Whether the store takes writes (1) or refuses them (0: a full disk).
+pub fn store_writable(writable: bool) {
+    metrics::gauge!("lazaret_store_writable").set(if writable { 1.0 } else { 0.0 });
+}
+
 /// Makes a configured source's series exist from the start at 0, so a
 /// scrape before its first message lists it.
 pub fn describe_source(source: &str) {
@@ -191,6 +203,8 @@ pub fn describe_source(source: &str) {
             .increment(0);
     }
     metrics::counter!("lazaret_source_taken_in_total", "source" => source.to_owned()).increment(0);
+    metrics::counter!("lazaret_source_given_back_total", "source" => source.to_owned())
+        .increment(0);
 }
 
 /// The `outcome` label values of `lazaret_source_deliveries_total`.
@@ -422,6 +436,16 @@ const FAMILIES: &[Family] = &[
         "lazaret_source_taken_in_total",
         "counter",
         "Dead letters a watch source took in from its broker, by source",
+    ),
+    family(
+        "lazaret_source_given_back_total",
+        "counter",
+        "Messages a source handed back to its broker (nack with requeue) because lazaret could not write their outcome and could hold them no longer; each raises the broker's delivery count, by source",
+    ),
+    family(
+        "lazaret_store_writable",
+        "gauge",
+        "1 while the store takes writes, 0 while it refuses them (a full disk); the sources then take no messages",
     ),
     family(
         "lazaret_alerts_sent_total",

@@ -88,6 +88,14 @@ impl<S: Store> Host for App<S> {
         }
     }
 
+    fn store_writes(&self) -> Option<&lazaret_guard::StoreWrites> {
+        Some(&self.store_writes)
+    }
+
+    fn given_back(&self, source: &str) {
+        m::source_given_back(source);
+    }
+
     fn observe_taken_in(&self, source: &str, dl: &SourceDeadLetter, _now: Timestamp) {
         let ty = dl.job_type.as_deref().unwrap_or("");
         m::dead_lettered(self.metric_type(source, ty), dl.reason.as_str(), "broker");

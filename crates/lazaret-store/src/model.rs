@@ -814,6 +814,19 @@ impl DbError {
             code: None,
         }
     }
+
+    /// Whether the database refused to write for want of room or a
+    /// working disk (SQLite `SQLITE_FULL`, `SQLITE_IOERR`,
+    /// `SQLITE_READONLY`, `SQLITE_CANTOPEN`; PostgreSQL class 53,
+    /// insufficient resources such as `53100` disk full, and `58030` I/O
+    /// error): nothing was written, and the same request may succeed once
+    /// the disk has room again.
+    pub fn is_out_of_room(&self) -> bool {
+        matches!(
+            self.code.as_deref(),
+            Some("DiskFull" | "SystemIoFailure" | "ReadOnly" | "CannotOpen" | "58030")
+        ) || self.code.as_deref().is_some_and(|c| c.starts_with("53"))
+    }
 }
 
 impl fmt::Display for DbError {

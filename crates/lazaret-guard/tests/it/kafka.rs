@@ -381,6 +381,7 @@ async fn an_offset_is_committed_only_after_every_record_before_it_settled() {
         settled: Some(Arc::new(move |d, how| {
             s.lock().unwrap().push((d.message_id.clone(), how));
         })),
+        ..Faults::default()
     };
     let (h0, h4) = (Arc::clone(&hold), Arc::clone(&release_m4));
     let l1 = log1.clone();

@@ -199,6 +199,7 @@ impl Acker for MemAck {
 
     fn release(self: Box<Self>) -> BoxFuture<'static, Result<(), BrokerError>> {
         Box::pin(async move {
+            self.tell("release");
             let mut s = self.conn.broker.lock();
             if let Some((q, msg)) = s.unacked.remove(&(self.conn.id, self.tag)) {
                 s.queues.entry(q).or_default().push_front(msg);
@@ -934,5 +935,230 @@ mod runtime {
         assert!(log.all().is_empty(), "delivered while the breaker was open");
         assert_eq!(b.depth(&queue), 1, "held unacknowledged");
         g.stop().await.unwrap();
+    }
+
+    /// The store refuses writes (a full disk): the poison's outcome is kept
+    /// and its write tried again after growing delays, the message held
+    /// (never handed back), nothing new taken; once the store writes
+    /// again, the dead letter carries the handler's answer and the rest
+    /// flows.
+    #[tokio::test]
+    async fn a_refused_write_keeps_the_outcome_holds_the_message_and_takes_nothing_new() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::time::Instant;
+
+        use lazaret_guard::host::store_retry_delay;
+        use lazaret_store::StoreError;
+
+        let b = Memory::default();
+        let dir = tempfile::tempdir().unwrap();
+        let queue = b.fresh_queue("full").await;
+        let name = unique("full");
+        let mut spec = b.spec(&name, &queue, Mode::Guard);
+        spec.concurrency = 1;
+        b.produce(&queue, "m-poison", b"{}", headers(json!({})))
+            .await;
+        for i in 1..=3 {
+            b.produce(&queue, &format!("m-{i}"), b"{}", headers(json!({})))
+                .await;
+        }
+        let h = host(dir.path(), policies("orders", 3, Duration::from_millis(50)));
+        let full = Arc::new(AtomicBool::new(true));
+        let tries: Arc<std::sync::Mutex<Vec<Instant>>> = Arc::default();
+        let faults = Faults {
+            refuse_write: Some({
+                let (full, tries) = (Arc::clone(&full), Arc::clone(&tries));
+                Arc::new(move |_| {
+                    tries.lock().unwrap().push(Instant::now());
+                    full.load(Ordering::SeqCst).then(|| {
+                        StoreError::NotApplied(
+                            "the commit failed (database or disk is full)".into(),
+                        )
+                    })
+                })
+            }),
+            ..Faults::default()
+        };
+        let log = Log::default();
+        let g = start_guard(
+            &b,
+            spec,
+            Arc::clone(&h),
+            recording(&log, |s| {
+                if s.message_id == "m-poison" {
+                    Outcome::Failure(
+                        lazaret_core::Failure::new("http_400", "no amount")
+                            .with_class(lazaret_core::FailureClass::Permanent),
+                    )
+                } else {
+                    Outcome::Success
+                }
+            }),
+            faults,
+        )
+        .await;
+        // Five tries of the write: four waits between them.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while tries.lock().unwrap().len() < 5 {
+            assert!(Instant::now() < deadline, "the write was not tried again");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let why = h.store_writes().and_then(|w| w.refusal());
+        assert!(
+            why.as_deref().is_some_and(|w| w.contains("not writable")),
+            "{why:?}"
+        );
+        // Each wait at least as long as the schedule says: growing.
+        let at = tries.lock().unwrap().clone();
+        for (n, pair) in at.windows(2).take(4).enumerate() {
+            let waited = pair[1] - pair[0];
+            assert!(
+                waited >= store_retry_delay(n as u32),
+                "wait {n} was {waited:?}, less than {:?}",
+                store_retry_delay(n as u32)
+            );
+        }
+        let seen = log.all();
+        assert_eq!(
+            seen.iter().filter(|s| s.message_id == "m-poison").count(),
+            1,
+            "the handler is not asked again: {seen:?}"
+        );
+        // A healthy message taken in the instant before the refusal was
+        // known may pass (it needs no write); no more.
+        assert!(seen.len() <= 2, "taken while the store refused: {seen:?}");
+        assert!(
+            !b.told("m-poison").contains(&"release"),
+            "handed back: {:?}",
+            b.told("m-poison")
+        );
+
+        // The disk has room again.
+        full.store(false, Ordering::SeqCst);
+        let dls = wait_dead_letters(h.store(), &name, 1, Duration::from_secs(30)).await;
+        assert_eq!(dls[0].reason, DeadLetterReason::Permanent);
+        assert_eq!(dls[0].attempts, 1);
+        assert_eq!(
+            dls[0].error.as_ref().map(|e| e.kind.as_str()),
+            Some("http_400")
+        );
+        log.wait_for(Duration::from_secs(10), |s| {
+            (1..=3).all(|i| s.iter().any(|x| x.message_id == format!("m-{i}")))
+        })
+        .await;
+        assert_eq!(h.store_writes().and_then(|w| w.refusal()), None);
+        assert_eq!(b.told("m-poison"), vec!["decided", "ack"]);
+        assert_eq!(log.all().len(), 4, "each delivered once: {:?}", log.all());
+        g.stop().await.unwrap();
+        assert_eq!(b.depth(&queue), 0);
+    }
+
+    /// A message lazaret handed back itself (its outcome could not be
+    /// written: here the store was closed under it) comes back with the
+    /// broker's count one higher; that delivery is no crash: the handler
+    /// gets attempt 1 again, and the dead letter has no lease expiry.
+    #[tokio::test]
+    async fn a_hand_back_lazaret_caused_is_not_charged_as_a_crash() {
+        use std::sync::atomic::{AtomicU32, Ordering};
+
+        use lazaret_store::StoreError;
+
+        let b = Memory::default();
+        let dir = tempfile::tempdir().unwrap();
+        let queue = b.fresh_queue("handback").await;
+        let name = unique("handback");
+        let spec = b.spec(&name, &queue, Mode::Guard);
+        b.produce(&queue, "m-h", b"{}", headers(json!({}))).await;
+        // One crash would be a crash loop.
+        let mut p = policies("orders", 5, Duration::from_millis(50));
+        for t in p.types.values_mut() {
+            t.crash_loop_max = 1;
+        }
+        let h = host(dir.path(), p);
+        let writes = Arc::new(AtomicU32::new(0));
+        let faults = Faults {
+            refuse_write: Some({
+                let writes = Arc::clone(&writes);
+                Arc::new(move |_| {
+                    (writes.fetch_add(1, Ordering::SeqCst) == 0).then_some(StoreError::Closed)
+                })
+            }),
+            ..Faults::default()
+        };
+        let log = Log::default();
+        let g = start_guard(
+            &b,
+            spec,
+            Arc::clone(&h),
+            recording(&log, |_| {
+                Outcome::Failure(
+                    lazaret_core::Failure::new("http_400", "no amount")
+                        .with_class(lazaret_core::FailureClass::Permanent),
+                )
+            }),
+            faults,
+        )
+        .await;
+        let dls = wait_dead_letters(h.store(), &name, 1, Duration::from_secs(10)).await;
+        assert!(b.told("m-h").contains(&"release"), "{:?}", b.told("m-h"));
+        assert_eq!(
+            log.all().iter().map(|s| s.attempt).collect::<Vec<_>>(),
+            vec![1, 1],
+            "the hand-back spent no attempt"
+        );
+        assert_eq!(dls[0].reason, DeadLetterReason::Permanent, "not crash_loop");
+        assert_eq!(dls[0].attempts, 1);
+        assert_eq!(dls[0].history.len(), 1, "{:?}", dls[0].history);
+        assert!(
+            dls[0].history[0].worker_id.is_some(),
+            "the handler's attempt, not a lease expiry: {:?}",
+            dls[0].history
+        );
+        g.stop().await.unwrap();
+    }
+
+    /// A watch source whose quarantine the store refuses holds the broker's
+    /// dead letter and tries again later, never handing it back at once
+    /// (which made the broker hand it straight back, in a loop).
+    #[tokio::test]
+    async fn a_watch_source_holds_a_dead_letter_the_store_refuses() {
+        use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+        use lazaret_store::StoreError;
+
+        let b = Memory::default();
+        let dir = tempfile::tempdir().unwrap();
+        let queue = b.fresh_queue("watchfull").await;
+        let name = unique("watchfull");
+        let spec = b.spec(&name, &queue, Mode::Watch);
+        b.produce(&queue, "m-w", b"{}", headers(json!({}))).await;
+        let h = host(dir.path(), policies("orders", 3, Duration::from_millis(50)));
+        let full = Arc::new(AtomicBool::new(true));
+        let tries = Arc::new(AtomicU32::new(0));
+        let faults = Faults {
+            refuse_write: Some({
+                let (full, tries) = (Arc::clone(&full), Arc::clone(&tries));
+                Arc::new(move |_| {
+                    tries.fetch_add(1, Ordering::SeqCst);
+                    full.load(Ordering::SeqCst)
+                        .then(|| StoreError::NotApplied("database or disk is full".into()))
+                })
+            }),
+            ..Faults::default()
+        };
+        let w = start_watch_on(&b, spec, Arc::clone(&h), faults).await;
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while tries.load(Ordering::SeqCst) < 4 {
+            assert!(std::time::Instant::now() < deadline, "not tried again");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(b.told("m-w").is_empty(), "{:?}", b.told("m-w"));
+        assert!(h.store_writes().and_then(|w| w.refusal()).is_some());
+        full.store(false, Ordering::SeqCst);
+        let dls = wait_dead_letters(h.store(), &name, 1, Duration::from_secs(30)).await;
+        assert_eq!(dls.len(), 1);
+        assert_eq!(b.told("m-w"), vec!["ack"]);
+        assert_eq!(h.store_writes().and_then(|w| w.refusal()), None);
+        w.stop().await.unwrap();
     }
 }

@@ -417,9 +417,11 @@ fn parse_id(id: &str, what: &str) -> Result<u64, ApiError> {
 
 /// 200 while the store takes work; once it has stopped writing for good (a
 /// commit could not be made durable), 503 `UNAVAILABLE` with why, so a load
-/// balancer or supervisor takes the node out and restarts it.
+/// balancer or supervisor takes the node out and restarts it. Also 503
+/// while the store refuses writes (a full disk: "the store is not
+/// writable: …"), until a write succeeds again.
 async fn healthz<S: Store>(State(app): Shared<S>) -> Result<&'static str, ApiError> {
-    match app.store.failure() {
+    match app.store.failure().or_else(|| app.store_writes.refusal()) {
         None => Ok("ok"),
         Some(why) => Err(ApiError::unavailable(why)),
     }

@@ -308,6 +308,7 @@ pub(super) async fn stats<S: Store>(State(app): Shared<S>, headers: HeaderMap) -
 }
 
 pub(super) async fn metrics<S: Store>(State(app): Shared<S>) -> ApiResult {
+    m::store_writable(app.store_writes.refusal().is_none());
     snapshot(&app).await?;
     let text = m::render();
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())

@@ -31,6 +31,9 @@ use super::sync::Failure;
 /// How often the checkpoint thread copies the WAL into the database.
 const CHECKPOINT_EVERY: Duration = Duration::from_millis(50);
 
+/// How often, at most, checkpoints that keep failing are logged.
+const FAILURE_LOG_EVERY: Duration = Duration::from_secs(10);
+
 /// The writer's own automatic checkpoint, a bound on the WAL for writes
 /// that never pause: 16,384 pages of 4 KiB, 64 MiB.
 pub(super) const WRITER_AUTOCHECKPOINT_PAGES: u32 = 16_384;
@@ -48,6 +51,10 @@ impl Checkpointer {
         let handle = std::thread::Builder::new()
             .name("lazaret-sqlite-checkpoint".into())
             .spawn(move || {
+                // Failures in a row, and when the last was logged: a full
+                // disk fails every checkpoint, 20 a second, logged once per
+                // `FAILURE_LOG_EVERY`.
+                let mut failing: Option<(u64, std::time::Instant)> = None;
                 // Ends when told to, or when the store is gone.
                 while let Err(mpsc::RecvTimeoutError::Timeout) =
                     stopped.recv_timeout(CHECKPOINT_EVERY)
@@ -55,9 +62,25 @@ impl Checkpointer {
                     if failure.get().is_some() {
                         return;
                     }
-                    if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
-                    {
-                        tracing::warn!(error = %e, "a background checkpoint failed; the writer's own checkpoint still bounds the write-ahead log");
+                    match conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+                        Ok(()) => {
+                            if let Some((n, _)) = failing.take() {
+                                tracing::info!("background checkpoints work again after {n} failed");
+                            }
+                        }
+                        Err(e) => match &mut failing {
+                            Some((n, logged)) => {
+                                *n += 1;
+                                if logged.elapsed() >= FAILURE_LOG_EVERY {
+                                    tracing::warn!(error = %e, "background checkpoints still fail ({n} in a row); check the data directory's disk space");
+                                    *logged = std::time::Instant::now();
+                                }
+                            }
+                            None => {
+                                tracing::warn!(error = %e, "a background checkpoint failed; the writer's own checkpoint still bounds the write-ahead log (further failures are logged every 10 s)");
+                                failing = Some((1, std::time::Instant::now()));
+                            }
+                        },
                     }
                 }
             })?;

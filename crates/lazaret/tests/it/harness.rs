@@ -242,6 +242,25 @@ impl Server {
         server
     }
 
+    /// Starts a server with `config`, after `prepare` was given its data
+    /// directory's path (not created yet): a test mounts a small file
+    /// system there.
+    pub async fn start_prepared(config: &str, prepare: impl FnOnce(&std::path::Path)) -> Server {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        std::fs::write(dir.path().join("lazaret.toml"), config).expect("config written");
+        prepare(&dir.path().join("data"));
+        let mut server = Server {
+            dir,
+            child: None,
+            base: String::new(),
+            starts: 0,
+            env: Vec::new(),
+            schema: default_schema(),
+        };
+        server.spawn().await;
+        server
+    }
+
     /// The base URL, `http://127.0.0.1:PORT` (it changes on restart).
     pub fn base(&self) -> &str {
         &self.base

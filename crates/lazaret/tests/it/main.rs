@@ -19,6 +19,7 @@ mod dead_letters;
 mod errors;
 mod fairness;
 mod fields;
+mod full_disk;
 mod harness;
 mod hostile;
 mod hostile_suite;
