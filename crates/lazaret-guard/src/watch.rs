@@ -6,7 +6,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use lazaret_core::{DeadLetterReason, Failure, Timestamp};
+use lazaret_core::{DeadLetterReason, Failure, Timestamp, bounded_name};
 use lazaret_store::{SourceDeadLetter, SourceRef, Stage, Store};
 use serde_json::{Map, Value};
 use tokio::sync::watch;
@@ -124,7 +124,13 @@ impl<H: Host> Watch<H> {
         let celery = celery::Task::recognise(&msg.headers);
         let tenant = match &self.spec.tenant {
             TenantFrom::Fixed(t) => t.clone(),
-            TenantFrom::Header(h) => msg.header(h).unwrap_or_else(|| "default".into()),
+            // Hostile names fall back (the full value stays in the headers).
+            TenantFrom::Header(h) => msg
+                .header(h)
+                .as_deref()
+                .and_then(bounded_name)
+                .unwrap_or("default")
+                .to_owned(),
         };
         let queue = taken
             .original_queue
@@ -156,7 +162,8 @@ impl<H: Host> Watch<H> {
             job_type: Some(
                 celery
                     .as_ref()
-                    .map_or_else(|| self.spec.job_type.to_string(), |t| t.name.clone()),
+                    .and_then(|t| bounded_name(&t.name))
+                    .map_or_else(|| self.spec.job_type.to_string(), str::to_owned),
             ),
             tenant: Some(tenant),
             lane: Some(self.spec.lane.to_string()),
