@@ -79,7 +79,7 @@ impl Rabbit {
     }
 
     /// Publishes with confirms, as a careful producer does.
-    async fn publish(&self, queue: &str, props: BasicProperties, body: &[u8]) {
+    pub async fn publish(&self, queue: &str, props: BasicProperties, body: &[u8]) {
         let ch = self.channel().await;
         ch.confirm_select(ConfirmSelectOptions::default())
             .await
