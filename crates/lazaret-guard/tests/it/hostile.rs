@@ -261,13 +261,13 @@ async fn a_handler_redirect_is_a_permanent_http_301_and_is_not_followed() {
     assert_eq!(paths, vec!["/moved"], "the redirect was not followed");
 }
 
-/// The resident set of this process, in kB.
-fn rss_kb() -> u64 {
+/// A line of this process's `/proc/self/status` in kB (`VmRSS`, `VmHWM`).
+fn status_kb(key: &str) -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
             s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
+                .find(|l| l.starts_with(key))
                 .and_then(|l| l.split_whitespace().nth(1))
                 .and_then(|n| n.parse().ok())
         })
@@ -285,7 +285,7 @@ async fn a_200_mb_error_answer_is_not_read_whole() {
     let team = Team::default();
     let url = format!("{}/huge", team.start().await);
     let host = host_with_breaker(dir.path(), 1);
-    let before = rss_kb();
+    let before = status_kb("VmRSS:");
     let (queue, name, g) = guard(&b, "huge", Arc::clone(&host), url, DeliverFormat::Raw).await;
     for i in 0..2 {
         b.produce(&queue, &format!("m-huge-{i}"), b"{}", headers(json!({})))
@@ -293,10 +293,10 @@ async fn a_200_mb_error_answer_is_not_read_whole() {
     }
     let dls = wait_dead_letters(host.store(), &name, 2, PATIENCE).await;
     g.stop().await.unwrap();
-    let after = rss_kb();
+    let (after, peak) = (status_kb("VmRSS:"), status_kb("VmHWM:"));
     let sent = team.huge_sent.load(Ordering::SeqCst);
     eprintln!(
-        "two 200 MB error answers: {} MiB handed to the connections; RSS {before} kB before, {after} kB after",
+        "two 200 MB error answers: {} MiB handed to the connections; RSS {before} kB before, {after} kB after, peak {peak} kB",
         sent / (1024 * 1024)
     );
     assert!(
