@@ -191,24 +191,41 @@ impl Handler for HttpHandler {
                 Err(e) if e.is_timeout() => Outcome::Failure(
                     Failure::new(
                         "timeout",
-                        format!("POST {}: {}", mask_url(&self.url), e.without_url()),
+                        format!("POST {}: {}", mask_url(&self.url), with_causes(e)),
                     )
                     .with_class(FailureClass::Transient),
                 ),
                 Err(e) if e.is_builder() => Outcome::Failure(bad_message(
                     "request",
-                    &format!("the HTTP client cannot build it: {}", e.without_url()),
+                    &format!("the HTTP client cannot build it: {}", with_causes(e)),
                 )),
                 Err(e) => Outcome::Failure(
                     Failure::new(
                         "connect",
-                        format!("POST {}: {}", mask_url(&self.url), e.without_url()),
+                        format!("POST {}: {}", mask_url(&self.url), with_causes(e)),
                     )
                     .with_class(FailureClass::Transient),
                 ),
             }
         })
     }
+}
+
+/// A transport error without the URL reqwest quotes (credentials and all),
+/// with its causes (`connection refused`), which its own text leaves out.
+fn with_causes(e: reqwest::Error) -> String {
+    let e = e.without_url();
+    let mut text = e.to_string();
+    let mut cause = std::error::Error::source(&e);
+    while let Some(c) = cause {
+        let more = c.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        cause = c.source();
+    }
+    text
 }
 
 /// The headers and body POSTed for one delivery. Every value taken from the

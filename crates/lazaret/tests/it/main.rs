@@ -21,6 +21,7 @@ mod fairness;
 mod fields;
 mod harness;
 mod hostile;
+mod hostile_sources;
 mod hostile_suite;
 mod kafka_sources;
 mod lanes;
