@@ -2086,10 +2086,11 @@ surge_share = 0.9
             "[[sources]]\nname = \"a.b-c_1\"\nbroker = \"nats\"\nurl = \"nats://127.0.0.1:4222\"\n\
              queue = \"ORDERS\"\ngroup = \"g\"\nmode = \"guard\"\ndeliver = \"https://h/x\"\n\
              type = \"t\"\ntenant = \"acme\"\nlane = \"batch\"\nconcurrency = 3\nsettling = 0\n\
-             delivery_timeout_ms = 1500\nredrive_to = \"ORDERS.retry\"\n",
+             delivery_timeout_ms = 1500\nredrive_to = \"ORDERS.retry\"\ndeliver_format = \"envelope\"\n",
         )
         .unwrap();
         let s = &cfg.sources[0];
+        assert_eq!(s.deliver_format, DeliverFormat::Envelope);
         assert_eq!(s.broker, BrokerKind::Nats);
         assert_eq!(s.group, "g");
         assert_eq!(s.job_type.as_str(), "t");
@@ -2267,6 +2268,27 @@ surge_share = 0.9
             "sources[0].lane",
             7,
             "lane is empty",
+        );
+        assert_refused(
+            &format!("{base}deliver_format = \"json\"\n"),
+            "sources[0].deliver_format",
+            7,
+            "unknown deliver_format \"json\"",
+        );
+        assert_refused(
+            &format!(
+                "{base}tenant_header = \"x-tenant\"\ntype = \"{}\"\n",
+                "t".repeat(129)
+            ),
+            "sources[0].type",
+            8,
+            "the job type name is 129 bytes",
+        );
+        assert_refused(
+            "[tenants.overrides]\n\"a\\u0007b\" = 2\n",
+            "tenants.overrides.\"a\\u{7}b\"",
+            2,
+            "control character",
         );
     }
 
