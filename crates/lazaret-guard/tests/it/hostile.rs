@@ -222,7 +222,7 @@ async fn a_content_type_with_crlf_is_sent_as_octet_stream_and_never_opens_the_br
         assert_eq!(r.header("lazaret-attempt"), "1", "{r:?}");
         if r.message_id().starts_with("bad") {
             assert_eq!(r.header("content-type"), "application/octet-stream");
-            assert!(r.headers.get("x-evil").is_none(), "{r:?}");
+            assert!(!r.headers.contains_key("x-evil"), "{r:?}");
             let kept: Value = serde_json::from_str(r.header("lazaret-headers")).unwrap();
             assert_eq!(kept["x-lazaret-content-type"], bad, "{r:?}");
         } else {
