@@ -16,12 +16,12 @@ use crate::ids::{NAME_BYTES_MAX, NameError, check_name};
 /// traceback; a 200 MB proxy page costs no more than this.
 pub const ERROR_BODY_BYTES_MAX: usize = 64 * 1024;
 
-/// The longest traceback kept from a handler's error answer.
-pub const TRACEBACK_BYTES_MAX: usize = 16 * 1024;
+/// The longest message and traceback kept of any failure, a handler's
+/// included ([`crate::Failure::truncate_to_caps`] applies them).
+pub use crate::failure::{MESSAGE_BYTES_MAX, TRACEBACK_BYTES_MAX};
 
-/// The longest error message kept from a handler's answer, and the longest
-/// redirect target quoted in one.
-pub const ERROR_MESSAGE_BYTES_MAX: usize = 4 * 1024;
+/// The longest redirect target quoted in a failure's message.
+pub const QUOTED_URL_BYTES_MAX: usize = 1024;
 
 /// The longest `Lazaret-Headers` value sent to a handler. nginx's default
 /// 8 KiB header buffer must also hold the name and the other headers;

@@ -40,8 +40,8 @@ pub use alerts::{
     TopReason, TypeSurge, type_surges,
 };
 pub use bound::{
-    ERROR_BODY_BYTES_MAX, ERROR_MESSAGE_BYTES_MAX, HEADERS_LINE_BYTES_MAX, TRACEBACK_BYTES_MAX,
-    bounded_name, is_header_value, mask_url, mask_url_in, normalize_attempt_header,
+    ERROR_BODY_BYTES_MAX, HEADERS_LINE_BYTES_MAX, bounded_name, is_header_value, mask_url,
+    mask_url_in, normalize_attempt_header,
 };
 pub use breaker::{
     BreakerConfig, BreakerConfigError, BreakerState, BreakerTransition, BreakerView, Breakers,

@@ -8,8 +8,8 @@ use std::time::Duration;
 use base64::Engine;
 use futures_util::future::BoxFuture;
 use lazaret_core::bound::{
-    ERROR_BODY_BYTES_MAX, ERROR_MESSAGE_BYTES_MAX, HEADERS_LINE_BYTES_MAX, TRACEBACK_BYTES_MAX,
-    bounded_name, cut, is_header_value, mask_url, quote_line,
+    ERROR_BODY_BYTES_MAX, HEADERS_LINE_BYTES_MAX, QUOTED_URL_BYTES_MAX, bounded_name,
+    is_header_value, mask_url, quote_line,
 };
 use lazaret_core::{ErrorKind, Failure, FailureClass};
 use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
@@ -376,7 +376,7 @@ async fn read_at_most(mut resp: reqwest::Response, max: usize) -> Vec<u8> {
 pub fn redirected(status: StatusCode, location: Option<&str>) -> Failure {
     let to = location.map_or_else(
         || "no Location".to_owned(),
-        |l| quote_line(l, ERROR_MESSAGE_BYTES_MAX),
+        |l| quote_line(l, QUOTED_URL_BYTES_MAX),
     );
     Failure::new(
         ErrorKind::from(format!("http_{}", status.as_u16()).as_str()),
@@ -460,9 +460,9 @@ pub fn classify(status: StatusCode, retry_after: Option<Duration>, body: &[u8]) 
             failure.kind = ErrorKind::from(k);
         }
         if let Some(m) = e.message {
-            failure.message = cut(&m, ERROR_MESSAGE_BYTES_MAX).to_owned();
+            failure.message = m;
         }
-        failure.traceback = e.traceback.map(|t| cut(&t, TRACEBACK_BYTES_MAX).to_owned());
+        failure.traceback = e.traceback;
         if let Some(ms) = e.retry_after_ms {
             failure.retry_after = Some(Duration::from_millis(ms).min(RETRY_AFTER_MAX));
         }
@@ -473,6 +473,8 @@ pub fn classify(status: StatusCode, retry_after: Option<Duration>, body: &[u8]) 
     if failure.retry_after.is_none() {
         failure.retry_after = retry;
     }
+    // The message and traceback caps of every failure (4 KiB, 16 KiB).
+    failure.truncate_to_caps();
     failure.class = Some(class);
     failure
 }
@@ -643,8 +645,9 @@ mod tests {
         .to_string();
         let f = classify(StatusCode::INTERNAL_SERVER_ERROR, None, body.as_bytes());
         assert_eq!(f.kind.as_str(), "http_500", "an over-long kind falls back");
-        assert_eq!(f.traceback.map(|t| t.len()), Some(TRACEBACK_BYTES_MAX));
-        assert_eq!(f.message.len(), ERROR_MESSAGE_BYTES_MAX);
+        let tb = f.traceback.map_or(0, |t| t.len());
+        assert!(tb <= lazaret_core::bound::TRACEBACK_BYTES_MAX + 64, "{tb}");
+        assert!(f.message.len() <= lazaret_core::bound::MESSAGE_BYTES_MAX + 64);
         let f = classify(
             StatusCode::BAD_REQUEST,
             None,
