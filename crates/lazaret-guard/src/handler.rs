@@ -1,6 +1,7 @@
 //! The team's handler: an HTTP endpoint in any language (`deliver`), or a
 //! Rust closure. Both answer with an [`Outcome`]; the runtime does the rest.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
 use std::time::Duration;
@@ -105,6 +106,9 @@ pub struct HttpHandler {
     parsed: Option<reqwest::Url>,
     client: reqwest::Client,
     format: DeliverFormat,
+    /// The type's `kind_classes`: they override the status table (not a
+    /// class the handler's JSON body gives).
+    kind_classes: BTreeMap<ErrorKind, FailureClass>,
 }
 
 /// The longest wait a handler may ask for (`Retry-After`).
@@ -133,7 +137,16 @@ impl HttpHandler {
                 .build()
                 .unwrap_or_default(),
             format: DeliverFormat::Raw,
+            kind_classes: BTreeMap::new(),
         }
+    }
+
+    /// Classes by kind (the type's `kind_classes`) that override the
+    /// status table: `http_301 = "transient"` with a `kinds` budget makes a
+    /// redirect retried, like any kind.
+    pub fn with_kind_classes(mut self, classes: BTreeMap<ErrorKind, FailureClass>) -> HttpHandler {
+        self.kind_classes = classes;
+        self
     }
 
     /// Sends each delivery in `format` (the source's `deliver_format`).
@@ -176,7 +189,11 @@ impl Handler for HttpHandler {
                             .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
                         // The body is never read: dropping the answer drops
                         // the connection.
-                        return Outcome::Failure(redirected(status, to.as_deref()));
+                        let mut f = redirected(status, to.as_deref());
+                        if let Some(c) = self.kind_classes.get(&f.kind) {
+                            f.class = Some(*c);
+                        }
+                        return Outcome::Failure(f);
                     }
                     let retry_after = resp
                         .headers()
@@ -184,7 +201,12 @@ impl Handler for HttpHandler {
                         .and_then(|v| v.to_str().ok())
                         .and_then(parse_retry_after);
                     let body = read_at_most(resp, ERROR_BODY_BYTES_MAX).await;
-                    Outcome::Failure(classify(status, retry_after, &body))
+                    Outcome::Failure(classify_with(
+                        status,
+                        retry_after,
+                        &body,
+                        &self.kind_classes,
+                    ))
                 }
                 // reqwest quotes the URL it was given, credentials and all:
                 // the message says it masked.
@@ -434,6 +456,17 @@ struct ErrorFields {
 /// 4xx permanent. A body `{"error": {…}}` sets class, kind, message,
 /// traceback and `retry_after_ms` itself.
 pub fn classify(status: StatusCode, retry_after: Option<Duration>, body: &[u8]) -> Failure {
+    classify_with(status, retry_after, body, &BTreeMap::new())
+}
+
+/// [`classify`], with the type's `kind_classes` overriding the status
+/// table (a class in the body still wins).
+pub fn classify_with(
+    status: StatusCode,
+    retry_after: Option<Duration>,
+    body: &[u8],
+    kind_classes: &BTreeMap<ErrorKind, FailureClass>,
+) -> Failure {
     let code = status.as_u16();
     let (mut class, retry) = match code {
         429 => (FailureClass::Deferred, retry_after),
@@ -450,11 +483,10 @@ pub fn classify(status: StatusCode, retry_after: Option<Duration>, body: &[u8]) 
     } else {
         serde_json::from_slice::<ErrorBody>(body).ok()
     };
+    let mut body_class = None;
     if let Some(b) = parsed {
         let e = b.error;
-        if let Some(c) = e.class.as_deref().and_then(parse_class) {
-            class = c;
-        }
+        body_class = e.class.as_deref().and_then(parse_class);
         // A kind keys breakers and metrics: the name rule, else `http_<status>`.
         if let Some(k) = e.kind.as_deref().and_then(bounded_name) {
             failure.kind = ErrorKind::from(k);
@@ -469,6 +501,9 @@ pub fn classify(status: StatusCode, retry_after: Option<Duration>, body: &[u8]) 
     } else if !body.is_empty() {
         let text = String::from_utf8_lossy(&body[..body.len().min(512)]);
         failure.message = format!("the handler answered {status}: {text}");
+    }
+    if let Some(c) = body_class.or_else(|| kind_classes.get(&failure.kind).copied()) {
+        class = c;
     }
     if failure.retry_after.is_none() {
         failure.retry_after = retry;
@@ -528,6 +563,31 @@ mod tests {
         assert_eq!(f.message, "try later");
         assert_eq!(f.traceback.as_deref(), Some("tb"));
         assert_eq!(f.retry_after, Some(Duration::from_millis(1500)));
+    }
+
+    #[test]
+    fn the_types_kind_classes_override_the_status_table_but_not_the_body() {
+        let classes: BTreeMap<ErrorKind, FailureClass> = [
+            (ErrorKind::from("http_404"), FailureClass::Transient),
+            (ErrorKind::from("db_locked"), FailureClass::Deferred),
+        ]
+        .into();
+        let f = classify_with(StatusCode::NOT_FOUND, None, b"", &classes);
+        assert_eq!(f.class, Some(FailureClass::Transient));
+        let f = classify_with(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            None,
+            br#"{"error": {"kind": "db_locked"}}"#,
+            &classes,
+        );
+        assert_eq!(f.class, Some(FailureClass::Deferred));
+        let f = classify_with(
+            StatusCode::NOT_FOUND,
+            None,
+            br#"{"error": {"class": "permanent"}}"#,
+            &classes,
+        );
+        assert_eq!(f.class, Some(FailureClass::Permanent), "the body wins");
     }
 
     #[test]

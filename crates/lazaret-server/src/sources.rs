@@ -245,7 +245,12 @@ async fn run<S: Store>(app: Arc<App<S>>, spec: SourceSpec, mut stop: watch::Rece
                 tracing::error!(source = %name, "a guard source has no deliver URL; it does not run");
                 return;
             };
-            let handler = Arc::new(HttpHandler::new(url).with_format(spec.deliver_format));
+            let classes = app.policy(&spec.job_type).kind_classes;
+            let handler = Arc::new(
+                HttpHandler::new(url)
+                    .with_format(spec.deliver_format)
+                    .with_kind_classes(classes),
+            );
             let faults = fault_hooks(&spec.name);
             Guard::new(spec, app, broker, handler)
                 .with_faults(faults)
