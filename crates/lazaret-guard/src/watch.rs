@@ -139,13 +139,22 @@ impl<H: Host> Watch<H> {
         // A Celery task's dead letter names the task beside the broker's reason.
         let error = match (taken.error, celery.as_ref()) {
             (Some(mut e), Some(t)) => {
-                e.message = format!("Celery task {} ({}): {}", t.name, t.id, e.message);
+                e.message = format!(
+                    "Celery task {} ({}): {}",
+                    shown(&t.name),
+                    shown(&t.id),
+                    e.message
+                );
                 Some(e)
             }
             (Some(e), None) => Some(e),
             (None, Some(t)) => Some(Failure::new(
                 "celery_task",
-                format!("the broker dead-lettered Celery task {} ({})", t.name, t.id),
+                format!(
+                    "the broker dead-lettered Celery task {} ({})",
+                    shown(&t.name),
+                    shown(&t.id)
+                ),
             )),
             (None, None) => None,
         };
@@ -182,6 +191,12 @@ impl<H: Host> Watch<H> {
             may_be_parked: true,
         }
     }
+}
+
+/// A name from the message as an error quotes it: escaped, at most
+/// `NAME_BYTES_MAX` bytes of it.
+fn shown(name: &str) -> String {
+    lazaret_core::bound::quote_line(name, lazaret_core::NAME_BYTES_MAX)
 }
 
 /// The delivery a dead letter came from, for fault hooks.

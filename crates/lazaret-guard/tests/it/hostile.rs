@@ -509,6 +509,8 @@ async fn names_from_a_message_follow_the_name_rule_or_fall_back() {
     w.stop().await.unwrap();
     for dl in &dls {
         assert_eq!(dl.job_type.as_deref(), Some("orders"), "the source's type");
+        let message = &dl.error.as_ref().expect("the Celery failure").message;
+        assert!(message.len() < 1024 && !message.contains('\n'), "{message}");
         let kept = &dl.source.as_ref().expect("its source").headers["task"];
         assert!(bad_names.contains(&kept.as_str().unwrap_or_default()));
     }
