@@ -259,19 +259,6 @@ fn is_zero(n: &u32) -> bool {
     *n == 0
 }
 
-/// Reads an attempt counter from a foreign broker's header (`x-attempt`,
-/// `retry_count`, a delivery count…). Missing, empty, negative, fractional
-/// or otherwise malformed values normalise to attempt 0 instead of failing:
-/// a message we cannot count is treated as new, and the budgets bound it from
-/// there on.
-pub fn normalize_attempt_header(raw: Option<&[u8]>) -> u32 {
-    let Some(raw) = raw else { return 0 };
-    let Ok(text) = std::str::from_utf8(raw) else {
-        return 0;
-    };
-    text.trim().parse::<u32>().unwrap_or(0)
-}
-
 /// SHA-256 of a payload's raw bytes.
 pub fn payload_sha256(bytes: &[u8]) -> [u8; 32] {
     Sha256::digest(bytes).into()
@@ -292,18 +279,6 @@ pub(crate) fn resolve_class(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn attempt_header_normalises_garbage_to_zero() {
-        assert_eq!(normalize_attempt_header(None), 0);
-        assert_eq!(normalize_attempt_header(Some(b"")), 0);
-        assert_eq!(normalize_attempt_header(Some(b"abc")), 0);
-        assert_eq!(normalize_attempt_header(Some(b"-3")), 0);
-        assert_eq!(normalize_attempt_header(Some(b"2.5")), 0);
-        assert_eq!(normalize_attempt_header(Some(b"99999999999999")), 0);
-        assert_eq!(normalize_attempt_header(Some(&[0xff, 0xfe])), 0);
-        assert_eq!(normalize_attempt_header(Some(b" 4 ")), 4);
-    }
 
     #[test]
     fn history_is_bounded() {

@@ -12,8 +12,9 @@
 //! whose consumer died, which are lease expiries as far as the policy is
 //! concerned (they count towards `crash_loop_max`).
 
+use crate::bound::normalize_attempt_header;
 use crate::decide::{Event, Transition, decide, grant_lease};
-use crate::envelope::{Envelope, normalize_attempt_header};
+use crate::envelope::Envelope;
 use crate::failure::DeadLetterReason;
 use crate::policy::TypePolicy;
 use crate::rng::Entropy;
@@ -45,6 +46,11 @@ pub fn absorb_earlier_deliveries(
 ) -> Option<DeadLetterReason> {
     let vouched = normalize_attempt_header(lazaret_header);
     env.attempts = env.attempts.saturating_add(vouched);
+    // lazaret charged them all already (its own header says so): another
+    // delivery would be over budget.
+    if env.attempts >= policy.attempts_max {
+        return Some(DeadLetterReason::Exhausted);
+    }
     let unseen = broker_prior.saturating_sub(vouched);
     for _ in 0..unseen {
         grant_lease(env, None, now);
@@ -142,13 +148,30 @@ mod tests {
         assert_eq!(e.attempts, 0);
     }
 
+    #[test]
+    fn a_header_charging_the_whole_budget_is_exhausted_undelivered() {
+        for raw in [&b"3"[..], b"2147483648", b"9223372036854775807"] {
+            let mut e = env();
+            let r = absorb_earlier_deliveries(
+                &mut e,
+                &policy(3, 3),
+                Some(raw),
+                0,
+                Timestamp::from_millis(1),
+                &mut SplitMix64::new(1),
+            );
+            assert_eq!(r, Some(DeadLetterReason::Exhausted), "{raw:?}");
+            assert!(e.history.is_empty(), "no delivery was charged");
+        }
+    }
+
     proptest! {
         /// The delivery at hand is always charged as one more than the
         /// attempts spent, unless the earlier ones already dead-lettered it;
         /// and no dead letter comes from fewer crashes than the policy allows.
         #[test]
         fn the_next_attempt_follows_the_contract(
-            header in proptest::option::of(0u32..20),
+            header in proptest::option::of(prop_oneof![0u32..20, Just(1 << 31), Just(u32::MAX)]),
             prior in 0u32..20,
             attempts_max in 1u32..15,
             crash_loop_max in 1u32..8,
@@ -165,6 +188,7 @@ mod tests {
             match r {
                 None => {
                     prop_assert_eq!(e.attempts, spent);
+                    prop_assert!(spent < attempts_max, "never delivered over budget");
                     prop_assert!(e.crashes < crash_loop_max);
                     prop_assert_eq!(grant_lease(&mut e, None, now), spent + 1);
                 }

@@ -15,6 +15,7 @@
 
 pub mod admission;
 pub mod alerts;
+pub mod bound;
 pub mod breaker;
 pub mod cancel;
 pub mod decide;
@@ -38,6 +39,10 @@ pub use alerts::{
     Alert, AlertEvent, AlertRule, AlertRuleError, Alerts, Observation, RecentDeadLetters,
     TopReason, TypeSurge, type_surges,
 };
+pub use bound::{
+    ERROR_BODY_BYTES_MAX, HEADERS_LINE_BYTES_MAX, bounded_name, is_header_value, mask_url,
+    mask_url_in, normalize_attempt_header,
+};
 pub use breaker::{
     BreakerConfig, BreakerConfigError, BreakerState, BreakerTransition, BreakerView, Breakers,
     LeaseReservation,
@@ -49,7 +54,7 @@ pub use decide::{
 };
 pub use envelope::{
     AttemptOutcome, AttemptRecord, Envelope, HISTORY_MAX, PAYLOAD_EDITS_MAX, PayloadEdit,
-    normalize_attempt_header, payload_sha256,
+    payload_sha256,
 };
 pub use failure::{DeadLetterReason, Failure, FailureClass, PoisonReason};
 pub use foreign::{absorb_earlier_deliveries, attempts_spent};

@@ -48,7 +48,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lazaret_core::{
     Envelope, Event, Failure, FailureClass, JobId, SplitMix64, TenantId, Timestamp, Transition,
-    TypePolicy, WorkerId, absorb_earlier_deliveries, decide, grant_lease,
+    TypePolicy, WorkerId, absorb_earlier_deliveries, bounded_name, decide, grant_lease,
 };
 use lazaret_store::{
     Completed, DeadLetterId, Held, ParkedMessage, Quarantined, SourceDeadLetter, SourceRef, Stage,
@@ -891,10 +891,13 @@ impl<H: Host> Inner<H> {
     fn tenant(&self, d: &Delivery) -> TenantId {
         match &self.spec.tenant {
             TenantFrom::Fixed(t) => TenantId::from(t.as_str()),
+            // Hostile: a value breaking the name rule falls back to
+            // `default` (the full value stays in the source headers).
             TenantFrom::Header(h) => TenantId::from(
                 d.header(h)
-                    .filter(|t| !t.is_empty())
-                    .unwrap_or_else(|| "default".into()),
+                    .as_deref()
+                    .and_then(bounded_name)
+                    .unwrap_or("default"),
             ),
         }
     }

@@ -52,5 +52,5 @@ pub use handler::{Call, Handler, HttpHandler, Outcome, OwnedCall, handler_fn};
 pub use host::{Host, LocalHost, StoreWrites};
 pub use message::{Delivery, Republish};
 pub use redrive::{RedriveError, SourceSet};
-pub use spec::{BrokerKind, Mode, SourceSpec, TenantFrom};
+pub use spec::{BrokerKind, DeliverFormat, Mode, SourceSpec, TenantFrom};
 pub use watch::{TakenIn, Watch};

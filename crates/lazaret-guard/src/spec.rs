@@ -65,6 +65,37 @@ pub enum TenantFrom {
     Header(String),
 }
 
+/// How a guard source's message is POSTed to its handler.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DeliverFormat {
+    /// The body byte for byte, the message's content type as
+    /// `Content-Type`, its headers in `Lazaret-Headers` (cut at 6 KiB).
+    #[default]
+    Raw,
+    /// One JSON object: `message_id`, `source`, `attempt`, `content_type`,
+    /// `headers` (whole) and `body` (UTF-8 text) or `body_base64`.
+    Envelope,
+}
+
+impl DeliverFormat {
+    /// The word used in the config (`deliver_format`).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            DeliverFormat::Raw => "raw",
+            DeliverFormat::Envelope => "envelope",
+        }
+    }
+
+    /// The format a word names.
+    pub fn parse(word: &str) -> Option<DeliverFormat> {
+        match word {
+            "raw" => Some(DeliverFormat::Raw),
+            "envelope" => Some(DeliverFormat::Envelope),
+            _ => None,
+        }
+    }
+}
+
 /// One source.
 #[derive(Clone, Debug)]
 pub struct SourceSpec {
@@ -83,6 +114,8 @@ pub struct SourceSpec {
     /// Guard: the URL each message is POSTed to (`None` for a handler
     /// passed to the library).
     pub deliver: Option<String>,
+    /// Guard: how each message is POSTed to `deliver`.
+    pub deliver_format: DeliverFormat,
     /// The lazaret job type whose policy applies.
     pub job_type: JobType,
     /// The lane its dead letters are filed under.
@@ -153,6 +186,7 @@ impl SourceSpec {
             group: "lazaret".into(),
             mode: Mode::Guard,
             deliver: None,
+            deliver_format: DeliverFormat::Raw,
             job_type: JobType::from(job_type.into().as_str()),
             lane: Lane::from("default"),
             tenant: TenantFrom::Fixed("default".into()),

@@ -10,7 +10,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lazaret_core::{DeadLetterReason, Failure, Timestamp};
+use lazaret_core::{DeadLetterReason, Failure, Timestamp, bounded_name};
 use lazaret_store::{SourceDeadLetter, SourceRef, Stage, Store, StoreError};
 use serde_json::{Map, Value};
 use tokio::sync::watch;
@@ -184,7 +184,13 @@ impl<H: Host> Watch<H> {
         let celery = celery::Task::recognise(&msg.headers);
         let tenant = match &self.spec.tenant {
             TenantFrom::Fixed(t) => t.clone(),
-            TenantFrom::Header(h) => msg.header(h).unwrap_or_else(|| "default".into()),
+            // Hostile names fall back (the full value stays in the headers).
+            TenantFrom::Header(h) => msg
+                .header(h)
+                .as_deref()
+                .and_then(bounded_name)
+                .unwrap_or("default")
+                .to_owned(),
         };
         let queue = taken
             .original_queue
@@ -193,13 +199,22 @@ impl<H: Host> Watch<H> {
         // A Celery task's dead letter names the task beside the broker's reason.
         let error = match (taken.error, celery.as_ref()) {
             (Some(mut e), Some(t)) => {
-                e.message = format!("Celery task {} ({}): {}", t.name, t.id, e.message);
+                e.message = format!(
+                    "Celery task {} ({}): {}",
+                    shown(&t.name),
+                    shown(&t.id),
+                    e.message
+                );
                 Some(e)
             }
             (Some(e), None) => Some(e),
             (None, Some(t)) => Some(Failure::new(
                 "celery_task",
-                format!("the broker dead-lettered Celery task {} ({})", t.name, t.id),
+                format!(
+                    "the broker dead-lettered Celery task {} ({})",
+                    shown(&t.name),
+                    shown(&t.id)
+                ),
             )),
             (None, None) => None,
         };
@@ -216,7 +231,8 @@ impl<H: Host> Watch<H> {
             job_type: Some(
                 celery
                     .as_ref()
-                    .map_or_else(|| self.spec.job_type.to_string(), |t| t.name.clone()),
+                    .and_then(|t| bounded_name(&t.name))
+                    .map_or_else(|| self.spec.job_type.to_string(), str::to_owned),
             ),
             tenant: Some(tenant),
             lane: Some(self.spec.lane.to_string()),
@@ -235,6 +251,12 @@ impl<H: Host> Watch<H> {
             may_be_parked: true,
         }
     }
+}
+
+/// A name from the message as an error quotes it: escaped, at most
+/// `NAME_BYTES_MAX` bytes of it.
+fn shown(name: &str) -> String {
+    lazaret_core::bound::quote_line(name, lazaret_core::NAME_BYTES_MAX)
 }
 
 /// The delivery a dead letter came from, for fault hooks.

@@ -239,9 +239,10 @@ pub fn body(a: &Alert) -> Value {
 }
 
 /// The URL as logs show it: scheme, host and port, not the path (webhook
-/// paths often carry a secret).
+/// paths often carry a secret), nor its user info (masked as everywhere).
 fn shown(url: &str) -> String {
-    let rest = url.strip_prefix("http://").unwrap_or(url);
+    let url = lazaret_core::mask_url(url);
+    let rest = url.strip_prefix("http://").unwrap_or(&url);
     let host = rest.split('/').next().unwrap_or("");
     format!("http://{host}/…")
 }
@@ -525,6 +526,10 @@ mod tests {
         assert_eq!(
             shown("http://hooks.internal:9099/T0/secret"),
             "http://hooks.internal:9099/…"
+        );
+        assert_eq!(
+            shown("http://hook:s3cret@hooks.internal:9099/T0"),
+            "http://***@hooks.internal:9099/…"
         );
     }
 }

@@ -99,11 +99,12 @@
 //! [[sources]]                         # a queue on a broker the team already runs (docs/brokers.md)
 //! name = "orders"                     # unique; letters, digits, _ - . (at most 64); dead letters and metrics carry it
 //! broker = "rabbitmq"                 # rabbitmq | nats | redis | kafka | sqs
-//! url = "amqp://guest:guest@127.0.0.1:5672/%2f" # nats://…, redis://…, host:port for kafka, the endpoint URL for sqs; logs show it without the password
+//! url = "amqp://guest:guest@127.0.0.1:5672/%2f" # nats://…, redis://…, host:port for kafka, the endpoint URL for sqs; logs show it without its user info (***)
 //! queue = "orders"                    # RabbitMQ queue · JetStream stream · Redis stream · Kafka topic · SQS queue URL
 //! group = "lazaret"                   # JetStream durable consumer · Redis consumer group · Kafka group id
 //! mode = "guard"                      # guard: deliver each message to `deliver`; watch: take in a dead-letter queue
 //! deliver = "http://127.0.0.1:8080/orders" # guard (required there, refused for watch): each message is POSTed here
+//! deliver_format = "raw"              # guard: raw (the body byte for byte, headers in Lazaret-Headers cut at 6 KiB) | envelope (one JSON object: body or body_base64, every header)
 //! type = "orders"                     # the job type whose policy applies ([types.orders]); default: the name
 //! tenant = "default"                  # every message's tenant; or tenant_header = "x-tenant" (not both)
 //! lane = "default"                    # the lane its dead letters are filed under; pausing the lane holds the source
@@ -146,7 +147,7 @@ use lazaret_core::{
     FailureClass, JobType, Lane, Policies, PolicyError, SchedulerConfig, SchedulerConfigError,
     Share, TenantId, TypePolicy, TypeSchemas,
 };
-use lazaret_guard::{BrokerKind, Mode, SourceSpec, TenantFrom};
+use lazaret_guard::{BrokerKind, DeliverFormat, Mode, SourceSpec, TenantFrom};
 use serde::Deserialize;
 use serde::de::{self, Deserializer};
 use sha2::{Digest, Sha256};
@@ -664,6 +665,7 @@ struct RawSource {
     group: Option<String>,
     mode: Option<String>,
     deliver: Option<String>,
+    deliver_format: Option<String>,
     #[serde(rename = "type")]
     job_type: Option<String>,
     tenant: Option<String>,
@@ -1080,11 +1082,20 @@ impl<'a> Ctx<'a> {
         Ok(cfg)
     }
 
+    /// A name the config gives (a type, tenant or lane): not blank, and
+    /// the API's name rule (at most 128 bytes, no control characters), so
+    /// nothing the config names could not also be named over the API.
     fn not_blank(&self, path: &KeyPath, name: &str, what: &str) -> Result<(), ConfigError> {
         if name.trim().is_empty() {
             return Err(self.invalid(
                 path,
                 format!("a {what} name cannot be blank; give it a name"),
+            ));
+        }
+        if let Err(e) = lazaret_core::bound::check_config_name(&format!("the {what} name"), name) {
+            return Err(self.invalid(
+                path,
+                format!("{e}; {what} names follow the API's rule, so rename it"),
             ));
         }
         Ok(())
@@ -1642,11 +1653,32 @@ impl<'a> Ctx<'a> {
             }
 
             let job_type = text("type", &s.job_type)?.unwrap_or_else(|| name.clone());
+            if s.job_type.is_some() {
+                self.not_blank(&path.key("type"), &job_type, "job type")?;
+            }
+            let deliver_format = match s.deliver_format.as_deref() {
+                None => DeliverFormat::Raw,
+                Some(word) => DeliverFormat::parse(word).ok_or_else(|| {
+                    self.invalid(
+                        &path.key("deliver_format"),
+                        format!(
+                            "unknown deliver_format {word:?}: use \"raw\" (the body byte for byte, the default) or \"envelope\" (one JSON object with the body and every header)"
+                        ),
+                    )
+                })?,
+            };
+            if mode == Mode::Watch && s.deliver_format.is_some() {
+                return Err(self.invalid(
+                    &path.key("deliver_format"),
+                    "a watch source delivers nothing: remove deliver_format, or set mode = \"guard\"",
+                ));
+            }
             let mut spec = match mode {
                 Mode::Guard => SourceSpec::guard(&name, broker, &url, &queue, job_type),
                 Mode::Watch => SourceSpec::watch(&name, broker, &url, &queue, job_type),
             };
             spec.deliver = deliver;
+            spec.deliver_format = deliver_format;
             if let Some(g) = text("group", &s.group)? {
                 spec.group = g;
             }
@@ -1660,11 +1692,15 @@ impl<'a> Ctx<'a> {
                         "set either tenant (one tenant for every message) or tenant_header (read from each message), not both",
                     ));
                 }
-                (Some(t), None) => TenantFrom::Fixed(t),
+                (Some(t), None) => {
+                    self.not_blank(&path.key("tenant"), &t, "tenant")?;
+                    TenantFrom::Fixed(t)
+                }
                 (None, Some(h)) => TenantFrom::Header(h),
                 (None, None) => TenantFrom::Fixed("default".into()),
             };
             if let Some(l) = text("lane", &s.lane)? {
+                self.not_blank(&path.key("lane"), &l, "lane")?;
                 spec.lane = Lane::new(l.as_str());
             }
             if let Some(n) = s.concurrency {
@@ -2062,10 +2098,11 @@ surge_share = 0.9
             "[[sources]]\nname = \"a.b-c_1\"\nbroker = \"nats\"\nurl = \"nats://127.0.0.1:4222\"\n\
              queue = \"ORDERS\"\ngroup = \"g\"\nmode = \"guard\"\ndeliver = \"https://h/x\"\n\
              type = \"t\"\ntenant = \"acme\"\nlane = \"batch\"\nconcurrency = 3\nsettling = 0\n\
-             delivery_timeout_ms = 1500\nredrive_to = \"ORDERS.retry\"\n",
+             delivery_timeout_ms = 1500\nredrive_to = \"ORDERS.retry\"\ndeliver_format = \"envelope\"\n",
         )
         .unwrap();
         let s = &cfg.sources[0];
+        assert_eq!(s.deliver_format, DeliverFormat::Envelope);
         assert_eq!(s.broker, BrokerKind::Nats);
         assert_eq!(s.group, "g");
         assert_eq!(s.job_type.as_str(), "t");
@@ -2243,6 +2280,27 @@ surge_share = 0.9
             "sources[0].lane",
             7,
             "lane is empty",
+        );
+        assert_refused(
+            &format!("{base}deliver_format = \"json\"\n"),
+            "sources[0].deliver_format",
+            7,
+            "unknown deliver_format \"json\"",
+        );
+        assert_refused(
+            &format!(
+                "{base}tenant_header = \"x-tenant\"\ntype = \"{}\"\n",
+                "t".repeat(129)
+            ),
+            "sources[0].type",
+            8,
+            "the job type name is 129 bytes",
+        );
+        assert_refused(
+            "[tenants.overrides]\n\"a\\u0007b\" = 2\n",
+            "tenants.overrides.\"a\\u{7}b\"",
+            2,
+            "control character",
         );
     }
 

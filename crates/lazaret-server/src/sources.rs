@@ -253,7 +253,12 @@ async fn run<S: Store>(app: Arc<App<S>>, spec: SourceSpec, mut stop: watch::Rece
                 tracing::error!(source = %name, "a guard source has no deliver URL; it does not run");
                 return;
             };
-            let handler = Arc::new(HttpHandler::new(url));
+            let classes = app.policy(&spec.job_type).kind_classes;
+            let handler = Arc::new(
+                HttpHandler::new(url)
+                    .with_format(spec.deliver_format)
+                    .with_kind_classes(classes),
+            );
             let faults = fault_hooks(&spec.name);
             Guard::new(spec, app, broker, handler)
                 .with_faults(faults)
@@ -325,7 +330,7 @@ mod tests {
         let line = describe(&spec);
         assert_eq!(
             line,
-            "source orders: guard rabbitmq amqp://guest:***@127.0.0.1:5672/%2f queue orders → \
+            "source orders: guard rabbitmq amqp://***@127.0.0.1:5672/%2f queue orders → \
              http://127.0.0.1:8080/orders (type orders, lane default, tenant default)"
         );
         let mut watch = SourceSpec::watch("dlq", BrokerKind::Redis, "redis://h", "dead", "t");

@@ -8,6 +8,8 @@ mod common;
 mod memory;
 mod scenarios;
 
+#[cfg(feature = "rabbitmq")]
+mod hostile;
 #[cfg(feature = "kafka")]
 mod kafka;
 #[cfg(feature = "nats")]

@@ -239,18 +239,9 @@ async fn connect(
     Ok(client)
 }
 
-/// The URL without its password, for messages.
+/// The URL without its user info, for messages (the one masking rule).
 fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => {
-            let creds = &url[s + 3..at];
-            match creds.split_once(':') {
-                Some((user, _)) => format!("{}{user}:***{}", &url[..s + 3], &url[at..]),
-                None => url.to_owned(),
-            }
-        }
-        _ => url.to_owned(),
-    }
+    lazaret_core::mask_url(url)
 }
 
 /// Runs the migrations on the database `opts` names and returns the

@@ -22,6 +22,7 @@ mod fields;
 mod full_disk;
 mod harness;
 mod hostile;
+mod hostile_sources;
 mod hostile_suite;
 mod kafka_sources;
 mod lanes;

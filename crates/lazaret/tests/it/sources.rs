@@ -420,7 +420,7 @@ deliver = "http://127.0.0.1:9/orders"
     // masked.
     server.wait_output("keeps retrying").await;
     let output = server
-        .wait_output("source orders: guard redis redis://:***@127.0.0.1:1 queue orders")
+        .wait_output("source orders: guard redis redis://***@127.0.0.1:1 queue orders")
         .await;
     assert!(
         !output.contains("hunter2"),
