@@ -2,6 +2,7 @@
 //! Handlers move bytes; the core decides and the store applies. One module
 //! per resource; this one holds the router and what every handler shares.
 
+mod browser;
 mod dashboard;
 mod dead_letters;
 mod jobs;
@@ -84,9 +85,13 @@ fn page_limit(limit: Option<u32>, default: u32, max: u32) -> Result<u32, ApiErro
 pub fn router<S: Store>(app: Arc<App<S>>) -> Router {
     // The envelope wraps the whole router, outside axum's method routing,
     // so that a 405 already carries its `Allow` header when it is mapped.
+    // The Host and Origin rules come first, before any body is read, on
+    // every route (`browser`).
+    let guard = axum::middleware::from_fn_with_state(Arc::clone(&app), browser::guard::<S>);
     Router::new()
         .fallback_service(routes(app))
         .layer(axum::middleware::from_fn(envelope))
+        .layer(guard)
 }
 
 /// The body cap of a single outcome (`ack`, `fail`, `heartbeat`): 4 MiB,
