@@ -537,9 +537,9 @@ fn cut_point(bytes: &[u8], max: usize) -> usize {
 /// holds either raw; a text payload that holds U+FFFD itself reads as
 /// binary too.
 pub fn preview_is_binary(preview: &str) -> bool {
-    preview
-        .chars()
-        .any(|c| c == char::REPLACEMENT_CHARACTER || (c.is_control() && !matches!(c, '\t' | '\n' | '\r')))
+    preview.chars().any(|c| {
+        c == char::REPLACEMENT_CHARACTER || (c.is_control() && !matches!(c, '\t' | '\n' | '\r'))
+    })
 }
 
 fn parse_json(bytes: &[u8]) -> Result<Value, String> {

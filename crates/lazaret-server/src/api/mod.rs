@@ -361,6 +361,48 @@ pub fn audit_request(body: &[u8]) -> Value {
     json!({ "raw": text, "bytes": body.len(), "truncated": head.len() < body.len() })
 }
 
+/// The policy of a stored payload: nothing in it may load or run, and a
+/// browser that opens it anyway treats it as a page of its own origin.
+pub const PAYLOAD_CSP: &str = "default-src 'none'; sandbox";
+
+/// A stored payload (a job's or a dead letter's) as the answer: its bytes,
+/// byte for byte, as a download that can never run in lazaret's origin.
+/// A broker message's body is whatever its producer sent (an HTML page, an
+/// SVG with script), so it is never served as its own type: `application/json`
+/// when it parses as JSON, `application/octet-stream` otherwise, the
+/// message's own type in `Lazaret-Content-Type`, with `Content-Disposition:
+/// attachment`, `nosniff` and [`PAYLOAD_CSP`].
+fn stored_payload(bytes: Vec<u8>, own_type: Option<&str>, name: &str) -> Response {
+    let json = serde_json::from_slice::<serde::de::IgnoredAny>(&bytes).is_ok();
+    let (content_type, ext) = if json {
+        ("application/json", "json")
+    } else {
+        ("application/octet-stream", "bin")
+    };
+    let mut resp = axum::body::Body::from(bytes).into_response();
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static(content_type),
+    );
+    if let Ok(v) = header::HeaderValue::from_str(&format!("attachment; filename=\"{name}.{ext}\""))
+    {
+        h.insert(header::CONTENT_DISPOSITION, v);
+    }
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        header::HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        header::HeaderValue::from_static(PAYLOAD_CSP),
+    );
+    if let Some(v) = own_type.and_then(|t| header::HeaderValue::from_str(t).ok()) {
+        h.insert("lazaret-content-type", v);
+    }
+    resp
+}
+
 fn ok(v: Value) -> ApiResult {
     Ok(Json(v).into_response())
 }
