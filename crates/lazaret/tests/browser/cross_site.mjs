@@ -6,9 +6,10 @@
 // still there. Each attacker page sends what issue #32 found worked: a
 // no-cors POST of a purge of everything, from another port of this host
 // (same-site), from another host (cross-site) and from a sandboxed frame
-// (Origin: null). Then the dashboard, opened as localhost and as
-// 127.0.0.1, must still work: a pause and a resume through its own form,
-// a binary dead letter shown as binary and downloaded whole. Environment:
+// (Origin: null); browser.rs counts the refusals in /metrics. Then the
+// dashboard, opened as localhost and as 127.0.0.1, must still work: a pause
+// and a resume through its own form, a binary dead letter shown as binary
+// and downloaded whole. Environment:
 //   LAZARET_URL         the server, http://127.0.0.1:PORT
 //   LAZARET_ATTACKERS   JSON list of attacker page URLs
 //   LAZARET_SEED        {"binary": {dead_letter_id, payload_size}}
@@ -64,7 +65,7 @@ try {
     await page.goto(attacker);
     const top = await purgeAnswer(() => page.evaluate(([url, body]) => fetch(url, { mode: 'no-cors', method: 'POST', body })
       .then(() => 'sent', (e) => `failed: ${e}`), [purgeUrl, PURGE_ALL]));
-    console.log(`  ${top.status}: ${top.said}`);
+    console.log(`  answered ${top.status}${top.said ? `: ${top.said}` : ' (opaque to the page)'}`);
     assert.equal(top.status, 403, 'refused');
 
     // The browser reports no response event for a sandboxed frame's fetch:
