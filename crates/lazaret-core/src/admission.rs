@@ -489,10 +489,17 @@ pub use crate::envelope::payload_sha256;
 /// protobuf, a compressed body) are shown as U+FFFD, as
 /// `String::from_utf8_lossy` does, so a binary payload previews as what text
 /// it holds rather than as nothing; [`preview_is_binary`] tells the two
-/// apart. The raw bytes stay available through the payload itself.
+/// apart. NUL becomes U+FFFD as well (a database's text column may refuse
+/// it). The raw bytes stay available through the payload itself.
 pub fn payload_preview(bytes: &[u8], max: usize) -> std::borrow::Cow<'_, str> {
     let head = &bytes[..cut_point(bytes, max)];
     let mut text = String::from_utf8_lossy(head);
+    if text.contains('\0') {
+        // NUL is shown as U+FFFD too: PostgreSQL's `text` cannot hold it,
+        // and a store that could not write the preview could not keep the
+        // dead letter at all.
+        text = std::borrow::Cow::Owned(text.replace('\0', "\u{FFFD}"));
+    }
     if text.len() > max {
         // Each U+FFFD takes 3 bytes where it stands for 1: cut again, on a
         // character boundary, to stay within `max`.
@@ -1109,6 +1116,8 @@ mod tests {
         assert_eq!(payload_preview(b"\x89PNG", 10), "\u{FFFD}PNG");
         assert!(preview_is_binary(&payload_preview(b"\x89PNG\r\n", 10)));
         assert!(preview_is_binary("\u{0}\u{1}"));
+        assert_eq!(payload_preview(b"a\0b", 10), "a\u{FFFD}b");
+        assert_eq!(payload_preview(b"\0\0", 4), "\u{FFFD}");
         assert!(!preview_is_binary("{\"a\": \"h\u{e9}llo\"}\r\n\t"));
         assert!(!preview_is_binary(""));
         assert_eq!(payload_preview(b"abc", PREVIEW_BYTES_MAX), "abc");
@@ -1192,7 +1201,7 @@ mod tests {
 
         #[test]
         fn preview_is_a_bounded_utf8_prefix(
-            text in ".{0,64}",
+            text in "[^\u{0}]{0,64}",
             noise in prop::collection::vec(any::<u8>(), 0..64),
             max in 0usize..80,
         ) {
@@ -1209,6 +1218,7 @@ mod tests {
             prop_assert!(p.len() <= max);
             // Lossy: what is UTF-8 in the head is shown as it is.
             let lossy = String::from_utf8_lossy(&noise[..noise.len().min(max)]);
+            let lossy = lossy.replace('\0', "\u{FFFD}");
             let shown = p.trim_end_matches(char::REPLACEMENT_CHARACTER);
             prop_assert!(lossy.starts_with(shown), "{:?} {:?}", p, lossy);
         }
