@@ -99,13 +99,16 @@ fn check<S: Store>(
     if let Some(site) = headers.get("sec-fetch-site") {
         let site = site.to_str().unwrap_or("").trim().to_ascii_lowercase();
         if site == "cross-site" || site == "same-site" {
-            return Err(cross_origin(format!("Sec-Fetch-Site: {site}"), host));
+            return Err(cross_origin(
+                format!("Sec-Fetch-Site: {}", echo(&site)),
+                host,
+            ));
         }
     }
     if let Some(origin) = headers.get(header::ORIGIN) {
         let text = origin.to_str().unwrap_or("(not text)");
         if !host.is_some_and(|h| same_origin(text, h)) {
-            return Err(cross_origin(format!("Origin {text:?}"), host));
+            return Err(cross_origin(format!("Origin {:?}", echo(text)), host));
         }
     }
     Ok(())
@@ -213,6 +216,18 @@ fn own_names(listen: Option<SocketAddr>, allowed: &[String]) -> String {
     names.join(", ")
 }
 
+/// A header value as a message quotes it: at most [`ECHO_CHARS_MAX`]
+/// characters (the value is visible ASCII: `to_str` allowed nothing else).
+fn echo(value: &str) -> String {
+    match value.char_indices().nth(ECHO_CHARS_MAX) {
+        Some((at, _)) => format!("{}…", &value[..at]),
+        None => value.to_owned(),
+    }
+}
+
+/// The longest header value a refusal quotes.
+const ECHO_CHARS_MAX: usize = 200;
+
 fn host_refused(host: &str, listen: Option<SocketAddr>, allowed: &[String]) -> ApiError {
     let mut e = ApiError::forbidden(format!(
         "this server has no tokens and answers only requests addressed to it by its own names \
@@ -220,14 +235,15 @@ fn host_refused(host: &str, listen: Option<SocketAddr>, allowed: &[String]) -> A
          at this address (DNS rebinding) must not read or change anything. To reach lazaret under \
          another name (a reverse proxy's), add that name to the config: [http] allowed_hosts = \
          [\"NAME\"] (or configure [[tokens]])",
-        own_names(listen, allowed)
+        own_names(listen, allowed),
+        host = echo(host),
     ));
     e.reason = Some("host_not_allowed");
     e
 }
 
 fn cross_origin(what: String, host: Option<&str>) -> ApiError {
-    let here = host.map_or_else(String::new, |h| format!(" (http://{h}/)"));
+    let here = host.map_or_else(String::new, |h| format!(" (http://{}/)", echo(h)));
     let mut e = ApiError::forbidden(format!(
         "refused: this request comes from a page of another origin ({what}), and on a server \
          without tokens any page open in your browser could otherwise purge, redrive or enqueue. \
@@ -298,6 +314,14 @@ mod tests {
             at(7433),
             &allowed
         ));
+    }
+
+    #[test]
+    fn a_refusal_quotes_a_long_host_cut() {
+        let e = host_refused(&"a".repeat(10_000), at(7433), &[]);
+        assert!(e.message.len() < 1_000, "{}", e.message.len());
+        assert!(e.message.contains("[http] allowed_hosts"), "{}", e.message);
+        assert_eq!(echo("short"), "short");
     }
 
     #[test]
