@@ -108,12 +108,17 @@ def idle_then_normal(binary):
     return out
 
 
+def host_of(base):
+    """The server's own address, the Host a tokenless server answers."""
+    return base.removeprefix("http://").encode()
+
+
 def slowloris(binary):
     p, addr, base = start(binary)
     socks = []
     for _ in range(500):
         s = socket.create_connection(addr)
-        s.sendall(b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nX-Slow: a")
+        s.sendall(b"POST /v1/jobs HTTP/1.1\r\nHost: " + host_of(base) + b"\r\nX-Slow: a")
         socks.append(s)
     stop = time.time() + 30
     # A byte every second to each, for 30 s at most, until the server cuts them.
@@ -205,7 +210,7 @@ def half_closed(binary):
     p, addr, base = start(binary)
     body = json.dumps({"type": "t", "tenant": "a", "payload": {}}).encode()
     s = socket.create_connection(addr)
-    s.sendall(b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
+    s.sendall(b"POST /v1/jobs HTTP/1.1\r\nHost: " + host_of(base) + b"\r\nContent-Type: application/json\r\nContent-Length: "
               + str(len(body)).encode() + b"\r\n\r\n" + body)
     s.shutdown(socket.SHUT_WR)
     kind, line = read_reply(s, 10)
@@ -221,18 +226,18 @@ def sigterm(binary, what):
     keep = []
     if what == "partial_request":
         s = socket.create_connection(addr)
-        s.sendall(b"POST /v1/leases HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{")
+        s.sendall(b"POST /v1/leases HTTP/1.1\r\nHost: " + host_of(base) + b"\r\nContent-Length: 50\r\n\r\n{")
         keep.append(s)
         time.sleep(0.5)
     elif what == "partial_head":
         s = socket.create_connection(addr)
-        s.sendall(b"POST /v1/leases HTTP/1.1\r\nHost: x\r\nContent-Le")
+        s.sendall(b"POST /v1/leases HTTP/1.1\r\nHost: " + host_of(base) + b"\r\nContent-Le")
         keep.append(s)
         time.sleep(0.5)
     elif what == "long_poll_60s":
         s = socket.create_connection(addr)
         body = b'{"worker_id": "w", "wait_ms": 60000}'
-        s.sendall(b"POST /v1/leases HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: "
+        s.sendall(b"POST /v1/leases HTTP/1.1\r\nHost: " + host_of(base) + b"\r\nContent-Type: application/json\r\nContent-Length: "
                   + str(len(body)).encode() + b"\r\n\r\n" + body)
         keep.append(s)
         time.sleep(0.5)

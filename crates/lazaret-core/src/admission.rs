@@ -482,18 +482,71 @@ pub fn admit(config: &AdmissionConfig, req: &AdmissionRequest<'_>) -> Verdict {
 
 pub use crate::envelope::payload_sha256;
 
-/// The longest valid UTF-8 prefix of `bytes` that fits in `max` bytes.
+/// A payload's first bytes as text, at most `max` bytes of it.
 ///
-/// A cut never splits a character, and for valid UTF-8 input the preview is
-/// exactly a prefix of it. Bytes that are not UTF-8 end the preview early (it
-/// may be empty); the raw bytes stay available through the payload itself.
-pub fn payload_preview(bytes: &[u8], max: usize) -> &str {
-    let head = &bytes[..bytes.len().min(max)];
-    match std::str::from_utf8(head) {
-        Ok(s) => s,
-        // `valid_up_to` is a char boundary and everything before it is UTF-8.
-        Err(e) => std::str::from_utf8(&head[..e.valid_up_to()]).unwrap_or_default(),
+/// For UTF-8 input the preview is exactly a prefix of it, and a cut never
+/// splits a character. Bytes that are not UTF-8 (a binary payload: an image,
+/// protobuf, a compressed body) are shown as U+FFFD, as
+/// `String::from_utf8_lossy` does, so a binary payload previews as what text
+/// it holds rather than as nothing; [`preview_is_binary`] tells the two
+/// apart. NUL becomes U+FFFD as well (a database's text column may refuse
+/// it). The raw bytes stay available through the payload itself.
+pub fn payload_preview(bytes: &[u8], max: usize) -> std::borrow::Cow<'_, str> {
+    let head = &bytes[..cut_point(bytes, max)];
+    let mut text = String::from_utf8_lossy(head);
+    if text.contains('\0') {
+        // NUL is shown as U+FFFD too: PostgreSQL's `text` cannot hold it,
+        // and a store that could not write the preview could not keep the
+        // dead letter at all.
+        text = std::borrow::Cow::Owned(text.replace('\0', "\u{FFFD}"));
     }
+    if text.len() > max {
+        // Each U+FFFD takes 3 bytes where it stands for 1: cut again, on a
+        // character boundary, to stay within `max`.
+        let mut end = max;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.to_mut().truncate(end);
+    }
+    text
+}
+
+/// Where a preview of `bytes` ends: `max`, or before it when a valid
+/// character starts before `max` and ends after it (that character is left
+/// out whole, not shown as U+FFFD).
+fn cut_point(bytes: &[u8], max: usize) -> usize {
+    if bytes.len() <= max {
+        return bytes.len();
+    }
+    for back in 1..=max.min(3) {
+        let start = max - back;
+        let lead = bytes[start];
+        if lead & 0xC0 == 0x80 {
+            continue; // a continuation byte: the character began earlier
+        }
+        let width = match lead {
+            0x00..=0x7F => 1,
+            0xC0..=0xDF => 2,
+            0xE0..=0xEF => 3,
+            _ => 4,
+        };
+        let end = (start + width).min(bytes.len());
+        let whole = width > back && std::str::from_utf8(&bytes[start..end]).is_ok();
+        return if whole { start } else { max };
+    }
+    max
+}
+
+/// Whether a preview made by [`payload_preview`] stands for a payload that
+/// is not text: it holds U+FFFD (bytes that are not UTF-8) or a control
+/// character other than tab, line feed and carriage return. JSON never
+/// holds either raw; a text payload that holds U+FFFD itself reads as
+/// binary too.
+pub fn preview_is_binary(preview: &str) -> bool {
+    preview.chars().any(|c| {
+        c == char::REPLACEMENT_CHARACTER || (c.is_control() && !matches!(c, '\t' | '\n' | '\r'))
+    })
 }
 
 fn parse_json(bytes: &[u8]) -> Result<Value, String> {
@@ -1057,7 +1110,16 @@ mod tests {
         );
         assert_eq!(payload_preview("héllo".as_bytes(), 2), "h");
         assert_eq!(payload_preview("héllo".as_bytes(), 3), "hé");
-        assert_eq!(payload_preview(b"ab\xffcd", 10), "ab");
+        assert_eq!(payload_preview(b"ab\xffcd", 10), "ab\u{FFFD}cd");
+        // Within the cap although each U+FFFD takes 3 bytes for 1.
+        assert_eq!(payload_preview(b"\xff\xff\xff\xff", 4), "\u{FFFD}");
+        assert_eq!(payload_preview(b"\x89PNG", 10), "\u{FFFD}PNG");
+        assert!(preview_is_binary(&payload_preview(b"\x89PNG\r\n", 10)));
+        assert!(preview_is_binary("\u{0}\u{1}"));
+        assert_eq!(payload_preview(b"a\0b", 10), "a\u{FFFD}b");
+        assert_eq!(payload_preview(b"\0\0", 4), "\u{FFFD}");
+        assert!(!preview_is_binary("{\"a\": \"h\u{e9}llo\"}\r\n\t"));
+        assert!(!preview_is_binary(""));
         assert_eq!(payload_preview(b"abc", PREVIEW_BYTES_MAX), "abc");
     }
 
@@ -1139,13 +1201,13 @@ mod tests {
 
         #[test]
         fn preview_is_a_bounded_utf8_prefix(
-            text in ".{0,64}",
+            text in "[^\u{0}]{0,64}",
             noise in prop::collection::vec(any::<u8>(), 0..64),
             max in 0usize..80,
         ) {
             let p = payload_preview(text.as_bytes(), max);
             prop_assert!(p.len() <= max);
-            prop_assert!(text.starts_with(p));
+            prop_assert!(text.starts_with(&*p));
             // Lossless: nothing that fits is dropped.
             prop_assert!(text.len() <= max || max - p.len() < 4);
             if text.len() <= max {
@@ -1154,7 +1216,11 @@ mod tests {
 
             let p = payload_preview(&noise, max);
             prop_assert!(p.len() <= max);
-            prop_assert!(noise.starts_with(p.as_bytes()));
+            // Lossy: what is UTF-8 in the head is shown as it is.
+            let lossy = String::from_utf8_lossy(&noise[..noise.len().min(max)]);
+            let lossy = lossy.replace('\0', "\u{FFFD}");
+            let shown = p.trim_end_matches(char::REPLACEMENT_CHARACTER);
+            prop_assert!(lossy.starts_with(shown), "{:?} {:?}", p, lossy);
         }
     }
 }

@@ -33,7 +33,7 @@ pub mod time;
 
 pub use admission::{
     AdmissionConfig, AdmissionRequest, SchemaError, TypeSchemas, Verdict, Violation, admit,
-    check_body_size, check_size, payload_preview,
+    check_body_size, check_size, payload_preview, preview_is_binary,
 };
 pub use alerts::{
     Alert, AlertEvent, AlertRule, AlertRuleError, Alerts, Observation, RecentDeadLetters,

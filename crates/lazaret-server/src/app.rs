@@ -117,6 +117,9 @@ pub struct App<S> {
     /// (`serve::cluster` publishes them through the store).
     opened: tokio::sync::mpsc::UnboundedSender<Switch>,
     opened_rx: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<Switch>>>,
+    /// The address the server listens on, once bound (the real port when
+    /// `--listen` asked for port 0): a `Host` naming it is this server.
+    listen: std::sync::OnceLock<std::net::SocketAddr>,
 }
 
 /// A broker dead letter claimed for one redrive; released when dropped.
@@ -156,6 +159,7 @@ impl<S: Store> App<S> {
             redriving: Mutex::new(HashSet::new()),
             stop: tokio::sync::watch::Sender::new(false),
             bulk: std::sync::OnceLock::new(),
+            listen: std::sync::OnceLock::new(),
             config,
         })
     }
@@ -184,6 +188,18 @@ impl<S: Store> App<S> {
             Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
             Err(_) => None,
         }
+    }
+
+    /// Records the address the server is bound to (`serve` sets it once,
+    /// before the first request).
+    pub fn set_listen(&self, addr: std::net::SocketAddr) {
+        let _ = self.listen.set(addr);
+    }
+
+    /// The address the server is bound to; `None` for a router served
+    /// without a socket (tests).
+    pub fn listen(&self) -> Option<std::net::SocketAddr> {
+        self.listen.get().copied()
     }
 
     /// The breakers this node opens, to share (taken once, by `serve`).

@@ -35,6 +35,9 @@
 //! connections_max = 0                 # open connections at most (0: from the file-descriptor limit);
 //!                                     # one more is answered 503 UNAVAILABLE with Retry-After and closed
 //! shutdown_grace_ms = 10000           # after SIGTERM, how long requests under way may take to finish
+//! allowed_hosts = ["lazaret.example.com"] # without tokens: Host names answered besides the listen
+//!                                     # address, localhost, 127.0.0.1 and [::1] (with the port): a
+//!                                     # reverse proxy's name; "name" any port, "name:port" that one
 //!
 //! [tenants]                         # a tenant is whoever a job is for (a customer, a team);
 //!                                     # tenants take turns, so one tenant's backlog never holds up another's
@@ -232,6 +235,11 @@ pub struct ServerConfig {
     pub sources: Vec<SourceSpec>,
     /// `[http]`: connections and shutdown.
     pub http: HttpConfig,
+    /// `[http] allowed_hosts`: on a server without tokens, the `Host`
+    /// names answered besides the server's own (lower case; `name` with any
+    /// port, `name:port` with that one). Kept apart from [`HttpConfig`],
+    /// which is `Copy`.
+    pub allowed_hosts: Vec<String>,
     /// Lanes with `on_breaker_open = "park"`: they admit jobs of a type
     /// whose breaker is open (the jobs wait until it closes) instead of
     /// answering `503 SHED`.
@@ -283,6 +291,7 @@ impl Default for ServerConfig {
             lease_ms_max: 3_600_000,
             sources: Vec::new(),
             http: HttpConfig::default(),
+            allowed_hosts: Vec::new(),
             park_lanes: BTreeSet::new(),
             alerts: Vec::new(),
         }
@@ -594,7 +603,7 @@ struct RawRetention {
 #[derive(Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a table with header_read_timeout_ms, body_read_timeout_ms, idle_timeout_ms, connections_max, shutdown_grace_ms"
+    expecting = "a table with header_read_timeout_ms, body_read_timeout_ms, idle_timeout_ms, connections_max, shutdown_grace_ms, allowed_hosts"
 )]
 struct RawHttp {
     header_read_timeout_ms: Option<Ms>,
@@ -602,6 +611,64 @@ struct RawHttp {
     idle_timeout_ms: Option<Ms>,
     connections_max: Option<usize>,
     shutdown_grace_ms: Option<Ms>,
+    allowed_hosts: Option<Vec<String>>,
+}
+
+/// An `[http] allowed_hosts` entry, checked and in lower case: a host name
+/// or address as a browser sends it in `Host`, with or without a port.
+fn allowed_host(entry: &str) -> Result<String, String> {
+    let e = entry.trim();
+    let example = "write it as it appears in the Host header, e.g. \"lazaret.example.com\" or \"lazaret.example.com:8443\"";
+    if e.is_empty() {
+        return Err(format!("an allowed_hosts entry is empty; {example}"));
+    }
+    if e.contains('*') {
+        return Err(format!(
+            "allowed_hosts entry {e:?} holds a wildcard, which would answer every name a rebinding \
+             page could use; list each name ({example})"
+        ));
+    }
+    if e.contains("://") || e.contains('/') {
+        return Err(format!(
+            "allowed_hosts entry {e:?} must be a host name without a scheme or path; {example}"
+        ));
+    }
+    let (name, port) = match e.strip_prefix('[') {
+        Some(rest) => match rest.split_once(']') {
+            Some((v6, tail))
+                if v6
+                    .bytes()
+                    .all(|b| b.is_ascii_hexdigit() || b":.".contains(&b)) =>
+            {
+                (
+                    v6,
+                    tail.strip_prefix(':')
+                        .or(if tail.is_empty() { None } else { Some(tail) }),
+                )
+            }
+            _ => {
+                return Err(format!(
+                    "allowed_hosts entry {e:?} is not a [IPv6] address; {example}"
+                ));
+            }
+        },
+        None => match e.rsplit_once(':') {
+            Some((n, p)) => (n, Some(p)),
+            None => (e, None),
+        },
+    };
+    let name_ok = e.starts_with('[')
+        || (!name.is_empty()
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b)));
+    let port_ok = port.is_none_or(|p| p.parse::<u16>().is_ok());
+    if !name_ok || !port_ok {
+        return Err(format!(
+            "allowed_hosts entry {e:?} is not a host name or host:port; {example}"
+        ));
+    }
+    Ok(e.to_ascii_lowercase())
 }
 
 /// `[defaults]` or `[types.X]`: the same keys, but only a type has schemas.
@@ -1065,6 +1132,12 @@ impl<'a> Ctx<'a> {
             }
             if let Some(v) = h.connections_max {
                 cfg.http.connections_max = (v > 0).then_some(v);
+            }
+            for entry in h.allowed_hosts.iter().flatten() {
+                cfg.allowed_hosts.push(
+                    allowed_host(entry)
+                        .map_err(|why| self.invalid(&path.key("allowed_hosts"), why))?,
+                );
             }
         }
 
@@ -2771,5 +2844,32 @@ failures_min = 3
         assert!(e.to_string().contains("http.idle_timeout_ms"), "{e}");
         let e = parse("[http]\nidle_timeout = 5\n").unwrap_err();
         assert!(e.to_string().contains("idle_timeout"), "{e}");
+    }
+
+    #[test]
+    fn allowed_hosts_are_host_names_with_or_without_a_port() {
+        assert!(parse("").unwrap().allowed_hosts.is_empty());
+        let c = parse("[http]\nallowed_hosts = [\"Lazaret.Example.com\", \"proxy:8443\", \"[::1]:9\", \"10.0.0.5\"]\n")
+            .unwrap();
+        assert_eq!(
+            c.allowed_hosts,
+            ["lazaret.example.com", "proxy:8443", "[::1]:9", "10.0.0.5"]
+        );
+        for (bad, says) in [
+            ("https://lazaret.example.com", "without a scheme"),
+            ("lazaret.example.com/ui", "without a scheme"),
+            ("*.example.com", "wildcard"),
+            ("", "empty"),
+            ("host:port", "not a host name"),
+            ("a b", "not a host name"),
+            ("[zz]", "IPv6"),
+        ] {
+            let e = parse(&format!("[http]\nallowed_hosts = [\"{bad}\"]\n")).unwrap_err();
+            let text = e.to_string();
+            assert!(
+                text.contains("http.allowed_hosts") && text.contains(says),
+                "{bad:?}: {text}"
+            );
+        }
     }
 }

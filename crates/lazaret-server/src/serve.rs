@@ -173,6 +173,7 @@ async fn run<S: Store>(store: S, opts: ServeOptions, described: String) -> Resul
         })?;
     let addr = listener.local_addr()?;
     let app = App::new(store, opts.config);
+    app.set_listen(addr);
     let bulk = BulkRuntime::start()?;
     app.set_bulk(bulk.handle());
     let api_tokens = load_api_tokens(&app).await?;

@@ -3,7 +3,11 @@
 
 use std::time::{Duration, UNIX_EPOCH};
 
-use lazaret_core::{AttemptRecord, Failure, JobState, Timestamp, payload_preview};
+use std::borrow::Cow;
+
+use lazaret_core::{
+    AttemptRecord, Failure, JobState, Timestamp, payload_preview, preview_is_binary,
+};
 use lazaret_guard::celery::{Task, arguments};
 use lazaret_store::{ApiToken, DeadLetter, JobView, LeasedJob, ReasonCount, SourceRef};
 use serde::Serialize;
@@ -82,7 +86,11 @@ pub struct JobBody<'a> {
     payload: Option<Box<RawValue>>,
     /// Only with [`PayloadShown::Preview`].
     #[serde(skip_serializing_if = "Option::is_none")]
-    payload_preview: Option<&'a str>,
+    payload_preview: Option<Cow<'a, str>>,
+    /// Only with [`PayloadShown::Preview`]: whether the preview stands for
+    /// bytes that are not text (`lazaret_core::preview_is_binary`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    payload_binary: Option<bool>,
     payload_size: u64,
     payload_sha256: &'a str,
     created_at: String,
@@ -146,7 +154,7 @@ pub struct PayloadEditBody<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     previous_payload: Option<Box<RawValue>>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    previous_payload_preview: Option<&'a str>,
+    previous_payload_preview: Option<Cow<'a, str>>,
     previous_payload_size: u64,
     previous_payload_sha256: &'a str,
     previous_schema_version: Option<u32>,
@@ -162,9 +170,10 @@ pub fn job(j: &JobView, now: Timestamp, shown: PayloadShown) -> JobBody<'_> {
 
 fn job_body(j: &JobView, now: Timestamp, shown: PayloadShown) -> JobBody<'_> {
     let full = shown == PayloadShown::Full;
-    fn preview(bytes: &[u8]) -> &str {
+    fn preview(bytes: &[u8]) -> Cow<'_, str> {
         payload_preview(bytes, PAYLOAD_PREVIEW_BYTES)
     }
+    let shown_preview = (!full).then(|| preview(&j.payload));
     let e = &j.envelope;
     let state = match (j.state, j.run_at) {
         (JobState::Scheduled, Some(at)) if at <= now => JobState::Queued,
@@ -180,7 +189,8 @@ fn job_body(j: &JobView, now: Timestamp, shown: PayloadShown) -> JobBody<'_> {
         idempotency_key: e.idempotency_key.as_deref(),
         schema_version: e.schema_version,
         payload: full.then(|| raw_payload(&j.payload)),
-        payload_preview: (!full).then(|| preview(&j.payload)),
+        payload_binary: shown_preview.as_deref().map(preview_is_binary),
+        payload_preview: shown_preview,
         payload_size: e.payload_size,
         payload_sha256: &e.payload_sha256,
         created_at: time(e.created_at),
@@ -290,6 +300,7 @@ pub fn dead_letter(d: &DeadLetter, payload: Option<&[u8]>) -> Value {
         "payload_size": d.payload_size,
         "payload_sha256": d.payload_sha256,
         "payload_preview": d.payload_preview,
+        "payload_binary": preview_is_binary(&d.payload_preview),
         "redrive_count": d.redrive_count,
         "source": d.source.as_ref().map(source),
         "celery": d.source.as_ref().and_then(|s| celery(s, body)),

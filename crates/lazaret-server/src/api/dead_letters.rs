@@ -2,11 +2,10 @@
 
 use std::time::Duration;
 
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, HeaderValue, header};
-use axum::response::IntoResponse;
+use axum::http::HeaderMap;
 use lazaret_core::{DeadLetterReason, JobId};
 use lazaret_guard::{RedriveError, SourceSet};
 use lazaret_store::{
@@ -22,6 +21,7 @@ use crate::{metrics as m, views};
 
 use super::{
     ApiResult, Shared, allow, audit_request, empty_none, ok, page_limit, parse_id, parse_json,
+    stored_payload,
 };
 
 #[derive(Debug, Deserialize)]
@@ -141,24 +141,17 @@ pub(super) async fn dead_letter_payload<S: Store>(
     allow(&app, &headers, Action::ReadDeadLetters).await?;
     let dl = DeadLetterId(parse_id(&id, "dead letter")?);
     let d = held(&app, dl).await?;
-    // A broker message's body is whatever its producer sent: answer it as
-    // the message's own content type, never as JSON it may not be.
-    let content_type = match &d.source {
-        Some(s) => s
-            .content_type
-            .clone()
-            .filter(|c| HeaderValue::from_str(c).is_ok())
-            .unwrap_or_else(|| "application/octet-stream".to_owned()),
-        None => "application/json".to_owned(),
-    };
+    let own_type = d.source.as_ref().and_then(|s| s.content_type.as_deref());
     match app.store.dead_letter_payload(dl).await? {
         None => Err(no_dead_letter(dl)),
         Some(None) => Err(ApiError::not_found(format!(
             "dead letter {id} has no stored payload: it was refused before it was read whole; its preview is in the dead letter"
         ))),
-        Some(Some(bytes)) => {
-            Ok(([(header::CONTENT_TYPE, content_type)], Body::from(bytes)).into_response())
-        }
+        Some(Some(bytes)) => Ok(stored_payload(
+            bytes,
+            own_type,
+            &format!("dead-letter-{}", dl.0),
+        )),
     }
 }
 

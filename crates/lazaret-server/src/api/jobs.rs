@@ -29,7 +29,7 @@ use crate::{metrics as m, views};
 
 use super::{
     ApiResult, DELAY_MS_MAX, Shared, allow, check_duration, check_field, connection_close,
-    empty_none, not_object, ok, page_limit, parse_id, parse_json,
+    empty_none, not_object, ok, page_limit, parse_id, parse_json, stored_payload,
 };
 
 /// A field that is there, even as `null` (`Option`'s own deserializer reads
@@ -181,7 +181,7 @@ async fn admit_one<S: Store>(
                         message: message.clone(),
                         payload_size: payload.len() as u64,
                         payload_sha256: Some(hex::encode(payload_sha256(payload))),
-                        payload_preview: payload_preview(payload, 4096).to_owned(),
+                        payload_preview: payload_preview(payload, 4096).into_owned(),
                         payload: Some(payload.to_vec()),
                         idempotency_key: body.idempotency_key.clone(),
                         now,
@@ -308,7 +308,7 @@ async fn too_large_body<S: Store>(
             message: message.clone(),
             payload_size: size,
             payload_sha256: None,
-            payload_preview: payload_preview(&head, 4096).to_owned(),
+            payload_preview: payload_preview(&head, 4096).into_owned(),
             payload: None,
             idempotency_key: None,
             now: now(),
@@ -362,7 +362,7 @@ pub(super) async fn enqueue<S: Store>(
                     message: message.clone(),
                     payload_size: bytes.len() as u64,
                     payload_sha256: Some(hex::encode(payload_sha256(&bytes))),
-                    payload_preview: payload_preview(&bytes, 4096).to_owned(),
+                    payload_preview: payload_preview(&bytes, 4096).into_owned(),
                     payload: Some(bytes.to_vec()),
                     idempotency_key: None,
                     now,
@@ -594,11 +594,8 @@ pub(super) async fn job_payload<S: Store>(
 ) -> ApiResult {
     let caller = allow(&app, &headers, Action::ReadJob).await?;
     let view = readable(&app, &caller, &id).await?;
-    Ok((
-        [(header::CONTENT_TYPE, "application/json")],
-        Body::from(view.payload),
-    )
-        .into_response())
+    let name = format!("job-{}", view.envelope.id);
+    Ok(stored_payload(view.payload, None, &name))
 }
 
 /// The query of `GET /v1/jobs`; any other parameter is refused.

@@ -2,6 +2,7 @@
 //! Handlers move bytes; the core decides and the store applies. One module
 //! per resource; this one holds the router and what every handler shares.
 
+mod browser;
 mod dashboard;
 mod dead_letters;
 mod jobs;
@@ -84,9 +85,13 @@ fn page_limit(limit: Option<u32>, default: u32, max: u32) -> Result<u32, ApiErro
 pub fn router<S: Store>(app: Arc<App<S>>) -> Router {
     // The envelope wraps the whole router, outside axum's method routing,
     // so that a 405 already carries its `Allow` header when it is mapped.
+    // The Host and Origin rules come first, before any body is read, on
+    // every route (`browser`).
+    let guard = axum::middleware::from_fn_with_state(Arc::clone(&app), browser::guard::<S>);
     Router::new()
         .fallback_service(routes(app))
         .layer(axum::middleware::from_fn(envelope))
+        .layer(guard)
 }
 
 /// The body cap of a single outcome (`ack`, `fail`, `heartbeat`): 4 MiB,
@@ -354,6 +359,48 @@ pub fn audit_request(body: &[u8]) -> Value {
         Err(_) => String::from_utf8_lossy(head).into_owned(),
     };
     json!({ "raw": text, "bytes": body.len(), "truncated": head.len() < body.len() })
+}
+
+/// The policy of a stored payload: nothing in it may load or run, and a
+/// browser that opens it anyway treats it as a page of its own origin.
+pub const PAYLOAD_CSP: &str = "default-src 'none'; sandbox";
+
+/// A stored payload (a job's or a dead letter's) as the answer: its bytes,
+/// byte for byte, as a download that can never run in lazaret's origin.
+/// A broker message's body is whatever its producer sent (an HTML page, an
+/// SVG with script), so it is never served as its own type: `application/json`
+/// when it parses as JSON, `application/octet-stream` otherwise, the
+/// message's own type in `Lazaret-Content-Type`, with `Content-Disposition:
+/// attachment`, `nosniff` and [`PAYLOAD_CSP`].
+fn stored_payload(bytes: Vec<u8>, own_type: Option<&str>, name: &str) -> Response {
+    let json = serde_json::from_slice::<serde::de::IgnoredAny>(&bytes).is_ok();
+    let (content_type, ext) = if json {
+        ("application/json", "json")
+    } else {
+        ("application/octet-stream", "bin")
+    };
+    let mut resp = axum::body::Body::from(bytes).into_response();
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static(content_type),
+    );
+    if let Ok(v) = header::HeaderValue::from_str(&format!("attachment; filename=\"{name}.{ext}\""))
+    {
+        h.insert(header::CONTENT_DISPOSITION, v);
+    }
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        header::HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        header::HeaderValue::from_static(PAYLOAD_CSP),
+    );
+    if let Some(v) = own_type.and_then(|t| header::HeaderValue::from_str(t).ok()) {
+        h.insert("lazaret-content-type", v);
+    }
+    resp
 }
 
 fn ok(v: Value) -> ApiResult {

@@ -673,6 +673,13 @@
     setTimeout(() => URL.revokeObjectURL(url), 60000);
   }
 
+  /** What the page says of a binary payload's preview (null for text). */
+  function binaryNote(binary, size) {
+    return binary
+      ? `A binary payload of ${fmtBytes(size)}: its first bytes are shown as text, with \uFFFD for bytes that are not text; download it for the bytes themselves.`
+      : null;
+  }
+
   async function deadLetter(id) {
     showView('dead-letter');
     const body = $('dle-body');
@@ -683,7 +690,10 @@
     $('dle-back').textContent = '← Dead letters';
     const preview = d.payload_preview || '';
     const previewBytes = new TextEncoder().encode(preview).length;
-    const whole = previewBytes >= d.payload_size;
+    // A binary payload's preview is its text, with U+FFFD for what is not:
+    // never the payload itself, so never edited from it.
+    const binary = d.payload_binary === true;
+    const whole = !binary && previewBytes >= d.payload_size;
     const src = d.source;
     const parts = [];
     parts.push(facts([
@@ -726,9 +736,9 @@
     parts.push(el('h3', {}, 'Attempts'), historyTable(d.history));
 
     parts.push(el('h3', {}, 'Payload'));
-    parts.push(el('p', { class: 'muted' }, whole
+    parts.push(el('p', { class: 'muted' }, binaryNote(binary, d.payload_size) || (whole
       ? `The whole payload (${fmtBytes(d.payload_size)}).`
-      : `The first ${fmtBytes(previewBytes)} of ${fmtBytes(d.payload_size)}; the rest is not loaded.`));
+      : `The first ${fmtBytes(previewBytes)} of ${fmtBytes(d.payload_size)}; the rest is not loaded.`)));
     parts.push(el('pre', { class: 'payload', id: 'payload-preview', tabindex: '0', 'aria-label': 'Payload preview' }, preview));
     if (d.payload_sha256 !== null || d.stage !== 'admission') {
       parts.push(el('p', {}, el('button', {
@@ -911,7 +921,8 @@
     // A server without `?payload=preview` sends the whole payload: cut it here.
     const preview = j.payload_preview !== undefined ? j.payload_preview : cut(JSON.stringify(j.payload), PREVIEW_BYTES);
     const previewBytes = new TextEncoder().encode(preview).length;
-    const whole = previewBytes >= j.payload_size;
+    const binary = j.payload_binary === true;
+    const whole = !binary && previewBytes >= j.payload_size;
     const confirmBox = el('div');
     const parts = [
       el('p', { id: 'job-state' }, 'State: ', badge(j.state, j.state)),
@@ -930,9 +941,9 @@
       confirmBox,
       el('h3', {}, 'Attempts'), historyTable(j.history),
       el('h3', {}, 'Payload'),
-      el('p', { class: 'muted' }, whole
+      el('p', { class: 'muted' }, binaryNote(binary, j.payload_size) || (whole
         ? `The whole payload (${fmtBytes(j.payload_size)}).`
-        : `The first ${fmtBytes(previewBytes)} of ${fmtBytes(j.payload_size)}; the rest is not loaded.`),
+        : `The first ${fmtBytes(previewBytes)} of ${fmtBytes(j.payload_size)}; the rest is not loaded.`)),
       el('pre', { class: 'payload', id: 'job-payload-preview', tabindex: '0', 'aria-label': 'Payload preview' }, whole ? prettyIfJson(preview) : preview),
       el('p', {}, el('button', {
         type: 'button',

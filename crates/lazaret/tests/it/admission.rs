@@ -214,7 +214,8 @@ async fn a_body_far_over_the_cap_is_refused_before_it_is_read_whole() {
     let server = start().await;
     let announced: usize = 50 * 1024 * 1024;
     let head = format!(
-        "POST /v1/jobs HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {announced}\r\nConnection: close"
+        "POST /v1/jobs HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {announced}\r\nConnection: close",
+        server.base().trim_start_matches("http://")
     );
     let prefix = r#"{"type": "email", "tenant": "acme", "payload": {"blob": ""#;
     let reply = send_streamed(server.base(), &head, prefix, announced, false).await;
@@ -258,9 +259,12 @@ async fn a_body_far_over_the_cap_is_refused_before_it_is_read_whole() {
 async fn a_chunked_body_over_the_cap_is_refused_as_it_streams() {
     let server = start().await;
     let total: usize = 6 * 1024 * 1024;
-    let head = "POST /v1/jobs HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close";
+    let head = format!(
+        "POST /v1/jobs HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close",
+        server.base().trim_start_matches("http://")
+    );
     let prefix = r#"{"type": "email", "tenant": "acme", "payload": {"blob": ""#;
-    let reply = send_streamed(server.base(), head, prefix, total, true).await;
+    let reply = send_streamed(server.base(), &head, prefix, total, true).await;
     assert_eq!(reply.status, 413, "{}", reply.text);
     assert_eq!(reply.body["error"]["code"], "POISON", "{}", reply.text);
     assert_eq!(

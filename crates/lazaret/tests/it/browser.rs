@@ -378,3 +378,132 @@ async fn an_operator_signs_in_finds_the_dead_letter_under_its_reason_and_redrive
         "the purged dead letter's job went with it"
     );
 }
+
+/// Serves an empty HTML page for every request on `ip`, port chosen by the
+/// system, until the test ends: a page of another origin for the browser
+/// to act from. Returns its URL.
+async fn attacker_page(ip: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind((ip, 0))
+        .await
+        .expect("a loopback port");
+    let url = format!("http://{}/", listener.local_addr().expect("bound"));
+    tokio::spawn(async move {
+        const PAGE: &str = "<!doctype html><title>another site</title><body></body>";
+        while let Ok((mut conn, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 16 * 1024];
+                let mut got = Vec::new();
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match conn.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let reply = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{PAGE}",
+                    PAGE.len()
+                );
+                let _ = conn.write_all(reply.as_bytes()).await;
+            });
+        }
+    });
+    url
+}
+
+/// Issue #32, finding 1 in a real browser: pages of other origins send a
+/// no-cors purge of everything to a server without tokens (from another
+/// port of the same host, from another host, from a sandboxed frame); the
+/// dead letters are all still there afterwards, and the dashboard, opened
+/// as `localhost` and as `127.0.0.1`, still pauses, resumes, shows a binary
+/// payload as binary and downloads it.
+#[tokio::test]
+async fn pages_of_other_origins_cannot_purge_a_server_without_tokens() {
+    if let Some(why) = missing() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "the browser test cannot run under CI: {why} (.ci/run installs it)"
+        );
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED the cross-site browser test: {why}"
+        );
+        return;
+    }
+    let server = Server::start(QUICK).await;
+    let api = server.api();
+    let (plain_dl, _) = dead_letter(
+        &api,
+        &api,
+        json!({"type": "send_email", "tenant": "acme", "payload": {"n": 1}}),
+        json!({"class": "permanent", "kind": "smtp_550", "message": "mailbox unavailable"}),
+    )
+    .await;
+    // 14 bytes that are not UTF-8: refused as not JSON, kept as an admission record.
+    let png: &[u8] = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIH";
+    let resp = reqwest::Client::new()
+        .post(format!("{}/v1/jobs", server.base()))
+        .body(png.to_vec())
+        .send()
+        .await
+        .expect("answered");
+    assert_eq!(resp.status(), 422);
+    let binary = api.dead_letters("reason=invalid_json").await;
+    assert_eq!(binary.len(), 1, "{binary:?}");
+    let binary_dl = id_text(&binary[0]["id"]);
+
+    // Same-site (another port of this host) and cross-site (another host).
+    let attackers = vec![
+        attacker_page("127.0.0.1").await,
+        attacker_page("127.0.0.2").await,
+    ];
+    let seed = json!({"binary": {"dead_letter_id": binary_dl, "payload_size": png.len()}});
+    let out = tokio::process::Command::new("node")
+        .arg(browser_dir().join("cross_site.mjs"))
+        .current_dir(browser_dir())
+        .env("LAZARET_URL", server.base())
+        .env("LAZARET_ATTACKERS", json!(attackers).to_string())
+        .env("LAZARET_SEED", seed.to_string())
+        .env("LAZARET_CHROMIUM", chromium())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("node runs");
+    let printed = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut ids: Vec<String> = api
+        .dead_letters("")
+        .await
+        .iter()
+        .map(|d| id_text(&d["id"]))
+        .collect();
+    ids.sort();
+    let mut seeded = vec![plain_dl, binary_dl];
+    seeded.sort();
+    assert_eq!(
+        ids, seeded,
+        "every dead letter is still there\nthe script printed:\n{printed}"
+    );
+    assert!(
+        out.status.success() && printed.contains("cross-site browser test: passed"),
+        "the cross-site browser test failed ({}).\nserver log:\n{}\nthe script printed:\n{printed}",
+        out.status,
+        server.log()
+    );
+    // Each attacker page's two purges reached the server and were refused.
+    let metrics = api.get("/metrics").await;
+    let refused: f64 = metrics
+        .text()
+        .lines()
+        .find(|l| l.starts_with("lazaret_rejected_total{") && l.contains("code=\"FORBIDDEN\""))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0.0);
+    assert_eq!(
+        refused,
+        (2 * attackers.len()) as f64,
+        "two refused purges per attacker page\n{printed}"
+    );
+}

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::harness::{EVENTUALLY, QUICK, Server, assert_error, job, lease_req};
-use crate::sockets::{Ended, connect, exchange, read_reply, request};
+use crate::sockets::{Ended, addr, connect, exchange, read_reply, request};
 
 pub const WORKER: &str = "tok-worker-0123456789";
 pub const ADMIN: &str = "tok-admin-0123456789";
@@ -61,9 +61,10 @@ async fn an_unauthenticated_body_is_refused_before_it_is_read() {
     ] {
         let mut s = connect(server.base()).await;
         let head = format!(
-            "POST {path} HTTP/1.1\r\nHost: lazaret\r\nAuthorization: Bearer {token}\r\n\
+            "POST {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {token}\r\n\
              Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-            2 * 1024 * 1024
+            2 * 1024 * 1024,
+            host = addr(server.base()),
         );
         s.write_all(head.as_bytes()).await.expect("head written");
         let r = expect_reply(
@@ -132,7 +133,7 @@ async fn hold_long_polls(base: &str, n: usize, wait_ms: u64) -> Vec<tokio::net::
     let deadline = std::time::Instant::now() + EVENTUALLY;
     while held.len() < n {
         let mut s = connect(base).await;
-        s.write_all(&request("POST", "/v1/leases", &[], &body))
+        s.write_all(&request(base, "POST", "/v1/leases", &[], &body))
             .await
             .expect("written");
         match read_reply(&mut s, Duration::from_millis(300)).await {
@@ -156,9 +157,15 @@ async fn over_the_connection_cap_a_connection_is_answered_503_with_retry_after()
     // Eight connections each running a long-poll: nothing to make room of.
     let held = hold_long_polls(server.base(), 8, 3000).await;
     let mut s = connect(server.base()).await;
-    s.write_all(b"GET /v1/stats HTTP/1.1\r\nHost: x\r\n\r\n")
-        .await
-        .expect("written");
+    s.write_all(
+        format!(
+            "GET /v1/stats HTTP/1.1\r\nHost: {}\r\n\r\n",
+            addr(server.base())
+        )
+        .as_bytes(),
+    )
+    .await
+    .expect("written");
     let mut buf = Vec::new();
     let deadline = tokio::time::Instant::now() + EVENTUALLY;
     let mut tmp = [0u8; 4096];
@@ -183,7 +190,12 @@ async fn over_the_connection_cap_a_connection_is_answered_503_with_retry_after()
     drop(held);
     let deadline = std::time::Instant::now() + EVENTUALLY;
     loop {
-        let r = exchange(server.base(), &request("GET", "/v1/stats", &[], ""), false).await;
+        let r = exchange(
+            server.base(),
+            &request(server.base(), "GET", "/v1/stats", &[], ""),
+            false,
+        )
+        .await;
         if matches!(&r, Ended::Reply(r) if r.status == 200) {
             break;
         }
@@ -206,7 +218,13 @@ async fn at_the_cap_the_connection_idle_the_longest_makes_room() {
     }
     // A normal client is served: the oldest idle socket made room.
     for n in 0..3 {
-        let r = match exchange(server.base(), &request("GET", "/v1/stats", &[], ""), false).await {
+        let r = match exchange(
+            server.base(),
+            &request(server.base(), "GET", "/v1/stats", &[], ""),
+            false,
+        )
+        .await
+        {
             Ended::Reply(r) => r,
             other => panic!("request {n}: {other:?}"),
         };
@@ -232,9 +250,15 @@ async fn a_slow_header_is_cut_off_and_an_idle_connection_closed() {
     .await;
     // Slowloris: half a request line, then nothing.
     let mut slow = connect(server.base()).await;
-    slow.write_all(b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nX-A: ")
-        .await
-        .expect("written");
+    slow.write_all(
+        format!(
+            "POST /v1/jobs HTTP/1.1\r\nHost: {}\r\nX-A: ",
+            addr(server.base())
+        )
+        .as_bytes(),
+    )
+    .await
+    .expect("written");
     // Idle: connected, nothing sent.
     let mut idle = connect(server.base()).await;
     assert!(
@@ -247,7 +271,7 @@ async fn a_slow_header_is_cut_off_and_an_idle_connection_closed() {
     );
     // After a request, an idle keep-alive connection is closed too.
     let mut kept = connect(server.base()).await;
-    kept.write_all(&request("GET", "/v1/stats", &[], ""))
+    kept.write_all(&request(server.base(), "GET", "/v1/stats", &[], ""))
         .await
         .expect("written");
     expect_reply(read_reply(&mut kept, EVENTUALLY).await, "stats");
@@ -268,7 +292,7 @@ async fn a_long_poll_outlives_the_idle_timeout() {
     let r = expect_reply(
         exchange(
             server.base(),
-            &request("POST", "/v1/leases", &[], &body),
+            &request(server.base(), "POST", "/v1/leases", &[], &body),
             false,
         )
         .await,
@@ -285,7 +309,8 @@ async fn a_stalled_body_is_cut_off() {
         let mut s = connect(server.base()).await;
         s.write_all(
             format!(
-                "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"wor"
+                "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"wor",
+                addr(server.base())
             )
             .as_bytes(),
         )
@@ -315,7 +340,7 @@ async fn a_half_closed_request_is_answered_and_what_it_did_is_visible() {
     let r = expect_reply(
         exchange(
             server.base(),
-            &request("POST", "/v1/jobs", &[], &body),
+            &request(server.base(), "POST", "/v1/jobs", &[], &body),
             true,
         )
         .await,
@@ -331,7 +356,7 @@ async fn a_half_closed_request_is_answered_and_what_it_did_is_visible() {
     let r = expect_reply(
         exchange(
             server.base(),
-            &request("POST", "/v1/leases", &[], &lease),
+            &request(server.base(), "POST", "/v1/leases", &[], &lease),
             true,
         )
         .await,
@@ -343,7 +368,12 @@ async fn a_half_closed_request_is_answered_and_what_it_did_is_visible() {
     let ack = json!({"lease_token": leased["lease_token"]}).to_string();
     let path = format!("/v1/jobs/{}/ack", crate::harness::id_text(&id));
     let r = expect_reply(
-        exchange(server.base(), &request("POST", &path, &[], &ack), true).await,
+        exchange(
+            server.base(),
+            &request(server.base(), "POST", &path, &[], &ack),
+            true,
+        )
+        .await,
         "a half-closed ack",
     );
     assert_eq!(r.status, 200, "{}", r.text);

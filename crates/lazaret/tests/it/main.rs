@@ -42,4 +42,5 @@ mod sources;
 mod sqs_source;
 mod team_handler;
 mod tokens;
+mod web_security;
 mod workers;

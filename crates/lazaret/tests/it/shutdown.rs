@@ -26,20 +26,21 @@ async fn sigterm_with_partial_requests_and_a_long_poll_exits_and_answers_the_pol
     .await;
     // Half a request line and headers, never finished.
     let mut head = connect(server.base()).await;
-    head.write_all(b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Le")
+    let host = crate::sockets::addr(server.base()).to_owned();
+    head.write_all(format!("POST /v1/jobs HTTP/1.1\r\nHost: {host}\r\nContent-Le").as_bytes())
         .await
         .expect("written");
     // Whole headers, a tenth of the body, then nothing.
     let mut body = connect(server.base()).await;
     body.write_all(
-        b"POST /v1/leases HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"worker_",
+        format!("POST /v1/leases HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{{\"worker_").as_bytes(),
     )
     .await
     .expect("written");
     // A long-poll of 60 s, under way.
     let mut poll = connect(server.base()).await;
     let lease = json!({"worker_id": "w", "max_jobs": 1, "wait_ms": 60_000}).to_string();
-    poll.write_all(&request("POST", "/v1/leases", &[], &lease))
+    poll.write_all(&request(server.base(), "POST", "/v1/leases", &[], &lease))
         .await
         .expect("written");
     // The poll is waiting once a second poll sees the same empty queue

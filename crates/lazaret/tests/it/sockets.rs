@@ -62,9 +62,10 @@ pub async fn exchange(base: &str, bytes: &[u8], half_close: bool) -> Ended {
 
 /// A whole request: `method path`, the headers (each `Name: value`) and a
 /// body, with its `Content-Length`.
-pub fn request(method: &str, path: &str, headers: &[&str], body: &str) -> Vec<u8> {
+pub fn request(base: &str, method: &str, path: &str, headers: &[&str], body: &str) -> Vec<u8> {
     let mut text = format!(
-        "{method} {path} HTTP/1.1\r\nHost: lazaret\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
+        "{method} {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
+        addr(base),
         body.len()
     );
     for h in headers {

@@ -208,6 +208,10 @@ delivery_timeout_ms = 5000
     );
     assert_eq!(
         payload.headers["content-type"], "application/json",
+        "JSON, as it parses"
+    );
+    assert_eq!(
+        payload.headers["lazaret-content-type"], "application/json",
         "the message's own content type"
     );
     assert_eq!(
