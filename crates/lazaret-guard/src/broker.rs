@@ -154,7 +154,7 @@ pub trait Broker: Send + Sync + fmt::Debug {
 
     /// Watch mode: what a message of the broker's dead-letter queue says of
     /// itself (reason, error text, original queue and coordinates, delivery
-    /// count). The default knows nothing but that the broker rejected it.
+    /// count). The default knows nothing of it (`unknown_origin`).
     fn interpret<'a>(&'a self, d: &'a Delivery) -> BoxFuture<'a, Result<TakenIn, BrokerError>> {
         let _ = d;
         Box::pin(async { Ok(TakenIn::default()) })

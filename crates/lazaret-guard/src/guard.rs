@@ -42,8 +42,8 @@ use lazaret_core::{
     TypePolicy, WorkerId, absorb_earlier_deliveries, decide, grant_lease,
 };
 use lazaret_store::{
-    Completed, Held, ParkedMessage, Quarantined, SourceDeadLetter, SourceRef, Stage, Store,
-    StoreError,
+    Completed, Held, MessageKey, ParkedMessage, Quarantined, SourceDeadLetter, SourceRef, Stage,
+    Store, StoreError,
 };
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot, watch};
 
@@ -51,6 +51,7 @@ use crate::broker::{Acker, Broker, BrokerError, Incoming, Reconnecting};
 use crate::handler::{Call, Handler, Outcome};
 use crate::host::Host;
 use crate::message::Delivery;
+use crate::redrive::redrive_id;
 use crate::spec::{SourceSpec, TenantFrom};
 
 /// The wall clock, read by the runtime only (the core gets `now`).
@@ -592,11 +593,17 @@ impl<H: Host> Inner<H> {
         }
         delivery.resolve_id();
         if delivery.redelivered || delivery.broker_prior > 0 {
-            let held = self
-                .host
-                .store()
-                .message_held(self.spec.name.clone(), delivery.message_id.clone())
-                .await;
+            // Held already only if it is this very message: a dead letter
+            // of the same body (another body reusing the id is another
+            // message) and redrive id (a redriven copy is never the dead
+            // letter it came from).
+            let key = MessageKey::of(
+                self.spec.name.clone(),
+                delivery.message_id.clone(),
+                &delivery.body,
+                redrive_id(&delivery),
+            );
+            let held = self.host.store().message_held(key).await;
             match held {
                 Ok(Held::Nothing) => {}
                 Ok(Held::Parked) if self.broker.holds_retries() => {
@@ -1032,6 +1039,7 @@ impl<H: Host> Inner<H> {
             headers: d.headers.clone(),
             position: d.position.clone(),
             content_type: d.content_type.clone(),
+            redrive_id: redrive_id(d),
         }
     }
 }

@@ -183,6 +183,11 @@ pub fn source_taken_in(source: &str) {
     metrics::counter!("lazaret_source_taken_in_total", "source" => source.to_owned()).increment(1);
 }
 
+/// Broker messages of a configured source whose retry lazaret holds now.
+pub fn source_held(source: &str, held: u64) {
+    metrics::gauge!("lazaret_source_held_retries", "source" => source.to_owned()).set(held as f64);
+}
+
 /// Makes a configured source's series exist from the start at 0, so a
 /// scrape before its first message lists it.
 pub fn describe_source(source: &str) {
@@ -422,6 +427,11 @@ const FAMILIES: &[Family] = &[
         "lazaret_source_taken_in_total",
         "counter",
         "Dead letters a watch source took in from its broker, by source",
+    ),
+    family(
+        "lazaret_source_held_retries",
+        "gauge",
+        "Broker messages whose retry or deferral lazaret holds now, by source",
     ),
     family(
         "lazaret_alerts_sent_total",
