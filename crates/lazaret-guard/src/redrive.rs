@@ -43,7 +43,9 @@ const QUOTED_NAME_BYTES_MAX: usize = 80;
 /// written (printable ASCII, at most [`REDRIVE_ID_BYTES_MAX`] bytes).
 pub fn redrive_id(d: &Delivery) -> Option<String> {
     d.header(REDRIVE_ID_HEADER).filter(|id| {
-        !id.is_empty() && id.len() <= REDRIVE_ID_BYTES_MAX && id.bytes().all(|b| b.is_ascii_graphic())
+        !id.is_empty()
+            && id.len() <= REDRIVE_ID_BYTES_MAX
+            && id.bytes().all(|b| b.is_ascii_graphic())
     })
 }
 
@@ -163,7 +165,9 @@ pub enum RedriveError {
         queue: String,
     },
     /// The target is not a name the broker takes.
-    #[error("cannot redrive to queue {queue}: {why}; set redrive_to = \"QUEUE\" on source {name:?}")]
+    #[error(
+        "cannot redrive to queue {queue}: {why}; set redrive_to = \"QUEUE\" on source {name:?}"
+    )]
     BadQueue {
         /// The source.
         name: String,

@@ -307,8 +307,10 @@ pub trait Store: Send + Sync + 'static {
     /// a crash between a write and the broker acknowledgement): a dead
     /// letter of the same key (another body, or a redriven copy, is not
     /// it), else a retry held for the source and message id.
-    fn message_held(&self, key: MessageKey)
-    -> impl Future<Output = Result<Held, StoreError>> + Send;
+    fn message_held(
+        &self,
+        key: MessageKey,
+    ) -> impl Future<Output = Result<Held, StoreError>> + Send;
 
     /// Every API token, oldest first.
     fn tokens(&self) -> impl Future<Output = Result<Vec<ApiToken>, StoreError>> + Send;

@@ -440,7 +440,12 @@ async fn an_offset_is_committed_only_after_every_record_before_it_settled() {
     assert_eq!(
         first
             .store()
-            .message_held(name.clone(), "m-4".into())
+            .message_held(lazaret_store::MessageKey::of(
+                name.clone(),
+                "m-4",
+                b"",
+                None
+            ))
             .await
             .unwrap(),
         Held::Parked

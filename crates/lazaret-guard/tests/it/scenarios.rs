@@ -100,7 +100,12 @@ pub async fn poison_at_the_head(b: &impl TestBroker) {
     assert_eq!(poison, vec![1], "{seen:#?}");
     assert_eq!(
         host.store()
-            .message_held(name.clone(), "poison".into())
+            .message_held(lazaret_store::MessageKey::of(
+                name.clone(),
+                "poison",
+                b"",
+                None
+            ))
             .await
             .unwrap(),
         Held::Parked
@@ -156,7 +161,12 @@ pub async fn transient_then_success(b: &impl TestBroker) {
     assert!(dead_letters_of(host.store(), &name).await.is_empty());
     assert_eq!(
         host.store()
-            .message_held(name.clone(), "m-1".into())
+            .message_held(lazaret_store::MessageKey::of(
+                name.clone(),
+                "m-1",
+                b"",
+                None
+            ))
             .await
             .unwrap(),
         Held::Nothing,

@@ -361,7 +361,12 @@ async fn a_fifo_retry_waits_its_backoff_not_the_visibility_timeout() {
     );
     assert_eq!(
         host.store()
-            .message_held(name.clone(), "m-1".into())
+            .message_held(lazaret_store::MessageKey::of(
+                name.clone(),
+                "m-1",
+                b"",
+                None
+            ))
             .await
             .unwrap(),
         Held::Nothing,
@@ -551,7 +556,12 @@ async fn a_crash_between_the_record_and_the_hold_charges_nothing_more() {
     assert_eq!(
         first
             .store()
-            .message_held(name.clone(), "m-c".into())
+            .message_held(lazaret_store::MessageKey::of(
+                name.clone(),
+                "m-c",
+                b"",
+                None
+            ))
             .await
             .unwrap(),
         Held::Parked,

@@ -342,9 +342,9 @@ pub(super) async fn redrive<S: Store>(
         // broker message; one gone meanwhile was redriven or purged.
         if let Some(d) = app.store.dead_letter(id).await? {
             let queue = d.source.is_some().then(|| {
-                sources.target(&d).map_err(|e| {
-                    not_connected(&app, &d, e).unwrap_or_else(|e| e.to_string())
-                })
+                sources
+                    .target(&d)
+                    .map_err(|e| not_connected(&app, &d, e).unwrap_or_else(|e| e.to_string()))
             });
             targets.push(Target {
                 id,

@@ -403,7 +403,12 @@ pub(super) async fn held(c: &Client, key: &crate::MessageKey) -> Result<Held, St
         .query_opt(
             "SELECT id FROM dead_letters WHERE source_name = $1 AND message_id = $2
                AND payload_sha256 = $3 AND redrive_id = $4",
-            &[source, message_id, &key.payload_sha256, &key.redrive_column()],
+            &[
+                source,
+                message_id,
+                &key.payload_sha256,
+                &key.redrive_column(),
+            ],
         )
         .await)?
     {

@@ -71,10 +71,7 @@ pub(super) fn quarantine(c: &Connection, dl: &SourceDeadLetter) -> Result<Quaran
         // Quarantined before (a redelivery after a crash before the ack).
         let id = quarantined(c, &key)?
             .ok_or_else(|| corrupt("a dead letter's key conflicted but no row has it"))?;
-        return Ok(Quarantined {
-            id,
-            created: false,
-        });
+        return Ok(Quarantined { id, created: false });
     }
     Ok(Quarantined {
         id: DeadLetterId(c.last_insert_rowid() as u64),
