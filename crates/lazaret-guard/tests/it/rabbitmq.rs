@@ -482,7 +482,10 @@ async fn a_watch_source_reads_x_death_and_a_redrive_goes_back_persistent() {
         dir.path(),
         policies("orders", 3, Duration::from_millis(100)),
     );
-    let spec = b.spec(&name, &dlq, Mode::Watch);
+    let mut spec = b.spec(&name, &dlq, Mode::Watch);
+    // The original queue comes from the message: allowed as the server
+    // allows its config's own queues.
+    spec.redrive_allow = vec![original.clone()];
     let w = common::start_watch(spec.clone(), Arc::clone(&host), Faults::default()).await;
     let dl = common::wait_dead_letters(host.store(), &name, 1, PATIENCE)
         .await
@@ -542,6 +545,105 @@ async fn a_watch_source_reads_x_death_and_a_redrive_goes_back_persistent() {
             .any(|k| k.starts_with("x-death") || k.starts_with("x-first-death")),
         "{h:#?}"
     );
+}
+
+/// A message an application published straight into the watched queue has
+/// no death information: `unknown_origin`, never an invented `rejected`,
+/// and its redrive would go back to the watched queue (where the copy was
+/// taken for the dead letter and lost): refused, asking for `redrive_to`.
+/// A queue named by the message's `x-death` is redriven to only when
+/// allowed, and one RabbitMQ cannot take (100,000 bytes: it closed the
+/// connection with FRAME_ERROR) is refused before anything is published,
+/// in a message of readable length.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_redrives_only_to_allowed_queues_and_never_to_its_own() {
+    let Some(b) = rabbit_or_skip().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let dlq = b.fresh_queue("plain-dlq").await;
+    let other = b.fresh_queue("other-team").await;
+    let death = |queue: &str| {
+        headers(json!({"x-death": [{"queue": queue, "reason": "rejected", "count": 1}]}))
+    };
+    b.produce(&dlq, "p-1", b"{\"p\": 1}", headers(json!({})))
+        .await;
+    b.produce(&dlq, "p-2", b"{\"p\": 2}", death(&other)).await;
+    b.produce(&dlq, "p-3", b"{\"p\": 3}", death(&"q".repeat(100_000)))
+        .await;
+    let name = unique("plain-watch");
+    let host = host(
+        dir.path(),
+        policies("orders", 3, Duration::from_millis(100)),
+    );
+    let spec = b.spec(&name, &dlq, Mode::Watch);
+    let w = common::start_watch(spec.clone(), Arc::clone(&host), Faults::default()).await;
+    let dls = common::wait_dead_letters(host.store(), &name, 3, PATIENCE).await;
+    let by_id = |id: &str| {
+        dls.iter()
+            .find(|d| d.source.as_ref().is_some_and(|s| s.message_id == id))
+            .cloned()
+            .unwrap_or_else(|| panic!("the dead letter of {id}: {dls:#?}"))
+    };
+    let (p1, p2, p3) = (by_id("p-1"), by_id("p-2"), by_id("p-3"));
+    assert_eq!(p1.reason, DeadLetterReason::UnknownOrigin);
+    assert_eq!(p2.reason, DeadLetterReason::Rejected);
+
+    let mut set = SourceSet::default();
+    set.insert(spec.clone(), b.connect(&spec).await);
+    let own = set
+        .redrive(&p1, b"{}".to_vec())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(own.contains("redrive_to") && own.contains(&dlq), "{own}");
+    let not_allowed = set
+        .redrive(&p2, b"{}".to_vec())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        not_allowed.contains("redrive_allow") && not_allowed.contains(&other),
+        "{not_allowed}"
+    );
+    let huge = set
+        .redrive(&p3, b"{}".to_vec())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(huge.contains("100000 bytes"), "{huge}");
+    assert!(
+        huge.len() < 600,
+        "cut to a readable length: {} bytes",
+        huge.len()
+    );
+    assert_eq!(b.ready(&dlq).await, 0, "nothing was published back");
+
+    // Allowed, it goes; and the watch's connection lived through all this.
+    let mut allowed = spec.clone();
+    allowed.redrive_allow = vec![other.clone()];
+    let mut set = SourceSet::default();
+    set.insert(allowed.clone(), b.connect(&allowed).await);
+    set.redrive(&p2, b"{\"p\": 2}".to_vec())
+        .await
+        .expect("confirmed");
+    let (_ch, d) = b.get(&other, true, PATIENCE).await.expect("the redrive");
+    let h = d
+        .properties
+        .headers()
+        .as_ref()
+        .map(table_to_json)
+        .unwrap_or_default();
+    let text = |k: &str| h.get(k).and_then(header_text);
+    assert_eq!(text("x-lazaret-attempt").as_deref(), Some("0"));
+    assert!(
+        text("x-lazaret-redrive-id").is_some_and(|id| !id.is_empty()),
+        "{h:#?}"
+    );
+    b.produce(&dlq, "p-4", b"{\"p\": 4}", headers(json!({})))
+        .await;
+    common::wait_dead_letters(host.store(), &name, 4, PATIENCE).await;
+    w.stop().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

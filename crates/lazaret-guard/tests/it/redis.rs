@@ -570,7 +570,10 @@ async fn a_watch_source_takes_in_a_dead_stream_entry() {
         dir.path(),
         common::policies(TYPE, 3, Duration::from_millis(100)),
     );
-    let spec = r.spec("redis-watch", &dead, Mode::Watch);
+    let mut spec = r.spec("redis-watch", &dead, Mode::Watch);
+    // The original queue comes from the message: allowed as the server
+    // allows its config's own queues.
+    spec.redrive_allow = vec![original.clone()];
     let running = common::start_watch(spec.clone(), Arc::clone(&host), Faults::default()).await;
     let dls =
         common::wait_dead_letters(host.store(), "redis-watch", 1, Duration::from_secs(10)).await;

@@ -453,7 +453,10 @@ async fn a_fifo_dead_letter_is_watched_and_redriven_into_its_group() {
     b.dead_letter(&dlq, &source, "m-g", "group-7", b"{\"g\": 7}")
         .await;
     let name = common::unique("fifo-watch");
-    let spec = b.spec(&name, &dlq, Mode::Watch);
+    let mut spec = b.spec(&name, &dlq, Mode::Watch);
+    // The original queue comes from the message: allowed as the server
+    // allows its config's own queues.
+    spec.redrive_allow = vec![source.clone()];
     let host = common::host(
         dir.path(),
         common::policies(TYPE, 3, Duration::from_millis(100)),
