@@ -109,7 +109,6 @@
 //! settling = 240                      # guard: messages whose outcome is decided and whose write and ack are under way, beyond concurrency (default: 15 × concurrency, so RabbitMQ's prefetch is 16 × concurrency; 0 holds a delivery's slot until its ack)
 //! delivery_timeout_ms = 30000         # guard: a slower delivery failed with kind "timeout" (at least 1)
 //! redrive_to = "orders"               # optional: where a redrive republishes (default: where the message came from)
-//! redrive_allow = ["orders.v2"]       # watch: more queues a redrive may go back to, besides redrive_to and the queues of this file's sources on the same broker (a dead letter's own queue comes from the message)
 //!
 //! [[alerts]]                          # a webhook target; several may be listed (docs/alerts.md)
 //! url = "http://127.0.0.1:9099/hook"  # POSTed one JSON body per alert (http:// only)
@@ -127,6 +126,7 @@
 //! queue = "celery-dead"
 //! mode = "watch"
 //! tenant_header = "x-tenant"          # absent or empty on a message: tenant "default"
+//! redrive_allow = ["orders.v2"]       # watch: more queues a redrive may go back to, besides redrive_to and the queues of this file's sources on the same broker (never the watched queue); the queue a message names comes from the message
 //! ```
 //!
 //! Durations are integer milliseconds (`*_ms`); `"30s"` is refused with the
@@ -2192,6 +2192,37 @@ surge_share = 0.9
             "sources[0].name",
             2,
             "name is empty",
+        );
+    }
+
+    #[test]
+    fn a_guard_and_a_watch_on_one_queue_are_refused_naming_both() {
+        // The same broker, written with other credentials and a trailing slash.
+        let text = format!(
+            "{GUARD}deliver = \"http://h/\"\n[[sources]]\nname = \"orders-dlq\"\nbroker = \"redis\"\n\
+             url = \"redis://user:pw@127.0.0.1:6379/\"\nqueue = \"orders\"\nmode = \"watch\"\n"
+        );
+        let e = assert_refused(&text, "sources[1].queue", 11, "(line 5)");
+        let why = e.to_string();
+        assert!(
+            why.contains("`orders` (guard)") && why.contains("`orders-dlq` (watch)"),
+            "{why}"
+        );
+        // Its dead-letter queue is fine, and the guard's queue is a redrive
+        // target the watch may use.
+        let ok = text.replace("queue = \"orders\"\nmode", "queue = \"orders.dlq\"\nmode");
+        let cfg = parse(&ok).unwrap();
+        assert_eq!(cfg.sources[1].redrive_allow, vec!["orders".to_owned()]);
+        let listed = format!("{ok}redrive_allow = [\"orders.v2\"]\n");
+        assert_eq!(
+            parse(&listed).unwrap().sources[1].redrive_allow,
+            vec!["orders.v2".to_owned(), "orders".to_owned()]
+        );
+        assert_refused(
+            &format!("{GUARD}deliver = \"http://h/\"\nredrive_allow = [\"x\"]\n"),
+            "sources[0].redrive_allow",
+            7,
+            "for watch sources",
         );
     }
 
