@@ -767,6 +767,15 @@ impl<H: Host> Inner<H> {
         policy: TypePolicy,
         permit: OwnedSemaphorePermit,
     ) -> bool {
+        // The channel it came on died since it was taken (RabbitMQ): the
+        // broker hands it out again, so delivering it now would only be a
+        // second call. A lost connection duplicates at most the calls
+        // already running.
+        if origin.acker().is_some_and(|a| !a.live()) {
+            tracing::debug!(source = %self.spec.name, message_id = %delivery.message_id,
+                "its channel is gone before its delivery; the broker redelivers it");
+            return false;
+        }
         let started = now();
         let worker = WorkerId::from(self.spec.worker_id());
         let attempt = grant_lease(&mut env, Some(&worker), started);
