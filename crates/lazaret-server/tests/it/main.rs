@@ -1,3 +1,4 @@
 //! lazaret-server's integration tests: the router over a real SQLite store, without sockets.
 
 mod backpressure;
+mod stats;
