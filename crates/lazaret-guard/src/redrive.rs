@@ -269,7 +269,7 @@ pub fn target(spec: &SourceSpec, src: &SourceRef) -> Result<String, RedriveError
             });
         }
         if spec.redrive_to.as_deref() != Some(queue.as_str())
-            && !spec.redrive_allow.iter().any(|q| *q == queue)
+            && !spec.redrive_allow.contains(&queue)
         {
             return Err(RedriveError::NotAllowed {
                 name: spec.name.clone(),

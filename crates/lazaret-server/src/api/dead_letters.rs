@@ -280,7 +280,7 @@ fn cut(s: &str, max: usize) -> String {
 fn redrive_item(t: &Target, done: Option<&Done>) -> Value {
     let error = done
         .and_then(|d| d.error.as_deref())
-        .or_else(|| match (&t.queue, done) {
+        .or(match (&t.queue, done) {
             (Some(Err(why)), None) => Some(why.as_str()),
             _ => None,
         })
