@@ -548,6 +548,16 @@ async fn a_permanent_failure_is_one_dead_letter_and_a_redrive_sends_it_back() {
         .await
         .expect("the redrive's entry");
     assert_eq!(body, b"{\"n\": 1}");
+    let mut headers = headers;
+    // Each redrive request's own id: never taken for the dead letter.
+    let redrive_id = headers.remove("x-lazaret-redrive-id");
+    assert!(
+        redrive_id
+            .as_ref()
+            .and_then(Value::as_str)
+            .is_some_and(|id| !id.is_empty()),
+        "{redrive_id:?}"
+    );
     assert_eq!(
         Value::Object(headers),
         json!({
