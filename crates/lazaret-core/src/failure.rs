@@ -194,8 +194,8 @@ pub enum DeadLetterReason {
     SchemaInvalid,
     /// Admission: unknown schema version.
     UnknownSchemaVersion,
-    /// Broker (RabbitMQ `x-death`): rejected or negatively acknowledged
-    /// without requeue; also a broker dead letter that names no reason.
+    /// Broker (RabbitMQ `x-death`, a JetStream `AckTerm`): rejected or
+    /// negatively acknowledged without requeue.
     Rejected,
     /// Broker (RabbitMQ): its message TTL ran out.
     Expired,
@@ -210,11 +210,15 @@ pub enum DeadLetterReason {
     /// Broker (a Kafka dead-letter topic): the listener failed; the
     /// exception's class is the error kind.
     ListenerFailed,
+    /// Broker: a message in a watched dead-letter queue that carries no
+    /// death information (published there by an application, or its
+    /// `x-death` empty or unreadable): how it got there is unknown.
+    UnknownOrigin,
 }
 
 impl DeadLetterReason {
     /// Every reason, in documentation order.
-    pub const ALL: [DeadLetterReason; 16] = [
+    pub const ALL: [DeadLetterReason; 17] = [
         DeadLetterReason::Permanent,
         DeadLetterReason::Exhausted,
         DeadLetterReason::KindExhausted,
@@ -231,6 +235,7 @@ impl DeadLetterReason {
         DeadLetterReason::MaxReceives,
         DeadLetterReason::MaxDeliveries,
         DeadLetterReason::ListenerFailed,
+        DeadLetterReason::UnknownOrigin,
     ];
 
     /// The dead-letter reason of a poison verdict.
@@ -262,6 +267,7 @@ impl DeadLetterReason {
             DeadLetterReason::MaxReceives => "max_receives",
             DeadLetterReason::MaxDeliveries => "max_deliveries",
             DeadLetterReason::ListenerFailed => "listener_failed",
+            DeadLetterReason::UnknownOrigin => "unknown_origin",
         }
     }
 
@@ -288,6 +294,7 @@ impl DeadLetterReason {
                 | DeadLetterReason::MaxReceives
                 | DeadLetterReason::MaxDeliveries
                 | DeadLetterReason::ListenerFailed
+                | DeadLetterReason::UnknownOrigin
         )
     }
 }
@@ -301,7 +308,7 @@ impl fmt::Display for DeadLetterReason {
 /// A word that names no dead-letter reason.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "unknown dead-letter reason {0:?}; expected one of permanent, exhausted, kind_exhausted, crash_loop, deferrals_exhausted, payload_too_large, invalid_json, schema_invalid, unknown_schema_version, rejected, expired, maxlen, delivery_limit, max_receives, max_deliveries, listener_failed"
+    "unknown dead-letter reason {0:?}; expected one of permanent, exhausted, kind_exhausted, crash_loop, deferrals_exhausted, payload_too_large, invalid_json, schema_invalid, unknown_schema_version, rejected, expired, maxlen, delivery_limit, max_receives, max_deliveries, listener_failed, unknown_origin"
 )]
 pub struct UnknownReason(pub String);
 

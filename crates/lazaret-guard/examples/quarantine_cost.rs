@@ -85,6 +85,7 @@ fn dead_letter(n: usize) -> SourceDeadLetter {
             headers,
             position: serde_json::json!({"exchange": "", "routing_key": "orders"}),
             content_type: Some("application/json".into()),
+            redrive_id: None,
         },
         job_type: Some("bench".into()),
         tenant: Some("default".into()),

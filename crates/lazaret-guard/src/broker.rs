@@ -99,6 +99,16 @@ pub trait Acker: Send + Sync {
     /// `multiple` frame; a no-op elsewhere.
     fn decided(&self) {}
 
+    /// Whether the broker still holds the message for this acker: `false`
+    /// once the channel or connection it came on is gone (RabbitMQ), when
+    /// its acknowledgement can only fail and the broker hands the message
+    /// out again anyway. The runtime then does not deliver it, so a lost
+    /// connection duplicates at most the handler calls already running.
+    /// `true` where acknowledgements are not tied to a connection.
+    fn live(&self) -> bool {
+        true
+    }
+
     /// Hands the message back undelivered (lazaret could not record what
     /// happened to it): the broker redelivers it later.
     fn release(self: Box<Self>) -> BoxFuture<'static, Result<(), BrokerError>>;
@@ -152,9 +162,17 @@ pub trait Broker: Send + Sync + fmt::Debug {
         Box::pin(async { Vec::new() })
     }
 
+    /// Closes the broker's connections, at shutdown, once the source has
+    /// stopped: while the runtime still runs, so a client whose I/O runs on
+    /// it (lapin) is not torn down mid-connection (RabbitMQ logged an ERROR
+    /// at every clean shutdown). A no-op where dropping is enough.
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
+
     /// Watch mode: what a message of the broker's dead-letter queue says of
     /// itself (reason, error text, original queue and coordinates, delivery
-    /// count). The default knows nothing but that the broker rejected it.
+    /// count). The default knows nothing of it (`unknown_origin`).
     fn interpret<'a>(&'a self, d: &'a Delivery) -> BoxFuture<'a, Result<TakenIn, BrokerError>> {
         let _ = d;
         Box::pin(async { Ok(TakenIn::default()) })

@@ -51,8 +51,8 @@ use lazaret_core::{
     TypePolicy, WorkerId, absorb_earlier_deliveries, bounded_name, decide, grant_lease,
 };
 use lazaret_store::{
-    Completed, DeadLetterId, Held, ParkedMessage, Quarantined, SourceDeadLetter, SourceRef, Stage,
-    Store, StoreError,
+    Completed, DeadLetterId, Held, MessageKey, ParkedMessage, Quarantined, SourceDeadLetter,
+    SourceRef, Stage, Store, StoreError,
 };
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot, watch};
 
@@ -60,6 +60,7 @@ use crate::broker::{Acker, Broker, BrokerError, Incoming, Reconnecting};
 use crate::handler::{Call, Handler, Outcome};
 use crate::host::{Host, StoreWrites, store_retry_delay};
 use crate::message::Delivery;
+use crate::redrive::redrive_id;
 use crate::spec::{SourceSpec, TenantFrom};
 
 /// The wall clock, read by the runtime only (the core gets `now`).
@@ -730,13 +731,19 @@ impl<H: Host> Inner<H> {
                 }
                 tries += 1;
             }
+            // Held already only if it is this very message: a dead letter
+            // of the same body (another body reusing the id is another
+            // message) and redrive id (a redriven copy is never the dead
+            // letter it came from).
+            let key = MessageKey::of(
+                self.spec.name.clone(),
+                delivery.message_id.clone(),
+                &delivery.body,
+                redrive_id(&delivery),
+            );
             let mut tries = 0;
             let held = loop {
-                let held = self
-                    .host
-                    .store()
-                    .message_held(self.spec.name.clone(), delivery.message_id.clone())
-                    .await;
+                let held = self.host.store().message_held(key.clone()).await;
                 match held {
                     Err(e) if !matches!(e, StoreError::Closed) => {
                         tracing::debug!(source = %self.spec.name, "cannot read whether a redelivered message is held: {e}; trying again");
@@ -932,6 +939,15 @@ impl<H: Host> Inner<H> {
         policy: TypePolicy,
         permit: OwnedSemaphorePermit,
     ) -> bool {
+        // The channel it came on died since it was taken (RabbitMQ): the
+        // broker hands it out again, so delivering it now would only be a
+        // second call. A lost connection duplicates at most the calls
+        // already running.
+        if origin.acker().is_some_and(|a| !a.live()) {
+            tracing::debug!(source = %self.spec.name, message_id = %delivery.message_id,
+                "its channel is gone before its delivery; the broker redelivers it");
+            return false;
+        }
         let started = now();
         let worker = WorkerId::from(self.spec.worker_id());
         let attempt = grant_lease(&mut env, Some(&worker), started);
@@ -1300,6 +1316,7 @@ impl<H: Host> Inner<H> {
             headers: d.headers.clone(),
             position: d.position.clone(),
             content_type: d.content_type.clone(),
+            redrive_id: redrive_id(d),
         }
     }
 }

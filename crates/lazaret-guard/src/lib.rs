@@ -51,6 +51,6 @@ pub use guard::{Faults, Guard, GuardError, QUARANTINE_LINGER, Settled};
 pub use handler::{Call, Handler, HttpHandler, Outcome, OwnedCall, handler_fn};
 pub use host::{Host, LocalHost, StoreWrites};
 pub use message::{Delivery, Republish};
-pub use redrive::{RedriveError, SourceSet};
+pub use redrive::{REDRIVE_ID_HEADER, RedriveError, SourceSet};
 pub use spec::{BrokerKind, DeliverFormat, Mode, SourceSpec, TenantFrom};
 pub use watch::{TakenIn, Watch};

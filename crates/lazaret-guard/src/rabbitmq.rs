@@ -318,7 +318,33 @@ impl Broker for RabbitMq {
     fn interpret<'a>(&'a self, d: &'a Delivery) -> BoxFuture<'a, Result<TakenIn, BrokerError>> {
         Box::pin(async move { Ok(dead_lettered(&d.headers)) })
     }
+
+    /// Closes the connection (and so its channels: RabbitMQ requeues what
+    /// was not acknowledged), waiting at most [`CLOSE_WAIT`].
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            self.forget_publisher().await;
+            let conn = self.conn.lock().await;
+            if !conn.status().connected() {
+                return;
+            }
+            match tokio::time::timeout(CLOSE_WAIT, conn.close(200, "lazaret is shutting down"))
+                .await
+            {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::debug!(source = %self.spec.name, "closing the RabbitMQ connection: {e}");
+                }
+                Err(_) => {
+                    tracing::debug!(source = %self.spec.name, "RabbitMQ did not answer the close within {} s", CLOSE_WAIT.as_secs());
+                }
+            }
+        })
+    }
 }
+
+/// How long a close at shutdown waits for RabbitMQ's answer.
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
 
 /// A consumer on its own channel. The channel closes (and RabbitMQ requeues
 /// what was not acknowledged) once the consumer and every acker of its
@@ -345,6 +371,18 @@ impl Consumer for RabbitConsumer {
             match self.consumer.next().await {
                 None => Ok(None),
                 Some(Err(e)) => Err(op_error(format!("consume from queue {}", self.queue), &e)),
+                // Deliveries lapin buffered (the prefetch) outlive their
+                // channel: once it is gone RabbitMQ has requeued them, and
+                // an ack could only fail. Drop them with this consumer
+                // rather than deliver each a second time.
+                Some(Ok(_)) if !self.channel.status().connected() => Err(BrokerError::Op {
+                    broker: KIND,
+                    op: format!("consume from queue {}", self.queue),
+                    why: format!(
+                        "its channel closed ({:?}); RabbitMQ requeued the unacknowledged messages",
+                        self.channel.status().state()
+                    ),
+                }),
                 Some(Ok(d)) => {
                     self.acks.delivered(d.delivery_tag);
                     let ack = RabbitAcker {
@@ -601,6 +639,12 @@ impl Acker for RabbitAcker {
 
     fn decided(&self) {
         self.acks.decided(self.tag);
+    }
+
+    /// The channel it came on is open: a delivery tag means nothing on
+    /// another channel, and RabbitMQ requeued it when this one closed.
+    fn live(&self) -> bool {
+        self.acks.channel.status().connected()
     }
 
     fn release(self: Box<Self>) -> BoxFuture<'static, Result<(), BrokerError>> {

@@ -137,6 +137,13 @@ pub struct SourceSpec {
     /// Where a redrive republishes (default: the source queue, or for watch
     /// the message's original queue).
     pub redrive_to: Option<String>,
+    /// Watch: the queues a redrive may go back to besides `redrive_to`
+    /// (the message names its original queue, and whoever can publish to
+    /// the dead-letter queue controls that). The server puts the queues of
+    /// the config's own sources on the same broker here, and the
+    /// `redrive_allow` list; empty: only `redrive_to`. Never the watched
+    /// queue itself.
+    pub redrive_allow: Vec<String>,
 }
 
 /// Settling slots per handler slot by default, so that RabbitMQ's prefetch
@@ -194,6 +201,7 @@ impl SourceSpec {
             settling: None,
             delivery_timeout: Duration::from_secs(30),
             redrive_to: None,
+            redrive_allow: Vec::new(),
         }
     }
 

@@ -20,13 +20,15 @@ use crate::celery;
 use crate::guard::{Faults, GuardError, now};
 use crate::host::{Host, StoreWrites, store_retry_delay};
 use crate::message::Delivery;
+use crate::redrive::redrive_id;
 use crate::spec::{SourceSpec, TenantFrom};
 
 /// What a broker's dead-letter message says of itself; the adapter reads
 /// it (`Broker::interpret`), the watch runtime files it.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct TakenIn {
-    /// The broker's reason (`None`: `rejected`).
+    /// The broker's reason (`None`: the message carries no death
+    /// information, `unknown_origin`).
     pub reason: Option<DeadLetterReason>,
     /// The error text the broker or framework carried.
     pub error: Option<Failure>,
@@ -227,6 +229,7 @@ impl<H: Host> Watch<H> {
                 headers: msg.headers.clone(),
                 position: taken.original_position.unwrap_or(msg.position.clone()),
                 content_type: msg.content_type.clone(),
+                redrive_id: redrive_id(&msg),
             },
             job_type: Some(
                 celery
@@ -236,7 +239,8 @@ impl<H: Host> Watch<H> {
             ),
             tenant: Some(tenant),
             lane: Some(self.spec.lane.to_string()),
-            reason: taken.reason.unwrap_or(DeadLetterReason::Rejected),
+            // Never an invented `rejected`: nothing says the broker did it.
+            reason: taken.reason.unwrap_or(DeadLetterReason::UnknownOrigin),
             stage: Stage::Broker,
             attempts: taken.attempts,
             error,

@@ -132,6 +132,7 @@
 //! queue = "celery-dead"
 //! mode = "watch"
 //! tenant_header = "x-tenant"          # absent or empty on a message: tenant "default"
+//! redrive_allow = ["orders.v2"]       # watch: more queues a redrive may go back to, besides redrive_to and the queues of this file's sources on the same broker (never the watched queue); the queue a message names comes from the message
 //! ```
 //!
 //! Durations are integer milliseconds (`*_ms`); `"30s"` is refused with the
@@ -742,6 +743,7 @@ struct RawSource {
     settling: Option<u32>,
     delivery_timeout_ms: Option<Ms>,
     redrive_to: Option<String>,
+    redrive_allow: Option<Vec<String>>,
 }
 
 /// Integer milliseconds; a string like `"30s"` is refused with the number to write.
@@ -1796,7 +1798,57 @@ impl<'a> Ctx<'a> {
                 spec.delivery_timeout = Duration::from_millis(v);
             }
             spec.redrive_to = text("redrive_to", &s.redrive_to)?;
+            if let Some(allow) = &s.redrive_allow {
+                if mode == Mode::Guard {
+                    return Err(self.invalid(
+                        &path.key("redrive_allow"),
+                        "redrive_allow is for watch sources (a guard redrives to its own queue, or redrive_to): remove it",
+                    ));
+                }
+                if let Some(bad) = allow.iter().find(|q| q.trim().is_empty()) {
+                    return Err(self.invalid(
+                        &path.key("redrive_allow"),
+                        format!("redrive_allow lists an empty queue name ({bad:?}): remove it"),
+                    ));
+                }
+                spec.redrive_allow.clone_from(allow);
+            }
+            // A guard and a watch on one queue: the watch would take half
+            // the healthy traffic in as dead letters.
+            if let Some(j) = out.iter().position(|o| {
+                o.mode != spec.mode
+                    && o.broker == spec.broker
+                    && o.queue == spec.queue
+                    && same_server(&o.url, &spec.url)
+            }) {
+                let (guard, watch) = match spec.mode {
+                    Mode::Guard => (&spec.name, &out[j].name),
+                    Mode::Watch => (&out[j].name, &spec.name),
+                };
+                return Err(self.invalid(
+                    &path.key("queue"),
+                    format!(
+                        "sources `{guard}` (guard) and `{watch}` (watch) both read queue {:?} on the same broker{}: the watch would take the guard's healthy messages in as dead letters; point the watch source at the dead-letter queue",
+                        spec.queue,
+                        self.on_line(&root("sources").index(j).key("queue"))
+                    ),
+                ));
+            }
             out.push(spec);
+        }
+        // A watch source may redrive to the queues of the config's own
+        // sources on its broker (besides `redrive_to` and its list).
+        let queues: Vec<(BrokerKind, String)> =
+            out.iter().map(|s| (s.broker, s.queue.clone())).collect();
+        for spec in out.iter_mut().filter(|s| s.mode == Mode::Watch) {
+            for (broker, queue) in &queues {
+                if *broker == spec.broker
+                    && *queue != spec.queue
+                    && !spec.redrive_allow.contains(queue)
+                {
+                    spec.redrive_allow.push(queue.clone());
+                }
+            }
         }
         Ok(out)
     }
@@ -1819,6 +1871,23 @@ fn url_broker(url: &str) -> Option<BrokerKind> {
         "kafka" => Some(BrokerKind::Kafka),
         _ => None,
     }
+}
+
+/// Whether two source URLs name the same broker: equal once the user
+/// info (credentials) is left out and the scheme and host lower-cased.
+fn same_server(a: &str, b: &str) -> bool {
+    fn norm(url: &str) -> String {
+        let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+        let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+        let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+        format!(
+            "{}://{}{}",
+            scheme.to_ascii_lowercase(),
+            host.to_ascii_lowercase(),
+            path.trim_end_matches('/')
+        )
+    }
+    norm(a) == norm(b)
 }
 
 /// 1-based line of byte `offset` in `text`.
@@ -2245,6 +2314,37 @@ surge_share = 0.9
             "sources[0].name",
             2,
             "name is empty",
+        );
+    }
+
+    #[test]
+    fn a_guard_and_a_watch_on_one_queue_are_refused_naming_both() {
+        // The same broker, written with other credentials and a trailing slash.
+        let text = format!(
+            "{GUARD}deliver = \"http://h/\"\n[[sources]]\nname = \"orders-dlq\"\nbroker = \"redis\"\n\
+             url = \"redis://user:pw@127.0.0.1:6379/\"\nqueue = \"orders\"\nmode = \"watch\"\n"
+        );
+        let e = assert_refused(&text, "sources[1].queue", 11, "(line 5)");
+        let why = e.to_string();
+        assert!(
+            why.contains("`orders` (guard)") && why.contains("`orders-dlq` (watch)"),
+            "{why}"
+        );
+        // Its dead-letter queue is fine, and the guard's queue is a redrive
+        // target the watch may use.
+        let ok = text.replace("queue = \"orders\"\nmode", "queue = \"orders.dlq\"\nmode");
+        let cfg = parse(&ok).unwrap();
+        assert_eq!(cfg.sources[1].redrive_allow, vec!["orders".to_owned()]);
+        let listed = format!("{ok}redrive_allow = [\"orders.v2\"]\n");
+        assert_eq!(
+            parse(&listed).unwrap().sources[1].redrive_allow,
+            vec!["orders.v2".to_owned(), "orders".to_owned()]
+        );
+        assert_refused(
+            &format!("{GUARD}deliver = \"http://h/\"\nredrive_allow = [\"x\"]\n"),
+            "sources[0].redrive_allow",
+            7,
+            "for watch sources",
         );
     }
 

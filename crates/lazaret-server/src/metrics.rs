@@ -195,6 +195,11 @@ pub fn store_writable(writable: bool) {
     metrics::gauge!("lazaret_store_writable").set(if writable { 1.0 } else { 0.0 });
 }
 
+/// Broker messages of a configured source whose retry lazaret holds now.
+pub fn source_held(source: &str, held: u64) {
+    metrics::gauge!("lazaret_source_held_retries", "source" => source.to_owned()).set(held as f64);
+}
+
 /// Makes a configured source's series exist from the start at 0, so a
 /// scrape before its first message lists it.
 pub fn describe_source(source: &str) {
@@ -446,6 +451,11 @@ const FAMILIES: &[Family] = &[
         "lazaret_store_writable",
         "gauge",
         "1 while the store takes writes, 0 while it refuses them (a full disk); the sources then take no messages",
+    ),
+    family(
+        "lazaret_source_held_retries",
+        "gauge",
+        "Broker messages whose retry or deferral lazaret holds now, by source",
     ),
     family(
         "lazaret_alerts_sent_total",

@@ -260,14 +260,14 @@ async fn run<S: Store>(app: Arc<App<S>>, spec: SourceSpec, mut stop: watch::Rece
                     .with_kind_classes(classes),
             );
             let faults = fault_hooks(&spec.name);
-            Guard::new(spec, app, broker, handler)
+            Guard::new(spec, app, Arc::clone(&broker), handler)
                 .with_faults(faults)
                 .run(stop)
                 .await
         }
         Mode::Watch => {
             let faults = fault_hooks(&spec.name);
-            Watch::new(spec, app, broker)
+            Watch::new(spec, app, Arc::clone(&broker))
                 .with_faults(faults)
                 .run(stop)
                 .await
@@ -276,6 +276,8 @@ async fn run<S: Store>(app: Arc<App<S>>, spec: SourceSpec, mut stop: watch::Rece
     if let Err(e) = result {
         tracing::error!(source = %name, "the source stopped: {e}; restart lazaret to run it again");
     }
+    // Closed while the runtime runs, not torn down with it.
+    broker.close().await;
 }
 
 /// Connects, retrying while the broker cannot be reached; `None` at

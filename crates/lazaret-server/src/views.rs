@@ -428,6 +428,7 @@ mod tests {
             headers: headers.as_object().cloned().unwrap_or_default(),
             position: json!({"delivery_tag": 1}),
             content_type: Some("application/json".into()),
+            redrive_id: None,
         };
         let body = br#"[[1, 2], {"x": 3}, {}]"#;
         let v = dead_letter(

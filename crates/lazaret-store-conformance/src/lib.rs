@@ -174,6 +174,8 @@ macro_rules! conformance_suite {
                 a_batch_of_quarantines_answers_each_in_order,
                 held_retries_come_due_in_order_and_are_replaced_or_dropped,
                 held_retries_and_broker_dead_letters_survive_a_restart,
+                a_message_reusing_a_quarantined_id_is_a_dead_letter_of_its_own,
+                held_retries_are_counted_by_source,
             ],
             audit: [
                 audit_entries_are_listed_newest_first,

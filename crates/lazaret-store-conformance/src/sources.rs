@@ -1,5 +1,5 @@
-//! Broker messages: their dead letters are unique per (source, message id)
-//! and carry the source, payload and history; their held retries come due
+//! Broker messages: their dead letters are unique per (source, message id,
+//! payload SHA-256, redrive id) and carry the source, payload and history; their held retries come due
 //! in order, are replaced, dropped, and dropped with their quarantine; all
 //! of it survives a restart.
 
@@ -7,7 +7,8 @@ use lazaret_core::{
     DeadLetterReason, Envelope, Failure, FailureClass, JobId, Timestamp, grant_lease,
 };
 use lazaret_store::{
-    DeadLetterFilter, Held, ParkedMessage, Selector, SourceDeadLetter, SourceRef, Stage, Store,
+    DeadLetterFilter, Held, MessageKey, ParkedMessage, Selector, SourceDeadLetter, SourceRef,
+    Stage, Store,
 };
 use serde_json::json;
 
@@ -26,7 +27,16 @@ fn source(name: &str, id: &str) -> SourceRef {
             .unwrap_or_default(),
         position: json!({"exchange": "", "routing_key": "orders"}),
         content_type: Some("application/json".into()),
+        redrive_id: None,
     }
+}
+
+/// The body [`quarantined`] gives its dead letters.
+const BODY: &[u8] = b"\xff binary \x00 body";
+
+/// The key of a message of `name` and `id` with [`BODY`].
+fn key(name: &str, id: &str) -> MessageKey {
+    MessageKey::of(name, id, BODY, None)
 }
 
 fn envelope(ms: i64, attempts: u32) -> Envelope {
@@ -62,7 +72,7 @@ fn quarantined(name: &str, id: &str, stage: Stage, ms: i64) -> SourceDeadLetter 
         idempotency_key: Some(format!("{name}:{id}")),
         created_at: at(ms),
         now: at(ms + 5),
-        payload: b"\xff binary \x00 body".to_vec(),
+        payload: BODY.to_vec(),
         may_be_parked: true,
     }
 }
@@ -114,15 +124,11 @@ pub async fn a_broker_message_is_quarantined_once_with_its_source_and_payload<B:
         Some(Some(b"\xff binary \x00 body".to_vec()))
     );
     assert_eq!(
-        s.message_held("orders-src".into(), "m-1".into())
-            .await
-            .unwrap(),
+        s.message_held(key("orders-src", "m-1")).await.unwrap(),
         Held::Quarantined(first.id)
     );
     assert_eq!(
-        s.message_held("orders-src".into(), "m-2".into())
-            .await
-            .unwrap(),
+        s.message_held(key("orders-src", "m-2")).await.unwrap(),
         Held::Nothing
     );
 
@@ -203,9 +209,7 @@ pub async fn a_batch_of_quarantines_answers_each_in_order<B: Backend>(b: &B) {
     assert_ne!(batch[2].id, batch[0].id);
     // The held retry of m-3 left with its quarantine, as for one message.
     assert_eq!(
-        s.message_held("orders-src".into(), "m-3".into())
-            .await
-            .unwrap(),
+        s.message_held(key("orders-src", "m-3")).await.unwrap(),
         Held::Quarantined(batch[2].id)
     );
     assert!(
@@ -227,7 +231,7 @@ pub async fn held_retries_come_due_in_order_and_are_replaced_or_dropped<B: Backe
         .unwrap();
     s.park_message(parked("other", "x", at(0))).await.unwrap();
     assert_eq!(
-        s.message_held("src".into(), "early".into()).await.unwrap(),
+        s.message_held(key("src", "early")).await.unwrap(),
         Held::Parked
     );
     assert!(
@@ -325,11 +329,100 @@ pub async fn held_retries_and_broker_dead_letters_survive_a_restart<B: Backend>(
         vec![parked("src", "p", at(1_000))]
     );
     assert_eq!(
-        s.message_held("src".into(), "q".into()).await.unwrap(),
+        s.message_held(key("src", "q")).await.unwrap(),
         Held::Quarantined(q.id)
     );
     assert_eq!(
         s.dead_letter(q.id).await.unwrap().and_then(|d| d.source),
         Some(source("src", "q"))
+    );
+}
+
+pub async fn a_message_reusing_a_quarantined_id_is_a_dead_letter_of_its_own<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
+    let first = s
+        .quarantine_message(quarantined("src", "order-7", Stage::Broker, 0))
+        .await
+        .unwrap();
+    assert!(first.created);
+    // Another body under the same id (an order id used as message id): a
+    // message of its own, kept.
+    let mut other = quarantined("src", "order-7", Stage::Broker, 10);
+    other.payload = b"{\"order\": 8}".to_vec();
+    let second = s.quarantine_message(other.clone()).await.unwrap();
+    assert!(second.created, "a different body is another dead letter");
+    assert_ne!(second.id, first.id);
+    // Its own redelivery is still recognised.
+    let again = s.quarantine_message(other).await.unwrap();
+    assert_eq!((again.id, again.created), (second.id, false));
+    assert_eq!(
+        s.message_held(key("src", "order-7")).await.unwrap(),
+        Held::Quarantined(first.id)
+    );
+    assert_eq!(
+        s.message_held(MessageKey::of("src", "order-7", b"{\"order\": 8}", None))
+            .await
+            .unwrap(),
+        Held::Quarantined(second.id)
+    );
+    assert_eq!(
+        s.message_held(MessageKey::of("src", "order-7", b"{\"order\": 9}", None))
+            .await
+            .unwrap(),
+        Held::Nothing,
+        "a body never quarantined is not held"
+    );
+
+    // A redriven copy (same id, same body, a redrive id) is never the dead
+    // letter it was redriven from, which the redrive removes only after
+    // the broker confirmed the copy.
+    let mut copy = quarantined("src", "order-7", Stage::Broker, 20);
+    copy.source.redrive_id = Some("r-1".into());
+    let third = s.quarantine_message(copy.clone()).await.unwrap();
+    assert!(third.created, "a redriven copy is a dead letter of its own");
+    assert_ne!(third.id, first.id);
+    assert_eq!(
+        s.quarantine_message(copy).await.unwrap(),
+        lazaret_store::Quarantined {
+            id: third.id,
+            created: false
+        }
+    );
+    assert_eq!(
+        s.message_held(MessageKey::of("src", "order-7", BODY, Some("r-1".into())))
+            .await
+            .unwrap(),
+        Held::Quarantined(third.id)
+    );
+    assert_eq!(
+        s.message_held(MessageKey::of("src", "order-7", BODY, Some("r-2".into())))
+            .await
+            .unwrap(),
+        Held::Nothing
+    );
+    let dl = s.dead_letter(third.id).await.unwrap().expect("the copy's");
+    assert_eq!(dl.source.and_then(|s| s.redrive_id).as_deref(), Some("r-1"));
+}
+
+pub async fn held_retries_are_counted_by_source<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
+    assert!(s.stats().await.unwrap().held_messages.is_empty());
+    s.park_message(parked("src", "a", at(1_000))).await.unwrap();
+    s.park_message(parked("src", "b", at(2_000))).await.unwrap();
+    s.park_message(parked("other", "a", at(1_000)))
+        .await
+        .unwrap();
+    // Held again (replaced): still one.
+    s.park_message(parked("src", "a", at(3_000))).await.unwrap();
+    assert_eq!(
+        s.stats().await.unwrap().held_messages,
+        vec![("other".to_owned(), 1), ("src".to_owned(), 2)]
+    );
+    s.unpark_message("src".into(), "b".into()).await.unwrap();
+    assert_eq!(
+        s.stats().await.unwrap().held_messages,
+        vec![("other".to_owned(), 1), ("src".to_owned(), 1)]
     );
 }

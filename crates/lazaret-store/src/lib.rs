@@ -249,8 +249,9 @@ pub trait Store: Send + Sync + 'static {
         audit: AuditEntry,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
-    /// Quarantines a broker message: writes its dead letter unless the same
-    /// (source, message id) is there already, and drops its parked retry,
+    /// Quarantines a broker message: writes its dead letter unless one of
+    /// the same [`MessageKey`] (source, message id, payload SHA-256,
+    /// redrive id) is there already, and drops its parked retry,
     /// in one transaction. The caller acknowledges the broker message only
     /// after this returns.
     fn quarantine_message(
@@ -303,11 +304,12 @@ pub trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Option<Timestamp>, StoreError>> + Send;
 
     /// What the store holds of a broker message already (a redelivery after
-    /// a crash between a write and the broker acknowledgement).
+    /// a crash between a write and the broker acknowledgement): a dead
+    /// letter of the same key (another body, or a redriven copy, is not
+    /// it), else a retry held for the source and message id.
     fn message_held(
         &self,
-        source: String,
-        message_id: String,
+        key: MessageKey,
     ) -> impl Future<Output = Result<Held, StoreError>> + Send;
 
     /// Every API token, oldest first.

@@ -289,6 +289,51 @@ pub struct SourceRef {
     /// The message's content type, when it had one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content_type: Option<String>,
+    /// The `x-lazaret-redrive-id` a redriven copy carries: part of the
+    /// dead letter's key, so the copy is never taken for the dead letter
+    /// it was redriven from (which the redrive removes only after the
+    /// broker confirmed the copy).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub redrive_id: Option<String>,
+}
+
+/// What identifies a broker message's dead letter: one per (source,
+/// message id, payload SHA-256, redrive id). A different message reusing a
+/// quarantined id (another body) is another message; a redriven copy is
+/// never the dead letter it came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MessageKey {
+    /// The `[[sources]]` entry's name.
+    pub source: String,
+    /// The message's id.
+    pub message_id: String,
+    /// The SHA-256 of its body, in lower-case hex.
+    pub payload_sha256: String,
+    /// The `x-lazaret-redrive-id` it carries, if any.
+    pub redrive_id: Option<String>,
+}
+
+impl MessageKey {
+    /// The key of a message with this body.
+    pub fn of(
+        source: impl Into<String>,
+        message_id: impl Into<String>,
+        body: &[u8],
+        redrive_id: Option<String>,
+    ) -> MessageKey {
+        MessageKey {
+            source: source.into(),
+            message_id: message_id.into(),
+            payload_sha256: hex::encode(lazaret_core::payload_sha256(body)),
+            redrive_id,
+        }
+    }
+
+    /// The redrive id as stored: empty for none (a unique index treats
+    /// NULLs as distinct).
+    pub fn redrive_column(&self) -> &str {
+        self.redrive_id.as_deref().unwrap_or("")
+    }
 }
 
 /// A broker message to quarantine (guard: the policy dead-lettered it;
@@ -359,9 +404,10 @@ pub struct ParkedMessage {
 pub enum Held {
     /// Nothing: the message is new to lazaret.
     Nothing,
-    /// Parked for a retry or deferral.
+    /// Parked for a retry or deferral (held retries are keyed by source
+    /// and message id).
     Parked,
-    /// In the dead letters.
+    /// In the dead letters: a dead letter of the same [`MessageKey`].
     Quarantined(DeadLetterId),
 }
 
@@ -692,6 +738,9 @@ pub struct StoreStats {
     /// Per lane with jobs ready now: when its longest-waiting ready job
     /// became ready (`lazaret_oldest_job_age_seconds` is now minus this).
     pub oldest_ready: Vec<(Lane, Timestamp)>,
+    /// Broker messages whose retry or deferral lazaret holds now, per
+    /// source name (sorted by name; sources holding none left out).
+    pub held_messages: Vec<(String, u64)>,
     /// Which backend: `sqlite` or `postgres`.
     pub backend: &'static str,
     /// What only some backends count (SQLite's group commit and fsyncs);

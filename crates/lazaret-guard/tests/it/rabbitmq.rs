@@ -482,7 +482,10 @@ async fn a_watch_source_reads_x_death_and_a_redrive_goes_back_persistent() {
         dir.path(),
         policies("orders", 3, Duration::from_millis(100)),
     );
-    let spec = b.spec(&name, &dlq, Mode::Watch);
+    let mut spec = b.spec(&name, &dlq, Mode::Watch);
+    // The original queue comes from the message: allowed as the server
+    // allows its config's own queues.
+    spec.redrive_allow = vec![original.clone()];
     let w = common::start_watch(spec.clone(), Arc::clone(&host), Faults::default()).await;
     let dl = common::wait_dead_letters(host.store(), &name, 1, PATIENCE)
         .await
@@ -542,6 +545,105 @@ async fn a_watch_source_reads_x_death_and_a_redrive_goes_back_persistent() {
             .any(|k| k.starts_with("x-death") || k.starts_with("x-first-death")),
         "{h:#?}"
     );
+}
+
+/// A message an application published straight into the watched queue has
+/// no death information: `unknown_origin`, never an invented `rejected`,
+/// and its redrive would go back to the watched queue (where the copy was
+/// taken for the dead letter and lost): refused, asking for `redrive_to`.
+/// A queue named by the message's `x-death` is redriven to only when
+/// allowed, and one RabbitMQ cannot take (100,000 bytes: it closed the
+/// connection with FRAME_ERROR) is refused before anything is published,
+/// in a message of readable length.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_redrives_only_to_allowed_queues_and_never_to_its_own() {
+    let Some(b) = rabbit_or_skip().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let dlq = b.fresh_queue("plain-dlq").await;
+    let other = b.fresh_queue("other-team").await;
+    let death = |queue: &str| {
+        headers(json!({"x-death": [{"queue": queue, "reason": "rejected", "count": 1}]}))
+    };
+    b.produce(&dlq, "p-1", b"{\"p\": 1}", headers(json!({})))
+        .await;
+    b.produce(&dlq, "p-2", b"{\"p\": 2}", death(&other)).await;
+    b.produce(&dlq, "p-3", b"{\"p\": 3}", death(&"q".repeat(100_000)))
+        .await;
+    let name = unique("plain-watch");
+    let host = host(
+        dir.path(),
+        policies("orders", 3, Duration::from_millis(100)),
+    );
+    let spec = b.spec(&name, &dlq, Mode::Watch);
+    let w = common::start_watch(spec.clone(), Arc::clone(&host), Faults::default()).await;
+    let dls = common::wait_dead_letters(host.store(), &name, 3, PATIENCE).await;
+    let by_id = |id: &str| {
+        dls.iter()
+            .find(|d| d.source.as_ref().is_some_and(|s| s.message_id == id))
+            .cloned()
+            .unwrap_or_else(|| panic!("the dead letter of {id}: {dls:#?}"))
+    };
+    let (p1, p2, p3) = (by_id("p-1"), by_id("p-2"), by_id("p-3"));
+    assert_eq!(p1.reason, DeadLetterReason::UnknownOrigin);
+    assert_eq!(p2.reason, DeadLetterReason::Rejected);
+
+    let mut set = SourceSet::default();
+    set.insert(spec.clone(), b.connect(&spec).await);
+    let own = set
+        .redrive(&p1, b"{}".to_vec())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(own.contains("redrive_to") && own.contains(&dlq), "{own}");
+    let not_allowed = set
+        .redrive(&p2, b"{}".to_vec())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        not_allowed.contains("redrive_allow") && not_allowed.contains(&other),
+        "{not_allowed}"
+    );
+    let huge = set
+        .redrive(&p3, b"{}".to_vec())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(huge.contains("100000 bytes"), "{huge}");
+    assert!(
+        huge.len() < 600,
+        "cut to a readable length: {} bytes",
+        huge.len()
+    );
+    assert_eq!(b.ready(&dlq).await, 0, "nothing was published back");
+
+    // Allowed, it goes; and the watch's connection lived through all this.
+    let mut allowed = spec.clone();
+    allowed.redrive_allow = vec![other.clone()];
+    let mut set = SourceSet::default();
+    set.insert(allowed.clone(), b.connect(&allowed).await);
+    set.redrive(&p2, b"{\"p\": 2}".to_vec())
+        .await
+        .expect("confirmed");
+    let (_ch, d) = b.get(&other, true, PATIENCE).await.expect("the redrive");
+    let h = d
+        .properties
+        .headers()
+        .as_ref()
+        .map(table_to_json)
+        .unwrap_or_default();
+    let text = |k: &str| h.get(k).and_then(header_text);
+    assert_eq!(text("x-lazaret-attempt").as_deref(), Some("0"));
+    assert!(
+        text("x-lazaret-redrive-id").is_some_and(|id| !id.is_empty()),
+        "{h:#?}"
+    );
+    b.produce(&dlq, "p-4", b"{\"p\": 4}", headers(json!({})))
+        .await;
+    common::wait_dead_letters(host.store(), &name, 4, PATIENCE).await;
+    w.stop().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -619,35 +721,47 @@ async fn an_amqps_url_says_this_build_has_no_tls() {
 
 /// Closes the connections RabbitMQ knows by this client-given name, with
 /// `rabbitmqctl`; `false` when there is no `rabbitmqctl` to do it with.
+/// (RabbitMQ before 3.11 has no `user_provided_name` column: the name is
+/// then read from `client_properties`.)
 fn close_connections_named(name: &str) -> bool {
-    let Ok(out) = std::process::Command::new("rabbitmqctl")
-        .args([
-            "list_connections",
-            "-q",
-            "--no-table-headers",
-            "pid",
-            "user_provided_name",
-        ])
-        .output()
-    else {
+    let list = |columns: &[&str]| {
+        std::process::Command::new("rabbitmqctl")
+            .args(["list_connections", "-q", "--no-table-headers"])
+            .args(columns)
+            .output()
+            .ok()
+            .filter(|out| out.status.success())
+            .map(|out| String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let pids: Vec<String> = if let Some(text) = list(&["pid", "user_provided_name"]) {
+        text.lines()
+            .filter_map(|l| l.split_once('\t'))
+            .filter(|(_, n)| n.trim() == name)
+            .map(|(pid, _)| pid.trim().to_owned())
+            .collect()
+    } else if let Some(text) = list(&["pid", "client_properties"]) {
+        let needle = format!("{{\"connection_name\",\"{name}\"}}");
+        text.lines()
+            .filter(|l| l.contains(&needle))
+            .filter_map(|l| l.split_once('\t'))
+            .map(|(pid, _)| pid.trim().to_owned())
+            .collect()
+    } else {
         return false;
     };
-    if !out.status.success() {
-        return false;
-    }
     let mut closed = 0;
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
-        if let Some((pid, conn_name)) = line.split_once('\t') {
-            if conn_name.trim() == name {
-                let ok = std::process::Command::new("rabbitmqctl")
-                    .args(["close_connection", pid.trim(), "closed by a lazaret test"])
-                    .status()
-                    .is_ok_and(|s| s.success());
-                closed += usize::from(ok);
-            }
-        }
+    for pid in pids {
+        let ok = std::process::Command::new("rabbitmqctl")
+            .args(["close_connection", &pid, "closed by a lazaret test"])
+            .status()
+            .is_ok_and(|s| s.success());
+        closed += usize::from(ok);
     }
-    assert!(closed > 0, "no connection named {name:?} to close");
+    assert!(
+        closed > 0,
+        "no connection named {name:?} to close among {:?}",
+        list(&["pid", "client_properties"])
+    );
     true
 }
 
@@ -851,3 +965,89 @@ async fn acks_ready_together_acknowledge_every_message() {
 
 // The behaviours every broker must show (tests/it/scenarios.rs).
 crate::scenarios::scenario_suite!(crate::rabbitmq::rabbit_or_skip());
+
+/// A connection lost under a backlog (the prefetch full) duplicates at
+/// most the handler calls in flight at that moment: the deliveries lapin
+/// had buffered, or the guard had taken and not yet handed to the handler,
+/// are not delivered on a dead channel (their acks could only fail, and
+/// RabbitMQ hands them out again anyway). Before, the guard went on POSTing
+/// them for tens of milliseconds, and each came back a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_connection_duplicates_at_most_the_calls_in_flight() {
+    use std::collections::HashMap;
+
+    let Some(b) = rabbit_or_skip().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let queue = b.fresh_queue("lost-conn").await;
+    let name = unique("lost-conn");
+    let host = host(
+        dir.path(),
+        policies("orders", 3, Duration::from_millis(100)),
+    );
+    let mut spec = b.spec(&name, &queue, Mode::Guard);
+    spec.concurrency = 4;
+    const N: usize = 1500;
+    for i in 0..N {
+        b.produce(&queue, &format!("m-{i}"), b"{}", headers(json!({})))
+            .await;
+    }
+    let counts: Arc<Mutex<HashMap<String, usize>>> = Arc::default();
+    let c = Arc::clone(&counts);
+    let handler = Arc::new(handler_fn(move |call: OwnedCall| {
+        *c.lock()
+            .unwrap()
+            .entry(call.delivery.message_id.clone())
+            .or_default() += 1;
+        async move {
+            // Slow enough that the prefetch (64) stays full, and that
+            // the backlog outlasts rabbitmqctl's start.
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            Outcome::Success
+        }
+    }));
+    let broker = b.connect(&spec).await;
+    let (stop, rx) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(lazaret_guard::Guard::new(spec.clone(), host, broker, handler).run(rx));
+    let handled = |n: usize| {
+        let counts = Arc::clone(&counts);
+        async move {
+            let deadline = tokio::time::Instant::now() + PATIENCE;
+            while counts.lock().unwrap().len() < n {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "{n} messages not handled"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    };
+    handled(40).await;
+    let conn_name = format!("lazaret source {name}");
+    if !tokio::task::spawn_blocking(move || close_connections_named(&conn_name))
+        .await
+        .unwrap()
+    {
+        eprintln!("skipped: no rabbitmqctl here to close the connection");
+        let _ = stop.send(true);
+        task.await.unwrap().unwrap();
+        return;
+    }
+    handled(N).await;
+    let _ = stop.send(true);
+    task.await.unwrap().unwrap();
+    let counts = counts.lock().unwrap();
+    let twice: Vec<(&String, &usize)> = counts.iter().filter(|(_, n)| **n > 1).collect();
+    let duplicates: usize = twice.iter().map(|(_, n)| **n - 1).sum();
+    eprintln!("{duplicates} duplicate calls after one connection loss");
+    // In flight: the calls running (`concurrency`) and those just finished
+    // whose ack had not reached RabbitMQ yet (an ack above a running call
+    // waits up to 2 ms to go with it as one frame: at most one per slot).
+    // Before, the whole prefetch (64 here) was delivered twice.
+    let in_flight = 2 * spec.concurrency as usize;
+    assert!(
+        duplicates <= in_flight,
+        "{duplicates} duplicate calls after one connection loss, more than the {in_flight} in flight: {twice:?}"
+    );
+}

@@ -548,6 +548,16 @@ async fn a_permanent_failure_is_one_dead_letter_and_a_redrive_sends_it_back() {
         .await
         .expect("the redrive's entry");
     assert_eq!(body, b"{\"n\": 1}");
+    let mut headers = headers;
+    // Each redrive request's own id: never taken for the dead letter.
+    let redrive_id = headers.remove("x-lazaret-redrive-id");
+    assert!(
+        redrive_id
+            .as_ref()
+            .and_then(Value::as_str)
+            .is_some_and(|id| !id.is_empty()),
+        "{redrive_id:?}"
+    );
     assert_eq!(
         Value::Object(headers),
         json!({
@@ -570,7 +580,10 @@ async fn a_watch_source_takes_in_a_dead_stream_entry() {
         dir.path(),
         common::policies(TYPE, 3, Duration::from_millis(100)),
     );
-    let spec = r.spec("redis-watch", &dead, Mode::Watch);
+    let mut spec = r.spec("redis-watch", &dead, Mode::Watch);
+    // The original queue comes from the message: allowed as the server
+    // allows its config's own queues.
+    spec.redrive_allow = vec![original.clone()];
     let running = common::start_watch(spec.clone(), Arc::clone(&host), Faults::default()).await;
     let dls =
         common::wait_dead_letters(host.store(), "redis-watch", 1, Duration::from_secs(10)).await;

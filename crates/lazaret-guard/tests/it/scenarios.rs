@@ -34,6 +34,10 @@ macro_rules! scenario_suite {
                 => crash_between_quarantine_and_ack,
             a_redrive_republishes_and_the_message_is_processed => redrive_republishes,
             a_watch_source_files_the_brokers_own_dead_letter => watch_files_broker_dead_letters,
+            a_watch_source_keeps_other_bodies_and_redriven_copies_under_a_quarantined_id
+                => watch_keeps_messages_reusing_an_id,
+            a_guard_keeps_other_bodies_and_redriven_copies_under_a_quarantined_id
+                => guard_keeps_messages_reusing_an_id,
         );
     };
     (@tests $make:expr; $($test:ident => $scenario:ident),+ $(,)?) => {$(
@@ -100,7 +104,12 @@ pub async fn poison_at_the_head(b: &impl TestBroker) {
     assert_eq!(poison, vec![1], "{seen:#?}");
     assert_eq!(
         host.store()
-            .message_held(name.clone(), "poison".into())
+            .message_held(lazaret_store::MessageKey::of(
+                name.clone(),
+                "poison",
+                b"",
+                None
+            ))
             .await
             .unwrap(),
         Held::Parked
@@ -156,7 +165,12 @@ pub async fn transient_then_success(b: &impl TestBroker) {
     assert!(dead_letters_of(host.store(), &name).await.is_empty());
     assert_eq!(
         host.store()
-            .message_held(name.clone(), "m-1".into())
+            .message_held(lazaret_store::MessageKey::of(
+                name.clone(),
+                "m-1",
+                b"",
+                None
+            ))
             .await
             .unwrap(),
         Held::Nothing,
@@ -437,6 +451,10 @@ pub async fn watch_files_broker_dead_letters(b: &impl TestBroker) {
     assert_eq!(payload, b"{\"w\": 1}");
     w.stop().await.unwrap();
 
+    // The original queue comes from the message: a watch source redrives
+    // there only when it is allowed (the server allows its config's queues).
+    let mut spec = spec;
+    spec.redrive_allow = vec![original.clone()];
     let mut set = SourceSet::default();
     set.insert(spec.clone(), b.connect(&spec).await);
     set.redrive(&dl, payload)
@@ -451,4 +469,123 @@ pub async fn watch_files_broker_dead_letters(b: &impl TestBroker) {
     assert_eq!(text("x-lazaret-attempt").as_deref(), Some("0"));
     assert_eq!(text("x-lazaret-message-id").as_deref(), Some("m-w"));
     assert!(headers.get("x-death").is_none());
+}
+
+/// Headers giving a message the id `order-7` whatever the broker's own
+/// (JetStream drops a repeated `Nats-Msg-Id` itself).
+fn same_id() -> serde_json::Map<String, Value> {
+    headers(json!({"x-lazaret-message-id": "order-7"}))
+}
+
+/// A message reusing a quarantined message id with another body (an order
+/// id used as message id) is a dead letter of its own, and so is a
+/// redriven copy (same id and body, a redrive id) that reaches the watched
+/// queue before the redrive removed its dead letter; the same message
+/// arriving again is still recognised.
+pub async fn watch_keeps_messages_reusing_an_id(b: &impl TestBroker) {
+    let dir = tempfile::tempdir().unwrap();
+    let dlq = b.fresh_queue("reuse-dlq").await;
+    let name = unique("reuse-watch");
+    let mut spec = b.spec(&name, &dlq, Mode::Watch);
+    spec.redrive_to = Some(b.fresh_queue("reuse-back").await);
+    let host = host(
+        dir.path(),
+        policies("orders", 3, Duration::from_millis(100)),
+    );
+    let copy = headers(json!({
+        "x-lazaret-message-id": "order-7", "x-lazaret-attempt": "0", "x-lazaret-redrive-id": "r-1",
+    }));
+    b.produce(&dlq, "a", b"{\"order\": 7}", same_id()).await;
+    b.produce(&dlq, "b", b"{\"order\": 7}", same_id()).await;
+    b.produce(&dlq, "c", b"{\"order\": 8}", same_id()).await;
+    b.produce(&dlq, "order-7", b"{\"order\": 7}", copy).await;
+    let w = start_watch_on(b, spec, Arc::clone(&host), Faults::default()).await;
+    let dls = wait_dead_letters(host.store(), &name, 3, PATIENCE).await;
+    w.stop().await.unwrap();
+    let mut kept: Vec<(Vec<u8>, Option<String>)> = Vec::new();
+    for dl in &dls {
+        let body = host
+            .store()
+            .dead_letter_payload(dl.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        let src = dl.source.as_ref().expect("source");
+        assert_eq!(src.message_id, "order-7");
+        kept.push((body, src.redrive_id.clone()));
+    }
+    kept.sort();
+    assert_eq!(
+        kept,
+        vec![
+            (b"{\"order\": 7}".to_vec(), None),
+            (b"{\"order\": 7}".to_vec(), Some("r-1".to_owned())),
+            (b"{\"order\": 8}".to_vec(), None),
+        ],
+        "one dead letter per (message id, body, redrive id)"
+    );
+}
+
+/// Guard mode: a second message reusing a dead-lettered id with another
+/// body is delivered as attempt 1 and dead-lettered on its own; a redrive
+/// of a message that fails again leaves the copy's dead letter once the
+/// redrive removed the old one.
+pub async fn guard_keeps_messages_reusing_an_id(b: &impl TestBroker) {
+    let dir = tempfile::tempdir().unwrap();
+    let queue = b.fresh_queue("reuse").await;
+    let name = unique("reuse-guard");
+    let mut spec = b.spec(&name, &queue, Mode::Guard);
+    spec.concurrency = 1;
+    let host = host(
+        dir.path(),
+        policies("orders", 3, Duration::from_millis(100)),
+    );
+    b.produce(&queue, "a", b"{\"order\": 7}", same_id()).await;
+    let log = Log::default();
+    let g = start_guard(
+        b,
+        spec.clone(),
+        Arc::clone(&host),
+        recording(&log, |_| permanent("no such customer")),
+        Faults::default(),
+    )
+    .await;
+    let first = wait_dead_letters(host.store(), &name, 1, PATIENCE)
+        .await
+        .remove(0);
+    b.produce(&queue, "b", b"{\"order\": 8}", same_id()).await;
+    let dls = wait_dead_letters(host.store(), &name, 2, PATIENCE).await;
+    let seen = log.all();
+    assert_eq!(
+        seen.iter()
+            .map(|s| (s.attempt, s.body.clone()))
+            .collect::<Vec<_>>(),
+        vec![
+            (1, b"{\"order\": 7}".to_vec()),
+            (1, b"{\"order\": 8}".to_vec())
+        ]
+    );
+
+    // The handler still refuses it: the redriven copy fails again, before
+    // the redrive has removed the dead letter it came from.
+    let mut set = SourceSet::default();
+    set.insert(spec.clone(), b.connect(&spec).await);
+    set.redrive(&first, b"{\"order\": 7}".to_vec())
+        .await
+        .expect("the broker confirms");
+    let all = wait_dead_letters(host.store(), &name, 3, PATIENCE).await;
+    assert_eq!(host.store().purge(vec![first.id], None).await.unwrap(), 1);
+    let left = dead_letters_of(host.store(), &name).await;
+    assert_eq!(left.len(), 2, "{all:#?}");
+    assert!(
+        left.iter().any(|d| d.id == dls[1].id),
+        "the other body's dead letter stays"
+    );
+    assert!(
+        left.iter()
+            .any(|d| d.source.as_ref().is_some_and(|s| s.redrive_id.is_some())),
+        "the redriven copy's dead letter stays: {left:#?}"
+    );
+    g.stop().await.unwrap();
 }

@@ -361,7 +361,12 @@ async fn a_fifo_retry_waits_its_backoff_not_the_visibility_timeout() {
     );
     assert_eq!(
         host.store()
-            .message_held(name.clone(), "m-1".into())
+            .message_held(lazaret_store::MessageKey::of(
+                name.clone(),
+                "m-1",
+                b"",
+                None
+            ))
             .await
             .unwrap(),
         Held::Nothing,
@@ -448,7 +453,10 @@ async fn a_fifo_dead_letter_is_watched_and_redriven_into_its_group() {
     b.dead_letter(&dlq, &source, "m-g", "group-7", b"{\"g\": 7}")
         .await;
     let name = common::unique("fifo-watch");
-    let spec = b.spec(&name, &dlq, Mode::Watch);
+    let mut spec = b.spec(&name, &dlq, Mode::Watch);
+    // The original queue comes from the message: allowed as the server
+    // allows its config's own queues.
+    spec.redrive_allow = vec![source.clone()];
     let host = common::host(
         dir.path(),
         common::policies(TYPE, 3, Duration::from_millis(100)),
@@ -551,7 +559,12 @@ async fn a_crash_between_the_record_and_the_hold_charges_nothing_more() {
     assert_eq!(
         first
             .store()
-            .message_held(name.clone(), "m-c".into())
+            .message_held(lazaret_store::MessageKey::of(
+                name.clone(),
+                "m-c",
+                b"",
+                None
+            ))
             .await
             .unwrap(),
         Held::Parked,

@@ -239,6 +239,9 @@ struct Target {
     job_id: Option<JobId>,
     /// (source name, message id) of a broker message.
     source: Option<(String, String)>,
+    /// A broker message: the queue it would be republished to, or why it
+    /// may not be (a watch source's refused target).
+    queue: Option<Result<String, String>>,
 }
 
 /// What became of one target.
@@ -246,16 +249,43 @@ struct Target {
 struct Done {
     redriven: bool,
     error: Option<String>,
+    /// The error is a refused target (the watched queue, one not allowed,
+    /// a name the broker does not take): redriving again cannot help.
+    refused: bool,
+}
+
+/// The longest item error a redrive answers with: a broker's error can
+/// quote a whole queue name taken from the message.
+const ITEM_ERROR_BYTES_MAX: usize = 1024;
+
+/// At most `max` bytes of `s` (on a character boundary), with `…` when cut.
+fn cut(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_owned();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end])
 }
 
 fn redrive_item(t: &Target, done: Option<&Done>) -> Value {
+    let error = done
+        .and_then(|d| d.error.as_deref())
+        .or(match (&t.queue, done) {
+            (Some(Err(why)), None) => Some(why.as_str()),
+            _ => None,
+        })
+        .map(|e| cut(e, ITEM_ERROR_BYTES_MAX));
     json!({
         "dead_letter_id": t.id.to_string(),
         "job_id": t.job_id.map(|j| j.to_string()),
         "source": t.source.as_ref().map(|s| &s.0),
         "message_id": t.source.as_ref().map(|s| &s.1),
+        "target_queue": t.queue.as_ref().and_then(|q| q.as_ref().ok()),
         "redriven": done.is_some_and(|d| d.redriven),
-        "error": done.and_then(|d| d.error.as_deref()),
+        "error": error,
     })
 }
 
@@ -290,6 +320,9 @@ pub(super) async fn redrive<S: Store>(
         })
         .await?;
     let matched = app.store.match_dead_letters(sel).await?;
+    let sources = app.source_set();
+    // Every broker message this request republishes carries this id.
+    let redrive_id = lazaret_guard::redrive::new_redrive_id();
     let mut skipped = 0usize;
     let mut targets = Vec::new();
     for (id, stage) in matched {
@@ -301,10 +334,16 @@ pub(super) async fn redrive<S: Store>(
         // Only the dead letter itself says whether it holds a job or a
         // broker message; one gone meanwhile was redriven or purged.
         if let Some(d) = app.store.dead_letter(id).await? {
+            let queue = d.source.is_some().then(|| {
+                sources
+                    .target(&d)
+                    .map_err(|e| not_connected(&app, &d, e).unwrap_or_else(|e| e.to_string()))
+            });
             targets.push(Target {
                 id,
                 job_id: d.job_id.filter(|_| d.source.is_none()),
                 source: d.source.map(|s| (s.name, s.message_id)),
+                queue,
             });
         }
     }
@@ -323,7 +362,6 @@ pub(super) async fn redrive<S: Store>(
     if b.dry_run {
         items.extend(targets.iter().map(|t| redrive_item(t, None)));
     } else {
-        let sources = app.source_set();
         // `rate_per_sec` paces jobs and broker messages alike, in the
         // order they were dead-lettered.
         let chunk = b.rate_per_sec.map_or(targets.len().max(1), |r| r as usize);
@@ -359,6 +397,7 @@ pub(super) async fn redrive<S: Store>(
                         Done {
                             redriven: true,
                             error: None,
+                            refused: false,
                         }
                     }
                     (None, _) => Done {
@@ -367,8 +406,11 @@ pub(super) async fn redrive<S: Store>(
                             "its job is no longer dead-lettered: it was redriven or purged meanwhile"
                                 .into(),
                         ),
+                        refused: false,
                     },
-                    (Some(_), _) => redrive_message(&app, &sources, t.id, entry).await,
+                    (Some(_), _) => {
+                        redrive_message(&app, &sources, t.id, entry, &redrive_id).await
+                    }
                 };
                 if done.redriven {
                     redriven += 1;
@@ -399,8 +441,28 @@ async fn redrive_message<S: Store>(
     sources: &SourceSet,
     id: DeadLetterId,
     entry: AuditId,
+    redrive_id: &str,
 ) -> Done {
-    redrive_message_with(app, sources, id, entry, None).await
+    redrive_message_with(app, sources, id, entry, None, redrive_id).await
+}
+
+/// A redrive error about a source that is configured but not connected
+/// yet, said so; other errors are given back.
+fn not_connected<S: Store>(
+    app: &App<S>,
+    dl: &lazaret_store::DeadLetter,
+    e: RedriveError,
+) -> Result<String, RedriveError> {
+    let configured = dl
+        .source
+        .as_ref()
+        .is_some_and(|s| app.config.sources.iter().any(|c| c.name == s.name));
+    match e {
+        RedriveError::UnknownSource { name, .. } if configured => Ok(format!(
+            "source {name:?} is not connected to its broker yet (see the server log); redrive again once it is"
+        )),
+        e => Err(e),
+    }
 }
 
 /// [`redrive_message`] with the body to republish: the stored one, or a
@@ -411,10 +473,12 @@ async fn redrive_message_with<S: Store>(
     id: DeadLetterId,
     entry: AuditId,
     corrected: Option<Vec<u8>>,
+    redrive_id: &str,
 ) -> Done {
     let failed = |error: String| Done {
         redriven: false,
         error: Some(error),
+        refused: false,
     };
     // Two redrives of one message at once would publish it twice.
     let Some(_claim) = app.claim_redrive(id) else {
@@ -434,22 +498,24 @@ async fn redrive_message_with<S: Store>(
         Ok(_) => return failed("its body is not stored, so it cannot be republished".into()),
         Err(e) => return failed(e.to_string()),
     };
-    if let Err(e) = sources.redrive(&dl, payload).await {
-        let configured = dl
-            .source
-            .as_ref()
-            .is_some_and(|s| app.config.sources.iter().any(|c| c.name == s.name));
-        return failed(match e {
-            RedriveError::UnknownSource { name, .. } if configured => format!(
-                "source {name:?} is not connected to its broker yet (see the server log); redrive again once it is"
-            ),
-            e => e.to_string(),
-        });
+    if let Err(e) = sources.redrive_as(&dl, payload, redrive_id).await {
+        let refused = matches!(
+            e,
+            RedriveError::OwnQueue { .. }
+                | RedriveError::NotAllowed { .. }
+                | RedriveError::BadQueue { .. }
+        );
+        let error = not_connected(app, &dl, e).unwrap_or_else(|e| e.to_string());
+        return Done {
+            refused,
+            ..failed(error)
+        };
     }
     match app.store.purge(vec![id], Some(entry)).await {
         Ok(_) => Done {
             redriven: true,
             error: None,
+            refused: false,
         },
         Err(e) => {
             tracing::error!(dead_letter = %id, "a redriven message was republished but its dead letter could not be removed: {e}");
@@ -458,6 +524,7 @@ async fn redrive_message_with<S: Store>(
                 error: Some(format!(
                     "republished, but the dead letter could not be removed ({e}); purge it (lazaret dlq purge --id {id} --confirm) so that it is not redriven twice"
                 )),
+                refused: false,
             }
         }
     }
@@ -660,7 +727,22 @@ pub(super) async fn redrive_corrected<S: Store>(
             ))),
         };
     }
-    let done = redrive_message_with(&app, &app.source_set(), dl, entry, Some(new.to_vec())).await;
+    let redrive_id = lazaret_guard::redrive::new_redrive_id();
+    let done = redrive_message_with(
+        &app,
+        &app.source_set(),
+        dl,
+        entry,
+        Some(new.to_vec()),
+        &redrive_id,
+    )
+    .await;
+    if done.refused {
+        return Err(ApiError::conflict(format!(
+            "the corrected message was not republished: {}; the dead letter stays as it was",
+            done.error.unwrap_or_default()
+        )));
+    }
     match (done.redriven, done.error) {
         (true, None) => {
             m::redriven(1);

@@ -255,6 +255,22 @@ async fn snapshot<S: Store>(app: &App<S>) -> Result<Value, ApiError> {
         let p = app.paused.lock().unwrap_or_else(|p| p.into_inner());
         json!({ "types": p.types, "lanes": p.lanes })
     };
+    // Broker messages whose retries lazaret holds: off the broker, so only
+    // lazaret can say how many wait.
+    let held_of = |name: &str| {
+        s.held_messages
+            .iter()
+            .find(|(n, _)| n == name)
+            .map_or(0, |(_, c)| *c)
+    };
+    for src in &app.config.sources {
+        m::source_held(&src.name, held_of(&src.name));
+    }
+    let held_retries = json!({
+        "total": s.held_messages.iter().map(|(_, n)| n).sum::<u64>(),
+        "by_source": s.held_messages.iter().map(|(n, c)| (n.clone(), json!(c)))
+            .collect::<serde_json::Map<_, _>>(),
+    });
     Ok(json!({
         "paused": paused,
         "lanes": s.lanes.iter().map(|(l, c)| (l.to_string(), json!({
@@ -276,6 +292,7 @@ async fn snapshot<S: Store>(app: &App<S>) -> Result<Value, ApiError> {
         },
         "breakers": breakers.iter().map(|b| json!({ "type": b.ty.as_str(), "kind": b.kind.as_str(), "state": b.state.as_str() })).collect::<Vec<_>>(),
         "cancelled_kept": s.cancelled,
+        "held_retries": held_retries,
     }))
 }
 

@@ -2,3 +2,4 @@
 
 mod backpressure;
 mod browser;
+mod stats;

@@ -927,8 +927,8 @@ impl Store for PostgresStore {
         reader::next_due(&*self.reader().await?, &source).await
     }
 
-    async fn message_held(&self, source: String, message_id: String) -> Result<Held, StoreError> {
-        reader::held(&*self.reader().await?, &source, &message_id).await
+    async fn message_held(&self, key: crate::MessageKey) -> Result<Held, StoreError> {
+        reader::held(&*self.reader().await?, &key).await
     }
 
     async fn tokens(&self) -> Result<Vec<crate::ApiToken>, StoreError> {

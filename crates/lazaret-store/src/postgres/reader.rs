@@ -397,11 +397,18 @@ pub(super) async fn next_due(c: &Client, source: &str) -> Result<Option<Timestam
     Ok(row.get::<_, Option<i64>>(0).map(Timestamp::from_millis))
 }
 
-pub(super) async fn held(c: &Client, source: &str, message_id: &str) -> Result<Held, StoreError> {
+pub(super) async fn held(c: &Client, key: &crate::MessageKey) -> Result<Held, StoreError> {
+    let (source, message_id) = (&key.source, &key.message_id);
     if let Some(r) = pg(c
         .query_opt(
-            "SELECT id FROM dead_letters WHERE source_name = $1 AND message_id = $2",
-            &[&source, &message_id],
+            "SELECT id FROM dead_letters WHERE source_name = $1 AND message_id = $2
+               AND payload_sha256 = $3 AND redrive_id = $4",
+            &[
+                source,
+                message_id,
+                &key.payload_sha256,
+                &key.redrive_column(),
+            ],
         )
         .await)?
     {

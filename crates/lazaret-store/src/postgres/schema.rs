@@ -17,7 +17,7 @@ use super::pg;
 use crate::StoreError;
 
 /// The version this build writes; older schemas are migrated at open.
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 /// The advisory lock key migrations hold (`pg_advisory_xact_lock`).
 const MIGRATION_LOCK: i64 = 0x6c61_7a61_7265_7401;
@@ -175,6 +175,20 @@ CREATE INDEX IF NOT EXISTS ready_types_walk ON ready_types (lane, type, tenant C
 DROP INDEX IF EXISTS pairs_ready;
 "#;
 
+/// v3 → v4: a broker message's dead letter is unique per (source, message
+/// id, payload SHA-256, redrive id), no longer per (source, message id): a
+/// different message reusing a quarantined id (another body) is kept, and
+/// a redriven copy (it carries a redrive id) is never taken for the dead
+/// letter it was redriven from. Every node must run this build: an older
+/// one would not fill `redrive_id` and would refuse the new conflict key.
+const V4: &str = r#"
+ALTER TABLE dead_letters ADD COLUMN IF NOT EXISTS redrive_id text NOT NULL DEFAULT '';
+DROP INDEX IF EXISTS dead_letters_message;
+CREATE UNIQUE INDEX IF NOT EXISTS dead_letters_message_key
+    ON dead_letters (source_name, message_id, payload_sha256, redrive_id)
+    WHERE source_name IS NOT NULL;
+"#;
+
 /// Brings the schema the client's `search_path` names up to
 /// [`SCHEMA_VERSION`], in one transaction under an advisory lock; refuses a
 /// schema newer than this build. Returns the version found before.
@@ -223,6 +237,9 @@ async fn migrate_locked(c: &Client, schema: &str) -> Result<i64, StoreError> {
     }
     if found < 3 {
         pg(c.batch_execute(V3).await)?;
+    }
+    if found < 4 {
+        pg(c.batch_execute(V4).await)?;
     }
     pg(c.execute(
         "INSERT INTO lazaret_meta (key, value) VALUES ('schema_version', $1)

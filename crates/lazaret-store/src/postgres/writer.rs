@@ -2031,9 +2031,19 @@ impl Writer {
                 r.get::<_, i64>(2) as u64,
             ));
         }
+        let held_messages = self
+            .query(
+                "SELECT source, count(*) FROM source_parked GROUP BY source ORDER BY source",
+                &[],
+            )
+            .await?
+            .iter()
+            .map(|r| (r.get::<_, String>(0), r.get::<_, i64>(1).max(0) as u64))
+            .collect();
         Ok(StoreStats {
             lanes,
             dead_letters,
+            held_messages,
             succeeded,
             cancelled,
             oldest_ready,
@@ -2165,13 +2175,15 @@ impl Writer {
         let envelope = dl.envelope.as_ref().map(Envelope::to_json);
         let source = serde_json::to_string(src).map_err(corrupt)?;
         let sha = hex::encode(lazaret_core::payload_sha256(&dl.payload));
+        let redrive_id = src.redrive_id.clone().unwrap_or_default();
         let rows = self
             .query(
                 "INSERT INTO dead_letters (job_id, type, tenant, lane, reason, stage, attempts, error,
                    idempotency_key, created_at, dead_lettered_at, payload_size, payload_sha256,
-                   payload_preview, payload, source, source_name, message_id, envelope)
-                 VALUES (NULL, $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)
-                 ON CONFLICT (source_name, message_id) WHERE source_name IS NOT NULL DO NOTHING
+                   payload_preview, payload, source, source_name, message_id, envelope, redrive_id)
+                 VALUES (NULL, $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)
+                 ON CONFLICT (source_name, message_id, payload_sha256, redrive_id)
+                   WHERE source_name IS NOT NULL DO NOTHING
                  RETURNING id",
                 &[
                     &dl.job_type,
@@ -2192,6 +2204,7 @@ impl Writer {
                     &src.name,
                     &src.message_id,
                     &envelope,
+                    &redrive_id,
                 ],
             )
             .await?;
@@ -2203,8 +2216,9 @@ impl Writer {
         }
         let rows = self
             .query(
-                "SELECT id FROM dead_letters WHERE source_name = $1 AND message_id = $2",
-                &[&src.name, &src.message_id],
+                "SELECT id FROM dead_letters WHERE source_name = $1 AND message_id = $2
+                   AND payload_sha256 = $3 AND redrive_id = $4",
+                &[&src.name, &src.message_id, &sha, &redrive_id],
             )
             .await?;
         let id: i64 = rows

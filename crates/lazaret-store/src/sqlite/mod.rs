@@ -700,13 +700,8 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn message_held(
-        &self,
-        source: String,
-        message_id: String,
-    ) -> Result<crate::Held, StoreError> {
-        self.read(move |c| sources::held(c, &source, &message_id))
-            .await
+    async fn message_held(&self, key: crate::MessageKey) -> Result<crate::Held, StoreError> {
+        self.read(move |c| sources::held(c, &key)).await
     }
 
     async fn tokens(&self) -> Result<Vec<crate::ApiToken>, StoreError> {

@@ -3,7 +3,7 @@
 use rusqlite::Connection;
 
 /// The schema version this build writes; `PRAGMA user_version` records it.
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 7;
 
 /// The current schema, for a new database (and the tables a migration adds).
 const CURRENT: &str = r#"
@@ -57,7 +57,8 @@ CREATE TABLE IF NOT EXISTS dead_letters (
     source           TEXT,              -- broker messages: SourceRef as JSON
     source_name      TEXT,              -- broker messages: the source's name
     message_id       TEXT,              -- broker messages: the message id
-    envelope         TEXT               -- broker messages: counters and history (Envelope as JSON)
+    envelope         TEXT,              -- broker messages: counters and history (Envelope as JSON)
+    redrive_id       TEXT    NOT NULL DEFAULT ''  -- broker messages: the x-lazaret-redrive-id it carried
 );
 CREATE INDEX IF NOT EXISTS dead_letters_reason ON dead_letters (reason, type);
 CREATE UNIQUE INDEX IF NOT EXISTS dead_letters_job ON dead_letters (job_id) WHERE job_id IS NOT NULL;
@@ -129,6 +130,24 @@ CREATE TABLE IF NOT EXISTS pauses (
     paused_by TEXT    NOT NULL,         -- the token's name
     PRIMARY KEY (target, name)
 );
+"#;
+
+/// What version 7 changed: a broker message's dead letter is unique per
+/// (source, message id, payload SHA-256, redrive id), no longer per
+/// (source, message id): a different message reusing a quarantined id
+/// (another body) is kept, and a redriven copy (which carries a redrive id)
+/// is never taken for the dead letter it was redriven from.
+const V7_OBJECTS: &str = r#"
+DROP INDEX IF EXISTS dead_letters_message;
+CREATE UNIQUE INDEX IF NOT EXISTS dead_letters_message_key
+    ON dead_letters (source_name, message_id, payload_sha256, redrive_id)
+    WHERE source_name IS NOT NULL;
+"#;
+
+/// Version 6 → 7 (from any version from 1 on, whose `dead_letters` table
+/// is kept as it was): the redrive id of a broker message's dead letter.
+const V6_TO_V7: &str = r#"
+ALTER TABLE dead_letters ADD COLUMN redrive_id TEXT NOT NULL DEFAULT '';
 "#;
 
 /// Version 5 → 6 (from any version from 2 on, whose `jobs` table is kept
@@ -214,6 +233,10 @@ pub fn migrate(conn: &Connection) -> Result<(), crate::StoreError> {
         script.push_str(V5_TO_V6);
     }
     script.push_str(V6_OBJECTS);
+    if (1..7).contains(&version) {
+        script.push_str(V6_TO_V7);
+    }
+    script.push_str(V7_OBJECTS);
     script.push_str(&format!("PRAGMA user_version = {SCHEMA_VERSION};\nCOMMIT;"));
     if let Err(e) = conn.execute_batch(&script) {
         let _ = conn.execute_batch("ROLLBACK");

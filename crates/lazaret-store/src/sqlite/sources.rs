@@ -1,11 +1,13 @@
-//! Broker messages: their dead letters (unique per source and message id)
-//! and the retries lazaret holds for them until they are due.
+//! Broker messages: their dead letters (unique per [`MessageKey`]: source,
+//! message id, payload SHA-256 and redrive id) and the retries lazaret
+//! holds for them until they are due.
 
 use lazaret_core::{Envelope, Timestamp, payload_preview, payload_sha256};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::{
-    DeadLetterId, Held, ParkedMessage, Quarantined, SourceDeadLetter, SourceRef, StoreError,
+    DeadLetterId, Held, MessageKey, ParkedMessage, Quarantined, SourceDeadLetter, SourceRef,
+    StoreError,
 };
 
 fn db<T>(r: rusqlite::Result<T>) -> Result<T, StoreError> {
@@ -20,7 +22,7 @@ fn json(v: &impl serde::Serialize) -> Result<String, StoreError> {
     serde_json::to_string(v).map_err(corrupt)
 }
 
-/// Writes the dead letter unless this (source, message id) is there
+/// Writes the dead letter unless one of its [`MessageKey`] is there
 /// already, and drops the message's parked retry (when it
 /// [may have one](SourceDeadLetter::may_be_parked)) in the same transaction.
 pub(super) fn quarantine(c: &Connection, dl: &SourceDeadLetter) -> Result<Quarantined, StoreError> {
@@ -30,12 +32,19 @@ pub(super) fn quarantine(c: &Connection, dl: &SourceDeadLetter) -> Result<Quaran
     }
     let error = dl.error.as_ref().map(json).transpose()?;
     let envelope = dl.envelope.as_ref().map(Envelope::to_json);
+    let key = MessageKey {
+        source: src.name.clone(),
+        message_id: src.message_id.clone(),
+        payload_sha256: hex::encode(payload_sha256(&dl.payload)),
+        redrive_id: src.redrive_id.clone(),
+    };
     let inserted = db(c.prepare_cached(
         "INSERT INTO dead_letters (job_id, type, tenant, lane, reason, stage, attempts, error, idempotency_key,
            created_at, dead_lettered_at, payload_size, payload_sha256, payload_preview, payload,
-           source, source_name, message_id, envelope)
-         VALUES (NULL, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)
-         ON CONFLICT (source_name, message_id) WHERE source_name IS NOT NULL DO NOTHING",
+           source, source_name, message_id, envelope, redrive_id)
+         VALUES (NULL, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19)
+         ON CONFLICT (source_name, message_id, payload_sha256, redrive_id)
+           WHERE source_name IS NOT NULL DO NOTHING",
     )?
     .execute(params![
         dl.job_type,
@@ -49,25 +58,20 @@ pub(super) fn quarantine(c: &Connection, dl: &SourceDeadLetter) -> Result<Quaran
         dl.created_at.as_millis(),
         dl.now.as_millis(),
         dl.payload.len() as i64,
-        hex::encode(payload_sha256(&dl.payload)),
+        key.payload_sha256,
         payload_preview(&dl.payload, 4096),
         dl.payload,
         json(src)?,
         src.name,
         src.message_id,
         envelope,
+        key.redrive_column(),
     ]))?;
     if inserted == 0 {
         // Quarantined before (a redelivery after a crash before the ack).
-        let id: i64 = db(c
-            .prepare_cached(
-                "SELECT id FROM dead_letters WHERE source_name = ?1 AND message_id = ?2",
-            )?
-            .query_row(params![src.name, src.message_id], |r| r.get(0)))?;
-        return Ok(Quarantined {
-            id: DeadLetterId(id as u64),
-            created: false,
-        });
+        let id = quarantined(c, &key)?
+            .ok_or_else(|| corrupt("a dead letter's key conflicted but no row has it"))?;
+        return Ok(Quarantined { id, created: false });
     }
     Ok(Quarantined {
         id: DeadLetterId(c.last_insert_rowid() as u64),
@@ -173,18 +177,34 @@ pub(super) fn next_due(c: &Connection, source: &str) -> Result<Option<Timestamp>
     Ok(at.map(Timestamp::from_millis))
 }
 
-/// What the store holds of a message already.
-pub(super) fn held(c: &Connection, source: &str, message_id: &str) -> Result<Held, StoreError> {
-    let dl: Option<i64> = db(c
-        .prepare_cached("SELECT id FROM dead_letters WHERE source_name = ?1 AND message_id = ?2")?
-        .query_row(params![source, message_id], |r| r.get(0))
+/// The dead letter of a message key, if any.
+fn quarantined(c: &Connection, key: &MessageKey) -> Result<Option<DeadLetterId>, StoreError> {
+    let id: Option<i64> = db(c
+        .prepare_cached(
+            "SELECT id FROM dead_letters WHERE source_name = ?1 AND message_id = ?2
+               AND payload_sha256 = ?3 AND redrive_id = ?4",
+        )?
+        .query_row(
+            params![
+                key.source,
+                key.message_id,
+                key.payload_sha256,
+                key.redrive_column()
+            ],
+            |r| r.get(0),
+        )
         .optional())?;
-    if let Some(id) = dl {
-        return Ok(Held::Quarantined(DeadLetterId(id as u64)));
+    Ok(id.map(|id| DeadLetterId(id as u64)))
+}
+
+/// What the store holds of a message already.
+pub(super) fn held(c: &Connection, key: &MessageKey) -> Result<Held, StoreError> {
+    if let Some(id) = quarantined(c, key)? {
+        return Ok(Held::Quarantined(id));
     }
     let parked: Option<i64> = db(c
         .prepare_cached("SELECT 1 FROM source_parked WHERE source = ?1 AND message_id = ?2")?
-        .query_row(params![source, message_id], |r| r.get(0))
+        .query_row(params![key.source, key.message_id], |r| r.get(0))
         .optional())?;
     Ok(if parked.is_some() {
         Held::Parked

@@ -1719,9 +1719,18 @@ impl Writer {
                 .map_err(|e| StoreError::Corrupt(format!("{e}")))?;
             dead_letters.push((ty, reason, n as u64));
         }
+        // The primary key (source, message_id) counts them by source.
+        let mut stmt = db(self.conn.prepare_cached(
+            "SELECT source, COUNT(*) FROM source_parked GROUP BY source ORDER BY source",
+        ))?;
+        let held_messages = db(db(stmt.query_map([], |r| {
+            Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?.max(0) as u64))
+        }))?
+        .collect::<rusqlite::Result<Vec<_>>>())?;
         Ok(StoreStats {
             lanes,
             dead_letters,
+            held_messages,
             succeeded: self.succeeded,
             cancelled: self.cancelled,
             oldest_ready,

@@ -330,6 +330,7 @@ async fn migrates_a_version_1_database_in_place() {
         headers: serde_json::Map::new(),
         position: serde_json::json!({"entry_id": "1-0"}),
         content_type: None,
+        redrive_id: None,
     };
     let parked = lazaret_store::ParkedMessage {
         source: msg.clone(),
@@ -654,5 +655,77 @@ async fn migrates_a_version_4_database_to_the_typed_ready_index() {
     )
     .await;
     assert_eq!(got.iter().map(|j| j.id).collect::<Vec<_>>(), [email]);
+    s.close().await.unwrap();
+}
+
+/// A version-6 database (broker dead letters unique per source and
+/// message id) opens as the current version: its broker dead letter is
+/// still recognised by its key, and a different message reusing its id
+/// (another body) becomes a dead letter of its own.
+#[tokio::test]
+async fn migrates_a_version_6_database_to_dead_letters_keyed_by_payload() {
+    use lazaret_store::{Held, MessageKey, SourceDeadLetter, SourceRef, Stage};
+    use lazaret_store_conformance::at;
+
+    let dir = tempfile::TempDir::new().unwrap();
+    let path = dir.path().join(DB_FILE);
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch(include_str!("fixtures/schema_v6.sql"))
+            .unwrap();
+        let sha = hex::encode(lazaret_core::payload_sha256(b"first"));
+        conn.execute_batch(&format!(
+            "INSERT INTO dead_letters (id, job_id, type, reason, stage, attempts, created_at,
+               dead_lettered_at, payload_size, payload_sha256, payload_preview, payload,
+               source, source_name, message_id)
+             VALUES (5, NULL, 'orders', 'rejected', 'broker', 1, 0, 0, 5, '{sha}', 'first',
+               X'6669727374', '{{\"name\":\"dlq\",\"broker\":\"rabbitmq\",\"queue\":\"orders\",\"message_id\":\"order-7\"}}',
+               'dlq', 'order-7');"
+        ))
+        .unwrap();
+    }
+    let s = open(dir.path());
+    let version: i64 = rusqlite::Connection::open(&path)
+        .unwrap()
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, SCHEMA_VERSION);
+    let old = lazaret_store::DeadLetterId(5);
+    assert_eq!(
+        s.message_held(MessageKey::of("dlq", "order-7", b"first", None))
+            .await
+            .unwrap(),
+        Held::Quarantined(old)
+    );
+    let dl = |body: &[u8]| SourceDeadLetter {
+        source: SourceRef {
+            name: "dlq".into(),
+            broker: "rabbitmq".into(),
+            queue: "orders".into(),
+            message_id: "order-7".into(),
+            headers: serde_json::Map::new(),
+            position: serde_json::Value::Null,
+            content_type: None,
+            redrive_id: None,
+        },
+        job_type: Some("orders".into()),
+        tenant: None,
+        lane: None,
+        reason: lazaret_core::DeadLetterReason::UnknownOrigin,
+        stage: Stage::Broker,
+        attempts: 0,
+        error: None,
+        envelope: None,
+        idempotency_key: None,
+        created_at: at(1),
+        now: at(1),
+        payload: body.to_vec(),
+        may_be_parked: true,
+    };
+    let again = s.quarantine_message(dl(b"first")).await.unwrap();
+    assert_eq!((again.id, again.created), (old, false));
+    let other = s.quarantine_message(dl(b"second")).await.unwrap();
+    assert!(other.created, "another body under the same id is kept");
+    assert_ne!(other.id, old);
     s.close().await.unwrap();
 }

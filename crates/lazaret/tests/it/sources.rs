@@ -588,3 +588,183 @@ delivery_timeout_ms = 500
         "the redelivery was recognised, not delivered again"
     );
 }
+
+/// The AMQP URL, or `None` after saying the test is skipped.
+fn amqp_url(test: &str) -> Option<String> {
+    service(
+        "LAZARET_TEST_AMQP_URL",
+        "amqp://guest:guest@127.0.0.1:5672/%2f",
+        test,
+    )
+}
+
+/// A connection and channel of the test's own, and a fresh quorum queue
+/// RabbitMQ deletes by itself once unused (if the test dies).
+async fn amqp_queue(url: &str, prefix: &str) -> (lapin::Connection, lapin::Channel, String) {
+    use lapin::options::QueueDeclareOptions;
+    use lapin::types::{AMQPValue, FieldTable};
+    let props = lapin::ConnectionProperties::default()
+        .with_executor(tokio_executor_trait::Tokio::current())
+        .with_reactor(tokio_reactor_trait::Tokio::current());
+    let conn = lapin::Connection::connect(url, props)
+        .await
+        .unwrap_or_else(|e| panic!("connect to RabbitMQ at {url}: {e}"));
+    let ch = conn.create_channel().await.expect("a channel");
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("after 1970")
+        .as_nanos();
+    let queue = format!("lz-{prefix}-{}-{nanos}", std::process::id());
+    let mut args = FieldTable::default();
+    args.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".into()),
+    );
+    args.insert("x-expires".into(), AMQPValue::LongInt(15 * 60 * 1000));
+    ch.queue_declare(
+        &queue,
+        QueueDeclareOptions {
+            durable: true,
+            ..QueueDeclareOptions::default()
+        },
+        args,
+    )
+    .await
+    .expect("declare the queue");
+    (conn, ch, queue)
+}
+
+/// A clean shutdown (SIGTERM) with a RabbitMQ guard and watch running
+/// logs no ERROR: the AMQP connections are closed before the runtime stops
+/// (lapin's I/O loop used to log "Tokio context … being shutdown").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clean_shutdown_with_rabbitmq_sources_logs_no_error() {
+    let test = "a_clean_shutdown_with_rabbitmq_sources_logs_no_error";
+    let Some(url) = amqp_url(test) else { return };
+    let (_conn, ch, queue) = amqp_queue(&url, "shutdown").await;
+    let (_conn2, _ch2, dlq) = amqp_queue(&url, "shutdown-dlq").await;
+    let handler = Handler::broken();
+    let deliver = handler.start().await;
+    let config = format!(
+        r#"{QUICK}
+[[sources]]
+name = "orders"
+broker = "rabbitmq"
+url = "{url}"
+queue = "{queue}"
+deliver = "{deliver}"
+
+[[sources]]
+name = "orders-dlq"
+broker = "rabbitmq"
+url = "{url}"
+queue = "{dlq}"
+mode = "watch"
+redrive_to = "{queue}"
+"#
+    );
+    let mut server = Server::start(&config).await;
+    // Both sources connected (and consume).
+    let deadline = Instant::now() + EVENTUALLY;
+    while server.output().matches("connected to rabbitmq").count() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the sources never connected:\n{}",
+            server.output()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A message goes through the guard (refused: held for a retry, acked).
+    ch.basic_publish(
+        "",
+        &queue,
+        lapin::options::BasicPublishOptions::default(),
+        b"{\"order\": 1}",
+        lapin::BasicProperties::default().with_message_id("s-1".into()),
+    )
+    .await
+    .expect("publish");
+    handler.deliveries("s-1", 1, &server).await;
+    let status = server
+        .terminate(Duration::from_secs(20))
+        .await
+        .expect("lazaret stops on SIGTERM");
+    assert!(status.success(), "{status}");
+    let output = server.output();
+    assert!(
+        !output.contains("ERROR"),
+        "a clean shutdown logs no error:\n{output}"
+    );
+}
+
+/// A watched RabbitMQ dead-letter queue holding messages an application
+/// published there (no `x-death`): each is a dead letter with reason
+/// `unknown_origin`, and redriving them to the watched queue itself is
+/// refused per item (asking for `redrive_to`), so none is lost. Before,
+/// the watch consumer took each republished copy for the dead letter it
+/// came from and acknowledged it away: 30 of 30 gone, `redriven: 30`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_source_never_redrives_into_its_own_queue() {
+    let test = "a_watch_source_never_redrives_into_its_own_queue";
+    let Some(url) = amqp_url(test) else { return };
+    let (_conn, ch, dlq) = amqp_queue(&url, "own-dlq").await;
+    let config = format!(
+        r#"{QUICK}
+[[sources]]
+name = "dlq"
+broker = "rabbitmq"
+url = "{url}"
+queue = "{dlq}"
+mode = "watch"
+"#
+    );
+    let server = Server::start(&config).await;
+    for i in 0..5 {
+        ch.basic_publish(
+            "",
+            &dlq,
+            lapin::options::BasicPublishOptions::default(),
+            format!("{{\"n\": {i}}}").as_bytes(),
+            lapin::BasicProperties::default().with_message_id(format!("app-{i}").into()),
+        )
+        .await
+        .expect("publish");
+    }
+    let dls = crate::team_handler::dead_letters(&server, "source=dlq", 5).await;
+    assert!(
+        dls.iter().all(|d| d["reason"] == "unknown_origin"),
+        "{dls:#?}"
+    );
+    let api = server.api();
+    let dry = api
+        .post(
+            "/v1/dead-letters/redrive",
+            &json!({"filter": {"source": "dlq"}, "dry_run": true}),
+        )
+        .await;
+    let dry = dry.expect(200);
+    for item in dry["items"].as_array().expect("items") {
+        assert_eq!(item["target_queue"], Value::Null, "{item}");
+        assert!(
+            item["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("redrive_to")),
+            "{item}"
+        );
+    }
+    let r = api
+        .post(
+            "/v1/dead-letters/redrive",
+            &json!({"filter": {"source": "dlq"}}),
+        )
+        .await;
+    let r = r.expect(200);
+    assert_eq!(r["redriven"], 0, "{r}");
+    assert_eq!(
+        crate::team_handler::dead_letters(&server, "source=dlq", 5)
+            .await
+            .len(),
+        5,
+        "every dead letter stays"
+    );
+}
