@@ -259,6 +259,10 @@ queue = "{dead_letter_queue}"
 mode = "watch"
 type = "celery"
 tenant = "default"
+# The task queue is Celery's, not a source of this config: a redrive may
+# go back to it only when it is allowed (issue 32: redrive targets come
+# from the message's x-death, which whoever publishes to the DLQ controls).
+redrive_allow = ["{queue}"]
 "#,
         amqp = env.amqp
     );
