@@ -19,6 +19,9 @@
   const state = {
     who: null,
     timer: null,
+    // Counts route() calls: a view that finishes loading after the next
+    // route began (a slow overview, then a link followed) starts no timer.
+    routes: 0,
     metrics: null, // {at, runs: Map lane -> count, succeeded}
     group: null, // {reason, type}
     selected: new Set(),
@@ -256,6 +259,7 @@
   }
 
   async function route() {
+    const seq = ++state.routes;
     clearInterval(state.timer);
     state.timer = null;
     clearError();
@@ -284,9 +288,13 @@
         await breakersView(params);
       } else {
         await overview();
-        state.timer = setInterval(() => {
-          if (!document.hidden) overview().catch(showError);
-        }, REFRESH_MS);
+        // Another route began while the overview loaded: its refresh would
+        // take the page back from that view every few seconds.
+        if (seq === state.routes) {
+          state.timer = setInterval(() => {
+            if (!document.hidden) overview().catch(showError);
+          }, REFRESH_MS);
+        }
       }
     } catch (e) {
       showError(e);
