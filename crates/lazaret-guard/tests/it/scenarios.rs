@@ -110,7 +110,7 @@ pub async fn poison_at_the_head(b: &impl TestBroker) {
             .message_held(lazaret_store::MessageKey::of(
                 name.clone(),
                 "poison",
-                b"",
+                b"{\"bad\": true}",
                 None
             ))
             .await
@@ -171,7 +171,7 @@ pub async fn transient_then_success(b: &impl TestBroker) {
             .message_held(lazaret_store::MessageKey::of(
                 name.clone(),
                 "m-1",
-                b"",
+                b"{\"n\": 1}",
                 None
             ))
             .await
