@@ -204,8 +204,9 @@ struct Inner<H: Host> {
     /// next delivery; the broker's window (RabbitMQ's prefetch,
     /// [`SourceSpec::unsettled_max`]) covers both.
     settling: Arc<Semaphore>,
-    /// Held retries being delivered now, by message id.
-    running: Mutex<HashSet<String>>,
+    /// Held retries being delivered now, by [`MessageKey`] (another body
+    /// under the same message id is another message).
+    running: Mutex<HashSet<MessageKey>>,
     faults: Faults,
     crashed: watch::Sender<bool>,
     quarantines: Arc<Quarantines>,
@@ -214,18 +215,19 @@ struct Inner<H: Host> {
     /// Whether the store takes writes, when the host keeps none for all
     /// its sources.
     own_writes: StoreWrites,
-    /// Messages whose outcome waits for the store to take writes, by id
-    /// (how many deliveries of that id): a redelivery of one (its channel
-    /// was lost meanwhile) waits for that write instead of going to the
-    /// handler again.
-    holding: Mutex<HashMap<String, u32>>,
-    /// Messages this source handed back to the broker, by id, with how
-    /// often: the broker counts each as a delivery, which is no crash.
-    /// In memory only (a restart forgets it), at most [`GIVEN_BACK_MAX`].
-    given_back: Mutex<HashMap<String, u32>>,
+    /// Messages whose outcome waits for the store to take writes, by
+    /// [`MessageKey`] (how many deliveries of that key): a redelivery of
+    /// one (its channel was lost meanwhile) waits for that write instead of
+    /// going to the handler again; another body under the same id does not.
+    holding: Mutex<HashMap<MessageKey, u32>>,
+    /// Messages this source handed back to the broker, by [`MessageKey`],
+    /// with how often: the broker counts each as a delivery, which is no
+    /// crash. In memory only (a restart forgets it), at most
+    /// [`GIVEN_BACK_MAX`].
+    given_back: Mutex<HashMap<MessageKey, u32>>,
 }
 
-/// Message ids whose hand-backs a source remembers at most.
+/// Messages whose hand-backs a source remembers at most.
 const GIVEN_BACK_MAX: usize = 10_000;
 /// How often a source closed because the store refuses writes looks again.
 const STORE_RECHECK: Duration = Duration::from_millis(100);
@@ -245,17 +247,17 @@ enum Write {
 
 /// Marks a message as held for a refused write while it lives.
 struct Holding<'a> {
-    ids: &'a Mutex<HashMap<String, u32>>,
-    id: String,
+    keys: &'a Mutex<HashMap<MessageKey, u32>>,
+    key: MessageKey,
 }
 
 impl Drop for Holding<'_> {
     fn drop(&mut self) {
-        let mut ids = self.ids.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = ids.get_mut(&self.id) {
+        let mut keys = self.keys.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = keys.get_mut(&self.key) {
             *n -= 1;
             if *n == 0 {
-                ids.remove(&self.id);
+                keys.remove(&self.key);
             }
         }
     }
@@ -663,15 +665,15 @@ impl<H: Host> Inner<H> {
             };
             let mut started = 0;
             for p in due {
-                let id = p.source.message_id.clone();
-                if !self.lock_running().insert(id.clone()) {
+                let key = p.key();
+                if !self.lock_running().insert(key.clone()) {
                     continue;
                 }
                 let Ok(permit) = Arc::clone(&self.permits).acquire_owned().await else {
                     return;
                 };
                 if started > 0 && !self.gate(&mut shutdown).await {
-                    self.lock_running().remove(&id);
+                    self.lock_running().remove(&key);
                     return;
                 }
                 started += 1;
@@ -686,7 +688,7 @@ impl<H: Host> Inner<H> {
                         // The store refused: leave the retry held, look again later.
                         tokio::time::sleep(Duration::from_secs(1)).await;
                     }
-                    me.lock_running().remove(&id);
+                    me.lock_running().remove(&key);
                 });
             }
             tokio::select! {
@@ -696,7 +698,7 @@ impl<H: Host> Inner<H> {
         }
     }
 
-    fn lock_running(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+    fn lock_running(&self) -> std::sync::MutexGuard<'_, HashSet<MessageKey>> {
         self.running.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -716,31 +718,25 @@ impl<H: Host> Inner<H> {
         delivery.resolve_id();
         // Deliveries the broker counted because this source handed the
         // message back are no crashes.
-        let given_back = self.given_back_before(&delivery.message_id);
+        let given_back = self.given_back_before(&delivery);
         delivery.broker_prior = delivery.broker_prior.saturating_sub(given_back);
         if delivery.redelivered || delivery.broker_prior > 0 || given_back > 0 {
+            // Held already only if it is this very message: a dead letter
+            // or a held retry of the same body (another body reusing the
+            // id is another message) and redrive id (a redriven copy is
+            // never the dead letter it came from).
+            let key = self.key(&delivery);
             // A redelivery of a message whose outcome this source still
             // holds for a refused write (its channel was lost): that write
             // decides; the handler is not asked again.
             let mut tries = 0;
-            while self.is_holding(&delivery.message_id) {
+            while self.is_holding(&key) {
                 if !self.wait_to_retry(tries.min(3), Some(ack.as_ref())).await {
-                    self.give_back(ack, &delivery.message_id, &StoreError::Closed)
-                        .await;
+                    self.give_back(ack, &delivery, &StoreError::Closed).await;
                     return;
                 }
                 tries += 1;
             }
-            // Held already only if it is this very message: a dead letter
-            // of the same body (another body reusing the id is another
-            // message) and redrive id (a redriven copy is never the dead
-            // letter it came from).
-            let key = MessageKey::of(
-                self.spec.name.clone(),
-                delivery.message_id.clone(),
-                &delivery.body,
-                redrive_id(&delivery),
-            );
             let mut tries = 0;
             let held = loop {
                 let held = self.host.store().message_held(key.clone()).await;
@@ -748,7 +744,7 @@ impl<H: Host> Inner<H> {
                     Err(e) if !matches!(e, StoreError::Closed) => {
                         tracing::debug!(source = %self.spec.name, "cannot read whether a redelivered message is held: {e}; trying again");
                         if !self.wait_to_retry(tries, Some(ack.as_ref())).await {
-                            self.give_back(ack, &delivery.message_id, &e).await;
+                            self.give_back(ack, &delivery, &e).await;
                             return;
                         }
                         tries += 1;
@@ -761,15 +757,11 @@ impl<H: Host> Inner<H> {
                 Ok(Held::Parked) if self.broker.holds_retries() => {
                     let mut tries = 0;
                     let record = loop {
-                        let record = self
-                            .host
-                            .store()
-                            .parked_message(self.spec.name.clone(), delivery.message_id.clone())
-                            .await;
+                        let record = self.host.store().parked_message(key.clone()).await;
                         match record {
                             Err(e) if !matches!(e, StoreError::Closed) => {
                                 if !self.wait_to_retry(tries, Some(ack.as_ref())).await {
-                                    self.give_back(ack, &delivery.message_id, &e).await;
+                                    self.give_back(ack, &delivery, &e).await;
                                     drop(permit);
                                     return;
                                 }
@@ -786,7 +778,7 @@ impl<H: Host> Inner<H> {
                             return;
                         }
                         Err(e) => {
-                            self.give_back(ack, &delivery.message_id, &e).await;
+                            self.give_back(ack, &delivery, &e).await;
                             drop(permit);
                             return;
                         }
@@ -803,7 +795,7 @@ impl<H: Host> Inner<H> {
                     return;
                 }
                 Err(e) => {
-                    self.give_back(ack, &delivery.message_id, &e).await;
+                    self.give_back(ack, &delivery, &e).await;
                     drop(permit);
                     return;
                 }
@@ -864,7 +856,7 @@ impl<H: Host> Inner<H> {
                 .write_held(Some(ack.as_ref()), &delivery, &Write::Park(Box::new(again)))
                 .await;
             if let Err(e) = written {
-                self.give_back(ack, &delivery.message_id, &e).await;
+                self.give_back(ack, &delivery, &e).await;
                 return;
             }
             if let Err(e) = ack.hold(wait).await {
@@ -1112,7 +1104,7 @@ impl<H: Host> Inner<H> {
             Ok(dead_letter) => done.dead_letter = dead_letter,
             Err(e) => {
                 if let Some(ack) = origin.into_acker() {
-                    self.give_back(ack, &delivery.message_id, &e).await;
+                    self.give_back(ack, delivery, &e).await;
                 } else {
                     tracing::warn!(source = %self.spec.name, "cannot record the outcome of a held retry: {e}; it stays held");
                 }
@@ -1204,7 +1196,7 @@ impl<H: Host> Inner<H> {
                 Err(StoreError::Closed) => return Err(StoreError::Closed),
                 Err(e) => {
                     self.writes().refused(&self.spec.name, &e);
-                    _holding.get_or_insert_with(|| self.hold(&delivery.message_id));
+                    _holding.get_or_insert_with(|| self.hold(self.key(delivery)));
                     if !self.wait_to_retry(tries, ack).await {
                         return Err(e);
                     }
@@ -1231,56 +1223,67 @@ impl<H: Host> Inner<H> {
         let store = self.host.store();
         match write {
             Write::Nothing => Ok(None),
-            Write::Unpark => store
-                .unpark_message(self.spec.name.clone(), delivery.message_id.clone())
-                .await
-                .map(|_| None),
+            Write::Unpark => store.unpark_message(self.key(delivery)).await.map(|_| None),
             Write::Park(p) => store.park_message((**p).clone()).await.map(|()| None),
             Write::Quarantine(dl) => self.quarantine((**dl).clone()).await.map(|q| Some(q.id)),
         }
     }
 
-    /// Marks `id` as held for a refused write until the mark is dropped.
-    fn hold(&self, id: &str) -> Holding<'_> {
+    /// The message's key in the store: its held retry and its dead
+    /// letter are those of this source, message id, body and redrive id.
+    fn key(&self, d: &Delivery) -> MessageKey {
+        MessageKey::of(
+            self.spec.name.clone(),
+            d.message_id.clone(),
+            &d.body,
+            redrive_id(d),
+        )
+    }
+
+    /// Marks `key` as held for a refused write until the mark is dropped.
+    fn hold(&self, key: MessageKey) -> Holding<'_> {
         *self
             .holding
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .entry(id.to_owned())
+            .entry(key.clone())
             .or_default() += 1;
         Holding {
-            ids: &self.holding,
-            id: id.to_owned(),
+            keys: &self.holding,
+            key,
         }
     }
 
-    fn is_holding(&self, id: &str) -> bool {
+    fn is_holding(&self, key: &MessageKey) -> bool {
         self.holding
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .contains_key(id)
+            .contains_key(key)
     }
 
-    /// How often this source handed `id` back before this delivery (and
-    /// forgets it: the delivery at hand accounts for them).
-    fn given_back_before(&self, id: &str) -> u32 {
-        self.given_back
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(id)
-            .unwrap_or(0)
+    /// How often this source handed `d` back before this delivery (and
+    /// forgets it: the delivery at hand accounts for them). Its key (a
+    /// hash of the body) is computed only when some message was handed
+    /// back.
+    fn given_back_before(&self, d: &Delivery) -> u32 {
+        let mut given = self.given_back.lock().unwrap_or_else(|p| p.into_inner());
+        if given.is_empty() {
+            return 0;
+        }
+        given.remove(&self.key(d)).unwrap_or(0)
     }
 
     /// Hands a message back to the broker (it could not be recorded and
     /// cannot be held any longer: the source stops, or the store is
     /// closed), remembering it so that its redelivery is not taken for a
     /// crash, and counting it ([`Host::given_back`]).
-    async fn give_back(&self, ack: Box<dyn Acker>, id: &str, e: &StoreError) {
-        tracing::warn!(source = %self.spec.name, message_id = %id, "cannot record a message's outcome: {e}; handing it back to the broker");
+    async fn give_back(&self, ack: Box<dyn Acker>, d: &Delivery, e: &StoreError) {
+        tracing::warn!(source = %self.spec.name, message_id = %d.message_id, "cannot record a message's outcome: {e}; handing it back to the broker");
         {
+            let key = self.key(d);
             let mut given = self.given_back.lock().unwrap_or_else(|p| p.into_inner());
-            if given.len() < GIVEN_BACK_MAX || given.contains_key(id) {
-                *given.entry(id.to_owned()).or_default() += 1;
+            if given.len() < GIVEN_BACK_MAX || given.contains_key(&key) {
+                *given.entry(key).or_default() += 1;
             }
         }
         self.host.given_back(&self.spec.name);

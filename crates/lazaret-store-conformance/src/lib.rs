@@ -175,6 +175,7 @@ macro_rules! conformance_suite {
                 held_retries_come_due_in_order_and_are_replaced_or_dropped,
                 held_retries_and_broker_dead_letters_survive_a_restart,
                 a_message_reusing_a_quarantined_id_is_a_dead_letter_of_its_own,
+                a_message_reusing_a_held_id_is_held_as_a_retry_of_its_own,
                 held_retries_are_counted_by_source,
             ],
             audit: [

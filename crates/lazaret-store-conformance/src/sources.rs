@@ -1,7 +1,8 @@
-//! Broker messages: their dead letters are unique per (source, message id,
-//! payload SHA-256, redrive id) and carry the source, payload and history; their held retries come due
-//! in order, are replaced, dropped, and dropped with their quarantine; all
-//! of it survives a restart.
+//! Broker messages: their dead letters and their held retries are unique
+//! per (source, message id, payload SHA-256, redrive id); dead letters carry
+//! the source, payload and history; held retries come due in order, are
+//! replaced, dropped, and dropped with their quarantine; all of it survives
+//! a restart.
 
 use lazaret_core::{
     DeadLetterReason, Envelope, Failure, FailureClass, JobId, Timestamp, grant_lease,
@@ -31,7 +32,8 @@ fn source(name: &str, id: &str) -> SourceRef {
     }
 }
 
-/// The body [`quarantined`] gives its dead letters.
+/// The body [`quarantined`] gives its dead letters and [`parked`] its held
+/// retries.
 const BODY: &[u8] = b"\xff binary \x00 body";
 
 /// The key of a message of `name` and `id` with [`BODY`].
@@ -82,7 +84,7 @@ fn parked(name: &str, id: &str, due: Timestamp) -> ParkedMessage {
         source: source(name, id),
         due_at: due,
         envelope: envelope(0, 1),
-        body: b"{\"order\": 1}".to_vec(),
+        body: BODY.to_vec(),
     }
 }
 
@@ -265,14 +267,12 @@ pub async fn held_retries_come_due_in_order_and_are_replaced_or_dropped<B: Backe
     );
 
     assert_eq!(
-        s.parked_message("src".into(), "early".into())
-            .await
-            .unwrap(),
+        s.parked_message(key("src", "early")).await.unwrap(),
         Some(parked("src", "early", at(1_000))),
-        "one held retry read back by its message id"
+        "one held retry read back by its key"
     );
     assert_eq!(
-        s.parked_message("src".into(), "x".into()).await.unwrap(),
+        s.parked_message(key("src", "x")).await.unwrap(),
         None,
         "another source's message is not this one's"
     );
@@ -282,17 +282,15 @@ pub async fn held_retries_come_due_in_order_and_are_replaced_or_dropped<B: Backe
     again.envelope = envelope(0, 2);
     s.park_message(again.clone()).await.unwrap();
     assert_eq!(
-        s.parked_message("src".into(), "early".into())
-            .await
-            .unwrap(),
+        s.parked_message(key("src", "early")).await.unwrap(),
         Some(again.clone())
     );
     let due = s.due_messages("src".into(), at(10_000), 10).await.unwrap();
     assert_eq!(due.len(), 2);
     assert_eq!(due[1], again);
 
-    assert!(s.unpark_message("src".into(), "late".into()).await.unwrap());
-    assert!(!s.unpark_message("src".into(), "late".into()).await.unwrap());
+    assert!(s.unpark_message(key("src", "late")).await.unwrap());
+    assert!(!s.unpark_message(key("src", "late")).await.unwrap());
     // Quarantining a held message drops its retry in the same call.
     s.quarantine_message(quarantined("src", "early", Stage::Processing, 0))
         .await
@@ -420,9 +418,105 @@ pub async fn held_retries_are_counted_by_source<B: Backend>(b: &B) {
         s.stats().await.unwrap().held_messages,
         vec![("other".to_owned(), 1), ("src".to_owned(), 2)]
     );
-    s.unpark_message("src".into(), "b".into()).await.unwrap();
+    s.unpark_message(key("src", "b")).await.unwrap();
     assert_eq!(
         s.stats().await.unwrap().held_messages,
         vec![("other".to_owned(), 1), ("src".to_owned(), 1)]
+    );
+}
+
+/// A different message reusing a held message's id (another body, or a
+/// redriven copy) is held as a retry of its own beside it: holding one never
+/// replaces the other, each is read, dropped and quarantined by its own key,
+/// and a body never held is not taken for a held one.
+pub async fn a_message_reusing_a_held_id_is_held_as_a_retry_of_its_own<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
+    const OTHER: &[u8] = b"{\"order\": 8}";
+    let first = parked("src", "order-7", at(1_000));
+    s.park_message(first.clone()).await.unwrap();
+    let other_key = MessageKey::of("src", "order-7", OTHER, None);
+    assert_eq!(
+        s.message_held(other_key.clone()).await.unwrap(),
+        Held::Nothing,
+        "another body under a held id is new to lazaret"
+    );
+    assert_eq!(s.parked_message(other_key.clone()).await.unwrap(), None);
+
+    let mut second = parked("src", "order-7", at(2_000));
+    second.body = OTHER.to_vec();
+    s.park_message(second.clone()).await.unwrap();
+    let mut copy = parked("src", "order-7", at(3_000));
+    copy.source.redrive_id = Some("r-1".into());
+    s.park_message(copy.clone()).await.unwrap();
+    assert_eq!(
+        s.due_messages("src".into(), at(10_000), 10).await.unwrap(),
+        vec![first.clone(), second.clone(), copy.clone()],
+        "three messages held, none replaced by another"
+    );
+    assert_eq!(
+        s.stats().await.unwrap().held_messages,
+        vec![("src".to_owned(), 3)]
+    );
+    for (k, p) in [
+        (key("src", "order-7"), &first),
+        (other_key.clone(), &second),
+        (
+            MessageKey::of("src", "order-7", BODY, Some("r-1".into())),
+            &copy,
+        ),
+    ] {
+        assert_eq!(s.message_held(k.clone()).await.unwrap(), Held::Parked);
+        assert_eq!(s.parked_message(k).await.unwrap().as_ref(), Some(p));
+    }
+    assert_eq!(
+        s.message_held(MessageKey::of("src", "order-7", BODY, Some("r-2".into())))
+            .await
+            .unwrap(),
+        Held::Nothing
+    );
+
+    // Held again (its next retry): only that message's retry is replaced.
+    let mut again = second.clone();
+    again.due_at = at(9_000);
+    again.envelope = envelope(0, 2);
+    s.park_message(again.clone()).await.unwrap();
+    assert_eq!(
+        s.parked_message(key("src", "order-7")).await.unwrap(),
+        Some(first.clone())
+    );
+    assert_eq!(
+        s.parked_message(other_key.clone()).await.unwrap(),
+        Some(again)
+    );
+
+    // Dropped by its key: the others stay.
+    assert!(s.unpark_message(other_key.clone()).await.unwrap());
+    assert_eq!(s.message_held(other_key).await.unwrap(), Held::Nothing);
+    assert_eq!(
+        s.due_messages("src".into(), at(10_000), 10).await.unwrap(),
+        vec![first.clone(), copy.clone()]
+    );
+
+    // A quarantine drops the retry of its own key only: a third body's dead
+    // letter leaves both held, the first message's takes its retry along.
+    let mut third = quarantined("src", "order-7", Stage::Processing, 0);
+    third.payload = b"{\"order\": 9}".to_vec();
+    s.quarantine_message(third).await.unwrap();
+    assert_eq!(
+        s.due_messages("src".into(), at(10_000), 10).await.unwrap(),
+        vec![first, copy.clone()]
+    );
+    let q = s
+        .quarantine_message(quarantined("src", "order-7", Stage::Processing, 0))
+        .await
+        .unwrap();
+    assert_eq!(
+        s.message_held(key("src", "order-7")).await.unwrap(),
+        Held::Quarantined(q.id)
+    );
+    assert_eq!(
+        s.due_messages("src".into(), at(10_000), 10).await.unwrap(),
+        vec![copy]
     );
 }

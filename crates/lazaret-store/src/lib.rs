@@ -251,8 +251,8 @@ pub trait Store: Send + Sync + 'static {
 
     /// Quarantines a broker message: writes its dead letter unless one of
     /// the same [`MessageKey`] (source, message id, payload SHA-256,
-    /// redrive id) is there already, and drops its parked retry,
-    /// in one transaction. The caller acknowledges the broker message only
+    /// redrive id) is there already, and drops the retry held for that
+    /// key, in one transaction. The caller acknowledges the broker message only
     /// after this returns.
     fn quarantine_message(
         &self,
@@ -268,16 +268,17 @@ pub trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Vec<Quarantined>, StoreError>> + Send;
 
     /// Holds a broker message's retry or deferral until `due_at` (replacing
-    /// the one held for the same source and message id). The caller
-    /// acknowledges the broker message only after this returns.
+    /// the one held for the same [`MessageKey`]: source, message id, payload
+    /// SHA-256, redrive id; another body under the same id is held beside
+    /// it). The caller acknowledges the broker message only after this
+    /// returns.
     fn park_message(&self, p: ParkedMessage)
     -> impl Future<Output = Result<(), StoreError>> + Send;
 
-    /// Drops a held retry (it succeeded); whether one was held.
+    /// Drops the retry held for `key` (it succeeded); whether one was held.
     fn unpark_message(
         &self,
-        source: String,
-        message_id: String,
+        key: MessageKey,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// The held retries of a source that are due at `now`, earliest first.
@@ -293,8 +294,7 @@ pub trait Store: Send + Sync + 'static {
     /// (SQS FIFO), the record of what lazaret charged.
     fn parked_message(
         &self,
-        source: String,
-        message_id: String,
+        key: MessageKey,
     ) -> impl Future<Output = Result<Option<ParkedMessage>, StoreError>> + Send;
 
     /// When the next held retry of a source is due.
@@ -306,7 +306,7 @@ pub trait Store: Send + Sync + 'static {
     /// What the store holds of a broker message already (a redelivery after
     /// a crash between a write and the broker acknowledgement): a dead
     /// letter of the same key (another body, or a redriven copy, is not
-    /// it), else a retry held for the source and message id.
+    /// it), else a retry held for the same key.
     fn message_held(
         &self,
         key: MessageKey,

@@ -297,11 +297,12 @@ pub struct SourceRef {
     pub redrive_id: Option<String>,
 }
 
-/// What identifies a broker message's dead letter: one per (source,
-/// message id, payload SHA-256, redrive id). A different message reusing a
-/// quarantined id (another body) is another message; a redriven copy is
-/// never the dead letter it came from.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// What identifies a broker message in lazaret's store, its dead letter
+/// and its held retry alike: one of each per (source, message id, payload
+/// SHA-256, redrive id). A different message reusing a quarantined or held
+/// id (another body) is another message; a redriven copy is never the dead
+/// letter it came from.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct MessageKey {
     /// The `[[sources]]` entry's name.
     pub source: String,
@@ -327,6 +328,16 @@ impl MessageKey {
             payload_sha256: hex::encode(lazaret_core::payload_sha256(body)),
             redrive_id,
         }
+    }
+
+    /// The key of the message `source` describes, with this body.
+    pub fn of_source(source: &SourceRef, body: &[u8]) -> MessageKey {
+        MessageKey::of(
+            source.name.clone(),
+            source.message_id.clone(),
+            body,
+            source.redrive_id.clone(),
+        )
     }
 
     /// The redrive id as stored: empty for none (a unique index treats
@@ -399,13 +410,21 @@ pub struct ParkedMessage {
     pub body: Vec<u8>,
 }
 
+impl ParkedMessage {
+    /// The message's key: a retry is held per key, so another body under
+    /// the same message id is held (or delivered) as a message of its own.
+    pub fn key(&self) -> MessageKey {
+        MessageKey::of_source(&self.source, &self.body)
+    }
+}
+
 /// What lazaret's store holds of a broker message already.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Held {
     /// Nothing: the message is new to lazaret.
     Nothing,
-    /// Parked for a retry or deferral (held retries are keyed by source
-    /// and message id).
+    /// Parked for a retry or deferral: a held retry of the same
+    /// [`MessageKey`].
     Parked,
     /// In the dead letters: a dead letter of the same [`MessageKey`].
     Quarantined(DeadLetterId),

@@ -444,7 +444,7 @@ async fn an_offset_is_committed_only_after_every_record_before_it_settled() {
             .message_held(lazaret_store::MessageKey::of(
                 name.clone(),
                 "m-4",
-                b"",
+                b"{}",
                 None
             ))
             .await

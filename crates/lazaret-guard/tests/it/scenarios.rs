@@ -3,7 +3,8 @@
 //! retries wait and survive a restart, exhaustion quarantines once with the
 //! whole history, a crash between quarantine and acknowledgement leaves one
 //! dead letter, a redrive republishes, a watch source files the broker's
-//! own dead letters.
+//! own dead letters, and a message reusing another's id (another body) is
+//! a message of its own, quarantined or held.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -38,6 +39,8 @@ macro_rules! scenario_suite {
                 => watch_keeps_messages_reusing_an_id,
             a_guard_keeps_other_bodies_and_redriven_copies_under_a_quarantined_id
                 => guard_keeps_messages_reusing_an_id,
+            a_guard_delivers_and_holds_another_body_under_an_id_whose_retry_is_held
+                => guard_keeps_messages_reusing_a_held_id,
         );
     };
     (@tests $make:expr; $($test:ident => $scenario:ident),+ $(,)?) => {$(
@@ -107,7 +110,7 @@ pub async fn poison_at_the_head(b: &impl TestBroker) {
             .message_held(lazaret_store::MessageKey::of(
                 name.clone(),
                 "poison",
-                b"",
+                b"{\"bad\": true}",
                 None
             ))
             .await
@@ -168,7 +171,7 @@ pub async fn transient_then_success(b: &impl TestBroker) {
             .message_held(lazaret_store::MessageKey::of(
                 name.clone(),
                 "m-1",
-                b"",
+                b"{\"n\": 1}",
                 None
             ))
             .await
@@ -586,6 +589,96 @@ pub async fn guard_keeps_messages_reusing_an_id(b: &impl TestBroker) {
         left.iter()
             .any(|d| d.source.as_ref().is_some_and(|s| s.redrive_id.is_some())),
         "the redriven copy's dead letter stays: {left:#?}"
+    );
+    g.stop().await.unwrap();
+}
+
+/// A message (id `order-7`) fails transiently and its retry is held; then a
+/// different message reusing the id (another body) arrives while it is
+/// held: it is delivered as attempt 1 (not acknowledged as "held
+/// already"), fails transiently too and is held as a retry of its own,
+/// beside the first one's (not in its place); both retries come due and
+/// succeed. None is lost, none is taken for the other.
+pub async fn guard_keeps_messages_reusing_a_held_id(b: &impl TestBroker) {
+    const FIRST: &[u8] = b"{\"order\": 7}";
+    const OTHER: &[u8] = b"{\"order\": 8}";
+    let dir = tempfile::tempdir().unwrap();
+    let queue = b.fresh_queue("reuse-held").await;
+    let name = unique("reuse-held");
+    let spec = b.spec(&name, &queue, Mode::Guard);
+    // Retries wait 2 to 4 s: the other body arrives, and is held, while
+    // the first one's retry is.
+    let host = host(dir.path(), policies("orders", 5, Duration::from_secs(2)));
+    b.produce(&queue, "first", FIRST, same_id()).await;
+    let log = Log::default();
+    let handler = recording(&log, |s| {
+        if s.attempt == 1 {
+            transient("busy")
+        } else {
+            Outcome::Success
+        }
+    });
+    let (faults, settled) = settled_log();
+    let g = start_guard(b, spec, Arc::clone(&host), handler, faults).await;
+    wait_settled(&settled, "order-7", Settled::Parked, PATIENCE).await;
+    b.produce(&queue, "other", OTHER, same_id()).await;
+
+    let attempts = |seen: &[Seen], body: &[u8]| -> Vec<u32> {
+        seen.iter()
+            .filter(|s| s.body == body)
+            .map(|s| s.attempt)
+            .collect()
+    };
+    let seen = log
+        .wait_for(PATIENCE, |s| {
+            attempts(s, FIRST).contains(&2) && attempts(s, OTHER).contains(&2)
+        })
+        .await;
+    assert_eq!(attempts(&seen, FIRST), vec![1, 2], "{seen:#?}");
+    assert_eq!(
+        attempts(&seen, OTHER),
+        vec![1, 2],
+        "the other body is delivered as attempt 1 and retried: {seen:#?}"
+    );
+    // Both retries settle (their held retries dropped).
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let done = settled
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(id, how)| id == "order-7" && *how == Settled::Succeeded)
+            .count();
+        if done == 2 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "both retries did not settle: {:?}",
+            settled.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for body in [FIRST, OTHER] {
+        assert_eq!(
+            host.store()
+                .message_held(lazaret_store::MessageKey::of(
+                    name.clone(),
+                    "order-7",
+                    body,
+                    None
+                ))
+                .await
+                .unwrap(),
+            Held::Nothing,
+            "a success leaves nothing held"
+        );
+    }
+    assert!(dead_letters_of(host.store(), &name).await.is_empty());
+    assert_eq!(
+        log.all().len(),
+        4,
+        "no delivery beyond the two attempts of each"
     );
     g.stop().await.unwrap();
 }

@@ -364,7 +364,7 @@ async fn a_fifo_retry_waits_its_backoff_not_the_visibility_timeout() {
             .message_held(lazaret_store::MessageKey::of(
                 name.clone(),
                 "m-1",
-                b"",
+                b"{\"n\": 1}",
                 None
             ))
             .await
@@ -562,7 +562,7 @@ async fn a_crash_between_the_record_and_the_hold_charges_nothing_more() {
             .message_held(lazaret_store::MessageKey::of(
                 name.clone(),
                 "m-c",
-                b"",
+                b"{}",
                 None
             ))
             .await

@@ -898,8 +898,8 @@ impl Store for PostgresStore {
         .await
     }
 
-    async fn unpark_message(&self, source: String, message_id: String) -> Result<bool, StoreError> {
-        self.call(Op::Unpark(source, message_id), |a| match a {
+    async fn unpark_message(&self, key: crate::MessageKey) -> Result<bool, StoreError> {
+        self.call(Op::Unpark(key), |a| match a {
             Answer::Flag(v) => Some(v),
             _ => None,
         })
@@ -917,10 +917,9 @@ impl Store for PostgresStore {
 
     async fn parked_message(
         &self,
-        source: String,
-        message_id: String,
+        key: crate::MessageKey,
     ) -> Result<Option<ParkedMessage>, StoreError> {
-        reader::parked(&*self.reader().await?, &source, &message_id).await
+        reader::parked(&*self.reader().await?, &key).await
     }
 
     async fn next_message_due(&self, source: String) -> Result<Option<Timestamp>, StoreError> {

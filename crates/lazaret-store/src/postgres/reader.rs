@@ -375,12 +375,17 @@ pub(super) async fn due(
 
 pub(super) async fn parked(
     c: &Client,
-    source: &str,
-    message_id: &str,
+    key: &crate::MessageKey,
 ) -> Result<Option<ParkedMessage>, StoreError> {
     pg(c.query_opt(
-        "SELECT due_at, ref, envelope, body FROM source_parked WHERE source = $1 AND message_id = $2",
-        &[&source, &message_id],
+        "SELECT due_at, ref, envelope, body FROM source_parked WHERE source = $1 AND message_id = $2
+           AND payload_sha256 = $3 AND redrive_id = $4",
+        &[
+            &key.source,
+            &key.message_id,
+            &key.payload_sha256,
+            &key.redrive_column(),
+        ],
     )
     .await)?
     .map(|r| parked_row(&r))
@@ -416,8 +421,14 @@ pub(super) async fn held(c: &Client, key: &crate::MessageKey) -> Result<Held, St
     }
     let parked = pg(c
         .query_opt(
-            "SELECT 1 FROM source_parked WHERE source = $1 AND message_id = $2",
-            &[&source, &message_id],
+            "SELECT 1 FROM source_parked WHERE source = $1 AND message_id = $2
+               AND payload_sha256 = $3 AND redrive_id = $4",
+            &[
+                source,
+                message_id,
+                &key.payload_sha256,
+                &key.redrive_column(),
+            ],
         )
         .await)?;
     Ok(if parked.is_some() {

@@ -175,18 +175,28 @@ CREATE INDEX IF NOT EXISTS ready_types_walk ON ready_types (lane, type, tenant C
 DROP INDEX IF EXISTS pairs_ready;
 "#;
 
-/// v3 → v4: a broker message's dead letter is unique per (source, message
-/// id, payload SHA-256, redrive id), no longer per (source, message id): a
-/// different message reusing a quarantined id (another body) is kept, and
-/// a redriven copy (it carries a redrive id) is never taken for the dead
-/// letter it was redriven from. Every node must run this build: an older
-/// one would not fill `redrive_id` and would refuse the new conflict key.
+/// v3 → v4: a broker message's dead letter, and its held retry, are
+/// unique per (source, message id, payload SHA-256, redrive id), no longer
+/// per (source, message id): a different message reusing a quarantined or
+/// held id (another body) is kept as a message of its own, and a redriven
+/// copy (it carries a redrive id) is never taken for the dead letter it was
+/// redriven from. The retries held already get their key from their body
+/// and source reference. Every node must run this build: an older one
+/// would not fill `redrive_id` and `payload_sha256` and would refuse the
+/// new conflict keys.
 const V4: &str = r#"
 ALTER TABLE dead_letters ADD COLUMN IF NOT EXISTS redrive_id text NOT NULL DEFAULT '';
 DROP INDEX IF EXISTS dead_letters_message;
 CREATE UNIQUE INDEX IF NOT EXISTS dead_letters_message_key
     ON dead_letters (source_name, message_id, payload_sha256, redrive_id)
     WHERE source_name IS NOT NULL;
+ALTER TABLE source_parked ADD COLUMN IF NOT EXISTS payload_sha256 text;
+ALTER TABLE source_parked ADD COLUMN IF NOT EXISTS redrive_id text NOT NULL DEFAULT '';
+UPDATE source_parked SET payload_sha256 = encode(sha256(body), 'hex'),
+    redrive_id = coalesce(ref::jsonb ->> 'redrive_id', '');
+ALTER TABLE source_parked ALTER COLUMN payload_sha256 SET NOT NULL;
+ALTER TABLE source_parked DROP CONSTRAINT IF EXISTS source_parked_pkey;
+ALTER TABLE source_parked ADD PRIMARY KEY (source, message_id, payload_sha256, redrive_id);
 "#;
 
 /// Brings the schema the client's `search_path` names up to

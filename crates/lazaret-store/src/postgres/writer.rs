@@ -34,7 +34,8 @@ use crate::stored::StoredJob;
 use crate::{
     AdmissionRecord, ApiToken, AuditEntry, AuditId, Completed, Completion, DeadLetterId, Decider,
     EnqueueOutcome, GroupCommitStats, ItemError, LaneCounts, LeaseRequest, LeaseToken, LeasedJob,
-    NewJob, ParkedMessage, Quarantined, SourceDeadLetter, StoreError, StoreStats, Tick, TokenError,
+    MessageKey, NewJob, ParkedMessage, Quarantined, SourceDeadLetter, StoreError, StoreStats, Tick,
+    TokenError,
 };
 
 /// Ops in one group at most.
@@ -155,7 +156,7 @@ pub(super) enum Op {
     RevokeToken(String, AuditEntry),
     Quarantine(Vec<SourceDeadLetter>),
     Park(ParkedMessage),
-    Unpark(String, String),
+    Unpark(crate::MessageKey),
 }
 
 /// What an op answers.
@@ -716,7 +717,7 @@ impl Writer {
                 self.park(p).await?;
                 Answer::Done
             }
-            Op::Unpark(source, id) => Answer::Flag(self.unpark(source, id).await?),
+            Op::Unpark(key) => Answer::Flag(self.unpark(key).await?),
         })
     }
 
@@ -2165,7 +2166,8 @@ impl Writer {
     async fn quarantine(&mut self, dl: &SourceDeadLetter) -> Result<Quarantined, StoreError> {
         let src = &dl.source;
         if dl.may_be_parked {
-            self.unpark(&src.name, &src.message_id).await?;
+            self.unpark(&MessageKey::of_source(src, &dl.payload))
+                .await?;
         }
         let error = dl
             .error
@@ -2233,14 +2235,19 @@ impl Writer {
 
     async fn park(&mut self, p: &ParkedMessage) -> Result<(), StoreError> {
         let source = serde_json::to_string(&p.source).map_err(corrupt)?;
+        let key = p.key();
         self.execute(
-            "INSERT INTO source_parked (source, message_id, due_at, ref, envelope, body)
-             VALUES ($1, $2, $3, $4, $5, $6)
-             ON CONFLICT (source, message_id) DO UPDATE SET due_at = excluded.due_at,
-               ref = excluded.ref, envelope = excluded.envelope, body = excluded.body",
+            "INSERT INTO source_parked
+               (source, message_id, payload_sha256, redrive_id, due_at, ref, envelope, body)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+             ON CONFLICT (source, message_id, payload_sha256, redrive_id) DO UPDATE SET
+               due_at = excluded.due_at, ref = excluded.ref, envelope = excluded.envelope,
+               body = excluded.body",
             &[
-                &p.source.name,
-                &p.source.message_id,
+                &key.source,
+                &key.message_id,
+                &key.payload_sha256,
+                &key.redrive_column(),
                 &ms(p.due_at),
                 &source,
                 &p.envelope.to_json(),
@@ -2251,11 +2258,18 @@ impl Writer {
         Ok(())
     }
 
-    async fn unpark(&mut self, source: &str, message_id: &str) -> Result<bool, StoreError> {
+    /// Drops the retry held for `key`; whether there was one.
+    async fn unpark(&mut self, key: &MessageKey) -> Result<bool, StoreError> {
         let n = self
             .execute(
-                "DELETE FROM source_parked WHERE source = $1 AND message_id = $2",
-                &[&source, &message_id],
+                "DELETE FROM source_parked WHERE source = $1 AND message_id = $2
+                   AND payload_sha256 = $3 AND redrive_id = $4",
+                &[
+                    &key.source,
+                    &key.message_id,
+                    &key.payload_sha256,
+                    &key.redrive_column(),
+                ],
             )
             .await?;
         Ok(n > 0)

@@ -673,8 +673,8 @@ impl Store for SqliteStore {
         self.call(|tx| Cmd::Park(Box::new(p), tx)).await
     }
 
-    async fn unpark_message(&self, source: String, message_id: String) -> Result<bool, StoreError> {
-        self.call(|tx| Cmd::Unpark(source, message_id, tx)).await
+    async fn unpark_message(&self, key: crate::MessageKey) -> Result<bool, StoreError> {
+        self.call(|tx| Cmd::Unpark(Box::new(key), tx)).await
     }
 
     async fn due_messages(
@@ -693,11 +693,9 @@ impl Store for SqliteStore {
 
     async fn parked_message(
         &self,
-        source: String,
-        message_id: String,
+        key: crate::MessageKey,
     ) -> Result<Option<crate::ParkedMessage>, StoreError> {
-        self.read(move |c| sources::parked(c, &source, &message_id))
-            .await
+        self.read(move |c| sources::parked(c, &key)).await
     }
 
     async fn message_held(&self, key: crate::MessageKey) -> Result<crate::Held, StoreError> {

@@ -90,21 +90,15 @@ CREATE TABLE IF NOT EXISTS tokens (
 
 /// What version 4 added: broker messages' dead letters are unique per
 /// (source, message id), so a redelivery after a crash between quarantine
-/// and acknowledgement is recognised; retries of broker messages wait in
-/// `source_parked` until they are due.
+/// and acknowledgement is recognised. (Version 4 also added
+/// `source_parked`, the retries of broker messages held until due, keyed
+/// by (source, message id); version 7 keys it by [`MessageKey`] and creates
+/// it, see [`V7_OBJECTS`].)
+///
+/// [`MessageKey`]: crate::MessageKey
 const V4_OBJECTS: &str = r#"
 CREATE UNIQUE INDEX IF NOT EXISTS dead_letters_message ON dead_letters (source_name, message_id)
     WHERE source_name IS NOT NULL;
-CREATE TABLE IF NOT EXISTS source_parked (
-    source     TEXT    NOT NULL,        -- the source's name
-    message_id TEXT    NOT NULL,
-    due_at     INTEGER NOT NULL,        -- ms since the epoch
-    ref        TEXT    NOT NULL,        -- SourceRef as JSON
-    envelope   TEXT    NOT NULL,        -- Envelope as JSON
-    body       BLOB    NOT NULL,
-    PRIMARY KEY (source, message_id)
-);
-CREATE INDEX IF NOT EXISTS source_parked_due ON source_parked (source, due_at);
 "#;
 
 /// What version 5 added: the ready jobs indexed by type, so that a lease
@@ -132,16 +126,30 @@ CREATE TABLE IF NOT EXISTS pauses (
 );
 "#;
 
-/// What version 7 changed: a broker message's dead letter is unique per
-/// (source, message id, payload SHA-256, redrive id), no longer per
-/// (source, message id): a different message reusing a quarantined id
-/// (another body) is kept, and a redriven copy (which carries a redrive id)
-/// is never taken for the dead letter it was redriven from.
+/// What version 7 changed: a broker message's dead letter, and its held
+/// retry, are unique per (source, message id, payload SHA-256, redrive
+/// id), no longer per (source, message id): a different message reusing a
+/// quarantined or held id (another body) is kept as a message of its own,
+/// and a redriven copy (which carries a redrive id) is never taken for the
+/// dead letter it was redriven from. Retries of broker messages wait in
+/// `source_parked` until they are due.
 const V7_OBJECTS: &str = r#"
 DROP INDEX IF EXISTS dead_letters_message;
 CREATE UNIQUE INDEX IF NOT EXISTS dead_letters_message_key
     ON dead_letters (source_name, message_id, payload_sha256, redrive_id)
     WHERE source_name IS NOT NULL;
+CREATE TABLE IF NOT EXISTS source_parked (
+    source         TEXT    NOT NULL,    -- the source's name
+    message_id     TEXT    NOT NULL,
+    payload_sha256 TEXT    NOT NULL,    -- of body, lower-case hex
+    redrive_id     TEXT    NOT NULL DEFAULT '',  -- the x-lazaret-redrive-id it carried, '' for none
+    due_at         INTEGER NOT NULL,    -- ms since the epoch
+    ref            TEXT    NOT NULL,    -- SourceRef as JSON
+    envelope       TEXT    NOT NULL,    -- Envelope as JSON
+    body           BLOB    NOT NULL,
+    PRIMARY KEY (source, message_id, payload_sha256, redrive_id)
+);
+CREATE INDEX IF NOT EXISTS source_parked_due ON source_parked (source, due_at);
 "#;
 
 /// Version 6 → 7 (from any version from 1 on, whose `dead_letters` table
@@ -149,6 +157,54 @@ CREATE UNIQUE INDEX IF NOT EXISTS dead_letters_message_key
 const V6_TO_V7: &str = r#"
 ALTER TABLE dead_letters ADD COLUMN redrive_id TEXT NOT NULL DEFAULT '';
 "#;
+
+/// Version 6 → 7 (from versions 4 to 6, which have `source_parked` keyed
+/// by (source, message id)): the old table is set aside, [`V7_OBJECTS`]
+/// creates the new one, its rows are copied with their key
+/// ([`copy_parked_v6`]) and the old table dropped.
+const V6_PARKED_ASIDE: &str = r#"
+ALTER TABLE source_parked RENAME TO source_parked_v6;
+DROP INDEX IF EXISTS source_parked_due;
+"#;
+
+/// Copies the retries held in `source_parked_v6` into `source_parked`, each
+/// under its [`MessageKey`](crate::MessageKey) (the payload hash is
+/// computed here: SQLite has no SHA-256), then drops the old table.
+fn copy_parked_v6(conn: &Connection) -> rusqlite::Result<()> {
+    let rows = {
+        let mut stmt = conn.prepare(
+            "SELECT source, message_id, due_at, ref, envelope, body FROM source_parked_v6",
+        )?;
+        stmt.query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, i64>(2)?,
+                r.get::<_, String>(3)?,
+                r.get::<_, String>(4)?,
+                r.get::<_, Vec<u8>>(5)?,
+            ))
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?
+    };
+    let mut insert = conn.prepare(
+        "INSERT OR REPLACE INTO source_parked
+           (source, message_id, payload_sha256, redrive_id, due_at, ref, envelope, body)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+    )?;
+    for (source, message_id, due_at, reference, envelope, body) in rows {
+        // A redrive id is recorded in the source reference when it had one.
+        let redrive_id = serde_json::from_str::<serde_json::Value>(&reference)
+            .ok()
+            .and_then(|v| v.get("redrive_id")?.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        let sha = hex::encode(lazaret_core::payload_sha256(&body));
+        insert.execute(rusqlite::params![
+            source, message_id, sha, redrive_id, due_at, reference, envelope, body
+        ])?;
+    }
+    conn.execute_batch("DROP TABLE source_parked_v6;")
+}
 
 /// Version 5 → 6 (from any version from 2 on, whose `jobs` table is kept
 /// as it was): the cancel mark on jobs. Version 1's table is rebuilt from
@@ -236,9 +292,19 @@ pub fn migrate(conn: &Connection) -> Result<(), crate::StoreError> {
     if (1..7).contains(&version) {
         script.push_str(V6_TO_V7);
     }
+    // Versions 4 to 6 have the held retries keyed by (source, message id).
+    let parked_v6 = (4..7).contains(&version);
+    if parked_v6 {
+        script.push_str(V6_PARKED_ASIDE);
+    }
     script.push_str(V7_OBJECTS);
-    script.push_str(&format!("PRAGMA user_version = {SCHEMA_VERSION};\nCOMMIT;"));
-    if let Err(e) = conn.execute_batch(&script) {
+    let migrated = conn.execute_batch(&script).and_then(|()| {
+        if parked_v6 {
+            copy_parked_v6(conn)?;
+        }
+        conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION};\nCOMMIT;"))
+    });
+    if let Err(e) = migrated {
         let _ = conn.execute_batch("ROLLBACK");
         return Err(e.into());
     }

@@ -1,8 +1,8 @@
-//! Broker messages: their dead letters (unique per [`MessageKey`]: source,
-//! message id, payload SHA-256 and redrive id) and the retries lazaret
-//! holds for them until they are due.
+//! Broker messages: their dead letters and the retries lazaret holds for
+//! them until they are due, each unique per [`MessageKey`] (source, message
+//! id, payload SHA-256 and redrive id).
 
-use lazaret_core::{Envelope, Timestamp, payload_preview, payload_sha256};
+use lazaret_core::{Envelope, Timestamp, payload_preview};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::{
@@ -23,21 +23,16 @@ fn json(v: &impl serde::Serialize) -> Result<String, StoreError> {
 }
 
 /// Writes the dead letter unless one of its [`MessageKey`] is there
-/// already, and drops the message's parked retry (when it
+/// already, and drops the retry held for that key (when the message
 /// [may have one](SourceDeadLetter::may_be_parked)) in the same transaction.
 pub(super) fn quarantine(c: &Connection, dl: &SourceDeadLetter) -> Result<Quarantined, StoreError> {
     let src = &dl.source;
+    let key = MessageKey::of_source(src, &dl.payload);
     if dl.may_be_parked {
-        unpark(c, &src.name, &src.message_id)?;
+        unpark(c, &key)?;
     }
     let error = dl.error.as_ref().map(json).transpose()?;
     let envelope = dl.envelope.as_ref().map(Envelope::to_json);
-    let key = MessageKey {
-        source: src.name.clone(),
-        message_id: src.message_id.clone(),
-        payload_sha256: hex::encode(payload_sha256(&dl.payload)),
-        redrive_id: src.redrive_id.clone(),
-    };
     let inserted = db(c.prepare_cached(
         "INSERT INTO dead_letters (job_id, type, tenant, lane, reason, stage, attempts, error, idempotency_key,
            created_at, dead_lettered_at, payload_size, payload_sha256, payload_preview, payload,
@@ -79,15 +74,19 @@ pub(super) fn quarantine(c: &Connection, dl: &SourceDeadLetter) -> Result<Quaran
     })
 }
 
-/// Holds a retry (insert or replace).
+/// Holds a retry (insert, or replace the one of the same [`MessageKey`]).
 pub(super) fn park(c: &Connection, p: &ParkedMessage) -> Result<(), StoreError> {
+    let key = p.key();
     db(c.prepare_cached(
-        "INSERT OR REPLACE INTO source_parked (source, message_id, due_at, ref, envelope, body)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        "INSERT OR REPLACE INTO source_parked
+           (source, message_id, payload_sha256, redrive_id, due_at, ref, envelope, body)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
     )?
     .execute(params![
-        p.source.name,
-        p.source.message_id,
+        key.source,
+        key.message_id,
+        key.payload_sha256,
+        key.redrive_column(),
         p.due_at.as_millis(),
         json(&p.source)?,
         p.envelope.to_json(),
@@ -96,12 +95,25 @@ pub(super) fn park(c: &Connection, p: &ParkedMessage) -> Result<(), StoreError> 
     Ok(())
 }
 
-/// Drops a held retry; whether there was one.
-pub(super) fn unpark(c: &Connection, source: &str, message_id: &str) -> Result<bool, StoreError> {
+/// Drops the retry held for `key`; whether there was one.
+pub(super) fn unpark(c: &Connection, key: &MessageKey) -> Result<bool, StoreError> {
     let n = db(c
-        .prepare_cached("DELETE FROM source_parked WHERE source = ?1 AND message_id = ?2")?
-        .execute(params![source, message_id]))?;
+        .prepare_cached(
+            "DELETE FROM source_parked WHERE source = ?1 AND message_id = ?2
+               AND payload_sha256 = ?3 AND redrive_id = ?4",
+        )?
+        .execute(key_params(key)))?;
     Ok(n > 0)
+}
+
+/// A [`MessageKey`] as the four key columns' parameters.
+fn key_params(key: &MessageKey) -> [&str; 4] {
+    [
+        &key.source,
+        &key.message_id,
+        &key.payload_sha256,
+        key.redrive_column(),
+    ]
 }
 
 /// The held retries of `source` due at `now`, earliest first.
@@ -138,18 +150,17 @@ pub(super) fn due(
     Ok(out)
 }
 
-/// The retry held for one message, if any.
+/// The retry held for `key`, if any.
 pub(super) fn parked(
     c: &Connection,
-    source: &str,
-    message_id: &str,
+    key: &MessageKey,
 ) -> Result<Option<ParkedMessage>, StoreError> {
     let row = db(c
         .prepare_cached(
             "SELECT due_at, ref, envelope, body FROM source_parked
-             WHERE source = ?1 AND message_id = ?2",
+             WHERE source = ?1 AND message_id = ?2 AND payload_sha256 = ?3 AND redrive_id = ?4",
         )?
-        .query_row(params![source, message_id], |r| {
+        .query_row(key_params(key), |r| {
             Ok((
                 r.get::<_, i64>(0)?,
                 r.get::<_, String>(1)?,
@@ -184,15 +195,7 @@ fn quarantined(c: &Connection, key: &MessageKey) -> Result<Option<DeadLetterId>,
             "SELECT id FROM dead_letters WHERE source_name = ?1 AND message_id = ?2
                AND payload_sha256 = ?3 AND redrive_id = ?4",
         )?
-        .query_row(
-            params![
-                key.source,
-                key.message_id,
-                key.payload_sha256,
-                key.redrive_column()
-            ],
-            |r| r.get(0),
-        )
+        .query_row(key_params(key), |r| r.get(0))
         .optional())?;
     Ok(id.map(|id| DeadLetterId(id as u64)))
 }
@@ -203,8 +206,11 @@ pub(super) fn held(c: &Connection, key: &MessageKey) -> Result<Held, StoreError>
         return Ok(Held::Quarantined(id));
     }
     let parked: Option<i64> = db(c
-        .prepare_cached("SELECT 1 FROM source_parked WHERE source = ?1 AND message_id = ?2")?
-        .query_row(params![key.source, key.message_id], |r| r.get(0))
+        .prepare_cached(
+            "SELECT 1 FROM source_parked WHERE source = ?1 AND message_id = ?2
+               AND payload_sha256 = ?3 AND redrive_id = ?4",
+        )?
+        .query_row(key_params(key), |r| r.get(0))
         .optional())?;
     Ok(if parked.is_some() {
         Held::Parked

@@ -77,7 +77,7 @@ pub(super) enum Cmd {
     Quarantine(Box<crate::SourceDeadLetter>, Reply<crate::Quarantined>),
     QuarantineMany(Vec<crate::SourceDeadLetter>, Reply<Vec<crate::Quarantined>>),
     Park(Box<crate::ParkedMessage>, Reply<()>),
-    Unpark(String, String, Reply<bool>),
+    Unpark(Box<crate::MessageKey>, Reply<bool>),
     /// Tests: waits for the gate to open (or close), then runs the SQL.
     #[cfg(test)]
     Sql(String, mpsc::Receiver<()>, Reply<()>),
@@ -733,9 +733,7 @@ impl Writer {
                     .collect::<Result<Vec<_>, _>>()
             ),
             Cmd::Park(p, tx) => run!(tx, super::sources::park(&self.conn, &p)),
-            Cmd::Unpark(source, id, tx) => {
-                run!(tx, super::sources::unpark(&self.conn, &source, &id))
-            }
+            Cmd::Unpark(key, tx) => run!(tx, super::sources::unpark(&self.conn, &key)),
             #[cfg(test)]
             Cmd::Sql(sql, gate, tx) => {
                 let _ = gate.recv();
@@ -1902,7 +1900,7 @@ fn fail_cmd(cmd: Cmd, why: &str) {
         Cmd::Quarantine(_, tx) => drop(tx.send(Err(e()))),
         Cmd::QuarantineMany(_, tx) => drop(tx.send(Err(e()))),
         Cmd::Park(_, tx) => drop(tx.send(Err(e()))),
-        Cmd::Unpark(_, _, tx) => drop(tx.send(Err(e()))),
+        Cmd::Unpark(_, tx) => drop(tx.send(Err(e()))),
         #[cfg(test)]
         Cmd::Sql(_, _, tx) => drop(tx.send(Err(e()))),
         #[cfg(any(test, feature = "test-hooks"))]

@@ -647,3 +647,110 @@ mod reads {
         );
     }
 }
+
+/// Upgrades of an older schema.
+mod migration {
+    use super::*;
+
+    use lazaret_core::{Envelope, JobId};
+    use lazaret_store::{Held, MessageKey, ParkedMessage, SourceRef, Store};
+    use lazaret_store_conformance::at;
+
+    /// A version-3 schema's held retries (keyed by source and message id)
+    /// keep their place under their full key, the redrive id taken from
+    /// their source reference; another body under a held id is then held
+    /// beside it.
+    #[tokio::test]
+    async fn held_retries_of_a_version_3_schema_are_keyed_by_payload() {
+        let Some(url) = url() else { return };
+        let schema = fresh_schema(&url);
+        open(&url, &schema.name, Clock::Caller)
+            .await
+            .close()
+            .await
+            .unwrap();
+        let held = |id: &str, redrive_id: Option<&str>, body: &[u8]| ParkedMessage {
+            source: SourceRef {
+                name: "orders".into(),
+                broker: "rabbitmq".into(),
+                queue: "orders".into(),
+                message_id: id.into(),
+                headers: serde_json::Map::new(),
+                position: serde_json::Value::Null,
+                content_type: None,
+                redrive_id: redrive_id.map(str::to_owned),
+            },
+            due_at: at(9),
+            envelope: Envelope::new(
+                JobId(0),
+                "orders".into(),
+                "acme".into(),
+                "default".into(),
+                body,
+                at(1),
+            ),
+            body: body.to_vec(),
+        };
+        let (plain, copy) = (
+            held("order-8", None, b"held"),
+            held("order-9", Some("r-1"), b"held"),
+        );
+        let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let s = &schema.name;
+        // Back to version 3's held retries.
+        c.batch_execute(&format!(
+            "ALTER TABLE {s}.source_parked DROP CONSTRAINT source_parked_pkey;
+             ALTER TABLE {s}.source_parked DROP COLUMN payload_sha256, DROP COLUMN redrive_id;
+             ALTER TABLE {s}.source_parked ADD PRIMARY KEY (source, message_id);
+             UPDATE {s}.lazaret_meta SET value = 3 WHERE key = 'schema_version';"
+        ))
+        .await
+        .unwrap();
+        for p in [&plain, &copy] {
+            c.execute(
+                &format!(
+                    "INSERT INTO {s}.source_parked (source, message_id, due_at, ref, envelope, body)
+                     VALUES ($1, $2, $3, $4, $5, $6)"
+                ),
+                &[
+                    &p.source.name,
+                    &p.source.message_id,
+                    &p.due_at.as_millis(),
+                    &serde_json::to_string(&p.source).unwrap(),
+                    &p.envelope.to_json(),
+                    &p.body,
+                ],
+            )
+            .await
+            .unwrap();
+        }
+
+        let store = open(&url, &schema.name, Clock::Caller).await;
+        assert_eq!(
+            store.due_messages("orders".into(), at(9), 5).await.unwrap(),
+            vec![plain.clone(), copy.clone()]
+        );
+        for p in [&plain, &copy] {
+            assert_eq!(store.message_held(p.key()).await.unwrap(), Held::Parked);
+        }
+        assert_eq!(
+            store
+                .message_held(MessageKey::of("orders", "order-9", b"held", None))
+                .await
+                .unwrap(),
+            Held::Nothing,
+            "the redrive id recorded in the source reference is part of the key"
+        );
+        let beside = held("order-8", None, b"another body");
+        store.park_message(beside.clone()).await.unwrap();
+        assert!(store.unpark_message(plain.key()).await.unwrap());
+        assert_eq!(
+            store.message_held(beside.key()).await.unwrap(),
+            Held::Parked
+        );
+        store.close().await.unwrap();
+    }
+}

@@ -658,14 +658,46 @@ async fn migrates_a_version_4_database_to_the_typed_ready_index() {
     s.close().await.unwrap();
 }
 
-/// A version-6 database (broker dead letters unique per source and
-/// message id) opens as the current version: its broker dead letter is
-/// still recognised by its key, and a different message reusing its id
-/// (another body) becomes a dead letter of its own.
+/// A version-6 database (broker dead letters and held retries unique per
+/// source and message id) opens as the current version: its broker dead
+/// letter and its held retries are still recognised by their key (the
+/// retries' key taken from their body and source reference), and a
+/// different message reusing an id (another body) becomes a dead letter,
+/// or a held retry, of its own.
 #[tokio::test]
-async fn migrates_a_version_6_database_to_dead_letters_keyed_by_payload() {
-    use lazaret_store::{Held, MessageKey, SourceDeadLetter, SourceRef, Stage};
+async fn migrates_a_version_6_database_to_dead_letters_and_held_retries_keyed_by_payload() {
+    use lazaret_core::{Envelope, JobId};
+    use lazaret_store::{Held, MessageKey, ParkedMessage, SourceDeadLetter, SourceRef, Stage};
     use lazaret_store_conformance::at;
+
+    let reference = |id: &str, redrive_id: Option<&str>| SourceRef {
+        name: "orders".into(),
+        broker: "rabbitmq".into(),
+        queue: "orders".into(),
+        message_id: id.into(),
+        headers: serde_json::Map::new(),
+        position: serde_json::Value::Null,
+        content_type: None,
+        redrive_id: redrive_id.map(str::to_owned),
+    };
+    let envelope = Envelope::new(
+        JobId(0),
+        "orders".into(),
+        "acme".into(),
+        "default".into(),
+        b"held",
+        at(1),
+    );
+    let held = |id: &str, redrive_id: Option<&str>, body: &[u8]| ParkedMessage {
+        source: reference(id, redrive_id),
+        due_at: at(9),
+        envelope: envelope.clone(),
+        body: body.to_vec(),
+    };
+    let (plain, copy) = (
+        held("order-8", None, b"held"),
+        held("order-9", Some("r-1"), b"held"),
+    );
 
     let dir = tempfile::TempDir::new().unwrap();
     let path = dir.path().join(DB_FILE);
@@ -683,6 +715,21 @@ async fn migrates_a_version_6_database_to_dead_letters_keyed_by_payload() {
                'dlq', 'order-7');"
         ))
         .unwrap();
+        for p in [&plain, &copy] {
+            conn.execute(
+                "INSERT INTO source_parked (source, message_id, due_at, ref, envelope, body)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                rusqlite::params![
+                    p.source.name,
+                    p.source.message_id,
+                    p.due_at.as_millis(),
+                    serde_json::to_string(&p.source).unwrap(),
+                    p.envelope.to_json(),
+                    p.body,
+                ],
+            )
+            .unwrap();
+        }
     }
     let s = open(dir.path());
     let version: i64 = rusqlite::Connection::open(&path)
@@ -727,5 +774,34 @@ async fn migrates_a_version_6_database_to_dead_letters_keyed_by_payload() {
     let other = s.quarantine_message(dl(b"second")).await.unwrap();
     assert!(other.created, "another body under the same id is kept");
     assert_ne!(other.id, old);
+
+    // The held retries kept their place under their full key.
+    assert_eq!(
+        s.due_messages("orders".into(), at(9), 5).await.unwrap(),
+        vec![plain.clone(), copy.clone()]
+    );
+    for p in [&plain, &copy] {
+        assert_eq!(s.message_held(p.key()).await.unwrap(), Held::Parked);
+        assert_eq!(s.parked_message(p.key()).await.unwrap().as_ref(), Some(p));
+    }
+    assert_eq!(
+        s.message_held(MessageKey::of("orders", "order-9", b"held", None))
+            .await
+            .unwrap(),
+        Held::Nothing,
+        "the redrive id recorded in the source reference is part of the key"
+    );
+    let beside = held("order-8", None, b"another body");
+    s.park_message(beside.clone()).await.unwrap();
+    assert_eq!(
+        s.due_messages("orders".into(), at(9), 5)
+            .await
+            .unwrap()
+            .len(),
+        3,
+        "another body under a held id is held beside it"
+    );
+    assert!(s.unpark_message(plain.key()).await.unwrap());
+    assert_eq!(s.message_held(beside.key()).await.unwrap(), Held::Parked);
     s.close().await.unwrap();
 }
