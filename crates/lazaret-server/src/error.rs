@@ -6,6 +6,47 @@ use lazaret_core::{PoisonReason, Verdict, Violation};
 use lazaret_store::{ItemError, StoreError};
 use serde_json::json;
 
+/// How often the log says that requests' transactions were not applied:
+/// a full disk refuses every write, and a busy producer would otherwise
+/// write a line per request.
+const NOT_APPLIED_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+static NOT_APPLIED_LOG: LogEvery = LogEvery::new(NOT_APPLIED_LOG_EVERY);
+
+/// Lets one log line through per interval and counts the ones held back.
+#[derive(Debug)]
+struct LogEvery {
+    every: std::time::Duration,
+    /// When the last line went out, and how many were held back since.
+    state: std::sync::Mutex<(Option<std::time::Instant>, u64)>,
+}
+
+impl LogEvery {
+    const fn new(every: std::time::Duration) -> Self {
+        LogEvery {
+            every,
+            state: std::sync::Mutex::new((None, 0)),
+        }
+    }
+
+    /// `Some(held back since the last line)` when a line may go out now.
+    fn admit(&self) -> Option<u64> {
+        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let now = std::time::Instant::now();
+        match state.0 {
+            Some(last) if now.duration_since(last) < self.every => {
+                state.1 += 1;
+                None
+            }
+            _ => {
+                let held = std::mem::take(&mut state.1);
+                state.0 = Some(now);
+                Some(held)
+            }
+        }
+    }
+}
+
 /// The contract's error codes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Code {
@@ -208,7 +249,13 @@ impl From<StoreError> for ApiError {
             StoreError::Closed => Self::unavailable(e.to_string()),
             // Nothing of the request happened: say so, and when to retry.
             StoreError::NotApplied(_) => {
-                tracing::warn!(error = %e, "a request's transaction was not applied");
+                if let Some(since_last) = NOT_APPLIED_LOG.admit() {
+                    tracing::warn!(
+                        error = %e,
+                        "a request's transaction was not applied ({since_last} more since the last line; at most one line per {}s)",
+                        NOT_APPLIED_LOG_EVERY.as_secs()
+                    );
+                }
                 let mut err = Self::unavailable(e.to_string());
                 err.retry_after_s = Some(1);
                 err
@@ -254,6 +301,27 @@ impl IntoResponse for ApiError {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_flood_of_refusals_logs_one_line_per_interval_and_counts_the_rest() {
+        let log = super::LogEvery::new(std::time::Duration::from_secs(3600));
+        assert_eq!(log.admit(), Some(0), "the first goes out");
+        for _ in 0..5 {
+            assert_eq!(log.admit(), None, "the rest of the interval is held back");
+        }
+        let zero = super::LogEvery::new(std::time::Duration::ZERO);
+        assert_eq!(zero.admit(), Some(0));
+        assert_eq!(
+            zero.admit(),
+            Some(0),
+            "a new interval lets the next one out"
+        );
+        assert_eq!(
+            log.state.lock().unwrap().1,
+            5,
+            "and the held-back ones are counted"
+        );
+    }
+
     use super::*;
 
     #[test]
