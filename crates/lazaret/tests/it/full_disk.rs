@@ -21,7 +21,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use axum::extract::State;
@@ -181,40 +181,11 @@ struct Queue {
 
 impl Queue {
     async fn declare(url: &str) -> Queue {
-        use lapin::options::{ConfirmSelectOptions, QueueDeclareOptions};
-        use lapin::types::{AMQPValue, FieldTable};
-        let props = lapin::ConnectionProperties::default()
-            .with_executor(tokio_executor_trait::Tokio::current())
-            .with_reactor(tokio_reactor_trait::Tokio::current());
-        let conn = lapin::Connection::connect(url, props)
-            .await
-            .unwrap_or_else(|e| panic!("connect to RabbitMQ at {url}: {e}"));
-        let ch = conn.create_channel().await.expect("a channel");
+        use lapin::options::ConfirmSelectOptions;
+        let (conn, ch, name) = crate::sources::amqp_queue(url, "full-disk").await;
         ch.confirm_select(ConfirmSelectOptions::default())
             .await
             .expect("confirm mode");
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .expect("after 1970")
-            .as_nanos();
-        let name = format!("lz-full-disk-{}-{nanos}", std::process::id());
-        let mut args = FieldTable::default();
-        args.insert(
-            "x-queue-type".into(),
-            AMQPValue::LongString("quorum".into()),
-        );
-        // RabbitMQ deletes it by itself once unused, if the test dies.
-        args.insert("x-expires".into(), AMQPValue::LongInt(15 * 60 * 1000));
-        ch.queue_declare(
-            &name,
-            QueueDeclareOptions {
-                durable: true,
-                ..QueueDeclareOptions::default()
-            },
-            args,
-        )
-        .await
-        .expect("declare the queue");
         Queue {
             _conn: conn,
             ch,
