@@ -321,4 +321,17 @@ mod tests {
         let m = matches(&["serve", "--listen", "127.0.0.1:0"]);
         assert!(refuse_client_options(m.subcommand_matches("serve").unwrap()).is_ok());
     }
+
+    #[test]
+    fn serve_takes_a_log_format() {
+        let args = Args::from_arg_matches(&matches(&["serve", "--log-format", "json"])).unwrap();
+        let Command::Serve(serve) = args.command else {
+            panic!("serve: {:?}", args.command)
+        };
+        assert_eq!(serve.log_format, LogFormat::Json);
+        let err = Args::command()
+            .try_get_matches_from(["lazaret", "serve", "--log-format", "xml"])
+            .unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::InvalidValue, "{err}");
+    }
 }
