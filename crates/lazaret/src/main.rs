@@ -56,6 +56,21 @@ struct ServeArgs {
     /// TOML configuration file (see docs/api.md).
     #[arg(long)]
     config: Option<PathBuf>,
+    /// The log's format on stderr: `text` (coloured only on a terminal,
+    /// never with NO_COLOR) or `json` (one object per line). LAZARET_LOG
+    /// (else RUST_LOG) filters, default `info`.
+    #[arg(long, env = "LAZARET_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+/// `lazaret serve --log-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    /// Human lines: time, level, target, message, `key=value` fields.
+    Text,
+    /// One JSON object per line, `timestamp`, `level`, `target`, `message`
+    /// and the event's fields at the top level, the spans under `span`/`spans`.
+    Json,
 }
 
 /// Options of `lazaret migrate`.
@@ -111,14 +126,89 @@ fn refuse_client_options(matches: &clap::ArgMatches) -> Result<(), clap::Error> 
 /// `lazaret serve`: logs go to stderr so that stdout's first line stays the
 /// `lazaret listening on http://ADDR` that scripts read.
 fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
+    let (filter, filter_problem) = log_filter()?;
+    let format = args.log_format;
+    init_log(format, filter);
+    if let Some(problem) = filter_problem {
+        tracing::warn!("{problem}");
+    }
+    match serve(args) {
+        // A shipper reading JSON lines gets the fatal error as one too,
+        // not as main's `Error: …` text.
+        Err(e) if format == LogFormat::Json => {
+            tracing::error!("{e:#}");
+            std::process::exit(1)
+        }
+        other => other,
+    }
+}
+
+/// The log filter: `LAZARET_LOG`, else `RUST_LOG`, else `info`. A bad
+/// `LAZARET_LOG` is refused (it was set for lazaret); a bad `RUST_LOG`,
+/// often set for other programs, falls back to `info` with a warning
+/// (returned, to log once the log is up).
+fn log_filter() -> anyhow::Result<(tracing_subscriber::EnvFilter, Option<String>)> {
+    use tracing_subscriber::EnvFilter;
+
+    let parse = |text: &str| EnvFilter::builder().parse(text);
+    if let Some(text) = std::env::var("LAZARET_LOG")
+        .ok()
+        .filter(|t| !t.trim().is_empty())
+    {
+        let filter = parse(&text).map_err(|e| {
+            anyhow::anyhow!(
+                "LAZARET_LOG={text:?} is not a log filter ({e}): give a level (error, warn, info, \
+                 debug, trace) or target=level pairs, e.g. `info,lazaret_server=debug`"
+            )
+        })?;
+        return Ok((filter, None));
+    }
+    if let Some(text) = std::env::var("RUST_LOG")
+        .ok()
+        .filter(|t| !t.trim().is_empty())
+    {
+        return Ok(match parse(&text) {
+            Ok(filter) => (filter, None),
+            Err(e) => (
+                EnvFilter::new("info"),
+                Some(format!(
+                    "RUST_LOG={text:?} is not a log filter ({e}); logging at info \
+                     (set LAZARET_LOG to choose lazaret's filter)"
+                )),
+            ),
+        });
+    }
+    Ok((EnvFilter::new("info"), None))
+}
+
+/// Sets up the log on stderr in `format`. Text is coloured only when
+/// stderr is a terminal and `NO_COLOR` is not set (to any value): on a
+/// file or a pipe, colour codes are noise a log shipper must strip.
+fn init_log(format: LogFormat, filter: tracing_subscriber::EnvFilter) {
+    use std::io::IsTerminal as _;
+
+    let builder = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter);
+    match format {
+        LogFormat::Text => {
+            let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+            builder.with_ansi(colour).init();
+        }
+        LogFormat::Json => builder
+            .with_ansi(false)
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(true)
+            .init(),
+    }
+}
+
+/// `lazaret serve` once the log is up.
+fn serve(args: ServeArgs) -> anyhow::Result<()> {
     use anyhow::Context as _;
 
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .init();
     let config = match &args.config {
         Some(path) => lazaret_server::config::ServerConfig::load(path)?,
         None => lazaret_server::config::ServerConfig::default(),
@@ -230,5 +320,18 @@ mod tests {
         assert!(refuse_client_options(m.subcommand_matches("serve").unwrap()).is_err());
         let m = matches(&["serve", "--listen", "127.0.0.1:0"]);
         assert!(refuse_client_options(m.subcommand_matches("serve").unwrap()).is_ok());
+    }
+
+    #[test]
+    fn serve_takes_a_log_format() {
+        let args = Args::from_arg_matches(&matches(&["serve", "--log-format", "json"])).unwrap();
+        let Command::Serve(serve) = args.command else {
+            panic!("serve: {:?}", args.command)
+        };
+        assert_eq!(serve.log_format, LogFormat::Json);
+        let err = Args::command()
+            .try_get_matches_from(["lazaret", "serve", "--log-format", "xml"])
+            .unwrap_err();
+        assert_eq!(err.kind(), clap::error::ErrorKind::InvalidValue, "{err}");
     }
 }

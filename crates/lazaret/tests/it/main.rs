@@ -27,6 +27,7 @@ mod hostile_suite;
 mod kafka_sources;
 mod lanes;
 mod live_jobs;
+mod logs;
 mod metrics;
 mod observing;
 mod outcome_next;
