@@ -590,7 +590,7 @@ delivery_timeout_ms = 500
 }
 
 /// The AMQP URL, or `None` after saying the test is skipped.
-fn amqp_url(test: &str) -> Option<String> {
+pub(crate) fn amqp_url(test: &str) -> Option<String> {
     service(
         "LAZARET_TEST_AMQP_URL",
         "amqp://guest:guest@127.0.0.1:5672/%2f",
@@ -600,7 +600,7 @@ fn amqp_url(test: &str) -> Option<String> {
 
 /// A connection and channel of the test's own, and a fresh quorum queue
 /// RabbitMQ deletes by itself once unused (if the test dies).
-async fn amqp_queue(url: &str, prefix: &str) -> (lapin::Connection, lapin::Channel, String) {
+pub(crate) async fn amqp_queue(url: &str, prefix: &str) -> (lapin::Connection, lapin::Channel, String) {
     use lapin::options::QueueDeclareOptions;
     use lapin::types::{AMQPValue, FieldTable};
     let props = lapin::ConnectionProperties::default()

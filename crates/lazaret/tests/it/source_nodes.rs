@@ -1,0 +1,157 @@
+//! Guard sources on several nodes sharing one PostgreSQL store (issue 27
+//! part 2): a held broker retry is claimed in the store by the one node
+//! that delivers it, so two nodes guarding one RabbitMQ quorum queue call
+//! the handler exactly twice for a message that fails once transiently.
+//!
+//! Needs `LAZARET_TEST_PG_URL` and `LAZARET_TEST_AMQP_URL`; skipped with a
+//! message without them.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::post;
+use axum::Router;
+
+use crate::harness::{QUICK, Server};
+use crate::sources::{amqp_queue, amqp_url};
+use crate::team_handler::percent_decode;
+
+/// Messages published: enough that both nodes hold many due retries at once.
+const MESSAGES: usize = 300;
+
+/// The attempts (`Lazaret-Attempt`) the handler saw, per message id.
+type Calls = Arc<Mutex<HashMap<String, Vec<String>>>>;
+
+/// A handler that fails each message's first call with a 503 (transient)
+/// and accepts every later one, recording every call.
+async fn flaky_once() -> (String, Calls) {
+    async fn handle(State(calls): State<Calls>, headers: HeaderMap) -> StatusCode {
+        let header = |n: &str| {
+            headers
+                .get(n)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let id = percent_decode(&header("lazaret-message-id"));
+        let mut calls = calls.lock().expect("not poisoned");
+        let seen = calls.entry(id).or_default();
+        seen.push(header("lazaret-attempt"));
+        if seen.len() == 1 {
+            StatusCode::SERVICE_UNAVAILABLE
+        } else {
+            StatusCode::NO_CONTENT
+        }
+    }
+    let calls = Calls::default();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a free port");
+    let addr = listener.local_addr().expect("bound");
+    let app = Router::new()
+        .route("/orders", post(handle))
+        .with_state(Arc::clone(&calls));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (format!("http://{addr}/orders"), calls)
+}
+
+/// Two nodes on one PostgreSQL schema guard one quorum queue (concurrency
+/// 4, backoff 1 s); each of 300 messages fails once (503), then succeeds.
+/// Every message reaches the handler exactly twice: attempt 1, then
+/// attempt 2 from one node. Before, each node read the same due held
+/// retries from the store and delivered them: 171 of 300 messages were
+/// delivered as attempt 2 twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_deliver_each_held_retry_of_one_queue_once() {
+    let test = "two_nodes_deliver_each_held_retry_of_one_queue_once";
+    let Some(url) = amqp_url(test) else { return };
+    if crate::harness::pg_url().is_none() {
+        return;
+    }
+    let (_conn, ch, queue) = amqp_queue(&url, "nodes").await;
+    let (deliver, calls) = flaky_once().await;
+    let config = format!(
+        r#"{QUICK}
+[types.orders]
+attempts_max = 3
+backoff_base_ms = 1000
+backoff_floor_ms = 1000
+backoff_cap_ms = 1000
+
+[[sources]]
+name = "orders"
+broker = "rabbitmq"
+url = "{url}"
+queue = "{queue}"
+deliver = "{deliver}"
+type = "orders"
+concurrency = 4
+"#
+    );
+    let Some(nodes) = Server::cluster(&config, 2).await else {
+        return;
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for node in &nodes {
+        while !node.output().contains("connected to rabbitmq") {
+            assert!(Instant::now() < deadline, "never connected:\n{}", node.output());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    for i in 0..MESSAGES {
+        ch.basic_publish(
+            "",
+            &queue,
+            lapin::options::BasicPublishOptions::default(),
+            format!("{{\"order\": {i}}}").as_bytes(),
+            lapin::BasicProperties::default().with_message_id(format!("m-{i}").into()),
+        )
+        .await
+        .expect("publish")
+        .await
+        .expect("published");
+    }
+    // Every message called twice (once failed, once retried)…
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let done = {
+            let calls = calls.lock().expect("not poisoned");
+            calls.len() == MESSAGES && calls.values().all(|v| v.len() >= 2)
+        };
+        if done {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "not every message was retried within 120 s\n--- node 0 ---\n{}\n--- node 1 ---\n{}",
+            nodes[0].output(),
+            nodes[1].output()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // …and a little longer for a second delivery of a retry that another
+    // node may have started at the same time (it did, before the claim).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let calls = calls.lock().expect("not poisoned").clone();
+    let twice: Vec<&String> = calls
+        .iter()
+        .filter(|(_, v)| v.iter().filter(|a| *a == "2").count() > 1)
+        .map(|(k, _)| k)
+        .collect();
+    assert!(
+        twice.is_empty(),
+        "{} of {MESSAGES} messages were delivered as attempt 2 more than once (e.g. {:?})",
+        twice.len(),
+        twice.iter().take(5).collect::<Vec<_>>()
+    );
+    for (id, attempts) in &calls {
+        assert_eq!(
+            attempts,
+            &vec!["1".to_owned(), "2".to_owned()],
+            "message {id}: attempt 1 (503) then attempt 2, once each"
+        );
+    }
+}
