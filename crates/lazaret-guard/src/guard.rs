@@ -712,7 +712,9 @@ impl<H: Host> Inner<H> {
                 }
                 // The gate held it so long that its handler might outlast
                 // the claim: leave it to the next look (its claim expires).
-                if now().as_millis().saturating_add(millis(self.spec.delivery_timeout))
+                if now()
+                    .as_millis()
+                    .saturating_add(millis(self.spec.delivery_timeout))
                     >= expires.as_millis()
                 {
                     self.lock_running().remove(&key);

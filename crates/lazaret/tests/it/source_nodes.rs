@@ -10,10 +10,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
-use axum::Router;
 
 use crate::harness::{QUICK, Server};
 use crate::sources::{amqp_queue, amqp_url};
@@ -97,7 +97,11 @@ concurrency = 4
     let deadline = Instant::now() + Duration::from_secs(60);
     for node in &nodes {
         while !node.output().contains("connected to rabbitmq") {
-            assert!(Instant::now() < deadline, "never connected:\n{}", node.output());
+            assert!(
+                Instant::now() < deadline,
+                "never connected:\n{}",
+                node.output()
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }

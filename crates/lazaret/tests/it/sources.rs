@@ -600,7 +600,10 @@ pub(crate) fn amqp_url(test: &str) -> Option<String> {
 
 /// A connection and channel of the test's own, and a fresh quorum queue
 /// RabbitMQ deletes by itself once unused (if the test dies).
-pub(crate) async fn amqp_queue(url: &str, prefix: &str) -> (lapin::Connection, lapin::Channel, String) {
+pub(crate) async fn amqp_queue(
+    url: &str,
+    prefix: &str,
+) -> (lapin::Connection, lapin::Channel, String) {
     use lapin::options::QueueDeclareOptions;
     use lapin::types::{AMQPValue, FieldTable};
     let props = lapin::ConnectionProperties::default()
