@@ -666,6 +666,22 @@ impl<H: Host> Inner<H> {
             if !self.gate(&mut shutdown).await {
                 return;
             }
+            // A read first: claiming is a write (an fsync on SQLite), taken
+            // only when a held retry is due.
+            let any_due = match self.host.store().next_message_due(name.clone()).await {
+                Ok(next) => next.is_some_and(|at| at <= now()),
+                Err(e) => {
+                    tracing::warn!(source = %name, "cannot read held retries: {e}");
+                    false
+                }
+            };
+            if !any_due {
+                tokio::select! {
+                    _ = tokio::time::sleep(DUE_POLL) => {}
+                    _ = shutdown.changed() => return,
+                }
+                continue;
+            }
             let Ok(first) = Arc::clone(&self.permits).acquire_owned().await else {
                 return;
             };
