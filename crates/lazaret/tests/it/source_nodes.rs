@@ -279,10 +279,10 @@ delivery_timeout_ms = 2000
             .collect()
     };
     let deadline = Instant::now() + Duration::from_secs(60);
-    while retried_by_a(&calls).len() < 4 {
+    while retried_by_a(&calls).is_empty() {
         assert!(
             Instant::now() < deadline,
-            "node a never held 4 retries:\n{}",
+            "node a never held a retry:\n{}",
             a.output()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
