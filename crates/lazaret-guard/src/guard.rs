@@ -96,6 +96,13 @@ fn millis_up(d: Duration) -> i64 {
 const DUE_BATCH: u32 = 256;
 /// The longest a held retry waits past its due time for the next look.
 const DUE_POLL: Duration = Duration::from_millis(100);
+/// A held retry is claimed in the store for the node delivering it for the
+/// source's `delivery_timeout_ms` plus this margin (the outcome's write,
+/// and the wait for the source's gate): other nodes on the same store take
+/// it only once that claim expired (its node died, or could not write the
+/// outcome). A delivery whose gate wait ate into the margin is left for
+/// the next look instead of started late.
+const CLAIM_MARGIN: Duration = Duration::from_secs(10);
 
 /// How long the first dead letter of a batch waits for others to share its
 /// durable write during a poison storm (see [`Quarantines`]), beyond those
@@ -207,6 +214,8 @@ struct Inner<H: Host> {
     /// Held retries being delivered now, by [`MessageKey`] (another body
     /// under the same message id is another message).
     running: Mutex<HashSet<MessageKey>>,
+    /// Who this process is when it claims held retries in the store.
+    claimer: String,
     faults: Faults,
     crashed: watch::Sender<bool>,
     quarantines: Arc<Quarantines>,
@@ -459,6 +468,7 @@ impl<H: Host> Guard<H> {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64)
             ^ u64::from(std::process::id()).rotate_left(32);
+        let claimer = format!("{}@pid{}:{seed:016x}", spec.worker_id(), std::process::id());
         let permits = Arc::new(Semaphore::new(spec.concurrency.max(1) as usize));
         let settling = Arc::new(Semaphore::new(spec.settling_max() as usize));
         // The slots that bound the broker's window while messages settle.
@@ -476,6 +486,7 @@ impl<H: Host> Guard<H> {
                 permits,
                 settling,
                 running: Mutex::new(HashSet::new()),
+                claimer,
                 faults: Faults::default(),
                 crashed: watch::channel(false).0,
                 quarantines: Arc::new(Quarantines::new(QUARANTINE_LINGER, room)),
@@ -644,17 +655,55 @@ impl<H: Host> Inner<H> {
         }
     }
 
-    /// Delivers held retries as they come due.
+    /// Delivers held retries as they come due: claims them in the store
+    /// first (for [`Self::claim_for`]), so that of several nodes guarding
+    /// the same source on one store only one delivers each; only as many
+    /// as there are free handler slots, so none waits out its claim.
     async fn deliver_due(self: Arc<Self>, mut shutdown: watch::Receiver<bool>) {
         let name = self.spec.name.clone();
+        let claim_for = self.claim_for();
         loop {
             if !self.gate(&mut shutdown).await {
                 return;
             }
+            // A read first: claiming is a write (an fsync on SQLite), taken
+            // only when a held retry is due.
+            let any_due = match self.host.store().next_message_due(name.clone()).await {
+                Ok(next) => next.is_some_and(|at| at <= now()),
+                Err(e) => {
+                    tracing::warn!(source = %name, "cannot read held retries: {e}");
+                    false
+                }
+            };
+            if !any_due {
+                tokio::select! {
+                    _ = tokio::time::sleep(DUE_POLL) => {}
+                    _ = shutdown.changed() => return,
+                }
+                continue;
+            }
+            let Ok(first) = Arc::clone(&self.permits).acquire_owned().await else {
+                return;
+            };
+            let mut permits = vec![first];
+            while permits.len() < DUE_BATCH as usize {
+                match Arc::clone(&self.permits).try_acquire_owned() {
+                    Ok(p) => permits.push(p),
+                    Err(_) => break,
+                }
+            }
+            let at = now();
+            let expires = Timestamp::from_millis(at.as_millis().saturating_add(millis(claim_for)));
             let due = match self
                 .host
                 .store()
-                .due_messages(name.clone(), now(), DUE_BATCH)
+                .claim_due_messages(
+                    name.clone(),
+                    at,
+                    permits.len() as u32,
+                    self.claimer.clone(),
+                    expires,
+                )
                 .await
             {
                 Ok(d) => d,
@@ -669,12 +718,23 @@ impl<H: Host> Inner<H> {
                 if !self.lock_running().insert(key.clone()) {
                     continue;
                 }
-                let Ok(permit) = Arc::clone(&self.permits).acquire_owned().await else {
-                    return;
+                let Some(permit) = permits.pop() else {
+                    self.lock_running().remove(&key);
+                    break;
                 };
                 if started > 0 && !self.gate(&mut shutdown).await {
                     self.lock_running().remove(&key);
                     return;
+                }
+                // The gate held it so long that its handler might outlast
+                // the claim: leave it to the next look (its claim expires).
+                if now()
+                    .as_millis()
+                    .saturating_add(millis(self.spec.delivery_timeout))
+                    >= expires.as_millis()
+                {
+                    self.lock_running().remove(&key);
+                    continue;
                 }
                 started += 1;
                 let me = Arc::clone(&self);
@@ -685,17 +745,25 @@ impl<H: Host> Inner<H> {
                         .attempt(Origin::Parked, delivery, p.envelope, policy, permit)
                         .await;
                     if !settled {
-                        // The store refused: leave the retry held, look again later.
+                        // The store refused: the retry stays held (and
+                        // claimed until its claim expires); look again later.
                         tokio::time::sleep(Duration::from_secs(1)).await;
                     }
                     me.lock_running().remove(&key);
                 });
             }
+            drop(permits);
             tokio::select! {
                 _ = tokio::time::sleep(DUE_POLL) => {}
                 _ = shutdown.changed() => return,
             }
         }
+    }
+
+    /// How long a held retry stays claimed by this node: the handler's
+    /// `delivery_timeout_ms` plus [`CLAIM_MARGIN`].
+    fn claim_for(&self) -> Duration {
+        self.spec.delivery_timeout + CLAIM_MARGIN
     }
 
     fn lock_running(&self) -> std::sync::MutexGuard<'_, HashSet<MessageKey>> {

@@ -177,6 +177,7 @@ macro_rules! conformance_suite {
                 a_message_reusing_a_quarantined_id_is_a_dead_letter_of_its_own,
                 a_message_reusing_a_held_id_is_held_as_a_retry_of_its_own,
                 held_retries_are_counted_by_source,
+                a_held_retry_is_claimed_by_one_caller_until_its_claim_expires,
             ],
             audit: [
                 audit_entries_are_listed_newest_first,

@@ -520,3 +520,113 @@ pub async fn a_message_reusing_a_held_id_is_held_as_a_retry_of_its_own<B: Backen
         vec![copy]
     );
 }
+
+/// Claims `src`'s due held retries at `now` for `who`, for 60 s.
+async fn claim<S: Store>(
+    store: &S,
+    who: &str,
+    now: i64,
+    limit: u32,
+) -> Result<Vec<ParkedMessage>, lazaret_store::StoreError> {
+    store
+        .claim_due_messages("src".into(), at(now), limit, who.into(), at(now + 60_000))
+        .await
+}
+
+/// The message ids of held retries, in the order given.
+fn ids_of(held: &[ParkedMessage]) -> Vec<&str> {
+    held.iter().map(|p| p.source.message_id.as_str()).collect()
+}
+
+/// A due held retry is claimed by one caller (a node delivering it) until
+/// its claim expires: another caller — a second store on the same place
+/// where the backend has several nodes, else a second caller of the same
+/// store — is not given it before, and is after; a re-park or an unpark
+/// (the outcome of its delivery) clears the claim. Two callers claiming at
+/// the same moment share the due retries without overlap.
+pub async fn a_held_retry_is_claimed_by_one_caller_until_its_claim_expires<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
+    let second = if b.capabilities().several_nodes {
+        Some(b.open(&place).await)
+    } else {
+        None
+    };
+    s.park_message(parked("src", "b", at(2_000))).await.unwrap();
+    s.park_message(parked("src", "a", at(1_000))).await.unwrap();
+    s.park_message(parked("src", "later", at(100_000)))
+        .await
+        .unwrap();
+    s.park_message(parked("other", "x", at(0))).await.unwrap();
+    let first = claim(&s, "n1", 5_000, 10).await.unwrap();
+    assert_eq!(ids_of(&first), vec!["a", "b"], "due ones, earliest first");
+    assert_eq!(
+        first[0],
+        parked("src", "a", at(1_000)),
+        "read back as written"
+    );
+    let other = second.as_ref().unwrap_or(&s);
+    assert!(
+        claim(other, "n2", 6_000, 10).await.unwrap().is_empty(),
+        "claimed by n1 until 65 s: given to no one else"
+    );
+    assert!(claim(&s, "n1", 6_000, 10).await.unwrap().is_empty());
+    // n1 died: its claims expire, and n2 takes them (once).
+    let taken = claim(other, "n2", 65_000, 10).await.unwrap();
+    assert_eq!(
+        ids_of(&taken),
+        vec!["a", "b"],
+        "expired claims are free again"
+    );
+    assert!(claim(&s, "n1", 65_001, 10).await.unwrap().is_empty());
+    // The outcomes clear the claim: `a` held again (a retry's retry) is
+    // claimable once due; `b` succeeded and is gone.
+    other
+        .park_message(parked("src", "a", at(70_000)))
+        .await
+        .unwrap();
+    assert!(other.unpark_message(key("src", "b")).await.unwrap());
+    assert_eq!(
+        ids_of(&claim(&s, "n1", 70_000, 10).await.unwrap()),
+        vec!["a"]
+    );
+    assert_eq!(
+        ids_of(&claim(&s, "n1", 100_000, 10).await.unwrap()),
+        vec!["later"],
+        "a is still n1's until 130 s"
+    );
+    // A quarantine of a claimed retry drops it with its claim.
+    let dl = quarantined("src", "a", Stage::Processing, 71_000);
+    s.quarantine_message(dl).await.unwrap();
+    assert!(
+        claim(other, "n2", 150_000, 10).await.unwrap().is_empty(),
+        "a is gone, later is n1's until 160 s"
+    );
+    // Many due at once, claimed by two callers at the same moment: each
+    // retry goes to exactly one of them.
+    assert!(s.unpark_message(key("src", "later")).await.unwrap());
+    for i in 0..40 {
+        s.park_message(parked("src", &format!("m{i:02}"), at(600_000 + i)))
+            .await
+            .unwrap();
+    }
+    let (one, two) = tokio::join!(
+        claim(&s, "n1", 700_000, 25),
+        claim(other, "n2", 700_000, 25)
+    );
+    let (one, two) = (one.unwrap(), two.unwrap());
+    let mut all: Vec<&str> = ids_of(&one).into_iter().chain(ids_of(&two)).collect();
+    all.sort_unstable();
+    let mut unique = all.clone();
+    unique.dedup();
+    assert_eq!(all, unique, "no retry claimed by both: {one:?} / {two:?}");
+    assert_eq!(all.len(), 40, "between them they claimed every due retry");
+    assert_eq!(
+        s.due_messages("other".into(), at(0), 10)
+            .await
+            .unwrap()
+            .len(),
+        1,
+        "another source's retries are not claimed"
+    );
+}

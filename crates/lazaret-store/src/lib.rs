@@ -289,6 +289,25 @@ pub trait Store: Send + Sync + 'static {
         limit: u32,
     ) -> impl Future<Output = Result<Vec<ParkedMessage>, StoreError>> + Send;
 
+    /// Claims up to `limit` held retries of a source that are due at `now`
+    /// and not claimed (or whose claim expired), earliest first, for
+    /// `claimer` until `expires_at`: a claimed retry is given to no other
+    /// caller (of this store or of another on the same database) until its
+    /// claim expires, so a retry is delivered by one node at a time. The
+    /// outcome's write clears the claim ([`Store::unpark_message`],
+    /// [`Store::park_message`] or a quarantine of its key); a caller that
+    /// dies holding claims gives them back when they expire. Taken with
+    /// `FOR UPDATE SKIP LOCKED` on PostgreSQL, by the single writer on
+    /// SQLite.
+    fn claim_due_messages(
+        &self,
+        source: String,
+        now: Timestamp,
+        limit: u32,
+        claimer: String,
+        expires_at: Timestamp,
+    ) -> impl Future<Output = Result<Vec<ParkedMessage>, StoreError>> + Send;
+
     /// The retry held for one message (its envelope, due time and where
     /// it is), if any: for brokers whose retries wait on the broker itself
     /// (SQS FIFO), the record of what lazaret charged.

@@ -915,6 +915,25 @@ impl Store for PostgresStore {
         reader::due(&*self.reader().await?, &source, now, limit).await
     }
 
+    async fn claim_due_messages(
+        &self,
+        source: String,
+        now: Timestamp,
+        limit: u32,
+        claimer: String,
+        expires_at: Timestamp,
+    ) -> Result<Vec<ParkedMessage>, StoreError> {
+        reader::claim_due(
+            &*self.reader().await?,
+            &source,
+            now,
+            limit,
+            &claimer,
+            expires_at,
+        )
+        .await
+    }
+
     async fn parked_message(
         &self,
         key: crate::MessageKey,

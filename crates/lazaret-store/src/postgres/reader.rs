@@ -373,6 +373,43 @@ pub(super) async fn due(
     rows.iter().map(parked_row).collect()
 }
 
+/// Claims the due, unclaimed (or expired-claim) held retries of a source,
+/// earliest first: one autocommit statement, rows locked by another
+/// node's claim in flight are skipped (`FOR UPDATE SKIP LOCKED`), and a
+/// row claimed already is left until its claim expires.
+pub(super) async fn claim_due(
+    c: &Client,
+    source: &str,
+    now: Timestamp,
+    limit: u32,
+    claimer: &str,
+    expires_at: Timestamp,
+) -> Result<Vec<ParkedMessage>, StoreError> {
+    let rows = pg(c
+        .query(
+            "UPDATE source_parked p SET claimed_by = $4, claim_expires_at = $5
+             FROM (SELECT source, message_id, payload_sha256, redrive_id FROM source_parked
+                   WHERE source = $1 AND due_at <= $2
+                     AND (claim_expires_at IS NULL OR claim_expires_at <= $2)
+                   ORDER BY due_at LIMIT $3
+                   FOR UPDATE SKIP LOCKED) d
+             WHERE p.source = d.source AND p.message_id = d.message_id
+               AND p.payload_sha256 = d.payload_sha256 AND p.redrive_id = d.redrive_id
+             RETURNING p.due_at, p.ref, p.envelope, p.body",
+            &[
+                &source,
+                &now.as_millis(),
+                &i64::from(limit),
+                &claimer,
+                &expires_at.as_millis(),
+            ],
+        )
+        .await)?;
+    let mut out = rows.iter().map(parked_row).collect::<Result<Vec<_>, _>>()?;
+    out.sort_by_key(|p| p.due_at.as_millis());
+    Ok(out)
+}
+
 pub(super) async fn parked(
     c: &Client,
     key: &crate::MessageKey,

@@ -180,7 +180,8 @@ DROP INDEX IF EXISTS pairs_ready;
 /// per (source, message id): a different message reusing a quarantined or
 /// held id (another body) is kept as a message of its own, and a redriven
 /// copy (it carries a redrive id) is never taken for the dead letter it was
-/// redriven from. The retries held already get their key from their body
+/// redriven from. A held retry is claimed by the one node delivering it
+/// (`claimed_by`, `claim_expires_at`: `claim_due_messages`). The retries held already get their key from their body
 /// and source reference. Every node must run this build: an older one
 /// would not fill `redrive_id` and `payload_sha256` and would refuse the
 /// new conflict keys.
@@ -197,6 +198,8 @@ UPDATE source_parked SET payload_sha256 = encode(sha256(body), 'hex'),
 ALTER TABLE source_parked ALTER COLUMN payload_sha256 SET NOT NULL;
 ALTER TABLE source_parked DROP CONSTRAINT IF EXISTS source_parked_pkey;
 ALTER TABLE source_parked ADD PRIMARY KEY (source, message_id, payload_sha256, redrive_id);
+ALTER TABLE source_parked ADD COLUMN IF NOT EXISTS claimed_by text;
+ALTER TABLE source_parked ADD COLUMN IF NOT EXISTS claim_expires_at int8;
 "#;
 
 /// Brings the schema the client's `search_path` names up to

@@ -2242,7 +2242,7 @@ impl Writer {
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
              ON CONFLICT (source, message_id, payload_sha256, redrive_id) DO UPDATE SET
                due_at = excluded.due_at, ref = excluded.ref, envelope = excluded.envelope,
-               body = excluded.body",
+               body = excluded.body, claimed_by = NULL, claim_expires_at = NULL",
             &[
                 &key.source,
                 &key.message_id,

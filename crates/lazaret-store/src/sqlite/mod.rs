@@ -687,6 +687,29 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn claim_due_messages(
+        &self,
+        source: String,
+        now: Timestamp,
+        limit: u32,
+        claimer: String,
+        expires_at: Timestamp,
+    ) -> Result<Vec<crate::ParkedMessage>, StoreError> {
+        self.call(|tx| {
+            Cmd::ClaimDue(
+                Box::new(sources::Claim {
+                    source,
+                    now,
+                    limit,
+                    claimer,
+                    expires_at,
+                }),
+                tx,
+            )
+        })
+        .await
+    }
+
     async fn next_message_due(&self, source: String) -> Result<Option<Timestamp>, StoreError> {
         self.read(move |c| sources::next_due(c, &source)).await
     }

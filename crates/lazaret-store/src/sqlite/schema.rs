@@ -132,7 +132,8 @@ CREATE TABLE IF NOT EXISTS pauses (
 /// quarantined or held id (another body) is kept as a message of its own,
 /// and a redriven copy (which carries a redrive id) is never taken for the
 /// dead letter it was redriven from. Retries of broker messages wait in
-/// `source_parked` until they are due.
+/// `source_parked` until they are due, and are claimed by one node
+/// (`claimed_by`, `claim_expires_at`) while it delivers them.
 const V7_OBJECTS: &str = r#"
 DROP INDEX IF EXISTS dead_letters_message;
 CREATE UNIQUE INDEX IF NOT EXISTS dead_letters_message_key
@@ -147,6 +148,8 @@ CREATE TABLE IF NOT EXISTS source_parked (
     ref            TEXT    NOT NULL,    -- SourceRef as JSON
     envelope       TEXT    NOT NULL,    -- Envelope as JSON
     body           BLOB    NOT NULL,
+    claimed_by     TEXT,                -- the node delivering it now (claim_due_messages)
+    claim_expires_at INTEGER,           -- ms since the epoch; free again from then
     PRIMARY KEY (source, message_id, payload_sha256, redrive_id)
 );
 CREATE INDEX IF NOT EXISTS source_parked_due ON source_parked (source, due_at);

@@ -150,6 +150,59 @@ pub(super) fn due(
     Ok(out)
 }
 
+/// A claim of due held retries ([`crate::Store::claim_due_messages`]).
+pub(super) struct Claim {
+    pub source: String,
+    pub now: Timestamp,
+    pub limit: u32,
+    pub claimer: String,
+    pub expires_at: Timestamp,
+}
+
+/// Claims the due, unclaimed (or expired-claim) held retries of a source,
+/// earliest first. Run by the single writer, so two callers never claim
+/// the same retry.
+pub(super) fn claim_due(c: &Connection, claim: &Claim) -> Result<Vec<ParkedMessage>, StoreError> {
+    let mut stmt = db(c.prepare_cached(
+        "UPDATE source_parked SET claimed_by = ?4, claim_expires_at = ?5
+         WHERE rowid IN (
+           SELECT rowid FROM source_parked
+           WHERE source = ?1 AND due_at <= ?2
+             AND (claim_expires_at IS NULL OR claim_expires_at <= ?2)
+           ORDER BY due_at LIMIT +?3)
+         RETURNING due_at, ref, envelope, body",
+    ))?;
+    let rows = db(stmt.query_map(
+        params![
+            claim.source,
+            claim.now.as_millis(),
+            i64::from(claim.limit),
+            claim.claimer,
+            claim.expires_at.as_millis()
+        ],
+        |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, Vec<u8>>(3)?,
+            ))
+        },
+    ))?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (due_at, src, env, body) = db(row)?;
+        out.push(ParkedMessage {
+            source: serde_json::from_str::<SourceRef>(&src).map_err(corrupt)?,
+            due_at: Timestamp::from_millis(due_at),
+            envelope: Envelope::from_json(&env).map_err(corrupt)?,
+            body,
+        });
+    }
+    out.sort_by_key(|p| p.due_at.as_millis());
+    Ok(out)
+}
+
 /// The retry held for `key`, if any.
 pub(super) fn parked(
     c: &Connection,

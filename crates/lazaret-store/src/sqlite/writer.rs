@@ -78,6 +78,7 @@ pub(super) enum Cmd {
     QuarantineMany(Vec<crate::SourceDeadLetter>, Reply<Vec<crate::Quarantined>>),
     Park(Box<crate::ParkedMessage>, Reply<()>),
     Unpark(Box<crate::MessageKey>, Reply<bool>),
+    ClaimDue(Box<super::sources::Claim>, Reply<Vec<crate::ParkedMessage>>),
     /// Tests: waits for the gate to open (or close), then runs the SQL.
     #[cfg(test)]
     Sql(String, mpsc::Receiver<()>, Reply<()>),
@@ -734,6 +735,7 @@ impl Writer {
             ),
             Cmd::Park(p, tx) => run!(tx, super::sources::park(&self.conn, &p)),
             Cmd::Unpark(key, tx) => run!(tx, super::sources::unpark(&self.conn, &key)),
+            Cmd::ClaimDue(claim, tx) => run!(tx, super::sources::claim_due(&self.conn, &claim)),
             #[cfg(test)]
             Cmd::Sql(sql, gate, tx) => {
                 let _ = gate.recv();
@@ -1901,6 +1903,7 @@ fn fail_cmd(cmd: Cmd, why: &str) {
         Cmd::QuarantineMany(_, tx) => drop(tx.send(Err(e()))),
         Cmd::Park(_, tx) => drop(tx.send(Err(e()))),
         Cmd::Unpark(_, tx) => drop(tx.send(Err(e()))),
+        Cmd::ClaimDue(_, tx) => drop(tx.send(Err(e()))),
         #[cfg(test)]
         Cmd::Sql(_, _, tx) => drop(tx.send(Err(e()))),
         #[cfg(any(test, feature = "test-hooks"))]

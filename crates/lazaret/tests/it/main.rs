@@ -38,6 +38,7 @@ mod running;
 mod shutdown;
 mod smaller;
 mod sockets;
+mod source_nodes;
 mod sources;
 #[cfg(feature = "sqs")]
 mod sqs_source;

@@ -590,7 +590,7 @@ delivery_timeout_ms = 500
 }
 
 /// The AMQP URL, or `None` after saying the test is skipped.
-fn amqp_url(test: &str) -> Option<String> {
+pub(crate) fn amqp_url(test: &str) -> Option<String> {
     service(
         "LAZARET_TEST_AMQP_URL",
         "amqp://guest:guest@127.0.0.1:5672/%2f",
