@@ -102,6 +102,10 @@ pub struct StoreWrites {
     /// A fast look for the common case: nothing refused.
     refusing: AtomicBool,
     state: Mutex<Option<Refusal>>,
+    /// When the last "not writable" line went out, whatever refusal it
+    /// was for: a nearly full disk flaps (a small write gets through, the
+    /// next large one fails again), and each flap is no news.
+    last_line: Mutex<Option<Instant>>,
 }
 
 #[derive(Debug)]
@@ -111,6 +115,9 @@ struct Refusal {
     logged: Instant,
     /// Refusals since the last line in the log.
     unlogged: u64,
+    /// Began within [`STORE_REFUSED_LOG_EVERY`] of the last line, so
+    /// neither it nor its end was logged (yet).
+    quiet: bool,
 }
 
 impl StoreWrites {
@@ -125,21 +132,30 @@ impl StoreWrites {
         let mut state = self.lock();
         match state.as_mut() {
             None => {
-                tracing::warn!(
-                    source,
-                    "the store is not writable: {why}; the sources take no new message and keep the outcomes they hold (unacknowledged) until it is, trying again every few seconds; free disk space (or fix the database) and they resume by themselves"
-                );
+                let mut last_line = self.last_line.lock().unwrap_or_else(|p| p.into_inner());
+                let quiet =
+                    last_line.is_some_and(|at| now.duration_since(at) < STORE_REFUSED_LOG_EVERY);
+                if !quiet {
+                    tracing::warn!(
+                        source,
+                        "the store is not writable: {why}; the sources take no new message and keep the outcomes they hold (unacknowledged) until it is, trying again every few seconds; free disk space (or fix the database) and they resume by themselves"
+                    );
+                    *last_line = Some(now);
+                }
                 *state = Some(Refusal {
                     why,
                     since: now,
-                    logged: now,
-                    unlogged: 0,
+                    logged: last_line.unwrap_or(now),
+                    unlogged: u64::from(quiet),
+                    quiet,
                 });
                 self.refusing.store(true, Ordering::Release);
             }
             Some(r) => {
                 r.unlogged += 1;
                 if now.duration_since(r.logged) >= STORE_REFUSED_LOG_EVERY {
+                    r.quiet = false;
+                    *self.last_line.lock().unwrap_or_else(|p| p.into_inner()) = Some(now);
                     tracing::warn!(
                         source,
                         "the store is still not writable after {:.0?}: {why} ({} more writes refused since the last line); the sources still hold their messages",
@@ -161,10 +177,13 @@ impl StoreWrites {
         }
         if let Some(r) = self.lock().take() {
             self.refusing.store(false, Ordering::Release);
-            tracing::info!(
-                "the store takes writes again after {:.0?}; the sources resume",
-                r.since.elapsed()
-            );
+            // A flap whose refusal went unsaid is not worth a line either.
+            if !r.quiet {
+                tracing::info!(
+                    "the store takes writes again after {:.0?}; the sources resume",
+                    r.since.elapsed()
+                );
+            }
         }
     }
 
@@ -271,6 +290,28 @@ mod tests {
         let delays: Vec<u128> = (0..9).map(|n| store_retry_delay(n).as_millis()).collect();
         assert_eq!(delays, [100, 200, 400, 800, 1600, 3200, 5000, 5000, 5000]);
         assert_eq!(store_retry_delay(u32::MAX), STORE_RETRY_DELAY_MAX);
+    }
+
+    #[test]
+    fn a_flapping_store_is_said_once_per_interval() {
+        let w = StoreWrites::default();
+        let full = StoreError::NotApplied("the commit failed (database or disk is full)".into());
+        w.refused("orders", &full);
+        let first = w
+            .last_line
+            .lock()
+            .unwrap()
+            .expect("the first refusal is said");
+        assert!(!w.lock().as_ref().expect("refused").quiet);
+        // A small write gets through, the next large one fails again.
+        w.wrote();
+        w.refused("orders", &full);
+        assert!(
+            w.lock().as_ref().expect("refused again").quiet,
+            "a refusal within the interval of the last line is not said again"
+        );
+        assert_eq!(w.last_line.lock().unwrap().expect("a line"), first);
+        assert!(w.refusal().is_some(), "but /healthz still says it");
     }
 
     #[test]
