@@ -608,3 +608,149 @@ async fn a_fifo_max_receive_count_below_the_budget_is_warned_about() {
         "a standard queue's retries are not receives"
     );
 }
+
+/// A proxy in front of the SQS endpoint that counts the requests of each
+/// action (the `X-Amz-Target` header of SQS's JSON protocol).
+struct CountingProxy {
+    url: String,
+    counts: Arc<Mutex<std::collections::BTreeMap<String, u64>>>,
+}
+
+impl CountingProxy {
+    async fn start(upstream: &str) -> CountingProxy {
+        use axum::body::{Body, Bytes};
+        use axum::http::{HeaderMap, Method, Uri};
+        use axum::response::Response;
+
+        let counts = Arc::new(Mutex::new(std::collections::BTreeMap::new()));
+        let c = Arc::clone(&counts);
+        let upstream = upstream.trim_end_matches('/').to_owned();
+        let http = reqwest::Client::new();
+        let forward = move |method: Method, uri: Uri, headers: HeaderMap, body: Bytes| {
+            let (c, http, upstream) = (Arc::clone(&c), http.clone(), upstream.clone());
+            async move {
+                let action = headers
+                    .get("x-amz-target")
+                    .and_then(|v| v.to_str().ok())
+                    .map_or("other", |t| t.trim_start_matches("AmazonSQS."))
+                    .to_owned();
+                *c.lock().unwrap().entry(action).or_insert(0) += 1;
+                let path = uri.path_and_query().map_or("/", |p| p.as_str());
+                let mut req = http.request(method, format!("{upstream}{path}"));
+                for (k, v) in &headers {
+                    if k != "host" && k != "content-length" {
+                        req = req.header(k, v);
+                    }
+                }
+                let resp = req.body(body).send().await.expect("the SQS endpoint answers");
+                let mut out = Response::builder().status(resp.status());
+                for (k, v) in resp.headers() {
+                    if k != "transfer-encoding" && k != "content-length" {
+                        out = out.header(k, v);
+                    }
+                }
+                out.body(Body::from(resp.bytes().await.expect("the answer's body")))
+                    .expect("a response")
+            }
+        };
+        let app = axum::Router::new().fallback(forward);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        CountingProxy {
+            url: format!("http://{addr}"),
+            counts,
+        }
+    }
+
+    /// Requests that receive, delete or change visibility, and all of them
+    /// by action.
+    fn message_requests(&self) -> (u64, std::collections::BTreeMap<String, u64>) {
+        let counts = self.counts.lock().unwrap().clone();
+        let n = counts
+            .iter()
+            .filter(|(a, _)| {
+                a.starts_with("ReceiveMessage")
+                    || a.starts_with("DeleteMessage")
+                    || a.starts_with("ChangeMessageVisibility")
+            })
+            .map(|(_, n)| n)
+            .sum();
+        (n, counts)
+    }
+}
+
+/// At steady state, with the source's default settings, a message costs
+/// at most 0.25 requests (receive, delete and visibility changes): deletes
+/// go as `DeleteMessageBatch` and receives take 10 messages. Counted by a
+/// proxy in front of the endpoint, over 500 messages that all succeed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_costs_at_most_a_quarter_request_at_steady_state() {
+    const MESSAGES: usize = 500;
+    let Some(b) = sqs_or_skip().await else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let queue = b.fresh_queue("sqs-requests").await;
+    for chunk in (0..MESSAGES).collect::<Vec<_>>().chunks(10) {
+        let entries = chunk.iter().map(|i| {
+            aws_sdk_sqs::types::SendMessageBatchRequestEntry::builder()
+                .id(i.to_string())
+                .message_body(format!("{{\"n\": {i}}}"))
+                .message_attributes(
+                    "message_id",
+                    MessageAttributeValue::builder()
+                        .data_type("String")
+                        .string_value(format!("m-{i}"))
+                        .build()
+                        .unwrap(),
+                )
+                .build()
+                .unwrap()
+        });
+        b.client
+            .send_message_batch()
+            .queue_url(&queue)
+            .set_entries(Some(entries.collect()))
+            .send()
+            .await
+            .expect("send the messages");
+    }
+    let proxy = CountingProxy::start(&b.url).await;
+    let name = common::unique("sqs-requests");
+    // The contract's defaults (16 in flight, 2 receives in flight), through
+    // the proxy.
+    let spec = SourceSpec::guard(&name, BrokerKind::Sqs, &proxy.url, &queue, TYPE);
+    let host = common::host(
+        dir.path(),
+        common::policies(TYPE, 5, Duration::from_millis(500)),
+    );
+    let log = Log::default();
+    let handler = common::recording(&log, |_| Outcome::Success);
+    let (faults, settled) = settled_log();
+    let g = common::start_guard(&b, spec, Arc::clone(&host), handler, faults).await;
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let n = settled
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, how)| *how == Settled::Succeeded)
+            .count();
+        if n >= MESSAGES {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{n} of {MESSAGES} messages settled in {PATIENCE:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (requests, by_action) = proxy.message_requests();
+    g.stop().await.unwrap();
+    let per_message = requests as f64 / MESSAGES as f64;
+    println!("{requests} requests for {MESSAGES} messages: {per_message:.3} per message ({by_action:?})");
+    assert!(
+        requests * 4 <= MESSAGES as u64,
+        "{requests} receive, delete and visibility requests for {MESSAGES} messages ({per_message:.3} per message, at most 0.25 allowed): {by_action:?}"
+    );
+    assert_eq!(b.count(&queue).await, 0, "every message was deleted");
+}
