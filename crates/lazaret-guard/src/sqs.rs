@@ -432,8 +432,27 @@ async fn send_one(
 /// Sends one batch and answers each entry: the ids of the entries SQS
 /// reports failed are retried alone with the single call.
 async fn send_batch(client: Client, queue_url: String, kind: BatchKind, batch: Vec<Pending>) {
+    // A batch may name a receipt handle once (moto refuses a repeated
+    // one, and its entries' order would say nothing): repeats go alone,
+    // after the batch.
+    let mut seen = std::collections::HashSet::new();
+    let (batch, repeats): (Vec<Pending>, Vec<Pending>) = batch
+        .into_iter()
+        .partition(|p| seen.insert(p.handle.clone()));
+    send_distinct(&client, &queue_url, kind, batch).await;
+    for p in repeats {
+        let r = send_one(&client, &queue_url, kind, &p).await;
+        let _ = p.done.send(r);
+    }
+}
+
+/// [`send_batch`] of entries with distinct receipt handles.
+async fn send_distinct(client: &Client, queue_url: &str, kind: BatchKind, batch: Vec<Pending>) {
+    if batch.is_empty() {
+        return;
+    }
     if let [one] = batch.as_slice() {
-        let r = send_one(&client, &queue_url, kind, one).await;
+        let r = send_one(client, queue_url, kind, one).await;
         if let Some(p) = batch.into_iter().next() {
             let _ = p.done.send(r);
         }
@@ -451,7 +470,7 @@ async fn send_batch(client: Client, queue_url: String, kind: BatchKind, batch: V
                 Err(e) => Err(op_error(format!("DeleteMessageBatch from {queue_url}"), e)),
                 Ok(entries) => client
                     .delete_message_batch()
-                    .queue_url(&queue_url)
+                    .queue_url(queue_url)
                     .set_entries(Some(entries))
                     .send()
                     .await
@@ -474,7 +493,7 @@ async fn send_batch(client: Client, queue_url: String, kind: BatchKind, batch: V
                 )),
                 Ok(entries) => client
                     .change_message_visibility_batch()
-                    .queue_url(&queue_url)
+                    .queue_url(queue_url)
                     .set_entries(Some(entries))
                     .send()
                     .await
@@ -501,7 +520,7 @@ async fn send_batch(client: Client, queue_url: String, kind: BatchKind, batch: V
         Ok(failed) => {
             for (i, p) in batch.into_iter().enumerate() {
                 let r = if failed.iter().any(|id| *id == i.to_string()) {
-                    send_one(&client, &queue_url, kind, &p).await
+                    send_one(client, queue_url, kind, &p).await
                 } else {
                     Ok(())
                 };

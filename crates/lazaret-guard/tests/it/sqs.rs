@@ -642,7 +642,11 @@ impl CountingProxy {
                         req = req.header(k, v);
                     }
                 }
-                let resp = req.body(body).send().await.expect("the SQS endpoint answers");
+                let resp = req
+                    .body(body)
+                    .send()
+                    .await
+                    .expect("the SQS endpoint answers");
                 let mut out = Response::builder().status(resp.status());
                 for (k, v) in resp.headers() {
                     if k != "transfer-encoding" && k != "content-length" {
@@ -747,10 +751,69 @@ async fn a_message_costs_at_most_a_quarter_request_at_steady_state() {
     let (requests, by_action) = proxy.message_requests();
     g.stop().await.unwrap();
     let per_message = requests as f64 / MESSAGES as f64;
-    println!("{requests} requests for {MESSAGES} messages: {per_message:.3} per message ({by_action:?})");
+    println!(
+        "{requests} requests for {MESSAGES} messages: {per_message:.3} per message ({by_action:?})"
+    );
     assert!(
         requests * 4 <= MESSAGES as u64,
         "{requests} receive, delete and visibility requests for {MESSAGES} messages ({per_message:.3} per message, at most 0.25 allowed): {by_action:?}"
     );
     assert_eq!(b.count(&queue).await, 0, "every message was deleted");
+}
+
+/// Acks that share a `DeleteMessageBatch` are answered one by one: the
+/// entries SQS reports failed (here two messages purged from the queue)
+/// are retried alone and fail as `DeleteMessage` would, while the third
+/// message of the batch is deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_delete_that_fails_in_part_answers_each_ack() {
+    let Some(b) = sqs_or_skip().await else { return };
+    let queue = b.fresh_queue("sqs-partial").await;
+    let proxy = CountingProxy::start(&b.url).await;
+    let mut spec = b.spec(&common::unique("sqs-partial"), &queue, Mode::Guard);
+    spec.url.clone_from(&proxy.url);
+    let broker = lazaret_guard::sqs::connect(&spec).await.unwrap();
+    let mut consumer = broker.consume().await.unwrap();
+    let mut take = async || {
+        tokio::time::timeout(PATIENCE, consumer.next())
+            .await
+            .expect("a message within the patience")
+            .unwrap()
+            .expect("a message")
+    };
+    for id in ["m-1", "m-2"] {
+        b.produce(&queue, id, b"{}", common::headers(json!({})))
+            .await;
+    }
+    let (first, second) = (take().await, take().await);
+    b.client
+        .purge_queue()
+        .queue_url(&queue)
+        .send()
+        .await
+        .unwrap();
+    b.produce(&queue, "m-3", b"{}", common::headers(json!({})))
+        .await;
+    let third = take().await;
+    assert_eq!(third.delivery.message_id, "m-3");
+    let (r1, r2, r3) = tokio::join!(first.ack.ack(), second.ack.ack(), third.ack.ack());
+    for r in [r1, r2] {
+        let e = r.expect_err("a purged message's delete fails").to_string();
+        assert!(e.contains("DeleteMessage from"), "{e}");
+        assert!(e.contains("ReceiptHandleIsInvalid"), "{e}");
+    }
+    r3.expect("the third message's delete succeeds");
+    let (_, by_action) = proxy.message_requests();
+    assert_eq!(
+        (
+            by_action.get("DeleteMessageBatch"),
+            by_action.get("DeleteMessage")
+        ),
+        (Some(&1), Some(&2)),
+        "one batch for the three, then the two failed entries alone: {by_action:?}"
+    );
+    assert!(
+        b.take(&queue, Duration::from_secs(2)).await.is_none(),
+        "the third message was deleted"
+    );
 }
