@@ -299,7 +299,7 @@ impl Shared {
 
     /// One `ReceiveMessage` of up to `batch` messages, on a task of its own
     /// (it runs while the consumer hands out what it has).
-    fn spawn_receive(self: &Arc<Self>) -> JoinHandle<Result<Vec<(Message, Instant)>, BrokerError>> {
+    fn spawn_receive(self: &Arc<Self>) -> Receive {
         let s = Arc::clone(self);
         tokio::spawn(async move {
             let visibility = i32::try_from(s.visibility.as_secs()).unwrap_or(43_200);
@@ -329,6 +329,10 @@ impl Shared {
         })
     }
 }
+
+/// A receive in flight: the messages it took, each with its receive's
+/// start.
+type Receive = JoinHandle<Result<Vec<(Message, Instant)>, BrokerError>>;
 
 /// Which batch call a [`Batcher`] makes.
 #[derive(Clone, Copy, Debug)]
@@ -790,7 +794,7 @@ struct QueueConsumer {
     shared: Arc<Shared>,
     buffer: VecDeque<(Message, Instant)>,
     /// The receives in flight (at most `receives_in_flight`).
-    receives: FuturesUnordered<JoinHandle<Result<Vec<(Message, Instant)>, BrokerError>>>,
+    receives: FuturesUnordered<Receive>,
 }
 
 impl QueueConsumer {

@@ -751,7 +751,7 @@ async fn a_message_costs_at_most_a_quarter_request_at_steady_state() {
     let (requests, by_action) = proxy.message_requests();
     g.stop().await.unwrap();
     let per_message = requests as f64 / MESSAGES as f64;
-    println!(
+    eprintln!(
         "{requests} requests for {MESSAGES} messages: {per_message:.3} per message ({by_action:?})"
     );
     assert!(
