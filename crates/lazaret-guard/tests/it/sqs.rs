@@ -614,6 +614,9 @@ async fn a_fifo_max_receive_count_below_the_budget_is_warned_about() {
 struct CountingProxy {
     url: String,
     counts: Arc<Mutex<std::collections::BTreeMap<String, u64>>>,
+    /// When set, the next `ReceiveMessage` is held until this is answered
+    /// (or dropped).
+    hold_receive: Arc<Mutex<Option<tokio::sync::oneshot::Receiver<()>>>>,
 }
 
 impl CountingProxy {
@@ -624,16 +627,25 @@ impl CountingProxy {
 
         let counts = Arc::new(Mutex::new(std::collections::BTreeMap::new()));
         let c = Arc::clone(&counts);
+        let hold_receive = Arc::new(Mutex::new(None));
+        let hold = Arc::clone(&hold_receive);
         let upstream = upstream.trim_end_matches('/').to_owned();
         let http = reqwest::Client::new();
         let forward = move |method: Method, uri: Uri, headers: HeaderMap, body: Bytes| {
             let (c, http, upstream) = (Arc::clone(&c), http.clone(), upstream.clone());
+            let hold = Arc::clone(&hold);
             async move {
                 let action = headers
                     .get("x-amz-target")
                     .and_then(|v| v.to_str().ok())
                     .map_or("other", |t| t.trim_start_matches("AmazonSQS."))
                     .to_owned();
+                if action == "ReceiveMessage" {
+                    let held = hold.lock().unwrap().take();
+                    if let Some(until) = held {
+                        let _ = until.await;
+                    }
+                }
                 *c.lock().unwrap().entry(action).or_insert(0) += 1;
                 let path = uri.path_and_query().map_or("/", |p| p.as_str());
                 let mut req = http.request(method, format!("{upstream}{path}"));
@@ -664,6 +676,7 @@ impl CountingProxy {
         CountingProxy {
             url: format!("http://{addr}"),
             counts,
+            hold_receive,
         }
     }
 
@@ -816,4 +829,31 @@ async fn a_batch_delete_that_fails_in_part_answers_each_ack() {
         b.take(&queue, Duration::from_secs(2)).await.is_none(),
         "the third message was deleted"
     );
+}
+
+/// Two receives are in flight by default: while the first
+/// `ReceiveMessage` hangs (held by the proxy), the second one brings the
+/// message to a handler.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_receive_does_not_idle_the_handlers() {
+    let Some(b) = sqs_or_skip().await else { return };
+    let queue = b.fresh_queue("sqs-slow-receive").await;
+    let proxy = CountingProxy::start(&b.url).await;
+    let (release, held) = tokio::sync::oneshot::channel();
+    *proxy.hold_receive.lock().unwrap() = Some(held);
+    let mut spec = b.spec(&common::unique("sqs-slow-receive"), &queue, Mode::Guard);
+    spec.url.clone_from(&proxy.url);
+    assert_eq!(spec.receives_in_flight, 2, "the default");
+    b.produce(&queue, "m-1", b"{}", common::headers(json!({})))
+        .await;
+    let broker = lazaret_guard::sqs::connect(&spec).await.unwrap();
+    let mut consumer = broker.consume().await.unwrap();
+    let incoming = tokio::time::timeout(PATIENCE, consumer.next())
+        .await
+        .expect("the message, through the receive that is not held")
+        .unwrap()
+        .expect("a message");
+    assert_eq!(incoming.delivery.message_id, "m-1");
+    incoming.ack.ack().await.unwrap();
+    let _ = release.send(());
 }
