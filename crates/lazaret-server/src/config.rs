@@ -114,7 +114,7 @@
 //! concurrency = 16                    # guard: deliveries in flight (at least 1)
 //! settling = 240                      # guard: messages whose outcome is decided and whose write and ack are under way, beyond concurrency (default: 15 × concurrency, so RabbitMQ's prefetch is 16 × concurrency; 0 holds a delivery's slot until its ack)
 //! delivery_timeout_ms = 30000         # guard: a slower delivery failed with kind "timeout" (at least 1)
-//! receives_in_flight = 2              # guard, sqs: ReceiveMessage calls at once (at least 1; a FIFO queue uses 1)
+//! receives_in_flight = 2              # guard, sqs: ReceiveMessage calls at once (at least 1; a FIFO queue uses 1; other brokers ignore it)
 //! redrive_to = "orders"               # optional: where a redrive republishes (default: where the message came from)
 //!
 //! [[alerts]]                          # a webhook target; several may be listed (docs/alerts.md)
@@ -1797,12 +1797,6 @@ impl<'a> Ctx<'a> {
                         "receives_in_flight must be at least 1 (got 0), or nothing is ever received; the default is 2",
                     ));
                 }
-                if broker != BrokerKind::Sqs {
-                    return Err(self.invalid(
-                        &path.key("receives_in_flight"),
-                        "receives_in_flight applies to SQS sources only (several ReceiveMessage calls at once); remove it from this source",
-                    ));
-                }
                 spec.receives_in_flight = n;
             }
             if let Some(Ms(v)) = s.delivery_timeout_ms {
@@ -2420,12 +2414,6 @@ surge_share = 0.9
             "sources[0].receives_in_flight",
             7,
             "at least 1",
-        );
-        assert_refused(
-            &format!("{GUARD}deliver = \"http://h/\"\nreceives_in_flight = 3\n"),
-            "sources[0].receives_in_flight",
-            7,
-            "SQS sources only",
         );
     }
 
