@@ -857,3 +857,66 @@ async fn a_slow_receive_does_not_idle_the_handlers() {
     incoming.ack.ack().await.unwrap();
     let _ = release.send(());
 }
+
+/// Visibility changes due together share one
+/// `ChangeMessageVisibilityBatch`: three deliveries' extensions, then
+/// their hand-backs, after which SQS hands the three out again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn visibility_changes_due_together_share_a_batch() {
+    let Some(b) = sqs_or_skip().await else { return };
+    let queue = b.fresh_queue("sqs-visibility").await;
+    let proxy = CountingProxy::start(&b.url).await;
+    let mut spec = b.spec(&common::unique("sqs-visibility"), &queue, Mode::Guard);
+    spec.url.clone_from(&proxy.url);
+    for id in ["m-1", "m-2", "m-3"] {
+        b.produce(&queue, id, b"{}", common::headers(json!({})))
+            .await;
+    }
+    let broker = lazaret_guard::sqs::connect(&spec).await.unwrap();
+    let mut consumer = broker.consume().await.unwrap();
+    let mut taken = Vec::new();
+    while taken.len() < 3 {
+        let incoming = tokio::time::timeout(PATIENCE, consumer.next())
+            .await
+            .expect("a message within the patience")
+            .unwrap()
+            .expect("a message");
+        taken.push(incoming);
+    }
+    let (a, b2, c) = (&taken[0].ack, &taken[1].ack, &taken[2].ack);
+    let (r1, r2, r3) = tokio::join!(a.progress(), b2.progress(), c.progress());
+    for r in [r1, r2, r3] {
+        r.expect("the extension succeeds");
+    }
+    let mut acks = taken.into_iter().map(|i| i.ack);
+    let (x, y, z) = (
+        acks.next().unwrap(),
+        acks.next().unwrap(),
+        acks.next().unwrap(),
+    );
+    let (r1, r2, r3) = tokio::join!(x.release(), y.release(), z.release());
+    for r in [r1, r2, r3] {
+        r.expect("the hand-back succeeds");
+    }
+    let (_, by_action) = proxy.message_requests();
+    assert_eq!(
+        (
+            by_action.get("ChangeMessageVisibilityBatch"),
+            by_action.get("ChangeMessageVisibility")
+        ),
+        (Some(&2), None),
+        "one batch for the extensions, one for the hand-backs: {by_action:?}"
+    );
+    let mut again = Vec::new();
+    while again.len() < 3 {
+        let incoming = tokio::time::timeout(PATIENCE, consumer.next())
+            .await
+            .expect("the handed-back messages come back")
+            .unwrap()
+            .expect("a message");
+        again.push(incoming.delivery.message_id.clone());
+        incoming.ack.ack().await.unwrap();
+    }
+    again.sort();
+    assert_eq!(again, vec!["m-1", "m-2", "m-3"]);
+}
