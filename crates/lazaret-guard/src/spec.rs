@@ -144,7 +144,14 @@ pub struct SourceSpec {
     /// `redrive_allow` list; empty: only `redrive_to`. Never the watched
     /// queue itself.
     pub redrive_allow: Vec<String>,
+    /// Guard, SQS: `ReceiveMessage` calls in flight at once (at least 1;
+    /// default [`RECEIVES_IN_FLIGHT`]), so one slow receive does not idle
+    /// the handlers. A FIFO queue is always read by one receive at a time.
+    pub receives_in_flight: u32,
 }
+
+/// SQS receives in flight per source by default.
+pub const RECEIVES_IN_FLIGHT: u32 = 2;
 
 /// Settling slots per handler slot by default, so that RabbitMQ's prefetch
 /// is 16 × `concurrency` (256 at the default 16, inside the 100–300 that
@@ -202,6 +209,7 @@ impl SourceSpec {
             delivery_timeout: Duration::from_secs(30),
             redrive_to: None,
             redrive_allow: Vec::new(),
+            receives_in_flight: RECEIVES_IN_FLIGHT,
         }
     }
 

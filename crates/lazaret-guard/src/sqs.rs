@@ -23,7 +23,20 @@
 //! Each receive makes the message invisible for twice the source's
 //! `delivery_timeout_ms` (5 s to 12 h); while a delivery runs lazaret
 //! extends that (`ChangeMessageVisibility`), and an acknowledgement is
-//! `DeleteMessage`.
+//! a delete.
+//!
+//! # Batched calls
+//!
+//! A standard queue is read by `receives_in_flight` `ReceiveMessage` calls
+//! at once (default 2), each for up to 10 messages, so a slow receive does
+//! not leave the handlers idle. Deletes and visibility changes are
+//! coalesced: each waits at most [`BATCH_WAIT`] (or until [`BATCH_MAX`] are
+//! pending) and they go as one `DeleteMessageBatch` or
+//! `ChangeMessageVisibilityBatch` (a lone one as the single call). A delete
+//! is asked for only once the message's outcome is durable, and a batch
+//! names each message by its receipt handle, so it never covers a message
+//! not yet settled. An entry the batch reports failed is retried alone with
+//! the single call, whose answer is the ack's.
 //!
 //! **Standard queues** hold a retry in lazaret's store and delete the
 //! message, as the other brokers do: the wait holds nothing up, does not
@@ -69,10 +82,14 @@ use aws_sdk_sqs::types::{
     Message, MessageAttributeValue, MessageSystemAttributeName, QueueAttributeName,
 };
 use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode};
+use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
+use futures_util::stream::FuturesUnordered;
 use lazaret_core::{DeadLetterReason, Failure, Timestamp};
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::broker::{Acker, Broker, BrokerError, Consumer, Incoming};
@@ -89,6 +106,12 @@ pub const LAZARET_ATTRIBUTE: &str = "lazaret";
 
 /// The longest SQS keeps a message invisible, counted from its receive.
 pub const VISIBILITY_MAX: Duration = Duration::from_secs(12 * 60 * 60);
+
+/// How long a delete or a visibility change waits for others to share one
+/// batch request.
+pub const BATCH_WAIT: Duration = Duration::from_millis(2);
+/// The most entries SQS takes in one batch request.
+pub const BATCH_MAX: usize = 10;
 
 /// How long a receive waits for a message (long polling).
 const RECEIVE_WAIT_SECS: i32 = 5;
@@ -174,10 +197,19 @@ pub async fn connect(spec: &SourceSpec) -> Result<Box<dyn Broker>, BrokerError> 
         }
     }
     let visibility = (spec.delivery_timeout * 2).clamp(Duration::from_secs(5), VISIBILITY_MAX);
+    let deletes = Batcher::start(client.clone(), queue_url.clone(), BatchKind::Delete);
+    let visibilities = Batcher::start(client.clone(), queue_url.clone(), BatchKind::Visibility);
     Ok(Box::new(Sqs {
         shared: Arc::new(Shared {
             client,
             queue_url,
+            deletes,
+            visibilities,
+            receives_in_flight: if fifo {
+                1
+            } else {
+                spec.receives_in_flight.max(1) as usize
+            },
             fifo,
             max_receives,
             source_queue,
@@ -241,6 +273,9 @@ pub fn max_receive_count(policy: &str) -> Option<u32> {
 struct Shared {
     client: Client,
     queue_url: String,
+    deletes: Batcher,
+    visibilities: Batcher,
+    receives_in_flight: usize,
     fifo: bool,
     max_receives: Option<u32>,
     source_queue: Option<String>,
@@ -259,15 +294,250 @@ impl Shared {
     }
 
     async fn change_visibility(&self, handle: &str, secs: i32) -> Result<(), BrokerError> {
-        self.client
-            .change_message_visibility()
-            .queue_url(&self.queue_url)
-            .receipt_handle(handle)
-            .visibility_timeout(secs)
+        self.visibilities.call(handle.to_owned(), secs).await
+    }
+
+    /// One `ReceiveMessage` of up to `batch` messages, on a task of its own
+    /// (it runs while the consumer hands out what it has).
+    fn spawn_receive(self: &Arc<Self>) -> Receive {
+        let s = Arc::clone(self);
+        tokio::spawn(async move {
+            let visibility = i32::try_from(s.visibility.as_secs()).unwrap_or(43_200);
+            let received = Instant::now();
+            let out = s
+                .client
+                .receive_message()
+                .queue_url(&s.queue_url)
+                .max_number_of_messages(s.batch)
+                .wait_time_seconds(if s.fifo {
+                    RECEIVE_WAIT_FIFO_SECS
+                } else {
+                    RECEIVE_WAIT_SECS
+                })
+                .visibility_timeout(visibility)
+                .message_attribute_names("All")
+                .message_system_attribute_names(MessageSystemAttributeName::All)
+                .send()
+                .await
+                .map_err(|e| s.op(format!("ReceiveMessage from {}", s.queue_url), e))?;
+            Ok(out
+                .messages
+                .unwrap_or_default()
+                .into_iter()
+                .map(|m| (m, received))
+                .collect())
+        })
+    }
+}
+
+/// A receive in flight: the messages it took, each with its receive's
+/// start.
+type Receive = JoinHandle<Result<Vec<(Message, Instant)>, BrokerError>>;
+
+/// Which batch call a [`Batcher`] makes.
+#[derive(Clone, Copy, Debug)]
+enum BatchKind {
+    /// `DeleteMessageBatch` (an acknowledgement).
+    Delete,
+    /// `ChangeMessageVisibilityBatch`.
+    Visibility,
+}
+
+/// One delete or visibility change waiting for its batch.
+struct Pending {
+    handle: String,
+    /// The visibility timeout to set (unused for a delete).
+    secs: i32,
+    done: oneshot::Sender<Result<(), BrokerError>>,
+}
+
+/// Coalesces the deletes (or the visibility changes) of one queue into
+/// batch requests: a task collects what is asked for during
+/// [`BATCH_WAIT`] after the first, at most [`BATCH_MAX`], and sends it as
+/// one request. The task ends when the adapter is dropped.
+struct Batcher {
+    tx: mpsc::UnboundedSender<Pending>,
+}
+
+impl Batcher {
+    fn start(client: Client, queue_url: String, kind: BatchKind) -> Batcher {
+        let (tx, mut rx) = mpsc::unbounded_channel::<Pending>();
+        tokio::spawn(async move {
+            while let Some(first) = rx.recv().await {
+                let mut batch = vec![first];
+                let deadline = Instant::now() + BATCH_WAIT;
+                while batch.len() < BATCH_MAX {
+                    match tokio::time::timeout_at(deadline, rx.recv()).await {
+                        Ok(Some(p)) => batch.push(p),
+                        Ok(None) | Err(_) => break,
+                    }
+                }
+                // The next batch collects while this one is on the wire.
+                tokio::spawn(send_batch(client.clone(), queue_url.clone(), kind, batch));
+            }
+        });
+        Batcher { tx }
+    }
+
+    /// Deletes `handle` (or sets its visibility to `secs`) in the next
+    /// batch; the answer is this entry's.
+    async fn call(&self, handle: String, secs: i32) -> Result<(), BrokerError> {
+        let (done, answer) = oneshot::channel();
+        let closed = || {
+            BrokerError::Op {
+            broker: BROKER,
+            op: "a batched SQS call".into(),
+            why: "the SQS adapter was shut down; the message is redelivered after its visibility timeout".into(),
+        }
+        };
+        self.tx
+            .send(Pending { handle, secs, done })
+            .map_err(|_| closed())?;
+        answer.await.unwrap_or_else(|_| Err(closed()))
+    }
+}
+
+fn op_error(op: String, e: impl std::error::Error) -> BrokerError {
+    BrokerError::Op {
+        broker: BROKER,
+        op,
+        why: DisplayErrorContext(e).to_string(),
+    }
+}
+
+/// The single call for one entry: a lone entry, or one its batch failed.
+async fn send_one(
+    client: &Client,
+    queue_url: &str,
+    kind: BatchKind,
+    p: &Pending,
+) -> Result<(), BrokerError> {
+    match kind {
+        BatchKind::Delete => client
+            .delete_message()
+            .queue_url(queue_url)
+            .receipt_handle(&p.handle)
             .send()
             .await
             .map(drop)
-            .map_err(|e| self.op(format!("ChangeMessageVisibility on {}", self.queue_url), e))
+            .map_err(|e| op_error(format!("DeleteMessage from {queue_url}"), e)),
+        BatchKind::Visibility => client
+            .change_message_visibility()
+            .queue_url(queue_url)
+            .receipt_handle(&p.handle)
+            .visibility_timeout(p.secs)
+            .send()
+            .await
+            .map(drop)
+            .map_err(|e| op_error(format!("ChangeMessageVisibility on {queue_url}"), e)),
+    }
+}
+
+/// Sends one batch and answers each entry: the ids of the entries SQS
+/// reports failed are retried alone with the single call.
+async fn send_batch(client: Client, queue_url: String, kind: BatchKind, batch: Vec<Pending>) {
+    // A batch may name a receipt handle once (moto refuses a repeated
+    // one, and its entries' order would say nothing): repeats go alone,
+    // after the batch.
+    let mut seen = std::collections::HashSet::new();
+    let (batch, repeats): (Vec<Pending>, Vec<Pending>) = batch
+        .into_iter()
+        .partition(|p| seen.insert(p.handle.clone()));
+    send_distinct(&client, &queue_url, kind, batch).await;
+    for p in repeats {
+        let r = send_one(&client, &queue_url, kind, &p).await;
+        let _ = p.done.send(r);
+    }
+}
+
+/// [`send_batch`] of entries with distinct receipt handles.
+async fn send_distinct(client: &Client, queue_url: &str, kind: BatchKind, batch: Vec<Pending>) {
+    if batch.is_empty() {
+        return;
+    }
+    if let [one] = batch.as_slice() {
+        let r = send_one(client, queue_url, kind, one).await;
+        if let Some(p) = batch.into_iter().next() {
+            let _ = p.done.send(r);
+        }
+        return;
+    }
+    let failed: Result<Vec<String>, BrokerError> = match kind {
+        BatchKind::Delete => {
+            let entries = batch.iter().enumerate().map(|(i, p)| {
+                aws_sdk_sqs::types::DeleteMessageBatchRequestEntry::builder()
+                    .id(i.to_string())
+                    .receipt_handle(&p.handle)
+                    .build()
+            });
+            match entries.collect::<Result<Vec<_>, _>>() {
+                Err(e) => Err(op_error(format!("DeleteMessageBatch from {queue_url}"), e)),
+                Ok(entries) => client
+                    .delete_message_batch()
+                    .queue_url(queue_url)
+                    .set_entries(Some(entries))
+                    .send()
+                    .await
+                    .map(|o| o.failed().iter().map(|f| f.id().to_owned()).collect())
+                    .map_err(|e| op_error(format!("DeleteMessageBatch from {queue_url}"), e)),
+            }
+        }
+        BatchKind::Visibility => {
+            let entries = batch.iter().enumerate().map(|(i, p)| {
+                aws_sdk_sqs::types::ChangeMessageVisibilityBatchRequestEntry::builder()
+                    .id(i.to_string())
+                    .receipt_handle(&p.handle)
+                    .visibility_timeout(p.secs)
+                    .build()
+            });
+            match entries.collect::<Result<Vec<_>, _>>() {
+                Err(e) => Err(op_error(
+                    format!("ChangeMessageVisibilityBatch on {queue_url}"),
+                    e,
+                )),
+                Ok(entries) => client
+                    .change_message_visibility_batch()
+                    .queue_url(queue_url)
+                    .set_entries(Some(entries))
+                    .send()
+                    .await
+                    .map(|o| o.failed().iter().map(|f| f.id().to_owned()).collect())
+                    .map_err(|e| {
+                        op_error(format!("ChangeMessageVisibilityBatch on {queue_url}"), e)
+                    }),
+            }
+        }
+    };
+    match failed {
+        // The whole request failed: each entry is answered as its single
+        // call would have been (the same error).
+        Err(e) => {
+            let why = e.to_string();
+            for p in batch {
+                let _ = p.done.send(Err(BrokerError::Op {
+                    broker: BROKER,
+                    op: format!("a batch of {} on {queue_url}", kind_name(kind)),
+                    why: why.clone(),
+                }));
+            }
+        }
+        Ok(failed) => {
+            for (i, p) in batch.into_iter().enumerate() {
+                let r = if failed.iter().any(|id| *id == i.to_string()) {
+                    send_one(client, queue_url, kind, &p).await
+                } else {
+                    Ok(())
+                };
+                let _ = p.done.send(r);
+            }
+        }
+    }
+}
+
+fn kind_name(kind: BatchKind) -> &'static str {
+    match kind {
+        BatchKind::Delete => "deletes",
+        BatchKind::Visibility => "visibility changes",
     }
 }
 
@@ -295,6 +565,7 @@ impl Broker for Sqs {
             Ok(Box::new(QueueConsumer {
                 shared: Arc::clone(&self.shared),
                 buffer: VecDeque::new(),
+                receives: FuturesUnordered::new(),
             }) as Box<dyn Consumer>)
         })
     }
@@ -522,12 +793,38 @@ pub fn message_delivery(queue_url: &str, m: &Message) -> Delivery {
 struct QueueConsumer {
     shared: Arc<Shared>,
     buffer: VecDeque<(Message, Instant)>,
+    /// The receives in flight (at most `receives_in_flight`).
+    receives: FuturesUnordered<Receive>,
+}
+
+impl QueueConsumer {
+    /// Starts receives until `receives_in_flight` batches are buffered or
+    /// on their way (each counted as a full one).
+    fn top_up(&mut self) {
+        let batch = usize::try_from(self.shared.batch).unwrap_or(1).max(1);
+        let want = self.shared.receives_in_flight;
+        while self.receives.len() < want
+            && self.buffer.len() + self.receives.len() * batch < want * batch
+        {
+            self.receives.push(self.shared.spawn_receive());
+        }
+    }
+}
+
+impl Drop for QueueConsumer {
+    fn drop(&mut self) {
+        // What they receive comes back after its visibility timeout.
+        for r in self.receives.iter() {
+            r.abort();
+        }
+    }
 }
 
 impl Consumer for QueueConsumer {
     fn next(&mut self) -> BoxFuture<'_, Result<Option<Incoming>, BrokerError>> {
         Box::pin(async move {
             loop {
+                self.top_up();
                 if let Some((m, received)) = self.buffer.pop_front() {
                     let Some(handle) = m.receipt_handle().map(str::to_owned) else {
                         continue;
@@ -554,31 +851,19 @@ impl Consumer for QueueConsumer {
                         }),
                     }));
                 }
-                let s = &self.shared;
-                let visibility = i32::try_from(s.visibility.as_secs()).unwrap_or(43_200);
-                let received = Instant::now();
-                let out = s
-                    .client
-                    .receive_message()
-                    .queue_url(&s.queue_url)
-                    .max_number_of_messages(s.batch)
-                    .wait_time_seconds(if s.fifo {
-                        RECEIVE_WAIT_FIFO_SECS
-                    } else {
-                        RECEIVE_WAIT_SECS
-                    })
-                    .visibility_timeout(visibility)
-                    .message_attribute_names("All")
-                    .message_system_attribute_names(MessageSystemAttributeName::All)
-                    .send()
-                    .await
-                    .map_err(|e| s.op(format!("ReceiveMessage from {}", s.queue_url), e))?;
-                self.buffer.extend(
-                    out.messages
-                        .unwrap_or_default()
-                        .into_iter()
-                        .map(|m| (m, received)),
-                );
+                // Cancel-safe: a receive that finished is taken only here.
+                match self.receives.next().await {
+                    Some(Ok(Ok(messages))) => self.buffer.extend(messages),
+                    Some(Ok(Err(e))) => return Err(e),
+                    Some(Err(e)) => {
+                        return Err(BrokerError::Op {
+                            broker: BROKER,
+                            op: format!("ReceiveMessage from {}", self.shared.queue_url),
+                            why: format!("the receive's task ended: {e}"),
+                        });
+                    }
+                    None => {}
+                }
             }
         })
     }
@@ -592,17 +877,10 @@ struct MessageAcker {
 
 impl Acker for MessageAcker {
     fn ack(self: Box<Self>) -> BoxFuture<'static, Result<(), BrokerError>> {
-        Box::pin(async move {
-            let s = &self.shared;
-            s.client
-                .delete_message()
-                .queue_url(&s.queue_url)
-                .receipt_handle(&self.handle)
-                .send()
-                .await
-                .map(drop)
-                .map_err(|e| s.op(format!("DeleteMessage from {}", s.queue_url), e))
-        })
+        // Called once the message's outcome is durable: it shares a
+        // `DeleteMessageBatch` with the deletes asked for within
+        // [`BATCH_WAIT`].
+        Box::pin(async move { self.shared.deletes.call(self.handle, 0).await })
     }
 
     fn progress(&self) -> BoxFuture<'_, Result<(), BrokerError>> {

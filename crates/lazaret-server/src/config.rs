@@ -114,6 +114,7 @@
 //! concurrency = 16                    # guard: deliveries in flight (at least 1)
 //! settling = 240                      # guard: messages whose outcome is decided and whose write and ack are under way, beyond concurrency (default: 15 × concurrency, so RabbitMQ's prefetch is 16 × concurrency; 0 holds a delivery's slot until its ack)
 //! delivery_timeout_ms = 30000         # guard: a slower delivery failed with kind "timeout" (at least 1)
+//! receives_in_flight = 2              # guard, sqs: ReceiveMessage calls at once (at least 1; a FIFO queue uses 1; other brokers ignore it)
 //! redrive_to = "orders"               # optional: where a redrive republishes (default: where the message came from)
 //!
 //! [[alerts]]                          # a webhook target; several may be listed (docs/alerts.md)
@@ -744,6 +745,7 @@ struct RawSource {
     delivery_timeout_ms: Option<Ms>,
     redrive_to: Option<String>,
     redrive_allow: Option<Vec<String>>,
+    receives_in_flight: Option<u32>,
 }
 
 /// Integer milliseconds; a string like `"30s"` is refused with the number to write.
@@ -1788,6 +1790,15 @@ impl<'a> Ctx<'a> {
                 spec.concurrency = n;
             }
             spec.settling = s.settling;
+            if let Some(n) = s.receives_in_flight {
+                if n == 0 {
+                    return Err(self.invalid(
+                        &path.key("receives_in_flight"),
+                        "receives_in_flight must be at least 1 (got 0), or nothing is ever received; the default is 2",
+                    ));
+                }
+                spec.receives_in_flight = n;
+            }
             if let Some(Ms(v)) = s.delivery_timeout_ms {
                 if v == 0 {
                     return Err(self.invalid(
@@ -2389,6 +2400,21 @@ surge_share = 0.9
         assert_eq!(s.broker, BrokerKind::Sqs);
         assert_eq!(s.url, "http://127.0.0.1:4566");
         assert_eq!(s.queue, "http://127.0.0.1:4566/000000000000/orders.fifo");
+    }
+
+    #[test]
+    fn an_sqs_source_sets_its_receives_in_flight() {
+        let base = "[[sources]]\nname = \"orders\"\nbroker = \"sqs\"\nurl = \"http://127.0.0.1:4566\"\nqueue = \"orders\"\ndeliver = \"http://h/\"\n";
+        let cfg = parse(base).unwrap();
+        assert_eq!(cfg.sources[0].receives_in_flight, 2, "the default");
+        let cfg = parse(&format!("{base}receives_in_flight = 4\n")).unwrap();
+        assert_eq!(cfg.sources[0].receives_in_flight, 4);
+        assert_refused(
+            &format!("{base}receives_in_flight = 0\n"),
+            "sources[0].receives_in_flight",
+            7,
+            "at least 1",
+        );
     }
 
     #[test]

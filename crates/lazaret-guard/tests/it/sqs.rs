@@ -608,3 +608,315 @@ async fn a_fifo_max_receive_count_below_the_budget_is_warned_about() {
         "a standard queue's retries are not receives"
     );
 }
+
+/// A proxy in front of the SQS endpoint that counts the requests of each
+/// action (the `X-Amz-Target` header of SQS's JSON protocol).
+struct CountingProxy {
+    url: String,
+    counts: Arc<Mutex<std::collections::BTreeMap<String, u64>>>,
+    /// When set, the next `ReceiveMessage` is held until this is answered
+    /// (or dropped).
+    hold_receive: Arc<Mutex<Option<tokio::sync::oneshot::Receiver<()>>>>,
+}
+
+impl CountingProxy {
+    async fn start(upstream: &str) -> CountingProxy {
+        use axum::body::{Body, Bytes};
+        use axum::http::{HeaderMap, Method, Uri};
+        use axum::response::Response;
+
+        let counts = Arc::new(Mutex::new(std::collections::BTreeMap::new()));
+        let c = Arc::clone(&counts);
+        let hold_receive = Arc::new(Mutex::new(None));
+        let hold = Arc::clone(&hold_receive);
+        let upstream = upstream.trim_end_matches('/').to_owned();
+        let http = reqwest::Client::new();
+        let forward = move |method: Method, uri: Uri, headers: HeaderMap, body: Bytes| {
+            let (c, http, upstream) = (Arc::clone(&c), http.clone(), upstream.clone());
+            let hold = Arc::clone(&hold);
+            async move {
+                let action = headers
+                    .get("x-amz-target")
+                    .and_then(|v| v.to_str().ok())
+                    .map_or("other", |t| t.trim_start_matches("AmazonSQS."))
+                    .to_owned();
+                if action == "ReceiveMessage" {
+                    let held = hold.lock().unwrap().take();
+                    if let Some(until) = held {
+                        let _ = until.await;
+                    }
+                }
+                *c.lock().unwrap().entry(action).or_insert(0) += 1;
+                let path = uri.path_and_query().map_or("/", |p| p.as_str());
+                let mut req = http.request(method, format!("{upstream}{path}"));
+                for (k, v) in &headers {
+                    if k != "host" && k != "content-length" {
+                        req = req.header(k, v);
+                    }
+                }
+                let resp = req
+                    .body(body)
+                    .send()
+                    .await
+                    .expect("the SQS endpoint answers");
+                let mut out = Response::builder().status(resp.status());
+                for (k, v) in resp.headers() {
+                    if k != "transfer-encoding" && k != "content-length" {
+                        out = out.header(k, v);
+                    }
+                }
+                out.body(Body::from(resp.bytes().await.expect("the answer's body")))
+                    .expect("a response")
+            }
+        };
+        let app = axum::Router::new().fallback(forward);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        CountingProxy {
+            url: format!("http://{addr}"),
+            counts,
+            hold_receive,
+        }
+    }
+
+    /// Requests that receive, delete or change visibility, and all of them
+    /// by action.
+    fn message_requests(&self) -> (u64, std::collections::BTreeMap<String, u64>) {
+        let counts = self.counts.lock().unwrap().clone();
+        let n = counts
+            .iter()
+            .filter(|(a, _)| {
+                a.starts_with("ReceiveMessage")
+                    || a.starts_with("DeleteMessage")
+                    || a.starts_with("ChangeMessageVisibility")
+            })
+            .map(|(_, n)| n)
+            .sum();
+        (n, counts)
+    }
+}
+
+/// At steady state, with the source's default settings, a message costs
+/// at most 0.25 requests (receive, delete and visibility changes): deletes
+/// go as `DeleteMessageBatch` and receives take 10 messages. Counted by a
+/// proxy in front of the endpoint, over 500 messages that all succeed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_costs_at_most_a_quarter_request_at_steady_state() {
+    const MESSAGES: usize = 500;
+    let Some(b) = sqs_or_skip().await else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let queue = b.fresh_queue("sqs-requests").await;
+    for chunk in (0..MESSAGES).collect::<Vec<_>>().chunks(10) {
+        let entries = chunk.iter().map(|i| {
+            aws_sdk_sqs::types::SendMessageBatchRequestEntry::builder()
+                .id(i.to_string())
+                .message_body(format!("{{\"n\": {i}}}"))
+                .message_attributes(
+                    "message_id",
+                    MessageAttributeValue::builder()
+                        .data_type("String")
+                        .string_value(format!("m-{i}"))
+                        .build()
+                        .unwrap(),
+                )
+                .build()
+                .unwrap()
+        });
+        b.client
+            .send_message_batch()
+            .queue_url(&queue)
+            .set_entries(Some(entries.collect()))
+            .send()
+            .await
+            .expect("send the messages");
+    }
+    let proxy = CountingProxy::start(&b.url).await;
+    let name = common::unique("sqs-requests");
+    // The contract's defaults (16 in flight, 2 receives in flight), through
+    // the proxy.
+    let spec = SourceSpec::guard(&name, BrokerKind::Sqs, &proxy.url, &queue, TYPE);
+    let host = common::host(
+        dir.path(),
+        common::policies(TYPE, 5, Duration::from_millis(500)),
+    );
+    let log = Log::default();
+    let handler = common::recording(&log, |_| Outcome::Success);
+    let (faults, settled) = settled_log();
+    let g = common::start_guard(&b, spec, Arc::clone(&host), handler, faults).await;
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let n = settled
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, how)| *how == Settled::Succeeded)
+            .count();
+        if n >= MESSAGES {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{n} of {MESSAGES} messages settled in {PATIENCE:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (requests, by_action) = proxy.message_requests();
+    g.stop().await.unwrap();
+    let per_message = requests as f64 / MESSAGES as f64;
+    eprintln!(
+        "{requests} requests for {MESSAGES} messages: {per_message:.3} per message ({by_action:?})"
+    );
+    assert!(
+        requests * 4 <= MESSAGES as u64,
+        "{requests} receive, delete and visibility requests for {MESSAGES} messages ({per_message:.3} per message, at most 0.25 allowed): {by_action:?}"
+    );
+    assert_eq!(b.count(&queue).await, 0, "every message was deleted");
+}
+
+/// Acks that share a `DeleteMessageBatch` are answered one by one: the
+/// entries SQS reports failed (here two messages purged from the queue)
+/// are retried alone and fail as `DeleteMessage` would, while the third
+/// message of the batch is deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_delete_that_fails_in_part_answers_each_ack() {
+    let Some(b) = sqs_or_skip().await else { return };
+    let queue = b.fresh_queue("sqs-partial").await;
+    let proxy = CountingProxy::start(&b.url).await;
+    let mut spec = b.spec(&common::unique("sqs-partial"), &queue, Mode::Guard);
+    spec.url.clone_from(&proxy.url);
+    let broker = lazaret_guard::sqs::connect(&spec).await.unwrap();
+    let mut consumer = broker.consume().await.unwrap();
+    let mut take = async || {
+        tokio::time::timeout(PATIENCE, consumer.next())
+            .await
+            .expect("a message within the patience")
+            .unwrap()
+            .expect("a message")
+    };
+    for id in ["m-1", "m-2"] {
+        b.produce(&queue, id, b"{}", common::headers(json!({})))
+            .await;
+    }
+    let (first, second) = (take().await, take().await);
+    b.client
+        .purge_queue()
+        .queue_url(&queue)
+        .send()
+        .await
+        .unwrap();
+    b.produce(&queue, "m-3", b"{}", common::headers(json!({})))
+        .await;
+    let third = take().await;
+    assert_eq!(third.delivery.message_id, "m-3");
+    let (r1, r2, r3) = tokio::join!(first.ack.ack(), second.ack.ack(), third.ack.ack());
+    for r in [r1, r2] {
+        let e = r.expect_err("a purged message's delete fails").to_string();
+        assert!(e.contains("DeleteMessage from"), "{e}");
+        assert!(e.contains("ReceiptHandleIsInvalid"), "{e}");
+    }
+    r3.expect("the third message's delete succeeds");
+    let (_, by_action) = proxy.message_requests();
+    assert_eq!(
+        (
+            by_action.get("DeleteMessageBatch"),
+            by_action.get("DeleteMessage")
+        ),
+        (Some(&1), Some(&2)),
+        "one batch for the three, then the two failed entries alone: {by_action:?}"
+    );
+    assert!(
+        b.take(&queue, Duration::from_secs(2)).await.is_none(),
+        "the third message was deleted"
+    );
+}
+
+/// Two receives are in flight by default: while the first
+/// `ReceiveMessage` hangs (held by the proxy), the second one brings the
+/// message to a handler.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_receive_does_not_idle_the_handlers() {
+    let Some(b) = sqs_or_skip().await else { return };
+    let queue = b.fresh_queue("sqs-slow-receive").await;
+    let proxy = CountingProxy::start(&b.url).await;
+    let (release, held) = tokio::sync::oneshot::channel();
+    *proxy.hold_receive.lock().unwrap() = Some(held);
+    let mut spec = b.spec(&common::unique("sqs-slow-receive"), &queue, Mode::Guard);
+    spec.url.clone_from(&proxy.url);
+    assert_eq!(spec.receives_in_flight, 2, "the default");
+    b.produce(&queue, "m-1", b"{}", common::headers(json!({})))
+        .await;
+    let broker = lazaret_guard::sqs::connect(&spec).await.unwrap();
+    let mut consumer = broker.consume().await.unwrap();
+    let incoming = tokio::time::timeout(PATIENCE, consumer.next())
+        .await
+        .expect("the message, through the receive that is not held")
+        .unwrap()
+        .expect("a message");
+    assert_eq!(incoming.delivery.message_id, "m-1");
+    incoming.ack.ack().await.unwrap();
+    let _ = release.send(());
+}
+
+/// Visibility changes due together share one
+/// `ChangeMessageVisibilityBatch`: three deliveries' extensions, then
+/// their hand-backs, after which SQS hands the three out again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn visibility_changes_due_together_share_a_batch() {
+    let Some(b) = sqs_or_skip().await else { return };
+    let queue = b.fresh_queue("sqs-visibility").await;
+    let proxy = CountingProxy::start(&b.url).await;
+    let mut spec = b.spec(&common::unique("sqs-visibility"), &queue, Mode::Guard);
+    spec.url.clone_from(&proxy.url);
+    for id in ["m-1", "m-2", "m-3"] {
+        b.produce(&queue, id, b"{}", common::headers(json!({})))
+            .await;
+    }
+    let broker = lazaret_guard::sqs::connect(&spec).await.unwrap();
+    let mut consumer = broker.consume().await.unwrap();
+    let mut taken = Vec::new();
+    while taken.len() < 3 {
+        let incoming = tokio::time::timeout(PATIENCE, consumer.next())
+            .await
+            .expect("a message within the patience")
+            .unwrap()
+            .expect("a message");
+        taken.push(incoming);
+    }
+    let (a, b2, c) = (&taken[0].ack, &taken[1].ack, &taken[2].ack);
+    let (r1, r2, r3) = tokio::join!(a.progress(), b2.progress(), c.progress());
+    for r in [r1, r2, r3] {
+        r.expect("the extension succeeds");
+    }
+    let mut acks = taken.into_iter().map(|i| i.ack);
+    let (x, y, z) = (
+        acks.next().unwrap(),
+        acks.next().unwrap(),
+        acks.next().unwrap(),
+    );
+    let (r1, r2, r3) = tokio::join!(x.release(), y.release(), z.release());
+    for r in [r1, r2, r3] {
+        r.expect("the hand-back succeeds");
+    }
+    let (_, by_action) = proxy.message_requests();
+    assert_eq!(
+        (
+            by_action.get("ChangeMessageVisibilityBatch"),
+            by_action.get("ChangeMessageVisibility")
+        ),
+        (Some(&2), None),
+        "one batch for the extensions, one for the hand-backs: {by_action:?}"
+    );
+    let mut again = Vec::new();
+    while again.len() < 3 {
+        let incoming = tokio::time::timeout(PATIENCE, consumer.next())
+            .await
+            .expect("the handed-back messages come back")
+            .unwrap()
+            .expect("a message");
+        again.push(incoming.delivery.message_id.clone());
+        incoming.ack.ack().await.unwrap();
+    }
+    again.sort();
+    assert_eq!(again, vec!["m-1", "m-2", "m-3"]);
+}
