@@ -30,18 +30,13 @@ async fn keep(State(sink): State<Sink>, Json(body): Json<Value>) -> &'static str
 
 impl Receiver {
     async fn start() -> Receiver {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
         let bodies = Arc::new(Mutex::new(Vec::new()));
         let notify = Arc::new(tokio::sync::Notify::new());
         let app = axum::Router::new()
             .route("/hook", post(keep))
             .with_state(Sink(Arc::clone(&bodies), Arc::clone(&notify)));
-        tokio::spawn(async move {
-            axum::serve(listener, app).await.unwrap();
-        });
         Receiver {
-            url: format!("http://{addr}/hook"),
+            url: format!("{}/hook", crate::harness::serve_app(app).await),
             bodies,
             notify,
         }

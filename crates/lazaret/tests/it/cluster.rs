@@ -778,17 +778,12 @@ async fn keep(
 
 impl Hook {
     async fn start() -> Hook {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
         let bodies: Arc<Mutex<Vec<Value>>> = Arc::default();
         let app = axum::Router::new()
             .route("/hook", post(keep))
             .with_state(Arc::clone(&bodies));
-        tokio::spawn(async move {
-            axum::serve(listener, app).await.unwrap();
-        });
         Hook {
-            url: format!("http://{addr}/hook"),
+            url: format!("{}/hook", crate::harness::serve_app(app).await),
             bodies,
         }
     }

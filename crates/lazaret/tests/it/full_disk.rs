@@ -142,15 +142,10 @@ impl Handler {
                 StatusCode::NO_CONTENT.into_response()
             }
         }
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("a free port");
-        let addr = listener.local_addr().expect("bound");
         let app = axum::Router::new()
             .route("/orders", post(handle))
             .with_state(self.clone());
-        tokio::spawn(async move { axum::serve(listener, app).await });
-        format!("http://{addr}/orders")
+        format!("{}/orders", crate::harness::serve_app(app).await)
     }
 
     fn count(&self, id: &str) -> usize {

@@ -1015,3 +1015,14 @@ name = "p-1"
 role = "producer"
 token = "producer-secret"
 "#;
+
+/// Serves `app` on a free loopback port (a test's handler or webhook
+/// receiver) until the test's runtime ends; returns `http://ADDR`.
+pub async fn serve_app(app: axum::Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a free port");
+    let addr = listener.local_addr().expect("bound");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}")
+}

@@ -47,15 +47,13 @@ async fn flaky_once() -> (String, Calls) {
         }
     }
     let calls = Calls::default();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("a free port");
-    let addr = listener.local_addr().expect("bound");
     let app = Router::new()
         .route("/orders", post(handle))
         .with_state(Arc::clone(&calls));
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    (format!("http://{addr}/orders"), calls)
+    (
+        format!("{}/orders", crate::harness::serve_app(app).await),
+        calls,
+    )
 }
 
 /// Two nodes on one PostgreSQL schema guard one quorum queue (concurrency
@@ -195,15 +193,10 @@ async fn held_by_a() -> (String, NodeCalls) {
         StatusCode::NO_CONTENT
     }
     let calls = NodeCalls::default();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("a free port");
-    let addr = listener.local_addr().expect("bound");
     let app = Router::new()
         .route("/{node}", post(handle))
         .with_state(Arc::clone(&calls));
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    (format!("http://{addr}"), calls)
+    (crate::harness::serve_app(app).await, calls)
 }
 
 /// `kill -9` of a node while it delivers held retries it claimed: the
