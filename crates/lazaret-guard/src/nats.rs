@@ -32,10 +32,11 @@ use futures_util::future::BoxFuture;
 use lazaret_core::{DeadLetterReason, Failure, Timestamp};
 use serde_json::{Map, Value, json};
 
-use crate::broker::{Acker, Broker, BrokerError, Consumer, Incoming, redact};
+use crate::broker::{Acker, Broker, BrokerError, Consumer, Incoming};
 use crate::message::{Delivery, header_text, value_bytes};
 use crate::spec::SourceSpec;
 use crate::watch::TakenIn;
+use lazaret_core::mask_url;
 
 const BROKER: &str = "nats";
 
@@ -72,7 +73,7 @@ pub async fn connect(spec: &SourceSpec) -> Result<Box<dyn Broker>, BrokerError> 
             .await
             .map_err(|e| BrokerError::Connect {
                 broker: BROKER,
-                url: redact(&spec.url),
+                url: mask_url(&spec.url),
                 why: e.to_string(),
             })?;
     Ok(Box::new(Nats {

@@ -32,11 +32,12 @@ use tokio::sync::{Mutex, oneshot};
 
 use self::acks::{AckTracker, DeliveryTag};
 
-use crate::broker::{Acker, Broker, BrokerError, Consumer, Incoming, redact};
+use crate::broker::{Acker, Broker, BrokerError, Consumer, Incoming};
 use crate::celery;
 use crate::message::{Delivery, Republish, bytes_value, content_id, header_text};
 use crate::spec::SourceSpec;
 use crate::watch::TakenIn;
+use lazaret_core::mask_url;
 
 /// The word in errors and dead letters.
 const KIND: &str = "rabbitmq";
@@ -78,7 +79,7 @@ impl fmt::Debug for RabbitMq {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RabbitMq")
             .field("source", &self.spec.name)
-            .field("url", &redact(&self.spec.url))
+            .field("url", &mask_url(&self.spec.url))
             .field("queue", &self.spec.queue)
             .finish_non_exhaustive()
     }
@@ -98,7 +99,7 @@ async fn open(spec: &SourceSpec) -> Result<Connection, BrokerError> {
             "source {}: {} asks for TLS (amqps), which this build of lazaret does not \
              support yet; use amqp:// (e.g. through a local TLS tunnel)",
             spec.name,
-            redact(&spec.url)
+            mask_url(&spec.url)
         )));
     }
     let props = ConnectionProperties::default()
@@ -112,7 +113,7 @@ async fn open(spec: &SourceSpec) -> Result<Connection, BrokerError> {
         Ok(Err(e)) => Err(connect_error(spec, &e)),
         Err(_) => Err(BrokerError::Connect {
             broker: KIND,
-            url: redact(&spec.url),
+            url: mask_url(&spec.url),
             why: format!("no answer within {} s", CONNECT_WAIT.as_secs()),
         }),
     }
@@ -121,7 +122,7 @@ async fn open(spec: &SourceSpec) -> Result<Connection, BrokerError> {
 fn connect_error(spec: &SourceSpec, e: &lapin::Error) -> BrokerError {
     BrokerError::Connect {
         broker: KIND,
-        url: redact(&spec.url),
+        url: mask_url(&spec.url),
         why: e.to_string(),
     }
 }

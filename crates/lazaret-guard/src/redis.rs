@@ -73,10 +73,11 @@ use redis::{AsyncConnectionConfig, Client, RedisError, Value};
 use serde_json::{Map, Value as Json, json};
 use tokio::time::Instant;
 
-use crate::broker::{Acker, Broker, BrokerError, Consumer, Incoming, redact};
+use crate::broker::{Acker, Broker, BrokerError, Consumer, Incoming};
 use crate::message::{Delivery, Republish, bytes_value, value_bytes};
 use crate::spec::SourceSpec;
 use crate::watch::TakenIn;
+use lazaret_core::mask_url;
 
 const BROKER: &str = "redis";
 
@@ -120,7 +121,7 @@ const DEAD_FIELDS: [&str; 6] = [
 /// connection of its own, since a blocking `XREADGROUP` holds up every
 /// command behind it on its connection.
 pub async fn connect(spec: &SourceSpec) -> Result<Box<dyn Broker>, BrokerError> {
-    let url = redact(&spec.url);
+    let url = mask_url(&spec.url);
     let client = Client::open(spec.url.as_str()).map_err(|e| BrokerError::Connect {
         broker: BROKER,
         url: url.clone(),

@@ -13,8 +13,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use lazaret_core::mask_url;
 use lazaret_core::{JobType, Lane, Timestamp, Transition, TypePolicy};
-use lazaret_guard::broker::{reconnect_delay, redact};
+use lazaret_guard::broker::reconnect_delay;
 use lazaret_guard::{
     Broker, BrokerError, Faults, Guard, Host, HttpHandler, Mode, SourceSpec, TenantFrom, Watch,
 };
@@ -129,7 +130,7 @@ pub fn describe(spec: &SourceSpec) -> String {
         Mode::Watch => "watch",
     };
     let to = match (spec.mode, &spec.deliver) {
-        (Mode::Guard, Some(url)) => redact(url),
+        (Mode::Guard, Some(url)) => mask_url(url),
         (Mode::Guard, None) => "(no handler)".to_owned(),
         (Mode::Watch, _) => "dead letters".to_owned(),
     };
@@ -141,7 +142,7 @@ pub fn describe(spec: &SourceSpec) -> String {
         "source {}: {what} {} {} queue {} → {to} (type {}, lane {}, {tenant})",
         spec.name,
         spec.broker.as_str(),
-        redact(&spec.url),
+        mask_url(&spec.url),
         spec.queue,
         spec.job_type,
         spec.lane,
@@ -244,7 +245,7 @@ async fn run<S: Store>(app: Arc<App<S>>, spec: SourceSpec, mut stop: watch::Rece
         .write()
         .unwrap_or_else(|p| p.into_inner())
         .insert(spec.clone(), Arc::clone(&broker));
-    tracing::info!(source = %spec.name, "connected to {} at {}", spec.broker.as_str(), redact(&spec.url));
+    tracing::info!(source = %spec.name, "connected to {} at {}", spec.broker.as_str(), mask_url(&spec.url));
     let name = spec.name.clone();
     let result = match spec.mode {
         Mode::Guard => {

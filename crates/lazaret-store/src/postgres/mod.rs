@@ -214,7 +214,7 @@ async fn connect(
         format!("lazaret/{}", opts.schema)
     });
     let (client, mut conn) = config.connect(NoTls).await.map_err(|e| StoreError::Open {
-        path: redact(&opts.url),
+        path: lazaret_core::mask_url(&opts.url),
         source: std::io::Error::other(format!(
             "{e}; check that PostgreSQL is up, the address is right and the user may connect"
         )),
@@ -237,11 +237,6 @@ async fn connect(
         }
     });
     Ok(client)
-}
-
-/// The URL without its user info, for messages (the one masking rule).
-fn redact(url: &str) -> String {
-    lazaret_core::mask_url(url)
 }
 
 /// Runs the migrations on the database `opts` names and returns the
