@@ -713,7 +713,15 @@ impl<H: Host> Inner<H> {
                 }
             };
             let mut started = 0;
-            for p in due {
+            for claimed in due {
+                let p = claimed.retry;
+                // Another claimer's claim ran out: it died (or stopped)
+                // delivering this retry and left no outcome. This node's
+                // own lapsed claims (a retry it put back for the gate, or
+                // whose outcome the store refused) are no crash.
+                let crashed = claimed
+                    .lapsed_claim
+                    .is_some_and(|who| who != self.claimer);
                 let key = p.key();
                 if !self.lock_running().insert(key.clone()) {
                     continue;
@@ -741,9 +749,25 @@ impl<H: Host> Inner<H> {
                 tokio::spawn(async move {
                     let delivery = parked_delivery(&p);
                     let policy = me.host.policy(&me.spec.job_type);
-                    let settled = me
-                        .attempt(Origin::Parked, delivery, p.envelope, policy, permit)
-                        .await;
+                    let mut env = p.envelope;
+                    let at = now();
+                    let spent = crashed.then(|| {
+                        // Charged as a lease expiry, as a broker's
+                        // redelivery after a dead consumer is: a retry
+                        // that kills node after node ends as crash_loop.
+                        let mut rng = me.rng.lock().unwrap_or_else(|p| p.into_inner());
+                        absorb_earlier_deliveries(&mut env, &policy, None, 1, at, &mut *rng)
+                    });
+                    let settled = if let Some(Some(reason)) = spent {
+                        let transition = Transition::DeadLetter { reason };
+                        let done = me.observe(&env, transition, at, None);
+                        let settled = me.finish(Origin::Parked, &delivery, env, done, at).await;
+                        drop(permit);
+                        settled
+                    } else {
+                        me.attempt(Origin::Parked, delivery, env, policy, permit)
+                            .await
+                    };
                     if !settled {
                         // The store refused: the retry stays held (and
                         // claimed until its claim expires); look again later.
@@ -821,6 +845,11 @@ impl<H: Host> Inner<H> {
                 }
             };
             match held {
+                // Delivered before, and lazaret never wrote an outcome: the
+                // handler may have seen it (a duplicate the broker causes).
+                Ok(Held::Nothing) if delivery.broker_prior > 0 => {
+                    self.host.redelivered(&self.spec.name, false);
+                }
                 Ok(Held::Nothing) => {}
                 Ok(Held::Parked) if self.broker.holds_retries() => {
                     let mut tries = 0;
@@ -857,6 +886,7 @@ impl<H: Host> Inner<H> {
                     // the broker: it is settled already.
                     tracing::info!(source = %self.spec.name, message_id = %delivery.message_id, ?held,
                         "a redelivered message is held already; acknowledging it");
+                    self.host.redelivered(&self.spec.name, true);
                     self.settle(Origin::Broker(ack), &delivery, Settled::HeldAlready)
                         .await;
                     drop(permit);

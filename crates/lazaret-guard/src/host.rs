@@ -72,6 +72,16 @@ pub trait Host: Send + Sync + 'static {
     fn given_back(&self, source: &str) {
         let _ = source;
     }
+
+    /// The broker delivered a message again that it had delivered before
+    /// without lazaret's acknowledgement (a consumer that died, a lost
+    /// connection, a rebalance, an expired visibility or ack wait: the
+    /// broker's own at-least-once). `recognised`: lazaret had written its
+    /// outcome already (a dead letter, a held retry) and only acknowledged
+    /// it; otherwise it went to the handler again, a possible duplicate.
+    fn redelivered(&self, source: &str, recognised: bool) {
+        let _ = (source, recognised);
+    }
 }
 
 /// How long a source waits before it tries a refused store write (or read)

@@ -320,9 +320,15 @@ impl ConsumerContext for Ctx {
     fn post_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         if let Rebalance::Assign(tpl) = rebalance {
             let mut t = self.shared.tracker();
+            let mut partitions = Vec::new();
             for e in tpl.elements() {
                 t.assign(e.partition());
+                partitions.push(e.partition());
             }
+            partitions.sort_unstable();
+            // Which node reads which partition is what an operator asks
+            // first when several nodes share a group.
+            tracing::info!(topic = %self.shared.topic, "the group assigned this node partitions {partitions:?} of topic {}", self.shared.topic);
         }
     }
 }

@@ -190,6 +190,15 @@ pub fn source_given_back(source: &str) {
         .increment(1);
 }
 
+/// The broker delivered a source's message again without lazaret having
+/// acknowledged it (see `Host::redelivered`): `recognised` when its
+/// outcome was written already, `delivered` when the handler got it again.
+pub fn source_redelivered(source: &str, recognised: bool) {
+    let outcome = if recognised { "recognised" } else { "delivered" };
+    metrics::counter!("lazaret_source_redeliveries_total", "source" => source.to_owned(), "outcome" => outcome)
+        .increment(1);
+}
+
 /// Whether the store takes writes (1) or refuses them (0: a full disk).
 pub fn store_writable(writable: bool) {
     metrics::gauge!("lazaret_store_writable").set(if writable { 1.0 } else { 0.0 });
@@ -210,6 +219,10 @@ pub fn describe_source(source: &str) {
     metrics::counter!("lazaret_source_taken_in_total", "source" => source.to_owned()).increment(0);
     metrics::counter!("lazaret_source_given_back_total", "source" => source.to_owned())
         .increment(0);
+    for outcome in ["recognised", "delivered"] {
+        metrics::counter!("lazaret_source_redeliveries_total", "source" => source.to_owned(), "outcome" => outcome)
+            .increment(0);
+    }
 }
 
 /// The `outcome` label values of `lazaret_source_deliveries_total`.
@@ -446,6 +459,11 @@ const FAMILIES: &[Family] = &[
         "lazaret_source_given_back_total",
         "counter",
         "Messages a source handed back to its broker (nack with requeue) because lazaret could not write their outcome and could hold them no longer; each raises the broker's delivery count, by source",
+    ),
+    family(
+        "lazaret_source_redeliveries_total",
+        "counter",
+        "Messages the broker delivered again that lazaret had not acknowledged (its own at-least-once: a dead consumer, a lost connection, a rebalance, an expired visibility), by source and outcome: recognised (their outcome was written already; only acknowledged) or delivered (handed to the handler again: a possible duplicate)",
     ),
     family(
         "lazaret_store_writable",

@@ -97,6 +97,10 @@ impl<S: Store> Host for App<S> {
         m::source_given_back(source);
     }
 
+    fn redelivered(&self, source: &str, recognised: bool) {
+        m::source_redelivered(source, recognised);
+    }
+
     fn observe_taken_in(&self, source: &str, dl: &SourceDeadLetter, _now: Timestamp) {
         let ty = dl.job_type.as_deref().unwrap_or("");
         m::dead_lettered(self.metric_type(source, ty), dl.reason.as_str(), "broker");

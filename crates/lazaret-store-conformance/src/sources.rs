@@ -8,7 +8,7 @@ use lazaret_core::{
     DeadLetterReason, Envelope, Failure, FailureClass, JobId, Timestamp, grant_lease,
 };
 use lazaret_store::{
-    DeadLetterFilter, Held, MessageKey, ParkedMessage, Selector, SourceDeadLetter, SourceRef,
+    ClaimedRetry, DeadLetterFilter, Held, MessageKey, ParkedMessage, Selector, SourceDeadLetter, SourceRef,
     Stage, Store,
 };
 use serde_json::json;
@@ -527,15 +527,22 @@ async fn claim<S: Store>(
     who: &str,
     now: i64,
     limit: u32,
-) -> Result<Vec<ParkedMessage>, lazaret_store::StoreError> {
+) -> Result<Vec<ClaimedRetry>, lazaret_store::StoreError> {
     store
         .claim_due_messages("src".into(), at(now), limit, who.into(), at(now + 60_000))
         .await
 }
 
 /// The message ids of held retries, in the order given.
-fn ids_of(held: &[ParkedMessage]) -> Vec<&str> {
-    held.iter().map(|p| p.source.message_id.as_str()).collect()
+fn ids_of(held: &[ClaimedRetry]) -> Vec<&str> {
+    held.iter()
+        .map(|c| c.retry.source.message_id.as_str())
+        .collect()
+}
+
+/// Whose expired claim each claimed retry was taken from, in order.
+fn lapsed(held: &[ClaimedRetry]) -> Vec<Option<&str>> {
+    held.iter().map(|c| c.lapsed_claim.as_deref()).collect()
 }
 
 /// A due held retry is claimed by one caller (a node delivering it) until
@@ -561,10 +568,11 @@ pub async fn a_held_retry_is_claimed_by_one_caller_until_its_claim_expires<B: Ba
     let first = claim(&s, "n1", 5_000, 10).await.unwrap();
     assert_eq!(ids_of(&first), vec!["a", "b"], "due ones, earliest first");
     assert_eq!(
-        first[0],
+        first[0].retry,
         parked("src", "a", at(1_000)),
         "read back as written"
     );
+    assert_eq!(lapsed(&first), vec![None, None], "nobody had claimed them");
     let other = second.as_ref().unwrap_or(&s);
     assert!(
         claim(other, "n2", 6_000, 10).await.unwrap().is_empty(),
@@ -578,6 +586,11 @@ pub async fn a_held_retry_is_claimed_by_one_caller_until_its_claim_expires<B: Ba
         vec!["a", "b"],
         "expired claims are free again"
     );
+    assert_eq!(
+        lapsed(&taken),
+        vec![Some("n1"), Some("n1")],
+        "taken from n1's expired claims (charged as a crash by the runtime)"
+    );
     assert!(claim(&s, "n1", 65_001, 10).await.unwrap().is_empty());
     // The outcomes clear the claim: `a` held again (a retry's retry) is
     // claimable once due; `b` succeeded and is gone.
@@ -586,10 +599,9 @@ pub async fn a_held_retry_is_claimed_by_one_caller_until_its_claim_expires<B: Ba
         .await
         .unwrap();
     assert!(other.unpark_message(key("src", "b")).await.unwrap());
-    assert_eq!(
-        ids_of(&claim(&s, "n1", 70_000, 10).await.unwrap()),
-        vec!["a"]
-    );
+    let again = claim(&s, "n1", 70_000, 10).await.unwrap();
+    assert_eq!(ids_of(&again), vec!["a"]);
+    assert_eq!(lapsed(&again), vec![None], "its outcome cleared the claim");
     assert_eq!(
         ids_of(&claim(&s, "n1", 100_000, 10).await.unwrap()),
         vec!["later"],

@@ -296,9 +296,10 @@ pub trait Store: Send + Sync + 'static {
     /// claim expires, so a retry is delivered by one node at a time. The
     /// outcome's write clears the claim ([`Store::unpark_message`],
     /// [`Store::park_message`] or a quarantine of its key); a caller that
-    /// dies holding claims gives them back when they expire. Taken with
-    /// `FOR UPDATE SKIP LOCKED` on PostgreSQL, by the single writer on
-    /// SQLite.
+    /// dies holding claims gives them back when they expire, and the
+    /// next claim of such a retry names it ([`ClaimedRetry::lapsed_claim`]).
+    /// Taken with `FOR UPDATE SKIP LOCKED` on PostgreSQL, by the single
+    /// writer on SQLite.
     fn claim_due_messages(
         &self,
         source: String,
@@ -306,7 +307,7 @@ pub trait Store: Send + Sync + 'static {
         limit: u32,
         claimer: String,
         expires_at: Timestamp,
-    ) -> impl Future<Output = Result<Vec<ParkedMessage>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Vec<ClaimedRetry>, StoreError>> + Send;
 
     /// The retry held for one message (its envelope, due time and where
     /// it is), if any: for brokers whose retries wait on the broker itself

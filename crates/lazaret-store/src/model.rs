@@ -418,6 +418,19 @@ impl ParkedMessage {
     }
 }
 
+/// A held retry claimed for delivery ([`crate::Store::claim_due_messages`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClaimedRetry {
+    /// The retry.
+    pub retry: ParkedMessage,
+    /// The claimer whose claim on it had expired when this claim took it:
+    /// a node that died (or stopped) mid delivery, which left no outcome.
+    /// The runtime charges that as a crash (a lease expiry) when it was
+    /// another claimer, so a retry that kills node after node ends as
+    /// `crash_loop`. `None` when nobody had claimed it.
+    pub lapsed_claim: Option<String>,
+}
+
 /// What lazaret's store holds of a broker message already.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Held {

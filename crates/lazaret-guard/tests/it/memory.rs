@@ -1117,6 +1117,95 @@ mod runtime {
         g.stop().await.unwrap();
     }
 
+    /// A held retry claimed by a node that died (its claim expired, no
+    /// outcome written) is charged a crash when another node claims it,
+    /// as a broker's redelivery after a dead consumer is: with
+    /// `crash_loop_max = 1` it is quarantined `crash_loop` undelivered;
+    /// with 3 it is delivered, as attempt 3 (the dead node's call was
+    /// attempt 2). Before, it came back as attempt 2 however many nodes it
+    /// had killed.
+    #[tokio::test]
+    async fn a_held_retry_whose_claimer_died_is_charged_a_crash() {
+        use lazaret_core::{Failure, FailureClass, Timestamp};
+
+        for (crash_loop_max, quarantined) in [(1, true), (3, false)] {
+            let b = Memory::default();
+            let dir = tempfile::tempdir().unwrap();
+            let queue = b.fresh_queue("lapsed").await;
+            let name = unique("lapsed");
+            let spec = b.spec(&name, &queue, Mode::Guard);
+            b.produce(&queue, "m-l", b"{}", headers(json!({}))).await;
+            let mut p = policies("orders", 10, Duration::from_millis(300));
+            for t in p.types.values_mut() {
+                t.crash_loop_max = crash_loop_max;
+            }
+            let h = host(dir.path(), p);
+            let log = Log::default();
+            let handler = || {
+                recording(&log, |s| {
+                    if s.attempt == 1 {
+                        Outcome::Failure(
+                            Failure::new("http_503", "down").with_class(FailureClass::Transient),
+                        )
+                    } else {
+                        Outcome::Success
+                    }
+                })
+            };
+            let g = start_guard(
+                &b,
+                spec.clone(),
+                Arc::clone(&h),
+                handler(),
+                Faults::default(),
+            )
+            .await;
+            log.wait_for(Duration::from_secs(10), |s| s.len() == 1).await;
+            while h
+                .store()
+                .next_message_due(name.clone())
+                .await
+                .unwrap()
+                .is_none()
+            {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            g.stop().await.unwrap();
+            // Another node claimed it and died: its claim has run out.
+            let wall = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_millis() as i64;
+            let ghost = h
+                .store()
+                .claim_due_messages(
+                    name.clone(),
+                    Timestamp::from_millis(wall + 10_000),
+                    10,
+                    "ghost@pid1".into(),
+                    Timestamp::from_millis(wall),
+                )
+                .await
+                .unwrap();
+            assert_eq!(ghost.len(), 1, "the ghost held it");
+            let g = start_guard(&b, spec, Arc::clone(&h), handler(), Faults::default()).await;
+            if quarantined {
+                let dls = wait_dead_letters(h.store(), &name, 1, Duration::from_secs(10)).await;
+                assert_eq!(dls[0].reason, DeadLetterReason::CrashLoop);
+                assert_eq!(log.all().len(), 1, "not delivered again: {:?}", log.all());
+            } else {
+                let seen = log.wait_for(Duration::from_secs(10), |s| s.len() == 2).await;
+                assert_eq!(
+                    seen.iter().map(|s| s.attempt).collect::<Vec<_>>(),
+                    vec![1, 3],
+                    "the dead node's attempt 2 was charged"
+                );
+                assert!(dead_letters_of(h.store(), &name).await.is_empty());
+            }
+            g.stop().await.unwrap();
+        }
+    }
+
     /// A watch source whose quarantine the store refuses holds the broker's
     /// dead letter and tries again later, never handing it back at once
     /// (which made the broker hand it straight back, in a loop).

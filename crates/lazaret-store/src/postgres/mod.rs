@@ -917,7 +917,7 @@ impl Store for PostgresStore {
         limit: u32,
         claimer: String,
         expires_at: Timestamp,
-    ) -> Result<Vec<ParkedMessage>, StoreError> {
+    ) -> Result<Vec<crate::ClaimedRetry>, StoreError> {
         reader::claim_due(
             &*self.reader().await?,
             &source,

@@ -384,18 +384,20 @@ pub(super) async fn claim_due(
     limit: u32,
     claimer: &str,
     expires_at: Timestamp,
-) -> Result<Vec<ParkedMessage>, StoreError> {
+) -> Result<Vec<crate::ClaimedRetry>, StoreError> {
+    // `d` is read before the update: its `claimed_by` is the claimer whose
+    // claim had expired.
     let rows = pg(c
         .query(
             "UPDATE source_parked p SET claimed_by = $4, claim_expires_at = $5
-             FROM (SELECT source, message_id, payload_sha256, redrive_id FROM source_parked
+             FROM (SELECT source, message_id, payload_sha256, redrive_id, claimed_by FROM source_parked
                    WHERE source = $1 AND due_at <= $2
                      AND (claim_expires_at IS NULL OR claim_expires_at <= $2)
                    ORDER BY due_at LIMIT $3
                    FOR UPDATE SKIP LOCKED) d
              WHERE p.source = d.source AND p.message_id = d.message_id
                AND p.payload_sha256 = d.payload_sha256 AND p.redrive_id = d.redrive_id
-             RETURNING p.due_at, p.ref, p.envelope, p.body",
+             RETURNING p.due_at, p.ref, p.envelope, p.body, d.claimed_by",
             &[
                 &source,
                 &now.as_millis(),
@@ -405,8 +407,16 @@ pub(super) async fn claim_due(
             ],
         )
         .await)?;
-    let mut out = rows.iter().map(parked_row).collect::<Result<Vec<_>, _>>()?;
-    out.sort_by_key(|p| p.due_at.as_millis());
+    let mut out = rows
+        .iter()
+        .map(|r| {
+            Ok(crate::ClaimedRetry {
+                retry: parked_row(r)?,
+                lapsed_claim: r.get(4),
+            })
+        })
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    out.sort_by_key(|c| c.retry.due_at.as_millis());
     Ok(out)
 }
 

@@ -694,7 +694,7 @@ impl Store for SqliteStore {
         limit: u32,
         claimer: String,
         expires_at: Timestamp,
-    ) -> Result<Vec<crate::ParkedMessage>, StoreError> {
+    ) -> Result<Vec<crate::ClaimedRetry>, StoreError> {
         self.call(|tx| {
             Cmd::ClaimDue(
                 Box::new(sources::Claim {

@@ -6,7 +6,7 @@ use lazaret_core::{Envelope, Timestamp, payload_preview};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::{
-    DeadLetterId, Held, MessageKey, ParkedMessage, Quarantined, SourceDeadLetter, SourceRef,
+    ClaimedRetry, DeadLetterId, Held, MessageKey, ParkedMessage, Quarantined, SourceDeadLetter, SourceRef,
     StoreError,
 };
 
@@ -160,46 +160,50 @@ pub(super) struct Claim {
 }
 
 /// Claims the due, unclaimed (or expired-claim) held retries of a source,
-/// earliest first. Run by the single writer, so two callers never claim
-/// the same retry.
-pub(super) fn claim_due(c: &Connection, claim: &Claim) -> Result<Vec<ParkedMessage>, StoreError> {
-    let mut stmt = db(c.prepare_cached(
-        "UPDATE source_parked SET claimed_by = ?4, claim_expires_at = ?5
-         WHERE rowid IN (
-           SELECT rowid FROM source_parked
-           WHERE source = ?1 AND due_at <= ?2
-             AND (claim_expires_at IS NULL OR claim_expires_at <= ?2)
-           ORDER BY due_at LIMIT +?3)
-         RETURNING due_at, ref, envelope, body",
+/// earliest first, each with the claimer whose claim had expired. Run by
+/// the single writer, so two callers never claim the same retry (and the
+/// read of the old claimer and the update are one step).
+pub(super) fn claim_due(c: &Connection, claim: &Claim) -> Result<Vec<ClaimedRetry>, StoreError> {
+    let mut pick = db(c.prepare_cached(
+        "SELECT rowid, claimed_by, due_at, ref, envelope, body FROM source_parked
+         WHERE source = ?1 AND due_at <= ?2
+           AND (claim_expires_at IS NULL OR claim_expires_at <= ?2)
+         ORDER BY due_at LIMIT +?3",
     ))?;
-    let rows = db(stmt.query_map(
-        params![
-            claim.source,
-            claim.now.as_millis(),
-            i64::from(claim.limit),
-            claim.claimer,
-            claim.expires_at.as_millis()
-        ],
+    let rows = db(pick.query_map(
+        params![claim.source, claim.now.as_millis(), i64::from(claim.limit)],
         |r| {
             Ok((
                 r.get::<_, i64>(0)?,
-                r.get::<_, String>(1)?,
-                r.get::<_, String>(2)?,
-                r.get::<_, Vec<u8>>(3)?,
+                r.get::<_, Option<String>>(1)?,
+                r.get::<_, i64>(2)?,
+                r.get::<_, String>(3)?,
+                r.get::<_, String>(4)?,
+                r.get::<_, Vec<u8>>(5)?,
             ))
         },
     ))?;
     let mut out = Vec::new();
+    let mut rowids = Vec::new();
     for row in rows {
-        let (due_at, src, env, body) = db(row)?;
-        out.push(ParkedMessage {
-            source: serde_json::from_str::<SourceRef>(&src).map_err(corrupt)?,
-            due_at: Timestamp::from_millis(due_at),
-            envelope: Envelope::from_json(&env).map_err(corrupt)?,
-            body,
+        let (rowid, lapsed_claim, due_at, src, env, body) = db(row)?;
+        rowids.push(rowid);
+        out.push(ClaimedRetry {
+            retry: ParkedMessage {
+                source: serde_json::from_str::<SourceRef>(&src).map_err(corrupt)?,
+                due_at: Timestamp::from_millis(due_at),
+                envelope: Envelope::from_json(&env).map_err(corrupt)?,
+                body,
+            },
+            lapsed_claim,
         });
     }
-    out.sort_by_key(|p| p.due_at.as_millis());
+    let mut take = db(c.prepare_cached(
+        "UPDATE source_parked SET claimed_by = ?1, claim_expires_at = ?2 WHERE rowid = ?3",
+    ))?;
+    for rowid in rowids {
+        db(take.execute(params![claim.claimer, claim.expires_at.as_millis(), rowid]))?;
+    }
     Ok(out)
 }
 

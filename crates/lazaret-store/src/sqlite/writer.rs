@@ -78,7 +78,7 @@ pub(super) enum Cmd {
     QuarantineMany(Vec<crate::SourceDeadLetter>, Reply<Vec<crate::Quarantined>>),
     Park(Box<crate::ParkedMessage>, Reply<()>),
     Unpark(Box<crate::MessageKey>, Reply<bool>),
-    ClaimDue(Box<super::sources::Claim>, Reply<Vec<crate::ParkedMessage>>),
+    ClaimDue(Box<super::sources::Claim>, Reply<Vec<crate::ClaimedRetry>>),
     /// Tests: waits for the gate to open (or close), then runs the SQL.
     #[cfg(test)]
     Sql(String, mpsc::Receiver<()>, Reply<()>),

@@ -195,6 +195,16 @@ impl Server {
     /// Starts one node with `config` on `schema` (created by its first
     /// node's migration, unless `lazaret migrate` made it).
     pub async fn on_schema(config: &str, schema: &std::sync::Arc<PgSchema>) -> Server {
+        Server::on_schema_env(config, schema, &[]).await
+    }
+
+    /// [`Server::on_schema`] with these environment variables (as
+    /// [`Server::start_env`]).
+    pub async fn on_schema_env(
+        config: &str,
+        schema: &std::sync::Arc<PgSchema>,
+        env: &[(&str, &str)],
+    ) -> Server {
         let dir = tempfile::tempdir().expect("a temporary directory");
         std::fs::write(dir.path().join("lazaret.toml"), config).expect("config written");
         let mut server = Server {
@@ -202,7 +212,10 @@ impl Server {
             child: None,
             base: String::new(),
             starts: 0,
-            env: Vec::new(),
+            env: env
+                .iter()
+                .map(|(k, v)| ((*k).into(), (*v).into()))
+                .collect(),
             schema: Some(std::sync::Arc::clone(schema)),
         };
         server.spawn().await;

@@ -9,6 +9,7 @@ mod audit;
 mod auth;
 mod bench;
 mod browser;
+mod brokers;
 mod celery;
 mod cli;
 mod cluster;
