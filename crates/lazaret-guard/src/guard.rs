@@ -17,9 +17,9 @@
 //! A delivery holds one of `concurrency` handler slots until its outcome is
 //! decided and the host has observed it (so a breaker that this outcome
 //! opens stops the next take); its write and acknowledgement then hold one
-//! of [`SourceSpec::settling_max`] settling slots instead (as many as
-//! `concurrency` by default; with none, the handler slot is held until the
-//! message is settled).
+//! of [`SourceSpec::settling_max`] settling slots instead (15 ×
+//! `concurrency` by default, `settling` in the config; with none, the
+//! handler slot is held until the message is settled).
 //!
 //! A broker whose retries must wait on the broker itself (SQS FIFO: a failed
 //! message keeps holding its group, [`Broker::holds_retries`]) is held

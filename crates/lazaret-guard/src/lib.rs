@@ -1,7 +1,7 @@
 //! lazaret in front of the brokers teams already run.
 //!
-//! A *source* is a queue on RabbitMQ, NATS JetStream, Redis Streams or a
-//! Kafka topic.
+//! A *source* is a queue on RabbitMQ, NATS JetStream, Redis Streams, a
+//! Kafka topic or an SQS queue.
 //! In **guard** mode ([`Guard`]) lazaret consumes it and delivers each
 //! message to the team's handler (an HTTP endpoint, [`HttpHandler`], or a
 //! Rust closure, [`handler_fn`]), with every gate of lazaret's own jobs:
@@ -17,7 +17,7 @@
 //! dead letter back to its broker.
 //!
 //! One adapter module per broker, each behind a cargo feature (`rabbitmq`,
-//! `nats`, `redis`, `kafka`; all on by default), implements [`Broker`]: consume,
+//! `nats`, `redis`, `kafka`, `sqs`; all on by default), implements [`Broker`]: consume,
 //! acknowledge, keep a running message from redelivery, publish with
 //! confirmation. Adapters only move messages; the gates are shared.
 //!

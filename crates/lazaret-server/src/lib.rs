@@ -5,8 +5,9 @@
 //! `[[alerts]]` (`alerts.rs`) deliver webhooks from background tasks.
 //! `[[sources]]` (`sources.rs`) run `lazaret-guard`'s guards and watches
 //! on the same `App`. What it deliberately does not do: decide policy in a
-//! handler, or read the clock anywhere but `app::now` (the sources' runtime
-//! reads its own, `lazaret_guard::guard::now`).
+//! handler, or read the wall clock anywhere but `app::now` (the sources'
+//! runtime reads its own, `lazaret_guard::guard::now`; `Instant` measures
+//! durations in `conn.rs` and `error.rs`).
 
 pub mod alerts;
 pub mod api;

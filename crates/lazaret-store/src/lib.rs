@@ -1,4 +1,6 @@
-//! lazaret's durable store: the [`Store`] trait and its SQLite implementation.
+//! lazaret's durable store: the [`Store`] trait and its two implementations,
+//! SQLite (the embedded default, [`sqlite`]) and PostgreSQL (several nodes,
+//! `postgres`, behind the feature of that name).
 //!
 //! The store *applies* what `lazaret-core` decides; it never decides policy.
 //! Every method that changes a job runs in one transaction: a lease charges

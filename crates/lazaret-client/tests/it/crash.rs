@@ -16,7 +16,10 @@ async fn a_killed_worker_s_job_is_leased_again_with_one_attempt_charged() {
         return;
     };
     let Some(worker_bin) = support::target_bin("examples/slow_worker") else {
-        eprintln!("SKIPPED: examples/slow_worker is not built (cargo test builds it)");
+        lazaret_testkit::skip(
+            "a_killed_worker_s_job_is_leased_again_with_one_attempt_charged",
+            "examples/slow_worker is not built (cargo test builds it)",
+        );
         return;
     };
     let client = &server.client;

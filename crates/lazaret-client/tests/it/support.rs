@@ -59,9 +59,10 @@ fn server_bin() -> Option<PathBuf> {
 /// binary is not built.
 pub async fn start(config: &str) -> Option<Server> {
     let Some(bin) = server_bin() else {
-        eprintln!(
-            "SKIPPED: the lazaret binary is not built next to this test \
-             (run `cargo build -p lazaret` first, or set LAZARET_BIN)"
+        lazaret_testkit::skip(
+            "this client test",
+            "the lazaret binary is not built next to this test \
+             (run `cargo build -p lazaret` first, or set LAZARET_BIN)",
         );
         return None;
     };

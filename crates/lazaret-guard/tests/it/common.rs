@@ -26,16 +26,7 @@ use tokio::task::JoinHandle;
 /// The broker's URL from `var`, or `None` after saying the test is skipped
 /// (a failure under `CI=true`, where every broker must be there).
 pub fn service(var: &str) -> Option<String> {
-    match std::env::var(var) {
-        Ok(url) if !url.is_empty() => Some(url),
-        _ => {
-            if std::env::var("CI").is_ok_and(|v| v == "true") {
-                panic!("{var} is not set, and CI=true: .ci/run must start the broker and set it");
-            }
-            eprintln!("skipped: set {var} to run this test against a real broker");
-            None
-        }
-    }
+    lazaret_testkit::service(var, "the broker's URL", "this broker test")
 }
 
 /// A name no other test (or earlier run) uses.

@@ -797,7 +797,10 @@ async fn a_guard_and_a_redrive_reconnect_after_the_connection_died() {
     .await
     .unwrap()
     {
-        eprintln!("skipped the reconnect: no rabbitmqctl here");
+        lazaret_testkit::skip(
+            "the reconnect",
+            "no rabbitmqctl here to close the connection",
+        );
         let _ = stop.send(true);
         task.await.unwrap().unwrap();
         return;
@@ -1029,7 +1032,10 @@ async fn a_lost_connection_duplicates_at_most_the_calls_in_flight() {
         .await
         .unwrap()
     {
-        eprintln!("skipped: no rabbitmqctl here to close the connection");
+        lazaret_testkit::skip(
+            "the lost connection",
+            "no rabbitmqctl here to close the connection",
+        );
         let _ = stop.send(true);
         task.await.unwrap().unwrap();
         return;

@@ -104,17 +104,11 @@ pub async fn open(url: &str, schema: &str, clock: Clock) -> PostgresStore {
 /// `LAZARET_TEST_PG_URL`, or `None` after saying the test is skipped (a
 /// failure under `CI=true`).
 pub fn url() -> Option<String> {
-    match std::env::var("LAZARET_TEST_PG_URL") {
-        Ok(u) if !u.is_empty() => Some(u),
-        _ => {
-            assert!(
-                std::env::var("CI").as_deref() != Ok("true"),
-                "LAZARET_TEST_PG_URL is not set under CI=true: the PostgreSQL tests must run there"
-            );
-            eprintln!("skipped: set LAZARET_TEST_PG_URL=postgres://… to run the PostgreSQL tests");
-            None
-        }
-    }
+    lazaret_testkit::service(
+        "LAZARET_TEST_PG_URL",
+        "postgres://…",
+        "this PostgreSQL store test",
+    )
 }
 
 pub fn backend() -> Option<Postgres> {

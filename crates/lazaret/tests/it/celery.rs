@@ -48,17 +48,11 @@ fn setup(test: &str) -> Option<Setup> {
             redis: var("LAZARET_TEST_REDIS_URL").unwrap_or_else(|| "redis://127.0.0.1:6379".into()),
         }),
         _ => {
-            let why = format!(
-                "{test}: LAZARET_TEST_CELERY_PYTHON (a Python with celery[redis] 5.5) and \
-                 LAZARET_TEST_AMQP_URL must both be set (.ci/run sets them)"
+            lazaret_testkit::skip(
+                test,
+                "LAZARET_TEST_CELERY_PYTHON (a Python with celery[redis] 5.5) and \
+                 LAZARET_TEST_AMQP_URL must both be set (.ci/run sets them)",
             );
-            assert!(
-                std::env::var("CI").map_or(true, |v| v != "true"),
-                "under CI=true this test must run: {why}"
-            );
-            // Straight to stderr, past the test harness's capture, so the
-            // skip shows in a passing run.
-            let _ = writeln!(std::io::stderr(), "SKIPPED {why}");
             None
         }
     }

@@ -67,17 +67,11 @@ pub struct Server {
 /// `LAZARET_TEST_PG_URL`, or `None` after saying the test is skipped (a
 /// failure under `CI=true`).
 pub fn pg_url() -> Option<String> {
-    match std::env::var("LAZARET_TEST_PG_URL") {
-        Ok(u) if !u.is_empty() => Some(u),
-        _ => {
-            assert!(
-                std::env::var("CI").as_deref() != Ok("true"),
-                "LAZARET_TEST_PG_URL is not set under CI=true: the PostgreSQL tests must run there"
-            );
-            eprintln!("skipped: set LAZARET_TEST_PG_URL=postgres://… to run the PostgreSQL tests");
-            None
-        }
-    }
+    lazaret_testkit::service(
+        "LAZARET_TEST_PG_URL",
+        "postgres://…",
+        "this PostgreSQL test",
+    )
 }
 
 /// Whether the servers of this run are on PostgreSQL (`LAZARET_TEST_STORE=postgres`).

@@ -116,7 +116,10 @@ fn outcomes(job: &Value) -> Vec<&str> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_worker_speaks_the_protocol() {
     if !python3() {
-        eprintln!("SKIPPED python_worker_speaks_the_protocol: python3 is not on PATH");
+        lazaret_testkit::skip(
+            "python_worker_speaks_the_protocol",
+            "python3 is not on PATH",
+        );
         return;
     }
     let dir = tempfile::tempdir().expect("temp dir");

@@ -27,20 +27,7 @@ pub const ORDER_2: &str = r#"{"order": 2}"#;
 /// failure under `CI=true`, where `.ci/run` must start the service and set
 /// it). `how` says what to set it to.
 pub fn service(var: &str, how: &str, test: &str) -> Option<String> {
-    match std::env::var(var) {
-        Ok(v) if !v.trim().is_empty() => Some(v),
-        _ => {
-            let why = format!("{test}: set {var} ({how}) to run it against the real service");
-            assert!(
-                std::env::var("CI").map_or(true, |v| v != "true"),
-                "under CI=true this test must run: {why}"
-            );
-            // Straight to stderr, past the test harness's capture, so the
-            // skip shows in a passing run.
-            let _ = writeln!(std::io::stderr(), "SKIPPED {why}");
-            None
-        }
-    }
+    lazaret_testkit::service(var, how, test)
 }
 
 /// One delivery as the handler saw it.

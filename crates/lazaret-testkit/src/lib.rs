@@ -1,0 +1,62 @@
+//! What every test suite of the workspace shares: one way to skip a test
+//! that needs something this machine may not have (a broker, PostgreSQL,
+//! a browser, a built binary, an interpreter).
+//!
+//! A skip says so on stderr, past the test harness's capture, so a passing
+//! run shows it; under `CI=true` it is a failure instead, since `.ci/run`
+//! provides everything and a test that silently did nothing there would
+//! be a lie. Every skip site in the workspace goes through [`skip`].
+
+use std::io::Write;
+
+/// Whether this run is CI's (`CI=true`), where nothing may be skipped.
+pub fn under_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true")
+}
+
+/// Skips `test` because of `why` (what is missing and how to provide it):
+/// says `SKIPPED test: why` on stderr and returns, so the caller returns
+/// too. Under `CI=true` it panics with the same words instead.
+pub fn skip(test: &str, why: &str) {
+    assert!(!under_ci(), "under CI=true this test must run: {test}: {why}");
+    let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
+}
+
+/// The value of the environment variable `var` that points `test` at a
+/// service, or `None` after [`skip`]ping it (`how` says what to set it to,
+/// e.g. `"redis://127.0.0.1:6379"`).
+pub fn service(var: &str, how: &str, test: &str) -> Option<String> {
+    match std::env::var(var) {
+        Ok(v) if !v.trim().is_empty() => Some(v),
+        _ => {
+            skip(
+                test,
+                &format!("set {var} ({how}) to run it against the real service"),
+            );
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_set_variable_is_the_service() {
+        // PATH is set wherever tests run.
+        assert!(service("PATH", "a path", "t").is_some());
+    }
+
+    #[test]
+    fn a_missing_service_is_a_skip_or_under_ci_a_failure() {
+        let r = std::panic::catch_unwind(|| {
+            service("LAZARET_TESTKIT_SURELY_UNSET", "anything", "t")
+        });
+        if under_ci() {
+            assert!(r.is_err(), "CI=true: a skip fails the test");
+        } else {
+            assert_eq!(r.ok(), Some(None), "skipped, with a message");
+        }
+    }
+}
