@@ -20,8 +20,10 @@ pub mod breaker;
 pub mod cancel;
 pub mod decide;
 pub mod envelope;
+pub mod error_code;
 pub mod failure;
 pub mod foreign;
+pub mod gate;
 pub mod ids;
 pub mod lease_plan;
 pub mod policy;
@@ -32,8 +34,8 @@ pub mod stats;
 pub mod time;
 
 pub use admission::{
-    AdmissionConfig, AdmissionRequest, SchemaError, TypeSchemas, Verdict, Violation, admit,
-    check_body_size, check_size, payload_preview, preview_is_binary,
+    AdmissionConfig, AdmissionRequest, PREVIEW_BYTES_MAX, SchemaError, TypeSchemas, Verdict,
+    Violation, admit, check_body_size, check_size, payload_preview, preview_is_binary,
 };
 pub use alerts::{
     Alert, AlertEvent, AlertRule, AlertRuleError, Alerts, Observation, RecentDeadLetters,
@@ -56,8 +58,10 @@ pub use envelope::{
     AttemptOutcome, AttemptRecord, Envelope, HISTORY_MAX, PAYLOAD_EDITS_MAX, PayloadEdit,
     payload_sha256,
 };
-pub use failure::{DeadLetterReason, Failure, FailureClass, PoisonReason};
+pub use error_code::ErrorCode;
+pub use failure::{DeadLetterReason, Failure, FailureClass, PoisonReason, UnknownFailureClass};
 pub use foreign::{absorb_earlier_deliveries, attempts_spent};
+pub use gate::{Gate, LeaseGate, Paused};
 pub use ids::{
     ErrorKind, IDEMPOTENCY_KEY_BYTES_MAX, JobId, JobType, Lane, NAME_BYTES_MAX, NameError,
     TenantId, WorkerId, check_name,
