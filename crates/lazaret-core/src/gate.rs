@@ -328,7 +328,7 @@ mod tests {
         assert!(g.held_back(&ty, &lane, t(5_000)).is_some());
         // Its one slot spent, a lease leaves the type out.
         let f = g.lease_filter(None, 10, t(5_000));
-        assert_eq!(f.exclude_types, [ty.clone()]);
+        assert_eq!(f.exclude_types, std::slice::from_ref(&ty));
         assert_eq!(
             b.state(&ty, &ErrorKind::new("http_503"), t(5_000)),
             BreakerState::HalfOpen { probes_left: 0 }
