@@ -248,3 +248,55 @@ DELETE /v1/tokens/{name}              admin";
         .join("\n");
     assert_eq!(got, want);
 }
+
+/// What the table does not list: HEAD is checked as GET, and a method a
+/// path does not take is 405 for any valid token (open paths need none).
+#[tokio::test]
+async fn head_is_checked_as_get_and_an_unknown_method_needs_only_a_token() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let app = app(dir.path());
+    let read = Arc::new(AtomicBool::new(false));
+    let cases = [
+        (
+            Method::HEAD,
+            "/v1/stats",
+            Some("worker-secret"),
+            StatusCode::OK,
+        ),
+        (
+            Method::HEAD,
+            "/v1/audit",
+            Some("worker-secret"),
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            Method::HEAD,
+            "/v1/audit",
+            Some("operator-secret"),
+            StatusCode::OK,
+        ),
+        (
+            Method::POST,
+            "/healthz",
+            None,
+            StatusCode::METHOD_NOT_ALLOWED,
+        ),
+        (Method::PUT, "/v1/jobs", None, StatusCode::UNAUTHORIZED),
+        (
+            Method::PUT,
+            "/v1/jobs",
+            Some("worker-secret"),
+            StatusCode::METHOD_NOT_ALLOWED,
+        ),
+        (
+            Method::DELETE,
+            "/v1/tokens",
+            Some("producer-secret"),
+            StatusCode::METHOD_NOT_ALLOWED,
+        ),
+    ];
+    for (method, path, secret, want) in cases {
+        let resp = send(&app, &method, path, secret, &read).await;
+        assert_eq!(resp.status(), want, "{method} {path} with {secret:?}");
+    }
+}
