@@ -5,7 +5,9 @@
 //! expiry), it returns the [`Transition`] the store must apply in one
 //! transaction. It also decides admission (poison at the door), which jobs to
 //! lease next (weighted lanes, round-robin tenants, in-flight caps), breaker
-//! state, and failure statistics.
+//! state (fed by one rule, `Breakers::observe`), whether a type or lane is
+//! held back now (the [`Gate`]), and failure statistics; it also names the
+//! API's error codes ([`ErrorCode`]) for the server and the client.
 //!
 //! What it deliberately does not do: I/O of any kind, read a clock
 //! (`now: Timestamp` is an argument everywhere) or draw randomness of its own

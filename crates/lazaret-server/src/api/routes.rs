@@ -6,7 +6,7 @@
 //! table: a token of the wrong role is refused (403, `Connection: close`)
 //! without the server buffering what it sent, on every route, and a handler
 //! receives the [`Caller`] it let through as an extractor. Adding a route is
-//! one line here.
+//! one entry of [`table`].
 
 use std::sync::Arc;
 
