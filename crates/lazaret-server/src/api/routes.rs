@@ -6,7 +6,7 @@
 //! table: a token of the wrong role is refused (403, `Connection: close`)
 //! without the server buffering what it sent, on every route, and a handler
 //! receives the [`Caller`] it let through as an extractor. Adding a route is
-//! one entry of [`table`].
+//! one line of [`table`].
 
 use std::sync::Arc;
 
@@ -26,9 +26,10 @@ use crate::error::ApiError;
 use crate::metrics as m;
 
 use super::{
-    CANCEL_BODY_BYTES_MAX, LEASE_BODY_BYTES_MAX, OPERATE_BODY_BYTES_MAX, OUTCOME_BODY_BYTES_MAX,
-    TOKEN_BODY_BYTES_MAX, connection_close, dashboard, dead_letters, healthz, jobs, leases,
-    operations, tokens,
+    CANCEL_BODY_BYTES_MAX as CANCEL, LEASE_BODY_BYTES_MAX as LEASE,
+    OPERATE_BODY_BYTES_MAX as OPERATE, OUTCOME_BODY_BYTES_MAX as OUTCOME,
+    TOKEN_BODY_BYTES_MAX as TOKEN, connection_close, dashboard, dead_letters, healthz, jobs,
+    leases, operations, tokens,
 };
 
 /// Who may call a route.
@@ -123,245 +124,83 @@ where
 }
 
 /// Every route of the API, with the caps `config` sets.
+// A table, one route per line: rustfmt would spread each over five.
+#[rustfmt::skip]
 pub fn table<S: Store>(config: &ServerConfig) -> Vec<Route<S>> {
     use Access::{AnyToken, May, Open};
     use Action::*;
-    use BodyCap::{Buffered, None as NoBody, Streamed};
-    let (get, post, delete) = (Method::GET, Method::POST, Method::DELETE);
+    use BodyCap::{Buffered, Streamed};
     let batch = config.batch_bytes_max;
+    let corrected = config.admission.body_bytes_max();
     vec![
-        route(get.clone(), "/", Open, NoBody, dashboard::index),
-        route(
-            get.clone(),
-            "/dashboard/app.js",
-            Open,
-            NoBody,
-            dashboard::app_js,
-        ),
-        route(
-            get.clone(),
-            "/dashboard/app.css",
-            Open,
-            NoBody,
-            dashboard::app_css,
-        ),
-        route(get.clone(), "/healthz", Open, NoBody, healthz::<S>),
-        route(
-            get.clone(),
-            "/metrics",
-            Open,
-            NoBody,
-            operations::metrics::<S>,
-        ),
-        route(
-            get.clone(),
-            "/v1/whoami",
-            AnyToken,
-            NoBody,
-            dashboard::whoami::<S>,
-        ),
-        // Producers.
-        route(
-            post.clone(),
-            "/v1/jobs",
-            May(Produce),
-            Streamed(config.admission.body_bytes_max()),
-            jobs::enqueue::<S>,
-        ),
-        route(
-            get.clone(),
-            "/v1/jobs",
-            May(ListJobs),
-            NoBody,
-            jobs::list::<S>,
-        ),
-        route(
-            post.clone(),
-            "/v1/jobs/batch",
-            May(Produce),
-            Streamed(batch),
-            jobs::enqueue_batch::<S>,
-        ),
-        route(
-            get.clone(),
-            "/v1/jobs/{id}",
-            May(ReadJob),
-            NoBody,
-            jobs::job::<S>,
-        ),
-        route(
-            get.clone(),
-            "/v1/jobs/{id}/payload",
-            May(ReadJob),
-            NoBody,
-            jobs::job_payload::<S>,
-        ),
-        route(
-            post.clone(),
-            "/v1/jobs/{id}/cancel",
-            May(Cancel),
-            Buffered(CANCEL_BODY_BYTES_MAX),
-            jobs::cancel::<S>,
-        ),
+        get("/", Open, dashboard::index),
+        get("/dashboard/app.js", Open, dashboard::app_js),
+        get("/dashboard/app.css", Open, dashboard::app_css),
+        get("/healthz", Open, healthz::<S>),
+        get("/metrics", Open, operations::metrics::<S>),
+        get("/v1/whoami", AnyToken, dashboard::whoami::<S>),
+        // Producers. An enqueue streams its body, capped while it reads.
+        post("/v1/jobs", May(Produce), Streamed(corrected), jobs::enqueue::<S>),
+        get("/v1/jobs", May(ListJobs), jobs::list::<S>),
+        post("/v1/jobs/batch", May(Produce), Streamed(batch), jobs::enqueue_batch::<S>),
+        get("/v1/jobs/{id}", May(ReadJob), jobs::job::<S>),
+        get("/v1/jobs/{id}/payload", May(ReadJob), jobs::job_payload::<S>),
+        post("/v1/jobs/{id}/cancel", May(Cancel), Buffered(CANCEL), jobs::cancel::<S>),
         // Workers.
-        route(
-            post.clone(),
-            "/v1/leases",
-            May(Work),
-            Buffered(LEASE_BODY_BYTES_MAX),
-            leases::lease::<S>,
-        ),
-        route(
-            post.clone(),
-            "/v1/jobs/{id}/ack",
-            May(Work),
-            Buffered(OUTCOME_BODY_BYTES_MAX),
-            leases::ack::<S>,
-        ),
-        route(
-            post.clone(),
-            "/v1/jobs/{id}/fail",
-            May(Work),
-            Buffered(OUTCOME_BODY_BYTES_MAX),
-            leases::fail::<S>,
-        ),
-        route(
-            post.clone(),
-            "/v1/jobs/{id}/heartbeat",
-            May(Work),
-            Buffered(OUTCOME_BODY_BYTES_MAX),
-            leases::heartbeat::<S>,
-        ),
-        route(
-            post.clone(),
-            "/v1/acks",
-            May(Work),
-            Buffered(batch),
-            leases::acks::<S>,
-        ),
-        route(
-            post.clone(),
-            "/v1/fails",
-            May(Work),
-            Buffered(batch),
-            leases::fails::<S>,
-        ),
-        route(
-            post.clone(),
-            "/v1/outcomes",
-            May(Work),
-            Buffered(batch),
-            leases::outcomes::<S>,
-        ),
+        post("/v1/leases", May(Work), Buffered(LEASE), leases::lease::<S>),
+        post("/v1/jobs/{id}/ack", May(Work), Buffered(OUTCOME), leases::ack::<S>),
+        post("/v1/jobs/{id}/fail", May(Work), Buffered(OUTCOME), leases::fail::<S>),
+        post("/v1/jobs/{id}/heartbeat", May(Work), Buffered(OUTCOME), leases::heartbeat::<S>),
+        post("/v1/acks", May(Work), Buffered(batch), leases::acks::<S>),
+        post("/v1/fails", May(Work), Buffered(batch), leases::fails::<S>),
+        post("/v1/outcomes", May(Work), Buffered(batch), leases::outcomes::<S>),
         // Dead letters.
-        route(
-            get.clone(),
-            "/v1/dead-letters",
-            May(ReadDeadLetters),
-            NoBody,
-            dead_letters::dead_letters::<S>,
-        ),
-        route(
-            get.clone(),
-            "/v1/dead-letters/reasons",
-            May(ReadDeadLetters),
-            NoBody,
-            dead_letters::reasons::<S>,
-        ),
-        route(
-            post.clone(),
-            "/v1/dead-letters/redrive",
-            May(Operate),
-            Buffered(OPERATE_BODY_BYTES_MAX),
-            dead_letters::redrive::<S>,
-        ),
-        route(
-            post.clone(),
-            "/v1/dead-letters/purge",
-            May(Administer),
-            Buffered(OPERATE_BODY_BYTES_MAX),
-            dead_letters::purge::<S>,
-        ),
-        route(
-            get.clone(),
-            "/v1/dead-letters/{id}",
-            May(ReadDeadLetters),
-            NoBody,
-            dead_letters::dead_letter::<S>,
-        ),
-        route(
-            post.clone(),
-            "/v1/dead-letters/{id}/redrive",
-            May(Operate),
-            Buffered(config.admission.body_bytes_max()),
-            dead_letters::redrive_corrected::<S>,
-        ),
-        route(
-            get.clone(),
-            "/v1/dead-letters/{id}/payload",
-            May(ReadDeadLetters),
-            NoBody,
-            dead_letters::dead_letter_payload::<S>,
-        ),
+        get("/v1/dead-letters", May(ReadDeadLetters), dead_letters::dead_letters::<S>),
+        get("/v1/dead-letters/reasons", May(ReadDeadLetters), dead_letters::reasons::<S>),
+        post("/v1/dead-letters/redrive", May(Operate), Buffered(OPERATE), dead_letters::redrive::<S>),
+        post("/v1/dead-letters/purge", May(Administer), Buffered(OPERATE), dead_letters::purge::<S>),
+        get("/v1/dead-letters/{id}", May(ReadDeadLetters), dead_letters::dead_letter::<S>),
+        post("/v1/dead-letters/{id}/redrive", May(Operate), Buffered(corrected), dead_letters::redrive_corrected::<S>),
+        get("/v1/dead-letters/{id}/payload", May(ReadDeadLetters), dead_letters::dead_letter_payload::<S>),
         // Operators.
-        route(
-            get.clone(),
-            "/v1/stats",
-            May(Observe),
-            NoBody,
-            operations::stats::<S>,
-        ),
-        route(
-            get.clone(),
-            "/v1/breakers",
-            May(Observe),
-            NoBody,
-            operations::breakers::<S>,
-        ),
-        route(
-            post.clone(),
-            "/v1/pause",
-            May(Operate),
-            Buffered(OPERATE_BODY_BYTES_MAX),
-            operations::pause::<S>,
-        ),
-        route(
-            post.clone(),
-            "/v1/resume",
-            May(Operate),
-            Buffered(OPERATE_BODY_BYTES_MAX),
-            operations::resume::<S>,
-        ),
-        route(
-            get.clone(),
-            "/v1/audit",
-            May(ReadDeadLetters),
-            NoBody,
-            operations::audit::<S>,
-        ),
+        get("/v1/stats", May(Observe), operations::stats::<S>),
+        get("/v1/breakers", May(Observe), operations::breakers::<S>),
+        post("/v1/pause", May(Operate), Buffered(OPERATE), operations::pause::<S>),
+        post("/v1/resume", May(Operate), Buffered(OPERATE), operations::resume::<S>),
+        get("/v1/audit", May(ReadDeadLetters), operations::audit::<S>),
         // Tokens.
-        route(
-            get.clone(),
-            "/v1/tokens",
-            May(Administer),
-            NoBody,
-            tokens::tokens::<S>,
-        ),
-        route(
-            post,
-            "/v1/tokens",
-            May(Administer),
-            Buffered(TOKEN_BODY_BYTES_MAX),
-            tokens::create_token::<S>,
-        ),
-        route(
-            delete,
-            "/v1/tokens/{name}",
-            May(Administer),
-            NoBody,
-            tokens::revoke_token::<S>,
-        ),
+        get("/v1/tokens", May(Administer), tokens::tokens::<S>),
+        post("/v1/tokens", May(Administer), Buffered(TOKEN), tokens::create_token::<S>),
+        delete("/v1/tokens/{name}", May(Administer), tokens::revoke_token::<S>),
     ]
+}
+
+/// A GET route (HEAD too, as axum answers it); it reads no body.
+fn get<S: Store, H: Handler<T, Arc<App<S>>>, T: 'static>(
+    path: &'static str,
+    access: Access,
+    handler: H,
+) -> Route<S> {
+    route(Method::GET, path, access, BodyCap::None, handler)
+}
+
+/// A POST route and how its body is read.
+fn post<S: Store, H: Handler<T, Arc<App<S>>>, T: 'static>(
+    path: &'static str,
+    access: Access,
+    body: BodyCap,
+    handler: H,
+) -> Route<S> {
+    route(Method::POST, path, access, body, handler)
+}
+
+/// A DELETE route; it reads no body.
+fn delete<S: Store, H: Handler<T, Arc<App<S>>>, T: 'static>(
+    path: &'static str,
+    access: Access,
+    handler: H,
+) -> Route<S> {
+    route(Method::DELETE, path, access, BodyCap::None, handler)
 }
 
 /// The router of every route of [`table`]: each behind [`authorize_first`].
