@@ -1,99 +1,14 @@
 //! What can go wrong when talking to a lazaret server: the contract's error
 //! codes as a type, and one error enum for every client call.
 
-use std::fmt;
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer};
+use serde::Deserialize;
 use serde_json::Value;
 
-/// The `code` of an API error body (see the contract's error table).
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum ErrorCode {
-    /// Payload refused at the door (`reason` says why).
-    Poison,
-    /// Tenant missing or empty.
-    NoTenant,
-    /// Job type not configured.
-    UnknownType,
-    /// Breaker open or type/lane paused; comes with a `Retry-After`.
-    Shed,
-    /// Ack/fail/heartbeat with a lease token that is no longer the job's.
-    LeaseLost,
-    /// No such job or dead letter.
-    NotFound,
-    /// Missing or unknown token.
-    Unauthorized,
-    /// The token's role may not do this.
-    Forbidden,
-    /// Anything else malformed.
-    BadRequest,
-    /// The request clashes with what exists (a token name already in use).
-    Conflict,
-    /// The job's state does not allow it (cancelling a finished job).
-    BadState,
-    /// The server failed.
-    Internal,
-    /// The server is shutting down.
-    Unavailable,
-    /// A code this client does not know yet (the contract may add codes).
-    Other(String),
-}
-
-impl ErrorCode {
-    /// The word in the body.
-    pub fn as_str(&self) -> &str {
-        match self {
-            ErrorCode::Poison => "POISON",
-            ErrorCode::NoTenant => "NO_TENANT",
-            ErrorCode::UnknownType => "UNKNOWN_TYPE",
-            ErrorCode::Shed => "SHED",
-            ErrorCode::LeaseLost => "LEASE_LOST",
-            ErrorCode::NotFound => "NOT_FOUND",
-            ErrorCode::Unauthorized => "UNAUTHORIZED",
-            ErrorCode::Forbidden => "FORBIDDEN",
-            ErrorCode::BadRequest => "BAD_REQUEST",
-            ErrorCode::Conflict => "CONFLICT",
-            ErrorCode::BadState => "BAD_STATE",
-            ErrorCode::Internal => "INTERNAL",
-            ErrorCode::Unavailable => "UNAVAILABLE",
-            ErrorCode::Other(s) => s,
-        }
-    }
-
-    /// Reads a code word; unknown words are kept as [`ErrorCode::Other`].
-    pub fn parse(s: &str) -> Self {
-        match s {
-            "POISON" => ErrorCode::Poison,
-            "NO_TENANT" => ErrorCode::NoTenant,
-            "UNKNOWN_TYPE" => ErrorCode::UnknownType,
-            "SHED" => ErrorCode::Shed,
-            "LEASE_LOST" => ErrorCode::LeaseLost,
-            "NOT_FOUND" => ErrorCode::NotFound,
-            "UNAUTHORIZED" => ErrorCode::Unauthorized,
-            "FORBIDDEN" => ErrorCode::Forbidden,
-            "BAD_REQUEST" => ErrorCode::BadRequest,
-            "CONFLICT" => ErrorCode::Conflict,
-            "BAD_STATE" => ErrorCode::BadState,
-            "INTERNAL" => ErrorCode::Internal,
-            "UNAVAILABLE" => ErrorCode::Unavailable,
-            other => ErrorCode::Other(other.to_owned()),
-        }
-    }
-}
-
-impl fmt::Display for ErrorCode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl<'de> Deserialize<'de> for ErrorCode {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        Ok(ErrorCode::parse(&String::deserialize(d)?))
-    }
-}
+/// The `code` of an API error body: the server's own enum
+/// (`lazaret_core::ErrorCode`), so the two cannot drift apart.
+pub use lazaret_core::ErrorCode;
 
 /// One item's error inside a batch reply (`/v1/jobs/batch`, `/v1/acks`,
 /// `/v1/fails`): the same body as a single call's error, without a status.
@@ -302,8 +217,10 @@ mod tests {
             "FORBIDDEN",
             "BAD_REQUEST",
             "CONFLICT",
+            "BAD_STATE",
             "INTERNAL",
             "UNAVAILABLE",
+            "TOO_MANY_TENANTS",
         ] {
             assert_eq!(ErrorCode::parse(c).as_str(), c);
             assert!(!matches!(ErrorCode::parse(c), ErrorCode::Other(_)));

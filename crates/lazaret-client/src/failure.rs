@@ -9,7 +9,7 @@
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
-use lazaret_core::ErrorKind;
+use lazaret_core::{ErrorKind, FailureClass};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// How the server should treat a failure.
@@ -303,16 +303,16 @@ impl Serialize for Failure {
 impl<'de> Deserialize<'de> for Failure {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let w = Wire::deserialize(d)?;
-        let class = match w.class.as_deref() {
+        let class = match w.class.as_deref().map(str::parse::<FailureClass>) {
             None => Class::ByKind,
-            Some("transient") => Class::Transient,
-            Some("permanent") => Class::Permanent,
-            Some("deferred") => Class::Deferred {
+            Some(Ok(FailureClass::Transient)) => Class::Transient,
+            Some(Ok(FailureClass::Permanent)) => Class::Permanent,
+            Some(Ok(FailureClass::Deferred)) => Class::Deferred {
                 retry_after: w.retry_after_ms.map(Duration::from_millis),
             },
-            Some(other) => {
+            Some(Err(e)) => {
                 return Err(serde::de::Error::custom(format!(
-                    "unknown failure class {other:?}"
+                    "unknown failure class: {e}"
                 )));
             }
         };

@@ -55,7 +55,10 @@ pub const VIOLATIONS_MAX: usize = 20;
 pub const VIOLATION_MESSAGE_BYTES_MAX: usize = 512;
 /// Longest instance path kept for one violation, in bytes, before a truncation marker.
 pub const VIOLATION_PATH_BYTES_MAX: usize = 1024;
-/// Longest payload preview kept with a dead letter, in bytes.
+/// Longest payload preview, in bytes: the one size of every preview
+/// lazaret keeps or shows (a dead letter's `payload_preview`, a job's
+/// `?payload=preview`, the head kept of a body refused as too large). The
+/// dashboard reads it from `GET /v1/whoami` rather than knowing it.
 pub const PREVIEW_BYTES_MAX: usize = 4 * 1024;
 
 /// Longest producer-supplied name echoed back in a message, in bytes.

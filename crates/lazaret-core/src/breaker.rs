@@ -28,6 +28,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::decide::Transition;
+use crate::failure::FailureClass;
 use crate::ids::{ErrorKind, JobType};
 use crate::time::{Timestamp, duration_ms};
 
@@ -268,10 +270,12 @@ pub struct BreakerTransition {
 ///
 /// How to drive it, in the words of the crate's style:
 ///
-/// - **Inputs** — [`record_success`](Self::record_success),
-///   [`record_failure`](Self::record_failure),
-///   [`record_other`](Self::record_other): one call per finished attempt the
-///   caller chooses to count. Recommended mapping: an ack is a success; a
+/// - **Inputs** — [`observe`](Self::observe): one call per finished
+///   attempt, with what the core decided of it; it applies the one mapping
+///   every runtime uses (the server's jobs and the guard's broker messages)
+///   onto [`record_success`](Self::record_success),
+///   [`record_failure`](Self::record_failure) and
+///   [`record_other`](Self::record_other): an ack is a success; a
 ///   *transient* failure of kind K (whether it is retried or dead-lettered on
 ///   an exhausted budget) and a lease expiry (kind `lease_expired`) are
 ///   failures of K; a *permanent* failure and a *deferral* are "other": they
@@ -328,7 +332,7 @@ impl Breakers {
 
     /// An attempt of `ty` succeeded: closes its half-open breakers.
     pub fn record_success(&mut self, ty: &JobType, now: Timestamp) {
-        let now = self.observe(now);
+        let now = self.see(now);
         let Some((tb, log)) = self.type_entry(ty) else {
             return;
         };
@@ -348,7 +352,7 @@ impl Breakers {
     /// An attempt of `ty` failed with `kind` (in a way that should count; see
     /// the type's docs): may open `kind`'s breaker, or reopen it if half-open.
     pub fn record_failure(&mut self, ty: &JobType, kind: &ErrorKind, now: Timestamp) {
-        let now = self.observe(now);
+        let now = self.see(now);
         let Some((tb, log)) = self.type_entry(ty) else {
             return;
         };
@@ -382,12 +386,40 @@ impl Breakers {
     /// An attempt of `ty` ended in a way that counts among its outcomes but
     /// says nothing about its downstream (a permanent failure, a deferral).
     pub fn record_other(&mut self, ty: &JobType, now: Timestamp) {
-        let now = self.observe(now);
+        let now = self.see(now);
         let Some((tb, log)) = self.type_entry(ty) else {
             return;
         };
         tb.advance(ty, now, log);
         tb.outcomes.add(tb.epoch(now));
+    }
+
+    /// An attempt of `ty` ended: `transition` is what the core decided of
+    /// it, `class` and `kind` the failure's, if it failed. The one rule that
+    /// feeds breakers from outcomes:
+    ///
+    /// - a success is [`record_success`](Self::record_success);
+    /// - a *transient* failure of kind K is
+    ///   [`record_failure`](Self::record_failure) of K, whatever became of
+    ///   the job (retried, dead-lettered on an exhausted budget, cancelled);
+    /// - everything else is [`record_other`](Self::record_other): a
+    ///   permanent failure, a deferral, and a transient failure whose kind
+    ///   is not known. That last one still ran and failed, so it counts
+    ///   among the type's outcomes (leaving it out would make the other
+    ///   kinds' share look larger than it is), but no breaker can be blamed.
+    pub fn observe(
+        &mut self,
+        ty: &JobType,
+        transition: Transition,
+        class: Option<FailureClass>,
+        kind: Option<&ErrorKind>,
+        now: Timestamp,
+    ) {
+        match (transition, class, kind) {
+            (Transition::Succeeded, _, _) => self.record_success(ty, now),
+            (_, Some(FailureClass::Transient), Some(kind)) => self.record_failure(ty, kind, now),
+            _ => self.record_other(ty, now),
+        }
     }
 
     /// Another node of a cluster opened (`ty`, `kind`) until `until`: this
@@ -404,7 +436,7 @@ impl Breakers {
         until: Timestamp,
         now: Timestamp,
     ) -> bool {
-        let now = self.observe(now);
+        let now = self.see(now);
         if until <= now {
             return false;
         }
@@ -437,7 +469,7 @@ impl Breakers {
     /// through half-open on the way (the state machine has no open →
     /// closed edge). Whether anything changed.
     pub fn close_elsewhere(&mut self, ty: &JobType, kind: &ErrorKind, now: Timestamp) -> bool {
-        let now = self.observe(now);
+        let now = self.see(now);
         let Some(tb) = self.types.get_mut(ty) else {
             return false;
         };
@@ -470,7 +502,7 @@ impl Breakers {
     /// is half-open, the lease is a probe and spends one slot of each
     /// half-open breaker of the type.
     pub fn try_lease(&mut self, ty: &JobType, now: Timestamp) -> bool {
-        let now = self.observe(now);
+        let now = self.see(now);
         let Some(tb) = self.types.get_mut(ty) else {
             return true;
         };
@@ -497,7 +529,7 @@ impl Breakers {
     /// reservation back with [`refund`](Self::refund) once the leases are
     /// taken, saying how many were used: the unused slots return.
     pub fn reserve_leases(&mut self, ty: &JobType, want: u32, now: Timestamp) -> LeaseReservation {
-        let now = self.observe(now);
+        let now = self.see(now);
         let unlimited = LeaseReservation {
             ty: ty.clone(),
             granted: want,
@@ -584,7 +616,7 @@ impl Breakers {
     /// unpark it sooner. `None` does not promise a lease: ask
     /// [`try_lease`](Self::try_lease) for each one.
     pub fn parked_until(&mut self, ty: &JobType, now: Timestamp) -> Option<Timestamp> {
-        let now = self.observe(now);
+        let now = self.see(now);
         let tb = self.types.get_mut(ty)?;
         tb.advance(ty, now, &mut self.log);
         tb.hold_until()
@@ -598,7 +630,7 @@ impl Breakers {
     /// of those breakers (open → half-open, or the end of the current
     /// half-open period), and at least [`SHED_RETRY_AFTER_MIN`].
     pub fn shed_retry_after(&mut self, ty: &JobType, now: Timestamp) -> Option<Duration> {
-        let now = self.observe(now);
+        let now = self.see(now);
         let tb = self.types.get_mut(ty)?;
         tb.advance(ty, now, &mut self.log);
         let next = tb
@@ -615,7 +647,7 @@ impl Breakers {
 
     /// The state of the breaker of (`ty`, `kind`); `Closed` if it has none.
     pub fn state(&mut self, ty: &JobType, kind: &ErrorKind, now: Timestamp) -> BreakerState {
-        let now = self.observe(now);
+        let now = self.see(now);
         let Some(tb) = self.types.get_mut(ty) else {
             return BreakerState::Closed;
         };
@@ -627,7 +659,7 @@ impl Breakers {
 
     /// Every breaker that is not closed, ordered by type then kind.
     pub fn snapshot(&mut self, now: Timestamp) -> Vec<BreakerView> {
-        let now = self.observe(now);
+        let now = self.see(now);
         let mut views = Vec::new();
         for (ty, tb) in &mut self.types {
             tb.advance(ty, now, &mut self.log);
@@ -656,7 +688,8 @@ impl Breakers {
         self.log.dropped
     }
 
-    fn observe(&mut self, now: Timestamp) -> Timestamp {
+    /// `now`, or the latest `now` seen if that is later: time never runs backwards.
+    fn see(&mut self, now: Timestamp) -> Timestamp {
         self.latest = self.latest.max(now);
         self.latest
     }
@@ -1141,6 +1174,75 @@ mod tests {
         }
         // 50 / 150 < 0.5
         assert_eq!(b.state(&ty(), &k503(), t(0)), BreakerState::Closed);
+    }
+
+    #[test]
+    fn observe_feeds_each_outcome_by_the_one_rule() {
+        use crate::failure::{DeadLetterReason, FailureClass::*};
+        let retry = Transition::Retry {
+            at: t(1),
+            attempt: 1,
+        };
+        let dead = Transition::DeadLetter {
+            reason: DeadLetterReason::Exhausted,
+        };
+        // A transient failure of a kind trips that kind, retried or not.
+        for end in [retry, dead, Transition::Cancelled] {
+            let mut b = breakers(cfg());
+            for _ in 0..cfg().failures_min {
+                b.observe(&ty(), end, Some(Transient), Some(&k503()), t(0));
+            }
+            assert!(
+                matches!(b.state(&ty(), &k503(), t(0)), BreakerState::Open { .. }),
+                "{end:?}"
+            );
+        }
+        // Permanent failures and deferrals never trip, whatever their kind.
+        for class in [Permanent, Deferred] {
+            let mut b = breakers(cfg());
+            for _ in 0..20 {
+                b.observe(&ty(), dead, Some(class), Some(&k503()), t(0));
+            }
+            assert_eq!(b.state(&ty(), &k503(), t(0)), BreakerState::Closed);
+        }
+        // A success closes a half-open breaker.
+        let mut b = breakers(cfg());
+        open_at(&mut b, t(0));
+        assert!(matches!(
+            b.state(&ty(), &k503(), t(5_000)),
+            BreakerState::HalfOpen { .. }
+        ));
+        b.observe(&ty(), Transition::Succeeded, None, None, t(5_000));
+        assert_eq!(b.state(&ty(), &k503(), t(5_000)), BreakerState::Closed);
+    }
+
+    #[test]
+    fn a_transient_failure_without_a_kind_counts_as_an_outcome_only() {
+        let retry = Transition::Retry {
+            at: t(1),
+            attempt: 1,
+        };
+        let transient = Some(crate::FailureClass::Transient);
+        // Five failures of http_503 alone are 100 % of the outcomes: open.
+        let mut b = breakers(cfg());
+        for _ in 0..5 {
+            b.observe(&ty(), retry, transient, Some(&k503()), t(0));
+        }
+        assert!(matches!(
+            b.state(&ty(), &k503(), t(0)),
+            BreakerState::Open { .. }
+        ));
+        // Six failures of no known kind before them: 5 / 11 < 0.5, closed;
+        // and none of them opened a breaker of its own.
+        let mut b = breakers(cfg());
+        for _ in 0..6 {
+            b.observe(&ty(), retry, transient, None, t(0));
+        }
+        for _ in 0..5 {
+            b.observe(&ty(), retry, transient, Some(&k503()), t(0));
+        }
+        assert_eq!(b.state(&ty(), &k503(), t(0)), BreakerState::Closed);
+        assert!(b.snapshot(t(0)).is_empty());
     }
 
     #[test]
@@ -1684,6 +1786,44 @@ mod props {
             let first = run(start, config_a, config_b, &ops);
             // Deterministic: the same calls give the same transitions.
             prop_assert_eq!(first, run(start, config_a, config_b, &ops));
+        }
+
+        /// Whatever outcomes arrive, a breaker opens only for a kind that
+        /// had a transient failure, and a permanent or deferred one, or a
+        /// transient one of no known kind, never opens anything.
+        #[test]
+        fn only_transient_failures_of_a_kind_open_its_breaker(
+            config in config(),
+            steps in prop::collection::vec((0i64..2_000, 0usize..4, 0usize..4, 0..=KINDS.len()), 0..200),
+        ) {
+            use crate::failure::{DeadLetterReason, FailureClass};
+            let ty = JobType::new(TYPES[0]);
+            let mut b = Breakers::new(None, BTreeMap::from([(ty.clone(), config)]));
+            let mut blamed = std::collections::BTreeSet::new();
+            let mut now = 0i64;
+            for (jump, end, class, k) in steps {
+                now += jump;
+                let at = Timestamp::from_millis(now);
+                let transition = match end {
+                    0 => Transition::Succeeded,
+                    1 => Transition::Retry { at, attempt: 1 },
+                    2 => Transition::Defer { until: at },
+                    _ => Transition::DeadLetter { reason: DeadLetterReason::Exhausted },
+                };
+                let class = [None, Some(FailureClass::Transient), Some(FailureClass::Permanent), Some(FailureClass::Deferred)][class];
+                let kind = KINDS.get(k).map(|k| ErrorKind::new(*k));
+                if transition != Transition::Succeeded && class == Some(FailureClass::Transient) {
+                    if let Some(kind) = &kind {
+                        blamed.insert(kind.clone());
+                    }
+                }
+                b.observe(&ty, transition, class, kind.as_ref(), at);
+                while let Some(tr) = b.poll_transition() {
+                    if matches!(tr.to, BreakerState::Open { .. }) {
+                        prop_assert!(blamed.contains(&tr.kind), "{:?} opened", tr.kind);
+                    }
+                }
+            }
         }
 
         #[test]

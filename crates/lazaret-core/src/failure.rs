@@ -32,6 +32,34 @@ impl FailureClass {
     }
 }
 
+/// A word that is not a failure class.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0:?} is not one of transient, permanent, deferred")]
+pub struct UnknownFailureClass(pub String);
+
+impl FailureClass {
+    /// Every class, in the order the docs list them.
+    pub const ALL: [FailureClass; 3] = [
+        FailureClass::Transient,
+        FailureClass::Permanent,
+        FailureClass::Deferred,
+    ];
+}
+
+/// The API's word (`transient`, `permanent`, `deferred`), exactly: the one
+/// parser of the server's fail bodies, the guard's handler replies and the
+/// client's.
+impl FromStr for FailureClass {
+    type Err = UnknownFailureClass;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        FailureClass::ALL
+            .into_iter()
+            .find(|c| c.as_str() == s)
+            .ok_or_else(|| UnknownFailureClass(s.to_owned()))
+    }
+}
+
 impl fmt::Display for FailureClass {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
@@ -343,6 +371,30 @@ mod opt_ms {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn failure_classes_round_trip_and_nothing_else_parses() {
+        for c in FailureClass::ALL {
+            assert_eq!(c.as_str().parse::<FailureClass>(), Ok(c));
+            // The serde word is the same one.
+            assert_eq!(
+                serde_json::to_value(c).unwrap(),
+                serde_json::json!(c.as_str())
+            );
+        }
+        for bad in [
+            "",
+            "Transient",
+            " transient",
+            "transient ",
+            "retry",
+            "deferred\0",
+        ] {
+            let e = bad.parse::<FailureClass>().unwrap_err();
+            assert_eq!(e, UnknownFailureClass(bad.to_owned()));
+            assert!(e.to_string().contains("transient, permanent, deferred"));
+        }
+    }
 
     #[test]
     fn reasons_round_trip() {

@@ -5,7 +5,9 @@
 //! expiry), it returns the [`Transition`] the store must apply in one
 //! transaction. It also decides admission (poison at the door), which jobs to
 //! lease next (weighted lanes, round-robin tenants, in-flight caps), breaker
-//! state, and failure statistics.
+//! state (fed by one rule, `Breakers::observe`), whether a type or lane is
+//! held back now (the [`Gate`]), and failure statistics; it also names the
+//! API's error codes ([`ErrorCode`]) for the server and the client.
 //!
 //! What it deliberately does not do: I/O of any kind, read a clock
 //! (`now: Timestamp` is an argument everywhere) or draw randomness of its own
@@ -20,8 +22,10 @@ pub mod breaker;
 pub mod cancel;
 pub mod decide;
 pub mod envelope;
+pub mod error_code;
 pub mod failure;
 pub mod foreign;
+pub mod gate;
 pub mod ids;
 pub mod lease_plan;
 pub mod policy;
@@ -32,8 +36,8 @@ pub mod stats;
 pub mod time;
 
 pub use admission::{
-    AdmissionConfig, AdmissionRequest, SchemaError, TypeSchemas, Verdict, Violation, admit,
-    check_body_size, check_size, payload_preview, preview_is_binary,
+    AdmissionConfig, AdmissionRequest, PREVIEW_BYTES_MAX, SchemaError, TypeSchemas, Verdict,
+    Violation, admit, check_body_size, check_size, payload_preview, preview_is_binary,
 };
 pub use alerts::{
     Alert, AlertEvent, AlertRule, AlertRuleError, Alerts, Observation, RecentDeadLetters,
@@ -56,8 +60,10 @@ pub use envelope::{
     AttemptOutcome, AttemptRecord, Envelope, HISTORY_MAX, PAYLOAD_EDITS_MAX, PayloadEdit,
     payload_sha256,
 };
-pub use failure::{DeadLetterReason, Failure, FailureClass, PoisonReason};
+pub use error_code::ErrorCode;
+pub use failure::{DeadLetterReason, Failure, FailureClass, PoisonReason, UnknownFailureClass};
 pub use foreign::{absorb_earlier_deliveries, attempts_spent};
+pub use gate::{Gate, LeaseGate, Paused};
 pub use ids::{
     ErrorKind, IDEMPOTENCY_KEY_BYTES_MAX, JobId, JobType, Lane, NAME_BYTES_MAX, NameError,
     TenantId, WorkerId, check_name,

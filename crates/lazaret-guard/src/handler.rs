@@ -486,7 +486,7 @@ pub fn classify_with(
     let mut body_class = None;
     if let Some(b) = parsed {
         let e = b.error;
-        body_class = e.class.as_deref().and_then(parse_class);
+        body_class = e.class.as_deref().and_then(|c| c.parse().ok());
         // A kind keys breakers and metrics: the name rule, else `http_<status>`.
         if let Some(k) = e.kind.as_deref().and_then(bounded_name) {
             failure.kind = ErrorKind::from(k);
@@ -512,15 +512,6 @@ pub fn classify_with(
     failure.truncate_to_caps();
     failure.class = Some(class);
     failure
-}
-
-fn parse_class(s: &str) -> Option<FailureClass> {
-    match s {
-        "transient" => Some(FailureClass::Transient),
-        "permanent" => Some(FailureClass::Permanent),
-        "deferred" => Some(FailureClass::Deferred),
-        _ => None,
-    }
 }
 
 #[cfg(test)]

@@ -5,13 +5,12 @@
 //! sources of one host know of the store's writes: while it refuses them
 //! (a full disk), no source takes a message.
 
+use std::collections::BTreeSet;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use lazaret_core::{
-    Breakers, FailureClass, JobType, Lane, Policies, Timestamp, Transition, TypePolicy,
-};
+use lazaret_core::{Breakers, Gate, JobType, Lane, Paused, Policies, Timestamp, TypePolicy};
 use lazaret_store::{Completed, SourceDeadLetter, Store, StoreError};
 
 /// A source's window on the rest of lazaret.
@@ -229,6 +228,18 @@ impl<S: Store> LocalHost<S> {
         }
     }
 
+    /// Asks the gate with this host's breakers: nothing is paused here and
+    /// no lane parks (those are `lazaret serve`'s).
+    fn gate<T>(&self, f: impl FnOnce(&mut Gate<'_>) -> T) -> T {
+        let (paused, park_lanes) = (Paused::default(), BTreeSet::new());
+        let mut breakers = self.breakers.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut Gate {
+            paused: &paused,
+            breakers: &mut breakers,
+            park_lanes: &park_lanes,
+        })
+    }
+
     /// Runs `f` on the breakers (tests and tools look at them).
     pub fn with_breakers<T>(&self, f: impl FnOnce(&mut Breakers) -> T) -> T {
         f(&mut self.breakers.lock().unwrap_or_else(|p| p.into_inner()))
@@ -246,48 +257,27 @@ impl<S: Store> Host for LocalHost<S> {
         self.policies.for_type(ty.as_str()).clone()
     }
 
-    fn try_deliver(&self, ty: &JobType, _lane: &Lane, now: Timestamp) -> Result<(), Duration> {
-        let mut b = self.breakers.lock().unwrap_or_else(|p| p.into_inner());
-        try_breakers(&mut b, ty, now)
+    fn try_deliver(&self, ty: &JobType, lane: &Lane, now: Timestamp) -> Result<(), Duration> {
+        self.gate(|g| g.try_deliver(ty, lane, now))
     }
 
-    fn held_back(&self, ty: &JobType, _lane: &Lane, now: Timestamp) -> Option<Duration> {
-        let mut b = self.breakers.lock().unwrap_or_else(|p| p.into_inner());
-        b.parked_until(ty, now)
-            .map(|until| until.saturating_since(now))
+    fn held_back(&self, ty: &JobType, lane: &Lane, now: Timestamp) -> Option<Duration> {
+        self.gate(|g| g.held_back(ty, lane, now))
     }
 
     fn observe(&self, _source: &str, done: &Completed, now: Timestamp) {
         let mut b = self.breakers.lock().unwrap_or_else(|p| p.into_inner());
-        record(&mut b, done, now);
+        b.observe(
+            &done.job_type,
+            done.transition,
+            done.class,
+            done.kind.as_ref(),
+            now,
+        );
     }
 
     fn store_writes(&self) -> Option<&StoreWrites> {
         Some(&self.writes)
-    }
-}
-
-/// [`Host::try_deliver`] as breakers alone decide it.
-pub fn try_breakers(b: &mut Breakers, ty: &JobType, now: Timestamp) -> Result<(), Duration> {
-    if let Some(until) = b.parked_until(ty, now) {
-        return Err(until.saturating_since(now).max(Duration::from_millis(10)));
-    }
-    if b.try_lease(ty, now) {
-        Ok(())
-    } else {
-        Err(Duration::from_millis(100))
-    }
-}
-
-/// Feeds one outcome to the breakers, as the server does for its jobs.
-pub fn record(b: &mut Breakers, done: &Completed, now: Timestamp) {
-    match (done.transition, done.class) {
-        (Transition::Succeeded, _) => b.record_success(&done.job_type, now),
-        (_, Some(FailureClass::Transient)) => match &done.kind {
-            Some(kind) => b.record_failure(&done.job_type, kind, now),
-            None => b.record_other(&done.job_type, now),
-        },
-        _ => b.record_other(&done.job_type, now),
     }
 }
 

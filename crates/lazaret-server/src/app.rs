@@ -1,13 +1,13 @@
 //! The server's shared state: the store, the configuration and the live
 //! policy state the core keeps (breakers, failure statistics).
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lazaret_core::{
-    BreakerState, Breakers, DeadLetterReason, Envelope, ErrorKind, Event, FailureClass, JobType,
-    Lane, LeaseReservation, Policies, SplitMix64, Timestamp, Transition, decide,
+    BreakerState, Breakers, DeadLetterReason, Envelope, ErrorKind, Event, Gate, JobType, Lane,
+    LeaseGate, LeaseReservation, Paused, Policies, SplitMix64, Timestamp, Transition, decide,
 };
 use lazaret_guard::SourceSet;
 use lazaret_store::{Completed, DeadLetterId, Decider, LeasedJob, PauseTarget, Store, Switch};
@@ -64,15 +64,6 @@ fn stats_config(config: &ServerConfig) -> lazaret_core::StatsConfig {
         surge_share_min: config.surge_share,
         ..lazaret_core::StatsConfig::default()
     }
-}
-
-/// Types and lanes an operator paused.
-#[derive(Debug, Default)]
-pub struct Paused {
-    /// Paused types.
-    pub types: BTreeSet<String>,
-    /// Paused lanes.
-    pub lanes: BTreeSet<String>,
 }
 
 /// Everything a handler needs.
@@ -358,21 +349,23 @@ impl<S: Store> App<S> {
         }
     }
 
-    /// Why a job of `ty` in `lane` is shed now (breaker open or paused), as
-    /// a wait. A lane with `on_breaker_open = "park"` takes jobs whatever
-    /// the breaker says (they wait until it closes); pauses shed in every lane.
+    /// Asks the gate (`lazaret_core::gate`) one question with this node's
+    /// pauses, breakers and park lanes. The pauses are locked before the
+    /// breakers, here and only here.
+    pub fn gate<T>(&self, f: impl FnOnce(&mut Gate<'_>) -> T) -> T {
+        let paused = self.paused.lock().unwrap_or_else(|p| p.into_inner());
+        let mut breakers = self.breakers.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut Gate {
+            paused: &paused,
+            breakers: &mut breakers,
+            park_lanes: &self.config.park_lanes,
+        })
+    }
+
+    /// Why a job of `ty` in `lane` is shed now (paused, or a breaker open
+    /// outside a park lane), as a wait ([`Gate::shed`]).
     pub fn shed(&self, ty: &str, lane: &str, now: Timestamp) -> Option<Duration> {
-        {
-            let p = self.paused.lock().unwrap_or_else(|p| p.into_inner());
-            if p.types.contains(ty) || p.lanes.contains(lane) {
-                return Some(Duration::from_secs(30));
-            }
-        }
-        if !self.config.park_lanes.is_empty() && self.config.park_lanes.contains(&Lane::new(lane)) {
-            return None;
-        }
-        let mut b = self.breakers.lock().unwrap_or_else(|p| p.into_inner());
-        b.shed_retry_after(&JobType::new(ty), now)
+        self.gate(|g| g.shed(&JobType::new(ty), &Lane::new(lane), now))
     }
 
     /// Feeds applied outcomes to breakers, statistics and metrics.
@@ -389,19 +382,9 @@ impl<S: Store> App<S> {
             if expired {
                 m::lease_expired();
             }
-            match (c.transition, c.class) {
-                (Transition::Succeeded, _) => {
-                    breakers.record_success(&c.job_type, now);
-                    m::succeeded(c.job_type.as_str());
-                }
-                (_, Some(FailureClass::Transient)) => {
-                    if let Some(kind) = &c.kind {
-                        breakers.record_failure(&c.job_type, kind, now);
-                    }
-                }
-                _ => breakers.record_other(&c.job_type, now),
-            }
+            breakers.observe(&c.job_type, c.transition, c.class, c.kind.as_ref(), now);
             match c.transition {
+                Transition::Succeeded => m::succeeded(c.job_type.as_str()),
                 Transition::Retry { .. } => m::retried(c.job_type.as_str()),
                 Transition::DeadLetter { reason } => {
                     m::dead_lettered(c.job_type.as_str(), reason.as_str(), "processing");
@@ -489,41 +472,8 @@ impl<S: Store> App<S> {
         types: Option<&[JobType]>,
         max_jobs: u32,
         now: Timestamp,
-    ) -> LeaseFilters {
-        let p = self.paused.lock().unwrap_or_else(|p| p.into_inner());
-        let mut exclude_types: Vec<JobType> =
-            p.types.iter().map(|t| JobType::new(t.as_str())).collect();
-        let exclude_lanes: Vec<Lane> = p.lanes.iter().map(|l| Lane::new(l.as_str())).collect();
-        drop(p);
-        let mut b = self.breakers.lock().unwrap_or_else(|p| p.into_inner());
-        let mut type_limits = Vec::new();
-        let mut reservations = Vec::new();
-        for view in b.snapshot(now) {
-            let ty = view.ty;
-            if exclude_types.contains(&ty) || type_limits.iter().any(|(t, _)| t == &ty) {
-                continue;
-            }
-            // A type this lease cannot take costs no probe slot.
-            if types.is_some_and(|ts| !ts.contains(&ty)) {
-                continue;
-            }
-            let r = b.reserve_leases(&ty, max_jobs, now);
-            if !r.limited() {
-                continue;
-            }
-            if r.granted() == 0 {
-                exclude_types.push(ty);
-            } else {
-                type_limits.push((ty, r.granted()));
-                reservations.push(r);
-            }
-        }
-        LeaseFilters {
-            exclude_types,
-            exclude_lanes,
-            type_limits,
-            reservations,
-        }
+    ) -> LeaseGate {
+        self.gate(|g| g.lease_filter(types, max_jobs, now))
     }
 
     /// Gives back the probe slots a lease reserved and did not use.
@@ -537,17 +487,4 @@ impl<S: Store> App<S> {
             b.refund(r, u32::try_from(used).unwrap_or(u32::MAX));
         }
     }
-}
-
-/// What a lease must leave out or limit now (see [`App::lease_filters`]).
-#[derive(Debug)]
-pub struct LeaseFilters {
-    /// Types parked: paused, an open breaker, or no probe slot left.
-    pub exclude_types: Vec<JobType>,
-    /// Lanes paused.
-    pub exclude_lanes: Vec<Lane>,
-    /// Half-open types and the probe slots reserved for this lease.
-    pub type_limits: Vec<(JobType, u32)>,
-    /// The reservations behind `type_limits`, for [`App::refund_probes`].
-    pub reservations: Vec<LeaseReservation>,
 }

@@ -46,6 +46,36 @@ pub enum Action {
 }
 
 impl Action {
+    /// Every action, in the order `GET /v1/whoami` lists them.
+    pub const ALL: [Action; 9] = [
+        Action::Observe,
+        Action::Produce,
+        Action::ReadJob,
+        Action::ListJobs,
+        Action::Work,
+        Action::ReadDeadLetters,
+        Action::Operate,
+        Action::Administer,
+        Action::Cancel,
+    ];
+
+    /// The word `GET /v1/whoami` (and so the dashboard) names it by.
+    /// `read_jobs` is one job by id (a worker may); `list_jobs` is
+    /// `GET /v1/jobs` (a worker may not).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Action::Observe => "observe",
+            Action::Produce => "produce",
+            Action::ReadJob => "read_jobs",
+            Action::ListJobs => "list_jobs",
+            Action::Work => "work",
+            Action::ReadDeadLetters => "read_dead_letters",
+            Action::Operate => "operate",
+            Action::Administer => "administer",
+            Action::Cancel => "cancel",
+        }
+    }
+
     /// Whether `role` may do this.
     pub fn allowed_for(self, role: Role) -> bool {
         matches!(
@@ -257,6 +287,27 @@ mod tests {
         assert!(Action::Operate.allowed_for(Role::Operator));
         assert!(!Action::Administer.allowed_for(Role::Operator));
         assert!(Action::Administer.allowed_for(Role::Admin));
+    }
+
+    #[test]
+    fn every_action_is_listed_once_with_a_word_of_its_own() {
+        let words: std::collections::BTreeSet<&str> =
+            Action::ALL.iter().map(|a| a.as_str()).collect();
+        assert_eq!(words.len(), Action::ALL.len());
+        // A new action is a compile error here until it is in ALL.
+        for a in Action::ALL {
+            match a {
+                Action::Produce
+                | Action::ReadJob
+                | Action::Work
+                | Action::ReadDeadLetters
+                | Action::Operate
+                | Action::Administer
+                | Action::Observe
+                | Action::ListJobs
+                | Action::Cancel => {}
+            }
+        }
     }
 
     #[test]

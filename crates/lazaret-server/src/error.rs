@@ -47,61 +47,10 @@ impl LogEvery {
     }
 }
 
-/// The contract's error codes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Code {
-    /// Payload refused at the door.
-    Poison,
-    /// Tenant missing or empty.
-    NoTenant,
-    /// Type not configured.
-    UnknownType,
-    /// Breaker open or paused.
-    Shed,
-    /// Stale lease token.
-    LeaseLost,
-    /// No such job or dead letter.
-    NotFound,
-    /// Missing or unknown token.
-    Unauthorized,
-    /// The token's role may not do this.
-    Forbidden,
-    /// Anything else malformed.
-    BadRequest,
-    /// The request clashes with what exists (a token name already in use).
-    Conflict,
-    /// The job's state does not allow it (cancelling a finished job).
-    BadState,
-    /// The server failed.
-    Internal,
-    /// Shutting down.
-    Unavailable,
-    /// A new tenant's job, with as many tenants holding jobs ready as
-    /// `[tenants] ready_max` allows.
-    TooManyTenants,
-}
-
-impl Code {
-    /// The word in the body.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Code::Poison => "POISON",
-            Code::NoTenant => "NO_TENANT",
-            Code::UnknownType => "UNKNOWN_TYPE",
-            Code::Shed => "SHED",
-            Code::LeaseLost => "LEASE_LOST",
-            Code::NotFound => "NOT_FOUND",
-            Code::Unauthorized => "UNAUTHORIZED",
-            Code::Forbidden => "FORBIDDEN",
-            Code::BadRequest => "BAD_REQUEST",
-            Code::Conflict => "CONFLICT",
-            Code::BadState => "BAD_STATE",
-            Code::Internal => "INTERNAL",
-            Code::Unavailable => "UNAVAILABLE",
-            Code::TooManyTenants => "TOO_MANY_TENANTS",
-        }
-    }
-}
+/// The contract's error codes: `lazaret_core::ErrorCode`, the one enum the
+/// client reads too. The server answers only its named codes, never
+/// `Other`.
+pub use lazaret_core::ErrorCode as Code;
 
 /// An error answer: `{"error": {"code", "reason", "message", ...}}`.
 #[derive(Debug)]

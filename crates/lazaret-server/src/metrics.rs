@@ -263,6 +263,12 @@ pub fn rejected(code: &'static str) {
     metrics::counter!("lazaret_rejected_total", "code" => code).increment(1);
 }
 
+/// [`rejected`] by the code of an error answer.
+pub fn rejected_code(code: &crate::error::Code) {
+    // The server answers only named codes; `Other` is a client's.
+    rejected(code.word().unwrap_or("INTERNAL"));
+}
+
 /// Sets the gauges from a fresh snapshot; gauges whose labels vanished go to 0.
 pub fn set_gauges(
     lanes: &[(String, u64, u64, u64)],

@@ -26,9 +26,6 @@ use tokio::task::JoinHandle;
 use crate::app::App;
 use crate::metrics as m;
 
-/// How long a paused type or lane keeps a source waiting before it looks
-/// again (a resume is noticed within this).
-const PAUSED_RECHECK: Duration = Duration::from_secs(1);
 /// Connection failures in a row between two warnings in the log (about a
 /// minute apart once the reconnect delay is at its 5 s cap).
 const CONNECT_WARN_EVERY: u32 = 12;
@@ -45,26 +42,11 @@ impl<S: Store> Host for App<S> {
     }
 
     fn try_deliver(&self, ty: &JobType, lane: &Lane, now: Timestamp) -> Result<(), Duration> {
-        {
-            let p = self.paused.lock().unwrap_or_else(|p| p.into_inner());
-            if p.types.contains(ty.as_str()) || p.lanes.contains(lane.as_str()) {
-                return Err(PAUSED_RECHECK);
-            }
-        }
-        let mut b = self.breakers.lock().unwrap_or_else(|p| p.into_inner());
-        lazaret_guard::host::try_breakers(&mut b, ty, now)
+        self.gate(|g| g.try_deliver(ty, lane, now))
     }
 
     fn held_back(&self, ty: &JobType, lane: &Lane, now: Timestamp) -> Option<Duration> {
-        {
-            let p = self.paused.lock().unwrap_or_else(|p| p.into_inner());
-            if p.types.contains(ty.as_str()) || p.lanes.contains(lane.as_str()) {
-                return Some(PAUSED_RECHECK);
-            }
-        }
-        let mut b = self.breakers.lock().unwrap_or_else(|p| p.into_inner());
-        b.parked_until(ty, now)
-            .map(|until| until.saturating_since(now))
+        self.gate(|g| g.held_back(ty, lane, now))
     }
 
     fn observe(&self, source: &str, done: &Completed, now: Timestamp) {

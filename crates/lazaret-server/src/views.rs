@@ -6,7 +6,8 @@ use std::time::{Duration, UNIX_EPOCH};
 use std::borrow::Cow;
 
 use lazaret_core::{
-    AttemptRecord, Failure, JobState, Timestamp, payload_preview, preview_is_binary,
+    AttemptRecord, Failure, JobState, PREVIEW_BYTES_MAX, Timestamp, payload_preview,
+    preview_is_binary,
 };
 use lazaret_guard::celery::{Task, arguments};
 use lazaret_store::{ApiToken, DeadLetter, JobView, LeasedJob, ReasonCount, SourceRef};
@@ -125,14 +126,11 @@ pub enum PayloadShown {
     /// `previous_payload`.
     #[default]
     Full,
-    /// `payload_preview` instead: the first [`PAYLOAD_PREVIEW_BYTES`] as
+    /// `payload_preview` instead: the first [`PREVIEW_BYTES_MAX`] as
     /// text (cut at a char boundary), and `previous_payload_preview` for
     /// edits; the whole bytes are at `GET /v1/jobs/{id}/payload`.
     Preview,
 }
-
-/// The bytes of a payload preview, as for dead letters.
-pub const PAYLOAD_PREVIEW_BYTES: usize = 4096;
 
 /// An item of `GET /v1/jobs`: the job as `GET /v1/jobs/{id}` shows it,
 /// without `history`.
@@ -171,7 +169,7 @@ pub fn job(j: &JobView, now: Timestamp, shown: PayloadShown) -> JobBody<'_> {
 fn job_body(j: &JobView, now: Timestamp, shown: PayloadShown) -> JobBody<'_> {
     let full = shown == PayloadShown::Full;
     fn preview(bytes: &[u8]) -> Cow<'_, str> {
-        payload_preview(bytes, PAYLOAD_PREVIEW_BYTES)
+        payload_preview(bytes, PREVIEW_BYTES_MAX)
     }
     let shown_preview = (!full).then(|| preview(&j.payload));
     let e = &j.envelope;

@@ -51,7 +51,7 @@ pub(super) async fn guard<S: Store>(
 ) -> Response {
     if !app.auth_on() {
         if let Err(e) = check(&app, req.method(), req.uri(), req.headers()) {
-            m::rejected(e.code.as_str());
+            m::rejected_code(&e.code);
             let mut resp = e.into_response();
             // The body, if any, is never read: close rather than drain it.
             resp.headers_mut()

@@ -15,12 +15,12 @@
 //! into the page could not run.
 
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, header};
+use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use lazaret_store::Store;
 use serde_json::json;
 
-use crate::auth::{Action, authenticate};
+use crate::auth::{Action, Caller};
 use crate::config::Role;
 
 use super::{ApiResult, Shared, ok};
@@ -34,11 +34,6 @@ const APP_CSS: &str = include_str!("../dashboard/app.css");
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
      img-src 'self' data:; connect-src 'self'; base-uri 'none'; form-action 'self'; \
      frame-ancestors 'none'";
-
-/// The paths of the dashboard's files: served without a token.
-pub(super) fn is_dashboard_path(path: &str) -> bool {
-    matches!(path, "/" | "/dashboard/app.js" | "/dashboard/app.css")
-}
 
 fn asset(content_type: &'static str, body: &'static str) -> Response {
     let mut resp = ([(header::CONTENT_TYPE, content_type)], body).into_response();
@@ -73,32 +68,15 @@ pub(super) async fn app_css() -> Response {
     asset("text/css; charset=utf-8", APP_CSS)
 }
 
-/// What each role may do, by the names the dashboard uses.
-/// `read_jobs` is one job by id (a worker may); `list_jobs` is `GET /v1/jobs`
-/// (a worker may not), so the dashboard offers the live-jobs list only to
-/// the roles it answers.
-const ABILITIES: [(&str, Action); 8] = [
-    ("observe", Action::Observe),
-    ("produce", Action::Produce),
-    ("read_jobs", Action::ReadJob),
-    ("list_jobs", Action::ListJobs),
-    ("work", Action::Work),
-    ("read_dead_letters", Action::ReadDeadLetters),
-    ("operate", Action::Operate),
-    ("administer", Action::Administer),
-];
-
-/// `GET /v1/whoami`: the caller's token name and role and what that role
-/// may do, so the dashboard offers only that. Any valid token may ask.
-pub(super) async fn whoami<S: Store>(State(app): Shared<S>, headers: HeaderMap) -> ApiResult {
-    let caller = {
-        let api = app.api_tokens.read().unwrap_or_else(|p| p.into_inner());
-        authenticate(&app.config.tokens, &api, &headers)?
-    };
-    let may: Vec<&str> = ABILITIES
-        .iter()
-        .filter(|(_, a)| a.allowed_for(caller.role))
-        .map(|(n, _)| *n)
+/// `GET /v1/whoami`: the caller's token name and role, every action that
+/// role may do (`Action::ALL`, by its word), and the sizes the dashboard
+/// shows, so the page offers only what the server will do and derives
+/// nothing itself. Any valid token may ask.
+pub(super) async fn whoami<S: Store>(State(app): Shared<S>, caller: Caller) -> ApiResult {
+    let may: Vec<&str> = Action::ALL
+        .into_iter()
+        .filter(|a| a.allowed_for(caller.role))
+        .map(Action::as_str)
         .collect();
     ok(json!({
         "name": caller.name,
@@ -107,5 +85,6 @@ pub(super) async fn whoami<S: Store>(State(app): Shared<S>, headers: HeaderMap) 
         "may": may,
         // Purge and tokens are admin-only; named for clients that gate on role.
         "admin": caller.role == Role::Admin,
+        "payload_preview_bytes": lazaret_core::PREVIEW_BYTES_MAX,
     }))
 }

@@ -5,7 +5,6 @@ use std::time::Duration;
 use axum::body::Bytes;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
-use axum::http::HeaderMap;
 use lazaret_core::{DeadLetterReason, JobId};
 use lazaret_guard::{RedriveError, SourceSet};
 use lazaret_store::{
@@ -15,12 +14,12 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::app::{App, now};
-use crate::auth::Action;
+use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::{metrics as m, views};
 
 use super::{
-    ApiResult, Shared, allow, audit_request, empty_none, ok, page_limit, parse_id, parse_json,
+    ApiResult, Shared, audit_request, empty_none, ok, page_limit, parse_id, parse_json,
     stored_payload,
 };
 
@@ -65,10 +64,8 @@ fn stage_word(s: Option<String>) -> Result<Option<String>, ApiError> {
 
 pub(super) async fn dead_letters<S: Store>(
     State(app): Shared<S>,
-    headers: HeaderMap,
     query: Result<Query<DlQuery>, QueryRejection>,
 ) -> ApiResult {
-    allow(&app, &headers, Action::ReadDeadLetters).await?;
     // An unknown parameter is refused: a misspelt filter must not list
     // (or, copied into a redrive, move) every dead letter.
     let Query(q) = query.map_err(|e| {
@@ -119,10 +116,8 @@ fn no_dead_letter(id: DeadLetterId) -> ApiError {
 
 pub(super) async fn dead_letter<S: Store>(
     State(app): Shared<S>,
-    headers: HeaderMap,
     Path(id): Path<String>,
 ) -> ApiResult {
-    allow(&app, &headers, Action::ReadDeadLetters).await?;
     let dl = DeadLetterId(parse_id(&id, "dead letter")?);
     let d = held(&app, dl).await?;
     // One dead letter shows a Celery task's arguments from the whole body.
@@ -135,10 +130,8 @@ pub(super) async fn dead_letter<S: Store>(
 
 pub(super) async fn dead_letter_payload<S: Store>(
     State(app): Shared<S>,
-    headers: HeaderMap,
     Path(id): Path<String>,
 ) -> ApiResult {
-    allow(&app, &headers, Action::ReadDeadLetters).await?;
     let dl = DeadLetterId(parse_id(&id, "dead letter")?);
     let d = held(&app, dl).await?;
     let own_type = d.source.as_ref().and_then(|s| s.content_type.as_deref());
@@ -155,8 +148,7 @@ pub(super) async fn dead_letter_payload<S: Store>(
     }
 }
 
-pub(super) async fn reasons<S: Store>(State(app): Shared<S>, headers: HeaderMap) -> ApiResult {
-    allow(&app, &headers, Action::ReadDeadLetters).await?;
+pub(super) async fn reasons<S: Store>(State(app): Shared<S>) -> ApiResult {
     let r = app.store.reasons().await?;
     ok(json!({ "reasons": r.iter().map(views::reason).collect::<Vec<_>>() }))
 }
@@ -291,10 +283,9 @@ fn redrive_item(t: &Target, done: Option<&Done>) -> Value {
 
 pub(super) async fn redrive<S: Store>(
     State(app): Shared<S>,
-    headers: HeaderMap,
+    caller: Caller,
     body: Bytes,
 ) -> ApiResult {
-    let caller = allow(&app, &headers, Action::Operate).await?;
     let b: SelectBody = parse_json(&body)?;
     let sel = selector(&b)?;
     if b.rate_per_sec == Some(0) {
@@ -532,10 +523,9 @@ async fn redrive_message_with<S: Store>(
 
 pub(super) async fn purge<S: Store>(
     State(app): Shared<S>,
-    headers: HeaderMap,
+    caller: Caller,
     body: Bytes,
 ) -> ApiResult {
-    let caller = allow(&app, &headers, Action::Administer).await?;
     let b: SelectBody = parse_json(&body)?;
     let sel = selector(&b)?;
     if !b.confirm {
@@ -611,11 +601,10 @@ struct CorrectedBody {
 /// body and leaves the quarantine once the broker confirmed it.
 pub(super) async fn redrive_corrected<S: Store>(
     State(app): Shared<S>,
-    headers: HeaderMap,
+    caller: Caller,
     Path(id): Path<String>,
     body: Bytes,
 ) -> ApiResult {
-    let caller = allow(&app, &headers, Action::Operate).await?;
     let dl = DeadLetterId(parse_id(&id, "dead letter")?);
     let b: CorrectedBody = parse_json(&body)?;
     let Some(payload) = b.payload else {
@@ -665,7 +654,7 @@ pub(super) async fn redrive_corrected<S: Store>(
                 "the corrected payload is refused as a new enqueue would be: {}; nothing was redriven",
                 e.message.trim_end_matches('.')
             );
-            m::rejected(e.code.as_str());
+            m::rejected_code(&e.code);
             return Err(e);
         }
     };

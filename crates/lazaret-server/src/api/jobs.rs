@@ -11,7 +11,8 @@ use axum::response::IntoResponse;
 use futures_util::StreamExt;
 use lazaret_core::{
     AdmissionRequest, DeadLetterReason, IDEMPOTENCY_KEY_BYTES_MAX, JobId, JobState, JobType, Lane,
-    NAME_BYTES_MAX, TenantId, Timestamp, Verdict, admit, payload_preview, payload_sha256,
+    NAME_BYTES_MAX, PREVIEW_BYTES_MAX, TenantId, Timestamp, Verdict, admit, payload_preview,
+    payload_sha256,
 };
 use lazaret_store::{
     AdmissionRecord, AuditEntry, CancelError, Cancelled, EnqueueOutcome, JobQuery, JobView, NewJob,
@@ -22,14 +23,15 @@ use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
 use crate::app::{App, now};
-use crate::auth::{Action, Caller};
+use crate::auth::Caller;
 use crate::config::Role;
 use crate::error::{ApiError, Code};
 use crate::{metrics as m, views};
 
+use super::routes::StreamCap;
 use super::{
-    ApiResult, DELAY_MS_MAX, Shared, allow, check_duration, check_field, connection_close,
-    empty_none, not_object, ok, page_limit, parse_id, parse_json, stored_payload,
+    ApiResult, DELAY_MS_MAX, Shared, check_duration, check_field, connection_close, empty_none,
+    not_object, ok, page_limit, parse_id, parse_json, stored_payload,
 };
 
 /// A field that is there, even as `null` (`Option`'s own deserializer reads
@@ -77,7 +79,7 @@ async fn read_capped(headers: &HeaderMap, body: Body, cap: usize) -> Result<Read
         if let Ok(Some(Ok(chunk))) =
             tokio::time::timeout(Duration::from_millis(200), stream.next()).await
         {
-            head.extend_from_slice(&chunk[..chunk.len().min(4096)]);
+            head.extend_from_slice(&chunk[..chunk.len().min(PREVIEW_BYTES_MAX)]);
         }
         return Ok(Read::TooLarge {
             head,
@@ -92,7 +94,7 @@ async fn read_capped(headers: &HeaderMap, body: Body, cap: usize) -> Result<Read
         if buf.len() + chunk.len() > cap {
             let size = (buf.len() + chunk.len()) as u64;
             let mut head = buf;
-            head.truncate(4096);
+            head.truncate(PREVIEW_BYTES_MAX);
             return Ok(Read::TooLarge {
                 head,
                 size,
@@ -125,7 +127,7 @@ async fn admit_one<S: Store>(
     now: Timestamp,
 ) -> Result<NewJob, ApiError> {
     if let Err(e) = check_duration("delay_ms", body.delay_ms, DELAY_MS_MAX) {
-        m::rejected(e.code.as_str());
+        m::rejected_code(&e.code);
         return Err(e);
     }
     check_field("type", body.job_type.as_deref(), NAME_BYTES_MAX)?;
@@ -181,7 +183,7 @@ async fn admit_one<S: Store>(
                         message: message.clone(),
                         payload_size: payload.len() as u64,
                         payload_sha256: Some(hex::encode(payload_sha256(payload))),
-                        payload_preview: payload_preview(payload, 4096).into_owned(),
+                        payload_preview: payload_preview(payload, PREVIEW_BYTES_MAX).into_owned(),
                         payload: Some(payload.to_vec()),
                         idempotency_key: body.idempotency_key.clone(),
                         now,
@@ -191,7 +193,7 @@ async fn admit_one<S: Store>(
             }
             let e =
                 ApiError::from_verdict(other).unwrap_or_else(|| ApiError::bad_request("refused"));
-            m::rejected(e.code.as_str());
+            m::rejected_code(&e.code);
             return Err(e);
         }
     };
@@ -280,7 +282,7 @@ fn enqueue_reply<S: Store>(
                     job.tenant
                 ),
             );
-            m::rejected(e.code.as_str());
+            m::rejected_code(&e.code);
             (e.status, e.body())
         }
     }
@@ -308,7 +310,7 @@ async fn too_large_body<S: Store>(
             message: message.clone(),
             payload_size: size,
             payload_sha256: None,
-            payload_preview: payload_preview(&head, 4096).into_owned(),
+            payload_preview: payload_preview(&head, PREVIEW_BYTES_MAX).into_owned(),
             payload: None,
             idempotency_key: None,
             now: now(),
@@ -321,11 +323,11 @@ async fn too_large_body<S: Store>(
 
 pub(super) async fn enqueue<S: Store>(
     State(app): Shared<S>,
+    caller: Caller,
+    StreamCap(cap): StreamCap,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult {
-    let caller = allow(&app, &headers, Action::Produce).await?;
-    let cap = app.config.admission.body_bytes_max();
     let bytes = match read_capped(&headers, body, cap).await? {
         Read::Whole(b) => b,
         Read::TooLarge {
@@ -362,7 +364,7 @@ pub(super) async fn enqueue<S: Store>(
                     message: message.clone(),
                     payload_size: bytes.len() as u64,
                     payload_sha256: Some(hex::encode(payload_sha256(&bytes))),
-                    payload_preview: payload_preview(&bytes, 4096).into_owned(),
+                    payload_preview: payload_preview(&bytes, PREVIEW_BYTES_MAX).into_owned(),
                     payload: Some(bytes.to_vec()),
                     idempotency_key: None,
                     now,
@@ -422,11 +424,11 @@ struct BatchBody<'a> {
 
 pub(super) async fn enqueue_batch<S: Store>(
     State(app): Shared<S>,
+    caller: Caller,
+    StreamCap(cap): StreamCap,
     headers: HeaderMap,
     body: Body,
 ) -> ApiResult {
-    let caller = allow(&app, &headers, Action::Produce).await?;
-    let cap = app.config.batch_bytes_max;
     let bytes = match read_capped(&headers, body, cap).await? {
         Read::Whole(b) => b,
         Read::TooLarge {
@@ -545,7 +547,7 @@ fn payload_shown(word: Option<String>) -> Result<views::PayloadShown, ApiError> 
         Some(other) => Err(ApiError::bad_request(format!(
             "payload={other:?} is not one of full (the whole payload, the default) and \
              preview (its first {} bytes; the whole one is at /v1/jobs/{{id}}/payload)",
-            views::PAYLOAD_PREVIEW_BYTES
+            PREVIEW_BYTES_MAX
         ))),
     }
 }
@@ -570,11 +572,10 @@ async fn readable<S: Store>(app: &App<S>, caller: &Caller, id: &str) -> Result<J
 
 pub(super) async fn job<S: Store>(
     State(app): Shared<S>,
-    headers: HeaderMap,
+    caller: Caller,
     Path(id): Path<String>,
     query: Result<Query<JobParams>, QueryRejection>,
 ) -> ApiResult {
-    let caller = allow(&app, &headers, Action::ReadJob).await?;
     let Query(q) = query.map_err(|e| {
         ApiError::bad_request(format!("{}; the only parameter is payload", e.body_text()))
     })?;
@@ -589,10 +590,9 @@ pub(super) async fn job<S: Store>(
 /// payload into the page.
 pub(super) async fn job_payload<S: Store>(
     State(app): Shared<S>,
-    headers: HeaderMap,
+    caller: Caller,
     Path(id): Path<String>,
 ) -> ApiResult {
-    let caller = allow(&app, &headers, Action::ReadJob).await?;
     let view = readable(&app, &caller, &id).await?;
     let name = format!("job-{}", view.envelope.id);
     Ok(stored_payload(view.payload, None, &name))
@@ -616,10 +616,9 @@ pub(super) struct ListParams {
 /// jobs it enqueued.
 pub(super) async fn list<S: Store>(
     State(app): Shared<S>,
-    headers: HeaderMap,
+    caller: Caller,
     query: Result<Query<ListParams>, QueryRejection>,
 ) -> ApiResult {
-    let caller = allow(&app, &headers, Action::ListJobs).await?;
     let Query(q) = query.map_err(|e| {
         ApiError::bad_request(format!(
             "{}; the parameters are state, type, tenant, lane, limit, cursor and payload",
@@ -682,11 +681,10 @@ const CANCEL_REASON_BYTES_MAX: usize = 1024;
 /// outcome unless acked (`lazaret_core::cancel`); audited.
 pub(super) async fn cancel<S: Store>(
     State(app): Shared<S>,
-    headers: HeaderMap,
+    caller: Caller,
     Path(id): Path<String>,
     body: Bytes,
 ) -> ApiResult {
-    let caller = allow(&app, &headers, Action::Cancel).await?;
     let b: CancelBody = if body.iter().all(u8::is_ascii_whitespace) {
         CancelBody::default()
     } else {

@@ -5,7 +5,6 @@ use std::time::Duration;
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::HeaderMap;
 use axum::response::IntoResponse;
 use lazaret_core::{
     ErrorKind, Event, Failure, FailureClass, JobId, JobType, Lane, NAME_BYTES_MAX, Transition,
@@ -17,13 +16,12 @@ use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
 use crate::app::{App, now};
-use crate::auth::Action;
 use crate::error::ApiError;
 use crate::{metrics as m, views};
 
 use super::{
-    ApiResult, DELAY_MS_MAX, LEASE_JOBS_MAX, LEASE_NAMES_MAX, Shared, WAIT_MS_MAX, allow,
-    check_duration, check_field, ok, parse_id, parse_json,
+    ApiResult, DELAY_MS_MAX, LEASE_JOBS_MAX, LEASE_NAMES_MAX, Shared, WAIT_MS_MAX, check_duration,
+    check_field, ok, parse_id, parse_json,
 };
 
 #[derive(Debug, Deserialize)]
@@ -36,12 +34,7 @@ struct LeaseBody {
     wait_ms: Option<u64>,
 }
 
-pub(super) async fn lease<S: Store>(
-    State(app): Shared<S>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> ApiResult {
-    allow(&app, &headers, Action::Work).await?;
+pub(super) async fn lease<S: Store>(State(app): Shared<S>, body: Bytes) -> ApiResult {
     let b: LeaseBody = parse_json(&body)?;
     let jobs = lease_jobs(&app, b).await?;
     Ok(Json(views::LeaseReply {
@@ -186,17 +179,16 @@ fn token(t: &str) -> Result<LeaseToken, ApiError> {
 fn failure(e: ErrorBody) -> Result<Failure, ApiError> {
     check_duration("error.retry_after_ms", e.retry_after_ms, DELAY_MS_MAX)?;
     check_field("error.kind", e.kind.as_deref(), NAME_BYTES_MAX)?;
-    let class = match e.class.as_deref() {
-        None => None,
-        Some("transient") => Some(FailureClass::Transient),
-        Some("permanent") => Some(FailureClass::Permanent),
-        Some("deferred") => Some(FailureClass::Deferred),
-        Some(other) => {
-            return Err(ApiError::bad_request(format!(
-                "error.class {other:?} is not one of transient, permanent, deferred (or leave it out to classify by kind)"
-            )));
-        }
-    };
+    let class = e
+        .class
+        .as_deref()
+        .map(str::parse::<FailureClass>)
+        .transpose()
+        .map_err(|e| {
+            ApiError::bad_request(format!(
+                "error.class {e} (or leave it out to classify by kind)"
+            ))
+        })?;
     let kind = e
         .kind
         .filter(|k| !k.trim().is_empty())
@@ -342,11 +334,9 @@ async fn with_next<S: Store>(
 
 pub(super) async fn ack<S: Store>(
     State(app): Shared<S>,
-    headers: HeaderMap,
     Path(id): Path<String>,
     body: Bytes,
 ) -> ApiResult {
-    allow(&app, &headers, Action::Work).await?;
     let b: AckBody = parse_json(&body)?;
     let c = completion(&id, &b.lease_token, None);
     single(&app, id, c, b.next).await
@@ -354,11 +344,9 @@ pub(super) async fn ack<S: Store>(
 
 pub(super) async fn fail<S: Store>(
     State(app): Shared<S>,
-    headers: HeaderMap,
     Path(id): Path<String>,
     body: Bytes,
 ) -> ApiResult {
-    allow(&app, &headers, Action::Work).await?;
     let b: FailBody = parse_json(&body)?;
     let c = completion(&id, &b.lease_token, Some(b.error));
     single(&app, id, c, b.next).await
@@ -413,32 +401,17 @@ async fn batch_outcomes<S: Store>(app: &App<S>, body: &[u8], kind: Outcomes) -> 
     with_next(app, json!({ "results": results }), b.next).await
 }
 
-pub(super) async fn acks<S: Store>(
-    State(app): Shared<S>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> ApiResult {
-    allow(&app, &headers, Action::Work).await?;
+pub(super) async fn acks<S: Store>(State(app): Shared<S>, body: Bytes) -> ApiResult {
     batch_outcomes(&app, &body, Outcomes::Acks).await
 }
 
-pub(super) async fn fails<S: Store>(
-    State(app): Shared<S>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> ApiResult {
-    allow(&app, &headers, Action::Work).await?;
+pub(super) async fn fails<S: Store>(State(app): Shared<S>, body: Bytes) -> ApiResult {
     batch_outcomes(&app, &body, Outcomes::Fails).await
 }
 
 /// `POST /v1/outcomes`: acks and fails of one worker's batch in one
 /// request (and, with `next`, its next lease).
-pub(super) async fn outcomes<S: Store>(
-    State(app): Shared<S>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> ApiResult {
-    allow(&app, &headers, Action::Work).await?;
+pub(super) async fn outcomes<S: Store>(State(app): Shared<S>, body: Bytes) -> ApiResult {
     batch_outcomes(&app, &body, Outcomes::Mixed).await
 }
 
@@ -450,11 +423,9 @@ struct HeartbeatBody {
 
 pub(super) async fn heartbeat<S: Store>(
     State(app): Shared<S>,
-    headers: HeaderMap,
     Path(id): Path<String>,
     body: Bytes,
 ) -> ApiResult {
-    allow(&app, &headers, Action::Work).await?;
     let b: HeartbeatBody = parse_json(&body)?;
     let job = JobId(parse_id(&id, "job")?);
     let extend = b.extend_ms.unwrap_or(app.config.lease_ms_default);

@@ -1,6 +1,8 @@
 //! The HTTP API (see `docs/api.md` and the contract): routes and handlers.
 //! Handlers move bytes; the core decides and the store applies. One module
-//! per resource; this one holds the router and what every handler shares.
+//! per resource; `routes` holds the route table (each route's role and
+//! body cap, declared once); this one builds the router and holds what
+//! every handler shares.
 
 mod browser;
 mod dashboard;
@@ -8,23 +10,22 @@ mod dead_letters;
 mod jobs;
 mod leases;
 mod operations;
+pub mod routes;
 mod tokens;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use lazaret_core::check_name;
-use lazaret_store::{AuditEntry, Store};
+use lazaret_store::Store;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::app::{App, now};
-use crate::auth::{Action, Caller, authenticate, forbidden};
+use crate::app::App;
 use crate::error::ApiError;
 use crate::metrics as m;
 
@@ -110,147 +111,15 @@ pub const CANCEL_BODY_BYTES_MAX: usize = 16 * 1024;
 pub const TOKEN_BODY_BYTES_MAX: usize = 16 * 1024;
 
 fn routes<S: Store>(app: Arc<App<S>>) -> Router {
-    use axum::extract::DefaultBodyLimit as Cap;
-    let batch = app.config.batch_bytes_max;
     let body_timeout = Duration::from_millis(app.config.http.body_read_timeout_ms);
-    // `/v1/jobs` and `/v1/jobs/batch` read their bodies themselves, capped
-    // while they stream (`read_capped`); every other body is buffered by
-    // axum up to the cap of its route. Every body's read waits at most
-    // `body_read_timeout_ms` for each next piece.
-    Router::new()
-        .route("/", get(dashboard::index))
-        .route("/dashboard/app.js", get(dashboard::app_js))
-        .route("/dashboard/app.css", get(dashboard::app_css))
-        .route("/v1/whoami", get(dashboard::whoami::<S>))
-        .route("/healthz", get(healthz::<S>))
-        .route("/metrics", get(operations::metrics::<S>))
-        .route("/v1/jobs", post(jobs::enqueue::<S>).get(jobs::list::<S>))
-        .route("/v1/jobs/batch", post(jobs::enqueue_batch::<S>))
-        .route("/v1/jobs/{id}", get(jobs::job::<S>))
-        .route("/v1/jobs/{id}/payload", get(jobs::job_payload::<S>))
-        .route(
-            "/v1/jobs/{id}/cancel",
-            post(jobs::cancel::<S>).layer(Cap::max(CANCEL_BODY_BYTES_MAX)),
-        )
-        .route(
-            "/v1/jobs/{id}/ack",
-            post(leases::ack::<S>).layer(Cap::max(OUTCOME_BODY_BYTES_MAX)),
-        )
-        .route(
-            "/v1/jobs/{id}/fail",
-            post(leases::fail::<S>).layer(Cap::max(OUTCOME_BODY_BYTES_MAX)),
-        )
-        .route(
-            "/v1/jobs/{id}/heartbeat",
-            post(leases::heartbeat::<S>).layer(Cap::max(OUTCOME_BODY_BYTES_MAX)),
-        )
-        .route(
-            "/v1/leases",
-            post(leases::lease::<S>).layer(Cap::max(LEASE_BODY_BYTES_MAX)),
-        )
-        .route("/v1/acks", post(leases::acks::<S>).layer(Cap::max(batch)))
-        .route("/v1/fails", post(leases::fails::<S>).layer(Cap::max(batch)))
-        .route(
-            "/v1/outcomes",
-            post(leases::outcomes::<S>).layer(Cap::max(batch)),
-        )
-        .route("/v1/dead-letters", get(dead_letters::dead_letters::<S>))
-        .route("/v1/dead-letters/reasons", get(dead_letters::reasons::<S>))
-        .route(
-            "/v1/dead-letters/redrive",
-            post(dead_letters::redrive::<S>).layer(Cap::max(OPERATE_BODY_BYTES_MAX)),
-        )
-        .route(
-            "/v1/dead-letters/purge",
-            post(dead_letters::purge::<S>).layer(Cap::max(OPERATE_BODY_BYTES_MAX)),
-        )
-        .route("/v1/dead-letters/{id}", get(dead_letters::dead_letter::<S>))
-        .route(
-            "/v1/dead-letters/{id}/redrive",
-            post(dead_letters::redrive_corrected::<S>)
-                .layer(Cap::max(app.config.admission.body_bytes_max())),
-        )
-        .route(
-            "/v1/dead-letters/{id}/payload",
-            get(dead_letters::dead_letter_payload::<S>),
-        )
-        .route("/v1/stats", get(operations::stats::<S>))
-        .route("/v1/breakers", get(operations::breakers::<S>))
-        .route(
-            "/v1/pause",
-            post(operations::pause::<S>).layer(Cap::max(OPERATE_BODY_BYTES_MAX)),
-        )
-        .route(
-            "/v1/resume",
-            post(operations::resume::<S>).layer(Cap::max(OPERATE_BODY_BYTES_MAX)),
-        )
-        .route("/v1/audit", get(operations::audit::<S>))
-        .route(
-            "/v1/tokens",
-            get(tokens::tokens::<S>)
-                .post(tokens::create_token::<S>)
-                .layer(Cap::max(TOKEN_BODY_BYTES_MAX)),
-        )
-        .route("/v1/tokens/{name}", delete(tokens::revoke_token::<S>))
-        .route_layer(axum::middleware::from_fn_with_state(
-            Arc::clone(&app),
-            authorize_first::<S>,
-        ))
+    // Every body's read waits at most `body_read_timeout_ms` for each next
+    // piece; each route's cap is in the table (`routes::table`).
+    routes::router(&app)
         .fallback(|| async { ApiError::not_found("no such route; see docs/api.md") })
         .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
             body_timeout,
         ))
         .with_state(app)
-}
-
-/// What a request with a body wants to do, from its method and path.
-fn body_action(method: &axum::http::Method, path: &str) -> Option<Action> {
-    if method != axum::http::Method::POST {
-        return None;
-    }
-    let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-    Some(match segs.as_slice() {
-        ["v1", "jobs"] | ["v1", "jobs", "batch"] => Action::Produce,
-        ["v1", "jobs", _, "ack" | "fail" | "heartbeat"] | ["v1", "leases" | "acks" | "fails"] => {
-            Action::Work
-        }
-        ["v1", "jobs", _, "cancel"] => Action::Cancel,
-        ["v1", "dead-letters", "redrive"]
-        | ["v1", "dead-letters", _, "redrive"]
-        | ["v1", "pause" | "resume"] => Action::Operate,
-        ["v1", "dead-letters", "purge"] | ["v1", "tokens"] => Action::Administer,
-        _ => return None,
-    })
-}
-
-/// Authenticates every request, and authorises every request with a body,
-/// before a byte of the body is read: an unknown or unauthorised caller is
-/// refused (401/403, `Connection: close`) without the server buffering what
-/// it sent. The handlers check again (cheaply: tokens are in memory).
-async fn authorize_first<S: Store>(
-    State(app): Shared<S>,
-    req: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
-    if matches!(req.uri().path(), "/healthz" | "/metrics")
-        || dashboard::is_dashboard_path(req.uri().path())
-    {
-        return next.run(req).await;
-    }
-    let checked = match body_action(req.method(), req.uri().path()) {
-        Some(action) => allow(&app, req.headers(), action).await.map(|_| ()),
-        None => {
-            let api = app.api_tokens.read().unwrap_or_else(|p| p.into_inner());
-            authenticate(&app.config.tokens, &api, req.headers())
-                .map(|_| ())
-                .inspect_err(|e| m::rejected(e.code.as_str()))
-        }
-    };
-    match checked {
-        Ok(()) => next.run(req).await,
-        // Closed after the answer: the unread body is never drained.
-        Err(e) => connection_close(e.into_response()),
-    }
 }
 
 /// Whether a path has a `%` not followed by two hex digits.
@@ -327,7 +196,7 @@ async fn envelope(req: axum::extract::Request, next: axum::middleware::Next) -> 
     if err.message.starts_with(';') {
         err.message = err.message.trim_start_matches(';').trim_start().to_owned();
     }
-    m::rejected(err.code.as_str());
+    m::rejected_code(&err.code);
     let mut out = err.into_response();
     if let Some(allow) = allow {
         out.headers_mut().insert(header::ALLOW, allow);
@@ -405,37 +274,6 @@ fn stored_payload(bytes: Vec<u8>, own_type: Option<&str>, name: &str) -> Respons
 
 fn ok(v: Value) -> ApiResult {
     Ok(Json(v).into_response())
-}
-
-/// Authenticates and authorises; a refused operator action is audited.
-async fn allow<S: Store>(
-    app: &App<S>,
-    headers: &HeaderMap,
-    action: Action,
-) -> Result<Caller, ApiError> {
-    let caller = {
-        let api = app.api_tokens.read().unwrap_or_else(|p| p.into_inner());
-        authenticate(&app.config.tokens, &api, headers)
-    }
-    .inspect_err(|e| m::rejected(e.code.as_str()))?;
-    if action.allowed_for(caller.role) {
-        return Ok(caller);
-    }
-    if matches!(
-        action,
-        Action::Operate | Action::Administer | Action::ReadDeadLetters | Action::Cancel
-    ) {
-        let entry = AuditEntry {
-            at: now(),
-            actor: caller.name.clone(),
-            action: "denied".into(),
-            request: json!({ "wanted": format!("{action:?}") }),
-            count: 0,
-        };
-        let _ = app.store.audit(entry).await;
-    }
-    m::rejected("FORBIDDEN");
-    Err(forbidden(&caller, action))
 }
 
 fn parse_json<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, ApiError> {

@@ -3,19 +3,19 @@
 use axum::Json;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use lazaret_store::{ApiToken, AuditEntry, Store, TokenError};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::app::{App, now};
-use crate::auth::{Action, check_token_name, new_secret};
+use crate::auth::{Caller, check_token_name, new_secret};
 use crate::config::{Role, TokenConfig, token_sha256};
 use crate::error::ApiError;
 use crate::views;
 
-use super::{ApiResult, Shared, allow, ok, parse_json};
+use super::{ApiResult, Shared, ok, parse_json};
 
 /// Token endpoints need auth on: with no `[[tokens]]` every caller is an
 /// anonymous admin, and a token created then would lock nobody out and
@@ -30,8 +30,7 @@ fn tokens_need_auth<S: Store>(app: &App<S>) -> Result<(), ApiError> {
     ))
 }
 
-pub(super) async fn tokens<S: Store>(State(app): Shared<S>, headers: HeaderMap) -> ApiResult {
-    allow(&app, &headers, Action::Administer).await?;
+pub(super) async fn tokens<S: Store>(State(app): Shared<S>) -> ApiResult {
     tokens_need_auth(&app)?;
     let stored = app.store.tokens().await?;
     let items: Vec<Value> = app
@@ -52,10 +51,9 @@ struct CreateTokenBody {
 
 pub(super) async fn create_token<S: Store>(
     State(app): Shared<S>,
-    headers: HeaderMap,
+    caller: Caller,
     body: Bytes,
 ) -> ApiResult {
-    let caller = allow(&app, &headers, Action::Administer).await?;
     tokens_need_auth(&app)?;
     let b: CreateTokenBody = parse_json(&body)?;
     let name = b.name.unwrap_or_default();
@@ -138,10 +136,9 @@ pub(super) async fn create_token<S: Store>(
 
 pub(super) async fn revoke_token<S: Store>(
     State(app): Shared<S>,
-    headers: HeaderMap,
+    caller: Caller,
     Path(name): Path<String>,
 ) -> ApiResult {
-    let caller = allow(&app, &headers, Action::Administer).await?;
     tokens_need_auth(&app)?;
     if app.config.tokens.iter().any(|t| t.name == name) {
         return Err(ApiError::bad_request(format!(

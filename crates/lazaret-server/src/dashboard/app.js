@@ -13,8 +13,6 @@
   /** Characters of a request or payload shown in a table cell before "…". */
   const CELL_CHARS_MAX = 160;
   const REFRESH_MS = 5000;
-  /** Bytes of a payload the server previews (`payload_preview`). */
-  const PREVIEW_BYTES = 4096;
 
   const state = {
     who: null,
@@ -51,6 +49,11 @@
 
   function may(what) {
     return !!(state.who && state.who.may.includes(what));
+  }
+
+  /** Bytes of a payload the server previews (`payload_preview`), as `/v1/whoami` says. */
+  function previewBytesMax() {
+    return state.who.payload_preview_bytes;
   }
 
   /** Shows or hides every `data-needs` element by what the role may do. */
@@ -854,10 +857,6 @@
 
   const LIVE = ['queued', 'scheduled', 'leased'];
 
-  function canCancel() {
-    return may('operate') || may('produce');
-  }
-
   async function cancelJob(id, container, after) {
     confirmPanel(container, {
       title: `Cancel job ${id}?`,
@@ -905,7 +904,7 @@
       ['Attempt', (j) => String(j.attempt)],
       ['Created', (j) => fmtTime(j.created_at)],
       ['Runs at', (j) => fmtTime(j.run_at)],
-      ['', (j) => (canCancel() && LIVE.includes(j.state)
+      ['', (j) => (may('cancel') && LIVE.includes(j.state)
         ? el('button', { type: 'button', onclick: () => cancelJob(j.id, confirmBox, () => jobs(null)) }, `Cancel job ${j.id}`)
         : '')],
     ], page.items || [], 'No job matches.'));
@@ -927,7 +926,7 @@
     $('dle-back').href = may('list_jobs') ? '#/jobs' : '#/overview';
     $('dle-back').textContent = may('list_jobs') ? '← Live jobs' : '← Overview';
     // A server without `?payload=preview` sends the whole payload: cut it here.
-    const preview = j.payload_preview !== undefined ? j.payload_preview : cut(JSON.stringify(j.payload), PREVIEW_BYTES);
+    const preview = j.payload_preview !== undefined ? j.payload_preview : cut(JSON.stringify(j.payload), previewBytesMax());
     const previewBytes = new TextEncoder().encode(preview).length;
     const binary = j.payload_binary === true;
     const whole = !binary && previewBytes >= j.payload_size;
@@ -945,7 +944,7 @@
         ['Runs at', fmtTime(j.run_at)],
         ['Dead letter', j.dead_letter_id ? el('a', { href: `#/dead-letter/${encodeURIComponent(j.dead_letter_id)}` }, `dead letter ${j.dead_letter_id}`) : '—'],
       ]),
-      canCancel() && LIVE.includes(j.state) ? el('p', {}, el('button', { type: 'button', onclick: () => cancelJob(j.id, confirmBox, () => job(id)) }, 'Cancel…')) : '',
+      may('cancel') && LIVE.includes(j.state) ? el('p', {}, el('button', { type: 'button', onclick: () => cancelJob(j.id, confirmBox, () => job(id)) }, 'Cancel…')) : '',
       confirmBox,
       el('h3', {}, 'Attempts'), historyTable(j.history),
       el('h3', {}, 'Payload'),
@@ -962,10 +961,10 @@
     if (edits.length) {
       parts.push(el('h3', {}, 'Payload edits'), el('ol', { class: 'edits' }, edits.map((e) => el('li', {},
         el('p', {}, fmtTime(e.at), ` by ${e.actor} (redrive ${e.redrive}): “${e.reason}”`),
-        el('details', {}, el('summary', {}, `The payload it replaced (${fmtBytes(e.previous_payload_size)}${e.previous_payload_size > PREVIEW_BYTES ? `; its first ${fmtBytes(PREVIEW_BYTES)}` : ''})`),
+        el('details', {}, el('summary', {}, `The payload it replaced (${fmtBytes(e.previous_payload_size)}${e.previous_payload_size > previewBytesMax() ? `; its first ${fmtBytes(previewBytesMax())}` : ''})`),
           el('pre', { class: 'payload' }, e.previous_payload_preview !== undefined
             ? e.previous_payload_preview
-            : cut(JSON.stringify(e.previous_payload), PREVIEW_BYTES)))))));
+            : cut(JSON.stringify(e.previous_payload), previewBytesMax())))))));
     }
     $('dle-body').replaceChildren(...parts);
     if (LIVE.includes(j.state) && !state.timer) {

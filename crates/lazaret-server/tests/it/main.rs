@@ -2,4 +2,5 @@
 
 mod backpressure;
 mod browser;
+mod roles;
 mod stats;

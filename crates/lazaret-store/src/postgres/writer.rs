@@ -1563,7 +1563,7 @@ impl Writer {
                             &ms(now),
                             &(env.payload_size as i64),
                             &env.payload_sha256,
-                            &payload_preview(payload, 4096),
+                            &payload_preview(payload, lazaret_core::PREVIEW_BYTES_MAX),
                         ],
                     )
                     .await?;
@@ -2200,7 +2200,7 @@ impl Writer {
                     &ms(dl.now),
                     &(dl.payload.len() as i64),
                     &sha,
-                    &payload_preview(&dl.payload, 4096),
+                    &payload_preview(&dl.payload, lazaret_core::PREVIEW_BYTES_MAX),
                     &dl.payload,
                     &source,
                     &src.name,

@@ -54,7 +54,7 @@ pub(super) fn quarantine(c: &Connection, dl: &SourceDeadLetter) -> Result<Quaran
         dl.now.as_millis(),
         dl.payload.len() as i64,
         key.payload_sha256,
-        payload_preview(&dl.payload, 4096),
+        payload_preview(&dl.payload, lazaret_core::PREVIEW_BYTES_MAX),
         dl.payload,
         json(src)?,
         src.name,

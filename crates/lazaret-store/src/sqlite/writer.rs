@@ -1265,7 +1265,7 @@ impl Writer {
                         ms(now),
                         env.payload_size as i64,
                         env.payload_sha256,
-                        payload_preview(payload, 4096),
+                        payload_preview(payload, lazaret_core::PREVIEW_BYTES_MAX),
                     ]))?;
                 Ok((
                     Some(DeadLetterId(self.conn.last_insert_rowid() as u64)),

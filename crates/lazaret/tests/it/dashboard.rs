@@ -87,22 +87,25 @@ async fn whoami_names_the_token_its_role_and_what_that_role_may_do() {
         (
             "operator-secret",
             json!({"name": "ops-alice", "role": "operator", "auth": true, "admin": false,
-                   "may": ["observe", "read_jobs", "list_jobs", "read_dead_letters", "operate"]}),
+                   "may": ["observe", "read_jobs", "list_jobs", "read_dead_letters", "operate", "cancel"],
+                   "payload_preview_bytes": 4096}),
         ),
         (
             "admin-secret",
             json!({"name": "root", "role": "admin", "auth": true, "admin": true,
-                   "may": ["observe", "produce", "read_jobs", "list_jobs", "work", "read_dead_letters", "operate", "administer"]}),
+                   "may": ["observe", "produce", "read_jobs", "list_jobs", "work", "read_dead_letters", "operate", "administer", "cancel"],
+                   "payload_preview_bytes": 4096}),
         ),
         (
             "worker-secret",
             json!({"name": "w-1", "role": "worker", "auth": true, "admin": false,
-                   "may": ["observe", "read_jobs", "work"]}),
+                   "may": ["observe", "read_jobs", "work"], "payload_preview_bytes": 4096}),
         ),
         (
             "producer-secret",
             json!({"name": "p-1", "role": "producer", "auth": true, "admin": false,
-                   "may": ["observe", "produce", "read_jobs", "list_jobs"]}),
+                   "may": ["observe", "produce", "read_jobs", "list_jobs", "cancel"],
+                   "payload_preview_bytes": 4096}),
         ),
     ];
     for (token, want) in cases {
