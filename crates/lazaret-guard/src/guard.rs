@@ -719,9 +719,7 @@ impl<H: Host> Inner<H> {
                 // delivering this retry and left no outcome. This node's
                 // own lapsed claims (a retry it put back for the gate, or
                 // whose outcome the store refused) are no crash.
-                let crashed = claimed
-                    .lapsed_claim
-                    .is_some_and(|who| who != self.claimer);
+                let crashed = claimed.lapsed_claim.is_some_and(|who| who != self.claimer);
                 let key = p.key();
                 if !self.lock_running().insert(key.clone()) {
                     continue;

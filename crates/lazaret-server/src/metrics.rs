@@ -194,7 +194,11 @@ pub fn source_given_back(source: &str) {
 /// acknowledged it (see `Host::redelivered`): `recognised` when its
 /// outcome was written already, `delivered` when the handler got it again.
 pub fn source_redelivered(source: &str, recognised: bool) {
-    let outcome = if recognised { "recognised" } else { "delivered" };
+    let outcome = if recognised {
+        "recognised"
+    } else {
+        "delivered"
+    };
     metrics::counter!("lazaret_source_redeliveries_total", "source" => source.to_owned(), "outcome" => outcome)
         .increment(1);
 }

@@ -8,8 +8,8 @@ use lazaret_core::{
     DeadLetterReason, Envelope, Failure, FailureClass, JobId, Timestamp, grant_lease,
 };
 use lazaret_store::{
-    ClaimedRetry, DeadLetterFilter, Held, MessageKey, ParkedMessage, Selector, SourceDeadLetter, SourceRef,
-    Stage, Store,
+    ClaimedRetry, DeadLetterFilter, Held, MessageKey, ParkedMessage, Selector, SourceDeadLetter,
+    SourceRef, Stage, Store,
 };
 use serde_json::json;
 

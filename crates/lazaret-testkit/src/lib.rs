@@ -18,7 +18,10 @@ pub fn under_ci() -> bool {
 /// says `SKIPPED test: why` on stderr and returns, so the caller returns
 /// too. Under `CI=true` it panics with the same words instead.
 pub fn skip(test: &str, why: &str) {
-    assert!(!under_ci(), "under CI=true this test must run: {test}: {why}");
+    assert!(
+        !under_ci(),
+        "under CI=true this test must run: {test}: {why}"
+    );
     let _ = writeln!(std::io::stderr(), "SKIPPED {test}: {why}");
 }
 
@@ -50,9 +53,8 @@ mod tests {
 
     #[test]
     fn a_missing_service_is_a_skip_or_under_ci_a_failure() {
-        let r = std::panic::catch_unwind(|| {
-            service("LAZARET_TESTKIT_SURELY_UNSET", "anything", "t")
-        });
+        let r =
+            std::panic::catch_unwind(|| service("LAZARET_TESTKIT_SURELY_UNSET", "anything", "t"));
         if under_ci() {
             assert!(r.is_err(), "CI=true: a skip fails the test");
         } else {

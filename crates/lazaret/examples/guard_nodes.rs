@@ -17,6 +17,9 @@
 //! RabbitMQ and PostgreSQL come from `LAZARET_TEST_AMQP_URL` and
 //! `LAZARET_TEST_PG_URL` (defaults: the local ones of `.ci/run`).
 
+// A benchmark's report is its standard output.
+#![allow(clippy::print_stdout)]
+
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
@@ -62,10 +65,7 @@ fn args() -> Args {
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
-        let mut value = || {
-            it.next()
-                .unwrap_or_else(|| panic!("{flag} needs a value"))
-        };
+        let mut value = || it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
         let number = |v: String| -> usize {
             v.parse()
                 .unwrap_or_else(|_| panic!("{flag} takes a whole number, got {v:?}"))
@@ -168,7 +168,10 @@ async fn run(a: &Args, deliver: &str, seen: &Arc<Mutex<Seen>>, nodes: usize) -> 
         .map_or(0, |d| d.as_nanos());
     let queue = format!("lz-bench-nodes-{}-{stamp}", std::process::id());
     let mut qargs = FieldTable::default();
-    qargs.insert("x-queue-type".into(), AMQPValue::LongString("quorum".into()));
+    qargs.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".into()),
+    );
     qargs.insert("x-expires".into(), AMQPValue::LongInt(15 * 60 * 1000));
     ch.queue_declare(
         &queue,
@@ -234,7 +237,10 @@ async fn run(a: &Args, deliver: &str, seen: &Arc<Mutex<Seen>>, nodes: usize) -> 
         if done {
             break;
         }
-        assert!(Instant::now() < deadline, "the run did not end in 10 minutes");
+        assert!(
+            Instant::now() < deadline,
+            "the run did not end in 10 minutes"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // Late duplicates of the last messages would show within a moment.
@@ -243,13 +249,13 @@ async fn run(a: &Args, deliver: &str, seen: &Arc<Mutex<Seen>>, nodes: usize) -> 
         let _ = c.kill();
         let _ = c.wait();
     }
-    let s = seen.lock().unwrap();
-    let (lo, hi) = (a.messages / 10, a.messages * 9 / 10);
-    let took = s.firsts[hi].duration_since(s.firsts[lo]).as_secs_f64();
-    let rate = (hi - lo) as f64 / took;
-    let calls: u64 = s.calls.values().map(|&n| u64::from(n)).sum();
-    let dup = calls - s.calls.len() as u64;
-    drop(s);
+    let (rate, dup) = {
+        let s = seen.lock().unwrap();
+        let (lo, hi) = (a.messages / 10, a.messages * 9 / 10);
+        let took = s.firsts[hi].duration_since(s.firsts[lo]).as_secs_f64();
+        let calls: u64 = s.calls.values().map(|&n| u64::from(n)).sum();
+        ((hi - lo) as f64 / took, calls - s.calls.len() as u64)
+    };
 
     let _ = ch
         .queue_delete(&queue, lapin::options::QueueDeleteOptions::default())

@@ -1160,7 +1160,8 @@ mod runtime {
                 Faults::default(),
             )
             .await;
-            log.wait_for(Duration::from_secs(10), |s| s.len() == 1).await;
+            log.wait_for(Duration::from_secs(10), |s| s.len() == 1)
+                .await;
             while h
                 .store()
                 .next_message_due(name.clone())
@@ -1194,7 +1195,9 @@ mod runtime {
                 assert_eq!(dls[0].reason, DeadLetterReason::CrashLoop);
                 assert_eq!(log.all().len(), 1, "not delivered again: {:?}", log.all());
             } else {
-                let seen = log.wait_for(Duration::from_secs(10), |s| s.len() == 2).await;
+                let seen = log
+                    .wait_for(Duration::from_secs(10), |s| s.len() == 2)
+                    .await;
                 assert_eq!(
                     seen.iter().map(|s| s.attempt).collect::<Vec<_>>(),
                     vec![1, 3],

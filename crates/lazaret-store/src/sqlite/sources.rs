@@ -6,8 +6,8 @@ use lazaret_core::{Envelope, Timestamp, payload_preview};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::{
-    ClaimedRetry, DeadLetterId, Held, MessageKey, ParkedMessage, Quarantined, SourceDeadLetter, SourceRef,
-    StoreError,
+    ClaimedRetry, DeadLetterId, Held, MessageKey, ParkedMessage, Quarantined, SourceDeadLetter,
+    SourceRef, StoreError,
 };
 
 fn db<T>(r: rusqlite::Result<T>) -> Result<T, StoreError> {

@@ -70,7 +70,7 @@ impl Kind {
 enum Conn {
     /// The connection is kept for its channel's sake.
     RabbitMq {
-        _conn: lapin::Connection,
+        _conn: Box<lapin::Connection>,
         ch: lapin::Channel,
     },
     Redis(redis::aio::MultiplexedConnection),
@@ -116,7 +116,13 @@ impl Queue {
         let (name, conn) = match kind {
             Kind::RabbitMq => {
                 let (conn, ch, queue) = crate::sources::amqp_queue(&url, prefix).await;
-                (queue, Conn::RabbitMq { _conn: conn, ch })
+                (
+                    queue,
+                    Conn::RabbitMq {
+                        _conn: Box::new(conn),
+                        ch,
+                    },
+                )
             }
             Kind::Redis => {
                 let client = redis::Client::open(url.as_str()).expect("a valid Redis URL");
@@ -147,11 +153,7 @@ impl Queue {
                     .expect("an admin client");
                 for r in admin
                     .create_topics(
-                        &[NewTopic::new(
-                            &name,
-                            partitions,
-                            TopicReplication::Fixed(1),
-                        )],
+                        &[NewTopic::new(&name, partitions, TopicReplication::Fixed(1))],
                         &AdminOptions::new(),
                     )
                     .await
@@ -341,8 +343,8 @@ impl Drop for Queue {
                         let admin: Result<AdminClient<DefaultClientContext>, _> =
                             ClientConfig::new().set("bootstrap.servers", &url).create();
                         if let Ok(admin) = admin {
-                            let opts =
-                                AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+                            let opts = AdminOptions::new()
+                                .operation_timeout(Some(Duration::from_secs(10)));
                             let _ = admin.delete_groups(&[&group], &opts).await;
                             let _ = admin.delete_topics(&[&name], &opts).await;
                         }

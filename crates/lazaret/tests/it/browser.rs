@@ -8,7 +8,6 @@
 //! piece fails. `LAZARET_DASHBOARD_SCREENSHOTS=DIR` keeps the screenshots
 //! (`docs/` holds the ones the README shows).
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

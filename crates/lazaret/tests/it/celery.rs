@@ -11,7 +11,6 @@
 //! `redis://127.0.0.1:6379`). Without them the test is skipped with a
 //! message, or fails under `CI=true` (`.ci/run` sets them all up).
 
-use std::io::Write;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

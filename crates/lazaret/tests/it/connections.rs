@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::harness::{EVENTUALLY, QUICK, Server, assert_error, job, lease_req};
+use crate::harness::{EVENTUALLY, QUICK, Server, job, lease_req};
 use crate::sockets::{Ended, addr, connect, exchange, read_reply, request};
 
 pub const WORKER: &str = "tok-worker-0123456789";

@@ -293,7 +293,10 @@ delivery_timeout_ms = 5000
     let tmpfs = match tmpfs.expect("prepared") {
         Ok(t) => t,
         Err(why) => {
-            lazaret_testkit::skip(test, &format!("needs a tmpfs for the data directory: {why}"));
+            lazaret_testkit::skip(
+                test,
+                &format!("needs a tmpfs for the data directory: {why}"),
+            );
             return;
         }
     };

@@ -301,9 +301,7 @@ async fn dead_letters_of_orders(node: &Server) -> Vec<Value> {
     let mut cursor = String::new();
     loop {
         let page = api
-            .get(&format!(
-                "/v1/dead-letters?source=orders&limit=500{cursor}"
-            ))
+            .get(&format!("/v1/dead-letters?source=orders&limit=500{cursor}"))
             .await
             .expect(200)
             .clone();
@@ -393,7 +391,14 @@ concurrency = 4
     // Competing consumers: both nodes took part.
     let mut per_node = Vec::new();
     for node in &nodes {
-        per_node.push(counter(node, "lazaret_source_deliveries_total", &["source=\"orders\""]).await);
+        per_node.push(
+            counter(
+                node,
+                "lazaret_source_deliveries_total",
+                &["source=\"orders\""],
+            )
+            .await,
+        );
     }
     assert!(
         per_node.iter().all(|n| *n > 0.0),
@@ -504,7 +509,10 @@ delivery_timeout_ms = 2000
     }
     let b = Server::on_schema(&config, &schema).await;
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !b.output().contains(&format!("connected to {}", kind.word())) {
+    while !b
+        .output()
+        .contains(&format!("connected to {}", kind.word()))
+    {
         assert!(
             Instant::now() < deadline,
             "node b never connected:\n{}",
@@ -623,7 +631,14 @@ redrive_to = "{name}-origin"
     assert_eq!(ids.len(), N, "each message filed once");
     let mut taken = Vec::new();
     for node in &nodes {
-        taken.push(counter(node, "lazaret_source_taken_in_total", &["source=\"orders\""]).await);
+        taken.push(
+            counter(
+                node,
+                "lazaret_source_taken_in_total",
+                &["source=\"orders\""],
+            )
+            .await,
+        );
     }
     eprintln!(
         "{}: {N} broker dead letters watched by two nodes, taken in {taken:?}",
@@ -710,10 +725,7 @@ concurrency = 2
         .expect(200);
     let deadline = Instant::now() + Duration::from_secs(30);
     while delivered("p-") < 10 {
-        assert!(
-            Instant::now() < deadline,
-            "not delivered after the resume"
-        );
+        assert!(Instant::now() < deadline, "not delivered after the resume");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
@@ -753,7 +765,11 @@ concurrency = 2
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
     if opened.elapsed() < Duration::from_secs(5) {
-        assert_eq!(delivered("b-"), 0, "nothing delivered while the breaker is open");
+        assert_eq!(
+            delivered("b-"),
+            0,
+            "nothing delivered while the breaker is open"
+        );
     }
     // After the cooldown a probe goes through, succeeds, and the rest follow.
     let deadline = Instant::now() + Duration::from_secs(60);

@@ -3,7 +3,6 @@
 //! failure under `CI=true`), and the team's handler that `lazaret serve`
 //! delivers to.
 
-use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
