@@ -1,0 +1,104 @@
+//! What the store is asked for: `durability` and `[retention]`.
+
+use serde::Deserialize;
+
+use super::{ConfigError, Ctx, Ms, root};
+
+/// What a committed transaction survives.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Durability {
+    /// Power loss: every commit is synced to disk.
+    #[default]
+    Full,
+    /// A process crash only; the last commits may be lost on power loss.
+    Normal,
+}
+
+impl Durability {
+    /// The word used in the config file.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Durability::Full => "full",
+            Durability::Normal => "normal",
+        }
+    }
+}
+
+/// `[retention]`: how long finished work is kept and how the cleaner paces itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetentionConfig {
+    /// How long a succeeded job is kept, in ms.
+    pub succeeded_ms: u64,
+    /// Rows deleted per cleaner transaction.
+    pub cleaner_batch: u32,
+    /// Pause between cleaner passes, in ms.
+    pub cleaner_interval_ms: u64,
+}
+
+impl Default for RetentionConfig {
+    fn default() -> Self {
+        RetentionConfig {
+            succeeded_ms: 86_400_000,
+            cleaner_batch: 500,
+            cleaner_interval_ms: 1000,
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a table with succeeded_ms, cleaner_batch, cleaner_interval_ms"
+)]
+pub(super) struct RawRetention {
+    succeeded_ms: Option<Ms>,
+    cleaner_batch: Option<u32>,
+    cleaner_interval_ms: Option<Ms>,
+}
+
+impl Ctx<'_> {
+    pub(super) fn durability(&self, d: &str) -> Result<Durability, ConfigError> {
+        Ok(match d {
+            "full" => Durability::Full,
+            "normal" => Durability::Normal,
+            other => {
+                return Err(self.invalid(
+                    &root("durability"),
+                    format!(
+                        "unknown durability \"{other}\": use \"full\" (survives power loss) or \"normal\" (faster; survives a process crash)"
+                    ),
+                ));
+            }
+        })
+    }
+
+    pub(super) fn retention(
+        &self,
+        r: &RawRetention,
+        retention: &mut RetentionConfig,
+    ) -> Result<(), ConfigError> {
+        let path = root("retention");
+        if let Some(Ms(v)) = r.succeeded_ms {
+            retention.succeeded_ms = v;
+        }
+        if let Some(v) = r.cleaner_batch {
+            if v == 0 {
+                return Err(self.invalid(
+                    &path.key("cleaner_batch"),
+                    "cleaner_batch must be at least 1 (got 0), or the cleaner never deletes anything",
+                ));
+            }
+            retention.cleaner_batch = v;
+        }
+        if let Some(Ms(v)) = r.cleaner_interval_ms {
+            if v == 0 {
+                return Err(self.invalid(
+                    &path.key("cleaner_interval_ms"),
+                    "cleaner_interval_ms must be at least 1 (got 0), or the cleaner spins",
+                ));
+            }
+            retention.cleaner_interval_ms = v;
+        }
+        Ok(())
+    }
+}
