@@ -6,12 +6,13 @@
 //! so that authenticating a request never touches the database.
 
 use std::collections::HashMap;
+use std::fmt;
+use std::str::FromStr;
 
 use axum::http::{HeaderMap, StatusCode, header};
 use lazaret_store::ApiToken;
 use sha2::{Digest, Sha256};
 
-use crate::config::{Role, TokenConfig};
 use crate::error::{ApiError, Code};
 
 /// Longest name of a token created through the API, in bytes.
@@ -21,6 +22,86 @@ const SECRET_BYTES: usize = 32;
 /// Prefix of API-created secrets, so secret scanners and people can tell
 /// one when they see it.
 const SECRET_PREFIX: &str = "lzt_";
+
+/// What a token may do. Each role's rights are listed in the API contract.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Role {
+    /// Enqueue, read its own jobs.
+    Producer,
+    /// Lease, ack, fail, heartbeat.
+    Worker,
+    /// Read dead letters and payloads, redrive, pause and resume.
+    Operator,
+    /// Everything, purge and tokens included.
+    Admin,
+}
+
+impl Role {
+    /// Every role, least powerful first.
+    pub const ALL: [Role; 4] = [Role::Producer, Role::Worker, Role::Operator, Role::Admin];
+
+    /// The word used in the config file and the API.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Role::Producer => "producer",
+            Role::Worker => "worker",
+            Role::Operator => "operator",
+            Role::Admin => "admin",
+        }
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A word that is not a [`Role`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("unknown role `{0}`: use one of producer, worker, operator, admin")]
+pub struct UnknownRole(pub String);
+
+impl FromStr for Role {
+    type Err = UnknownRole;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Role::ALL
+            .into_iter()
+            .find(|r| r.as_str() == s)
+            .ok_or_else(|| UnknownRole(s.to_owned()))
+    }
+}
+
+/// One `[[tokens]]` entry. Only the token's SHA-256 is kept, never the token.
+#[derive(Clone, PartialEq, Eq)]
+pub struct TokenConfig {
+    /// The actor named in the audit log.
+    pub name: String,
+    /// What the token may do.
+    pub role: Role,
+    /// SHA-256 of the bearer token; compare with [`token_sha256`] of the one presented.
+    pub sha256: [u8; 32],
+}
+
+impl fmt::Debug for TokenConfig {
+    // A hash of a short token can be brute-forced: logs get a fingerprint only.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TokenConfig")
+            .field("name", &self.name)
+            .field("role", &self.role)
+            .field(
+                "sha256",
+                &format_args!("{}…", hex::encode(&self.sha256[..4])),
+            )
+            .finish()
+    }
+}
+
+/// The SHA-256 of a bearer token, as kept in [`TokenConfig::sha256`].
+pub fn token_sha256(token: &str) -> [u8; 32] {
+    Sha256::digest(token.as_bytes()).into()
+}
 
 /// What a request wants to do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -247,7 +328,7 @@ pub fn authenticate(
             "the bearer token is empty; send `Authorization: Bearer <token>`",
         ));
     }
-    let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+    let digest = token_sha256(token);
     tokens
         .iter()
         .find(|t| t.sha256 == digest)

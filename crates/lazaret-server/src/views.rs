@@ -15,7 +15,7 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
-use crate::config::TokenConfig;
+use crate::auth::TokenConfig;
 
 /// The last millisecond RFC 3339 can write with four year digits:
 /// 9999-12-31T23:59:59.999Z.

@@ -20,8 +20,8 @@ use axum::response::{IntoResponse, Response};
 use lazaret_store::Store;
 use serde_json::json;
 
+use crate::auth::Role;
 use crate::auth::{Action, Caller};
-use crate::config::Role;
 
 use super::{ApiResult, Shared, ok};
 

@@ -24,7 +24,7 @@ use serde_json::{Value, json};
 
 use crate::app::{App, now};
 use crate::auth::Caller;
-use crate::config::Role;
+use crate::auth::Role;
 use crate::error::{ApiError, Code};
 use crate::{metrics as m, views};
 

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 
 use crate::app::{App, now};
 use crate::auth::{Caller, check_token_name, new_secret};
-use crate::config::{Role, TokenConfig, token_sha256};
+use crate::auth::{Role, TokenConfig, token_sha256};
 use crate::error::ApiError;
 use crate::views;
 
@@ -67,7 +67,7 @@ pub(super) async fn create_token<S: Store>(
             )
         })?
         .parse()
-        .map_err(|e: crate::config::UnknownRole| ApiError::bad_request(e.to_string()))?;
+        .map_err(|e: crate::auth::UnknownRole| ApiError::bad_request(e.to_string()))?;
     if app.config.tokens.iter().any(|t| t.name == name) {
         return Err(ApiError::conflict(format!(
             "token name {name:?} is used by a token in the config file ([[tokens]]); \

@@ -166,8 +166,8 @@ pub use http::HttpConfig;
 pub use locate::ConfigError;
 pub use scheduling::INFLIGHT_UNCAPPED;
 pub use store::{Durability, RetentionConfig};
-pub use tokens::{Role, TokenConfig, UnknownRole, token_sha256};
 
+use crate::auth::TokenConfig;
 use alerts::RawAlert;
 use http::RawHttp;
 use locate::{Ctx, KeyPath, root};

@@ -10,7 +10,8 @@ use futures_util::StreamExt as _;
 use lazaret_core::FairScheduler;
 use lazaret_server::api::routes::{Access, BodyCap};
 use lazaret_server::app::{App, CoreDecider};
-use lazaret_server::config::{Role, ServerConfig};
+use lazaret_server::auth::Role;
+use lazaret_server::config::ServerConfig;
 use lazaret_store::{Durability, SqliteStore};
 use tower::ServiceExt as _;
 

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use clap::builder::NonEmptyStringValueParser;
-use lazaret_server::config::Role;
+use lazaret_server::auth::Role;
 use serde::Serialize;
 use serde_json::value::RawValue;
 

@@ -12,6 +12,7 @@ use lazaret_core::{
 use lazaret_guard::{BrokerKind, DeliverFormat, Mode, TenantFrom};
 
 use super::*;
+use crate::auth::{Role, token_sha256};
 
 mod alerts;
 mod http;
