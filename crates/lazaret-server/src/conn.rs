@@ -232,8 +232,8 @@ impl<T> Watched<T> {
         Watched {
             io,
             state,
-            header_timeout: Duration::from_millis(http.header_read_timeout_ms),
-            idle_timeout: Duration::from_millis(http.idle_timeout_ms),
+            header_timeout: http.header_read_timeout,
+            idle_timeout: http.idle_timeout,
             last_io: now,
             header_since: None,
             sleep: Box::pin(tokio::time::sleep_until(now)),
@@ -459,13 +459,13 @@ pub async fn run(
     }
     drop(listener);
     let _ = close_tx.send(true);
-    let grace = Duration::from_millis(http.shutdown_grace_ms);
+    let grace = http.shutdown_grace;
     let drained =
         tokio::time::timeout(grace, async { while conns.join_next().await.is_some() {} }).await;
     if drained.is_err() {
         tracing::warn!(
             connections = conns.len(),
-            grace_ms = http.shutdown_grace_ms,
+            grace_ms = crate::config::millis(http.shutdown_grace),
             "requests still running after the shutdown grace are dropped"
         );
         conns.shutdown().await;

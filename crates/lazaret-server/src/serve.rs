@@ -12,7 +12,7 @@ use tokio::net::TcpListener;
 
 use crate::app::{App, CoreDecider, now};
 use crate::auth::api_token_entry;
-use crate::config::{Durability, ServerConfig};
+use crate::config::{ServerConfig, millis};
 use crate::sources::{self, Sources};
 use crate::{alerts, api, conn, metrics};
 
@@ -95,10 +95,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
         );
         return run(store, opts, described).await;
     }
-    let durability = match opts.config.durability {
-        Durability::Full => lazaret_store::Durability::Full,
-        Durability::Normal => lazaret_store::Durability::Normal,
-    };
+    let durability = opts.config.durability;
     let store = SqliteStore::open(&opts.data, durability, scheduler, decider)?;
     let described = format!(
         "data: {} (sqlite, durability {})",
@@ -218,10 +215,10 @@ async fn run<S: Store>(store: S, opts: ServeOptions, described: String) -> Resul
         fd_soft = %limit_text(fds.now),
         fd_hard = %limit_text(fds.hard),
         connections_max,
-        header_read_timeout_ms = http.header_read_timeout_ms,
-        body_read_timeout_ms = http.body_read_timeout_ms,
-        idle_timeout_ms = http.idle_timeout_ms,
-        shutdown_grace_ms = http.shutdown_grace_ms,
+        header_read_timeout_ms = millis(http.header_read_timeout),
+        body_read_timeout_ms = millis(http.body_read_timeout),
+        idle_timeout_ms = millis(http.idle_timeout),
+        shutdown_grace_ms = millis(http.shutdown_grace),
         "connections: open-file limit raised to its hard limit, cap derived from it"
     );
 
@@ -246,7 +243,7 @@ async fn run<S: Store>(store: S, opts: ServeOptions, described: String) -> Resul
     let signalled = async move {
         shutdown_signal().await;
         tracing::info!(
-            grace_ms = http.shutdown_grace_ms,
+            grace_ms = millis(http.shutdown_grace),
             "stopping: long-polls answer now, redrives stop between batches, \
              requests under way get the grace, then the store closes"
         );
@@ -422,7 +419,7 @@ async fn retention<S: Store>(app: Arc<App<S>>, mut stop: tokio::sync::watch::Rec
     loop {
         tokio::select! {
             _ = stop.changed() => return,
-            () = tokio::time::sleep(Duration::from_millis(r.cleaner_interval_ms)) => {},
+            () = tokio::time::sleep(r.cleaner_interval) => {},
         }
         match app.store.lead(Duty::Retention).await {
             Ok(true) => {}
@@ -432,7 +429,7 @@ async fn retention<S: Store>(app: Arc<App<S>>, mut stop: tokio::sync::watch::Rec
                 continue;
             }
         }
-        let before = now().saturating_sub(Duration::from_millis(r.succeeded_ms));
+        let before = now().saturating_sub(r.succeeded);
         loop {
             match app.store.remove_succeeded(before, r.cleaner_batch).await {
                 Ok(n) if n == u64::from(r.cleaner_batch) => tokio::task::yield_now().await,

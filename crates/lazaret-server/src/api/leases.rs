@@ -16,6 +16,7 @@ use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
 use crate::app::{App, now};
+use crate::config::millis;
 use crate::error::ApiError;
 use crate::{metrics as m, views};
 
@@ -52,11 +53,14 @@ async fn lease_jobs<S: Store>(app: &App<S>, b: LeaseBody) -> Result<Vec<LeasedJo
             "max_jobs must be between 1 and {LEASE_JOBS_MAX} (got {max_jobs})"
         )));
     }
-    let lease_ms = b.lease_ms.unwrap_or(app.config.lease_ms_default);
-    if lease_ms == 0 || lease_ms > app.config.lease_ms_max {
+    let (lease_ms_default, lease_ms_max) = (
+        millis(app.config.lease_default),
+        millis(app.config.lease_max),
+    );
+    let lease_ms = b.lease_ms.unwrap_or(lease_ms_default);
+    if lease_ms == 0 || lease_ms > lease_ms_max {
         return Err(ApiError::bad_request(format!(
-            "lease_ms must be between 1 and {} (lease_ms_max; got {lease_ms})",
-            app.config.lease_ms_max
+            "lease_ms must be between 1 and {lease_ms_max} (lease_ms_max; got {lease_ms})"
         )));
     }
     check_field("worker_id", b.worker_id.as_deref(), NAME_BYTES_MAX)?;
@@ -428,11 +432,14 @@ pub(super) async fn heartbeat<S: Store>(
 ) -> ApiResult {
     let b: HeartbeatBody = parse_json(&body)?;
     let job = JobId(parse_id(&id, "job")?);
-    let extend = b.extend_ms.unwrap_or(app.config.lease_ms_default);
-    if extend == 0 || extend > app.config.lease_ms_max {
+    let (lease_ms_default, lease_ms_max) = (
+        millis(app.config.lease_default),
+        millis(app.config.lease_max),
+    );
+    let extend = b.extend_ms.unwrap_or(lease_ms_default);
+    if extend == 0 || extend > lease_ms_max {
         return Err(ApiError::bad_request(format!(
-            "extend_ms must be between 1 and {} (lease_ms_max; got {extend}); the lease then ends extend_ms from now",
-            app.config.lease_ms_max
+            "extend_ms must be between 1 and {lease_ms_max} (lease_ms_max; got {extend}); the lease then ends extend_ms from now"
         )));
     }
     let at = now();

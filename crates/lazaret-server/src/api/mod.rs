@@ -14,7 +14,6 @@ pub mod routes;
 mod tokens;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::{StatusCode, header};
@@ -111,7 +110,7 @@ pub const CANCEL_BODY_BYTES_MAX: usize = 16 * 1024;
 pub const TOKEN_BODY_BYTES_MAX: usize = 16 * 1024;
 
 fn routes<S: Store>(app: Arc<App<S>>) -> Router {
-    let body_timeout = Duration::from_millis(app.config.http.body_read_timeout_ms);
+    let body_timeout = app.config.http.body_read_timeout;
     // Every body's read waits at most `body_read_timeout_ms` for each next
     // piece; each route's cap is in the table (`routes::table`).
     routes::router(&app)

@@ -1,6 +1,8 @@
 //! `[http]`: connection timeouts, the connection cap, the shutdown grace
 //! and the Host names answered without tokens.
 
+use std::time::Duration;
+
 use serde::Deserialize;
 
 use super::{ConfigError, Ctx, Ms, ServerConfig, root};
@@ -8,28 +10,31 @@ use super::{ConfigError, Ctx, Ms, ServerConfig, root};
 /// `[http]`: connection timeouts, the connection cap and the shutdown grace.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HttpConfig {
-    /// From a request's first byte to the end of its headers, in ms.
-    pub header_read_timeout_ms: u64,
-    /// Longest wait for the next piece of a request body, in ms.
-    pub body_read_timeout_ms: u64,
+    /// From a request's first byte to the end of its headers
+    /// (`header_read_timeout_ms`).
+    pub header_read_timeout: Duration,
+    /// Longest wait for the next piece of a request body
+    /// (`body_read_timeout_ms`).
+    pub body_read_timeout: Duration,
     /// A connection with no request running and no bytes moving for this
-    /// long is closed, in ms.
-    pub idle_timeout_ms: u64,
+    /// long is closed (`idle_timeout_ms`).
+    pub idle_timeout: Duration,
     /// Open connections at most; `None`: derived from the file-descriptor
     /// limit at start.
     pub connections_max: Option<usize>,
-    /// After SIGTERM, how long requests under way may take, in ms.
-    pub shutdown_grace_ms: u64,
+    /// After SIGTERM, how long requests under way may take
+    /// (`shutdown_grace_ms`).
+    pub shutdown_grace: Duration,
 }
 
 impl Default for HttpConfig {
     fn default() -> Self {
         HttpConfig {
-            header_read_timeout_ms: 10_000,
-            body_read_timeout_ms: 30_000,
-            idle_timeout_ms: 75_000,
+            header_read_timeout: Duration::from_millis(10_000),
+            body_read_timeout: Duration::from_millis(30_000),
+            idle_timeout: Duration::from_millis(75_000),
             connections_max: None,
-            shutdown_grace_ms: 10_000,
+            shutdown_grace: Duration::from_millis(10_000),
         }
     }
 }
@@ -115,20 +120,20 @@ impl Ctx<'_> {
                     format!("{key} must be at least 1 (got 0); leave it out for the default"),
                 ))
             } else {
-                Ok(v)
+                Ok(Duration::from_millis(v))
             }
         };
         if let Some(Ms(v)) = h.header_read_timeout_ms {
-            cfg.http.header_read_timeout_ms = positive("header_read_timeout_ms", v)?;
+            cfg.http.header_read_timeout = positive("header_read_timeout_ms", v)?;
         }
         if let Some(Ms(v)) = h.body_read_timeout_ms {
-            cfg.http.body_read_timeout_ms = positive("body_read_timeout_ms", v)?;
+            cfg.http.body_read_timeout = positive("body_read_timeout_ms", v)?;
         }
         if let Some(Ms(v)) = h.idle_timeout_ms {
-            cfg.http.idle_timeout_ms = positive("idle_timeout_ms", v)?;
+            cfg.http.idle_timeout = positive("idle_timeout_ms", v)?;
         }
-        if let Some(Ms(v)) = h.shutdown_grace_ms {
-            cfg.http.shutdown_grace_ms = v;
+        if let Some(v) = h.shutdown_grace_ms {
+            cfg.http.shutdown_grace = v.duration();
         }
         if let Some(v) = h.connections_max {
             cfg.http.connections_max = (v > 0).then_some(v);

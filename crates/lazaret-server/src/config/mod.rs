@@ -142,11 +142,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
+use std::time::Duration;
 
 use lazaret_core::{
     AdmissionConfig, AlertRule, BreakerConfig, JobType, Lane, Policies, SchedulerConfig,
 };
 use lazaret_guard::SourceSpec;
+use lazaret_store::Durability;
 use serde::Deserialize;
 
 mod alerts;
@@ -165,13 +167,14 @@ pub use alerts::AlertTarget;
 pub use http::HttpConfig;
 pub use locate::ConfigError;
 pub use scheduling::INFLIGHT_UNCAPPED;
-pub use store::{Durability, RetentionConfig};
+pub use store::RetentionConfig;
 
 use crate::auth::TokenConfig;
 use alerts::RawAlert;
 use http::RawHttp;
 use locate::{Ctx, KeyPath, root};
 use ms::Ms;
+pub(crate) use ms::millis;
 use policies::RawPolicy;
 use scheduling::{RawLane, RawTenants};
 use sources::RawSource;
@@ -218,10 +221,10 @@ pub struct ServerConfig {
     pub admission_records_all_per_minute: u32,
     /// What a commit survives (`durability`).
     pub durability: Durability,
-    /// A lease's length when the worker asks for none, in ms.
-    pub lease_ms_default: u64,
-    /// The longest lease a worker may ask for, in ms.
-    pub lease_ms_max: u64,
+    /// A lease's length when the worker asks for none (`lease_ms_default`).
+    pub lease_default: Duration,
+    /// The longest lease a worker may ask for (`lease_ms_max`).
+    pub lease_max: Duration,
     /// `[[sources]]`, in file order: the broker queues `lazaret serve`
     /// guards or watches next to its own queue.
     pub sources: Vec<SourceSpec>,
@@ -265,8 +268,8 @@ impl Default for ServerConfig {
             admission_records_per_minute: 60,
             admission_records_all_per_minute: 600,
             durability: Durability::Full,
-            lease_ms_default: 30_000,
-            lease_ms_max: 3_600_000,
+            lease_default: Duration::from_millis(30_000),
+            lease_max: Duration::from_millis(3_600_000),
             sources: Vec::new(),
             http: HttpConfig::default(),
             allowed_hosts: Vec::new(),
@@ -402,13 +405,13 @@ impl Ctx<'_> {
         }
         if let Some(Ms(v)) = raw.lease_ms_default {
             at_least_1("lease_ms_default", v)?;
-            cfg.lease_ms_default = v;
+            cfg.lease_default = Duration::from_millis(v);
         }
         if let Some(Ms(v)) = raw.lease_ms_max {
             at_least_1("lease_ms_max", v)?;
-            cfg.lease_ms_max = v;
+            cfg.lease_max = Duration::from_millis(v);
         }
-        if cfg.lease_ms_default > cfg.lease_ms_max {
+        if cfg.lease_default > cfg.lease_max {
             let key = if raw.lease_ms_default.is_some() {
                 "lease_ms_default"
             } else {
@@ -418,7 +421,8 @@ impl Ctx<'_> {
                 &root(key),
                 format!(
                     "lease_ms_default ({}) is above lease_ms_max ({}); lower the default or raise the maximum",
-                    cfg.lease_ms_default, cfg.lease_ms_max
+                    cfg.lease_default.as_millis(),
+                    cfg.lease_max.as_millis()
                 ),
             ));
         }

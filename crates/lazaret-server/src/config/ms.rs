@@ -10,6 +10,12 @@ use serde::de::{self, Deserializer};
 #[derive(Clone, Copy)]
 pub(super) struct Ms(pub(super) u64);
 
+/// A duration the config holds, back in the integer milliseconds the API
+/// and the file speak (every one came from a `u64` of milliseconds).
+pub(crate) fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 impl Ms {
     pub(super) fn duration(self) -> Duration {
         Duration::from_millis(self.0)

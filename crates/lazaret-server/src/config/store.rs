@@ -1,46 +1,29 @@
 //! What the store is asked for: `durability` and `[retention]`.
 
+use std::time::Duration;
+
+use lazaret_store::Durability;
 use serde::Deserialize;
 
 use super::{ConfigError, Ctx, Ms, root};
 
-/// What a committed transaction survives.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Durability {
-    /// Power loss: every commit is synced to disk.
-    #[default]
-    Full,
-    /// A process crash only; the last commits may be lost on power loss.
-    Normal,
-}
-
-impl Durability {
-    /// The word used in the config file.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Durability::Full => "full",
-            Durability::Normal => "normal",
-        }
-    }
-}
-
 /// `[retention]`: how long finished work is kept and how the cleaner paces itself.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RetentionConfig {
-    /// How long a succeeded job is kept, in ms.
-    pub succeeded_ms: u64,
+    /// How long a succeeded job is kept (`succeeded_ms`).
+    pub succeeded: Duration,
     /// Rows deleted per cleaner transaction.
     pub cleaner_batch: u32,
-    /// Pause between cleaner passes, in ms.
-    pub cleaner_interval_ms: u64,
+    /// Pause between cleaner passes (`cleaner_interval_ms`).
+    pub cleaner_interval: Duration,
 }
 
 impl Default for RetentionConfig {
     fn default() -> Self {
         RetentionConfig {
-            succeeded_ms: 86_400_000,
+            succeeded: Duration::from_millis(86_400_000),
             cleaner_batch: 500,
-            cleaner_interval_ms: 1000,
+            cleaner_interval: Duration::from_millis(1000),
         }
     }
 }
@@ -78,8 +61,8 @@ impl Ctx<'_> {
         retention: &mut RetentionConfig,
     ) -> Result<(), ConfigError> {
         let path = root("retention");
-        if let Some(Ms(v)) = r.succeeded_ms {
-            retention.succeeded_ms = v;
+        if let Some(v) = r.succeeded_ms {
+            retention.succeeded = v.duration();
         }
         if let Some(v) = r.cleaner_batch {
             if v == 0 {
@@ -97,7 +80,7 @@ impl Ctx<'_> {
                     "cleaner_interval_ms must be at least 1 (got 0), or the cleaner spins",
                 ));
             }
-            retention.cleaner_interval_ms = v;
+            retention.cleaner_interval = Duration::from_millis(v);
         }
         Ok(())
     }

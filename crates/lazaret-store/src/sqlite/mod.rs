@@ -63,6 +63,16 @@ pub enum Durability {
     Normal,
 }
 
+impl Durability {
+    /// The word used in the server's config file (`durability = "full"`).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Durability::Full => "full",
+            Durability::Normal => "normal",
+        }
+    }
+}
+
 /// The file name inside the data directory.
 pub const DB_FILE: &str = "lazaret.db";
 

@@ -16,11 +16,11 @@ fn the_http_table_sets_timeouts_cap_and_grace_and_refuses_zero_timeouts() {
     assert_eq!(
         c,
         HttpConfig {
-            header_read_timeout_ms: 5,
-            body_read_timeout_ms: 6,
-            idle_timeout_ms: 7,
+            header_read_timeout: ms(5),
+            body_read_timeout: ms(6),
+            idle_timeout: ms(7),
             connections_max: Some(8),
-            shutdown_grace_ms: 0,
+            shutdown_grace: ms(0),
         }
     );
     assert_eq!(

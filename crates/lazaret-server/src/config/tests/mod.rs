@@ -230,19 +230,19 @@ fn an_empty_file_gives_the_defaults() {
     assert_eq!(cfg.retention, d.retention);
     assert_eq!(
         (
-            cfg.retention.succeeded_ms,
+            cfg.retention.succeeded,
             cfg.retention.cleaner_batch,
-            cfg.retention.cleaner_interval_ms
+            cfg.retention.cleaner_interval
         ),
-        (86_400_000, 500, 1000)
+        (ms(86_400_000), 500, ms(1000))
     );
     assert_eq!(cfg.dead_letters_warn, 100_000);
     assert_eq!(cfg.admission_records_per_minute, 60);
     assert_eq!(cfg.admission_records_all_per_minute, 600);
     assert_eq!(cfg.durability, Durability::Full);
     assert_eq!(
-        (cfg.lease_ms_default, cfg.lease_ms_max),
-        (30_000, 3_600_000)
+        (cfg.lease_default, cfg.lease_max),
+        (ms(30_000), ms(3_600_000))
     );
 }
 
