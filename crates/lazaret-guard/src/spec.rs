@@ -21,6 +21,15 @@ pub enum BrokerKind {
 }
 
 impl BrokerKind {
+    /// Every broker a source can name, in the order the docs list them.
+    pub const ALL: [BrokerKind; 5] = [
+        BrokerKind::RabbitMq,
+        BrokerKind::Nats,
+        BrokerKind::Redis,
+        BrokerKind::Kafka,
+        BrokerKind::Sqs,
+    ];
+
     /// The word used in the config and in dead letters.
     pub const fn as_str(self) -> &'static str {
         match self {
@@ -34,14 +43,61 @@ impl BrokerKind {
 
     /// The broker a word names.
     pub fn parse(word: &str) -> Option<BrokerKind> {
-        match word {
-            "rabbitmq" => Some(BrokerKind::RabbitMq),
-            "nats" => Some(BrokerKind::Nats),
-            "redis" => Some(BrokerKind::Redis),
-            "kafka" => Some(BrokerKind::Kafka),
-            "sqs" => Some(BrokerKind::Sqs),
-            _ => None,
+        BrokerKind::ALL.into_iter().find(|b| b.as_str() == word)
+    }
+
+    /// The URL schemes (lower case) that name this broker: none for SQS,
+    /// whose endpoint is a plain `http(s)://` URL.
+    pub const fn schemes(self) -> &'static [&'static str] {
+        match self {
+            BrokerKind::RabbitMq => &["amqp", "amqps"],
+            BrokerKind::Nats => &["nats"],
+            BrokerKind::Redis => &["redis", "rediss", "redis+unix"],
+            BrokerKind::Kafka => &["kafka"],
+            BrokerKind::Sqs => &[],
         }
+    }
+
+    /// The broker a URL's scheme names, when it names one: a `redis://` URL
+    /// under `broker = "rabbitmq"` is a copy-paste slip worth refusing at
+    /// start rather than a connection that fails for ever in the background.
+    pub fn from_url(url: &str) -> Option<BrokerKind> {
+        let (scheme, _) = url.split_once("://")?;
+        let scheme = scheme.to_ascii_lowercase();
+        BrokerKind::ALL
+            .into_iter()
+            .find(|b| b.schemes().contains(&scheme.as_str()))
+    }
+
+    /// What a source's `url` looks like for this broker, for messages.
+    pub const fn url_form(self) -> &'static str {
+        match self {
+            BrokerKind::RabbitMq => "\"amqp://…\"",
+            BrokerKind::Nats => "\"nats://…\"",
+            BrokerKind::Redis => "\"redis://…\"",
+            BrokerKind::Kafka => "\"host:port\" (kafka)",
+            BrokerKind::Sqs => "\"http(s)://…\" (sqs)",
+        }
+    }
+
+    /// Every broker's word, quoted, as a message lists them:
+    /// `"rabbitmq", "nats", "redis", "kafka" or "sqs"`.
+    pub fn words() -> String {
+        or_list(BrokerKind::ALL.map(|b| format!("\"{}\"", b.as_str())))
+    }
+
+    /// Every broker's [`url_form`](Self::url_form), as a message lists them.
+    pub fn url_forms() -> String {
+        or_list(BrokerKind::ALL.map(|b| b.url_form().to_owned()))
+    }
+}
+
+/// `a, b, c or d`.
+fn or_list<const N: usize>(items: [String; N]) -> String {
+    match items.split_last() {
+        Some((last, [])) => last.clone(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => String::new(),
     }
 }
 
@@ -230,5 +286,35 @@ impl SourceSpec {
     /// The worker id recorded in attempt histories.
     pub fn worker_id(&self) -> String {
         format!("source:{}", self.name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_broker_is_listed_parsed_and_known_by_its_url_schemes() {
+        assert_eq!(
+            BrokerKind::words(),
+            r#""rabbitmq", "nats", "redis", "kafka" or "sqs""#
+        );
+        assert_eq!(
+            BrokerKind::url_forms(),
+            r#""amqp://…", "nats://…", "redis://…", "host:port" (kafka) or "http(s)://…" (sqs)"#
+        );
+        for b in BrokerKind::ALL {
+            assert_eq!(BrokerKind::parse(b.as_str()), Some(b));
+            for scheme in b.schemes() {
+                assert_eq!(BrokerKind::from_url(&format!("{scheme}://h/x")), Some(b));
+            }
+        }
+        assert_eq!(
+            BrokerKind::from_url("AMQPS://h"),
+            Some(BrokerKind::RabbitMq)
+        );
+        assert_eq!(BrokerKind::from_url("http://localhost:4566"), None);
+        assert_eq!(BrokerKind::from_url("127.0.0.1:9092"), None);
+        assert_eq!(BrokerKind::parse("RabbitMQ"), None);
     }
 }

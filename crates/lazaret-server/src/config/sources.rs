@@ -91,29 +91,19 @@ impl Ctx<'_> {
                 ));
             }
 
-            let word = required(
-                "broker",
-                &s.broker,
-                "\"rabbitmq\", \"nats\", \"redis\", \"kafka\" or \"sqs\"",
-            )?;
+            let word = required("broker", &s.broker, &BrokerKind::words())?;
             let broker = match BrokerKind::parse(&word) {
                 Some(b) => b,
                 None => {
                     return Err(self.invalid(
                         &path.key("broker"),
-                        format!(
-                            "unknown broker \"{word}\": use \"rabbitmq\", \"nats\", \"redis\", \"kafka\" or \"sqs\""
-                        ),
+                        format!("unknown broker \"{word}\": use {}", BrokerKind::words()),
                     ));
                 }
             };
 
-            let url = required(
-                "url",
-                &s.url,
-                "\"amqp://…\", \"nats://…\", \"redis://…\", \"host:port\" (kafka) or \"http(s)://…\" (sqs)",
-            )?;
-            if let Some(other) = url_broker(&url).filter(|b| *b != broker) {
+            let url = required("url", &s.url, &BrokerKind::url_forms())?;
+            if let Some(other) = BrokerKind::from_url(&url).filter(|b| *b != broker) {
                 return Err(self.invalid(
                     &path.key("url"),
                     format!(
@@ -299,20 +289,6 @@ impl Ctx<'_> {
             }
         }
         Ok(out)
-    }
-}
-
-/// The broker a URL's scheme names, when it names one: a `redis://` URL
-/// under `broker = "rabbitmq"` is a copy-paste slip worth refusing at start
-/// rather than a connection that fails for ever in the background.
-fn url_broker(url: &str) -> Option<BrokerKind> {
-    let (scheme, _) = url.split_once("://")?;
-    match scheme.to_ascii_lowercase().as_str() {
-        "amqp" | "amqps" => Some(BrokerKind::RabbitMq),
-        "nats" => Some(BrokerKind::Nats),
-        "redis" | "rediss" | "redis+unix" => Some(BrokerKind::Redis),
-        "kafka" => Some(BrokerKind::Kafka),
-        _ => None,
     }
 }
 
