@@ -8,9 +8,8 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 
+use crate::message::TakenIn;
 use crate::message::{Delivery, Republish};
-use crate::spec::SourceSpec;
-use crate::watch::TakenIn;
 
 /// A broker failure. The runtime reconnects after a consumer's error and
 /// never acknowledges a message whose write failed.
@@ -251,42 +250,6 @@ impl<'a> Reconnecting<'a> {
         tokio::select! {
             _ = tokio::time::sleep(reconnect_delay(self.failures)) => Some(()),
             _ = shutdown.changed() => None,
-        }
-    }
-}
-
-/// Opens the adapter for a source's broker.
-pub async fn connect(spec: &SourceSpec) -> Result<Box<dyn Broker>, BrokerError> {
-    match spec.broker {
-        crate::spec::BrokerKind::RabbitMq => {
-            #[cfg(feature = "rabbitmq")]
-            return crate::rabbitmq::connect(spec).await;
-            #[cfg(not(feature = "rabbitmq"))]
-            return Err(BrokerError::NotBuilt("rabbitmq"));
-        }
-        crate::spec::BrokerKind::Nats => {
-            #[cfg(feature = "nats")]
-            return crate::nats::connect(spec).await;
-            #[cfg(not(feature = "nats"))]
-            return Err(BrokerError::NotBuilt("nats"));
-        }
-        crate::spec::BrokerKind::Redis => {
-            #[cfg(feature = "redis")]
-            return crate::redis::connect(spec).await;
-            #[cfg(not(feature = "redis"))]
-            return Err(BrokerError::NotBuilt("redis"));
-        }
-        crate::spec::BrokerKind::Kafka => {
-            #[cfg(feature = "kafka")]
-            return crate::kafka::connect(spec).await;
-            #[cfg(not(feature = "kafka"))]
-            return Err(BrokerError::NotBuilt("kafka"));
-        }
-        crate::spec::BrokerKind::Sqs => {
-            #[cfg(feature = "sqs")]
-            return crate::sqs::connect(spec).await;
-            #[cfg(not(feature = "sqs"))]
-            return Err(BrokerError::NotBuilt("sqs"));
         }
     }
 }

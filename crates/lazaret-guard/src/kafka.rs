@@ -85,9 +85,9 @@ use serde_json::{Map, Value, json};
 use tokio::sync::Notify;
 
 use crate::broker::{Acker, Broker, BrokerError, Consumer, Incoming};
+use crate::message::TakenIn;
 use crate::message::{ATTEMPT_HEADER, Delivery, Republish, bytes_value, header_text, value_bytes};
 use crate::spec::SourceSpec;
-use crate::watch::TakenIn;
 
 const BROKER: &str = "kafka";
 

@@ -25,12 +25,14 @@
 //! state of its own (that is the `Store`), or parse configuration files
 //! (the server builds a [`SourceSpec`]).
 
+pub mod adapters;
 pub mod broker;
 pub mod celery;
 pub mod guard;
 pub mod handler;
 pub mod host;
 pub mod message;
+mod quarantines;
 pub mod redrive;
 pub mod spec;
 pub mod watch;
@@ -46,11 +48,13 @@ pub mod redis;
 #[cfg(feature = "sqs")]
 pub mod sqs;
 
-pub use broker::{Acker, Broker, BrokerError, Consumer, Incoming, connect};
-pub use guard::{Faults, Guard, GuardError, QUARANTINE_LINGER, Settled};
+pub use adapters::connect;
+pub use broker::{Acker, Broker, BrokerError, Consumer, Incoming};
+pub use guard::{Faults, Guard, GuardError, Settled};
 pub use handler::{Call, Handler, HttpHandler, Outcome, OwnedCall, handler_fn};
 pub use host::{Host, LocalHost, StoreWrites};
-pub use message::{Delivery, Republish};
+pub use message::{Delivery, Republish, TakenIn};
+pub use quarantines::QUARANTINE_LINGER;
 pub use redrive::{REDRIVE_ID_HEADER, RedriveError, SourceSet};
 pub use spec::{BrokerKind, DeliverFormat, Mode, SourceSpec, TenantFrom};
-pub use watch::{TakenIn, Watch};
+pub use watch::Watch;

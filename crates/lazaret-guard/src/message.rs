@@ -3,6 +3,7 @@
 //! broker.
 
 use base64::Engine;
+use lazaret_core::{DeadLetterReason, Failure, Timestamp};
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
@@ -188,6 +189,33 @@ pub fn content_id(body: &[u8], headers: &Map<String, Value>) -> String {
         h.update(headers[k].to_string().as_bytes());
     }
     format!("sha256:{}", &hex::encode(h.finalize())[..32])
+}
+
+/// What a broker's dead-letter message says of itself; the adapter reads
+/// it (`Broker::interpret`), the watch runtime files it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TakenIn {
+    /// The broker's reason (`None`: the message carries no death
+    /// information, `unknown_origin`).
+    pub reason: Option<DeadLetterReason>,
+    /// The error text the broker or framework carried.
+    pub error: Option<Failure>,
+    /// The queue the broker dead-lettered it from.
+    pub original_queue: Option<String>,
+    /// Its coordinates there.
+    pub original_position: Option<Value>,
+    /// How often the broker delivered or dead-lettered it.
+    pub attempts: u32,
+    /// When the broker first dead-lettered it.
+    pub first_at: Option<Timestamp>,
+    /// The message itself, when the dead-letter message only points at it
+    /// (a JetStream advisory): body, headers, content type, id.
+    pub original: Option<Delivery>,
+}
+
+/// An empty header map (for adapters that build a [`TakenIn`]).
+pub fn no_headers() -> Map<String, Value> {
+    Map::new()
 }
 
 #[cfg(test)]

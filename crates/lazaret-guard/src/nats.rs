@@ -33,9 +33,9 @@ use lazaret_core::{DeadLetterReason, Failure, Timestamp};
 use serde_json::{Map, Value, json};
 
 use crate::broker::{Acker, Broker, BrokerError, Consumer, Incoming};
+use crate::message::TakenIn;
 use crate::message::{Delivery, header_text, value_bytes};
 use crate::spec::SourceSpec;
-use crate::watch::TakenIn;
 use lazaret_core::mask_url;
 
 const BROKER: &str = "nats";

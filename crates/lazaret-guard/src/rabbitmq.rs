@@ -34,9 +34,9 @@ use self::acks::{AckTracker, DeliveryTag};
 
 use crate::broker::{Acker, Broker, BrokerError, Consumer, Incoming};
 use crate::celery;
+use crate::message::TakenIn;
 use crate::message::{Delivery, Republish, bytes_value, content_id, header_text};
 use crate::spec::SourceSpec;
-use crate::watch::TakenIn;
 use lazaret_core::mask_url;
 
 /// The word in errors and dead letters.

@@ -74,9 +74,9 @@ use serde_json::{Map, Value as Json, json};
 use tokio::time::Instant;
 
 use crate::broker::{Acker, Broker, BrokerError, Consumer, Incoming};
+use crate::message::TakenIn;
 use crate::message::{Delivery, Republish, bytes_value, value_bytes};
 use crate::spec::SourceSpec;
-use crate::watch::TakenIn;
 use lazaret_core::mask_url;
 
 const BROKER: &str = "redis";

@@ -93,9 +93,9 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::broker::{Acker, Broker, BrokerError, Consumer, Incoming};
+use crate::message::TakenIn;
 use crate::message::{Delivery, Republish, bytes_value, header_text, value_bytes};
 use crate::spec::{Mode, SourceSpec};
-use crate::watch::TakenIn;
 
 /// The AWS SDK for SQS this adapter uses, for callers that set queues up.
 pub use aws_sdk_sqs as sdk;

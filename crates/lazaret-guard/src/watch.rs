@@ -12,38 +12,15 @@ use std::time::Duration;
 
 use lazaret_core::{DeadLetterReason, Failure, Timestamp, bounded_name};
 use lazaret_store::{SourceDeadLetter, SourceRef, Stage, Store, StoreError};
-use serde_json::{Map, Value};
 use tokio::sync::watch;
 
 use crate::broker::{Broker, Reconnecting};
 use crate::celery;
 use crate::guard::{Faults, GuardError, now};
 use crate::host::{Host, StoreWrites, store_retry_delay};
-use crate::message::Delivery;
+use crate::message::{Delivery, TakenIn};
 use crate::redrive::redrive_id;
 use crate::spec::{SourceSpec, TenantFrom};
-
-/// What a broker's dead-letter message says of itself; the adapter reads
-/// it (`Broker::interpret`), the watch runtime files it.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct TakenIn {
-    /// The broker's reason (`None`: the message carries no death
-    /// information, `unknown_origin`).
-    pub reason: Option<DeadLetterReason>,
-    /// The error text the broker or framework carried.
-    pub error: Option<Failure>,
-    /// The queue the broker dead-lettered it from.
-    pub original_queue: Option<String>,
-    /// Its coordinates there.
-    pub original_position: Option<Value>,
-    /// How often the broker delivered or dead-lettered it.
-    pub attempts: u32,
-    /// When the broker first dead-lettered it.
-    pub first_at: Option<Timestamp>,
-    /// The message itself, when the dead-letter message only points at it
-    /// (a JetStream advisory): body, headers, content type, id.
-    pub original: Option<Delivery>,
-}
 
 /// One watch source, ready to run.
 pub struct Watch<H: Host> {
@@ -275,9 +252,4 @@ fn dl_delivery(dl: &SourceDeadLetter) -> Delivery {
         queue: dl.source.queue.clone(),
         position: dl.source.position.clone(),
     }
-}
-
-/// An empty header map (for adapters that build a [`TakenIn`]).
-pub fn no_headers() -> Map<String, Value> {
-    Map::new()
 }

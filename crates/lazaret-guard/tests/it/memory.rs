@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use futures_util::future::BoxFuture;
 use lazaret_core::DeadLetterReason;
-use lazaret_guard::watch::TakenIn;
+use lazaret_guard::message::TakenIn;
 use lazaret_guard::{
     Acker, Broker, BrokerError, BrokerKind, Consumer, Delivery, Incoming, Mode, Republish,
     SourceSpec,
