@@ -10,7 +10,7 @@ use lazaret_store::{Quarantined, SourceDeadLetter, Store, StoreError};
 use tokio::sync::{Notify, Semaphore, oneshot};
 
 /// How long the first dead letter of a batch waits for others to share its
-/// durable write during a poison storm (see [`Quarantines`]), beyond those
+/// durable write during a poison storm (see `Quarantines`), beyond those
 /// that arrive while the previous batch is written. A write costs a
 /// transaction and an fsync whoever shares it: on the 2-core VM of
 /// `docs/benchmarks.md` one dead letter alone costs ~140 µs of CPU in the

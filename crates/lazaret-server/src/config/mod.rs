@@ -139,6 +139,17 @@
 //! Durations are integer milliseconds (`*_ms`); `"30s"` is refused with the
 //! number to write instead. Two tokens may not share a name or a secret, two
 //! sources not a name.
+//!
+//! # Where things are
+//!
+//! This file holds [`ServerConfig`], the top-level keys and the order the
+//! sections are checked in; each section's raw table and checks are in a
+//! file of its own (`http.rs`, `scheduling.rs` for `[tenants]` and
+//! `[lanes.X]`, `policies.rs` for `[defaults]` and `[types.X]`, `store.rs`
+//! for `durability` and `[retention]`, `sources.rs`, `alerts.rs`,
+//! `tokens.rs`), and `locate.rs` turns a TOML span into the error's file,
+//! line and dotted key. Durations are read as integer milliseconds (`ms.rs`)
+//! and held as [`Duration`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -345,9 +356,8 @@ pub(super) struct RawConfig {
 }
 
 impl Ctx<'_> {
-    // -----------------------------------------------------------------------
-    // From the raw file to the core's types.
-
+    /// From the raw file to the core's types: the top-level keys, then each
+    /// section in turn; the first error found is the one reported.
     fn build(self, base_dir: &Path) -> Result<ServerConfig, ConfigError> {
         let raw = RawConfig::deserialize(toml::de::Deserializer::from(self.tree.clone()))
             .map_err(|e| self.toml_error(&e))?;
