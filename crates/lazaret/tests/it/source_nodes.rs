@@ -736,18 +736,7 @@ concurrency = 2
         api.enqueue_ok(&crate::harness::job("orders", "acme", json!({"n": n})))
             .await;
     }
-    let mut req = crate::harness::lease_req("w", 1, 30_000);
-    req["types"] = json!(["orders"]);
-    for _ in 0..2 {
-        let leased = api.lease_one(&req).await;
-        api.fail(
-            &leased["id"],
-            &leased["lease_token"],
-            json!({"class": "transient", "kind": "http_503", "message": "down"}),
-        )
-        .await
-        .expect(200);
-    }
+    crate::cluster::trip(&api, "orders").await;
     let first = nodes[0].api();
     let deadline = Instant::now() + Duration::from_secs(30);
     while first
