@@ -407,7 +407,7 @@ async fn breakers_of(node: &Server, ty: &str) -> Vec<(String, String)> {
 }
 
 /// Fails two jobs of `ty` transiently through `api`: trips its breaker.
-async fn trip(api: &harness::Api, ty: &str) {
+pub(crate) async fn trip(api: &harness::Api, ty: &str) {
     let mut req = lease_req("w", 1, 30_000);
     req["types"] = json!([ty]);
     for _ in 0..2 {

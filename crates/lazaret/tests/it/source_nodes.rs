@@ -227,11 +227,19 @@ delivery_timeout_ms = 2000
     let twice: Vec<_> = by_b.iter().filter(|(_, n)| **n != 1).collect();
     assert!(twice.is_empty(), "retried more than once by b: {twice:?}");
     // The killed node's call (attempt 2) left no outcome: charged as a
-    // crash, so b delivers those as attempt 3; the rest as attempt 2.
+    // crash, so b delivers those as attempt 3. (A retry a had claimed but
+    // not yet handed to the handler is charged too: b cannot tell, as a
+    // lease expiry cannot; so the others are attempt 2 or 3.)
     let calls = calls.lock().expect("not poisoned").clone();
     for (node, id, attempt) in calls.iter().filter(|(n, _, a)| n == "b" && a != "1") {
-        let want = if held.contains(id) { "3" } else { "2" };
-        assert_eq!(attempt, want, "{id} on node {node}");
+        if held.contains(id) {
+            assert_eq!(attempt, "3", "{id} on node {node}");
+        } else {
+            assert!(
+                attempt == "2" || attempt == "3",
+                "{id} on node {node}: {attempt}"
+            );
+        }
     }
 }
 
@@ -736,18 +744,7 @@ concurrency = 2
         api.enqueue_ok(&crate::harness::job("orders", "acme", json!({"n": n})))
             .await;
     }
-    let mut req = crate::harness::lease_req("w", 1, 30_000);
-    req["types"] = json!(["orders"]);
-    for _ in 0..2 {
-        let leased = api.lease_one(&req).await;
-        api.fail(
-            &leased["id"],
-            &leased["lease_token"],
-            json!({"class": "transient", "kind": "http_503", "message": "down"}),
-        )
-        .await
-        .expect(200);
-    }
+    crate::cluster::trip(&api, "orders").await;
     let first = nodes[0].api();
     let deadline = Instant::now() + Duration::from_secs(30);
     while first
