@@ -1017,7 +1017,7 @@ impl Writer {
     /// Outcomes, in order. Successes on live leases first, all in one
     /// statement ([`SUCCEED_SQL`]: no row lock and read before the write,
     /// and the counts of their pairs read with them); everything else (a
-    /// failure, a stale token, an id named twice) then the general way:
+    /// failure, a stale token, a job named twice) then the general way:
     /// the jobs locked at once (by id), the counts of their pairs read at
     /// once, each outcome through the `Decider`.
     async fn complete(
@@ -1027,9 +1027,14 @@ impl Writer {
     ) -> Result<Vec<Result<Completed, ItemError>>, StoreError> {
         let mut out: Vec<Option<Result<Completed, ItemError>>> =
             items.iter().map(|_| None).collect();
-        let mut named: HashSet<JobId> = HashSet::new();
+        // A job named more than once goes the general way, item by item in
+        // order, so each of its items finds it as the one before left it.
+        let mut named: HashMap<JobId, u32> = HashMap::with_capacity(items.len());
+        for item in items {
+            *named.entry(item.id).or_default() += 1;
+        }
         let fast: Vec<usize> = (0..items.len())
-            .filter(|&i| matches!(items[i].event, Event::Succeeded) && named.insert(items[i].id))
+            .filter(|&i| matches!(items[i].event, Event::Succeeded) && named[&items[i].id] == 1)
             .collect();
         if !fast.is_empty() {
             let ids: Vec<i64> = fast.iter().map(|&i| items[i].id.0 as i64).collect();
