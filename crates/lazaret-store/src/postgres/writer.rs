@@ -178,10 +178,13 @@ struct PairColumns {
     cancelled: Vec<i64>,
 }
 
+/// Ready count changes per (lane, tenant, type), as columns.
+type TypeColumns = (Vec<String>, Vec<String>, Vec<String>, Vec<i64>);
+
 /// A group's count changes: per pair, and ready per (lane, tenant, type).
 struct CountChanges {
     pairs: Option<PairColumns>,
-    types: Option<(Vec<String>, Vec<String>, Vec<String>, Vec<i64>)>,
+    types: Option<TypeColumns>,
 }
 
 /// A caller's time `t`, given at the caller's `now`, on the database's
