@@ -448,3 +448,74 @@ pub async fn a_lease_looks_at_a_few_tenants_of_thousands<B: Backend>(b: &B) {
         "a lease of 3 emails looked at {filtered} pairs, of which 5 have emails"
     );
 }
+
+/// Requests that arrive together (a store may apply them as one) each get
+/// their own answer: every enqueue its job, every lease its own job with
+/// its own worker and lease end, every ack its job, and no job twice.
+pub async fn concurrent_requests_each_get_their_own_answer<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
+    let job = |tenant: &str| new_job("resize", tenant, "default");
+    let (a, b_, c, d, e, f) = tokio::join!(
+        enqueue_one(&s, job("t0")),
+        enqueue_one(&s, job("t1")),
+        enqueue_one(&s, job("t2")),
+        enqueue_one(&s, job("t3")),
+        enqueue_one(&s, job("t4")),
+        enqueue_one(&s, job("t5")),
+    );
+    let mut enqueued = vec![a, b_, c, d, e, f];
+    enqueued.sort();
+    enqueued.dedup();
+    assert_eq!(enqueued.len(), 6, "six jobs: {enqueued:?}");
+
+    // Worker i asks for one job with a lease of i + 1 seconds.
+    let req = |i: u64| LeaseRequest {
+        worker_id: format!("w-{i}").into(),
+        lease: std::time::Duration::from_secs(i + 1),
+        ..lease_req(at(10), 1)
+    };
+    let (l0, l1, l2, l3, l4, l5, l6) = tokio::join!(
+        lease(&s, req(0)),
+        lease(&s, req(1)),
+        lease(&s, req(2)),
+        lease(&s, req(3)),
+        lease(&s, req(4)),
+        lease(&s, req(5)),
+        lease(&s, req(6)),
+    );
+    let answers = [l0, l1, l2, l3, l4, l5, l6];
+    let mut leased: Vec<(u64, LeasedJob)> = Vec::new();
+    for (i, got) in answers.into_iter().enumerate() {
+        assert!(got.len() <= 1, "worker {i} asked for one job: {got:?}");
+        leased.extend(got.into_iter().map(|j| (i as u64, j)));
+    }
+    let mut ids: Vec<JobId> = leased.iter().map(|(_, j)| j.id).collect();
+    ids.sort();
+    assert_eq!(ids, enqueued, "each job leased once, all six leased");
+    for (i, j) in &leased {
+        let end = at(10).saturating_add(std::time::Duration::from_secs(i + 1));
+        assert_eq!(j.lease_expires_at, end, "worker {i}'s own lease end");
+        assert_eq!(
+            super::job_view(&s, j.id).await.lease_expires_at,
+            Some(end),
+            "stored: worker {i}'s own lease end"
+        );
+    }
+
+    let ack = |k: usize| complete(&s, &leased[k].1, Event::Succeeded, at(500));
+    let (a0, a1, a2, a3, a4, a5) = tokio::join!(ack(0), ack(1), ack(2), ack(3), ack(4), ack(5));
+    for (k, done) in [a0, a1, a2, a3, a4, a5].into_iter().enumerate() {
+        let (worker, job) = &leased[k];
+        assert_eq!(done.id, job.id);
+        let view = super::job_view(&s, job.id).await;
+        assert_eq!(view.state, lazaret_core::JobState::Succeeded);
+        let record = view.envelope.history.last().expect("one attempt");
+        assert_eq!(
+            record.worker_id.as_ref().map(|w| w.as_str()),
+            Some(format!("w-{worker}").as_str()),
+            "the attempt names the worker that leased it"
+        );
+    }
+    assert!(lease(&s, lease_req(at(600), 10)).await.is_empty());
+}

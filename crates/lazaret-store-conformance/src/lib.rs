@@ -138,6 +138,7 @@ macro_rules! conformance_suite {
                 a_tenant_never_exceeds_its_inflight_cap,
                 tenants_take_turns_in_name_order_across_rounds,
                 a_lease_looks_at_a_few_tenants_of_thousands,
+                concurrent_requests_each_get_their_own_answer,
             ],
             outcomes: [
                 ack_marks_succeeded_with_one_history_record,

@@ -132,6 +132,112 @@ const LEASE_MERGED_SQL: &str = "WITH picked AS (
 const COLUMNS: &str = "id, type, tenant, lane, state, attempts, lease_started_at, worker_id, \
      idempotency_key, schema_version, created_at, finished_at, envelope, payload";
 
+/// Adds a group's count changes per (lane, tenant) to `pairs`.
+const PAIRS_UPSERT_SQL: &str = "INSERT INTO pairs AS p (lane, tenant, ready, inflight, scheduled, succeeded, cancelled)
+     SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int8[], $6::int8[], $7::int8[])
+     ON CONFLICT (lane, tenant) DO UPDATE SET
+       ready = p.ready + excluded.ready, inflight = p.inflight + excluded.inflight,
+       scheduled = p.scheduled + excluded.scheduled, succeeded = p.succeeded + excluded.succeeded,
+       cancelled = p.cancelled + excluded.cancelled";
+
+/// Adds a group's ready count changes per (lane, tenant, type) to `ready_types`.
+const TYPES_UPSERT_SQL: &str = "INSERT INTO ready_types AS r (lane, tenant, type, ready)
+     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::int8[])
+     ON CONFLICT (lane, tenant, type) DO UPDATE SET ready = r.ready + excluded.ready";
+
+/// Successes on live leases (`$1` ids, `$2` their tokens, `$3` now) with
+/// the running attempt in columns, which need neither policy nor history
+/// (`decide`'s first rule, as SQLite's writer applies it): one statement,
+/// returning what the answer needs and the counts of each job's pair.
+const SUCCEED_SQL: &str =
+    "UPDATE jobs j SET state = 'succeeded', finished_at = $3, lease_token = NULL,
+       lease_expires_at = NULL
+     FROM unnest($1::int8[], $2::int8[]) AS u(id, token)
+     WHERE j.id = u.id AND j.state = 'leased' AND j.lease_token = u.token
+       AND j.lease_expires_at > $3 AND j.lease_started_at IS NOT NULL
+     RETURNING j.id, j.type, j.tenant, j.lane, j.attempts, j.lease_started_at, j.envelope,
+       (SELECT p.ready FROM pairs p WHERE p.lane = j.lane AND p.tenant = j.tenant),
+       (SELECT p.inflight FROM pairs p WHERE p.lane = j.lane AND p.tenant = j.tenant)";
+
+/// Gives the jobs of a merged lease that went to another request than the
+/// first its worker and lease end.
+const LEASE_ASSIGN_SQL: &str =
+    "UPDATE jobs j SET worker_id = u.worker, lease_expires_at = u.expires
+     FROM unnest($1::int8[], $2::text[], $3::int8[]) AS u(id, worker, expires)
+     WHERE j.id = u.id";
+
+/// The count changes per (lane, tenant) of a group, as columns.
+#[derive(Default)]
+struct PairColumns {
+    lanes: Vec<String>,
+    tenants: Vec<String>,
+    ready: Vec<i64>,
+    inflight: Vec<i64>,
+    scheduled: Vec<i64>,
+    succeeded: Vec<i64>,
+    cancelled: Vec<i64>,
+}
+
+/// Ready count changes per (lane, tenant, type), as columns.
+type TypeColumns = (Vec<String>, Vec<String>, Vec<String>, Vec<i64>);
+
+/// A group's count changes: per pair, and ready per (lane, tenant, type).
+struct CountChanges {
+    pairs: Option<PairColumns>,
+    types: Option<TypeColumns>,
+}
+
+/// A caller's time `t`, given at the caller's `now`, on the database's
+/// clock (`db_now`): the same distance from now.
+fn rebase(db_now: Option<Timestamp>, t: Timestamp, now: Timestamp) -> Timestamp {
+    match db_now {
+        Some(d) => Timestamp::from_millis(d.as_millis() + (t.as_millis() - now.as_millis())),
+        None => t,
+    }
+}
+
+/// A lease's jobs (one run per take, each a (lane, tenant)) in turns:
+/// the first of each take, then the second of each, and so on, so that
+/// the requests sharing one lease get each what a lease of its own would
+/// have taken in the scheduler's round, not one tenant's run.
+fn round_robin(jobs: Vec<LeasedJob>) -> Vec<LeasedJob> {
+    let mut runs: Vec<std::collections::VecDeque<LeasedJob>> = Vec::new();
+    for j in jobs {
+        match runs.last_mut() {
+            Some(run)
+                if run
+                    .back()
+                    .is_some_and(|b| b.lane == j.lane && b.tenant == j.tenant) =>
+            {
+                run.push_back(j);
+            }
+            _ => runs.push(std::collections::VecDeque::from([j])),
+        }
+    }
+    let mut out = Vec::with_capacity(runs.iter().map(|r| r.len()).sum());
+    while !runs.is_empty() {
+        for run in &mut runs {
+            out.extend(run.pop_front());
+        }
+        runs.retain(|r| !r.is_empty());
+    }
+    out
+}
+
+/// Whether two leases of one group can be planned as one: the same
+/// filter (lanes and types, asked and left out), no probe quotas (a
+/// half-open breaker's probes are counted per request) and the same time.
+/// Workers and lease lengths may differ: each job is then given its own.
+fn leases_merge(a: &LeaseRequest, b: &LeaseRequest, db_now: Option<Timestamp>) -> bool {
+    a.lanes == b.lanes
+        && a.types == b.types
+        && a.exclude_types == b.exclude_types
+        && a.exclude_lanes == b.exclude_lanes
+        && a.type_limits.is_empty()
+        && b.type_limits.is_empty()
+        && db_now.unwrap_or(a.now) == db_now.unwrap_or(b.now)
+}
+
 /// A change to apply, with what it needs.
 // One op per request, moved once into the channel: boxing the large ones
 // would cost an allocation each and save nothing that matters.
@@ -215,6 +321,11 @@ struct Group {
     wake: bool,
     /// Only these (lane, type) pairs became leasable (enqueues).
     woken: BTreeSet<(String, String)>,
+    /// Jobs of merged leases to give their own request's worker and lease
+    /// end (id, worker, end in ms), written with the commit: no op of the
+    /// group reads them (their tokens are unknown until it commits, and
+    /// they expire after the group's time).
+    assign: (Vec<i64>, Vec<String>, Vec<i64>),
 }
 
 /// At most this many (lane, type) pairs named in one notification; more
@@ -424,51 +535,248 @@ impl Writer {
     }
 
     /// Runs ops in one transaction; on any error rolls it back.
+    ///
+    /// Round trips are what a group costs on PostgreSQL (each is a wake-up
+    /// of the server process and of this task), so the fixed ones are
+    /// pipelined: `BEGIN` goes out with the read of the database's clock,
+    /// and the count changes, the notification and `COMMIT` go out
+    /// together. Every statement's result is checked: an error in any of
+    /// them aborts the transaction (PostgreSQL answers a `COMMIT` of an
+    /// aborted transaction by rolling it back), and the group fails as
+    /// not applied.
     async fn transaction(&mut self, ops: &[&Op]) -> Result<Vec<Answer>, StoreError> {
         self.reconnect().await?;
         self.group = Group::default();
-        pg(self.client.batch_execute("BEGIN").await)?;
-        let r = self.body(ops).await;
-        match r {
-            Ok(answers) => match pg(self.client.batch_execute("COMMIT").await) {
-                Ok(()) => Ok(answers),
+        let r = match self.begin().await {
+            Ok(db_now) => match self.body(ops, db_now).await {
+                Ok(answers) => self.commit().await.map(|()| answers),
                 Err(e) => Err(e),
             },
-            Err(e) => {
-                let _ = self.client.batch_execute("ROLLBACK").await;
-                Err(e)
-            }
+            Err(e) => Err(e),
+        };
+        if r.is_err() {
+            let _ = self.client.batch_execute("ROLLBACK").await;
         }
+        r
     }
 
-    async fn body(&mut self, ops: &[&Op]) -> Result<Vec<Answer>, StoreError> {
-        let db_now = match self.clock {
-            Clock::Caller => None,
+    /// `BEGIN`, and the database's clock read in the same round trip.
+    async fn begin(&mut self) -> Result<Option<Timestamp>, StoreError> {
+        match self.clock {
+            Clock::Caller => {
+                pg(self.client.batch_execute("BEGIN").await)?;
+                Ok(None)
+            }
             Clock::Database => {
                 let st = self
                     .stmt("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::int8")
                     .await?;
-                let row = pg(self.client.query_one(&st, &[]).await)?;
-                Some(Timestamp::from_millis(row.get(0)))
+                let (begun, row) = futures_util::join!(
+                    self.client.batch_execute("BEGIN"),
+                    self.client.query_one(&st, &[])
+                );
+                pg(begun)?;
+                let row = pg(row)?;
+                Ok(Some(Timestamp::from_millis(row.get(0))))
             }
-        };
-        let mut answers = Vec::with_capacity(ops.len());
-        for op in ops {
-            answers.push(self.exec(op, db_now).await?);
         }
-        self.flush_counts().await?;
-        if self.group.wake || !self.group.woken.is_empty() {
+    }
+
+    /// The group's count changes, its notification and `COMMIT`, pipelined.
+    async fn commit(&mut self) -> Result<(), StoreError> {
+        let counts = self.count_changes();
+        let notify = if self.group.wake || !self.group.woken.is_empty() {
             let woken = std::mem::take(&mut self.group.woken);
             let payload = if self.group.wake || woken.len() > WOKEN_MAX {
                 String::new()
             } else {
                 serde_json::to_string(&woken).map_err(corrupt)?
             };
-            let st = self.stmt("SELECT pg_notify($1, $2)").await?;
-            let channel = self.channels.ready.clone();
-            pg(self.client.execute(&st, &[&channel, &payload]).await)?;
+            Some((self.channels.ready.clone(), payload))
+        } else {
+            None
+        };
+        let pairs_st = self.stmt(PAIRS_UPSERT_SQL).await?;
+        let types_st = self.stmt(TYPES_UPSERT_SQL).await?;
+        let notify_st = self.stmt("SELECT pg_notify($1, $2)").await?;
+        let assign_st = self.stmt(LEASE_ASSIGN_SQL).await?;
+        let assign = std::mem::take(&mut self.group.assign);
+        let client = &self.client;
+        let assigned = async {
+            if assign.0.is_empty() {
+                return Ok(());
+            }
+            client
+                .execute(&assign_st, &[&assign.0, &assign.1, &assign.2])
+                .await
+                .map(drop)
+        };
+        let pairs = async {
+            match &counts.pairs {
+                Some(c) => client
+                    .execute(
+                        &pairs_st,
+                        &[
+                            &c.lanes,
+                            &c.tenants,
+                            &c.ready,
+                            &c.inflight,
+                            &c.scheduled,
+                            &c.succeeded,
+                            &c.cancelled,
+                        ],
+                    )
+                    .await
+                    .map(drop),
+                None => Ok(()),
+            }
+        };
+        let types = async {
+            match &counts.types {
+                Some((lanes, tenants, types, ready)) => client
+                    .execute(&types_st, &[lanes, tenants, types, ready])
+                    .await
+                    .map(drop),
+                None => Ok(()),
+            }
+        };
+        let notified = async {
+            match &notify {
+                Some((channel, payload)) => client
+                    .execute(&notify_st, &[channel, payload])
+                    .await
+                    .map(drop),
+                None => Ok(()),
+            }
+        };
+        let (a, p, t, n, c) = futures_util::join!(
+            assigned,
+            pairs,
+            types,
+            notified,
+            client.batch_execute("COMMIT")
+        );
+        pg(a)?;
+        pg(p)?;
+        pg(t)?;
+        pg(n)?;
+        pg(c)
+    }
+
+    async fn body(
+        &mut self,
+        ops: &[&Op],
+        db_now: Option<Timestamp>,
+    ) -> Result<Vec<Answer>, StoreError> {
+        let mut answers: Vec<Option<Answer>> = ops.iter().map(|_| None).collect();
+        // Ops of one kind from concurrent requests run as one: every
+        // enqueue of the group is one insert, every outcome at one time one
+        // lock and one update, and compatible leases one lease. Concurrent
+        // requests may be applied in any order, so running them together
+        // (enqueues first, so leases of the group can take their jobs)
+        // answers each as if it had run alone in some order.
+        self.enqueue_group(ops, db_now, &mut answers).await?;
+        self.complete_group(ops, db_now, &mut answers).await?;
+        for i in 0..ops.len() {
+            if answers[i].is_some() {
+                continue;
+            }
+            if let Op::Lease(first) = ops[i] {
+                let mut members = vec![i];
+                for (j, op) in ops.iter().enumerate().skip(i + 1) {
+                    if let Op::Lease(other) = op
+                        && answers[j].is_none()
+                        && leases_merge(first, other, db_now)
+                    {
+                        members.push(j);
+                    }
+                }
+                let reqs: Vec<LeaseRequest> = members
+                    .iter()
+                    .map(|&j| match ops[j] {
+                        Op::Lease(r) => LeaseRequest {
+                            now: db_now.unwrap_or(r.now),
+                            ..r.clone()
+                        },
+                        _ => unreachable!("members are leases"),
+                    })
+                    .collect();
+                self.leases += reqs.len() as u64;
+                let leased = self.lease_many(&reqs).await?;
+                for (j, jobs) in members.into_iter().zip(leased) {
+                    answers[j] = Some(Answer::Leased(jobs));
+                }
+                continue;
+            }
+            answers[i] = Some(self.exec(ops[i], db_now).await?);
         }
-        Ok(answers)
+        Ok(answers
+            .into_iter()
+            .map(|a| a.expect("every op answered"))
+            .collect())
+    }
+
+    /// Every enqueue of the group as one (`answers` gets each op's part).
+    async fn enqueue_group(
+        &mut self,
+        ops: &[&Op],
+        db_now: Option<Timestamp>,
+        answers: &mut [Option<Answer>],
+    ) -> Result<(), StoreError> {
+        let mut members: Vec<(usize, usize)> = Vec::new();
+        let mut jobs: Vec<NewJob> = Vec::new();
+        for (i, op) in ops.iter().enumerate() {
+            if let Op::Enqueue(js) = op {
+                members.push((i, js.len()));
+                jobs.extend(js.iter().map(|j| NewJob {
+                    run_at: rebase(db_now, j.run_at, j.now),
+                    now: db_now.unwrap_or(j.now),
+                    ..j.clone()
+                }));
+            }
+        }
+        if members.is_empty() {
+            return Ok(());
+        }
+        let mut outcomes = self.enqueue(&jobs).await?.into_iter();
+        for (i, n) in members {
+            answers[i] = Some(Answer::Enqueued(outcomes.by_ref().take(n).collect()));
+        }
+        Ok(())
+    }
+
+    /// Every outcome batch of the group at the same time as one.
+    async fn complete_group(
+        &mut self,
+        ops: &[&Op],
+        db_now: Option<Timestamp>,
+        answers: &mut [Option<Answer>],
+    ) -> Result<(), StoreError> {
+        // By time (one time for all on the database's clock).
+        let mut times: BTreeMap<Timestamp, Vec<usize>> = BTreeMap::new();
+        for (i, op) in ops.iter().enumerate() {
+            if let Op::Complete(_, now) = op {
+                times.entry(db_now.unwrap_or(*now)).or_default().push(i);
+            }
+        }
+        for (now, members) in times {
+            let items: Vec<&Completion> = members
+                .iter()
+                .flat_map(|&i| match ops[i] {
+                    Op::Complete(items, _) => items.iter(),
+                    _ => unreachable!("members are outcome batches"),
+                })
+                .collect();
+            let mut out = self.complete(&items, now).await?.into_iter();
+            for i in members {
+                let n = match ops[i] {
+                    Op::Complete(items, _) => items.len(),
+                    _ => unreachable!("members are outcome batches"),
+                };
+                answers[i] = Some(Answer::Completed(out.by_ref().take(n).collect()));
+            }
+        }
+        Ok(())
     }
 
     async fn stmt(&mut self, sql: &'static str) -> Result<Statement, StoreError> {
@@ -516,9 +824,12 @@ impl Writer {
             .or_default() += n;
     }
 
-    /// Writes the group's count changes, in key order (two nodes' groups
-    /// lock the rows in the same order: no deadlock between them).
-    async fn flush_counts(&mut self) -> Result<(), StoreError> {
+    /// The group's count changes, in key order (two nodes' groups lock
+    /// the rows in the same order: no deadlock between them); written by
+    /// [`PAIRS_UPSERT_SQL`] and then [`TYPES_UPSERT_SQL`] (the types'
+    /// counts under the pairs' row locks: a type's count changes only with
+    /// its pair's).
+    fn count_changes(&mut self) -> CountChanges {
         let deltas = std::mem::take(&mut self.group.deltas);
         let typed = std::mem::take(&mut self.group.typed);
         // Pairs whose types' counts change lock their row even when their
@@ -528,9 +839,7 @@ impl Writer {
             .filter(|(_, n)| **n != 0)
             .map(|((l, t, _), _)| (l.as_str(), t.as_str()))
             .collect();
-        let (mut lanes, mut tenants) = (Vec::new(), Vec::new());
-        let (mut ready, mut inflight, mut scheduled, mut succeeded, mut cancelled) =
-            (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut c = PairColumns::default();
         for ((l, t), d) in deltas {
             if d.ready == 0
                 && d.inflight == 0
@@ -541,29 +850,14 @@ impl Writer {
             {
                 continue;
             }
-            cancelled.push(d.cancelled);
-            lanes.push(l);
-            tenants.push(t);
-            ready.push(d.ready);
-            inflight.push(d.inflight);
-            scheduled.push(d.scheduled);
-            succeeded.push(d.succeeded);
+            c.cancelled.push(d.cancelled);
+            c.lanes.push(l);
+            c.tenants.push(t);
+            c.ready.push(d.ready);
+            c.inflight.push(d.inflight);
+            c.scheduled.push(d.scheduled);
+            c.succeeded.push(d.succeeded);
         }
-        if lanes.is_empty() {
-            return Ok(());
-        }
-        self.execute(
-            "INSERT INTO pairs AS p (lane, tenant, ready, inflight, scheduled, succeeded, cancelled)
-             SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int8[], $6::int8[], $7::int8[])
-             ON CONFLICT (lane, tenant) DO UPDATE SET
-               ready = p.ready + excluded.ready, inflight = p.inflight + excluded.inflight,
-               scheduled = p.scheduled + excluded.scheduled, succeeded = p.succeeded + excluded.succeeded,
-               cancelled = p.cancelled + excluded.cancelled",
-            &[&lanes, &tenants, &ready, &inflight, &scheduled, &succeeded, &cancelled],
-        )
-        .await?;
-        // The types' counts, under the pairs' row locks taken just above
-        // (a type's count changes only with its pair's), in key order.
         let (mut lanes, mut tenants, mut types, mut ready) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for ((l, t, ty), n) in typed {
@@ -574,16 +868,51 @@ impl Writer {
                 ready.push(n);
             }
         }
-        if lanes.is_empty() {
-            return Ok(());
+        CountChanges {
+            pairs: (!c.lanes.is_empty()).then_some(c),
+            types: (!lanes.is_empty()).then_some((lanes, tenants, types, ready)),
         }
-        self.execute(
-            "INSERT INTO ready_types AS r (lane, tenant, type, ready)
-             SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::int8[])
-             ON CONFLICT (lane, tenant, type) DO UPDATE SET ready = r.ready + excluded.ready",
-            &[&lanes, &tenants, &types, &ready],
-        )
-        .await?;
+    }
+
+    /// Reads the counts of the pairs `keys` not read yet in this group, in
+    /// one statement (what [`Self::counts`] would read one by one).
+    async fn prefetch_counts(
+        &mut self,
+        keys: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<(), StoreError> {
+        let missing: BTreeSet<(String, String)> = keys
+            .into_iter()
+            .filter(|k| !self.group.base.contains_key(k))
+            .collect();
+        match missing.len() {
+            0 => return Ok(()),
+            1 => {
+                let (l, t) = missing.into_iter().next().expect("one");
+                self.counts(&l, &t).await?;
+                return Ok(());
+            }
+            _ => {}
+        }
+        let (lanes, tenants): (Vec<&str>, Vec<&str>) = missing
+            .iter()
+            .map(|(l, t)| (l.as_str(), t.as_str()))
+            .unzip();
+        let rows = self
+            .query(
+                "SELECT p.lane, p.tenant, p.ready, p.inflight FROM pairs p
+                 JOIN unnest($1::text[], $2::text[]) AS k(lane, tenant)
+                   ON p.lane = k.lane AND p.tenant = k.tenant",
+                &[&lanes, &tenants],
+            )
+            .await?;
+        let mut found: HashMap<(String, String), (i64, i64)> = rows
+            .iter()
+            .map(|r| ((r.get(0), r.get(1)), (r.get(2), r.get(3))))
+            .collect();
+        for k in missing {
+            let b = found.remove(&k).unwrap_or((0, 0));
+            self.group.base.insert(k, b);
+        }
         Ok(())
     }
 
@@ -611,10 +940,7 @@ impl Writer {
     async fn exec(&mut self, op: &Op, db_now: Option<Timestamp>) -> Result<Answer, StoreError> {
         // On the database's clock, a caller's times keep their distance from
         // the caller's `now` but count from the database's.
-        let rebase = |t: Timestamp, now: Timestamp| match db_now {
-            Some(d) => Timestamp::from_millis(d.as_millis() + (t.as_millis() - now.as_millis())),
-            None => t,
-        };
+        let rebase = |t: Timestamp, now: Timestamp| rebase(db_now, t, now);
         let now_of = |now: Timestamp| db_now.unwrap_or(now);
         Ok(match op {
             Op::Enqueue(jobs) => {
@@ -637,41 +963,8 @@ impl Writer {
                 Answer::Leased(self.lease(&req).await?)
             }
             Op::Complete(items, now) => {
-                let now = now_of(*now);
-                let mut out = Vec::with_capacity(items.len());
-                let ids: Vec<i64> = items.iter().map(|i| i.id.0 as i64).collect();
-                let mut rows = self.lock_jobs(&ids).await?;
-                // Successes of leases whose running attempt is in columns
-                // need neither policy nor history (`decide`'s first rule):
-                // one UPDATE for all of them, as SQLite does one per job.
-                let mut succeeded: Vec<i64> = Vec::new();
-                for item in items {
-                    if let Some(done) = self.try_succeed(&mut rows, item, now).await? {
-                        succeeded.push(done.id.0 as i64);
-                        out.push(Ok(done));
-                        continue;
-                    }
-                    out.push(
-                        self.complete_one(
-                            &mut rows,
-                            item.id,
-                            Some(item.token),
-                            item.event.clone(),
-                            now,
-                        )
-                        .await?,
-                    );
-                }
-                if !succeeded.is_empty() {
-                    self.execute(
-                        "UPDATE jobs SET state = 'succeeded', finished_at = $2, lease_token = NULL,
-                           lease_expires_at = NULL
-                         WHERE id = ANY($1)",
-                        &[&succeeded, &ms(now)],
-                    )
-                    .await?;
-                }
-                Answer::Completed(out)
+                let items: Vec<&Completion> = items.iter().collect();
+                Answer::Completed(self.complete(&items, now_of(*now)).await?)
             }
             Op::Heartbeat(id, token, until, now) => {
                 let until = rebase(*until, *now);
@@ -723,6 +1016,177 @@ impl Writer {
 
     // -----------------------------------------------------------------
     // Jobs.
+
+    /// Outcomes, in order. Successes on live leases first, all in one
+    /// statement ([`SUCCEED_SQL`]: no row lock and read before the write,
+    /// and the counts of their pairs read with them); everything else (a
+    /// failure, a stale token, a job named twice) then the general way:
+    /// the jobs locked at once (by id), the counts of their pairs read at
+    /// once, each outcome through the `Decider`.
+    async fn complete(
+        &mut self,
+        items: &[&Completion],
+        now: Timestamp,
+    ) -> Result<Vec<Result<Completed, ItemError>>, StoreError> {
+        let mut out: Vec<Option<Result<Completed, ItemError>>> =
+            items.iter().map(|_| None).collect();
+        // A job named more than once goes the general way, item by item in
+        // order, so each of its items finds it as the one before left it.
+        let mut named: HashMap<JobId, u32> = HashMap::with_capacity(items.len());
+        for item in items {
+            *named.entry(item.id).or_default() += 1;
+        }
+        let fast: Vec<usize> = (0..items.len())
+            .filter(|&i| matches!(items[i].event, Event::Succeeded) && named[&items[i].id] == 1)
+            .collect();
+        if !fast.is_empty() {
+            let ids: Vec<i64> = fast.iter().map(|&i| items[i].id.0 as i64).collect();
+            let tokens: Vec<i64> = fast.iter().map(|&i| items[i].token.0 as i64).collect();
+            let rows = self.query(SUCCEED_SQL, &[&ids, &tokens, &ms(now)]).await?;
+            let mut done: HashMap<i64, Completed> = HashMap::with_capacity(rows.len());
+            for r in &rows {
+                let id: i64 = r.get(0);
+                let (lane, tenant): (String, String) = (r.get(3), r.get(2));
+                self.group
+                    .base
+                    .entry((lane.clone(), tenant.clone()))
+                    .or_insert((
+                        r.get::<_, Option<i64>>(7).unwrap_or(0),
+                        r.get::<_, Option<i64>>(8).unwrap_or(0),
+                    ));
+                // No envelope yet means no redrive yet.
+                let redrives = match r.get::<_, Option<&str>>(6) {
+                    Some(json) => {
+                        Envelope::from_json(json)
+                            .map_err(|e| corrupt(format!("job {id}: stored envelope: {e}")))?
+                            .redrives
+                    }
+                    None => 0,
+                };
+                let (lane, tenant) = (Lane::new(lane), TenantId::new(tenant));
+                let freed_slot = self.release_slot(&lane, &tenant).await?;
+                self.delta(lane.as_str(), tenant.as_str()).succeeded += 1;
+                done.insert(
+                    id,
+                    Completed {
+                        id: JobId(id as u64),
+                        job_type: JobType::new(r.get::<_, String>(1)),
+                        lane,
+                        transition: Transition::Succeeded,
+                        attempt: r.get::<_, i32>(4) as u32,
+                        kind: None,
+                        class: None,
+                        dead_letter: None,
+                        message: None,
+                        redrives,
+                        freed_slot,
+                        leased_at: r.get::<_, Option<i64>>(5).map(Timestamp::from_millis),
+                    },
+                );
+            }
+            for i in fast {
+                if let Some(c) = done.remove(&(items[i].id.0 as i64)) {
+                    out[i] = Some(Ok(c));
+                }
+            }
+        }
+        let rest: Vec<usize> = (0..items.len()).filter(|&i| out[i].is_none()).collect();
+        if !rest.is_empty() {
+            let ids: Vec<i64> = rest.iter().map(|&i| items[i].id.0 as i64).collect();
+            let mut rows = self.lock_jobs(&ids).await?;
+            let pairs: Vec<(String, String)> = rows
+                .values()
+                .filter(|(s, ..)| s.state == JobState::Leased)
+                .map(|(s, ..)| (s.lane.clone(), s.tenant.clone()))
+                .collect();
+            self.prefetch_counts(pairs).await?;
+            // Successes the statement above did not take are not live:
+            // `try_succeed` finds so, and they go the general way.
+            let mut succeeded: Vec<i64> = Vec::new();
+            for i in rest {
+                let item = items[i];
+                if let Some(done) = self.try_succeed(&mut rows, item, now).await? {
+                    succeeded.push(done.id.0 as i64);
+                    out[i] = Some(Ok(done));
+                    continue;
+                }
+                out[i] = Some(
+                    self.complete_one(
+                        &mut rows,
+                        item.id,
+                        Some(item.token),
+                        item.event.clone(),
+                        now,
+                    )
+                    .await?,
+                );
+            }
+            if !succeeded.is_empty() {
+                self.execute(
+                    "UPDATE jobs SET state = 'succeeded', finished_at = $2, lease_token = NULL,
+                       lease_expires_at = NULL
+                     WHERE id = ANY($1)",
+                    &[&succeeded, &ms(now)],
+                )
+                .await?;
+            }
+        }
+        Ok(out
+            .into_iter()
+            .map(|o| o.expect("every outcome answered"))
+            .collect())
+    }
+
+    /// Leases of one group with the same filter ([`leases_merge`]) as one:
+    /// one plan for all the jobs they ask, the jobs then handed out in the
+    /// requests' order (each request at most its `max_jobs`), and the jobs
+    /// of requests other than the first given their worker and lease end
+    /// by one UPDATE. One lease costs its statements once, however many
+    /// workers asked at the same moment.
+    async fn lease_many(
+        &mut self,
+        reqs: &[LeaseRequest],
+    ) -> Result<Vec<Vec<LeasedJob>>, StoreError> {
+        let [first, rest @ ..] = reqs else {
+            return Ok(Vec::new());
+        };
+        if rest.is_empty() {
+            return Ok(vec![self.lease(first).await?]);
+        }
+        let combined = LeaseRequest {
+            max_jobs: reqs.iter().map(|r| r.max_jobs).fold(0, u32::saturating_add),
+            ..first.clone()
+        };
+        let first_end = combined.now.saturating_add(combined.lease);
+        let mut jobs = round_robin(self.lease(&combined).await?).into_iter();
+        let (mut ids, mut workers, mut ends) = (Vec::new(), Vec::new(), Vec::new());
+        let mut out = Vec::with_capacity(reqs.len());
+        for r in reqs {
+            let end = r.now.saturating_add(r.lease);
+            let mine: Vec<LeasedJob> = jobs
+                .by_ref()
+                .take(r.max_jobs as usize)
+                .map(|j| LeasedJob {
+                    lease_expires_at: end,
+                    ..j
+                })
+                .collect();
+            if r.worker_id != first.worker_id || end != first_end {
+                for j in &mine {
+                    ids.push(j.id.0 as i64);
+                    workers.push(r.worker_id.as_str());
+                    ends.push(ms(end));
+                }
+            }
+            out.push(mine);
+        }
+        debug_assert!(jobs.next().is_none(), "a lease took more than asked");
+        let assign = &mut self.group.assign;
+        assign.0.extend(ids);
+        assign.1.extend(workers.into_iter().map(str::to_owned));
+        assign.2.extend(ends);
+        Ok(out)
+    }
 
     async fn enqueue(&mut self, jobs: &[NewJob]) -> Result<Vec<EnqueueOutcome>, StoreError> {
         let mut out: Vec<Option<EnqueueOutcome>> = vec![None; jobs.len()];
@@ -788,42 +1252,53 @@ impl Writer {
         }
         self.refuse_new_tenants(jobs, &mut fresh, &mut out).await?;
         if !fresh.is_empty() {
-            let n = fresh.len() as i64;
+            // Ids and rows in one statement: ids drawn in the jobs' order.
+            let mut c = InsertColumns::default();
+            let states: Vec<JobState> = fresh
+                .iter()
+                .map(|&i| {
+                    let job = &jobs[i];
+                    let state = if job.run_at > job.now {
+                        JobState::Scheduled
+                    } else {
+                        JobState::Queued
+                    };
+                    c.push(job, state);
+                    state
+                })
+                .collect();
             let rows = self
                 .query(
-                    "SELECT nextval(pg_get_serial_sequence('jobs', 'id')) FROM generate_series(1, $1::int8)",
-                    &[&n],
+                    "WITH ids AS MATERIALIZED (
+                       SELECT g.ord, nextval(pg_get_serial_sequence('jobs', 'id')) AS id
+                       FROM generate_series(1::int8, cardinality($1::text[])::int8) AS g(ord)),
+                     ins AS (
+                       INSERT INTO jobs (id, type, tenant, lane, state, run_at, attempts, idempotency_key,
+                         schema_version, enqueued_by, created_at, payload)
+                       SELECT ids.id, u.type, u.tenant, u.lane, u.state, u.run_at, 0, u.key, u.schema_version,
+                         u.enqueued_by, u.created_at, u.payload
+                       FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int8[], $6::text[],
+                                   $7::int4[], $8::text[], $9::int8[], $10::bytea[])
+                         WITH ORDINALITY AS u(type, tenant, lane, state, run_at, key, schema_version,
+                                              enqueued_by, created_at, payload, ord)
+                       JOIN ids ON ids.ord = u.ord)
+                     SELECT id FROM ids ORDER BY ord",
+                    &[
+                        &c.types, &c.tenants, &c.lanes, &c.states, &c.run_at, &c.keys,
+                        &c.schema_versions, &c.enqueued_by, &c.created_at, &c.payloads,
+                    ],
                 )
                 .await?;
-            let ids: Vec<i64> = rows.iter().map(|r| r.get(0)).collect();
-            let mut c = InsertColumns::default();
-            for (&i, &id) in fresh.iter().zip(&ids) {
-                let job = &jobs[i];
-                let state = if job.run_at > job.now {
-                    JobState::Scheduled
-                } else {
-                    JobState::Queued
-                };
-                c.push(id, job, state);
+            if rows.len() != fresh.len() {
+                return Err(corrupt("an insert drew fewer ids than jobs"));
+            }
+            for ((&i, state), r) in fresh.iter().zip(states).zip(&rows) {
                 out[i] = Some(EnqueueOutcome::Created {
-                    id: JobId(id as u64),
+                    id: JobId(r.get::<_, i64>(0) as u64),
                     state,
                     inflight: 0,
                 });
             }
-            self.execute(
-                "INSERT INTO jobs (id, type, tenant, lane, state, run_at, attempts, idempotency_key,
-                   schema_version, enqueued_by, created_at, payload)
-                 SELECT id, type, tenant, lane, state, run_at, 0, key, schema_version, enqueued_by, created_at, payload
-                 FROM unnest($1::int8[], $2::text[], $3::text[], $4::text[], $5::text[], $6::int8[], $7::text[],
-                             $8::int4[], $9::text[], $10::int8[], $11::bytea[])
-                   AS u(id, type, tenant, lane, state, run_at, key, schema_version, enqueued_by, created_at, payload)",
-                &[
-                    &c.ids, &c.types, &c.tenants, &c.lanes, &c.states, &c.run_at, &c.keys,
-                    &c.schema_versions, &c.enqueued_by, &c.created_at, &c.payloads,
-                ],
-            )
-            .await?;
         }
         // Duplicates of a job created earlier in this batch.
         for (i, job) in jobs.iter().enumerate() {
@@ -847,6 +1322,13 @@ impl Writer {
                 _ => return Err(corrupt("a batch duplicate without its first job")),
             });
         }
+        let created: Vec<(String, String)> = jobs
+            .iter()
+            .zip(&out)
+            .filter(|(_, o)| matches!(o, Some(EnqueueOutcome::Created { .. })))
+            .map(|(j, _)| (j.lane.as_str().to_owned(), j.tenant.as_str().to_owned()))
+            .collect();
+        self.prefetch_counts(created).await?;
         let mut done = Vec::with_capacity(jobs.len());
         for (job, o) in jobs.iter().zip(out) {
             let mut o = o.expect("every job answered");
@@ -1106,12 +1588,17 @@ impl Writer {
     ) -> Result<Vec<(String, String)>, StoreError> {
         let every_type =
             filter.types.is_none() && filter.excluded.is_empty() && filter.probes.is_empty();
-        let mut lanes: BTreeSet<String> = self
-            .query(READY_LANES_SQL, &[])
-            .await?
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
+        // A lease of one lane (a worker's usual) walks that lane: a lane
+        // with nothing ready costs the walk's one read, as the lanes' would.
+        let mut lanes: BTreeSet<String> = match req.lanes.as_deref() {
+            Some([lane]) => BTreeSet::from([lane.as_str().to_owned()]),
+            _ => self
+                .query(READY_LANES_SQL, &[])
+                .await?
+                .iter()
+                .map(|r| r.get(0))
+                .collect(),
+        };
         lanes.extend(
             self.group
                 .deltas
@@ -2283,7 +2770,6 @@ type Locked = (StoredJob, Option<i64>, Option<i64>, bool);
 /// The columns of a multi-row job insert.
 #[derive(Default)]
 struct InsertColumns<'a> {
-    ids: Vec<i64>,
     types: Vec<&'a str>,
     tenants: Vec<&'a str>,
     lanes: Vec<&'a str>,
@@ -2297,8 +2783,7 @@ struct InsertColumns<'a> {
 }
 
 impl<'a> InsertColumns<'a> {
-    fn push(&mut self, id: i64, job: &'a NewJob, state: JobState) {
-        self.ids.push(id);
+    fn push(&mut self, job: &'a NewJob, state: JobState) {
         self.types.push(job.job_type.as_str());
         self.tenants.push(job.tenant.as_str());
         self.lanes.push(job.lane.as_str());
