@@ -52,7 +52,7 @@ pub enum Transition {
         reason: DeadLetterReason,
     },
     /// Mark it cancelled, with no dead letter: it was asked to cancel while
-    /// leased and then failed or lost its lease (see [`crate::cancel`]).
+    /// leased and then failed or lost its lease (see [`crate::cancel()`]).
     /// [`decide`] never returns it; [`crate::cancel::settle`] does.
     Cancelled,
 }

@@ -37,7 +37,7 @@ pub struct Delivery {
     pub body: Vec<u8>,
     /// The message's content type, when it has one.
     pub content_type: Option<String>,
-    /// The broker message's own headers as JSON ([`header_value`]).
+    /// The broker message's own headers as JSON ([`bytes_value`]).
     pub headers: Map<String, Value>,
     /// The broker's count of earlier deliveries that lazaret did not cause
     /// (RabbitMQ quorum `x-delivery-count`; JetStream deliveries − 1; Redis

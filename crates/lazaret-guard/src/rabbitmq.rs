@@ -5,7 +5,7 @@
 //! `mandatory`, and reads the `x-death` header of a dead-letter queue's
 //! messages for watch mode. Acknowledgements that are ready together go
 //! as one `basic.ack multiple=true` when nothing below them on the channel
-//! is unsettled ([`acks`]).
+//! is unsettled (`acks`).
 //!
 //! Only moves messages: what happens to one is the runtime's decision.
 

@@ -63,7 +63,7 @@ pub fn new_redrive_id() -> String {
     )
 }
 
-/// A name fit for an error message: at most [`QUOTED_NAME_BYTES_MAX`]
+/// A name fit for an error message: at most `QUOTED_NAME_BYTES_MAX`
 /// bytes of it, and its length when cut.
 pub fn quoted(name: &str) -> String {
     if name.len() <= QUOTED_NAME_BYTES_MAX {

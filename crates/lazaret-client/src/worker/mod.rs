@@ -6,9 +6,9 @@
 //! How a job moves through it: a pool's lease loop asks for as many jobs
 //! as it has room for ([`prefetch`]); each leased job gets a task that
 //! waits for a slot (or hands the job back if shutdown comes first), runs
-//! the handler under [`panics::run_caught`] while heartbeating every
+//! the handler under `panics::run_caught` while heartbeating every
 //! lease/3, frees the slot, and passes the outcome to the reporter
-//! ([`report`]), which batches acks and fails.
+//! (`report`), which batches acks and fails.
 
 mod job;
 mod panics;

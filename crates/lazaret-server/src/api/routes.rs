@@ -2,7 +2,7 @@
 //! body is read, declared once.
 //!
 //! The router is built from [`table`], and the check that runs before any
-//! body is read ([`authorize_first`]) looks the matched route up in the same
+//! body is read (`authorize_first`) looks the matched route up in the same
 //! table: a token of the wrong role is refused (403, `Connection: close`)
 //! without the server buffering what it sent, on every route, and a handler
 //! receives the [`Caller`] it let through as an extractor. Adding a route is
@@ -312,7 +312,7 @@ async fn authorize<S: Store>(
     Err(forbidden(&caller, action))
 }
 
-/// A handler's caller: the one [`authorize_first`] let through.
+/// A handler's caller: the one `authorize_first` let through.
 impl<St: Send + Sync> FromRequestParts<St> for Caller {
     type Rejection = ApiError;
 
