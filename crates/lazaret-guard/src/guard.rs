@@ -579,24 +579,22 @@ impl<H: Host> Inner<H> {
                 let me = Arc::clone(&self);
                 tokio::spawn(async move {
                     let delivery = parked_delivery(&p);
-                    let policy = me.host.policy(&me.spec.job_type);
-                    let mut env = p.envelope;
-                    let at = now();
-                    let spent = crashed.then(|| {
+                    let settled = if crashed {
                         // Charged as a lease expiry, as a broker's
                         // redelivery after a dead consumer is: a retry
                         // that kills node after node ends as crash_loop.
-                        let mut rng = me.rng.lock().unwrap_or_else(|p| p.into_inner());
-                        absorb_earlier_deliveries(&mut env, &policy, None, 1, at, &mut *rng)
-                    });
-                    let settled = if let Some(Some(reason)) = spent {
-                        let transition = Transition::DeadLetter { reason };
-                        let done = me.observe(&env, transition, at, None);
-                        let settled = me.finish(Origin::Parked, &delivery, env, done, at).await;
-                        drop(permit);
-                        settled
+                        me.charge_then_attempt(
+                            Origin::Parked,
+                            delivery,
+                            p.envelope,
+                            None,
+                            1,
+                            permit,
+                        )
+                        .await
                     } else {
-                        me.attempt(Origin::Parked, delivery, env, policy, permit)
+                        let policy = me.host.policy(&me.spec.job_type);
+                        me.attempt(Origin::Parked, delivery, p.envelope, policy, permit)
                             .await
                     };
                     if !settled {
@@ -730,31 +728,48 @@ impl<H: Host> Inner<H> {
                 }
             }
         }
-        let at = now();
-        let mut env = self.envelope(&delivery, at);
-        let policy = self.host.policy(&self.spec.job_type);
+        let env = self.envelope(&delivery, now());
         let header = delivery.attempt_header();
+        let unseen = delivery.broker_prior;
+        self.charge_then_attempt(
+            Origin::Broker(ack),
+            delivery,
+            env,
+            header.as_deref(),
+            unseen,
+            permit,
+        )
+        .await;
+    }
+
+    /// Charges what came before this delivery, then delivers it: the
+    /// attempts lazaret's own `header` vouches for, and `unseen` earlier
+    /// deliveries whose consumer died with the message (each a lease
+    /// expiry). When those spent its budget (`crash_loop`, `exhausted`) it
+    /// is quarantined undelivered instead. `false` when the outcome could
+    /// not be recorded.
+    async fn charge_then_attempt(
+        &self,
+        origin: Origin,
+        delivery: Delivery,
+        mut env: Envelope,
+        header: Option<&[u8]>,
+        unseen: u32,
+        permit: OwnedSemaphorePermit,
+    ) -> bool {
+        let at = now();
+        let policy = self.host.policy(&self.spec.job_type);
         let spent = {
             let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
-            absorb_earlier_deliveries(
-                &mut env,
-                &policy,
-                header.as_deref(),
-                delivery.broker_prior,
-                at,
-                &mut *rng,
-            )
+            absorb_earlier_deliveries(&mut env, &policy, header, unseen, at, &mut *rng)
         };
         if let Some(reason) = spent {
-            // It killed its consumers often enough: quarantine it undelivered.
-            let transition = Transition::DeadLetter { reason };
-            let done = self.observe(&env, transition, at, None);
-            self.finish(Origin::Broker(ack), &delivery, env, done, at)
-                .await;
+            let done = self.observe(&env, Transition::DeadLetter { reason }, at, None);
+            let settled = self.finish(origin, &delivery, env, done, at).await;
             drop(permit);
+            settled
         } else {
-            self.attempt(Origin::Broker(ack), delivery, env, policy, permit)
-                .await;
+            self.attempt(origin, delivery, env, policy, permit).await
         }
     }
 
@@ -793,27 +808,20 @@ impl<H: Host> Inner<H> {
             }
             return;
         }
-        let mut env = p.envelope;
-        let policy = self.host.policy(&self.spec.job_type);
         // The receive after lazaret held it is lazaret's own; any before
         // this one beyond that is a consumer that died with the message.
         let unseen = delivery
             .broker_prior
             .saturating_sub(recorded.saturating_add(1));
-        let spent = {
-            let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
-            absorb_earlier_deliveries(&mut env, &policy, None, unseen, at, &mut *rng)
-        };
-        if let Some(reason) = spent {
-            let transition = Transition::DeadLetter { reason };
-            let done = self.observe(&env, transition, at, None);
-            self.finish(Origin::Held(ack), &delivery, env, done, at)
-                .await;
-            drop(permit);
-        } else {
-            self.attempt(Origin::Held(ack), delivery, env, policy, permit)
-                .await;
-        }
+        self.charge_then_attempt(
+            Origin::Held(ack),
+            delivery,
+            p.envelope,
+            None,
+            unseen,
+            permit,
+        )
+        .await;
     }
 
     fn tenant(&self, d: &Delivery) -> TenantId {
