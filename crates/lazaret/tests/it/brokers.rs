@@ -316,47 +316,40 @@ impl Drop for Queue {
         if kind == Kind::RabbitMq {
             return; // `x-expires` removes it.
         }
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime");
-            rt.block_on(async move {
-                match kind {
-                    Kind::RabbitMq => {}
-                    Kind::Redis => {
-                        if let Ok(client) = redis::Client::open(url.as_str()) {
-                            if let Ok(mut con) = client.get_multiplexed_async_connection().await {
-                                let _: Result<i64, _> =
-                                    redis::cmd("DEL").arg(&name).query_async(&mut con).await;
-                            }
-                        }
-                    }
-                    Kind::Nats => {
-                        if let Ok(client) = async_nats::connect(url.as_str()).await {
-                            let _ = async_nats::jetstream::new(client)
-                                .delete_stream(&name)
-                                .await;
-                        }
-                    }
-                    Kind::Kafka => {
-                        let admin: Result<AdminClient<DefaultClientContext>, _> =
-                            ClientConfig::new().set("bootstrap.servers", &url).create();
-                        if let Ok(admin) = admin {
-                            let opts = AdminOptions::new()
-                                .operation_timeout(Some(Duration::from_secs(10)));
-                            let _ = admin.delete_groups(&[&group], &opts).await;
-                            let _ = admin.delete_topics(&[&name], &opts).await;
-                        }
-                    }
-                    Kind::Sqs => {
-                        if let Some(client) = sqs {
-                            let _ = client.delete_queue().queue_url(&name).send().await;
+        crate::harness::clean_up(move || async move {
+            match kind {
+                Kind::RabbitMq => {}
+                Kind::Redis => {
+                    if let Ok(client) = redis::Client::open(url.as_str()) {
+                        if let Ok(mut con) = client.get_multiplexed_async_connection().await {
+                            let _: Result<i64, _> =
+                                redis::cmd("DEL").arg(&name).query_async(&mut con).await;
                         }
                     }
                 }
-            });
-        })
-        .join();
+                Kind::Nats => {
+                    if let Ok(client) = async_nats::connect(url.as_str()).await {
+                        let _ = async_nats::jetstream::new(client)
+                            .delete_stream(&name)
+                            .await;
+                    }
+                }
+                Kind::Kafka => {
+                    let admin: Result<AdminClient<DefaultClientContext>, _> =
+                        ClientConfig::new().set("bootstrap.servers", &url).create();
+                    if let Ok(admin) = admin {
+                        let opts =
+                            AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+                        let _ = admin.delete_groups(&[&group], &opts).await;
+                        let _ = admin.delete_topics(&[&name], &opts).await;
+                    }
+                }
+                Kind::Sqs => {
+                    if let Some(client) = sqs {
+                        let _ = client.delete_queue().queue_url(&name).send().await;
+                    }
+                }
+            }
+        });
     }
 }

@@ -28,7 +28,7 @@ use crate::harness::{
 };
 
 /// Polls `check` until it holds, within [`EVENTUALLY`] (no timing is asserted).
-async fn eventually<F, Fut>(what: &str, mut check: F)
+pub(crate) async fn eventually<F, Fut>(what: &str, mut check: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,

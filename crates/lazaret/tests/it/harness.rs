@@ -122,24 +122,34 @@ impl PgSchema {
     }
 }
 
+/// Runs the async cleanup `make` returns to its end, from a `Drop`: on a
+/// thread and a runtime of its own, since a `Drop` may run inside the
+/// test's runtime, where blocking on it would panic.
+pub fn clean_up<F>(make: impl FnOnce() -> F + Send + 'static)
+where
+    F: std::future::Future<Output = ()>,
+{
+    let _ = std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime")
+            .block_on(make());
+    })
+    .join();
+}
+
 impl Drop for PgSchema {
     fn drop(&mut self) {
         let (url, name) = (self.url.clone(), self.name.clone());
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime");
-            rt.block_on(async move {
-                if let Ok((c, conn)) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await {
-                    tokio::spawn(conn);
-                    let _ = c
-                        .batch_execute(&format!("DROP SCHEMA IF EXISTS {name} CASCADE"))
-                        .await;
-                }
-            });
-        })
-        .join();
+        clean_up(move || async move {
+            if let Ok((c, conn)) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await {
+                tokio::spawn(conn);
+                let _ = c
+                    .batch_execute(&format!("DROP SCHEMA IF EXISTS {name} CASCADE"))
+                    .await;
+            }
+        });
     }
 }
 

@@ -129,23 +129,16 @@ impl Topic {
 impl Drop for Topic {
     fn drop(&mut self) {
         let (addr, name, group) = (self.addr.clone(), self.name.clone(), self.group.clone());
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime");
-            rt.block_on(async {
-                let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-                    .set("bootstrap.servers", &addr)
-                    .create()
-                    .expect("an admin client");
-                let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
-                let reader = format!("{name}-reader");
-                let _ = admin.delete_groups(&[&group, &reader], &opts).await;
-                let _ = admin.delete_topics(&[&name], &opts).await;
-            });
-        })
-        .join();
+        crate::harness::clean_up(move || async move {
+            let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+                .set("bootstrap.servers", &addr)
+                .create()
+                .expect("an admin client");
+            let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+            let reader = format!("{name}-reader");
+            let _ = admin.delete_groups(&[&group, &reader], &opts).await;
+            let _ = admin.delete_topics(&[&name], &opts).await;
+        });
     }
 }
 

@@ -23,6 +23,7 @@ use axum::routing::post;
 use serde_json::{Value, json};
 
 use crate::brokers::{Kind, Queue};
+use crate::cluster::eventually;
 use crate::harness::{QUICK, Server};
 use crate::sources::{amqp_queue, amqp_url};
 use crate::team_handler::percent_decode;
@@ -292,33 +293,15 @@ async fn wait_ready(queue: &Queue, nodes: &[&Server]) {
 }
 
 /// The sum of a counter's series on a node whose labels include all of
-/// `labels` (`name="value"`).
+/// `labels` (`name="value"`); 0 when there is none.
 async fn counter(node: &Server, name: &str, labels: &[&str]) -> f64 {
     let text = node.api().get("/metrics").await.text();
-    text.lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with('{'))
-        .filter(|l| labels.iter().all(|want| l.contains(want)))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    crate::sources::counter(&text, name, labels).unwrap_or(0.0)
 }
 
-/// The dead letters of source `orders` a node lists, every page.
+/// The dead letters of source `orders` a node lists (at most 1,000).
 async fn dead_letters_of_orders(node: &Server) -> Vec<Value> {
-    let api = node.api();
-    let mut items = Vec::new();
-    let mut cursor = String::new();
-    loop {
-        let page = api
-            .get(&format!("/v1/dead-letters?source=orders&limit=500{cursor}"))
-            .await
-            .expect(200)
-            .clone();
-        items.extend(page["items"].as_array().cloned().unwrap_or_default());
-        match page["next_cursor"].as_str() {
-            Some(c) => cursor = format!("&cursor={c}"),
-            None => return items,
-        }
-    }
+    node.api().dead_letters("source=orders&limit=1000").await
 }
 
 /// Two nodes guard one queue (a Kafka topic of four partitions) with
@@ -654,6 +637,22 @@ redrive_to = "{name}-origin"
     );
 }
 
+/// Waits until `node` sheds jobs of type `orders` (a pause or an open
+/// breaker it learnt of).
+async fn sheds_orders(node: &Server, what: &str) {
+    let api = node.api();
+    eventually(what, || {
+        let api = api.clone();
+        async move {
+            api.enqueue(&crate::harness::job("orders", "acme", json!({})))
+                .await
+                .status
+                == 503
+        }
+    })
+    .await;
+}
+
 /// A pause of a type through one node, and a breaker of the type opened
 /// through another, stop the sources of both nodes: messages published
 /// meanwhile stay on the broker (no attempt spent) and are delivered once
@@ -709,17 +708,7 @@ concurrency = 2
         .post("/v1/pause", &json!({"type": "orders"}))
         .await
         .expect(200);
-    let other = nodes[1].api();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while other
-        .enqueue(&crate::harness::job("orders", "acme", json!({})))
-        .await
-        .status
-        != 503
-    {
-        assert!(Instant::now() < deadline, "node 1 never saw the pause");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    sheds_orders(&nodes[1], "node 1 sees the pause").await;
     // …and neither node's source delivers what is published meanwhile.
     for i in 0..10 {
         queue.publish(&format!("p-{i}"), "{}").await;
@@ -731,11 +720,10 @@ concurrency = 2
         .post("/v1/resume", &json!({"type": "orders"}))
         .await
         .expect(200);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while delivered("p-") < 10 {
-        assert!(Instant::now() < deadline, "not delivered after the resume");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually("delivered after the resume", || async {
+        delivered("p-") >= 10
+    })
+    .await;
 
     // A breaker of the type opened through node 1's queue (two transient
     // failures) stops node 0's source too, until its cooldown ends.
@@ -745,17 +733,7 @@ concurrency = 2
             .await;
     }
     crate::cluster::trip(&api, "orders").await;
-    let first = nodes[0].api();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while first
-        .enqueue(&crate::harness::job("orders", "acme", json!({})))
-        .await
-        .status
-        != 503
-    {
-        assert!(Instant::now() < deadline, "node 0 never saw the breaker");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    sheds_orders(&nodes[0], "node 0 sees the breaker").await;
     let opened = Instant::now();
     for i in 0..10 {
         queue.publish(&format!("b-{i}"), "{}").await;

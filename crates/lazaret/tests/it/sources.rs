@@ -73,14 +73,18 @@ impl Drop for Stream {
     }
 }
 
-/// The value of a counter series whose line holds every one of `labels`.
-fn counter(metrics: &str, name: &str, labels: &[&str]) -> Option<f64> {
+/// The sum of a counter's series whose line holds every one of `labels`
+/// (`name="value"`), or `None` when there is none.
+pub(crate) fn counter(metrics: &str, name: &str, labels: &[&str]) -> Option<f64> {
     metrics
         .lines()
-        .filter(|l| l.starts_with(name) && !l.starts_with('#'))
-        .find(|l| labels.iter().all(|want| l.contains(want)))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter(|l| labels.iter().all(|want| l.contains(want)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .reduce(|a, b| a + b)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

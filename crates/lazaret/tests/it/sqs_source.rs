@@ -96,18 +96,11 @@ impl Drop for Queues {
     fn drop(&mut self) {
         let client = self.client.clone();
         let queues = [self.queue.clone(), self.dlq.clone()];
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime");
-            rt.block_on(async {
-                for q in queues {
-                    let _ = client.delete_queue().queue_url(q).send().await;
-                }
-            });
-        })
-        .join();
+        crate::harness::clean_up(move || async move {
+            for q in queues {
+                let _ = client.delete_queue().queue_url(q).send().await;
+            }
+        });
     }
 }
 
