@@ -41,54 +41,43 @@ struct Seen {
     firsts: Vec<Instant>,
 }
 
+/// Guarded messages per second through one node and through two.
+#[derive(clap::Parser)]
 struct Args {
+    /// The `lazaret` binary the nodes run.
+    #[arg(long, default_value = "target/release/lazaret")]
     bin: String,
+    /// RabbitMQ.
+    #[arg(
+        long,
+        env = "LAZARET_TEST_AMQP_URL",
+        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
+    )]
     amqp: String,
+    /// PostgreSQL (each run gets a schema of its own, dropped after).
+    #[arg(
+        long,
+        env = "LAZARET_TEST_PG_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/test"
+    )]
     pg: String,
+    /// Messages a run.
+    #[arg(long, default_value_t = 20_000)]
     messages: usize,
+    /// Rounds, each one run of one node and one of two.
+    #[arg(long, default_value_t = 3)]
     rounds: usize,
+    /// Handler calls in flight a node (the source's `concurrency`).
+    #[arg(long, default_value_t = 8)]
     concurrency: usize,
+    /// How long the handler takes a message.
+    #[arg(long, default_value_t = 5)]
     handler_ms: u64,
-}
-
-fn args() -> Args {
-    let mut a = Args {
-        bin: "target/release/lazaret".into(),
-        amqp: std::env::var("LAZARET_TEST_AMQP_URL")
-            .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into()),
-        pg: std::env::var("LAZARET_TEST_PG_URL")
-            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".into()),
-        messages: 20_000,
-        rounds: 3,
-        concurrency: 8,
-        handler_ms: 5,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
-        let number = |v: String| -> usize {
-            v.parse()
-                .unwrap_or_else(|_| panic!("{flag} takes a whole number, got {v:?}"))
-        };
-        match flag.as_str() {
-            "--bin" => a.bin = value(),
-            "--amqp" => a.amqp = value(),
-            "--pg" => a.pg = value(),
-            "--messages" => a.messages = number(value()),
-            "--rounds" => a.rounds = number(value()),
-            "--concurrency" => a.concurrency = number(value()),
-            "--handler-ms" => a.handler_ms = number(value()) as u64,
-            other => panic!(
-                "unknown flag {other}; flags: --bin --amqp --pg --messages --rounds --concurrency --handler-ms"
-            ),
-        }
-    }
-    a
 }
 
 #[tokio::main]
 async fn main() {
-    let a = args();
+    let a = <Args as clap::Parser>::parse();
     let seen = Arc::new(Mutex::new(Seen::default()));
     let deliver = handler(Arc::clone(&seen), a.handler_ms).await;
     let mut rates: HashMap<usize, Vec<f64>> = HashMap::new();
