@@ -437,8 +437,12 @@ impl<H: Host> Inner<H> {
         true
     }
 
-    /// Waits until the type and lane may be delivered, or shutdown.
-    async fn gate(&self, shutdown: &mut watch::Receiver<bool>) -> bool {
+    /// Waits until the type and lane may be delivered, or shutdown. With
+    /// `spend`, a delivery is about to follow: a half-open breaker's probe
+    /// is spent on it. Without, it only waits for the type to be let go
+    /// (nothing is spent, so a look that finds nothing to deliver leaves
+    /// the probe to a message).
+    async fn gate(&self, shutdown: &mut watch::Receiver<bool>, spend: bool) -> bool {
         loop {
             if *shutdown.borrow() {
                 return false;
@@ -453,10 +457,13 @@ impl<H: Host> Inner<H> {
                 }
                 continue;
             }
-            match self
-                .host
-                .try_deliver(&self.spec.job_type, &self.spec.lane, now())
-            {
+            let (ty, lane, at) = (&self.spec.job_type, &self.spec.lane, now());
+            let open = if spend {
+                self.host.try_deliver(ty, lane, at)
+            } else {
+                self.host.held_back(ty, lane, at).map_or(Ok(()), Err)
+            };
+            match open {
                 Ok(()) => return true,
                 Err(wait) => {
                     let wait = wait.clamp(Duration::from_millis(10), Duration::from_secs(1));
@@ -478,7 +485,7 @@ impl<H: Host> Inner<H> {
             let Ok(permit) = Arc::clone(&self.permits).acquire_owned().await else {
                 return Ok(());
             };
-            if !self.gate(&mut shutdown).await {
+            if !self.gate(&mut shutdown, true).await {
                 return Ok(());
             }
             let Some(incoming) = messages.next(&mut shutdown).await else {
@@ -496,7 +503,11 @@ impl<H: Host> Inner<H> {
         let name = self.spec.name.clone();
         let claim_for = self.claim_for();
         loop {
-            if !self.gate(&mut shutdown).await {
+            // Only a look: a probe of a half-open breaker is spent below,
+            // on a retry that is due. Spent here, every look that found
+            // nothing due took it from the messages waiting for it (each
+            // half-open period, this loop's 100 ms poll won the race).
+            if !self.gate(&mut shutdown, false).await {
                 return;
             }
             // A read first: claiming is a write (an fsync on SQLite), taken
@@ -545,7 +556,6 @@ impl<H: Host> Inner<H> {
                     Vec::new()
                 }
             };
-            let mut started = 0;
             for claimed in due {
                 let p = claimed.retry;
                 // Another claimer's claim ran out: it died (or stopped)
@@ -561,7 +571,7 @@ impl<H: Host> Inner<H> {
                     self.lock_running().remove(&key);
                     break;
                 };
-                if started > 0 && !self.gate(&mut shutdown).await {
+                if !self.gate(&mut shutdown, true).await {
                     self.lock_running().remove(&key);
                     return;
                 }
@@ -575,7 +585,6 @@ impl<H: Host> Inner<H> {
                     self.lock_running().remove(&key);
                     continue;
                 }
-                started += 1;
                 let me = Arc::clone(&self);
                 tokio::spawn(async move {
                     let delivery = parked_delivery(&p);
