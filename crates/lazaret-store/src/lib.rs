@@ -15,12 +15,17 @@
 //! through the API (name, role, SHA-256 of the secret) but never decides who
 //! may do what.
 
+mod backend;
+pub mod faulty;
 mod model;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+mod request;
 pub mod sqlite;
 mod stored;
 
+pub use backend::StoreOn;
+pub use faulty::{Fault, Faults, FaultyStore};
 pub use model::*;
 #[cfg(feature = "postgres")]
 pub use postgres::{PgOptions, PostgresStore};

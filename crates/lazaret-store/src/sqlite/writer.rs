@@ -12,73 +12,25 @@ use lazaret_core::{
     TenantId, Timestamp, Transition, payload_preview, plan_lease,
 };
 use rusqlite::{Connection, OptionalExtension, params};
-use tokio::sync::oneshot;
 
 use super::sequence::Reserved;
 use super::stored::{COLUMNS, StoredJob};
 use super::sync::Syncer;
+use crate::request::{Claim, Reply, Request};
 use crate::{
     AdmissionRecord, AuditEntry, CancelError, Cancelled, Completed, Completion, DeadLetterId,
     Decider, EnqueueOutcome, Heartbeat, ItemError, LaneCounts, LeaseRequest, LeaseToken, LeasedJob,
     NewJob, PauseTarget, StoreError, StoreStats, Tick,
 };
 
-type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
-
-/// A request to the writer thread.
+/// What the writer thread takes: a store request, or one of its own
+/// controls.
+// Mostly requests, moved once into the channel.
+#[allow(clippy::large_enum_variant)]
 pub(super) enum Cmd {
-    Enqueue(Vec<NewJob>, Reply<Vec<EnqueueOutcome>>),
-    Lease(LeaseRequest, Reply<Vec<LeasedJob>>),
-    Complete(
-        Vec<Completion>,
-        Timestamp,
-        Reply<Vec<Result<Completed, ItemError>>>,
-    ),
-    Heartbeat(
-        JobId,
-        LeaseToken,
-        Timestamp,
-        Timestamp,
-        Reply<Result<Heartbeat, ItemError>>,
-    ),
-    Cancel(
-        JobId,
-        Timestamp,
-        AuditEntry,
-        Reply<Result<Cancelled, CancelError>>,
-    ),
-    SetPause(PauseTarget, bool, AuditEntry, Reply<bool>),
-    Tick(Timestamp, Reply<Tick>),
-    RecordAdmission(AdmissionRecord, Reply<DeadLetterId>),
-    Redrive(
-        Vec<DeadLetterId>,
-        Timestamp,
-        Option<crate::AuditId>,
-        Reply<Vec<JobId>>,
-    ),
-    RedriveCorrected(
-        DeadLetterId,
-        crate::PayloadFix,
-        Timestamp,
-        Option<crate::AuditId>,
-        Reply<Option<JobId>>,
-    ),
-    Purge(Vec<DeadLetterId>, Option<crate::AuditId>, Reply<u64>),
-    Audit(AuditEntry, Reply<crate::AuditId>),
-    Stats(Reply<StoreStats>),
-    RemoveSucceeded(Timestamp, u32, Reply<u64>),
+    Request(Request),
+    /// Flushes, checkpoints and stops the writer (`Writer::close`).
     Close(Reply<()>),
-    CreateToken(
-        crate::ApiToken,
-        AuditEntry,
-        Reply<Result<(), crate::TokenError>>,
-    ),
-    RevokeToken(String, AuditEntry, Reply<bool>),
-    Quarantine(Box<crate::SourceDeadLetter>, Reply<crate::Quarantined>),
-    QuarantineMany(Vec<crate::SourceDeadLetter>, Reply<Vec<crate::Quarantined>>),
-    Park(Box<crate::ParkedMessage>, Reply<()>),
-    Unpark(Box<crate::MessageKey>, Reply<bool>),
-    ClaimDue(Box<super::sources::Claim>, Reply<Vec<crate::ClaimedRetry>>),
     /// Tests: waits for the gate to open (or close), then runs the SQL.
     #[cfg(test)]
     Sql(String, mpsc::Receiver<()>, Reply<()>),
@@ -94,16 +46,32 @@ pub(super) enum Cmd {
 impl Cmd {
     /// Whether this waits behind small commands ([`Queue`]).
     fn is_bulk(&self) -> bool {
-        match self {
-            Cmd::Enqueue(jobs, _) => jobs.len() > BULK_ROWS,
-            Cmd::Lease(req, _) => req.max_jobs as usize > BULK_ROWS,
-            Cmd::Complete(items, _, _) => items.len() > BULK_ROWS,
-            Cmd::QuarantineMany(items, _) => items.len() > BULK_ROWS,
-            Cmd::Redrive(ids, ..) | Cmd::Purge(ids, ..) => ids.len() > BULK_ROWS,
+        let Cmd::Request(r) = self else {
+            return false;
+        };
+        match r {
+            Request::Enqueue { jobs, .. } => jobs.len() > BULK_ROWS,
+            Request::Lease { req, .. } => req.max_jobs as usize > BULK_ROWS,
+            Request::Complete { items, .. } => items.len() > BULK_ROWS,
+            Request::Quarantine { dls, .. } => dls.len() > BULK_ROWS,
+            Request::Redrive { ids, .. } | Request::Purge { ids, .. } => ids.len() > BULK_ROWS,
             // Housekeeping: promotions and expiries by the thousand, and
             // retention's deletes.
-            Cmd::Tick(..) | Cmd::RemoveSucceeded(..) => true,
+            Request::Tick { .. } | Request::RemoveSucceeded { .. } => true,
             _ => false,
+        }
+    }
+
+    /// Answers a command that never ran: `StoreError::NotApplied`, for `why`.
+    fn fail(self, why: &str) {
+        let e = || StoreError::NotApplied(why.to_owned());
+        match self {
+            Cmd::Request(r) => r.fail(why),
+            Cmd::Close(tx) => tx.send(Err(e())),
+            #[cfg(test)]
+            Cmd::Sql(_, _, tx) => tx.send(Err(e())),
+            #[cfg(any(test, feature = "test-hooks"))]
+            Cmd::Hold(..) | Cmd::Crash => {}
         }
     }
 }
@@ -264,7 +232,7 @@ fn pend<T: Send + 'static>(tx: Reply<T>, result: Result<T, StoreError>) -> Pendi
             (Some(e), Ok(_)) => Err(e),
             (None, ok) => ok,
         };
-        let _ = tx.send(r);
+        tx.send(r);
     })
 }
 
@@ -506,7 +474,7 @@ impl Writer {
                     self.close(tx);
                     continue;
                 }
-                fail_cmd(cmd, &why);
+                cmd.fail(&why);
             }
             return closing;
         }
@@ -530,8 +498,7 @@ impl Writer {
             }
             if isolated {
                 if let Err(e) = self.exec("SAVEPOINT cmd") {
-                    fail_cmd(
-                        cmd,
+                    cmd.fail(
                         &format!(
                             "could not open a savepoint ({e}); retry, and if it persists check the data directory's disk space and permissions"
                         ),
@@ -540,7 +507,7 @@ impl Writer {
                 }
             }
             let mark = self.seq.mark();
-            let is_lease = matches!(cmd, Cmd::Lease(..));
+            let is_lease = matches!(cmd, Cmd::Request(Request::Lease { .. }));
             self.lease_late = false;
             let (p, ok) = self.execute(cmd);
             if is_lease && !self.lease_late && self.syncer.is_some() {
@@ -690,7 +657,7 @@ impl Writer {
                 )))
             }
         };
-        let _ = tx.send(r);
+        tx.send(r);
     }
 
     /// Runs one command; returns its held-back answer and whether it succeeded.
@@ -702,53 +669,81 @@ impl Writer {
                 (pend($tx, r), ok)
             }};
         }
-        match cmd {
-            Cmd::Enqueue(jobs, tx) => run!(tx, self.enqueue(jobs)),
-            Cmd::Lease(req, tx) => run!(tx, self.lease(&req)),
-            Cmd::Complete(items, now, tx) => run!(tx, self.complete(items, now)),
-            Cmd::Heartbeat(id, token, until, now, tx) => {
-                run!(tx, self.heartbeat(id, token, until, now))
-            }
-            Cmd::Cancel(id, now, entry, tx) => run!(tx, self.cancel(id, now, entry)),
-            Cmd::SetPause(target, paused, entry, tx) => {
-                run!(tx, self.set_pause(&target, paused, &entry))
-            }
-            Cmd::Tick(now, tx) => run!(tx, self.tick(now)),
-            Cmd::RecordAdmission(rec, tx) => run!(tx, self.record_admission(&rec)),
-            Cmd::Redrive(ids, now, audit, tx) => run!(tx, self.redrive(&ids, now, audit)),
-            Cmd::RedriveCorrected(id, fix, now, audit, tx) => {
-                run!(tx, self.redrive_corrected(id, &fix, now, audit))
-            }
-            Cmd::Purge(ids, audit, tx) => run!(tx, self.purge(&ids, audit)),
-            Cmd::Audit(entry, tx) => run!(tx, self.audit(&entry)),
-            Cmd::Stats(tx) => run!(tx, self.stats()),
-            Cmd::RemoveSucceeded(before, n, tx) => run!(tx, self.remove_succeeded(before, n)),
-            Cmd::Close(tx) => run!(tx, Ok(())),
-            Cmd::CreateToken(token, entry, tx) => run!(tx, self.create_token(&token, &entry)),
-            Cmd::RevokeToken(name, entry, tx) => run!(tx, self.revoke_token(&name, &entry)),
-            Cmd::Quarantine(dl, tx) => run!(tx, super::sources::quarantine(&self.conn, &dl)),
-            Cmd::QuarantineMany(dls, tx) => run!(
-                tx,
-                dls.iter()
-                    .map(|dl| super::sources::quarantine(&self.conn, dl))
-                    .collect::<Result<Vec<_>, _>>()
-            ),
-            Cmd::Park(p, tx) => run!(tx, super::sources::park(&self.conn, &p)),
-            Cmd::Unpark(key, tx) => run!(tx, super::sources::unpark(&self.conn, &key)),
-            Cmd::ClaimDue(claim, tx) => run!(tx, super::sources::claim_due(&self.conn, &claim)),
+        let r = match cmd {
+            Cmd::Request(r) => r,
+            Cmd::Close(tx) => return run!(tx, Ok(())),
             #[cfg(test)]
             Cmd::Sql(sql, gate, tx) => {
                 let _ = gate.recv();
-                run!(tx, db(self.conn.execute_batch(&sql)))
+                return run!(tx, db(self.conn.execute_batch(&sql)));
             }
             #[cfg(any(test, feature = "test-hooks"))]
             Cmd::Hold(held, resume) => {
                 let _ = held.send(());
                 let _ = resume.recv();
-                (Box::new(|_: Option<StoreError>| {}), true)
+                return (Box::new(|_: Option<StoreError>| {}), true);
             }
             #[cfg(any(test, feature = "test-hooks"))]
             Cmd::Crash => panic!("the writer crashed (a test hook)"),
+        };
+        match r {
+            Request::Enqueue { jobs, reply } => run!(reply, self.enqueue(jobs)),
+            Request::Lease { req, reply } => run!(reply, self.lease(&req)),
+            Request::Complete { items, now, reply } => run!(reply, self.complete(items, now)),
+            Request::Heartbeat {
+                id,
+                token,
+                expires_at,
+                now,
+                reply,
+            } => run!(reply, self.heartbeat(id, token, expires_at, now)),
+            Request::Cancel {
+                id,
+                now,
+                audit,
+                reply,
+            } => run!(reply, self.cancel(id, now, audit)),
+            Request::SetPause {
+                target,
+                paused,
+                audit,
+                reply,
+            } => run!(reply, self.set_pause(&target, paused, &audit)),
+            Request::Tick { now, reply } => run!(reply, self.tick(now)),
+            Request::RecordAdmission { rec, reply } => run!(reply, self.record_admission(&rec)),
+            Request::Redrive {
+                ids,
+                now,
+                audit,
+                reply,
+            } => run!(reply, self.redrive(&ids, now, audit)),
+            Request::RedriveCorrected {
+                id,
+                fix,
+                now,
+                audit,
+                reply,
+            } => run!(reply, self.redrive_corrected(id, &fix, now, audit)),
+            Request::Purge { ids, audit, reply } => run!(reply, self.purge(&ids, audit)),
+            Request::Audit { entry, reply } => run!(reply, self.audit(&entry)),
+            Request::Stats { reply } => run!(reply, self.stats()),
+            Request::RemoveSucceeded {
+                before,
+                batch,
+                reply,
+            } => run!(reply, self.remove_succeeded(before, batch)),
+            Request::CreateToken {
+                token,
+                audit,
+                reply,
+            } => run!(reply, self.create_token(&token, &audit)),
+            Request::RevokeToken { name, audit, reply } => {
+                run!(reply, self.revoke_token(&name, &audit))
+            }
+            Request::Quarantine { dls, reply } => run!(reply, self.quarantine(&dls)),
+            Request::Park { p, reply } => run!(reply, self.park(&p)),
+            Request::Unpark { key, reply } => run!(reply, self.unpark(&key)),
+            Request::ClaimDue { claim, reply } => run!(reply, self.claim_due(&claim)),
         }
     }
 
@@ -1823,6 +1818,30 @@ impl Writer {
         self.audit(entry)?;
         Ok(true)
     }
+
+    // -----------------------------------------------------------------
+    // Broker messages (`super::sources` holds their SQL).
+
+    fn quarantine(
+        &mut self,
+        dls: &[crate::SourceDeadLetter],
+    ) -> Result<Vec<crate::Quarantined>, StoreError> {
+        dls.iter()
+            .map(|dl| super::sources::quarantine(&self.conn, dl))
+            .collect()
+    }
+
+    fn park(&mut self, p: &crate::ParkedMessage) -> Result<(), StoreError> {
+        super::sources::park(&self.conn, p)
+    }
+
+    fn unpark(&mut self, key: &crate::MessageKey) -> Result<bool, StoreError> {
+        super::sources::unpark(&self.conn, key)
+    }
+
+    fn claim_due(&mut self, claim: &Claim) -> Result<Vec<crate::ClaimedRetry>, StoreError> {
+        super::sources::claim_due(&self.conn, claim)
+    }
 }
 
 /// What every job of one take shares.
@@ -1872,42 +1891,9 @@ fn vm_steps(stmt: &rusqlite::Statement<'_>) -> u64 {
 /// Answers every command still queued when the store closes.
 fn fail_queued(queue: &mut Queue) {
     while let Some(cmd) = queue.pop_any() {
-        fail_cmd(
-            cmd,
+        cmd.fail(
             "the store closed before this request ran, so it was not applied; retry once lazaret is back",
         );
-    }
-}
-
-fn fail_cmd(cmd: Cmd, why: &str) {
-    let e = || StoreError::NotApplied(why.to_owned());
-    match cmd {
-        Cmd::Enqueue(_, tx) => drop(tx.send(Err(e()))),
-        Cmd::Lease(_, tx) => drop(tx.send(Err(e()))),
-        Cmd::Complete(_, _, tx) => drop(tx.send(Err(e()))),
-        Cmd::Heartbeat(_, _, _, _, tx) => drop(tx.send(Err(e()))),
-        Cmd::Cancel(_, _, _, tx) => drop(tx.send(Err(e()))),
-        Cmd::SetPause(_, _, _, tx) => drop(tx.send(Err(e()))),
-        Cmd::Tick(_, tx) => drop(tx.send(Err(e()))),
-        Cmd::RecordAdmission(_, tx) => drop(tx.send(Err(e()))),
-        Cmd::Redrive(_, _, _, tx) => drop(tx.send(Err(e()))),
-        Cmd::RedriveCorrected(_, _, _, _, tx) => drop(tx.send(Err(e()))),
-        Cmd::Purge(_, _, tx) => drop(tx.send(Err(e()))),
-        Cmd::Audit(_, tx) => drop(tx.send(Err(e()))),
-        Cmd::Stats(tx) => drop(tx.send(Err(e()))),
-        Cmd::RemoveSucceeded(_, _, tx) => drop(tx.send(Err(e()))),
-        Cmd::Close(tx) => drop(tx.send(Err(e()))),
-        Cmd::CreateToken(_, _, tx) => drop(tx.send(Err(e()))),
-        Cmd::RevokeToken(_, _, tx) => drop(tx.send(Err(e()))),
-        Cmd::Quarantine(_, tx) => drop(tx.send(Err(e()))),
-        Cmd::QuarantineMany(_, tx) => drop(tx.send(Err(e()))),
-        Cmd::Park(_, tx) => drop(tx.send(Err(e()))),
-        Cmd::Unpark(_, tx) => drop(tx.send(Err(e()))),
-        Cmd::ClaimDue(_, tx) => drop(tx.send(Err(e()))),
-        #[cfg(test)]
-        Cmd::Sql(_, _, tx) => drop(tx.send(Err(e()))),
-        #[cfg(any(test, feature = "test-hooks"))]
-        Cmd::Hold(..) | Cmd::Crash => {}
     }
 }
 
@@ -1918,16 +1904,16 @@ mod tests {
     use super::*;
 
     fn enqueue(jobs: usize) -> Cmd {
-        let (tx, _rx) = oneshot::channel();
+        let (reply, _rx) = Reply::new();
         let jobs = (0..jobs)
             .map(|i| super::super::tests::job(&format!("k{i}")))
             .collect();
-        Cmd::Enqueue(jobs, tx)
+        Cmd::Request(Request::Enqueue { jobs, reply })
     }
 
     fn rows(cmd: Option<Cmd>) -> Option<usize> {
         match cmd {
-            Some(Cmd::Enqueue(jobs, _)) => Some(jobs.len()),
+            Some(Cmd::Request(Request::Enqueue { jobs, .. })) => Some(jobs.len()),
             Some(_) => panic!("not an enqueue"),
             None => None,
         }
