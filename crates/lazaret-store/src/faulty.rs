@@ -3,17 +3,18 @@
 //!
 //! [`StoreOn::with_faults`] wraps any store (SQLite, PostgreSQL) in a
 //! [`Faulty`] backend, and hands back the [`Faults`] switch: after a
-//! countdown of write requests, each further one fails in one of two ways
-//! ([`Fault`]):
+//! countdown of requests to the writer (every write, housekeeping, and
+//! `stats`, which both writers answer), each further one fails in one of
+//! two ways ([`Fault`]):
 //! - [`Fault::NotApplied`]: refused before the writer sees it, as a group
 //!   that was rolled back; nothing of it happened.
 //! - [`Fault::AnswerLost`]: applied and committed as usual, but its caller
 //!   gets an error, as when the connection drops between COMMIT and its
 //!   answer: the outcome is ambiguous to the caller.
 //!
-//! Reads, housekeeping of the backends' own (SQLite's close, PostgreSQL's
-//! events and leadership) and claims of held retries (which PostgreSQL runs
-//! on a reader) pass through untouched.
+//! Reads, what is the backends' own (close, PostgreSQL's events, switches
+//! and leadership) and claims of held retries (which PostgreSQL runs on a
+//! reader) pass through untouched.
 
 use std::sync::{Arc, Mutex};
 
