@@ -53,17 +53,18 @@
 //! # How a battery uses it
 //!
 //! ```
-//! use lazaret_testkit::history::{Handled, Op, Recorder};
+//! use lazaret_testkit::history::{Handled, Op, Recorder, payload_hash};
 //!
 //! let history = Recorder::new(); // cheap to clone into every task
 //! // Around each client call: invoke before, complete after.
-//! let call = history.invoke(Op::Publish { id: "m1".into(), payload_hash: 7 });
+//! let hash = payload_hash(b"{\"order\": 1}");
+//! let call = history.invoke(Op::Publish { id: "m1".into(), payload_hash: hash });
 //! // … publish, wait for the broker's confirm …
 //! call.ok(); // or .fail() when refused, .info() on a timeout
 //!
 //! // In the handler: one Deliver per call, completed with its result.
-//! let call = history.invoke(Op::deliver("m1", 1, "node-a", false, Some(7)));
-//! call.ok_with(Op::deliver("m1", 1, "node-a", false, Some(7)).handled(Handled::Success));
+//! let call = history.invoke(Op::deliver("m1", 1, "node-a", false, Some(hash)));
+//! call.ok_with(Op::deliver("m1", 1, "node-a", false, Some(hash)).handled(Handled::Success));
 //!
 //! // After the drain: what is left to see.
 //! history.observe(Op::ObservedCompleted { id: "m1".into() });
@@ -542,6 +543,17 @@ pub fn dump_path(run: &str) -> PathBuf {
         "lazaret-history-{name}-{}.jsonl",
         std::process::id()
     ))
+}
+
+/// The payload hash every battery records (64-bit FNV-1a): stable across
+/// runs, processes and machines, so a dumped history can be compared
+/// with the bytes a broker or the store still holds.
+pub fn payload_hash(payload: &[u8]) -> u64 {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    payload
+        .iter()
+        .fold(OFFSET, |h, &b| (h ^ u64::from(b)).wrapping_mul(PRIME))
 }
 
 type Clock = Arc<dyn Fn() -> u64 + Send + Sync>;

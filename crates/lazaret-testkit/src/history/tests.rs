@@ -600,6 +600,14 @@ fn the_recorder_is_shared_by_threads_and_keeps_unfinished_calls_unknown() {
 }
 
 #[test]
+fn the_payload_hash_is_fnv_1a() {
+    // The published test vectors of 64-bit FNV-1a.
+    assert_eq!(payload_hash(b""), 0xcbf2_9ce4_8422_2325);
+    assert_eq!(payload_hash(b"a"), 0xaf63_dc4c_8601_ec8c);
+    assert_eq!(payload_hash(b"foobar"), 0x8594_4171_f739_67e8);
+}
+
+#[test]
 fn a_recorder_runs_on_a_fake_clock() {
     let now = Arc::new(AtomicU64::new(0));
     let clock = now.clone();
