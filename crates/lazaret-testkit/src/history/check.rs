@@ -148,6 +148,12 @@ pub struct Report {
     /// (`broker_redelivery`, `fault`, `handler_unfinished`,
     /// `lease_expired`).
     pub duplicated_allowed: BTreeMap<String, usize>,
+    /// The most deliveries (handler calls, granted leases) of one id in
+    /// one generation: a battery asserts it stays within the retry
+    /// budget, since a poison message that loops shows here first.
+    pub deliveries_max: usize,
+    /// The highest attempt any delivery or lease showed.
+    pub attempt_max: u32,
     /// The broken promises, id by id.
     pub anomalies: Vec<Anomaly>,
 }
@@ -204,6 +210,11 @@ impl fmt::Display for Report {
             write!(f, "{} {cause} {n}", if i == 0 { ":" } else { "," })?;
         }
         writeln!(f, "; {} anomalous)", self.count(AnomalyKind::Duplicated))?;
+        writeln!(
+            f,
+            "most deliveries of one id in one generation: {} (highest attempt {})",
+            self.deliveries_max, self.attempt_max
+        )?;
         if self.anomalies.is_empty() {
             return write!(f, "anomalies: none");
         }
@@ -349,6 +360,23 @@ impl<'a, 'h> IdCheck<'a, 'h> {
         self.broker_acks();
         self.leases();
         self.acks();
+        self.loops();
+    }
+
+    /// How many times one id went round, for the report's maxima.
+    fn loops(&mut self) {
+        let mut per_gen: BTreeMap<usize, usize> = BTreeMap::new();
+        for e in self.ops {
+            let attempt = match e.op {
+                Op::Deliver { attempt, .. } => attempt,
+                Op::Lease { attempt, .. } if ok(e) => attempt,
+                _ => continue,
+            };
+            *per_gen.entry(self.gen_of(e)).or_insert(0) += 1;
+            self.report.attempt_max = self.report.attempt_max.max(attempt);
+        }
+        let most = per_gen.values().copied().max().unwrap_or(0);
+        self.report.deliveries_max = self.report.deliveries_max.max(most);
     }
 
     /// Lost, unexpected, recovered, and the counts of fates.
@@ -437,11 +465,16 @@ impl<'a, 'h> IdCheck<'a, 'h> {
             // The last things seen of it say where it went missing.
             let tail = downstream.len().saturating_sub(4);
             involved.extend(&downstream[tail..]);
+            let how = if acked.is_empty() {
+                "unknown but applied"
+            } else {
+                "acknowledged"
+            };
             let detail = if downstream.is_empty() {
-                "acknowledged, never seen again: neither completed nor dead-lettered".to_owned()
+                format!("{how}, never seen again: neither completed nor dead-lettered")
             } else {
                 format!(
-                    "acknowledged, then neither completed nor dead-lettered (last seen in \
+                    "{how}, then neither completed nor dead-lettered (last seen in \
                      generation {last})"
                 )
             };

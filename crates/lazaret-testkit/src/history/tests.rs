@@ -232,6 +232,27 @@ fn a_clean_guard_history_passes() {
         ]
     );
     assert_eq!(r.duplicated(), 3);
+    assert_eq!((r.deliveries_max, r.attempt_max), (2, 2));
+}
+
+#[test]
+fn a_poison_loop_shows_in_the_maxima() {
+    let mut h = H::default().ok(0, 1, publish("m1"));
+    for i in 0..50 {
+        h = h.ok(
+            2 + 2 * i,
+            3 + 2 * i,
+            deliver("m1", 1, false, Handled::Deferred),
+        );
+    }
+    let r = h.ok(200, 201, remaining("m1")).check();
+    assert!(r.is_ok(), "deferrals are allowed: {r}");
+    assert_eq!((r.deliveries_max, r.attempt_max), (50, 1), "{r}");
+    assert!(
+        r.to_string()
+            .contains("most deliveries of one id in one generation: 50 (highest attempt 1)"),
+        "{r}"
+    );
 }
 
 #[test]
@@ -248,6 +269,17 @@ fn lost() {
         .check();
     exactly(&r, &[AnomalyKind::Lost]);
     assert!(r.anomalies[0].detail.contains("generation 1"), "{r}");
+    // A publish that timed out but was delivered must finish, too.
+    let r = H::default()
+        .info(0, 1, publish("m1"))
+        .ok(2, 3, deliver("m1", 1, false, Handled::Transient))
+        .check();
+    exactly(&r, &[AnomalyKind::Lost]);
+    assert_eq!(r.recovered, 1);
+    assert!(
+        r.anomalies[0].detail.starts_with("unknown but applied"),
+        "{r}"
+    );
 }
 
 #[test]
