@@ -48,7 +48,14 @@
 //! **dead-lettered twice** (within one generation). **Recovered** (an
 //! `Info` enqueue or publish that turned out applied) and
 //! **indeterminate** (an `Info` one never seen again) are counts, as in
-//! Jepsen: neither breaks a promise.
+//! Jepsen: neither breaks a promise. A poison message that loops breaks
+//! none of the rules by itself; [`Report::deliveries_max`] shows it, for
+//! a battery to hold against its retry budget.
+//!
+//! Time is judged conservatively: an operation took effect somewhere
+//! between its invoke and its completion, so only what is certain in
+//! every such order is an anomaly. The one duration the checker trusts is
+//! a lease's `ttl_ms`, when the battery gives it.
 //!
 //! # How a battery uses it
 //!
@@ -64,7 +71,7 @@
 //!
 //! // In the handler: one Deliver per call, completed with its result.
 //! let call = history.invoke(Op::deliver("m1", 1, "node-a", false, Some(hash)));
-//! call.ok_with(Op::deliver("m1", 1, "node-a", false, Some(hash)).handled(Handled::Success));
+//! call.handled(Handled::Success); // `.info()` if the handler never returned
 //!
 //! // After the drain: what is left to see.
 //! history.observe(Op::ObservedCompleted { id: "m1".into() });
@@ -708,6 +715,15 @@ impl Pending {
 
     /// It happened, as `op` says.
     pub fn ok_with(self, op: Op) {
+        self.complete_with(Outcome::Ok, op);
+    }
+
+    /// A handler's [`Op::Deliver`] returned `result` (`Ok`).
+    pub fn handled(self, result: Handled) {
+        let mut entries = self.recorder.lock();
+        let e = &mut entries[self.index];
+        let op = e.op.clone().handled(result);
+        drop(entries);
         self.complete_with(Outcome::Ok, op);
     }
 
