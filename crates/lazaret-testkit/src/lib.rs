@@ -6,6 +6,13 @@
 //! run shows it; under `CI=true` it is a failure instead, since `.ci/run`
 //! provides everything and a test that silently did nothing there would
 //! be a lie. Every skip site in the workspace goes through [`skip`].
+//!
+//! [`history`] is the recorder and checker the fault batteries judge a
+//! run with: what clients did and saw, checked after a drain for lost,
+//! unexpected and duplicated deliveries and the rest of Jepsen's
+//! vocabulary.
+
+pub mod history;
 
 use std::io::Write;
 
