@@ -173,8 +173,16 @@ impl Node {
         }
     }
 
-    fn kill9(mut self) {
-        self.child.kill().expect("SIGKILL delivered");
+    /// `kill -9`, and waits for the process to be gone.
+    fn kill9(self) {
+        drop(self);
+    }
+}
+
+/// Never outlives the test, even a failing one.
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
         let _ = self.child.wait();
     }
 }
