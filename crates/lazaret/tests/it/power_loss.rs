@@ -470,8 +470,8 @@ async fn battery(durability: &str, test: &str) -> Option<Tally> {
     let http = reqwest::Client::new();
     let mut tally = Tally::default();
     // Under `normal` a cut can fall just after a checkpoint's fsync and
-    // find nothing to lose (about one cycle in five): go on, up to three
-    // times the cycles, until one loses something.
+    // find nothing to lose (19 cycles of 300): go on, up to three times
+    // the cycles, until one loses something.
     let cycles = cycles();
     for cycle in 1.. {
         if cycle > cycles && (durability == "full" || tally.lost() > 0 || cycle > 3 * cycles) {
