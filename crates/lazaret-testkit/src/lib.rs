@@ -6,8 +6,24 @@
 //! run shows it; under `CI=true` it is a failure instead, since `.ci/run`
 //! provides everything and a test that silently did nothing there would
 //! be a lie. Every skip site in the workspace goes through [`skip`].
+//!
+//! [`history`] is the recorder and checker the fault batteries judge a
+//! run with: what clients did and saw, checked after a drain for lost,
+//! unexpected and duplicated deliveries and the rest of Jepsen's
+//! vocabulary.
+//!
+//! A test that waits for something to happen waits on a signal with
+//! [`eventually`], not for a fixed time: a state polled until it holds,
+//! within a deadline generous enough for a loaded machine. A test that
+//! asserts something did *not* happen first waits for proof that the
+//! system went past the point where it would have (a later message
+//! handled, a gate that looked and refused), then asserts.
 
+pub mod history;
+
+use std::future::Future;
 use std::io::Write;
+use std::time::{Duration, Instant};
 
 /// Whether this run is CI's (`CI=true`), where nothing may be skipped.
 pub fn under_ci() -> bool {
@@ -38,6 +54,27 @@ pub fn service(var: &str, how: &str, test: &str) -> Option<String> {
             );
             None
         }
+    }
+}
+
+/// How long [`eventually`] waits before it fails the test.
+pub const EVENTUALLY_WITHIN: Duration = Duration::from_secs(20);
+
+/// Polls `check` until it holds; panics naming `what` when it has not
+/// within [`EVENTUALLY_WITHIN`]. No timing is asserted: the deadline only
+/// bounds a test that would otherwise hang.
+pub async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + EVENTUALLY_WITHIN;
+    while !check().await {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not within {EVENTUALLY_WITHIN:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 

@@ -6,11 +6,12 @@
 //! run at once; the clock runs from the first enqueue to the last ack, and
 //! every enqueued id must come back acked exactly once. The scenarios that
 //! test the promise under pressure (a lane flood, a tenant flood, a poison
-//! storm, an idle worker's start latency) live in [`promise`].
+//! storm, an idle worker's start latency) are not in this binary: they are
+//! `cargo bench -p lazaret --bench promise` (`benches/promise/`), which
+//! shares `http`, `load`, `server` and `stats` with this module.
 
 mod http;
 mod load;
-mod promise;
 mod server;
 mod stats;
 mod tenants;
@@ -24,7 +25,7 @@ use anyhow::{Context, bail};
 use serde::Serialize;
 
 use load::Load;
-use server::ServerProcess;
+use server::{BenchSchema, ServerProcess};
 use stats::{Latency, Verify};
 
 /// Options of `lazaret bench`.
@@ -98,42 +99,10 @@ pub struct BenchArgs {
     /// instead of three. Needs --batch 1.
     #[arg(long)]
     next: bool,
-    /// Runs of each side in `--scenario next` and the promise scenarios
+    /// Runs of each side in `--scenario next` and `--scenario tenants`
     /// (alternating, each against a fresh server).
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=50))]
     runs: u64,
-    /// lane-flood: jobs in the batch flood.
-    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
-    flood_jobs: u64,
-    /// lane-flood and start-latency: jobs the paced producer sends, one at a time.
-    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
-    probe_jobs: u64,
-    /// lane-flood and start-latency: the paced producer sends a job this often.
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=60_000))]
-    probe_interval_ms: u64,
-    /// lane-flood: the batch workers lease both lanes, and nobody waits on
-    /// the interactive lane alone.
-    #[arg(long)]
-    shared_pool: bool,
-    /// lane-flood: workers long-polling the interactive lane, one job at a
-    /// time each (ignored with --shared-pool). One is saturated by its own
-    /// round trips during a flood (about 100 jobs/s at ~10 ms each), and
-    /// its queue, not the server's, then sets the latency.
-    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=64))]
-    interactive_workers: u64,
-    /// tenant-flood: jobs of the big tenant.
-    #[arg(long, default_value_t = 50_000, value_parser = clap::value_parser!(u64).range(1..))]
-    big_tenant_jobs: u64,
-    /// tenant-flood: small tenants.
-    #[arg(long, default_value_t = 9, value_parser = clap::value_parser!(u64).range(1..=1000))]
-    small_tenants: u64,
-    /// tenant-flood: jobs of each small tenant.
-    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
-    small_tenant_jobs: u64,
-    /// The promise scenarios: simulated handler time per delivery, in µs
-    /// (the jobs of one lease run one after another).
-    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(0..=10_000_000))]
-    work_us: u64,
     /// tenants: seconds of leasing measured on each side.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=600))]
     measure_s: u64,
@@ -209,22 +178,6 @@ enum Scenario {
     /// leases of any type.
     #[value(name = "mixed-types")]
     MixedTypes,
-    /// The interactive lane's enqueue → lease (p50/p95/p99), idle and
-    /// beside a batch flood of --flood-jobs, alternating, --runs times each.
-    #[value(name = "lane-flood")]
-    LaneFlood,
-    /// Nine small tenants' completion times, alone and after one tenant
-    /// queued --big-tenant-jobs, alternating, --runs times each.
-    #[value(name = "tenant-flood")]
-    TenantFlood,
-    /// Handler calls per second with every job acked and with 10 % failed
-    /// permanently and 5 % dropped until they crash-loop; checks where
-    /// every bad job ended. --jobs per run, --runs times each.
-    #[value(name = "poison-storm")]
-    PoisonStorm,
-    /// Enqueue → lease with one idle long-polling worker, --runs times.
-    #[value(name = "start-latency")]
-    StartLatency,
     /// Single-job leases by 16 workers for --measure-s with --jobs queued
     /// over as many tenants (one job each), and over one tenant,
     /// alternating, --runs times each: lease rates and their ratio.
@@ -375,12 +328,8 @@ impl RunSpec {
                 target_jobs_per_s: None,
                 ..batched("mixed-types", 20_000)
             }],
-            // Run by `promise::run`, not as load runs.
-            Scenario::LaneFlood
-            | Scenario::TenantFlood
-            | Scenario::PoisonStorm
-            | Scenario::StartLatency
-            | Scenario::Tenants => Vec::new(),
+            // Run by `tenants::run`, not as load runs.
+            Scenario::Tenants => Vec::new(),
         }
     }
 
@@ -484,9 +433,6 @@ async fn run_async(args: BenchArgs) -> anyhow::Result<()> {
     if args.scenario == Some(Scenario::Tenants) {
         return tenants::run(&args).await;
     }
-    if let Some(p) = args.scenario.and_then(promise::Promise::of) {
-        return promise::run(&args, p).await;
-    }
     let specs = match args.scenario {
         Some(s) => RunSpec::scenario(&args, s),
         None => vec![RunSpec::from_args(&args)],
@@ -588,38 +534,6 @@ async fn run_one(args: &BenchArgs, spec: &RunSpec) -> anyhow::Result<RunReport> 
         schema.drop_schema().await;
     }
     result.map_err(|e| anyhow::anyhow!("{e:#}\n{log}"))
-}
-
-/// A schema of its own for one bench run on PostgreSQL.
-struct BenchSchema {
-    opts: lazaret_store::PgOptions,
-    url: String,
-}
-
-impl BenchSchema {
-    async fn new(url: &str) -> anyhow::Result<Self> {
-        let mut opts = lazaret_store::PgOptions::from_url(url)?;
-        opts.schema = format!(
-            "lz_bench_{}_{}",
-            std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis())
-        );
-        let sep = if opts.url.contains('?') { '&' } else { '?' };
-        let url = format!("{}{sep}schema={}", opts.url, opts.schema);
-        Ok(BenchSchema { opts, url })
-    }
-
-    fn store_url(&self) -> String {
-        self.url.clone()
-    }
-
-    async fn drop_schema(self) {
-        if let Err(e) = lazaret_store::postgres::drop_schema(&self.opts).await {
-            eprintln!("  could not drop schema {}: {e}", self.opts.schema);
-        }
-    }
 }
 
 async fn measure(

@@ -39,6 +39,10 @@ struct State {
     /// What the runtime told the ackers, in order: (message id, `decided`
     /// or `ack`).
     told: Vec<(String, &'static str)>,
+    /// Message ids the runtime kept from redelivery (`progress`), in order.
+    progressed: Vec<String>,
+    /// Times a consumer found its queue empty and began to wait.
+    empty_waits: u64,
 }
 
 /// The broker itself, shared by every connection.
@@ -82,6 +86,18 @@ impl Memory {
             .filter(|(m, _)| m == id)
             .map(|(_, what)| *what)
             .collect()
+    }
+
+    /// How often the runtime kept `id` from redelivery while holding it.
+    #[allow(dead_code)]
+    pub fn progressed(&self, id: &str) -> usize {
+        self.lock().progressed.iter().filter(|m| *m == id).count()
+    }
+
+    /// How often a consumer found its queue empty and began to wait.
+    #[allow(dead_code)]
+    pub fn empty_waits(&self) -> u64 {
+        self.lock().empty_waits
     }
 
     /// Messages ready plus unacknowledged on `queue`.
@@ -177,6 +193,17 @@ impl Acker for MemAck {
         self.tell("decided");
     }
 
+    fn progress(&self) -> BoxFuture<'_, Result<(), BrokerError>> {
+        Box::pin(async move {
+            let mut s = self.conn.broker.lock();
+            if let Some((_, msg)) = s.unacked.get(&(self.conn.id, self.tag)) {
+                let id = msg.id.clone();
+                s.progressed.push(id);
+            }
+            Ok(())
+        })
+    }
+
     fn hold(self: Box<Self>, wait: Duration) -> BoxFuture<'static, Result<(), BrokerError>> {
         Box::pin(async move {
             let held = self
@@ -243,6 +270,7 @@ impl Consumer for MemConsumer {
                             }),
                         }));
                     }
+                    s.empty_waits += 1;
                 }
                 tokio::select! {
                     _ = notified => {}
@@ -402,6 +430,8 @@ mod runtime {
     use lazaret_guard::{Faults, Host, LocalHost, Mode, Outcome};
     use lazaret_store::{Completed, Store as _};
     use serde_json::json;
+
+    use lazaret_testkit::eventually;
 
     use super::Memory;
     use crate::common::*;
@@ -843,6 +873,75 @@ mod runtime {
         ))
     }
 
+    /// A [`LocalHost`] that counts the takes its gate refused (a parked
+    /// type or lane: the breaker open, a pause), so a test can wait until
+    /// the source looked and declined instead of for a fixed time.
+    struct Gated {
+        inner: Arc<LocalHost<lazaret_store::SqliteStore>>,
+        refused: std::sync::atomic::AtomicU64,
+    }
+
+    impl Gated {
+        fn new(inner: Arc<LocalHost<lazaret_store::SqliteStore>>) -> Arc<Gated> {
+            Arc::new(Gated {
+                inner,
+                refused: std::sync::atomic::AtomicU64::new(0),
+            })
+        }
+
+        /// Takes refused so far.
+        fn refused(&self) -> u64 {
+            self.refused.load(std::sync::atomic::Ordering::SeqCst)
+        }
+    }
+
+    impl Host for Gated {
+        type Store = lazaret_store::SqliteStore;
+
+        fn store(&self) -> &Self::Store {
+            self.inner.store()
+        }
+
+        fn policy(&self, ty: &JobType) -> lazaret_core::TypePolicy {
+            self.inner.policy(ty)
+        }
+
+        fn try_deliver(
+            &self,
+            ty: &JobType,
+            lane: &lazaret_core::Lane,
+            now: lazaret_core::Timestamp,
+        ) -> Result<(), Duration> {
+            let open = self.inner.try_deliver(ty, lane, now);
+            if open.is_err() {
+                self.refused
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+            open
+        }
+
+        fn held_back(
+            &self,
+            ty: &JobType,
+            lane: &lazaret_core::Lane,
+            now: lazaret_core::Timestamp,
+        ) -> Option<Duration> {
+            self.inner.held_back(ty, lane, now)
+        }
+
+        fn observe(&self, source: &str, done: &Completed, now: lazaret_core::Timestamp) {
+            self.inner.observe(source, done, now);
+        }
+
+        fn recorded(&self, source: &str, done: &Completed, now: lazaret_core::Timestamp) {
+            self.inner.recorded(source, done, now);
+        }
+
+        fn store_writes(&self) -> Option<&lazaret_guard::StoreWrites> {
+            self.inner.store_writes()
+        }
+    }
+
     /// While the type's breaker is open the source takes nothing from the
     /// broker: the messages wait there, spending no attempt.
     #[tokio::test]
@@ -874,7 +973,7 @@ mod runtime {
             b.produce(&queue, &format!("m-{i}"), b"{}", headers(json!({})))
                 .await;
         }
-        let h = breaker_host(dir.path());
+        let h = Gated::new(breaker_host(dir.path()));
         let log = Log::default();
         let g = start_guard(
             &b,
@@ -891,7 +990,13 @@ mod runtime {
         .await;
         log.wait_for(Duration::from_secs(10), |s| s.len() >= 3)
             .await;
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        // The source went past the third message: its gate looked for the
+        // next take and refused it (the breaker was closed until then).
+        eventually("the gate refused a take", || async { h.refused() >= 1 }).await;
+        eventually("the third message acknowledged", || async {
+            b.depth(&queue) <= 7
+        })
+        .await;
         assert_eq!(log.all().len(), 3, "delivered while the breaker was open");
         assert_eq!(
             b.depth(&queue),
@@ -922,7 +1027,10 @@ mod runtime {
         )
         .await;
         // The source is waiting on an empty queue; the breaker opens.
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        eventually("the source waits on the broker", || async {
+            b.empty_waits() >= 1
+        })
+        .await;
         let now = lazaret_guard::guard::now();
         h.with_breakers(|br| {
             for _ in 0..3 {
@@ -931,7 +1039,13 @@ mod runtime {
             assert!(br.parked_until(&ty, now).is_some(), "the breaker opened");
         });
         b.produce(&queue, "m-late", b"{}", headers(json!({}))).await;
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        // The source took it and holds it: it keeps a message from
+        // redelivery only in the wait before delivering, which lasts while
+        // the breaker is open (a minute).
+        eventually("m-late held by the source", || async {
+            b.progressed("m-late") >= 1
+        })
+        .await;
         assert!(log.all().is_empty(), "delivered while the breaker was open");
         assert_eq!(b.depth(&queue), 1, "held unacknowledged");
         g.stop().await.unwrap();

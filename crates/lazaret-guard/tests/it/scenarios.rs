@@ -249,7 +249,14 @@ pub async fn always_fails(b: &impl TestBroker) {
         b,
         spec,
         Arc::clone(&host),
-        recording(&log, |_| transient("downstream 500")),
+        // A later message, once m-x is settled, succeeds (see below).
+        recording(&log, |s| {
+            if s.message_id == "m-after" {
+                Outcome::Success
+            } else {
+                transient("downstream 500")
+            }
+        }),
         faults,
     )
     .await;
@@ -290,9 +297,14 @@ pub async fn always_fails(b: &impl TestBroker) {
     assert_eq!(src.headers.get("trace"), Some(&Value::from("t-1")));
     let payload = host.store().dead_letter_payload(dl.id).await.unwrap();
     assert_eq!(payload, Some(Some(body.to_vec())));
-    // Nothing more is delivered: the broker message was acknowledged.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(log.all().len(), 3, "{:#?}", log.all());
+    // Nothing more is delivered: the broker message was acknowledged. A
+    // message produced after it, handled, shows the source went past it.
+    b.produce(&queue, "m-after", b"{}", headers(json!({})))
+        .await;
+    wait_settled(&settled, "m-after", Settled::Succeeded, PATIENCE).await;
+    let seen = log.all();
+    let of_x = seen.iter().filter(|s| s.message_id == "m-x").count();
+    assert_eq!((of_x, seen.len()), (3, 4), "{seen:#?}");
     assert_eq!(dead_letters_of(host.store(), &name).await.len(), 1);
     g.stop().await.unwrap();
 }

@@ -137,7 +137,16 @@ impl ServerProcess {
     /// (`--store URL` instead of `--data` when given) and waits until
     /// `GET /healthz` answers 200.
     pub async fn spawn(config: Option<&Path>, store: Option<&str>) -> anyhow::Result<Self> {
-        let exe = server_binary()?;
+        Self::spawn_binary(&server_binary()?, config, store).await
+    }
+
+    /// [`spawn`](Self::spawn) with the `lazaret` binary at `exe` (the
+    /// promise bench is not that binary).
+    pub async fn spawn_binary(
+        exe: &Path,
+        config: Option<&Path>,
+        store: Option<&str>,
+    ) -> anyhow::Result<Self> {
         let dir = TempDir::new()?;
         let data = dir.0.join("data");
         std::fs::create_dir_all(&data).with_context(|| format!("creating {}", data.display()))?;
@@ -145,7 +154,7 @@ impl ServerProcess {
         let log_file =
             std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
 
-        let mut cmd = Command::new(&exe);
+        let mut cmd = Command::new(exe);
         cmd.arg("serve").arg("--listen").arg("127.0.0.1:0");
         match store {
             Some(url) => cmd.arg("--store").arg(url),
@@ -260,6 +269,38 @@ impl ServerProcess {
     /// Kills the server and waits for it; the data directory goes with `self`.
     pub async fn stop(mut self) {
         let _ = self.child.kill().await;
+    }
+}
+
+/// A schema of its own for one bench run on PostgreSQL.
+pub struct BenchSchema {
+    opts: lazaret_store::PgOptions,
+    url: String,
+}
+
+impl BenchSchema {
+    pub async fn new(url: &str) -> anyhow::Result<Self> {
+        let mut opts = lazaret_store::PgOptions::from_url(url)?;
+        opts.schema = format!(
+            "lz_bench_{}_{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis())
+        );
+        let sep = if opts.url.contains('?') { '&' } else { '?' };
+        let url = format!("{}{sep}schema={}", opts.url, opts.schema);
+        Ok(BenchSchema { opts, url })
+    }
+
+    pub fn store_url(&self) -> String {
+        self.url.clone()
+    }
+
+    pub async fn drop_schema(self) {
+        if let Err(e) = lazaret_store::postgres::drop_schema(&self.opts).await {
+            eprintln!("  could not drop schema {}: {e}", self.opts.schema);
+        }
     }
 }
 

@@ -19,11 +19,11 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
 
+use super::BenchArgs;
 use super::http;
 use super::load::{self, JOB_TYPE, Load};
-use super::server::{self, ServerProcess};
+use super::server::{self, BenchSchema, ServerProcess};
 use super::stats::Latency;
-use super::{BenchArgs, BenchSchema};
 
 /// Workers leasing at once (the 16).
 const WORKERS: u64 = 16;

@@ -1,4 +1,5 @@
-//! `lazaret bench --server` against a running server: every job through once.
+//! `lazaret bench` (against a running server, and starting its own) and the
+//! promise bench (`benches/promise/`): every job through once.
 
 use serde_json::Value;
 
@@ -92,6 +93,28 @@ async fn bench_own_servers(args: &[&str]) -> Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {stderr}"))
 }
 
+/// The promise scenarios: `cargo bench -p lazaret --bench promise`, outside
+/// the shipped binary; included here to run each scenario small.
+#[path = "../../benches/promise/scenarios.rs"]
+mod promise;
+
+/// Runs a promise scenario with `args` (one run of each side, two
+/// workers), as `cargo bench -p lazaret --bench promise -- --json ...`
+/// would; returns its report.
+async fn promise_bench(args: &[&str]) -> Value {
+    use clap::Parser as _;
+    let argv = ["promise", "--runs", "1", "--consumers", "2"];
+    let args = promise::Args::try_parse_from(argv.iter().chain(args)).expect("promise options");
+    let mut human = Vec::new();
+    let report = promise::run(&args, &mut human)
+        .await
+        .expect("the promise bench runs");
+    if let Err(e) = report.check(args.scenario) {
+        panic!("{e:#}\n{}", String::from_utf8_lossy(&human));
+    }
+    report.json
+}
+
 /// The runs of a promise scenario's report, by side, each checked to have
 /// completed and verified.
 fn runs_by_side(report: &Value) -> std::collections::BTreeMap<String, Value> {
@@ -107,7 +130,7 @@ fn runs_by_side(report: &Value) -> std::collections::BTreeMap<String, Value> {
 
 #[tokio::test]
 async fn lane_flood_measures_paced_jobs_idle_and_beside_a_flood() {
-    let report = bench_own_servers(&[
+    let report = promise_bench(&[
         "--scenario",
         "lane-flood",
         "--flood-jobs",
@@ -133,7 +156,7 @@ async fn lane_flood_measures_paced_jobs_idle_and_beside_a_flood() {
 
 #[tokio::test]
 async fn tenant_flood_times_every_small_tenant_alone_and_beside_the_big_one() {
-    let report = bench_own_servers(&[
+    let report = promise_bench(&[
         "--scenario",
         "tenant-flood",
         "--big-tenant-jobs",
@@ -159,7 +182,7 @@ async fn tenant_flood_times_every_small_tenant_alone_and_beside_the_big_one() {
 
 #[tokio::test]
 async fn poison_storm_dead_letters_every_bad_job_with_its_reason() {
-    let report = bench_own_servers(&[
+    let report = promise_bench(&[
         "--scenario",
         "poison-storm",
         "--jobs",
@@ -187,7 +210,7 @@ async fn poison_storm_dead_letters_every_bad_job_with_its_reason() {
 
 #[tokio::test]
 async fn start_latency_measures_every_job_of_an_idle_worker() {
-    let report = bench_own_servers(&[
+    let report = promise_bench(&[
         "--scenario",
         "start-latency",
         "--probe-jobs",

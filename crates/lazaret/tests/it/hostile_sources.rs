@@ -9,6 +9,8 @@
 
 use std::time::{Duration, Instant};
 
+use lazaret_testkit::eventually;
+
 use crate::harness::{EVENTUALLY, QUICK, Server, serve_refused};
 use crate::team_handler::service;
 
@@ -120,8 +122,14 @@ deliver = "http://127.0.0.1:1/orders"
         dead.contains("http://***@127.0.0.1:1/orders"),
         "the error names the handler, masked: {dead}"
     );
-    // Connect attempts to RabbitMQ with the wrong user are logged too.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Connect attempts to RabbitMQ with the wrong user are logged too:
+    // wait for one.
+    eventually("a refused RabbitMQ connect logged", || async {
+        server.output().lines().any(|l| {
+            l.contains("cannot reach the rabbitmq broker") && l.contains("source=rabbit-orders")
+        })
+    })
+    .await;
     let output = server.output();
     for secret in SECRETS {
         assert!(

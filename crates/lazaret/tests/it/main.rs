@@ -32,6 +32,7 @@ mod logs;
 mod metrics;
 mod observing;
 mod outcome_next;
+mod power_loss;
 mod python_worker;
 mod restart;
 mod retries;

@@ -215,8 +215,24 @@ delivery_timeout_ms = 2000
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // A little longer, for a second delivery that must not come.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // A second delivery could only come from a retry the store still
+    // holds: wait until it holds none and every call b made has its
+    // outcome counted (none still on its way).
+    let calls_by_b = |calls: &NodeCalls| {
+        let calls = calls.lock().expect("not poisoned");
+        calls.iter().filter(|(n, _, _)| n == "b").count() as f64
+    };
+    eventually("b settled every retry", || async {
+        held_retries(&b).await == 0
+            && counter(
+                &b,
+                "lazaret_source_deliveries_total",
+                &["source=\"orders\""],
+            )
+            .await
+                == calls_by_b(&calls)
+    })
+    .await;
     let by_b = answered_by_b(&calls);
     for id in &held {
         assert_eq!(
@@ -297,6 +313,15 @@ async fn wait_ready(queue: &Queue, nodes: &[&Server]) {
 async fn counter(node: &Server, name: &str, labels: &[&str]) -> f64 {
     let text = node.api().get("/metrics").await.text();
     crate::sources::counter(&text, name, labels).unwrap_or(0.0)
+}
+
+/// Broker messages whose retries the store behind `node` holds now.
+async fn held_retries(node: &Server) -> u64 {
+    let reply = node.api().get("/v1/stats").await;
+    let stats = reply.expect(200);
+    stats["held_retries"]["total"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("held_retries.total in {stats}"))
 }
 
 /// The dead letters of source `orders` a node lists (at most 1,000).

@@ -11,6 +11,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
 
+use lazaret_testkit::eventually;
+
 use crate::harness::{EVENTUALLY, QUICK, Server, cli, id_text, serve_refused};
 use crate::team_handler::{Handler, ORDER_1, ORDER_2, percent_decode, service};
 
@@ -87,6 +89,16 @@ pub(crate) fn counter(metrics: &str, name: &str, labels: &[&str]) -> Option<f64>
         .reduce(|a, b| a + b)
 }
 
+/// `lazaret_source_deliveries_total` of the source's successes.
+async fn succeeded(api: &crate::harness::Api) -> Option<f64> {
+    let metrics = api.get("/metrics").await.text();
+    counter(
+        &metrics,
+        "lazaret_source_deliveries_total",
+        &[r#"source="orders""#, r#"outcome="succeeded""#],
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_guarded_redis_stream_delivers_quarantines_and_redrives() {
     let test = "a_guarded_redis_stream_delivers_quarantines_and_redrives";
@@ -134,7 +146,12 @@ delivery_timeout_ms = 5000
         json!({"tenant": "acme"}),
         "the entry's other fields"
     );
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Its outcome observed (m2 below, handled after it, shows no second
+    // delivery came either).
+    eventually("m1's outcome counted", || async {
+        succeeded(&api).await == Some(1.0)
+    })
+    .await;
     assert_eq!(handler.of("m1").len(), 1, "delivered once");
     let metrics = api.get("/metrics").await.text();
     assert_eq!(
@@ -166,7 +183,14 @@ delivery_timeout_ms = 5000
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // A message produced after it, handled, shows the source went past it.
+    stream.produce("m3", ORDER_1, "acme").await;
+    handler.deliveries("m3", 1, &server).await;
+    eventually("m3's outcome counted", || async {
+        succeeded(&api).await == Some(2.0)
+    })
+    .await;
+    assert_eq!(handler.of("m1").len(), 1, "m1 delivered once");
     assert_eq!(
         handler.of("m2").len(),
         1,
@@ -282,7 +306,7 @@ delivery_timeout_ms = 5000
     assert!(item["job_id"].is_null(), "{body}");
     assert_eq!(item["source"], SOURCE, "{body}");
     assert_eq!(item["message_id"], "m2", "{body}");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // (m4 below, after the real redrive, shows nothing more came.)
     assert_eq!(handler.of("m2").len(), 1, "a dry run publishes nothing");
     assert_eq!(api.dead_letters(&format!("source={SOURCE}")).await.len(), 1);
 
@@ -303,7 +327,20 @@ delivery_timeout_ms = 5000
             .is_empty(),
         "the dead letter left once the broker confirmed"
     );
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // A message produced after the redrive, handled, and every outcome so
+    // far counted (m1, m3, m2 again, m4): the source went past m2, which
+    // came once more, from the redrive alone, and succeeded.
+    stream.produce("m4", ORDER_1, "acme").await;
+    handler.deliveries("m4", 1, &server).await;
+    eventually("every outcome counted", || async {
+        succeeded(&api).await == Some(4.0)
+    })
+    .await;
+    assert_eq!(
+        handler.of("m2").len(),
+        2,
+        "the dry run published nothing, the redrive once"
+    );
     assert!(
         api.dead_letters(&format!("source={SOURCE}"))
             .await

@@ -4,30 +4,129 @@
 //!
 //! Each scenario compares two sides measured in the same invocation (flood
 //! and idle, say), alternating them `--runs` times, each run against a
-//! fresh server started with the scenario's own config; the report gives
-//! each side's median and spread and the ratio of the medians against the
-//! issue's target. `start-latency` has one side: its reference in the same
-//! run is the round trip of the enqueue itself.
+//! fresh `lazaret serve` started with the scenario's own config; the report
+//! gives each side's median and spread and the ratio of the medians against
+//! the target. `start-latency` has one side: its reference in the
+//! same run is the round trip of the enqueue itself.
 //!
-//! How the clients are arranged, and why, is in `docs/benchmarks.md`
-//! ("The promise under pressure").
+//! Not part of the shipped binary: `cargo bench -p lazaret --bench promise
+//! -- --scenario lane-flood` runs it (`main.rs`), and `tests/it/bench.rs`
+//! includes this module to run each scenario small. The HTTP client, the
+//! server process and the statistics are the throughput bench's
+//! (`src/bench/`), included by path. How the clients are arranged, and why,
+//! is in `docs/benchmarks.md` ("The promise under pressure").
 
+// Shared with `lazaret bench`, which uses parts these scenarios do not.
+#[allow(dead_code)]
+#[path = "../../src/bench/http.rs"]
+mod http;
+#[allow(dead_code)]
+#[path = "../../src/bench/load.rs"]
+mod load;
+#[allow(dead_code)]
+#[path = "../../src/bench/server.rs"]
+mod server;
+#[allow(dead_code)]
+#[path = "../../src/bench/stats.rs"]
+mod stats;
+#[path = "work.rs"]
 mod work;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use serde::Serialize;
 
-use super::http;
-use super::server::{self, ServerProcess};
-use super::stats::{Latency, Verify};
-use super::{BenchArgs, BenchSchema, Scenario};
+use server::{BenchSchema, ServerProcess};
+use stats::{Latency, Verify};
 use work::{Fate, Goal, Paced, Pool, PoolOut, Run, Target};
+
+/// The `lazaret` binary each run starts as its server.
+const LAZARET: &str = env!("CARGO_BIN_EXE_lazaret");
+
+/// Options of the promise scenarios.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(
+    name = "promise",
+    about = "The promise under pressure: lazaret's lane-flood, tenant-flood, poison-storm and start-latency scenarios"
+)]
+pub struct Args {
+    /// The scenario to run.
+    #[arg(long, value_enum)]
+    pub scenario: Promise,
+    /// TOML config for the servers (not with lane-flood or poison-storm,
+    /// which bring their own).
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Start the servers on this PostgreSQL database instead of a fresh
+    /// SQLite directory: `postgres://USER@HOST:PORT/DB`. Each run gets a
+    /// fresh schema of its own, dropped after.
+    #[arg(long, value_name = "URL")]
+    store: Option<String>,
+    /// poison-storm: jobs in each run.
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
+    jobs: u64,
+    /// Concurrent pool workers (the batch workers, the storm's, the tenants').
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    consumers: u64,
+    /// lease_ms of each lease.
+    #[arg(long, default_value_t = 30_000)]
+    lease_ms: u64,
+    /// Runs of each side (alternating, each against a fresh server).
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..=50))]
+    runs: u64,
+    /// lane-flood: jobs in the batch flood.
+    #[arg(long, default_value_t = 100_000, value_parser = clap::value_parser!(u64).range(1..))]
+    flood_jobs: u64,
+    /// lane-flood and start-latency: jobs the paced producer sends, one at a time.
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
+    probe_jobs: u64,
+    /// lane-flood and start-latency: the paced producer sends a job this often.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    probe_interval_ms: u64,
+    /// lane-flood: the batch workers lease both lanes, and nobody waits on
+    /// the interactive lane alone.
+    #[arg(long)]
+    shared_pool: bool,
+    /// lane-flood: workers long-polling the interactive lane, one job at a
+    /// time each (ignored with --shared-pool). One is saturated by its own
+    /// round trips during a flood (about 100 jobs/s at ~10 ms each), and
+    /// its queue, not the server's, then sets the latency.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=64))]
+    interactive_workers: u64,
+    /// tenant-flood: jobs of the big tenant.
+    #[arg(long, default_value_t = 50_000, value_parser = clap::value_parser!(u64).range(1..))]
+    big_tenant_jobs: u64,
+    /// tenant-flood: small tenants.
+    #[arg(long, default_value_t = 9, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    small_tenants: u64,
+    /// tenant-flood: jobs of each small tenant.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..))]
+    small_tenant_jobs: u64,
+    /// Simulated handler time per delivery, in µs (the jobs of one lease
+    /// run one after another).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(0..=10_000_000))]
+    work_us: u64,
+    /// Give up a run after this long (then it fails).
+    #[arg(long, default_value = "10m")]
+    timeout: humantime::Duration,
+    /// Print one JSON object on stdout (the human tables go to stderr).
+    #[arg(long)]
+    pub json: bool,
+    /// Passed by `cargo bench`; ignored.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
+/// What [`run`] found: the JSON report, and the runs that failed.
+#[derive(Debug)]
+pub struct Report {
+    pub json: serde_json::Value,
+    pub failed: Vec<String>,
+}
 
 /// The lanes of `lane-flood`: the interactive lane has four times the batch
 /// lane's weight and a fifth of the lease capacity reserved while it has work.
@@ -78,26 +177,23 @@ const SPREAD_TENANTS: u64 = 8;
 const DATA_BYTES: usize = 100;
 
 /// The scenarios of this module.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Promise {
+    /// The interactive lane's enqueue → lease (p50/p95/p99), idle and
+    /// beside a batch flood of --flood-jobs.
     LaneFlood,
+    /// Nine small tenants' completion times, alone and after one tenant
+    /// queued --big-tenant-jobs.
     TenantFlood,
+    /// Handler calls per second with every job acked and with 10 % failed
+    /// permanently and 5 % dropped until they crash-loop; checks where
+    /// every bad job ended. --jobs per run.
     PoisonStorm,
+    /// Enqueue → lease with one idle long-polling worker.
     StartLatency,
 }
 
 impl Promise {
-    /// The promise scenario `s` is, if it is one.
-    pub fn of(s: Scenario) -> Option<Self> {
-        match s {
-            Scenario::LaneFlood => Some(Promise::LaneFlood),
-            Scenario::TenantFlood => Some(Promise::TenantFlood),
-            Scenario::PoisonStorm => Some(Promise::PoisonStorm),
-            Scenario::StartLatency => Some(Promise::StartLatency),
-            _ => None,
-        }
-    }
-
     fn name(self) -> &'static str {
         match self {
             Promise::LaneFlood => "lane-flood",
@@ -211,8 +307,10 @@ impl Drop for ConfigFile {
     }
 }
 
-/// Runs `promise`: every run of every side, then the comparison.
-pub async fn run(args: &BenchArgs, promise: Promise) -> anyhow::Result<()> {
+/// Runs `--scenario`: every run of every side, then the comparison. The
+/// human tables go to `human`; the report comes back.
+pub async fn run(args: &Args, human: &mut dyn std::io::Write) -> anyhow::Result<Report> {
+    let promise = args.scenario;
     if promise.config().is_some() && args.config.is_some() {
         bail!(
             "--scenario {} starts its servers with a config of its own (see docs/benchmarks.md); drop --config",
@@ -227,11 +325,6 @@ pub async fn run(args: &BenchArgs, promise: Promise) -> anyhow::Result<()> {
         .as_ref()
         .map(|c| c.0.as_path())
         .or(args.config.as_deref());
-    let mut human: Box<dyn std::io::Write> = if args.json {
-        Box::new(std::io::stderr())
-    } else {
-        Box::new(std::io::stdout())
-    };
     let loadavg_before = server::loadavg();
     let mut records = Vec::new();
     let mut broken = Vec::new();
@@ -276,38 +369,40 @@ pub async fn run(args: &BenchArgs, promise: Promise) -> anyhow::Result<()> {
         load(loadavg_after)
     )?;
     human.flush()?;
-    if args.json {
-        let json = serde_json::json!({
-            "scenario": promise.name(),
-            "runs": records,
-            "failed_to_run": broken,
-            "summary": summary,
-            "loadavg_before": loadavg_before,
-            "loadavg_after": loadavg_after,
-        });
-        let mut stdout = std::io::stdout().lock();
-        writeln!(stdout, "{json}")?;
-        stdout.flush()?;
-    }
+    let json = serde_json::json!({
+        "scenario": promise.name(),
+        "runs": records,
+        "failed_to_run": broken,
+        "summary": summary,
+        "loadavg_before": loadavg_before,
+        "loadavg_after": loadavg_after,
+    });
     let failed: Vec<String> = records
         .iter()
         .filter(|r| !r.ok)
         .map(|r| format!("run {} {}", r.run, r.side.name()))
         .chain(broken)
         .collect();
-    if !failed.is_empty() {
-        bail!(
-            "bench {} FAILED (an error, or jobs lost, duplicated, refused or dead-lettered wrongly) in: {}",
-            promise.name(),
-            failed.join(", ")
-        );
+    Ok(Report { json, failed })
+}
+
+impl Report {
+    /// An error naming the failed runs, if any failed.
+    pub fn check(&self, promise: Promise) -> anyhow::Result<()> {
+        if !self.failed.is_empty() {
+            bail!(
+                "bench {} FAILED (an error, or jobs lost, duplicated, refused or dead-lettered wrongly) in: {}",
+                promise.name(),
+                self.failed.join(", ")
+            );
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 /// One run of one side against a fresh server.
 async fn one(
-    args: &BenchArgs,
+    args: &Args,
     promise: Promise,
     side: Side,
     run: u64,
@@ -318,10 +413,10 @@ async fn one(
         None => None,
     };
     let store = schema.as_ref().map(BenchSchema::store_url);
-    let server = ServerProcess::spawn(config, store.as_deref()).await?;
+    let server = ServerProcess::spawn_binary(Path::new(LAZARET), config, store.as_deref()).await?;
     let loadavg_start = server::loadavg();
     let result = async {
-        let client = http::Client::new(server.url(), args.token.as_deref())?;
+        let client = http::Client::new(server.url(), None)?;
         match promise {
             Promise::LaneFlood => lane_flood(args, &client, side).await,
             Promise::TenantFlood => tenant_flood(args, &client, side).await,
@@ -371,7 +466,7 @@ impl RunRecord {
     }
 }
 
-fn work(args: &BenchArgs) -> Duration {
+fn work(args: &Args) -> Duration {
     Duration::from_micros(args.work_us)
 }
 
@@ -393,11 +488,7 @@ fn target(lane: &str, job_type: &str, tenant: &str, tenants: u64) -> Target {
 /// the batch workers lease both lanes. The paced producer and the
 /// interactive worker run on a thread of their own, so the flood's
 /// clients do not delay their clocks on the bench's side.
-async fn lane_flood(
-    args: &BenchArgs,
-    client: &http::Client,
-    side: Side,
-) -> anyhow::Result<RunRecord> {
+async fn lane_flood(args: &Args, client: &http::Client, side: Side) -> anyhow::Result<RunRecord> {
     let flood = if side == Side::Flood {
         args.flood_jobs
     } else {
@@ -502,11 +593,7 @@ async fn lane_flood(
 /// (the swarm waits in the queue, the workers already at it); then the
 /// small tenants start at once, each on a connection of its own,
 /// enqueuing its jobs ten per request.
-async fn tenant_flood(
-    args: &BenchArgs,
-    client: &http::Client,
-    side: Side,
-) -> anyhow::Result<RunRecord> {
+async fn tenant_flood(args: &Args, client: &http::Client, side: Side) -> anyhow::Result<RunRecord> {
     let big = if side == Side::Flood {
         args.big_tenant_jobs
     } else {
@@ -597,11 +684,7 @@ async fn tenant_flood(
 /// process died); the `--jobs` jobs are enqueued while the workers run. The
 /// clock stops when the last delivery has been handled; the wait for the
 /// last leases to expire is reported apart.
-async fn poison_storm(
-    args: &BenchArgs,
-    client: &http::Client,
-    side: Side,
-) -> anyhow::Result<RunRecord> {
+async fn poison_storm(args: &Args, client: &http::Client, side: Side) -> anyhow::Result<RunRecord> {
     let storm = side == Side::Storm;
     let n = args.jobs;
     let fate = |seq| if storm { Fate::storm(seq) } else { Fate::Ack };
@@ -681,7 +764,7 @@ async fn poison_storm(
 
 /// Enqueue → lease with one idle worker long-polling for one job at a
 /// time and a producer sending a job every `--probe-interval-ms`.
-async fn start_latency(args: &BenchArgs, client: &http::Client) -> anyhow::Result<RunRecord> {
+async fn start_latency(args: &Args, client: &http::Client) -> anyhow::Result<RunRecord> {
     let run = Run::new(
         Goal {
             acked: args.probe_jobs,
@@ -778,11 +861,7 @@ fn ms(us: u64) -> f64 {
 }
 
 /// The comparison: JSON and text.
-fn summarize(
-    args: &BenchArgs,
-    promise: Promise,
-    records: &[RunRecord],
-) -> (serde_json::Value, String) {
+fn summarize(args: &Args, promise: Promise, records: &[RunRecord]) -> (serde_json::Value, String) {
     let mut out = String::new();
     let _ = writeln!(out, "\n== {} summary", promise.name());
     let json = match promise {

@@ -18,8 +18,8 @@ use bytes::Bytes;
 use hyper::Method;
 use serde::{Deserialize, Serialize};
 
-use super::super::http::{self, Connection};
-use super::super::load::{self, Text, decode};
+use super::http::{self, Connection};
+use super::load::{self, Text, decode};
 
 /// Errors kept verbatim for the report.
 const ERRORS_KEPT: usize = 5;
