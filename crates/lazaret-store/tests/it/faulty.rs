@@ -62,3 +62,15 @@ async fn sqlite_after_the_countdown_fails_requests_applied_or_not() {
     let (s, _faults) = crate::sqlite::open(dir.path()).with_faults();
     both_modes(&s).await;
 }
+
+#[tokio::test]
+async fn postgres_after_the_countdown_fails_requests_applied_or_not() {
+    let Some(url) = crate::postgres::url() else {
+        return;
+    };
+    let schema = crate::postgres::fresh_schema(&url);
+    let store =
+        crate::postgres::open(&url, &schema.name, lazaret_store::postgres::Clock::Caller).await;
+    let (s, _faults) = store.with_faults();
+    both_modes(&s).await;
+}
