@@ -108,7 +108,7 @@ pub struct PgOptions {
     pub schema: String,
     /// Whose clock leases run on.
     pub clock: Clock,
-    /// A [`Store::tick`] sooner than this after the last one (by the
+    /// A [`Store::tick`](crate::Store::tick) sooner than this after the last one (by the
     /// caller's `now`) does nothing: every node ticks, and the database
     /// need not be asked 40 times a second by each. Promotions and
     /// expiries wait at most this long more. 0 ticks every time (tests).
