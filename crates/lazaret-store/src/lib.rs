@@ -10,17 +10,30 @@
 //! in (the server wraps `lazaret_core::decide`), so the rule table stays in
 //! one place.
 //!
+//! Both backends sit behind one generic `impl Store`, [`StoreOn`]: each
+//! write method builds one request (`request.rs`: a variant per write
+//! operation, with a reply typed for its answer) and hands it to the
+//! backend's writer (`backend.rs`: the `Backend` trait), whose functions
+//! live in files named for their concern, the same in both backends
+//! (`sqlite/writer/`, `postgres/writer/`). [`faulty`] wraps either to fail
+//! writes on purpose, for tests of what callers do then.
+//!
 //! What it deliberately does not do: HTTP, auth, admission checks, breaker
 //! state, metrics. Those belong to the server. It keeps the tokens created
 //! through the API (name, role, SHA-256 of the secret) but never decides who
 //! may do what.
 
+mod backend;
+pub mod faulty;
 mod model;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+mod request;
 pub mod sqlite;
 mod stored;
 
+pub use backend::StoreOn;
+pub use faulty::{Fault, Faults, FaultyStore};
 pub use model::*;
 #[cfg(feature = "postgres")]
 pub use postgres::{PgOptions, PostgresStore};

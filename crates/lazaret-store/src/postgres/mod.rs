@@ -29,17 +29,17 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use futures_util::StreamExt as _;
 use lazaret_core::{FairScheduler, JobId, Timestamp};
-use tokio::sync::{Mutex, broadcast, mpsc, oneshot};
+use tokio::sync::{Mutex, broadcast, mpsc};
 use tokio_postgres::{AsyncMessage, Client, NoTls};
 
 pub use schema::SCHEMA_VERSION;
-use writer::{Answer, Cmd, Op, Writer};
+use writer::{Cmd, Writer};
 
+use crate::backend::{Backend, StoreOn};
+use crate::request::{Claim, Reply, Request};
 use crate::{
-    AdmissionRecord, AuditEntry, AuditId, AuditPage, AuditQuery, Completed, Completion, DbError,
-    DeadLetter, DeadLetterFilter, DeadLetterId, Decider, EnqueueOutcome, Held, ItemError, JobView,
-    LeaseRequest, LeaseToken, LeasedJob, NewJob, ParkedMessage, Quarantined, ReasonCount, Selector,
-    SourceDeadLetter, Stage, Store, StoreError, StoreEvent, StoreStats, Switch, Tick,
+    AuditPage, AuditQuery, DbError, DeadLetter, DeadLetterFilter, DeadLetterId, Decider, Held,
+    JobView, ParkedMessage, ReasonCount, Selector, Stage, StoreError, StoreEvent, Switch, Tick,
 };
 
 /// The notification channels of one schema. Channels are the database's,
@@ -108,7 +108,7 @@ pub struct PgOptions {
     pub schema: String,
     /// Whose clock leases run on.
     pub clock: Clock,
-    /// A [`Store::tick`] sooner than this after the last one (by the
+    /// A [`Store::tick`](crate::Store::tick) sooner than this after the last one (by the
     /// caller's `now`) does nothing: every node ticks, and the database
     /// need not be asked 40 times a second by each. Promotions and
     /// expiries wait at most this long more. 0 ticks every time (tests).
@@ -417,9 +417,13 @@ impl Listener {
     }
 }
 
-/// The PostgreSQL [`Store`].
+/// The PostgreSQL [`Store`](crate::Store): the generic store on [`Postgres`].
+pub type PostgresStore = StoreOn<Postgres>;
+
+/// The PostgreSQL backend: the writer task's queue, the readers, the
+/// listener's events and the cluster's duties.
 #[derive(Debug, Clone)]
-pub struct PostgresStore {
+pub struct Postgres {
     inner: Arc<Inner>,
 }
 
@@ -513,7 +517,7 @@ impl PostgresStore {
             channels.clone(),
         );
         tokio::spawn(w.run(rx, Arc::clone(&waiting)));
-        Ok(PostgresStore {
+        Ok(StoreOn::new(Postgres {
             inner: Arc::new(Inner {
                 tx,
                 waiting,
@@ -531,76 +535,38 @@ impl PostgresStore {
                 leadership: cluster::Leadership::new(opts.clone()),
                 _stop: stop,
             }),
-        })
+        }))
     }
 
     /// The schema this store keeps its tables in.
     pub fn schema(&self) -> &str {
-        &self.inner.schema
-    }
-
-    /// Sends a request's op to the writer and waits for its answer;
-    /// [`StoreError::Overloaded`] at once when the bound's worth of
-    /// commands wait already ([`COMMANDS_MAX`]).
-    async fn call<T: Send + 'static>(
-        &self,
-        op: Op,
-        pick: fn(Answer) -> Option<T>,
-    ) -> Result<T, StoreError> {
-        if self.inner.closed.load(Ordering::Acquire) {
-            return Err(StoreError::Closed);
-        }
-        let before = self.inner.waiting.fetch_add(1, Ordering::AcqRel);
-        if before >= self.inner.commands_max {
-            self.inner.waiting.fetch_sub(1, Ordering::AcqRel);
-            return Err(StoreError::Overloaded { waiting: before });
-        }
-        self.send(op, pick).await
-    }
-
-    /// [`PostgresStore::call`] without the bound: housekeeping, which must
-    /// run however busy the store is.
-    async fn call_internal<T: Send + 'static>(
-        &self,
-        op: Op,
-        pick: fn(Answer) -> Option<T>,
-    ) -> Result<T, StoreError> {
-        if self.inner.closed.load(Ordering::Acquire) {
-            return Err(StoreError::Closed);
-        }
-        self.inner.waiting.fetch_add(1, Ordering::AcqRel);
-        self.send(op, pick).await
+        &self.backend.inner.schema
     }
 
     /// Commands sent to the writer that it has not taken yet.
     pub fn commands_waiting(&self) -> usize {
-        self.inner.waiting.load(Ordering::Acquire)
+        self.backend.inner.waiting.load(Ordering::Acquire)
     }
+}
 
-    async fn send<T: Send + 'static>(
-        &self,
-        op: Op,
-        pick: fn(Answer) -> Option<T>,
-    ) -> Result<T, StoreError> {
-        let (tx, rx) = oneshot::channel();
-        let reply: writer::Reply = Box::new(move |r| {
-            let _ = tx.send(r.and_then(|a| {
-                pick(a).ok_or_else(|| StoreError::Corrupt("the writer answered another op".into()))
-            }));
-        });
-        if self
-            .inner
-            .tx
-            .send(Cmd {
-                op: Some(op),
-                reply,
-            })
-            .is_err()
-        {
+impl Postgres {
+    /// Sends a request to the writer; [`StoreError::Overloaded`] at once
+    /// when `bounded` and the bound's worth of commands wait already
+    /// ([`COMMANDS_MAX`]; housekeeping must run however busy the store is).
+    fn send(&self, r: Request, bounded: bool) -> Result<(), StoreError> {
+        if self.inner.closed.load(Ordering::Acquire) {
+            return Err(StoreError::Closed);
+        }
+        let before = self.inner.waiting.fetch_add(1, Ordering::AcqRel);
+        if bounded && before >= self.inner.commands_max {
+            self.inner.waiting.fetch_sub(1, Ordering::AcqRel);
+            return Err(StoreError::Overloaded { waiting: before });
+        }
+        if self.inner.tx.send(Cmd::Request(r)).is_err() {
             self.inner.waiting.fetch_sub(1, Ordering::AcqRel);
             return Err(StoreError::Closed);
         }
-        rx.await.map_err(|_| StoreError::Closed)?
+        Ok(())
     }
 
     async fn reader(&self) -> Result<tokio::sync::MutexGuard<'_, Client>, StoreError> {
@@ -616,59 +582,53 @@ impl PostgresStore {
     }
 }
 
-impl Store for PostgresStore {
-    async fn enqueue(&self, jobs: Vec<NewJob>) -> Result<Vec<EnqueueOutcome>, StoreError> {
-        self.call(Op::Enqueue(jobs), |a| match a {
-            Answer::Enqueued(v) => Some(v),
-            _ => None,
-        })
-        .await
+impl Backend for Postgres {
+    fn submit(&self, r: Request) -> Result<(), StoreError> {
+        let bounded = !r.is_housekeeping();
+        self.send(r, bounded)
     }
 
-    async fn lease(&self, req: LeaseRequest) -> Result<Vec<LeasedJob>, StoreError> {
-        self.call(Op::Lease(req), |a| match a {
-            Answer::Leased(v) => Some(v),
-            _ => None,
-        })
-        .await
+    fn gone(&self) -> StoreError {
+        StoreError::Closed
     }
 
-    async fn complete(
+    fn tick_skip(&self, now: Timestamp) -> Option<Tick> {
+        if self.inner.tick_min.is_zero() {
+            return None;
+        }
+        let last = *self
+            .inner
+            .last_tick
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let (at, next_due) = last?;
+        (now < at.saturating_add(self.inner.tick_min) && now >= at).then(|| Tick {
+            next_due,
+            ..Tick::default()
+        })
+    }
+
+    fn ticked(&self, now: Timestamp, t: &Tick) {
+        *self
+            .inner
+            .last_tick
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some((now, t.next_due));
+    }
+
+    /// Claims run on a reader (`FOR UPDATE SKIP LOCKED`), beside the writer.
+    async fn claim_due_messages(
         &self,
-        items: Vec<Completion>,
-        now: Timestamp,
-    ) -> Result<Vec<Result<Completed, ItemError>>, StoreError> {
-        self.call(Op::Complete(items, now), |a| match a {
-            Answer::Completed(v) => Some(v),
-            _ => None,
-        })
-        .await
-    }
-
-    async fn heartbeat(
-        &self,
-        id: JobId,
-        token: LeaseToken,
-        expires_at: Timestamp,
-        now: Timestamp,
-    ) -> Result<Result<crate::Heartbeat, ItemError>, StoreError> {
-        self.call(Op::Heartbeat(id, token, expires_at, now), |a| match a {
-            Answer::Heartbeat(v) => Some(v),
-            _ => None,
-        })
-        .await
-    }
-
-    async fn cancel(
-        &self,
-        id: JobId,
-        now: Timestamp,
-        audit: AuditEntry,
-    ) -> Result<Result<crate::Cancelled, crate::CancelError>, StoreError> {
-        self.call(Op::Cancel(id, now, audit), |a| match a {
-            Answer::Cancel(v) => Some(v),
-            _ => None,
-        })
+        claim: Claim,
+    ) -> Result<Vec<crate::ClaimedRetry>, StoreError> {
+        reader::claim_due(
+            &*self.reader().await?,
+            &claim.source,
+            claim.now,
+            claim.limit,
+            &claim.claimer,
+            claim.expires_at,
+        )
         .await
     }
 
@@ -676,59 +636,8 @@ impl Store for PostgresStore {
         reader::jobs(&*self.reader().await?, &query).await
     }
 
-    async fn set_pause(
-        &self,
-        target: crate::PauseTarget,
-        paused: bool,
-        audit: AuditEntry,
-    ) -> Result<bool, StoreError> {
-        self.call(Op::SetPause(target, paused, audit), |a| match a {
-            Answer::Flag(v) => Some(v),
-            _ => None,
-        })
-        .await
-    }
-
     async fn pauses(&self) -> Result<Vec<crate::Pause>, StoreError> {
         reader::pauses(&*self.reader().await?).await
-    }
-
-    async fn tick(&self, now: Timestamp) -> Result<Tick, StoreError> {
-        if !self.inner.tick_min.is_zero() {
-            let last = *self
-                .inner
-                .last_tick
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
-            if let Some((at, next_due)) = last {
-                if now < at.saturating_add(self.inner.tick_min) && now >= at {
-                    return Ok(Tick {
-                        next_due,
-                        ..Tick::default()
-                    });
-                }
-            }
-        }
-        let t = self
-            .call_internal(Op::Tick(now), |a| match a {
-                Answer::Tick(v) => Some(v),
-                _ => None,
-            })
-            .await?;
-        *self
-            .inner
-            .last_tick
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = Some((now, t.next_due));
-        Ok(t)
-    }
-
-    async fn record_admission(&self, rec: AdmissionRecord) -> Result<DeadLetterId, StoreError> {
-        self.call(Op::RecordAdmission(rec), |a| match a {
-            Answer::DeadLetter(v) => Some(v),
-            _ => None,
-        })
-        .await
     }
 
     async fn job(&self, id: JobId) -> Result<Option<JobView>, StoreError> {
@@ -767,13 +676,6 @@ impl Store for PostgresStore {
         cluster::dead_letters_after(&*self.reader().await?, after, limit).await
     }
 
-    async fn lead(&self, duty: crate::Duty) -> Result<bool, StoreError> {
-        if self.inner.closed.load(Ordering::Acquire) {
-            return Err(StoreError::Closed);
-        }
-        self.inner.leadership.lead(duty).await
-    }
-
     async fn match_dead_letters(
         &self,
         selector: Selector,
@@ -781,124 +683,8 @@ impl Store for PostgresStore {
         reader::match_dead_letters(&*self.reader().await?, &selector).await
     }
 
-    async fn redrive(
-        &self,
-        ids: Vec<DeadLetterId>,
-        now: Timestamp,
-        audit: Option<AuditId>,
-    ) -> Result<Vec<JobId>, StoreError> {
-        self.call(Op::Redrive(ids, now, audit), |a| match a {
-            Answer::Jobs(v) => Some(v),
-            _ => None,
-        })
-        .await
-    }
-
-    async fn redrive_corrected(
-        &self,
-        id: DeadLetterId,
-        fix: crate::PayloadFix,
-        now: Timestamp,
-        audit: Option<AuditId>,
-    ) -> Result<Option<JobId>, StoreError> {
-        self.call(Op::RedriveCorrected(id, fix, now, audit), |a| match a {
-            Answer::Job(v) => Some(v),
-            _ => None,
-        })
-        .await
-    }
-
-    async fn purge(
-        &self,
-        ids: Vec<DeadLetterId>,
-        audit: Option<AuditId>,
-    ) -> Result<u64, StoreError> {
-        self.call(Op::Purge(ids, audit), |a| match a {
-            Answer::Count(v) => Some(v),
-            _ => None,
-        })
-        .await
-    }
-
-    async fn audit(&self, entry: AuditEntry) -> Result<AuditId, StoreError> {
-        self.call(Op::Audit(entry), |a| match a {
-            Answer::Audit(v) => Some(v),
-            _ => None,
-        })
-        .await
-    }
-
     async fn audit_page(&self, query: AuditQuery) -> Result<AuditPage, StoreError> {
         reader::audit_page(&*self.reader().await?, &query).await
-    }
-
-    async fn stats(&self) -> Result<StoreStats, StoreError> {
-        self.call(Op::Stats, |a| match a {
-            Answer::Stats(v) => Some(v),
-            _ => None,
-        })
-        .await
-    }
-
-    async fn remove_succeeded(&self, before: Timestamp, batch: u32) -> Result<u64, StoreError> {
-        self.call_internal(Op::RemoveSucceeded(before, batch), |a| match a {
-            Answer::Count(v) => Some(v),
-            _ => None,
-        })
-        .await
-    }
-
-    async fn create_token(
-        &self,
-        token: crate::ApiToken,
-        audit: AuditEntry,
-    ) -> Result<Result<(), crate::TokenError>, StoreError> {
-        self.call(Op::CreateToken(token, audit), |a| match a {
-            Answer::Token(v) => Some(v),
-            _ => None,
-        })
-        .await
-    }
-
-    async fn revoke_token(&self, name: String, audit: AuditEntry) -> Result<bool, StoreError> {
-        self.call(Op::RevokeToken(name, audit), |a| match a {
-            Answer::Flag(v) => Some(v),
-            _ => None,
-        })
-        .await
-    }
-
-    async fn quarantine_message(&self, dl: SourceDeadLetter) -> Result<Quarantined, StoreError> {
-        let mut v = self.quarantine_messages(vec![dl]).await?;
-        v.pop()
-            .ok_or_else(|| StoreError::Corrupt("no answer for the quarantine".into()))
-    }
-
-    async fn quarantine_messages(
-        &self,
-        dls: Vec<SourceDeadLetter>,
-    ) -> Result<Vec<Quarantined>, StoreError> {
-        self.call(Op::Quarantine(dls), |a| match a {
-            Answer::Quarantined(v) => Some(v),
-            _ => None,
-        })
-        .await
-    }
-
-    async fn park_message(&self, p: ParkedMessage) -> Result<(), StoreError> {
-        self.call(Op::Park(p), |a| match a {
-            Answer::Done => Some(()),
-            _ => None,
-        })
-        .await
-    }
-
-    async fn unpark_message(&self, key: crate::MessageKey) -> Result<bool, StoreError> {
-        self.call(Op::Unpark(key), |a| match a {
-            Answer::Flag(v) => Some(v),
-            _ => None,
-        })
-        .await
     }
 
     async fn due_messages(
@@ -908,25 +694,6 @@ impl Store for PostgresStore {
         limit: u32,
     ) -> Result<Vec<ParkedMessage>, StoreError> {
         reader::due(&*self.reader().await?, &source, now, limit).await
-    }
-
-    async fn claim_due_messages(
-        &self,
-        source: String,
-        now: Timestamp,
-        limit: u32,
-        claimer: String,
-        expires_at: Timestamp,
-    ) -> Result<Vec<crate::ClaimedRetry>, StoreError> {
-        reader::claim_due(
-            &*self.reader().await?,
-            &source,
-            now,
-            limit,
-            &claimer,
-            expires_at,
-        )
-        .await
     }
 
     async fn parked_message(
@@ -977,20 +744,24 @@ impl Store for PostgresStore {
         reader::switches(&*self.reader().await?).await
     }
 
+    async fn lead(&self, duty: crate::Duty) -> Result<bool, StoreError> {
+        if self.inner.closed.load(Ordering::Acquire) {
+            return Err(StoreError::Closed);
+        }
+        self.inner.leadership.lead(duty).await
+    }
+
     async fn close(&self) -> Result<(), StoreError> {
         if self.inner.closed.swap(true, Ordering::AcqRel) {
             return Err(StoreError::Closed);
         }
         self.inner.leadership.resign().await;
-        let (tx, rx) = oneshot::channel();
-        let reply: writer::Reply = Box::new(move |r| {
-            let _ = tx.send(r.map(drop));
-        });
+        let (reply, answer) = Reply::new();
         self.inner.waiting.fetch_add(1, Ordering::AcqRel);
-        if self.inner.tx.send(Cmd { op: None, reply }).is_err() {
+        if self.inner.tx.send(Cmd::Close(reply)).is_err() {
             self.inner.waiting.fetch_sub(1, Ordering::AcqRel);
             return Ok(());
         }
-        rx.await.map_err(|_| StoreError::Closed)?
+        answer.await.map_err(|_| StoreError::Closed)?
     }
 }

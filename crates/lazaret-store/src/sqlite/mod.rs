@@ -34,13 +34,11 @@ use std::thread::JoinHandle;
 
 use lazaret_core::{FairScheduler, JobId, Timestamp};
 use rusqlite::Connection;
-use tokio::sync::oneshot;
 
+use crate::backend::{Backend, StoreOn};
 use crate::{
-    AdmissionRecord, AuditEntry, AuditId, AuditPage, AuditQuery, Completed, Completion, DeadLetter,
-    DeadLetterFilter, DeadLetterId, Decider, EnqueueOutcome, ItemError, JobView, LeaseRequest,
-    LeaseToken, LeasedJob, NewJob, ReasonCount, Selector, Stage, Store, StoreError, StoreStats,
-    Tick,
+    AuditPage, AuditQuery, DeadLetter, DeadLetterFilter, DeadLetterId, Decider, JobView,
+    ReasonCount, Selector, Stage, StoreError,
 };
 
 pub use schema::SCHEMA_VERSION;
@@ -89,9 +87,12 @@ pub const LOCK_FILE: &str = "lazaret.lock";
 /// and close are never refused.
 pub const COMMANDS_MAX: usize = 10_000;
 
-/// The SQLite [`Store`].
+/// The SQLite [`Store`](crate::Store): the generic store on [`Sqlite`].
+pub type SqliteStore = StoreOn<Sqlite>;
+
+/// The SQLite backend: the writer thread's queue and the reader connection.
 #[derive(Debug)]
-pub struct SqliteStore {
+pub struct Sqlite {
     tx: mpsc::Sender<Cmd>,
     /// Commands sent and not yet taken by the writer.
     waiting: Arc<AtomicUsize>,
@@ -369,7 +370,7 @@ impl SqliteStore {
                 drop(lock);
             })
             .map_err(open_error(dir))?;
-        Ok(SqliteStore {
+        Ok(StoreOn::new(Sqlite {
             tx,
             waiting,
             commands_max: commands_max.max(1),
@@ -378,64 +379,18 @@ impl SqliteStore {
             path,
             closed: AtomicBool::new(false),
             failure,
-        })
+        }))
     }
 
     /// The database file.
     pub fn path(&self) -> &Path {
-        &self.path
-    }
-
-    /// Sends a request's command to the writer and waits for its answer;
-    /// [`StoreError::Overloaded`] at once when [`COMMANDS_MAX`] commands
-    /// wait already.
-    async fn call<T>(
-        &self,
-        make: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> Cmd,
-    ) -> Result<T, StoreError> {
-        let before = self.waiting.fetch_add(1, Ordering::AcqRel);
-        if before >= self.commands_max {
-            self.waiting.fetch_sub(1, Ordering::AcqRel);
-            return Err(StoreError::Overloaded { waiting: before });
-        }
-        self.send(make).await
-    }
-
-    /// [`SqliteStore::call`] without the bound: housekeeping and close,
-    /// which must run however busy the store is (one of each at a time).
-    async fn call_internal<T>(
-        &self,
-        make: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> Cmd,
-    ) -> Result<T, StoreError> {
-        self.waiting.fetch_add(1, Ordering::AcqRel);
-        self.send(make).await
-    }
-
-    async fn send<T>(
-        &self,
-        make: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> Cmd,
-    ) -> Result<T, StoreError> {
-        let (tx, rx) = oneshot::channel();
-        if self.tx.send(make(tx)).is_err() {
-            self.waiting.fetch_sub(1, Ordering::AcqRel);
-            return Err(self.gone());
-        }
-        rx.await.map_err(|_| self.gone())?
-    }
-
-    /// Why the writer takes no command: it died (the failure says so), or
-    /// the store was closed.
-    fn gone(&self) -> StoreError {
-        match self.failure.get() {
-            Some(why) => StoreError::NotApplied(why.clone()),
-            None => StoreError::Closed,
-        }
+        &self.backend.path
     }
 
     /// Commands sent to the writer that it has not taken yet (at most
     /// [`COMMANDS_MAX`] of them requests).
     pub fn commands_waiting(&self) -> usize {
-        self.waiting.load(Ordering::Acquire)
+        self.backend.waiting.load(Ordering::Acquire)
     }
 
     /// Holds the writer until the returned sender is dropped (or sends);
@@ -445,8 +400,9 @@ impl SqliteStore {
     pub fn hold_writer(&self) -> mpsc::Sender<()> {
         let (held, is_held) = mpsc::channel();
         let (resume, until) = mpsc::channel();
-        self.waiting.fetch_add(1, Ordering::AcqRel);
-        self.tx
+        self.backend.waiting.fetch_add(1, Ordering::AcqRel);
+        self.backend
+            .tx
             .send(Cmd::Hold(held, until))
             .expect("the writer runs");
         is_held.recv().expect("the writer holds");
@@ -457,11 +413,38 @@ impl SqliteStore {
     /// it is gone. For tests of a dead writer.
     #[cfg(any(test, feature = "test-hooks"))]
     pub fn crash_writer(&self) {
-        self.waiting.fetch_add(1, Ordering::AcqRel);
-        let _ = self.tx.send(Cmd::Crash);
-        let handle = self.writer.lock().ok().and_then(|mut h| h.take());
+        self.backend.waiting.fetch_add(1, Ordering::AcqRel);
+        let _ = self.backend.tx.send(Cmd::Crash);
+        let handle = self.backend.writer.lock().ok().and_then(|mut h| h.take());
         if let Some(handle) = handle {
             let _ = handle.join();
+        }
+    }
+}
+
+impl Sqlite {
+    /// Sends a command to the writer; [`StoreError::Overloaded`] at once
+    /// when `bounded` and [`COMMANDS_MAX`] commands wait already (requests;
+    /// housekeeping and close must run however busy the store is).
+    fn send(&self, cmd: Cmd, bounded: bool) -> Result<(), StoreError> {
+        let before = self.waiting.fetch_add(1, Ordering::AcqRel);
+        if bounded && before >= self.commands_max {
+            self.waiting.fetch_sub(1, Ordering::AcqRel);
+            return Err(StoreError::Overloaded { waiting: before });
+        }
+        if self.tx.send(cmd).is_err() {
+            self.waiting.fetch_sub(1, Ordering::AcqRel);
+            return Err(self.gone());
+        }
+        Ok(())
+    }
+
+    /// Why the writer takes no command: it died (the failure says so), or
+    /// the store was closed.
+    fn gone(&self) -> StoreError {
+        match self.failure.get() {
+            Some(why) => StoreError::NotApplied(why.clone()),
+            None => StoreError::Closed,
         }
     }
 
@@ -482,7 +465,7 @@ impl SqliteStore {
     }
 }
 
-impl Drop for SqliteStore {
+impl Drop for Sqlite {
     /// Stops the writer and waits for it: it runs what was already sent,
     /// closes its connection and releases the directory's lock, so the
     /// directory can be opened again as soon as the store is gone. (`close`
@@ -496,67 +479,22 @@ impl Drop for SqliteStore {
     }
 }
 
-impl Store for SqliteStore {
-    async fn enqueue(&self, jobs: Vec<NewJob>) -> Result<Vec<EnqueueOutcome>, StoreError> {
-        self.call(|tx| Cmd::Enqueue(jobs, tx)).await
+impl Backend for Sqlite {
+    fn submit(&self, r: crate::request::Request) -> Result<(), StoreError> {
+        let bounded = !r.is_housekeeping();
+        self.send(Cmd::Request(r), bounded)
     }
 
-    async fn lease(&self, req: LeaseRequest) -> Result<Vec<LeasedJob>, StoreError> {
-        self.call(|tx| Cmd::Lease(req, tx)).await
-    }
-
-    async fn complete(
-        &self,
-        items: Vec<Completion>,
-        now: Timestamp,
-    ) -> Result<Vec<Result<Completed, ItemError>>, StoreError> {
-        self.call(|tx| Cmd::Complete(items, now, tx)).await
-    }
-
-    async fn heartbeat(
-        &self,
-        id: JobId,
-        token: LeaseToken,
-        expires_at: Timestamp,
-        now: Timestamp,
-    ) -> Result<Result<crate::Heartbeat, ItemError>, StoreError> {
-        self.call(|tx| Cmd::Heartbeat(id, token, expires_at, now, tx))
-            .await
-    }
-
-    async fn cancel(
-        &self,
-        id: JobId,
-        now: Timestamp,
-        audit: AuditEntry,
-    ) -> Result<Result<crate::Cancelled, crate::CancelError>, StoreError> {
-        self.call(|tx| Cmd::Cancel(id, now, audit, tx)).await
+    fn gone(&self) -> StoreError {
+        Sqlite::gone(self)
     }
 
     async fn jobs(&self, query: crate::JobQuery) -> Result<crate::JobPage, StoreError> {
         self.read(move |c| reader::jobs(c, &query)).await
     }
 
-    async fn set_pause(
-        &self,
-        target: crate::PauseTarget,
-        paused: bool,
-        audit: AuditEntry,
-    ) -> Result<bool, StoreError> {
-        self.call(|tx| Cmd::SetPause(target, paused, audit, tx))
-            .await
-    }
-
     async fn pauses(&self) -> Result<Vec<crate::Pause>, StoreError> {
         self.read(reader::pauses).await
-    }
-
-    async fn tick(&self, now: Timestamp) -> Result<Tick, StoreError> {
-        self.call_internal(|tx| Cmd::Tick(now, tx)).await
-    }
-
-    async fn record_admission(&self, rec: AdmissionRecord) -> Result<DeadLetterId, StoreError> {
-        self.call(|tx| Cmd::RecordAdmission(rec, tx)).await
     }
 
     async fn job(&self, id: JobId) -> Result<Option<JobView>, StoreError> {
@@ -605,86 +543,8 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn redrive(
-        &self,
-        ids: Vec<DeadLetterId>,
-        now: Timestamp,
-        audit: Option<AuditId>,
-    ) -> Result<Vec<JobId>, StoreError> {
-        self.call(|tx| Cmd::Redrive(ids, now, audit, tx)).await
-    }
-
-    async fn redrive_corrected(
-        &self,
-        id: DeadLetterId,
-        fix: crate::PayloadFix,
-        now: Timestamp,
-        audit: Option<AuditId>,
-    ) -> Result<Option<JobId>, StoreError> {
-        self.call(|tx| Cmd::RedriveCorrected(id, fix, now, audit, tx))
-            .await
-    }
-
-    async fn purge(
-        &self,
-        ids: Vec<DeadLetterId>,
-        audit: Option<AuditId>,
-    ) -> Result<u64, StoreError> {
-        self.call(|tx| Cmd::Purge(ids, audit, tx)).await
-    }
-
-    async fn audit(&self, entry: AuditEntry) -> Result<AuditId, StoreError> {
-        self.call(|tx| Cmd::Audit(entry, tx)).await
-    }
-
     async fn audit_page(&self, query: AuditQuery) -> Result<AuditPage, StoreError> {
         self.read(move |c| reader::audit_page(c, &query)).await
-    }
-
-    async fn stats(&self) -> Result<StoreStats, StoreError> {
-        self.call(Cmd::Stats).await
-    }
-
-    async fn remove_succeeded(&self, before: Timestamp, batch: u32) -> Result<u64, StoreError> {
-        self.call_internal(|tx| Cmd::RemoveSucceeded(before, batch, tx))
-            .await
-    }
-
-    async fn create_token(
-        &self,
-        token: crate::ApiToken,
-        audit: AuditEntry,
-    ) -> Result<Result<(), crate::TokenError>, StoreError> {
-        self.call(|tx| Cmd::CreateToken(token, audit, tx)).await
-    }
-
-    async fn revoke_token(&self, name: String, audit: AuditEntry) -> Result<bool, StoreError> {
-        self.call(|tx| Cmd::RevokeToken(name, audit, tx)).await
-    }
-
-    async fn quarantine_message(
-        &self,
-        dl: crate::SourceDeadLetter,
-    ) -> Result<crate::Quarantined, StoreError> {
-        self.call(|tx| Cmd::Quarantine(Box::new(dl), tx)).await
-    }
-
-    async fn quarantine_messages(
-        &self,
-        dls: Vec<crate::SourceDeadLetter>,
-    ) -> Result<Vec<crate::Quarantined>, StoreError> {
-        if dls.is_empty() {
-            return Ok(Vec::new());
-        }
-        self.call(|tx| Cmd::QuarantineMany(dls, tx)).await
-    }
-
-    async fn park_message(&self, p: crate::ParkedMessage) -> Result<(), StoreError> {
-        self.call(|tx| Cmd::Park(Box::new(p), tx)).await
-    }
-
-    async fn unpark_message(&self, key: crate::MessageKey) -> Result<bool, StoreError> {
-        self.call(|tx| Cmd::Unpark(Box::new(key), tx)).await
     }
 
     async fn due_messages(
@@ -695,29 +555,6 @@ impl Store for SqliteStore {
     ) -> Result<Vec<crate::ParkedMessage>, StoreError> {
         self.read(move |c| sources::due(c, &source, now, limit))
             .await
-    }
-
-    async fn claim_due_messages(
-        &self,
-        source: String,
-        now: Timestamp,
-        limit: u32,
-        claimer: String,
-        expires_at: Timestamp,
-    ) -> Result<Vec<crate::ClaimedRetry>, StoreError> {
-        self.call(|tx| {
-            Cmd::ClaimDue(
-                Box::new(sources::Claim {
-                    source,
-                    now,
-                    limit,
-                    claimer,
-                    expires_at,
-                }),
-                tx,
-            )
-        })
-        .await
     }
 
     async fn next_message_due(&self, source: String) -> Result<Option<Timestamp>, StoreError> {
@@ -753,7 +590,11 @@ impl Store for SqliteStore {
 
     async fn close(&self) -> Result<(), StoreError> {
         self.closed.store(true, Ordering::Release);
-        let r = self.call_internal(Cmd::Close).await;
+        let (reply, answer) = crate::request::Reply::new();
+        let r = match self.send(Cmd::Close(reply), false) {
+            Ok(()) => answer.await.map_err(|_| self.gone()).and_then(|r| r),
+            Err(e) => Err(e),
+        };
         if let Err(StoreError::NotDurable(_)) = &r {
             // After a failed fsync the last connection to close must not
             // checkpoint either (see `writer::Writer::close`).
@@ -777,8 +618,10 @@ mod tests {
     use std::time::Duration;
 
     use lazaret_core::{Envelope, Event, SchedulerConfig, Transition};
+    use tokio::sync::oneshot;
 
     use super::*;
+    use crate::{Completion, EnqueueOutcome, LeaseRequest, NewJob, Store};
 
     /// These tests only enqueue: nothing is ever decided.
     struct NoDecisions;
@@ -1001,9 +844,11 @@ mod tests {
         sql: &str,
         gate: mpsc::Receiver<()>,
     ) -> oneshot::Receiver<Result<(), StoreError>> {
-        let (tx, rx) = oneshot::channel();
-        s.waiting.fetch_add(1, Ordering::AcqRel);
-        s.tx.send(Cmd::Sql(sql.into(), gate, tx))
+        let (tx, rx) = crate::request::Reply::new();
+        s.backend.waiting.fetch_add(1, Ordering::AcqRel);
+        s.backend
+            .tx
+            .send(Cmd::Sql(sql.into(), gate, tx))
             .expect("writer running");
         rx
     }
@@ -1016,9 +861,14 @@ mod tests {
         s: &SqliteStore,
         key: &str,
     ) -> oneshot::Receiver<Result<Vec<EnqueueOutcome>, StoreError>> {
-        let (tx, rx) = oneshot::channel();
-        s.waiting.fetch_add(1, Ordering::AcqRel);
-        s.tx.send(Cmd::Enqueue(vec![job(key)], tx))
+        let (reply, rx) = crate::request::Reply::new();
+        s.backend.waiting.fetch_add(1, Ordering::AcqRel);
+        s.backend
+            .tx
+            .send(Cmd::Request(crate::request::Request::Enqueue {
+                jobs: vec![job(key)],
+                reply,
+            }))
             .expect("writer running");
         rx
     }
@@ -1117,15 +967,15 @@ mod tests {
             tokio::spawn(async move { s.enqueue(jobs).await })
         };
         let first = send(bulk("a"));
-        while s.waiting.load(Ordering::Acquire) < 1 {
+        while s.backend.waiting.load(Ordering::Acquire) < 1 {
             tokio::task::yield_now().await;
         }
         let second = send(bulk("b"));
-        while s.waiting.load(Ordering::Acquire) < 2 {
+        while s.backend.waiting.load(Ordering::Acquire) < 2 {
             tokio::task::yield_now().await;
         }
         let small = send(vec![job("small")]);
-        while s.waiting.load(Ordering::Acquire) < 3 {
+        while s.backend.waiting.load(Ordering::Acquire) < 3 {
             tokio::task::yield_now().await;
         }
         drop(resume);
@@ -1177,7 +1027,7 @@ mod tests {
                 tokio::spawn(async move { s.enqueue(vec![job(key)]).await })
             })
             .collect();
-        while s.waiting.load(Ordering::Acquire) < 2 {
+        while s.backend.waiting.load(Ordering::Acquire) < 2 {
             tokio::task::yield_now().await;
         }
         let refused = s
@@ -1219,7 +1069,7 @@ mod tests {
             ),
             "{out:?}"
         );
-        assert_eq!(s.waiting.load(Ordering::Acquire), 0);
+        assert_eq!(s.backend.waiting.load(Ordering::Acquire), 0);
         s.close().await.unwrap();
     }
 

@@ -150,20 +150,14 @@ pub(super) fn due(
     Ok(out)
 }
 
-/// A claim of due held retries ([`crate::Store::claim_due_messages`]).
-pub(super) struct Claim {
-    pub source: String,
-    pub now: Timestamp,
-    pub limit: u32,
-    pub claimer: String,
-    pub expires_at: Timestamp,
-}
-
 /// Claims the due, unclaimed (or expired-claim) held retries of a source,
 /// earliest first, each with the claimer whose claim had expired. Run by
 /// the single writer, so two callers never claim the same retry (and the
 /// read of the old claimer and the update are one step).
-pub(super) fn claim_due(c: &Connection, claim: &Claim) -> Result<Vec<ClaimedRetry>, StoreError> {
+pub(super) fn claim_due(
+    c: &Connection,
+    claim: &crate::request::Claim,
+) -> Result<Vec<ClaimedRetry>, StoreError> {
     let mut pick = db(c.prepare_cached(
         "SELECT rowid, claimed_by, due_at, ref, envelope, body FROM source_parked
          WHERE source = ?1 AND due_at <= ?2

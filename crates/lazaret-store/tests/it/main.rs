@@ -2,5 +2,6 @@
 //! conformance suite (`lazaret-store-conformance`) run against each backend,
 //! and what only one backend has.
 
+mod faulty;
 mod postgres;
 mod sqlite;

@@ -1,0 +1,264 @@
+//! A store that fails on purpose, beside the seam, for tests of what a
+//! caller does when its store fails (as redb's fault-injecting backend).
+//!
+//! [`StoreOn::with_faults`] wraps any store (SQLite, PostgreSQL) in a
+//! [`Faulty`] backend, and hands back the [`Faults`] switch: after a
+//! countdown of requests to the writer (every write, housekeeping, and
+//! `stats`, which both writers answer), each further one fails in one of
+//! two ways ([`Fault`]):
+//! - [`Fault::NotApplied`]: refused before the writer sees it, as a group
+//!   that was rolled back; nothing of it happened.
+//! - [`Fault::AnswerLost`]: applied and committed as usual, but its caller
+//!   gets an error, as when the connection drops between COMMIT and its
+//!   answer: the outcome is ambiguous to the caller.
+//!
+//! Reads, what is the backends' own (close, PostgreSQL's events, switches
+//! and leadership) and claims of held retries (which PostgreSQL runs on a
+//! reader) pass through untouched.
+
+use std::sync::{Arc, Mutex};
+
+use lazaret_core::{JobId, Timestamp};
+
+use crate::backend::{Backend, StoreOn};
+use crate::request::{Claim, Request};
+use crate::{
+    ApiToken, AuditPage, AuditQuery, ClaimedRetry, DeadLetter, DeadLetterFilter, DeadLetterId,
+    Duty, Held, JobPage, JobQuery, JobView, MessageKey, ParkedMessage, Pause, ReasonCount,
+    RecentDeadLetter, Selector, Stage, StoreError, StoreEvent, Switch, Tick,
+};
+
+/// How a request fails once the countdown ran out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Fault {
+    /// Not applied: the caller gets [`StoreError::NotApplied`] and nothing
+    /// of the request happened.
+    NotApplied,
+    /// Applied, but the caller gets a [`StoreError::Db`] instead of the
+    /// answer (an answer lost after the commit).
+    AnswerLost,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Write requests still to pass before faults start; `None`: no faults.
+    countdown: Option<u64>,
+    fault: Option<Fault>,
+    /// Requests failed so far.
+    injected: u64,
+}
+
+/// The switch of a faulty store's faults; clones share it.
+#[derive(Clone, Debug, Default)]
+pub struct Faults(Arc<Mutex<State>>);
+
+impl Faults {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Lets `n` more write requests through, then fails every next one
+    /// with `fault` (until [`Faults::heal`] or another countdown).
+    pub fn fail_after(&self, n: u64, fault: Fault) {
+        let mut s = self.state();
+        s.countdown = Some(n);
+        s.fault = Some(fault);
+    }
+
+    /// No more faults.
+    pub fn heal(&self) {
+        let mut s = self.state();
+        s.countdown = None;
+        s.fault = None;
+    }
+
+    /// Requests failed on purpose so far.
+    pub fn injected(&self) -> u64 {
+        self.state().injected
+    }
+
+    /// The fault for the next write request, if it gets one.
+    fn next(&self) -> Option<Fault> {
+        let mut s = self.state();
+        match s.countdown {
+            None => None,
+            Some(0) => {
+                s.injected += 1;
+                s.fault
+            }
+            Some(n) => {
+                s.countdown = Some(n - 1);
+                None
+            }
+        }
+    }
+}
+
+/// A backend whose write requests fail on purpose ([`Faults`]).
+#[derive(Debug)]
+pub struct Faulty<B> {
+    inner: B,
+    faults: Faults,
+}
+
+/// A store whose writes fail on purpose: see [`StoreOn::with_faults`].
+pub type FaultyStore<B> = StoreOn<Faulty<B>>;
+
+impl<B> StoreOn<B> {
+    /// This store, with faults injected as the returned switch says (none
+    /// until it is set).
+    pub fn with_faults(self) -> (FaultyStore<B>, Faults) {
+        let faults = Faults::default();
+        let store = StoreOn::new(Faulty {
+            inner: self.backend,
+            faults: faults.clone(),
+        });
+        (store, faults)
+    }
+}
+
+impl<B> FaultyStore<B> {
+    /// The switch of this store's faults.
+    pub fn faults(&self) -> &Faults {
+        &self.backend.faults
+    }
+}
+
+impl<B: Backend> Backend for Faulty<B> {
+    fn submit(&self, r: Request) -> Result<(), StoreError> {
+        match self.faults.next() {
+            None => self.inner.submit(r),
+            Some(Fault::NotApplied) => Err(StoreError::NotApplied(
+                "a fault injected by the test (the group was not applied)".into(),
+            )),
+            Some(Fault::AnswerLost) => self.inner.submit(r.lose_answer(
+                "a fault injected by the test: the answer was lost after the commit, so the request may have been applied".into(),
+            )),
+        }
+    }
+
+    fn gone(&self) -> StoreError {
+        self.inner.gone()
+    }
+
+    fn tick_skip(&self, now: Timestamp) -> Option<Tick> {
+        self.inner.tick_skip(now)
+    }
+
+    fn ticked(&self, now: Timestamp, t: &Tick) {
+        self.inner.ticked(now, t);
+    }
+
+    async fn claim_due_messages(&self, claim: Claim) -> Result<Vec<ClaimedRetry>, StoreError> {
+        self.inner.claim_due_messages(claim).await
+    }
+
+    async fn jobs(&self, query: JobQuery) -> Result<JobPage, StoreError> {
+        self.inner.jobs(query).await
+    }
+
+    async fn pauses(&self) -> Result<Vec<Pause>, StoreError> {
+        self.inner.pauses().await
+    }
+
+    async fn job(&self, id: JobId) -> Result<Option<JobView>, StoreError> {
+        self.inner.job(id).await
+    }
+
+    async fn dead_letters(
+        &self,
+        filter: DeadLetterFilter,
+        limit: u32,
+        cursor: Option<DeadLetterId>,
+    ) -> Result<(Vec<DeadLetter>, Option<DeadLetterId>), StoreError> {
+        self.inner.dead_letters(filter, limit, cursor).await
+    }
+
+    async fn dead_letter(&self, id: DeadLetterId) -> Result<Option<DeadLetter>, StoreError> {
+        self.inner.dead_letter(id).await
+    }
+
+    async fn dead_letter_payload(
+        &self,
+        id: DeadLetterId,
+    ) -> Result<Option<Option<Vec<u8>>>, StoreError> {
+        self.inner.dead_letter_payload(id).await
+    }
+
+    async fn reasons(&self) -> Result<Vec<ReasonCount>, StoreError> {
+        self.inner.reasons().await
+    }
+
+    async fn dead_letters_after(
+        &self,
+        after: DeadLetterId,
+        limit: u32,
+    ) -> Result<Vec<RecentDeadLetter>, StoreError> {
+        self.inner.dead_letters_after(after, limit).await
+    }
+
+    async fn match_dead_letters(
+        &self,
+        selector: Selector,
+    ) -> Result<Vec<(DeadLetterId, Stage)>, StoreError> {
+        self.inner.match_dead_letters(selector).await
+    }
+
+    async fn audit_page(&self, query: AuditQuery) -> Result<AuditPage, StoreError> {
+        self.inner.audit_page(query).await
+    }
+
+    async fn due_messages(
+        &self,
+        source: String,
+        now: Timestamp,
+        limit: u32,
+    ) -> Result<Vec<ParkedMessage>, StoreError> {
+        self.inner.due_messages(source, now, limit).await
+    }
+
+    async fn parked_message(&self, key: MessageKey) -> Result<Option<ParkedMessage>, StoreError> {
+        self.inner.parked_message(key).await
+    }
+
+    async fn next_message_due(&self, source: String) -> Result<Option<Timestamp>, StoreError> {
+        self.inner.next_message_due(source).await
+    }
+
+    async fn message_held(&self, key: MessageKey) -> Result<Held, StoreError> {
+        self.inner.message_held(key).await
+    }
+
+    async fn tokens(&self) -> Result<Vec<ApiToken>, StoreError> {
+        self.inner.tokens().await
+    }
+
+    fn orders_one_job_commands(&self) -> bool {
+        self.inner.orders_one_job_commands()
+    }
+
+    fn failure(&self) -> Option<String> {
+        self.inner.failure()
+    }
+
+    fn events(&self) -> Option<tokio::sync::broadcast::Receiver<StoreEvent>> {
+        self.inner.events()
+    }
+
+    async fn publish(&self, switch: Switch) -> Result<(), StoreError> {
+        self.inner.publish(switch).await
+    }
+
+    async fn switches(&self) -> Result<Vec<Switch>, StoreError> {
+        self.inner.switches().await
+    }
+
+    async fn lead(&self, duty: Duty) -> Result<bool, StoreError> {
+        self.inner.lead(duty).await
+    }
+
+    async fn close(&self) -> Result<(), StoreError> {
+        self.inner.close().await
+    }
+}

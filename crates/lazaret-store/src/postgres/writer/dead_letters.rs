@@ -1,0 +1,184 @@
+//! Dead letters: admission records, redrives (with or without a corrected
+//! payload) and purges.
+
+use super::*;
+
+impl Writer {
+    pub(super) async fn record_admission(
+        &mut self,
+        rec: &AdmissionRecord,
+    ) -> Result<DeadLetterId, StoreError> {
+        let error = serde_json::json!({
+            "class": "permanent", "kind": rec.reason.as_str(), "message": rec.message,
+            "traceback": null, "retry_after_ms": null,
+        })
+        .to_string();
+        let rows = self
+            .query(
+                "INSERT INTO dead_letters (job_id, type, tenant, lane, reason, stage, attempts, error,
+                   idempotency_key, created_at, dead_lettered_at, payload_size, payload_sha256, payload_preview, payload)
+                 VALUES (NULL, $1, $2, $3, $4, 'admission', 0, $5, $6, $7, $7, $8, $9, $10, $11)
+                 RETURNING id",
+                &[
+                    &rec.job_type,
+                    &rec.tenant,
+                    &rec.lane,
+                    &rec.reason.as_str(),
+                    &error,
+                    &rec.idempotency_key,
+                    &ms(rec.now),
+                    &(rec.payload_size as i64),
+                    &rec.payload_sha256,
+                    &rec.payload_preview,
+                    &rec.payload,
+                ],
+            )
+            .await?;
+        Ok(DeadLetterId(rows[0].get::<_, i64>(0) as u64))
+    }
+
+    pub(super) async fn redrive(
+        &mut self,
+        ids: &[DeadLetterId],
+        now: Timestamp,
+        audit: Option<AuditId>,
+    ) -> Result<Vec<JobId>, StoreError> {
+        let mut out = Vec::new();
+        for dl in ids {
+            let rows = self
+                .query(
+                    "SELECT job_id FROM dead_letters WHERE id = $1 AND stage = 'processing' FOR UPDATE",
+                    &[&(dl.0 as i64)],
+                )
+                .await?;
+            let Some(job_id) = rows.first().and_then(|r| r.get::<_, Option<i64>>(0)) else {
+                continue;
+            };
+            let rows = self
+                .query(
+                    "SELECT id, type, tenant, lane, state, attempts, lease_started_at, worker_id,
+                       idempotency_key, schema_version, created_at, finished_at, envelope, payload
+                     FROM jobs WHERE id = $1 AND state = 'dead_lettered' FOR UPDATE",
+                    &[&job_id],
+                )
+                .await?;
+            let Some(row) = rows.first() else { continue };
+            let mut env = stored_job(row)?.envelope()?;
+            lazaret_core::redrive(&mut env);
+            self.execute(
+                "UPDATE jobs SET state = 'queued', run_at = $2, attempts = 0, finished_at = NULL,
+                 lease_started_at = NULL, worker_id = NULL, redrives = $3, envelope = $4 WHERE id = $1",
+                &[&job_id, &ms(now), &(env.redrives as i32), &env.to_json()],
+            )
+            .await?;
+            self.execute("DELETE FROM dead_letters WHERE id = $1", &[&(dl.0 as i64)])
+                .await?;
+            self.add_ready(
+                env.lane.as_str(),
+                env.tenant.as_str(),
+                env.job_type.as_str(),
+                1,
+            );
+            self.group.wake = true;
+            out.push(env.id);
+        }
+        self.audit_add(audit, out.len() as u64).await?;
+        Ok(out)
+    }
+
+    /// One processing dead letter back into line with a corrected payload
+    /// (the envelope keeps the one it replaced: `lazaret_core::redrive_corrected`).
+    pub(super) async fn redrive_corrected(
+        &mut self,
+        dl: DeadLetterId,
+        fix: &crate::PayloadFix,
+        now: Timestamp,
+        audit: Option<AuditId>,
+    ) -> Result<Option<JobId>, StoreError> {
+        let rows = self
+            .query(
+                "SELECT job_id FROM dead_letters WHERE id = $1 AND stage = 'processing' FOR UPDATE",
+                &[&(dl.0 as i64)],
+            )
+            .await?;
+        let Some(job_id) = rows.first().and_then(|r| r.get::<_, Option<i64>>(0)) else {
+            return Ok(None);
+        };
+        let rows = self
+            .query(
+                "SELECT id, type, tenant, lane, state, attempts, lease_started_at, worker_id,
+                   idempotency_key, schema_version, created_at, finished_at, envelope, payload
+                 FROM jobs WHERE id = $1 AND state = 'dead_lettered' FOR UPDATE",
+                &[&job_id],
+            )
+            .await?;
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        let stored = stored_job(row)?;
+        let mut env = stored.envelope()?;
+        lazaret_core::redrive_corrected(
+            &mut env,
+            lazaret_core::CorrectedPayload {
+                previous: &stored.payload,
+                payload: &fix.payload,
+                schema_version: fix.schema_version,
+                actor: &fix.actor,
+                reason: &fix.reason,
+                now,
+            },
+        );
+        self.execute(
+            "UPDATE jobs SET state = 'queued', run_at = $2, attempts = 0, finished_at = NULL,
+             lease_started_at = NULL, worker_id = NULL, redrives = $3, envelope = $4,
+             payload = $5, schema_version = $6 WHERE id = $1",
+            &[
+                &job_id,
+                &ms(now),
+                &(env.redrives as i32),
+                &env.to_json(),
+                &fix.payload,
+                &fix.schema_version.map(|v| v as i32),
+            ],
+        )
+        .await?;
+        self.execute("DELETE FROM dead_letters WHERE id = $1", &[&(dl.0 as i64)])
+            .await?;
+        self.add_ready(
+            env.lane.as_str(),
+            env.tenant.as_str(),
+            env.job_type.as_str(),
+            1,
+        );
+        self.group.wake = true;
+        self.audit_add(audit, 1).await?;
+        Ok(Some(env.id))
+    }
+
+    pub(super) async fn purge(
+        &mut self,
+        ids: &[DeadLetterId],
+        audit: Option<AuditId>,
+    ) -> Result<u64, StoreError> {
+        let mut n = 0;
+        for dl in ids {
+            let rows = self
+                .query(
+                    "DELETE FROM dead_letters WHERE id = $1 RETURNING job_id",
+                    &[&(dl.0 as i64)],
+                )
+                .await?;
+            let Some(row) = rows.first() else { continue };
+            if let Some(job_id) = row.get::<_, Option<i64>>(0) {
+                self.execute(
+                    "DELETE FROM jobs WHERE id = $1 AND state = 'dead_lettered'",
+                    &[&job_id],
+                )
+                .await?;
+            }
+            n += 1;
+        }
+        self.audit_add(audit, n).await?;
+        Ok(n)
+    }
+}

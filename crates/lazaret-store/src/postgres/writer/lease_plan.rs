@@ -1,0 +1,311 @@
+//! What a lease reads before the core's `plan_lease`: the lanes and
+//! types with ready jobs, the window of (lane, tenant) pairs to plan from,
+//! their counts, and the leased rows turned into answers.
+
+use super::*;
+
+/// Lanes with jobs ready, by a skip scan of `pairs_walk`: one index probe
+/// per lane, however many tenants wait in it.
+pub(super) const READY_LANES_SQL: &str = "WITH RECURSIVE l(lane) AS (
+        (SELECT lane FROM pairs WHERE ready > 0 ORDER BY lane LIMIT 1)
+        UNION ALL
+        SELECT (SELECT p.lane FROM pairs p WHERE p.ready > 0 AND p.lane > l.lane ORDER BY p.lane LIMIT 1)
+        FROM l WHERE l.lane IS NOT NULL)
+    SELECT lane FROM l WHERE lane IS NOT NULL";
+
+/// The types with jobs ready in lane `$1`, by a skip scan of `ready_types_walk`.
+pub(super) const LANE_TYPES_SQL: &str = "WITH RECURSIVE t(type) AS (
+        (SELECT type FROM ready_types WHERE lane = $1 AND ready > 0 ORDER BY type LIMIT 1)
+        UNION ALL
+        SELECT (SELECT r.type FROM ready_types r WHERE r.lane = $1 AND r.ready > 0 AND r.type > t.type
+                ORDER BY r.type LIMIT 1)
+        FROM t WHERE t.type IS NOT NULL)
+    SELECT type FROM t WHERE type IS NOT NULL";
+
+/// The next `$3` tenants with jobs ready in lane `$1` after `$2`, in byte
+/// order (`COLLATE "C"`: the order of the core's round), by `pairs_walk`.
+pub(super) const WALK_PAIRS_SQL: &str = r#"SELECT tenant FROM pairs
+    WHERE lane = $1 AND ready > 0 AND tenant COLLATE "C" > $2
+    ORDER BY tenant COLLATE "C" LIMIT $3"#;
+
+/// The same among the tenants with jobs of the types `$4` ready, by
+/// `ready_types_walk`: the first `$3` of each type, merged.
+pub(super) const WALK_TYPES_SQL: &str = r#"SELECT DISTINCT w.tenant COLLATE "C" FROM unnest($4::text[]) AS ty(type),
+    LATERAL (SELECT r.tenant FROM ready_types r
+             WHERE r.lane = $1 AND r.type = ty.type AND r.ready > 0 AND r.tenant COLLATE "C" > $2
+             ORDER BY r.tenant COLLATE "C" LIMIT $3) w
+    ORDER BY 1 LIMIT $3"#;
+
+/// Counts of the tenants `$2` of lane `$1`, by type (read without locks:
+/// the walk only chooses which pairs the lease locks and plans from).
+pub(super) const WALK_COUNTS_SQL: &str = "SELECT p.tenant, p.inflight, t.type, t.ready FROM pairs p
+    LEFT JOIN ready_types t ON t.lane = p.lane AND t.tenant = p.tenant AND t.ready > 0
+    WHERE p.lane = $1 AND p.tenant = ANY($2)";
+
+/// Tenants the walk reads per statement at most.
+pub(super) const WALK_BATCH_MAX: u32 = 1000;
+
+impl Writer {
+    /// The (lane, tenant) pairs a lease needs, in key order: per lane that
+    /// `lane_ok` lets through, its tenants with jobs ready (of the types
+    /// the lease may take) in byte order from the round's position
+    /// (`FairScheduler::resume_after`), wrapping once, offered to the
+    /// core's `LaneWindow` until it has enough; this group's own changes
+    /// counted in. With lane reserves, every pair holding leases too.
+    /// Nothing is locked here: the lease locks what this returns.
+    pub(super) async fn window(
+        &mut self,
+        req: &LeaseRequest,
+        filter: &LeaseFilter<'_>,
+        lane_ok: &impl Fn(&str) -> bool,
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        let every_type =
+            filter.types.is_none() && filter.excluded.is_empty() && filter.probes.is_empty();
+        // A lease of one lane (a worker's usual) walks that lane: a lane
+        // with nothing ready costs the walk's one read, as the lanes' would.
+        let mut lanes: BTreeSet<String> = match req.lanes.as_deref() {
+            Some([lane]) => BTreeSet::from([lane.as_str().to_owned()]),
+            _ => self
+                .query(READY_LANES_SQL, &[])
+                .await?
+                .iter()
+                .map(|r| r.get(0))
+                .collect(),
+        };
+        lanes.extend(
+            self.group
+                .deltas
+                .iter()
+                .filter(|(_, d)| d.ready > 0)
+                .map(|((l, _), _)| l.clone()),
+        );
+        lanes.retain(|l| lane_ok(l));
+        let batch = req.max_jobs.clamp(8, WALK_BATCH_MAX);
+        let limit = i64::from(batch);
+        let mut wanted: BTreeSet<(String, String)> = BTreeSet::new();
+        for lane in &lanes {
+            let types: Vec<String> = if every_type {
+                Vec::new()
+            } else {
+                let mut ts: BTreeSet<String> = match filter.types {
+                    Some(ts) => ts.iter().map(|t| t.as_str().to_owned()).collect(),
+                    None => self
+                        .query(LANE_TYPES_SQL, &[lane])
+                        .await?
+                        .iter()
+                        .map(|r| r.get(0))
+                        .collect(),
+                };
+                if filter.types.is_none() {
+                    let from = (lane.clone(), String::new(), String::new());
+                    ts.extend(
+                        self.group
+                            .typed
+                            .range(from..)
+                            .take_while(|((l, _, _), _)| l == lane)
+                            .filter(|(_, n)| **n > 0)
+                            .map(|((_, _, t), _)| t.clone()),
+                    );
+                }
+                ts.into_iter()
+                    .filter(|t| filter.admits(&JobType::new(t.as_str())))
+                    .collect()
+            };
+            if !every_type && types.is_empty() {
+                continue;
+            }
+            // This group's pairs with jobs ready, which `pairs` shows only
+            // at its commit.
+            let from = (lane.clone(), String::new());
+            let mine: BTreeSet<String> = self
+                .group
+                .deltas
+                .range(from..)
+                .take_while(|((l, _), _)| l == lane)
+                .filter(|(_, d)| d.ready > 0)
+                .map(|((_, t), _)| t.clone())
+                .collect();
+            let after: Option<String> = self
+                .scheduler
+                .resume_after(&Lane::new(lane.as_str()))
+                .map(str::to_owned);
+            let lane_id = Lane::new(lane.as_str());
+            let mut window = LaneWindow::new(filter, req.max_jobs);
+            // From the round's position to the end, then from the start up
+            // to the position.
+            let passes: Vec<(String, Option<String>)> = match &after {
+                Some(a) => vec![(a.clone(), None), (String::new(), Some(a.clone()))],
+                None => vec![(String::new(), None)],
+            };
+            'walk: for (mut lo, hi) in passes {
+                loop {
+                    let rows = if every_type {
+                        self.query(WALK_PAIRS_SQL, &[lane, &lo, &limit]).await?
+                    } else {
+                        self.query(WALK_TYPES_SQL, &[lane, &lo, &limit, &types])
+                            .await?
+                    };
+                    let mut batch_tenants: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+                    let full = batch_tenants.len() as i64 == limit;
+                    // The range this batch covers, this group's tenants in it merged.
+                    let end: Option<String> = if full {
+                        batch_tenants.last().cloned()
+                    } else {
+                        hi.clone()
+                    };
+                    let upper = match &end {
+                        Some(e) => std::ops::Bound::Included(e.clone()),
+                        None => std::ops::Bound::Unbounded,
+                    };
+                    batch_tenants.extend(
+                        mine.range((std::ops::Bound::Excluded(lo.clone()), upper))
+                            .cloned(),
+                    );
+                    batch_tenants.sort();
+                    batch_tenants.dedup();
+                    if let Some(h) = &hi {
+                        batch_tenants.retain(|t| t <= h);
+                    }
+                    let counted = self.walk_counts(lane, &batch_tenants).await?;
+                    for (tenant, inflight, ready) in &counted {
+                        self.lease_pairs += 1;
+                        let tenant_id = TenantId::new(tenant.as_str());
+                        let pair = PairCounts {
+                            lane: &lane_id,
+                            tenant: &tenant_id,
+                            inflight: *inflight,
+                            ready,
+                        };
+                        if window.offer(&self.scheduler, &pair) {
+                            wanted.insert((lane.clone(), tenant.clone()));
+                        }
+                        if window.is_full() {
+                            break 'walk;
+                        }
+                    }
+                    let past_hi = match (&hi, &end) {
+                        (Some(h), Some(e)) => e >= h,
+                        _ => false,
+                    };
+                    if !full || past_hi {
+                        break;
+                    }
+                    lo = end.expect("a full batch has a last tenant");
+                }
+            }
+        }
+        if self.scheduler.config().has_reserves() {
+            let busy = self
+                .query("SELECT lane, tenant FROM pairs WHERE inflight > 0", &[])
+                .await?;
+            for r in busy {
+                let (lane, tenant): (String, String) = (r.get(0), r.get(1));
+                if lane_ok(&lane) {
+                    self.lease_pairs += 1;
+                    wanted.insert((lane, tenant));
+                }
+            }
+            for ((lane, tenant), d) in &self.group.deltas {
+                if d.inflight > 0 && lane_ok(lane) {
+                    wanted.insert((lane.clone(), tenant.clone()));
+                }
+            }
+        }
+        Ok(wanted.into_iter().collect())
+    }
+
+    /// The counts of `tenants` of `lane` now (this group's changes
+    /// included), in the order given: (tenant, in flight, ready by type).
+    pub(super) async fn walk_counts(
+        &mut self,
+        lane: &str,
+        tenants: &[String],
+    ) -> Result<Vec<(String, u32, BTreeMap<JobType, u32>)>, StoreError> {
+        if tenants.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rows = self.query(WALK_COUNTS_SQL, &[&lane, &tenants]).await?;
+        let mut found: HashMap<String, (i64, BTreeMap<String, i64>)> = HashMap::new();
+        for r in rows {
+            let e = found
+                .entry(r.get(0))
+                .or_insert_with(|| (r.get(1), BTreeMap::new()));
+            if let Some(t) = r.get::<_, Option<String>>(2) {
+                e.1.insert(t, r.get(3));
+            }
+        }
+        Ok(tenants
+            .iter()
+            .map(|tenant| {
+                let key = (lane.to_owned(), tenant.clone());
+                let (mut inflight, mut by_type) = found.remove(tenant).unwrap_or_default();
+                if let Some(d) = self.group.deltas.get(&key) {
+                    inflight += d.inflight;
+                }
+                let from = (lane.to_owned(), tenant.clone(), String::new());
+                for ((l, t, ty), n) in self.group.typed.range(from..) {
+                    if (l.as_str(), t) != (lane, tenant) {
+                        break;
+                    }
+                    *by_type.entry(ty.clone()).or_default() += n;
+                }
+                let ready = by_type
+                    .into_iter()
+                    .filter(|(_, n)| *n > 0)
+                    .map(|(t, n)| (JobType::new(t), count32(n)))
+                    .collect();
+                (tenant.clone(), count32(inflight.max(0)), ready)
+            })
+            .collect())
+    }
+
+    /// The jobs a lease statement returned, oldest first, into `out`;
+    /// counted into the group's deltas, by type.
+    pub(super) fn take_leased(
+        &mut self,
+        rows: &[Row],
+        lane: &Lane,
+        tenant: &TenantId,
+        expires: Timestamp,
+        out: &mut Vec<LeasedJob>,
+    ) -> u32 {
+        let mut got: Vec<(i64, LeasedJob)> = rows
+            .iter()
+            .map(|r| {
+                (
+                    r.get::<_, i64>(8),
+                    LeasedJob {
+                        id: JobId(r.get::<_, i64>(0) as u64),
+                        job_type: JobType::new(r.get::<_, String>(1)),
+                        tenant: tenant.clone(),
+                        lane: lane.clone(),
+                        payload: r.get(5),
+                        attempt: r.get::<_, i32>(6) as u32,
+                        idempotency_key: r.get(2),
+                        schema_version: r.get::<_, Option<i32>>(3).map(|v| v as u32),
+                        lease_token: LeaseToken(r.get::<_, i64>(7) as u64),
+                        lease_expires_at: expires,
+                        created_at: Timestamp::from_millis(r.get(4)),
+                        ready_at: Timestamp::from_millis(r.get(8)),
+                    },
+                )
+            })
+            .collect();
+        got.sort_by_key(|(run_at, j)| (*run_at, j.id));
+        let n = got.len() as u32;
+        // Per type, once: a take reads one type, or a few.
+        let mut by_type: Vec<(&JobType, i64)> = Vec::new();
+        for (_, j) in &got {
+            match by_type.iter_mut().find(|(t, _)| *t == &j.job_type) {
+                Some((_, k)) => *k += 1,
+                None => by_type.push((&j.job_type, 1)),
+            }
+        }
+        for (t, k) in by_type {
+            self.add_ready(lane.as_str(), tenant.as_str(), t.as_str(), -k);
+        }
+        self.delta(lane.as_str(), tenant.as_str()).inflight += i64::from(n);
+        out.extend(got.into_iter().map(|(_, j)| j));
+        n
+    }
+}

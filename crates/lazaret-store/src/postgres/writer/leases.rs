@@ -1,0 +1,352 @@
+//! Leases: compatible leases of a group merged into one, each take's
+//! SQL, and heartbeats that extend a lease.
+
+use super::*;
+
+/// A lease's jobs (one run per take, each a (lane, tenant)) in turns:
+/// the first of each take, then the second of each, and so on, so that
+/// the requests sharing one lease get each what a lease of its own would
+/// have taken in the scheduler's round, not one tenant's run.
+pub(super) fn round_robin(jobs: Vec<LeasedJob>) -> Vec<LeasedJob> {
+    let mut runs: Vec<std::collections::VecDeque<LeasedJob>> = Vec::new();
+    for j in jobs {
+        match runs.last_mut() {
+            Some(run)
+                if run
+                    .back()
+                    .is_some_and(|b| b.lane == j.lane && b.tenant == j.tenant) =>
+            {
+                run.push_back(j);
+            }
+            _ => runs.push(std::collections::VecDeque::from([j])),
+        }
+    }
+    let mut out = Vec::with_capacity(runs.iter().map(|r| r.len()).sum());
+    while !runs.is_empty() {
+        for run in &mut runs {
+            out.extend(run.pop_front());
+        }
+        runs.retain(|r| !r.is_empty());
+    }
+    out
+}
+
+/// Whether two leases of one group can be planned as one: the same
+/// filter (lanes and types, asked and left out), no probe quotas (a
+/// half-open breaker's probes are counted per request) and the same time.
+/// Workers and lease lengths may differ: each job is then given its own.
+pub(super) fn leases_merge(a: &LeaseRequest, b: &LeaseRequest, db_now: Option<Timestamp>) -> bool {
+    a.lanes == b.lanes
+        && a.types == b.types
+        && a.exclude_types == b.exclude_types
+        && a.exclude_lanes == b.exclude_lanes
+        && a.type_limits.is_empty()
+        && b.type_limits.is_empty()
+        && db_now.unwrap_or(a.now) == db_now.unwrap_or(b.now)
+}
+
+/// Leases up to `$4` queued jobs of one (lane, tenant) and one type `$3`,
+/// oldest first, in one statement: one range of the typed ready index
+/// `jobs_ready_type` (lane, tenant, type, run_at, id), picked `FOR UPDATE
+/// SKIP LOCKED` (never a job another transaction holds), charged an attempt
+/// and given a token from the sequence `lease_tokens`.
+pub(super) const LEASE_ONE_SQL: &str = "WITH picked AS (
+                   SELECT id FROM jobs
+                   WHERE lane = $1 AND tenant = $2 AND type = $3 AND state = 'queued'
+                   ORDER BY run_at, id LIMIT $4 FOR UPDATE SKIP LOCKED)
+                 UPDATE jobs j SET state = 'leased', attempts = j.attempts + 1, leases = j.leases + 1,
+                   lease_token = nextval('lease_tokens'), lease_expires_at = $5, lease_started_at = $6,
+                   worker_id = $7
+                 FROM picked WHERE j.id = picked.id
+                 RETURNING j.id, j.type, j.idempotency_key, j.schema_version, j.created_at, j.payload,
+                   j.attempts, j.lease_token, j.run_at";
+
+/// [`LEASE_ONE_SQL`] among several types `$3`, as SQLite's writer does it:
+/// the first `$4` ready jobs of each type (a range of `jobs_ready_type`
+/// each, unlocked), merged by (run_at, id), and the oldest `$4` of them
+/// locked and leased. No read walks past jobs of a type it does not take.
+pub(super) const LEASE_MERGED_SQL: &str = "WITH picked AS (
+                   SELECT id FROM jobs
+                   WHERE id = ANY(ARRAY(
+                       SELECT x.id FROM unnest($3::text[]) AS t(type)
+                       CROSS JOIN LATERAL (
+                         SELECT id, run_at FROM jobs
+                         WHERE lane = $1 AND tenant = $2 AND type = t.type AND state = 'queued'
+                         ORDER BY run_at, id LIMIT $4) x
+                       ORDER BY x.run_at, x.id LIMIT $4))
+                     AND state = 'queued'
+                   FOR UPDATE SKIP LOCKED)
+                 UPDATE jobs j SET state = 'leased', attempts = j.attempts + 1, leases = j.leases + 1,
+                   lease_token = nextval('lease_tokens'), lease_expires_at = $5, lease_started_at = $6,
+                   worker_id = $7
+                 FROM picked WHERE j.id = picked.id
+                 RETURNING j.id, j.type, j.idempotency_key, j.schema_version, j.created_at, j.payload,
+                   j.attempts, j.lease_token, j.run_at";
+
+/// Gives the jobs of a merged lease that went to another request than the
+/// first its worker and lease end.
+pub(super) const LEASE_ASSIGN_SQL: &str =
+    "UPDATE jobs j SET worker_id = u.worker, lease_expires_at = u.expires
+     FROM unnest($1::int8[], $2::text[], $3::int8[]) AS u(id, worker, expires)
+     WHERE j.id = u.id";
+
+impl Writer {
+    /// Leases of one group with the same filter ([`leases_merge`]) as one:
+    /// one plan for all the jobs they ask, the jobs then handed out in the
+    /// requests' order (each request at most its `max_jobs`), and the jobs
+    /// of requests other than the first given their worker and lease end
+    /// by one UPDATE. One lease costs its statements once, however many
+    /// workers asked at the same moment.
+    pub(super) async fn lease_many(
+        &mut self,
+        reqs: &[LeaseRequest],
+    ) -> Result<Vec<Vec<LeasedJob>>, StoreError> {
+        let [first, rest @ ..] = reqs else {
+            return Ok(Vec::new());
+        };
+        if rest.is_empty() {
+            return Ok(vec![self.lease(first).await?]);
+        }
+        let combined = LeaseRequest {
+            max_jobs: reqs.iter().map(|r| r.max_jobs).fold(0, u32::saturating_add),
+            ..first.clone()
+        };
+        let first_end = combined.now.saturating_add(combined.lease);
+        let mut jobs = round_robin(self.lease(&combined).await?).into_iter();
+        let (mut ids, mut workers, mut ends) = (Vec::new(), Vec::new(), Vec::new());
+        let mut out = Vec::with_capacity(reqs.len());
+        for r in reqs {
+            let end = r.now.saturating_add(r.lease);
+            let mine: Vec<LeasedJob> = jobs
+                .by_ref()
+                .take(r.max_jobs as usize)
+                .map(|j| LeasedJob {
+                    lease_expires_at: end,
+                    ..j
+                })
+                .collect();
+            if r.worker_id != first.worker_id || end != first_end {
+                for j in &mine {
+                    ids.push(j.id.0 as i64);
+                    workers.push(r.worker_id.as_str());
+                    ends.push(ms(end));
+                }
+            }
+            out.push(mine);
+        }
+        debug_assert!(jobs.next().is_none(), "a lease took more than asked");
+        let assign = &mut self.group.assign;
+        assign.0.extend(ids);
+        assign.1.extend(workers.into_iter().map(str::to_owned));
+        assign.2.extend(ends);
+        Ok(out)
+    }
+
+    /// Leases what the core's lease plan says, as SQLite's writer does.
+    /// The pairs this lease may take from are locked (`FOR UPDATE`) with
+    /// their ready counts by type (`ready_types`): their counts are then
+    /// the cluster's until this group commits, and another node's lease of
+    /// the same pair waits for it, so a tenant's cap holds across nodes.
+    /// `plan_lease` turns the counts into takes; each take reads only the
+    /// rows it leases, by the typed ready index ([`LEASE_ONE_SQL`],
+    /// [`LEASE_MERGED_SQL`]), so what a lease costs does not depend on how
+    /// many jobs of other types wait. The takes' statements go out at once,
+    /// pipelined on the one connection.
+    pub(super) async fn lease(&mut self, req: &LeaseRequest) -> Result<Vec<LeasedJob>, StoreError> {
+        let mut out: Vec<LeasedJob> = Vec::new();
+        if req.max_jobs == 0 || req.types.as_ref().is_some_and(Vec::is_empty) {
+            // Nothing could be taken: no rows to lock.
+            return Ok(out);
+        }
+        let lane_ok = |lane: &str| {
+            req.lanes
+                .as_ref()
+                .is_none_or(|ls| ls.iter().any(|l| l.as_str() == lane))
+                && !req.exclude_lanes.iter().any(|l| l.as_str() == lane)
+        };
+        let filter = LeaseFilter {
+            types: req.types.as_deref(),
+            excluded: &req.exclude_types,
+            probes: &req.type_limits,
+        };
+        // Only the pairs the plan needs (the core's `LaneWindow`, walked
+        // from each lane's round position), then those locked in key order
+        // with their counts: a lease costs about `max_jobs` pairs, however
+        // many tenants have jobs ready.
+        let wanted = self.window(req, &filter, &lane_ok).await?;
+        if wanted.is_empty() {
+            return Ok(out);
+        }
+        let (wanted_lanes, wanted_tenants): (Vec<&str>, Vec<&str>) =
+            wanted.iter().map(|(l, t)| (l.as_str(), t.as_str())).unzip();
+        let rows = self
+            .query(
+                "SELECT p.lane, p.tenant, p.ready, p.inflight, t.type, t.ready FROM pairs p
+                 LEFT JOIN ready_types t ON t.lane = p.lane AND t.tenant = p.tenant AND t.ready > 0
+                 WHERE (p.lane, p.tenant) IN (SELECT * FROM unnest($1::text[], $2::text[]))
+                 ORDER BY p.lane, p.tenant FOR UPDATE OF p",
+                &[&wanted_lanes, &wanted_tenants],
+            )
+            .await?;
+        let mut keys: Vec<(String, String)> = Vec::new();
+        for r in rows {
+            let key: (String, String) = (r.get(0), r.get(1));
+            if keys.last() != Some(&key) {
+                self.group.base.insert(key.clone(), (r.get(2), r.get(3)));
+                self.group.base_types.insert(key.clone(), BTreeMap::new());
+                keys.push(key.clone());
+            }
+            if let Some(t) = r.get::<_, Option<String>>(4) {
+                let types = self.group.base_types.get_mut(&key).expect("inserted above");
+                types.insert(JobType::new(t), r.get(5));
+            }
+        }
+        // Pairs made ready by this group only (enqueued earlier in it): none
+        // of their jobs is another transaction's to see, so their types'
+        // counts are this group's.
+        let locked: HashSet<(String, String)> = keys.iter().cloned().collect();
+        let unseen: Vec<(String, String)> =
+            wanted.into_iter().filter(|k| !locked.contains(k)).collect();
+        for key in unseen {
+            self.counts(&key.0, &key.1).await?;
+            self.group.base_types.insert(key.clone(), BTreeMap::new());
+            keys.push(key);
+        }
+        keys.retain(|(lane, _)| lane_ok(lane));
+        // The counts now, this group's changes included.
+        let mut counted: Vec<(Lane, TenantId, u32, BTreeMap<JobType, u32>)> =
+            Vec::with_capacity(keys.len());
+        for key in &keys {
+            let base = self.group.base.get(key).copied().unwrap_or_default();
+            let d = self.group.deltas.get(key).copied().unwrap_or_default();
+            let mut by_type: BTreeMap<JobType, i64> =
+                self.group.base_types.get(key).cloned().unwrap_or_default();
+            let from = (key.0.clone(), key.1.clone(), String::new());
+            for ((l, t, ty), n) in self.group.typed.range(from..) {
+                if (l, t) != (&key.0, &key.1) {
+                    break;
+                }
+                *by_type.entry(JobType::new(ty.clone())).or_default() += n;
+            }
+            let by_type: BTreeMap<JobType, u32> = by_type
+                .into_iter()
+                .filter(|(_, n)| *n > 0)
+                .map(|(t, n)| (t, count32(n)))
+                .collect();
+            let inflight = count32(base.1 + d.inflight);
+            if !by_type.is_empty() || inflight > 0 {
+                counted.push((
+                    Lane::new(key.0.clone()),
+                    TenantId::new(key.1.clone()),
+                    inflight,
+                    by_type,
+                ));
+            }
+        }
+        // The takes, owned, with the types each reads (any type: those the
+        // pair has ready).
+        let takes: Vec<(usize, Vec<String>, u32)> = {
+            let pairs: Vec<PairCounts<'_>> = counted
+                .iter()
+                .map(|(lane, tenant, inflight, ready)| PairCounts {
+                    lane,
+                    tenant,
+                    inflight: *inflight,
+                    ready,
+                })
+                .collect();
+            plan_lease(&mut self.scheduler, &pairs, &filter, req.max_jobs)
+                .into_iter()
+                .map(|t| {
+                    let types = match t.among {
+                        Among::AnyType => counted[t.pair]
+                            .3
+                            .keys()
+                            .map(|ty| ty.as_str().to_owned())
+                            .collect(),
+                        Among::Types(ts) => ts.iter().map(|ty| ty.as_str().to_owned()).collect(),
+                    };
+                    (t.pair, types, t.count)
+                })
+                .collect()
+        };
+        if takes.is_empty() {
+            return Ok(out);
+        }
+        let one = self.stmt(LEASE_ONE_SQL).await?;
+        let merged = self.stmt(LEASE_MERGED_SQL).await?;
+        let expires = req.now.saturating_add(req.lease);
+        let (exp, now, worker) = (ms(expires), ms(req.now), req.worker_id.as_str());
+        // Per take: lane, tenant, types, count.
+        let args: Vec<(&str, &str, Vec<&str>, i64)> = takes
+            .iter()
+            .map(|(pair, types, count)| {
+                (
+                    counted[*pair].0.as_str(),
+                    counted[*pair].1.as_str(),
+                    types.iter().map(String::as_str).collect(),
+                    i64::from(*count),
+                )
+            })
+            .collect();
+        let calls: Vec<(&Statement, [&(dyn ToSql + Sync); 7])> = args
+            .iter()
+            .map(
+                |(lane, tenant, types, n)| -> (&Statement, [&(dyn ToSql + Sync); 7]) {
+                    match types.as_slice() {
+                        [one_type] => (&one, [lane, tenant, one_type, n, &exp, &now, &worker]),
+                        _ => (&merged, [lane, tenant, types, n, &exp, &now, &worker]),
+                    }
+                },
+            )
+            .collect();
+        let client = &self.client;
+        let results = futures_util::future::join_all(
+            calls.iter().map(|(st, p)| client.query(*st, p.as_slice())),
+        )
+        .await;
+        drop(calls);
+        for ((pair, _, count), rows) in takes.iter().zip(results) {
+            let rows = pg(rows)?;
+            let (lane, tenant) = (&counted[*pair].0, &counted[*pair].1);
+            let got = self.take_leased(&rows, lane, tenant, expires, &mut out);
+            if got < *count {
+                // A job of the take was locked by another transaction (a
+                // cancel), or the counts are off: this lease is short.
+                tracing::debug!(%lane, %tenant, planned = count, got, "a lease take came up short");
+            }
+        }
+        Ok(out)
+    }
+
+    pub(super) async fn heartbeat(
+        &mut self,
+        id: JobId,
+        token: LeaseToken,
+        until: Timestamp,
+        now: Timestamp,
+    ) -> Result<Result<crate::Heartbeat, ItemError>, StoreError> {
+        let rows = self
+            .query(
+                "UPDATE jobs SET lease_expires_at = $2
+                 WHERE id = $1 AND state = 'leased' AND lease_token = $3 AND lease_expires_at > $4
+                 RETURNING cancel_requested",
+                &[&(id.0 as i64), &ms(until), &(token.0 as i64), &ms(now)],
+            )
+            .await?;
+        if let Some(r) = rows.first() {
+            return Ok(Ok(crate::Heartbeat {
+                lease_expires_at: until,
+                cancel_requested: r.get(0),
+            }));
+        }
+        let exists = self
+            .query("SELECT 1 FROM jobs WHERE id = $1", &[&(id.0 as i64)])
+            .await?;
+        Ok(Err(if exists.is_empty() {
+            ItemError::NotFound
+        } else {
+            ItemError::LeaseLost
+        }))
+    }
+}

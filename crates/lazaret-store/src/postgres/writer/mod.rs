@@ -1,0 +1,563 @@
+//! The writer task: every change is a [`Request`] on a channel; the task takes
+//! all pending requests into one transaction (group commit), so concurrent
+//! requests share one commit (one WAL flush) instead of paying one each.
+//!
+//! If an op fails, the whole group rolls back and each of its ops runs
+//! again alone, in a transaction of its own (a serialization failure or a
+//! deadlock with another node is retried a few times), so one bad op
+//! cannot fail the others and every answer is what happened.
+//!
+//! Counts per (lane, tenant) (`pairs`) and ready counts per (lane, tenant,
+//! type) (`ready_types`) change with every transition; the group gathers
+//! the changes and writes them once, in key order (the pairs first, then
+//! their types), before its commit. A lease locks the pairs it may take
+//! from (`FOR UPDATE`): their counts are then the cluster's, and another
+//! node's lease of the same tenant waits for this commit, so a tenant's
+//! in-flight cap holds across nodes. What to lease is the core's
+//! `plan_lease`, from those counts by type; this writer only runs each
+//! take's SQL. Jobs are picked `FOR UPDATE SKIP LOCKED`: two nodes never
+//! wait on, or take, the same job.
+//!
+//! This file is the group commit loop; `requests.rs` runs each
+//! [`Request`] with its function, which lives in the file named for its
+//! concern (`jobs`, `leases` and `lease_plan`, `outcomes`, `dead_letters`,
+//! `sources`, `tokens`, `stats`), as in SQLite's writer.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+
+use lazaret_core::{
+    Among, Envelope, Event, FairScheduler, JobId, JobState, JobType, Lane, LaneWindow, LeaseFilter,
+    PairCounts, TenantId, Timestamp, Transition, payload_preview, plan_lease,
+};
+use tokio::sync::mpsc;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Client, Row, Statement};
+
+use super::{Channels, Clock, pg};
+use crate::request::{Reply, Request};
+use crate::stored::StoredJob;
+use crate::{
+    AdmissionRecord, ApiToken, AuditEntry, AuditId, Completed, Completion, DeadLetterId, Decider,
+    EnqueueOutcome, GroupCommitStats, ItemError, LaneCounts, LeaseRequest, LeaseToken, LeasedJob,
+    MessageKey, NewJob, ParkedMessage, Quarantined, SourceDeadLetter, StoreError, StoreStats, Tick,
+    TokenError,
+};
+
+mod dead_letters;
+mod jobs;
+mod lease_plan;
+mod leases;
+mod outcomes;
+mod requests;
+mod sources;
+mod stats;
+mod tokens;
+
+use leases::{LEASE_ASSIGN_SQL, leases_merge};
+use stats::{PAIRS_UPSERT_SQL, TYPES_UPSERT_SQL};
+
+/// Ops in one group at most.
+const GROUP_MAX: usize = 256;
+/// Tries of an op alone after a serialization failure or deadlock.
+const RETRIES_MAX: u32 = 5;
+/// The columns `StoredJob` is read from, in `stored_job`'s order.
+const COLUMNS: &str = "id, type, tenant, lane, state, attempts, lease_started_at, worker_id, \
+     idempotency_key, schema_version, created_at, finished_at, envelope, payload";
+
+/// A caller's time `t`, given at the caller's `now`, on the database's
+/// clock (`db_now`): the same distance from now.
+fn rebase(db_now: Option<Timestamp>, t: Timestamp, now: Timestamp) -> Timestamp {
+    match db_now {
+        Some(d) => Timestamp::from_millis(d.as_millis() + (t.as_millis() - now.as_millis())),
+        None => t,
+    }
+}
+
+/// What the writer task takes: a request, or the store's close.
+// Mostly requests, moved once into the channel.
+#[allow(clippy::large_enum_variant)]
+pub(super) enum Cmd {
+    Request(Request),
+    Close(Reply<()>),
+}
+
+impl Cmd {
+    /// Answers a command that comes after the close.
+    fn refuse(self) {
+        match self {
+            Cmd::Request(r) => r.reply().fail(StoreError::Closed),
+            Cmd::Close(reply) => reply.send(Err(StoreError::Closed)),
+        }
+    }
+}
+
+/// A request's answer, held until its group commits: sends the answer
+/// into the request's reply.
+pub(super) type Held<'a> = Box<dyn FnOnce() + Send + 'a>;
+
+/// Holds `v` as the answer for `reply`.
+fn held<'a, T: Send + 'a>(reply: &'a Reply<T>, v: T) -> Held<'a> {
+    Box::new(move || reply.send(Ok(v)))
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Delta {
+    ready: i64,
+    inflight: i64,
+    scheduled: i64,
+    succeeded: i64,
+    cancelled: i64,
+}
+
+/// What the group changed, written before its commit.
+#[derive(Default)]
+struct Group {
+    /// Count changes per (lane, tenant), applied in key order.
+    deltas: BTreeMap<(String, String), Delta>,
+    /// Ready count changes per (lane, tenant, type), applied in key order
+    /// after the pairs' (`ready_types`); they add up to `deltas`' `ready`.
+    typed: BTreeMap<(String, String, String), i64>,
+    /// Counts read in this group (before its own deltas).
+    base: HashMap<(String, String), (i64, i64)>,
+    /// Ready counts by type of the pairs a lease of this group locked
+    /// (before the group's own changes).
+    base_types: HashMap<(String, String), BTreeMap<JobType, i64>>,
+    /// Anything may have become leasable: other nodes' long-polls should look.
+    wake: bool,
+    /// Only these (lane, type) pairs became leasable (enqueues).
+    woken: BTreeSet<(String, String)>,
+    /// Jobs of merged leases to give their own request's worker and lease
+    /// end (id, worker, end in ms), written with the commit: no op of the
+    /// group reads them (their tokens are unknown until it commits, and
+    /// they expire after the group's time).
+    assign: (Vec<i64>, Vec<String>, Vec<i64>),
+}
+
+/// At most this many (lane, type) pairs named in one notification; more
+/// wake every waiter (a NOTIFY payload is at most 8000 bytes).
+const WOKEN_MAX: usize = 16;
+
+pub(super) struct Writer {
+    client: Client,
+    /// To connect again when the database restarts or the connection drops.
+    opts: super::PgOptions,
+    /// Why the writer cannot reach the database now (`Store::failure`).
+    down: Arc<std::sync::Mutex<Option<String>>>,
+    statements: HashMap<&'static str, Statement>,
+    scheduler: FairScheduler,
+    decider: Arc<dyn Decider>,
+    clock: Clock,
+    channels: Channels,
+    group: Group,
+    commits: u64,
+    commands: u64,
+    /// Lease ops run since start.
+    leases: u64,
+    /// (lane, tenant) pairs those leases looked at (`GroupCommitStats::lease_pairs`).
+    lease_pairs: u64,
+}
+
+fn ms(t: Timestamp) -> i64 {
+    t.as_millis()
+}
+
+/// A count of the database's as the core counts (negative: 0; past
+/// `u32::MAX`: `u32::MAX`).
+fn count32(n: i64) -> u32 {
+    u32::try_from(n.max(0)).unwrap_or(u32::MAX)
+}
+
+fn corrupt(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(e.to_string())
+}
+
+/// Whether another try alone may succeed: a serialization failure, a
+/// deadlock with another node, or a unique key another node took meanwhile.
+fn retryable(e: &StoreError) -> bool {
+    matches!(e, StoreError::Db(d) if matches!(d.code.as_deref(), Some("40001" | "40P01" | "23505")))
+}
+
+/// A `jobs` row read with [`COLUMNS`] (and extra columns after them).
+pub(super) fn stored_job(r: &Row) -> Result<StoredJob, StoreError> {
+    let state: String = r.get(4);
+    Ok(StoredJob {
+        id: r.get(0),
+        job_type: r.get(1),
+        tenant: r.get(2),
+        lane: r.get(3),
+        state: state.parse::<JobState>().map_err(corrupt)?,
+        attempts: i64::from(r.get::<_, i32>(5)),
+        lease_started_at: r.get(6),
+        worker_id: r.get(7),
+        idempotency_key: r.get(8),
+        schema_version: r.get::<_, Option<i32>>(9).map(i64::from),
+        created_at: r.get(10),
+        finished_at: r.get(11),
+        envelope: r.get(12),
+        payload: r.get(13),
+    })
+}
+
+pub(super) const JOB_COLUMNS: &str = COLUMNS;
+
+impl Writer {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn new(
+        client: Client,
+        opts: super::PgOptions,
+        down: Arc<std::sync::Mutex<Option<String>>>,
+        scheduler: FairScheduler,
+        decider: Arc<dyn Decider>,
+        clock: Clock,
+        channels: Channels,
+    ) -> Self {
+        Writer {
+            client,
+            opts,
+            down,
+            statements: HashMap::new(),
+            scheduler,
+            decider,
+            clock,
+            channels,
+            group: Group::default(),
+            commits: 0,
+            commands: 0,
+            leases: 0,
+            lease_pairs: 0,
+        }
+    }
+
+    /// Runs groups until closed; `waiting` counts the commands sent and not
+    /// taken yet (the store's bound on them), so each one taken counts down.
+    pub(super) async fn run(
+        mut self,
+        mut rx: mpsc::UnboundedReceiver<Cmd>,
+        waiting: Arc<std::sync::atomic::AtomicUsize>,
+    ) {
+        use std::sync::atomic::Ordering;
+        let mut batch: Vec<Cmd> = Vec::with_capacity(GROUP_MAX);
+        while let Some(first) = rx.recv().await {
+            batch.push(first);
+            while batch.len() < GROUP_MAX {
+                match rx.try_recv() {
+                    Ok(cmd) => batch.push(cmd),
+                    Err(_) => break,
+                }
+            }
+            waiting.fetch_sub(batch.len(), Ordering::AcqRel);
+            let close = batch.iter().position(|c| matches!(c, Cmd::Close(_)));
+            let rest = close.map(|i| batch.split_off(i));
+            let requests: Vec<Request> = batch
+                .drain(..)
+                .map(|c| match c {
+                    Cmd::Request(r) => r,
+                    Cmd::Close(_) => unreachable!("closes are split off"),
+                })
+                .collect();
+            if !requests.is_empty() {
+                self.run_group(requests).await;
+            }
+            if let Some(rest) = rest {
+                // Everything after the close is refused; the close is answered.
+                for (i, cmd) in rest.into_iter().enumerate() {
+                    match cmd {
+                        Cmd::Close(reply) if i == 0 => reply.send(Ok(())),
+                        cmd => cmd.refuse(),
+                    }
+                }
+                rx.close();
+                while let Ok(cmd) = rx.try_recv() {
+                    waiting.fetch_sub(1, Ordering::AcqRel);
+                    cmd.refuse();
+                }
+                return;
+            }
+        }
+    }
+
+    async fn run_group(&mut self, batch: Vec<Request>) {
+        let ops: Vec<&Request> = batch.iter().collect();
+        match self.transaction(&ops).await {
+            Ok(answers) => {
+                self.commits += 1;
+                self.commands += ops.len() as u64;
+                for answer in answers {
+                    answer();
+                }
+            }
+            Err(_) if batch.len() > 1 => {
+                // Each op alone: one bad op must not fail the others.
+                for op in &batch {
+                    match self.alone(op).await {
+                        Ok(answer) => answer(),
+                        Err(e) => op.reply().fail(e),
+                    }
+                }
+            }
+            Err(first) => {
+                let op = &batch[0];
+                let r = if retryable(&first) {
+                    self.alone(op).await
+                } else {
+                    Err(first)
+                };
+                match r {
+                    Ok(answer) => answer(),
+                    Err(e) => op.reply().fail(e),
+                }
+            }
+        }
+    }
+
+    async fn alone<'a>(&mut self, op: &'a Request) -> Result<Held<'a>, StoreError> {
+        let mut tries = 0;
+        loop {
+            match self.transaction(&[op]).await {
+                Ok(mut a) => {
+                    self.commits += 1;
+                    self.commands += 1;
+                    return Ok(a.pop().expect("one answer"));
+                }
+                Err(e) if retryable(&e) && tries < RETRIES_MAX => tries += 1,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Connects again if the connection is gone (a database restart, a
+    /// network cut): the ops of a group that met a closed connection failed
+    /// as not applied (or, at COMMIT, unknown), later ones go on.
+    async fn reconnect(&mut self) -> Result<(), StoreError> {
+        if !self.client.is_closed() {
+            return Ok(());
+        }
+        match super::connect(&self.opts, None).await {
+            Ok(c) => {
+                tracing::info!("PostgreSQL: the writer connected again");
+                self.client = c;
+                self.statements.clear();
+                *self.down.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                Ok(())
+            }
+            Err(e) => {
+                *self.down.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Some(format!("the store's database is unreachable: {e}"));
+                Err(e)
+            }
+        }
+    }
+
+    /// Runs ops in one transaction; on any error rolls it back.
+    ///
+    /// Round trips are what a group costs on PostgreSQL (each is a wake-up
+    /// of the server process and of this task), so the fixed ones are
+    /// pipelined: `BEGIN` goes out with the read of the database's clock,
+    /// and the count changes, the notification and `COMMIT` go out
+    /// together. Every statement's result is checked: an error in any of
+    /// them aborts the transaction (PostgreSQL answers a `COMMIT` of an
+    /// aborted transaction by rolling it back), and the group fails as
+    /// not applied.
+    async fn transaction<'a>(&mut self, ops: &[&'a Request]) -> Result<Vec<Held<'a>>, StoreError> {
+        self.reconnect().await?;
+        self.group = Group::default();
+        let r = match self.begin().await {
+            Ok(db_now) => match self.body(ops, db_now).await {
+                Ok(answers) => self.commit().await.map(|()| answers),
+                Err(e) => Err(e),
+            },
+            Err(e) => Err(e),
+        };
+        if r.is_err() {
+            let _ = self.client.batch_execute("ROLLBACK").await;
+        }
+        r
+    }
+
+    /// `BEGIN`, and the database's clock read in the same round trip.
+    async fn begin(&mut self) -> Result<Option<Timestamp>, StoreError> {
+        match self.clock {
+            Clock::Caller => {
+                pg(self.client.batch_execute("BEGIN").await)?;
+                Ok(None)
+            }
+            Clock::Database => {
+                let st = self
+                    .stmt("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::int8")
+                    .await?;
+                let (begun, row) = futures_util::join!(
+                    self.client.batch_execute("BEGIN"),
+                    self.client.query_one(&st, &[])
+                );
+                pg(begun)?;
+                let row = pg(row)?;
+                Ok(Some(Timestamp::from_millis(row.get(0))))
+            }
+        }
+    }
+
+    /// The group's count changes, its notification and `COMMIT`, pipelined.
+    async fn commit(&mut self) -> Result<(), StoreError> {
+        let counts = self.count_changes();
+        let notify = if self.group.wake || !self.group.woken.is_empty() {
+            let woken = std::mem::take(&mut self.group.woken);
+            let payload = if self.group.wake || woken.len() > WOKEN_MAX {
+                String::new()
+            } else {
+                serde_json::to_string(&woken).map_err(corrupt)?
+            };
+            Some((self.channels.ready.clone(), payload))
+        } else {
+            None
+        };
+        let pairs_st = self.stmt(PAIRS_UPSERT_SQL).await?;
+        let types_st = self.stmt(TYPES_UPSERT_SQL).await?;
+        let notify_st = self.stmt("SELECT pg_notify($1, $2)").await?;
+        let assign_st = self.stmt(LEASE_ASSIGN_SQL).await?;
+        let assign = std::mem::take(&mut self.group.assign);
+        let client = &self.client;
+        let assigned = async {
+            if assign.0.is_empty() {
+                return Ok(());
+            }
+            client
+                .execute(&assign_st, &[&assign.0, &assign.1, &assign.2])
+                .await
+                .map(drop)
+        };
+        let pairs = async {
+            match &counts.pairs {
+                Some(c) => client
+                    .execute(
+                        &pairs_st,
+                        &[
+                            &c.lanes,
+                            &c.tenants,
+                            &c.ready,
+                            &c.inflight,
+                            &c.scheduled,
+                            &c.succeeded,
+                            &c.cancelled,
+                        ],
+                    )
+                    .await
+                    .map(drop),
+                None => Ok(()),
+            }
+        };
+        let types = async {
+            match &counts.types {
+                Some((lanes, tenants, types, ready)) => client
+                    .execute(&types_st, &[lanes, tenants, types, ready])
+                    .await
+                    .map(drop),
+                None => Ok(()),
+            }
+        };
+        let notified = async {
+            match &notify {
+                Some((channel, payload)) => client
+                    .execute(&notify_st, &[channel, payload])
+                    .await
+                    .map(drop),
+                None => Ok(()),
+            }
+        };
+        let (a, p, t, n, c) = futures_util::join!(
+            assigned,
+            pairs,
+            types,
+            notified,
+            client.batch_execute("COMMIT")
+        );
+        pg(a)?;
+        pg(p)?;
+        pg(t)?;
+        pg(n)?;
+        pg(c)
+    }
+
+    async fn body<'a>(
+        &mut self,
+        ops: &[&'a Request],
+        db_now: Option<Timestamp>,
+    ) -> Result<Vec<Held<'a>>, StoreError> {
+        let mut answers: Vec<Option<Held<'a>>> = ops.iter().map(|_| None).collect();
+        // Ops of one kind from concurrent requests run as one: every
+        // enqueue of the group is one insert, every outcome at one time one
+        // lock and one update, and compatible leases one lease. Concurrent
+        // requests may be applied in any order, so running them together
+        // (enqueues first, so leases of the group can take their jobs)
+        // answers each as if it had run alone in some order.
+        self.enqueue_group(ops, db_now, &mut answers).await?;
+        self.complete_group(ops, db_now, &mut answers).await?;
+        for i in 0..ops.len() {
+            if answers[i].is_some() {
+                continue;
+            }
+            if let Request::Lease { req: first, .. } = ops[i] {
+                let mut members = vec![i];
+                for (j, op) in ops.iter().enumerate().skip(i + 1) {
+                    if let Request::Lease { req: other, .. } = op
+                        && answers[j].is_none()
+                        && leases_merge(first, other, db_now)
+                    {
+                        members.push(j);
+                    }
+                }
+                let reqs: Vec<LeaseRequest> = members
+                    .iter()
+                    .map(|&j| match ops[j] {
+                        Request::Lease { req: r, .. } => LeaseRequest {
+                            now: db_now.unwrap_or(r.now),
+                            ..r.clone()
+                        },
+                        _ => unreachable!("members are leases"),
+                    })
+                    .collect();
+                self.leases += reqs.len() as u64;
+                let leased = self.lease_many(&reqs).await?;
+                for (j, jobs) in members.into_iter().zip(leased) {
+                    answers[j] = Some(match ops[j] {
+                        Request::Lease { reply, .. } => held(reply, jobs),
+                        _ => unreachable!("members are leases"),
+                    });
+                }
+                continue;
+            }
+            answers[i] = Some(self.exec(ops[i], db_now).await?);
+        }
+        Ok(answers
+            .into_iter()
+            .map(|a| a.expect("every op answered"))
+            .collect())
+    }
+
+    async fn stmt(&mut self, sql: &'static str) -> Result<Statement, StoreError> {
+        if let Some(s) = self.statements.get(sql) {
+            return Ok(s.clone());
+        }
+        let s = pg(self.client.prepare(sql).await)?;
+        self.statements.insert(sql, s.clone());
+        Ok(s)
+    }
+
+    async fn query(
+        &mut self,
+        sql: &'static str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, StoreError> {
+        let st = self.stmt(sql).await?;
+        pg(self.client.query(&st, params).await)
+    }
+
+    async fn execute(
+        &mut self,
+        sql: &'static str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, StoreError> {
+        let st = self.stmt(sql).await?;
+        pg(self.client.execute(&st, params).await)
+    }
+}

@@ -1,0 +1,129 @@
+//! Runs each [`Request`] with the writer's function for it (in the file
+//! named for its concern), on the group's clock.
+
+use super::*;
+
+impl Writer {
+    pub(super) async fn exec<'a>(
+        &mut self,
+        op: &'a Request,
+        db_now: Option<Timestamp>,
+    ) -> Result<Held<'a>, StoreError> {
+        // On the database's clock, a caller's times keep their distance from
+        // the caller's `now` but count from the database's.
+        let rebase = |t: Timestamp, now: Timestamp| rebase(db_now, t, now);
+        let now_of = |now: Timestamp| db_now.unwrap_or(now);
+        Ok(match op {
+            Request::Enqueue { jobs, reply } => {
+                let jobs: Vec<NewJob> = jobs
+                    .iter()
+                    .map(|j| NewJob {
+                        run_at: rebase(j.run_at, j.now),
+                        now: now_of(j.now),
+                        ..j.clone()
+                    })
+                    .collect();
+                held(reply, self.enqueue(&jobs).await?)
+            }
+            Request::Lease { req, reply } => {
+                self.leases += 1;
+                let req = LeaseRequest {
+                    now: now_of(req.now),
+                    ..req.clone()
+                };
+                held(reply, self.lease(&req).await?)
+            }
+            Request::Complete { items, now, reply } => {
+                let items: Vec<&Completion> = items.iter().collect();
+                held(reply, self.complete(&items, now_of(*now)).await?)
+            }
+            Request::Heartbeat {
+                id,
+                token,
+                expires_at,
+                now,
+                reply,
+            } => {
+                let until = rebase(*expires_at, *now);
+                held(
+                    reply,
+                    self.heartbeat(*id, *token, until, now_of(*now)).await?,
+                )
+            }
+            Request::Cancel {
+                id,
+                now,
+                audit,
+                reply,
+            } => held(reply, self.cancel(*id, now_of(*now), audit.clone()).await?),
+            Request::SetPause {
+                target,
+                paused,
+                audit,
+                reply,
+            } => held(reply, self.set_pause(target, *paused, audit).await?),
+            Request::Tick { now, reply } => held(reply, self.tick(now_of(*now)).await?),
+            Request::RecordAdmission { rec, reply } => {
+                let rec = AdmissionRecord {
+                    now: now_of(rec.now),
+                    ..rec.clone()
+                };
+                held(reply, self.record_admission(&rec).await?)
+            }
+            Request::Redrive {
+                ids,
+                now,
+                audit,
+                reply,
+            } => held(reply, self.redrive(ids, now_of(*now), *audit).await?),
+            Request::RedriveCorrected {
+                id,
+                fix,
+                now,
+                audit,
+                reply,
+            } => held(
+                reply,
+                self.redrive_corrected(*id, fix, now_of(*now), *audit)
+                    .await?,
+            ),
+            Request::Purge { ids, audit, reply } => held(reply, self.purge(ids, *audit).await?),
+            Request::Audit { entry, reply } => held(reply, self.audit(entry).await?),
+            Request::Stats { reply } => held(reply, self.stats().await?),
+            Request::RemoveSucceeded {
+                before,
+                batch,
+                reply,
+            } => held(reply, self.remove_succeeded(*before, *batch).await?),
+            Request::CreateToken {
+                token,
+                audit,
+                reply,
+            } => held(reply, self.create_token(token, audit).await?),
+            Request::RevokeToken { name, audit, reply } => {
+                held(reply, self.revoke_token(name, audit).await?)
+            }
+            Request::Quarantine { dls, reply } => {
+                let mut out = Vec::with_capacity(dls.len());
+                for dl in dls {
+                    out.push(self.quarantine(dl).await?);
+                }
+                held(reply, out)
+            }
+            Request::Park { p, reply } => {
+                self.park(p).await?;
+                held(reply, ())
+            }
+            Request::Unpark { key, reply } => held(reply, self.unpark(key).await?),
+            // Claims run on a reader connection (`Postgres::claim_due_messages`).
+            Request::ClaimDue { .. } => {
+                return Err(corrupt(
+                    "a claim of held retries reached the PostgreSQL writer, which does not run them",
+                ));
+            }
+        })
+    }
+
+    // -----------------------------------------------------------------
+    // Jobs.
+}

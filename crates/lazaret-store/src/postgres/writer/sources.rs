@@ -1,0 +1,120 @@
+//! Broker messages: their dead letters and the retries held for them.
+
+use super::*;
+
+impl Writer {
+    pub(super) async fn quarantine(
+        &mut self,
+        dl: &SourceDeadLetter,
+    ) -> Result<Quarantined, StoreError> {
+        let src = &dl.source;
+        if dl.may_be_parked {
+            self.unpark(&MessageKey::of_source(src, &dl.payload))
+                .await?;
+        }
+        let error = dl
+            .error
+            .as_ref()
+            .map(|e| serde_json::to_string(e).map_err(corrupt))
+            .transpose()?;
+        let envelope = dl.envelope.as_ref().map(Envelope::to_json);
+        let source = serde_json::to_string(src).map_err(corrupt)?;
+        let sha = hex::encode(lazaret_core::payload_sha256(&dl.payload));
+        let redrive_id = src.redrive_id.clone().unwrap_or_default();
+        let rows = self
+            .query(
+                "INSERT INTO dead_letters (job_id, type, tenant, lane, reason, stage, attempts, error,
+                   idempotency_key, created_at, dead_lettered_at, payload_size, payload_sha256,
+                   payload_preview, payload, source, source_name, message_id, envelope, redrive_id)
+                 VALUES (NULL, $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)
+                 ON CONFLICT (source_name, message_id, payload_sha256, redrive_id)
+                   WHERE source_name IS NOT NULL DO NOTHING
+                 RETURNING id",
+                &[
+                    &dl.job_type,
+                    &dl.tenant,
+                    &dl.lane,
+                    &dl.reason.as_str(),
+                    &dl.stage.as_str(),
+                    &(dl.attempts as i32),
+                    &error,
+                    &dl.idempotency_key,
+                    &ms(dl.created_at),
+                    &ms(dl.now),
+                    &(dl.payload.len() as i64),
+                    &sha,
+                    &payload_preview(&dl.payload, lazaret_core::PREVIEW_BYTES_MAX),
+                    &dl.payload,
+                    &source,
+                    &src.name,
+                    &src.message_id,
+                    &envelope,
+                    &redrive_id,
+                ],
+            )
+            .await?;
+        if let Some(r) = rows.first() {
+            return Ok(Quarantined {
+                id: DeadLetterId(r.get::<_, i64>(0) as u64),
+                created: true,
+            });
+        }
+        let rows = self
+            .query(
+                "SELECT id FROM dead_letters WHERE source_name = $1 AND message_id = $2
+                   AND payload_sha256 = $3 AND redrive_id = $4",
+                &[&src.name, &src.message_id, &sha, &redrive_id],
+            )
+            .await?;
+        let id: i64 = rows
+            .first()
+            .map(|r| r.get(0))
+            .ok_or_else(|| corrupt("a quarantined message without its dead letter"))?;
+        Ok(Quarantined {
+            id: DeadLetterId(id as u64),
+            created: false,
+        })
+    }
+
+    pub(super) async fn park(&mut self, p: &ParkedMessage) -> Result<(), StoreError> {
+        let source = serde_json::to_string(&p.source).map_err(corrupt)?;
+        let key = p.key();
+        self.execute(
+            "INSERT INTO source_parked
+               (source, message_id, payload_sha256, redrive_id, due_at, ref, envelope, body)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+             ON CONFLICT (source, message_id, payload_sha256, redrive_id) DO UPDATE SET
+               due_at = excluded.due_at, ref = excluded.ref, envelope = excluded.envelope,
+               body = excluded.body, claimed_by = NULL, claim_expires_at = NULL",
+            &[
+                &key.source,
+                &key.message_id,
+                &key.payload_sha256,
+                &key.redrive_column(),
+                &ms(p.due_at),
+                &source,
+                &p.envelope.to_json(),
+                &p.body,
+            ],
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Drops the retry held for `key`; whether there was one.
+    pub(super) async fn unpark(&mut self, key: &MessageKey) -> Result<bool, StoreError> {
+        let n = self
+            .execute(
+                "DELETE FROM source_parked WHERE source = $1 AND message_id = $2
+                   AND payload_sha256 = $3 AND redrive_id = $4",
+                &[
+                    &key.source,
+                    &key.message_id,
+                    &key.payload_sha256,
+                    &key.redrive_column(),
+                ],
+            )
+            .await?;
+        Ok(n > 0)
+    }
+}

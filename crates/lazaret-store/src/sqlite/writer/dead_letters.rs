@@ -1,0 +1,173 @@
+//! Dead letters: admission records, redrives (with or without a corrected
+//! payload) and purges.
+
+use super::*;
+
+impl Writer {
+    pub(super) fn record_admission(
+        &mut self,
+        rec: &AdmissionRecord,
+    ) -> Result<DeadLetterId, StoreError> {
+        let error = serde_json::json!({
+            "class": "permanent", "kind": rec.reason.as_str(), "message": rec.message,
+            "traceback": null, "retry_after_ms": null,
+        });
+        db(self
+            .conn
+            .prepare_cached(
+                "INSERT INTO dead_letters (job_id, type, tenant, lane, reason, stage, attempts, error, idempotency_key,
+                   created_at, dead_lettered_at, payload_size, payload_sha256, payload_preview, payload)
+                 VALUES (NULL, ?1, ?2, ?3, ?4, 'admission', 0, ?5, ?6, ?7, ?7, ?8, ?9, ?10, ?11)",
+            )?
+            .execute(params![
+                rec.job_type,
+                rec.tenant,
+                rec.lane,
+                rec.reason.as_str(),
+                error.to_string(),
+                rec.idempotency_key,
+                ms(rec.now),
+                rec.payload_size as i64,
+                rec.payload_sha256,
+                rec.payload_preview,
+                rec.payload,
+            ]))?;
+        Ok(DeadLetterId(self.conn.last_insert_rowid() as u64))
+    }
+
+    pub(super) fn redrive(
+        &mut self,
+        ids: &[DeadLetterId],
+        now: Timestamp,
+        audit: Option<crate::AuditId>,
+    ) -> Result<Vec<JobId>, StoreError> {
+        let mut out = Vec::new();
+        for dl in ids {
+            let job_id: Option<i64> = db(self
+                .conn
+                .prepare_cached(
+                    "SELECT job_id FROM dead_letters WHERE id = ?1 AND stage = 'processing'",
+                )?
+                .query_row(params![dl.0 as i64], |r| r.get(0))
+                .optional())?
+            .flatten();
+            let Some(job_id) = job_id else { continue };
+            let stored = db(self
+                .conn
+                .prepare_cached(&format!(
+                    "SELECT {COLUMNS} FROM jobs WHERE id = ?1 AND state = 'dead_lettered'"
+                ))?
+                .query_row(params![job_id], StoredJob::from_row)
+                .optional())?;
+            let Some(stored) = stored else { continue };
+            let mut env = stored.envelope()?;
+            lazaret_core::redrive(&mut env);
+            db(self
+                .conn
+                .prepare_cached(
+                    "UPDATE jobs SET state = 'queued', run_at = ?2, attempts = 0, finished_at = NULL,
+                     lease_started_at = NULL, worker_id = NULL, redrives = ?3, envelope = ?4 WHERE id = ?1",
+                )?
+                .execute(params![job_id, ms(now), env.redrives, env.to_json()]))?;
+            db(self
+                .conn
+                .prepare_cached("DELETE FROM dead_letters WHERE id = ?1")?
+                .execute(params![dl.0 as i64]))?;
+            self.pairs
+                .add_ready(&env.lane, &env.tenant, &env.job_type, 1);
+            out.push(env.id);
+        }
+        self.audit_add(audit, out.len() as u64)?;
+        Ok(out)
+    }
+
+    pub(super) fn redrive_corrected(
+        &mut self,
+        dl: DeadLetterId,
+        fix: &crate::PayloadFix,
+        now: Timestamp,
+        audit: Option<crate::AuditId>,
+    ) -> Result<Option<JobId>, StoreError> {
+        let job_id: Option<i64> = db(self
+            .conn
+            .prepare_cached(
+                "SELECT job_id FROM dead_letters WHERE id = ?1 AND stage = 'processing'",
+            )?
+            .query_row(params![dl.0 as i64], |r| r.get(0))
+            .optional())?
+        .flatten();
+        let Some(job_id) = job_id else {
+            return Ok(None);
+        };
+        let stored = db(self
+            .conn
+            .prepare_cached(&format!(
+                "SELECT {COLUMNS} FROM jobs WHERE id = ?1 AND state = 'dead_lettered'"
+            ))?
+            .query_row(params![job_id], StoredJob::from_row)
+            .optional())?;
+        let Some(stored) = stored else {
+            return Ok(None);
+        };
+        let mut env = stored.envelope()?;
+        lazaret_core::redrive_corrected(
+            &mut env,
+            lazaret_core::CorrectedPayload {
+                previous: &stored.payload,
+                payload: &fix.payload,
+                schema_version: fix.schema_version,
+                actor: &fix.actor,
+                reason: &fix.reason,
+                now,
+            },
+        );
+        db(self
+            .conn
+            .prepare_cached(
+                "UPDATE jobs SET state = 'queued', run_at = ?2, attempts = 0, finished_at = NULL,
+                 lease_started_at = NULL, worker_id = NULL, redrives = ?3, envelope = ?4,
+                 payload = ?5, schema_version = ?6 WHERE id = ?1",
+            )?
+            .execute(params![
+                job_id,
+                ms(now),
+                env.redrives,
+                env.to_json(),
+                fix.payload,
+                fix.schema_version
+            ]))?;
+        db(self
+            .conn
+            .prepare_cached("DELETE FROM dead_letters WHERE id = ?1")?
+            .execute(params![dl.0 as i64]))?;
+        self.pairs
+            .add_ready(&env.lane, &env.tenant, &env.job_type, 1);
+        self.audit_add(audit, 1)?;
+        Ok(Some(env.id))
+    }
+
+    pub(super) fn purge(
+        &mut self,
+        ids: &[DeadLetterId],
+        audit: Option<crate::AuditId>,
+    ) -> Result<u64, StoreError> {
+        let mut n = 0;
+        for dl in ids {
+            let job_id: Option<Option<i64>> = db(self
+                .conn
+                .prepare_cached("DELETE FROM dead_letters WHERE id = ?1 RETURNING job_id")?
+                .query_row(params![dl.0 as i64], |r| r.get(0))
+                .optional())?;
+            let Some(job_id) = job_id else { continue };
+            if let Some(job_id) = job_id {
+                db(self
+                    .conn
+                    .prepare_cached("DELETE FROM jobs WHERE id = ?1 AND state = 'dead_lettered'")?
+                    .execute(params![job_id]))?;
+            }
+            n += 1;
+        }
+        self.audit_add(audit, n)?;
+        Ok(n)
+    }
+}

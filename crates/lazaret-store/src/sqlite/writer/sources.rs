@@ -1,0 +1,30 @@
+//! Broker messages: their dead letters, held retries and claims
+//! (`super::super::sources` holds their SQL).
+
+use super::*;
+
+impl Writer {
+    pub(super) fn quarantine(
+        &mut self,
+        dls: &[crate::SourceDeadLetter],
+    ) -> Result<Vec<crate::Quarantined>, StoreError> {
+        dls.iter()
+            .map(|dl| super::super::sources::quarantine(&self.conn, dl))
+            .collect()
+    }
+
+    pub(super) fn park(&mut self, p: &crate::ParkedMessage) -> Result<(), StoreError> {
+        super::super::sources::park(&self.conn, p)
+    }
+
+    pub(super) fn unpark(&mut self, key: &crate::MessageKey) -> Result<bool, StoreError> {
+        super::super::sources::unpark(&self.conn, key)
+    }
+
+    pub(super) fn claim_due(
+        &mut self,
+        claim: &Claim,
+    ) -> Result<Vec<crate::ClaimedRetry>, StoreError> {
+        super::super::sources::claim_due(&self.conn, claim)
+    }
+}
