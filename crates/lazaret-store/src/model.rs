@@ -808,6 +808,13 @@ pub struct GroupCommitStats {
     /// as they lease, never every tenant with jobs ready (0 where a store
     /// does not count).
     pub lease_pairs: u64,
+    /// Groups the database rolled back for a deadlock or a serialization
+    /// failure (PostgreSQL; their requests then ran again one by one, so
+    /// nothing failed, but each such group waited for the database's
+    /// `deadlock_timeout`, one second by default). Nodes take the counts'
+    /// rows in one order, so this stays at or near 0; a climbing figure
+    /// is worth a report.
+    pub conflicts: u64,
 }
 
 /// Job counts in one lane.

@@ -22,6 +22,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use bytes::Bytes;
 use serde::Serialize;
 
 use load::Load;
@@ -402,6 +403,9 @@ struct RunReport {
     memory: Memory,
     cpu: Cpu,
     verify: Verify,
+    /// Each node's `/v1/stats` `store` section after the run (its group
+    /// commits, and on PostgreSQL the groups rolled back by a deadlock).
+    store: Vec<serde_json::Value>,
     ok: bool,
     errors: Vec<String>,
 }
@@ -604,6 +608,16 @@ async fn measure(
         }
     }
 
+    let mut store = Vec::new();
+    for c in &clients {
+        let reply = c
+            .connection()
+            .send(hyper::Method::GET, "/v1/stats", Bytes::new())
+            .await?;
+        let stats: serde_json::Value = serde_json::from_slice(&reply.body)
+            .with_context(|| format!("the answer of GET /v1/stats ({})", reply.status))?;
+        store.push(stats["store"].clone());
+    }
     let verify = Verify::check(&m.enqueued_ids, &m.acked_ids, m.ack_errors);
     let nonempty = m.lease_us.len() as u64;
     let elapsed_s = m.elapsed.as_secs_f64();
@@ -634,6 +648,7 @@ async fn measure(
         memory,
         cpu,
         verify,
+        store,
         ok,
         errors,
     })

@@ -307,6 +307,7 @@ fn store_section(s: &lazaret_store::StoreStats) -> Value {
             "sync_avg_ms": ratio(g.sync_micros, g.syncs) / 1000.0,
             "leases": g.leases,
             "lease_steps_per_lease": ratio(g.lease_steps, g.leases),
+            "conflicts": g.conflicts,
         });
         if let (Some(o), Value::Object(e)) = (out.as_object_mut(), extra) {
             o.extend(e);

@@ -10,9 +10,6 @@ pub(super) const PROMOTE_MAX: i64 = 20_000;
 /// Expired leases handled per tick at most.
 pub(super) const EXPIRE_MAX: i64 = 2_000;
 
-/// The advisory lock retention holds, so one node at a time deletes.
-pub(super) const RETENTION_LOCK: i64 = 0x6c61_7a61_7265_7402;
-
 /// The columns of a multi-row job insert.
 #[derive(Default)]
 pub(super) struct InsertColumns<'a> {
@@ -429,8 +426,9 @@ impl Writer {
         before: Timestamp,
         batch: u32,
     ) -> Result<u64, StoreError> {
+        let key = self.retention_lock;
         let locked = self
-            .query("SELECT pg_try_advisory_xact_lock($1)", &[&RETENTION_LOCK])
+            .query("SELECT pg_try_advisory_xact_lock($1)", &[&key])
             .await?;
         if !locked.first().is_some_and(|r| r.get::<_, bool>(0)) {
             return Ok(0);

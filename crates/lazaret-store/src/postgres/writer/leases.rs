@@ -179,15 +179,25 @@ impl Writer {
         }
         let (wanted_lanes, wanted_tenants): (Vec<&str>, Vec<&str>) =
             wanted.iter().map(|(l, t)| (l.as_str(), t.as_str())).unzip();
-        let rows = self
-            .query(
+        let lock_st = self.stmt(LOCK_COUNTS_SQL).await?;
+        let pairs_st = self
+            .stmt(
                 "SELECT p.lane, p.tenant, p.ready, p.inflight, t.type, t.ready FROM pairs p
                  LEFT JOIN ready_types t ON t.lane = p.lane AND t.tenant = p.tenant AND t.ready > 0
                  WHERE (p.lane, p.tenant) IN (SELECT * FROM unnest($1::text[], $2::text[]))
                  ORDER BY p.lane, p.tenant FOR UPDATE OF p",
-                &[&wanted_lanes, &wanted_tenants],
             )
             .await?;
+        // The counts' lock first (`COUNTS_LOCK`), in the same round trip.
+        let counts_lock = self.counts_lock;
+        let lock_params: [&(dyn ToSql + Sync); 1] = [&counts_lock];
+        let pairs_params: [&(dyn ToSql + Sync); 2] = [&wanted_lanes, &wanted_tenants];
+        let (locked, rows) = futures_util::join!(
+            self.client.execute(&lock_st, &lock_params),
+            self.client.query(&pairs_st, &pairs_params)
+        );
+        pg(locked)?;
+        let rows = pg(rows)?;
         let mut keys: Vec<(String, String)> = Vec::new();
         for r in rows {
             let key: (String, String) = (r.get(0), r.get(1));

@@ -156,6 +156,55 @@ pub(super) struct Writer {
     leases: u64,
     /// (lane, tenant) pairs those leases looked at (`GroupCommitStats::lease_pairs`).
     lease_pairs: u64,
+    /// Groups rolled back for a deadlock or a serialization failure
+    /// (`GroupCommitStats::conflicts`).
+    conflicts: u64,
+    /// This schema's [`COUNTS_LOCK`] key: see [`Writer::lock_counts`].
+    counts_lock: i64,
+    /// This schema's [`RETENTION_LOCK`] key.
+    retention_lock: i64,
+}
+
+/// The advisory lock (per schema, see [`schema_lock`]) a group takes before
+/// its first lock of a `pairs` or `ready_types` row, held to its commit.
+///
+/// A group locks those rows twice: a lease locks the pairs it plans from
+/// (`FOR UPDATE`, in key order), and the commit upserts every pair and type
+/// count the group changed (in key order too). Two nodes' groups each in
+/// key order can still wait on each other across the two statements (one
+/// leased from pair B and upserts A, the other leased from A and upserts
+/// B), and PostgreSQL breaks such a deadlock only after its
+/// `deadlock_timeout` (1 s by default): with two nodes under one-job
+/// requests, 620 of them in one 15 s run, 50 jobs/s instead of 900. Under
+/// this lock the counts' rows are taken by one group at a time, in whatever
+/// order; what runs before it (the enqueue insert, the acks, the lease's
+/// walk) still runs on both nodes at once. On one node it is never
+/// contended, and it goes out pipelined with the statement after it.
+pub(super) const COUNTS_LOCK: u32 = 0x6c7a_636e;
+
+/// Takes [`COUNTS_LOCK`] (again, when a lease of the group took it: the
+/// lock is re-entrant within a transaction).
+pub(super) const LOCK_COUNTS_SQL: &str = "SELECT pg_advisory_xact_lock($1)";
+
+/// The advisory lock retention holds, so one node at a time deletes.
+pub(super) const RETENTION_LOCK: u32 = 0x6c7a_7274;
+
+/// The `bigint` advisory lock key of `class` in `schema`: the class in the
+/// high half, an FNV-1a hash of the schema name in the low half, so two
+/// clusters in two schemas of one database never wait on each other.
+/// (The duties' session locks use the two-`int` form, which PostgreSQL
+/// keeps apart from `bigint` keys.)
+pub(super) fn schema_lock(schema: &str, class: u32) -> i64 {
+    let h = schema.bytes().fold(0x811c_9dc5u32, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    });
+    (i64::from(class) << 32) | i64::from(h)
+}
+
+/// Whether the database rolled a transaction back for a deadlock or a
+/// serialization failure.
+fn conflict(e: &StoreError) -> bool {
+    matches!(e, StoreError::Db(d) if matches!(d.code.as_deref(), Some("40001" | "40P01")))
 }
 
 fn ms(t: Timestamp) -> i64 {
@@ -214,7 +263,6 @@ impl Writer {
     ) -> Self {
         Writer {
             client,
-            opts,
             down,
             statements: HashMap::new(),
             scheduler,
@@ -226,6 +274,10 @@ impl Writer {
             commands: 0,
             leases: 0,
             lease_pairs: 0,
+            conflicts: 0,
+            counts_lock: schema_lock(&opts.schema, COUNTS_LOCK),
+            retention_lock: schema_lock(&opts.schema, RETENTION_LOCK),
+            opts,
         }
     }
 
@@ -369,7 +421,10 @@ impl Writer {
             },
             Err(e) => Err(e),
         };
-        if r.is_err() {
+        if let Err(e) = &r {
+            if conflict(e) {
+                self.conflicts += 1;
+            }
             let _ = self.client.batch_execute("ROLLBACK").await;
         }
         r
@@ -415,8 +470,16 @@ impl Writer {
         let types_st = self.stmt(TYPES_UPSERT_SQL).await?;
         let notify_st = self.stmt("SELECT pg_notify($1, $2)").await?;
         let assign_st = self.stmt(LEASE_ASSIGN_SQL).await?;
+        let lock_st = self.stmt(LOCK_COUNTS_SQL).await?;
         let assign = std::mem::take(&mut self.group.assign);
         let client = &self.client;
+        let counts_lock = self.counts_lock;
+        let locked = async {
+            if counts.pairs.is_none() && counts.types.is_none() {
+                return Ok(());
+            }
+            client.execute(&lock_st, &[&counts_lock]).await.map(drop)
+        };
         let assigned = async {
             if assign.0.is_empty() {
                 return Ok(());
@@ -464,13 +527,15 @@ impl Writer {
                 None => Ok(()),
             }
         };
-        let (a, p, t, n, c) = futures_util::join!(
+        let (l, a, p, t, n, c) = futures_util::join!(
+            locked,
             assigned,
             pairs,
             types,
             notified,
             client.batch_execute("COMMIT")
         );
+        pg(l)?;
         pg(a)?;
         pg(p)?;
         pg(t)?;

@@ -262,6 +262,7 @@ impl Writer {
                 // Not counted: PostgreSQL's plans show a lease's reads.
                 lease_steps: 0,
                 lease_pairs: self.lease_pairs,
+                conflicts: self.conflicts,
             }),
         })
     }

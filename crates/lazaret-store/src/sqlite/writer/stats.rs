@@ -94,6 +94,7 @@ impl Writer {
                 leases: self.leases,
                 lease_steps: self.lease_steps,
                 lease_pairs: self.lease_pairs,
+                conflicts: 0,
             }),
         })
     }
