@@ -22,25 +22,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use lazaret_core::{
-    DeadLetterReason, Envelope, Event, Failure, FairScheduler, JobId, SchedulerConfig, Timestamp,
-    Transition,
+    DeadLetterReason, Failure, FairScheduler, JobId, Policies, SchedulerConfig, Timestamp,
 };
-use lazaret_store::{Decider, Durability, SourceDeadLetter, SourceRef, SqliteStore, Stage, Store};
+use lazaret_store::{Durability, PolicyDecider, SourceDeadLetter, SourceRef, SqliteStore, Stage, Store};
 
 type Res<T> = Result<T, Box<dyn Error + Send + Sync>>;
 
 /// Batch sizes measured, in this order.
 const BATCHES: [usize; 5] = [1, 2, 4, 8, 16];
-
-/// The store only writes dead letters here: no job is ever decided.
-#[derive(Debug)]
-struct NoJobs;
-
-impl Decider for NoJobs {
-    fn decide(&self, _: &mut Envelope, _: Event, _: Timestamp) -> Transition {
-        Transition::Succeeded
-    }
-}
 
 /// CPU ticks (user + system) of each thread of this process, summed by
 /// thread name.
@@ -132,7 +121,7 @@ async fn main() -> Res<()> {
             dir.path(),
             durability,
             FairScheduler::new(SchedulerConfig::new(1000))?,
-            Arc::new(NoJobs),
+            Arc::new(PolicyDecider::new(Policies::default())),
         )?;
         let before = thread_ticks()?;
         let started = Instant::now();

@@ -77,7 +77,7 @@ use lazaret_guard::{
     Broker, BrokerError, BrokerKind, Consumer, Delivery, Faults, Guard, Host, HttpHandler,
     Incoming, LocalHost, QUARANTINE_LINGER, Republish, Settled, SourceSpec, TakenIn,
 };
-use lazaret_store::{Decider, Durability, SqliteStore, Store};
+use lazaret_store::{Durability, PolicyDecider, SqliteStore, Store};
 use tokio::sync::{Notify, Semaphore, watch};
 
 type Res<T> = Result<T, Box<dyn Error + Send + Sync>>;
@@ -541,16 +541,6 @@ async fn plain(
     Ok(clock)
 }
 
-/// The store needs a decider for its own jobs; a source never calls it.
-#[derive(Debug)]
-struct NoJobs;
-
-impl Decider for NoJobs {
-    fn decide(&self, _: &mut Envelope, _: Event, _: Timestamp) -> Transition {
-        Transition::Succeeded
-    }
-}
-
 /// The real adapter, with the first delivery timed.
 struct Timed {
     inner: Box<dyn Broker>,
@@ -626,7 +616,7 @@ async fn guarded(args: &Args, queue: &str, handler_url: &str) -> Res<(Arc<Clock>
         dir.path(),
         args.durability,
         FairScheduler::new(SchedulerConfig::new(1000))?,
-        Arc::new(NoJobs),
+        Arc::new(PolicyDecider::new(Policies::default())),
     )?;
     let host = Arc::new(LocalHost::new(
         store,

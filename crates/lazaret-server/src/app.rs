@@ -26,36 +26,6 @@ pub fn now() -> Timestamp {
     Timestamp::from_millis(ms)
 }
 
-/// `lazaret_core::decide` with the configured policies and a seeded RNG:
-/// the store's window on policy.
-#[derive(Debug)]
-pub struct CoreDecider {
-    policies: Policies,
-    rng: Mutex<SplitMix64>,
-}
-
-impl CoreDecider {
-    /// Seeds the jitter from the clock and the process id.
-    pub fn new(policies: Policies) -> Self {
-        let seed = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64)
-            ^ u64::from(std::process::id()).rotate_left(32);
-        CoreDecider {
-            policies,
-            rng: Mutex::new(SplitMix64::new(seed)),
-        }
-    }
-}
-
-impl Decider for CoreDecider {
-    fn decide(&self, env: &mut Envelope, event: Event, now: Timestamp) -> Transition {
-        let policy = self.policies.for_type(env.job_type.as_str());
-        let mut rng = self.rng.lock().unwrap_or_else(|p| p.into_inner());
-        decide(env, policy, event, now, &mut *rng)
-    }
-}
-
 /// The failure statistics' configuration (the alerts' and `/v1/stats`'s,
 /// which are one: `AlertHub`'s, read from the store).
 fn stats_config(config: &ServerConfig) -> lazaret_core::StatsConfig {

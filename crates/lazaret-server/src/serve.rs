@@ -10,7 +10,8 @@ use lazaret_core::FairScheduler;
 use lazaret_store::{Duty, PgOptions, PostgresStore, SqliteStore, Store, StoreEvent};
 use tokio::net::TcpListener;
 
-use crate::app::{App, CoreDecider, now};
+use crate::app::{App, now};
+use lazaret_store::PolicyDecider;
 use crate::auth::api_token_entry;
 use crate::config::{ServerConfig, millis};
 use crate::sources::{self, Sources};
@@ -85,7 +86,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
             .map(|l| l.as_str()),
     );
     let scheduler = FairScheduler::new(opts.config.scheduler.clone())?;
-    let decider = Arc::new(CoreDecider::new(opts.config.policies.clone()));
+    let decider = Arc::new(PolicyDecider::new(opts.config.policies.clone()));
     if let Some(url) = &opts.postgres {
         let pg = PgOptions::from_url(url)?;
         let schema = pg.schema.clone();

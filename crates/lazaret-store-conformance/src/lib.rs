@@ -18,7 +18,7 @@
 //! concern, one module each, as River splits its driver tests.
 //!
 //! A backend opens its stores with [`scheduler_config`] and a
-//! [`SeededDecider`]: the cases' timings (backoff, crash loop, caps) rely on
+//! [`seeded_decider`]: the cases' timings (backoff, crash loop, caps) rely on
 //! exactly that policy. A backend with a clock of its own (PostgreSQL's)
 //! runs the suite with the caller's clock: the cases pass the times.
 //!
@@ -43,16 +43,14 @@ pub mod tokens;
 
 use std::fmt::Write as _;
 use std::future::Future;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use lazaret_core::{
-    Backoff, Envelope, Event, Failure, FailureClass, JobId, SchedulerConfig, SplitMix64, Timestamp,
-    Transition, TypePolicy,
+    Backoff, Event, Failure, FailureClass, JobId, SchedulerConfig, Timestamp, TypePolicy,
 };
 use lazaret_store::{
-    Completed, Completion, Decider, EnqueueOutcome, ItemError, JobView, LaneCounts, LeaseRequest,
-    LeasedJob, NewJob, Store, StoreStats,
+    Completed, Completion, EnqueueOutcome, ItemError, JobView, LaneCounts, LeaseRequest, LeasedJob,
+    NewJob, PolicyDecider, Store, StoreStats,
 };
 
 /// What a backend under test provides: fresh places and stores on them.
@@ -71,7 +69,7 @@ pub trait Backend: Send + Sync + 'static {
     fn place(&self) -> impl Future<Output = Self::Place> + Send;
 
     /// Opens a store on `place` with [`scheduler_config`] and a
-    /// [`SeededDecider`]; panics if it cannot. Called again on the same
+    /// [`seeded_decider`]; panics if it cannot. Called again on the same
     /// place after a close or a drop, it must find everything committed.
     fn open(&self, place: &Self::Place) -> impl Future<Output = Self::Store> + Send;
 }
@@ -269,34 +267,16 @@ pub fn policy() -> TypePolicy {
     }
 }
 
-/// `lazaret_core::decide` with [`policy`] for every type and a seeded RNG.
-#[derive(Debug)]
-pub struct SeededDecider {
-    policy: TypePolicy,
-    rng: Mutex<SplitMix64>,
-}
-
-impl SeededDecider {
-    /// The decider the suite expects.
-    pub fn new() -> Self {
-        SeededDecider {
-            policy: policy(),
-            rng: Mutex::new(SplitMix64::new(SEED)),
-        }
-    }
-}
-
-impl Default for SeededDecider {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Decider for SeededDecider {
-    fn decide(&self, env: &mut Envelope, event: Event, now: Timestamp) -> Transition {
-        let mut rng = self.rng.lock().expect("the decider's rng lock");
-        lazaret_core::decide(env, &self.policy, event, now, &mut *rng)
-    }
+/// The decider the suite expects: the shared [`PolicyDecider`] with
+/// [`policy`] for every type and the suite's seed.
+pub fn seeded_decider() -> PolicyDecider {
+    PolicyDecider::with_seed(
+        lazaret_core::Policies {
+            defaults: policy(),
+            types: std::collections::HashMap::new(),
+        },
+        SEED,
+    )
 }
 
 // ---------------------------------------------------------------------------

@@ -24,6 +24,7 @@
 //! may do what.
 
 mod backend;
+mod decider;
 pub mod faulty;
 mod model;
 #[cfg(feature = "postgres")]
@@ -33,6 +34,7 @@ pub mod sqlite;
 mod stored;
 
 pub use backend::StoreOn;
+pub use decider::PolicyDecider;
 pub use faulty::{Fault, Faults, FaultyStore};
 pub use model::*;
 #[cfg(feature = "postgres")]

@@ -18,7 +18,7 @@ use lazaret_guard::{
     Broker, Faults, Guard, GuardError, Handler, LocalHost, Mode, Outcome, Settled, SourceSpec,
     Watch,
 };
-use lazaret_store::{DeadLetter, DeadLetterFilter, Decider, Durability, SqliteStore, Store};
+use lazaret_store::{DeadLetter, DeadLetterFilter, Durability, PolicyDecider, SqliteStore, Store};
 use serde_json::{Map, Value};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -96,23 +96,13 @@ pub trait TestBroker: Send + Sync + 'static {
     }
 }
 
-/// A decider the store needs for its own jobs; sources never call it.
-#[derive(Debug)]
-struct NoJobs;
-
-impl Decider for NoJobs {
-    fn decide(&self, _: &mut Envelope, _: Event, _: Timestamp) -> Transition {
-        Transition::Succeeded
-    }
-}
-
 /// Opens the store in `dir` (again, after a "restart").
 pub fn open_store(dir: &Path) -> SqliteStore {
     SqliteStore::open(
         dir,
         Durability::Full,
         FairScheduler::new(SchedulerConfig::new(1000)).expect("a valid scheduler config"),
-        Arc::new(NoJobs),
+        Arc::new(PolicyDecider::new(Policies::default())),
     )
     .expect("open the store")
 }

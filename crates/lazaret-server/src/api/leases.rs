@@ -469,13 +469,13 @@ mod tests {
     use tower::ServiceExt;
 
     use super::*;
-    use crate::app::CoreDecider;
+    use lazaret_store::PolicyDecider;
     use crate::config::ServerConfig;
 
     fn app(dir: &std::path::Path, config: &str) -> Arc<App<SqliteStore>> {
         let config = ServerConfig::from_toml_str(config, dir).expect("a valid config");
         let scheduler = FairScheduler::new(config.scheduler.clone()).expect("a valid scheduler");
-        let decider = Arc::new(CoreDecider::new(config.policies.clone()));
+        let decider = Arc::new(PolicyDecider::new(config.policies.clone()));
         let store = SqliteStore::open(dir, Durability::Normal, scheduler, decider).expect("store");
         App::new(store, config)
     }

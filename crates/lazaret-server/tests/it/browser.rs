@@ -9,7 +9,8 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt as _;
 use lazaret_core::FairScheduler;
-use lazaret_server::app::{App, CoreDecider};
+use lazaret_server::app::App;
+use lazaret_store::PolicyDecider;
 use lazaret_server::config::ServerConfig;
 use lazaret_store::{Durability, SqliteStore};
 use serde_json::Value;
@@ -19,7 +20,7 @@ use tower::ServiceExt as _;
 fn app(dir: &std::path::Path) -> Arc<App<SqliteStore>> {
     let config = ServerConfig::default();
     let scheduler = FairScheduler::new(config.scheduler.clone()).expect("scheduler");
-    let decider = Arc::new(CoreDecider::new(config.policies.clone()));
+    let decider = Arc::new(PolicyDecider::new(config.policies.clone()));
     let store = SqliteStore::open(dir, Durability::Normal, scheduler, decider).expect("a store");
     let app = App::new(store, config);
     app.set_listen("127.0.0.1:7433".parse().unwrap());

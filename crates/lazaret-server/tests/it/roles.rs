@@ -9,7 +9,8 @@ use axum::http::{Method, Request, StatusCode};
 use futures_util::StreamExt as _;
 use lazaret_core::FairScheduler;
 use lazaret_server::api::routes::{Access, BodyCap};
-use lazaret_server::app::{App, CoreDecider};
+use lazaret_server::app::App;
+use lazaret_store::PolicyDecider;
 use lazaret_server::auth::Role;
 use lazaret_server::config::ServerConfig;
 use lazaret_store::{Durability, SqliteStore};
@@ -47,7 +48,7 @@ const ROLES: [(Role, &str); 4] = [
 fn app(dir: &std::path::Path) -> Arc<App<SqliteStore>> {
     let config = ServerConfig::from_toml_str(TOKENS, dir).expect("a valid config");
     let scheduler = FairScheduler::new(config.scheduler.clone()).expect("scheduler");
-    let decider = Arc::new(CoreDecider::new(config.policies.clone()));
+    let decider = Arc::new(PolicyDecider::new(config.policies.clone()));
     let store = SqliteStore::open(dir, Durability::Normal, scheduler, decider).expect("a store");
     App::new(store, config)
 }

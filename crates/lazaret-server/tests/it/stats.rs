@@ -7,7 +7,8 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt as _;
 use lazaret_core::{Envelope, FairScheduler, JobId, Timestamp};
-use lazaret_server::app::{App, CoreDecider};
+use lazaret_server::app::App;
+use lazaret_store::PolicyDecider;
 use lazaret_server::config::ServerConfig;
 use lazaret_store::{Durability, ParkedMessage, SourceRef, SqliteStore, Store};
 use serde_json::{Value, json};
@@ -57,7 +58,7 @@ async fn held_broker_retries_are_counted_by_source() {
     let dir = tempfile::tempdir().unwrap();
     let config = ServerConfig::default();
     let scheduler = FairScheduler::new(config.scheduler.clone()).expect("scheduler");
-    let decider = Arc::new(CoreDecider::new(config.policies.clone()));
+    let decider = Arc::new(PolicyDecider::new(config.policies.clone()));
     let store = SqliteStore::open(dir.path(), Durability::Normal, scheduler, decider)
         .expect("open the store");
     let app = App::new(store, config);

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use lazaret_core::FairScheduler;
 use lazaret_store::PostgresStore;
 use lazaret_store::postgres::{Clock, PgOptions};
-use lazaret_store_conformance::{Backend, Capabilities, SeededDecider, scheduler_config};
+use lazaret_store_conformance::{Backend, Capabilities, scheduler_config, seeded_decider};
 
 /// The PostgreSQL backend of the conformance suite.
 #[derive(Debug)]
@@ -95,7 +95,7 @@ pub async fn open(url: &str, schema: &str, clock: Clock) -> PostgresStore {
             tick_min: std::time::Duration::ZERO,
         },
         scheduler,
-        Arc::new(SeededDecider::new()),
+        Arc::new(seeded_decider()),
     )
     .await
     .expect("open the PostgreSQL store")
@@ -336,7 +336,7 @@ mod cluster {
                 tick_min: Duration::ZERO,
             },
             FairScheduler::new(scheduler_config()).unwrap(),
-            Arc::new(SeededDecider::new()),
+            Arc::new(seeded_decider()),
         )
         .await
         .expect_err("a newer schema is refused");
@@ -466,7 +466,7 @@ mod cluster {
                 tick_min: Duration::ZERO,
             },
             FairScheduler::new(scheduler_config()).unwrap(),
-            Arc::new(SeededDecider::new()),
+            Arc::new(seeded_decider()),
             1,
         )
         .await

@@ -7,7 +7,7 @@ use lazaret_core::FairScheduler;
 use lazaret_store::sqlite::{DB_FILE, SCHEMA_VERSION};
 use lazaret_store::{Durability, SqliteStore, Store, StoreError};
 
-use lazaret_store_conformance::{Backend, Capabilities, SeededDecider, scheduler_config};
+use lazaret_store_conformance::{Backend, Capabilities, scheduler_config, seeded_decider};
 
 /// The SQLite backend of the conformance suite: a temporary directory per case.
 #[derive(Debug)]
@@ -46,7 +46,7 @@ fn try_open(dir: &Path) -> Result<SqliteStore, StoreError> {
         dir,
         Durability::Full,
         scheduler,
-        Arc::new(SeededDecider::new()),
+        Arc::new(seeded_decider()),
     )
 }
 
