@@ -22,9 +22,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use lazaret_core::{
-    DeadLetterReason, Failure, FairScheduler, JobId, Policies, SchedulerConfig, Timestamp,
+    DeadLetterReason, Envelope, Failure, FairScheduler, JobId, Policies, SchedulerConfig, Timestamp,
 };
-use lazaret_store::{Durability, PolicyDecider, SourceDeadLetter, SourceRef, SqliteStore, Stage, Store};
+use lazaret_store::{
+    Durability, PolicyDecider, SourceDeadLetter, SourceRef, SqliteStore, Stage, Store,
+};
 
 type Res<T> = Result<T, Box<dyn Error + Send + Sync>>;
 

@@ -70,9 +70,7 @@ use lapin::options::{
 use lapin::publisher_confirm::Confirmation;
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
-use lazaret_core::{
-    Breakers, Envelope, Event, FairScheduler, Policies, SchedulerConfig, Timestamp, Transition,
-};
+use lazaret_core::{Breakers, FairScheduler, Policies, SchedulerConfig};
 use lazaret_guard::{
     Broker, BrokerError, BrokerKind, Consumer, Delivery, Faults, Guard, Host, HttpHandler,
     Incoming, LocalHost, QUARANTINE_LINGER, Republish, Settled, SourceSpec, TakenIn,

@@ -6,11 +6,11 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lazaret_core::{
-    BreakerState, Breakers, DeadLetterReason, Envelope, ErrorKind, Event, Gate, JobType, Lane,
-    LeaseGate, LeaseReservation, Paused, Policies, SplitMix64, Timestamp, Transition, decide,
+    BreakerState, Breakers, DeadLetterReason, ErrorKind, Gate, JobType, Lane, LeaseGate,
+    LeaseReservation, Paused, Timestamp, Transition,
 };
 use lazaret_guard::SourceSet;
-use lazaret_store::{Completed, DeadLetterId, Decider, LeasedJob, PauseTarget, Store, Switch};
+use lazaret_store::{Completed, DeadLetterId, LeasedJob, PauseTarget, Store, Switch};
 
 use crate::alerts::AlertHub;
 use crate::auth::ApiTokens;

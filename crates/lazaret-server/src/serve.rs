@@ -11,11 +11,11 @@ use lazaret_store::{Duty, PgOptions, PostgresStore, SqliteStore, Store, StoreEve
 use tokio::net::TcpListener;
 
 use crate::app::{App, now};
-use lazaret_store::PolicyDecider;
 use crate::auth::api_token_entry;
 use crate::config::{ServerConfig, millis};
 use crate::sources::{self, Sources};
 use crate::{alerts, api, conn, metrics};
+use lazaret_store::PolicyDecider;
 
 /// What `serve` needs.
 #[derive(Debug, Clone)]

@@ -11,8 +11,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lazaret_core::{
-    Backoff, Breakers, DeadLetterReason, Envelope, Event, FairScheduler, JobType, Policies,
-    SchedulerConfig, Timestamp, Transition, TypePolicy,
+    Backoff, Breakers, DeadLetterReason, FairScheduler, JobType, Policies, SchedulerConfig,
+    TypePolicy,
 };
 use lazaret_guard::{
     Broker, Faults, Guard, GuardError, Handler, LocalHost, Mode, Outcome, Settled, SourceSpec,

@@ -469,8 +469,8 @@ mod tests {
     use tower::ServiceExt;
 
     use super::*;
-    use lazaret_store::PolicyDecider;
     use crate::config::ServerConfig;
+    use lazaret_store::PolicyDecider;
 
     fn app(dir: &std::path::Path, config: &str) -> Arc<App<SqliteStore>> {
         let config = ServerConfig::from_toml_str(config, dir).expect("a valid config");

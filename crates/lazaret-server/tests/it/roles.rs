@@ -10,9 +10,9 @@ use futures_util::StreamExt as _;
 use lazaret_core::FairScheduler;
 use lazaret_server::api::routes::{Access, BodyCap};
 use lazaret_server::app::App;
-use lazaret_store::PolicyDecider;
 use lazaret_server::auth::Role;
 use lazaret_server::config::ServerConfig;
+use lazaret_store::PolicyDecider;
 use lazaret_store::{Durability, SqliteStore};
 use tower::ServiceExt as _;
 

@@ -42,12 +42,7 @@ pub fn open(dir: &Path) -> SqliteStore {
 
 fn try_open(dir: &Path) -> Result<SqliteStore, StoreError> {
     let scheduler = FairScheduler::new(scheduler_config()).expect("a valid scheduler config");
-    SqliteStore::open(
-        dir,
-        Durability::Full,
-        scheduler,
-        Arc::new(seeded_decider()),
-    )
+    SqliteStore::open(dir, Durability::Full, scheduler, Arc::new(seeded_decider()))
 }
 
 lazaret_store_conformance::conformance_suite!(crate::sqlite::backend);
