@@ -188,15 +188,23 @@ impl Writer {
                  ORDER BY p.lane, p.tenant FOR UPDATE OF p",
             )
             .await?;
-        // The counts' lock first (`COUNTS_LOCK`), in the same round trip.
+        // The counts' lock first (`COUNTS_LOCK`), in the same round trip,
+        // unless an earlier lease of the group took it.
         let counts_lock = self.counts_lock;
         let lock_params: [&(dyn ToSql + Sync); 1] = [&counts_lock];
         let pairs_params: [&(dyn ToSql + Sync); 2] = [&wanted_lanes, &wanted_tenants];
-        let (locked, rows) = futures_util::join!(
-            self.client.execute(&lock_st, &lock_params),
+        let locked = self.group.counts_locked;
+        let (lock, rows) = futures_util::join!(
+            async {
+                if locked {
+                    return Ok(0);
+                }
+                self.client.execute(&lock_st, &lock_params).await
+            },
             self.client.query(&pairs_st, &pairs_params)
         );
-        pg(locked)?;
+        pg(lock)?;
+        self.group.counts_locked = true;
         let rows = pg(rows)?;
         let mut keys: Vec<(String, String)> = Vec::new();
         for r in rows {

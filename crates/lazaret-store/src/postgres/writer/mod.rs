@@ -113,6 +113,9 @@ struct Delta {
 /// What the group changed, written before its commit.
 #[derive(Default)]
 struct Group {
+    /// Whether this group holds [`COUNTS_LOCK`] already (a lease took it),
+    /// so its commit need not ask again.
+    counts_locked: bool,
     /// Count changes per (lane, tenant), applied in key order.
     deltas: BTreeMap<(String, String), Delta>,
     /// Ready count changes per (lane, tenant, type), applied in key order
@@ -159,7 +162,7 @@ pub(super) struct Writer {
     /// Groups rolled back for a deadlock or a serialization failure
     /// (`GroupCommitStats::conflicts`).
     conflicts: u64,
-    /// This schema's [`COUNTS_LOCK`] key: see [`Writer::lock_counts`].
+    /// This schema's [`COUNTS_LOCK`] key.
     counts_lock: i64,
     /// This schema's [`RETENTION_LOCK`] key.
     retention_lock: i64,
@@ -182,8 +185,8 @@ pub(super) struct Writer {
 /// contended, and it goes out pipelined with the statement after it.
 pub(super) const COUNTS_LOCK: u32 = 0x6c7a_636e;
 
-/// Takes [`COUNTS_LOCK`] (again, when a lease of the group took it: the
-/// lock is re-entrant within a transaction).
+/// Takes [`COUNTS_LOCK`]: a lease's pair lock and a commit's count
+/// upserts send it first in the same pipeline, unless the group holds it.
 pub(super) const LOCK_COUNTS_SQL: &str = "SELECT pg_advisory_xact_lock($1)";
 
 /// The advisory lock retention holds, so one node at a time deletes.
@@ -473,9 +476,9 @@ impl Writer {
         let lock_st = self.stmt(LOCK_COUNTS_SQL).await?;
         let assign = std::mem::take(&mut self.group.assign);
         let client = &self.client;
-        let counts_lock = self.counts_lock;
+        let (counts_lock, counts_locked) = (self.counts_lock, self.group.counts_locked);
         let locked = async {
-            if counts.pairs.is_none() && counts.types.is_none() {
+            if counts_locked || (counts.pairs.is_none() && counts.types.is_none()) {
                 return Ok(());
             }
             client.execute(&lock_st, &[&counts_lock]).await.map(drop)
