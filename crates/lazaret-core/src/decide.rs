@@ -191,7 +191,7 @@ pub fn redrive(env: &mut Envelope) -> JobState {
     env.deferrals = 0;
     env.crashes = 0;
     env.kind_failures.clear();
-    env.redrives = env.redrives.saturating_add(1);
+    env.redrive_count = env.redrive_count.saturating_add(1);
     JobState::Queued
 }
 
@@ -227,7 +227,7 @@ pub fn redrive_corrected(env: &mut Envelope, c: CorrectedPayload<'_>) -> JobStat
         at: c.now,
         actor: c.actor.to_owned(),
         reason: c.reason.to_owned(),
-        redrive: env.redrives,
+        redrive: env.redrive_count,
         previous_payload: String::from_utf8_lossy(c.previous).into_owned(),
         previous_size: env.payload_size,
         previous_sha256,

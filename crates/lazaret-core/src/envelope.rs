@@ -128,8 +128,11 @@ pub struct Envelope {
     #[serde(default, skip_serializing_if = "is_zero")]
     pub crashes: u32,
     /// How many times an operator redrove it from the dead letters.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub redrives: u32,
+    /// Serialized as `redrive_count`; envelopes stored by builds before
+    /// store schema SQLite 8 / PostgreSQL 5 call it `redrives`, which
+    /// still reads.
+    #[serde(default, skip_serializing_if = "is_zero", alias = "redrives")]
+    pub redrive_count: u32,
     /// Failures counted per kind, for per-kind budgets. Few entries.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub kind_failures: Vec<(ErrorKind, u32)>,
@@ -171,7 +174,7 @@ impl Envelope {
             attempts: 0,
             deferrals: 0,
             crashes: 0,
-            redrives: 0,
+            redrive_count: 0,
             kind_failures: Vec::new(),
             history: Vec::new(),
             history_dropped: 0,
@@ -303,5 +306,30 @@ mod tests {
         assert_eq!(env.history.len(), HISTORY_MAX);
         assert_eq!(env.history_dropped, 5);
         assert_eq!(env.history[0].attempt, 6);
+    }
+
+    /// Envelopes stored before the counter was renamed call it `redrives`:
+    /// they still read, and are written back under `redrive_count`.
+    #[test]
+    fn an_envelope_with_the_old_redrives_key_still_reads() {
+        let mut old: serde_json::Value = serde_json::from_str(
+            &Envelope::new(
+                JobId(1),
+                "t".into(),
+                "acme".into(),
+                Lane::default_lane(),
+                b"{}",
+                Timestamp::EPOCH,
+            )
+            .to_json(),
+        )
+        .unwrap();
+        old["redrives"] = serde_json::json!(2);
+        let env = Envelope::from_json(&old.to_string()).unwrap();
+        assert_eq!(env.redrive_count, 2);
+
+        let written: serde_json::Value = serde_json::from_str(&env.to_json()).unwrap();
+        assert_eq!(written["redrive_count"], serde_json::json!(2));
+        assert!(written.get("redrives").is_none());
     }
 }

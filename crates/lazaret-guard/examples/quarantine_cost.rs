@@ -93,7 +93,7 @@ fn dead_letter(n: usize) -> SourceDeadLetter {
         envelope: Some(env),
         now: at,
         payload: body.into_bytes(),
-        may_be_parked: false,
+        may_be_held: false,
     }
 }
 

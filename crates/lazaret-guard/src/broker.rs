@@ -148,7 +148,7 @@ pub trait Broker: Send + Sync + fmt::Debug {
     /// lazaret's store: an SQS FIFO message that failed must keep holding
     /// its message group, so it is held ([`Acker::hold`]), not
     /// acknowledged, and its redelivery is the retry. The store then only
-    /// records what lazaret charged (`park_message`, never delivered from).
+    /// records what lazaret charged (`hold_retry`, never delivered from).
     fn holds_retries(&self) -> bool {
         false
     }

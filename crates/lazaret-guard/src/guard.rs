@@ -5,7 +5,7 @@
 //! The order of writes is the whole point:
 //! - **success** → acknowledge;
 //! - **retry or deferral** → hold the message in lazaret's store until it
-//!   is due (`park_message`), *then* acknowledge: the wait holds up nothing
+//!   is due (`hold_retry`), *then* acknowledge: the wait holds up nothing
 //!   behind it on the broker and survives a restart; when due, the runtime
 //!   delivers it again from the store with its envelope (attempts, history);
 //! - **dead letter** → quarantine (`quarantine_message`), *then*
@@ -50,8 +50,8 @@ use lazaret_core::{
     TypePolicy, WorkerId, absorb_earlier_deliveries, bounded_name, decide, grant_lease,
 };
 use lazaret_store::{
-    Completed, DeadLetterId, Held, MessageKey, ParkedMessage, Quarantined, SourceDeadLetter,
-    SourceRef, Stage, Store, StoreError,
+    Completed, DeadLetterId, Held, HeldRetry, MessageKey, Quarantined, SourceDeadLetter, SourceRef,
+    Stage, Store, StoreError,
 };
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot, watch};
 
@@ -120,7 +120,7 @@ pub enum Settled {
     /// Acknowledged after the handler succeeded.
     Succeeded,
     /// Acknowledged after its retry or deferral was held in the store.
-    Parked,
+    HeldRetry,
     /// Acknowledged after it was quarantined.
     Quarantined,
     /// A redelivery of a message the store already held: acknowledged
@@ -231,9 +231,9 @@ enum Write {
     /// Nothing (a success straight from the broker).
     Nothing,
     /// Drop the held retry (a held retry succeeded).
-    Unpark,
+    ReleaseHeldRetry,
     /// Hold a retry.
-    Park(Box<ParkedMessage>),
+    HoldRetry(Box<HeldRetry>),
     /// Quarantine.
     Quarantine(Box<SourceDeadLetter>),
 }
@@ -261,25 +261,25 @@ enum Origin {
     /// Straight from the broker: acknowledge it once settled.
     Broker(Box<dyn Acker>),
     /// A held retry from lazaret's store.
-    Parked,
+    HeldRetry,
     /// A broker redelivery of a retry held on the broker
     /// ([`Broker::holds_retries`]): settled as from the broker, and its
     /// record in the store dropped on success.
-    Held(Box<dyn Acker>),
+    HeldOnBroker(Box<dyn Acker>),
 }
 
 impl Origin {
     fn acker(&self) -> Option<&dyn Acker> {
         match self {
-            Origin::Broker(a) | Origin::Held(a) => Some(a.as_ref()),
-            Origin::Parked => None,
+            Origin::Broker(a) | Origin::HeldOnBroker(a) => Some(a.as_ref()),
+            Origin::HeldRetry => None,
         }
     }
 
     fn into_acker(self) -> Option<Box<dyn Acker>> {
         match self {
-            Origin::Broker(a) | Origin::Held(a) => Some(a),
-            Origin::Parked => None,
+            Origin::Broker(a) | Origin::HeldOnBroker(a) => Some(a),
+            Origin::HeldRetry => None,
         }
     }
 }
@@ -368,14 +368,14 @@ impl<H: Host> Guard<H> {
         }
         let mut crashed = inner.crashed.subscribe();
         // Retries held on the broker come back from it, not from the store.
-        let parked = (!inner.broker.holds_retries())
+        let held_retries = (!inner.broker.holds_retries())
             .then(|| tokio::spawn(Arc::clone(&inner).deliver_due(shutdown.clone())));
         let result = tokio::select! {
             r = Arc::clone(&inner).consume(shutdown.clone()) => r,
             _ = crashed.wait_for(|c| *c) => Err(GuardError::Crashed),
         };
-        if let Some(parked) = parked {
-            parked.abort();
+        if let Some(held_retries) = held_retries {
+            held_retries.abort();
         }
         // Messages held for a refused write are handed back now.
         inner.stopping.send_replace(true);
@@ -512,7 +512,7 @@ impl<H: Host> Inner<H> {
             }
             // A read first: claiming is a write (an fsync on SQLite), taken
             // only when a held retry is due.
-            let any_due = match self.host.store().next_message_due(name.clone()).await {
+            let any_due = match self.host.store().next_held_retry_due(name.clone()).await {
                 Ok(next) => next.is_some_and(|at| at <= now()),
                 Err(e) => {
                     tracing::warn!(source = %name, "cannot read held retries: {e}");
@@ -541,7 +541,7 @@ impl<H: Host> Inner<H> {
             let due = match self
                 .host
                 .store()
-                .claim_due_messages(
+                .claim_held_retries(
                     name.clone(),
                     at,
                     permits.len() as u32,
@@ -587,13 +587,13 @@ impl<H: Host> Inner<H> {
                 }
                 let me = Arc::clone(&self);
                 tokio::spawn(async move {
-                    let delivery = parked_delivery(&p);
+                    let delivery = held_retry_delivery(&p);
                     let settled = if crashed {
                         // Charged as a lease expiry, as a broker's
                         // redelivery after a dead consumer is: a retry
                         // that kills node after node ends as crash_loop.
                         me.charge_then_attempt(
-                            Origin::Parked,
+                            Origin::HeldRetry,
                             delivery,
                             p.envelope,
                             None,
@@ -603,7 +603,7 @@ impl<H: Host> Inner<H> {
                         .await
                     } else {
                         let policy = me.host.policy(&me.spec.job_type);
-                        me.attempt(Origin::Parked, delivery, p.envelope, policy, permit)
+                        me.attempt(Origin::HeldRetry, delivery, p.envelope, policy, permit)
                             .await
                     };
                     if !settled {
@@ -689,10 +689,10 @@ impl<H: Host> Inner<H> {
                     self.host.redelivered(&self.spec.name, false);
                 }
                 Ok(Held::Nothing) => {}
-                Ok(Held::Parked) if self.broker.holds_retries() => {
+                Ok(Held::Retry) if self.broker.holds_retries() => {
                     let mut tries = 0;
                     let record = loop {
-                        let record = self.host.store().parked_message(key.clone()).await;
+                        let record = self.host.store().held_retry(key.clone()).await;
                         match record {
                             Err(e) if !matches!(e, StoreError::Closed) => {
                                 if !self.wait_to_retry(tries, Some(ack.as_ref())).await {
@@ -789,7 +789,7 @@ impl<H: Host> Inner<H> {
         &self,
         ack: Box<dyn Acker>,
         delivery: Delivery,
-        p: ParkedMessage,
+        p: HeldRetry,
         permit: OwnedSemaphorePermit,
     ) {
         let at = now();
@@ -801,12 +801,16 @@ impl<H: Host> Inner<H> {
             .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX));
         if p.due_at > at {
             let wait = p.due_at.saturating_since(at);
-            let again = ParkedMessage {
+            let again = HeldRetry {
                 source: self.held_ref(&delivery),
                 ..p
             };
             let written = self
-                .write_held(Some(ack.as_ref()), &delivery, &Write::Park(Box::new(again)))
+                .write_held(
+                    Some(ack.as_ref()),
+                    &delivery,
+                    &Write::HoldRetry(Box::new(again)),
+                )
                 .await;
             if let Err(e) = written {
                 self.give_back(ack, &delivery, &e).await;
@@ -823,7 +827,7 @@ impl<H: Host> Inner<H> {
             .broker_prior
             .saturating_sub(recorded.saturating_add(1));
         self.charge_then_attempt(
-            Origin::Held(ack),
+            Origin::HeldOnBroker(ack),
             delivery,
             p.envelope,
             None,
@@ -976,7 +980,7 @@ impl<H: Host> Inner<H> {
             class: last.and_then(|f| f.class),
             dead_letter: None,
             message: last.map(|f| f.message.clone()),
-            redrives: env.redrives,
+            redrive_count: env.redrive_count,
             freed_slot: false,
             leased_at,
         };
@@ -1004,7 +1008,7 @@ impl<H: Host> Inner<H> {
             // settles it), so `Cancelled` does not come; were it to, the
             // message is done with, like a success: dropped and acknowledged.
             Transition::Succeeded | Transition::Cancelled => match origin {
-                Origin::Parked | Origin::Held(_) => Write::Unpark,
+                Origin::HeldRetry | Origin::HeldOnBroker(_) => Write::ReleaseHeldRetry,
                 Origin::Broker(_) => Write::Nothing,
             },
             Transition::Retry { at: due, .. } | Transition::Defer { until: due } => {
@@ -1013,7 +1017,7 @@ impl<H: Host> Inner<H> {
                 } else {
                     self.source_ref(delivery)
                 };
-                Write::Park(Box::new(ParkedMessage {
+                Write::HoldRetry(Box::new(HeldRetry {
                     source,
                     due_at: due,
                     envelope: env,
@@ -1040,7 +1044,7 @@ impl<H: Host> Inner<H> {
                     envelope: Some(env),
                     now: at,
                     payload: delivery.body.clone(),
-                    may_be_parked: !first,
+                    may_be_held: !first,
                 }))
             }
         };
@@ -1070,7 +1074,7 @@ impl<H: Host> Inner<H> {
         }
         let how = match transition {
             Transition::Succeeded | Transition::Cancelled => Settled::Succeeded,
-            Transition::Retry { .. } | Transition::Defer { .. } => Settled::Parked,
+            Transition::Retry { .. } | Transition::Defer { .. } => Settled::HeldRetry,
             Transition::DeadLetter { .. } => Settled::Quarantined,
         };
         if let (Transition::Retry { at: due, .. } | Transition::Defer { until: due }, true) =
@@ -1169,8 +1173,11 @@ impl<H: Host> Inner<H> {
         let store = self.host.store();
         match write {
             Write::Nothing => Ok(None),
-            Write::Unpark => store.unpark_message(self.key(delivery)).await.map(|_| None),
-            Write::Park(p) => store.park_message((**p).clone()).await.map(|()| None),
+            Write::ReleaseHeldRetry => store
+                .release_held_retry(self.key(delivery))
+                .await
+                .map(|_| None),
+            Write::HoldRetry(p) => store.hold_retry((**p).clone()).await.map(|()| None),
             Write::Quarantine(dl) => self.quarantine((**dl).clone()).await.map(|q| Some(q.id)),
         }
     }
@@ -1271,7 +1278,7 @@ impl<H: Host> Inner<H> {
 }
 
 /// A held retry as a delivery again.
-fn parked_delivery(p: &ParkedMessage) -> Delivery {
+fn held_retry_delivery(p: &HeldRetry) -> Delivery {
     Delivery {
         message_id: p.source.message_id.clone(),
         body: p.body.clone(),

@@ -229,7 +229,7 @@ impl<H: Host> Watch<H> {
             created_at: taken.first_at.unwrap_or(at),
             now: at,
             payload: msg.body,
-            may_be_parked: true,
+            may_be_held: true,
         }
     }
 }

@@ -362,7 +362,7 @@ impl<S: Store> App<S> {
                 }
                 _ => {}
             }
-            if c.redrives > 0 {
+            if c.redrive_count > 0 {
                 match c.transition {
                     Transition::Succeeded => m::redrive_outcome("succeeded"),
                     Transition::DeadLetter { .. } => m::redrive_outcome("dead_lettered"),

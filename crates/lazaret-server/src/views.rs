@@ -196,7 +196,7 @@ fn job_body(j: &JobView, now: Timestamp, shown: PayloadShown) -> JobBody<'_> {
         lease_expires_at: j.lease_expires_at.map(time),
         deferrals: e.deferrals,
         lease_expiries: e.crashes,
-        redrive_count: e.redrives,
+        redrive_count: e.redrive_count,
         dead_letter_id: j.dead_letter_id.map(|d| d.to_string()),
         cancel_requested: j.cancel_requested,
         history: None,

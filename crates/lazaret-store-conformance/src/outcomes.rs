@@ -390,7 +390,7 @@ pub async fn history_reads_right_after_every_step<B: Backend>(b: &B) {
     .await;
     let fresh = job_view(&s, id).await.envelope;
     assert_eq!(
-        (fresh.attempts, fresh.history.len(), fresh.redrives),
+        (fresh.attempts, fresh.history.len(), fresh.redrive_count),
         (0, 0, 0)
     );
     assert_eq!(fresh.payload_size, payload.len() as u64);

@@ -39,7 +39,7 @@ pub async fn redrive_keeps_id_key_and_history_with_a_fresh_budget<B: Backend>(b:
     assert_eq!(view.state, JobState::Queued);
     assert_eq!(view.run_at, Some(at(200)));
     assert_eq!(view.envelope.attempts, 0, "a fresh budget");
-    assert_eq!(view.envelope.redrives, 1);
+    assert_eq!(view.envelope.redrive_count, 1);
     assert_eq!(view.envelope.history.len(), 1, "history kept");
     assert_eq!(view.envelope.idempotency_key.as_deref(), Some("img-7"));
     let stats = s.stats().await.unwrap();
@@ -201,7 +201,7 @@ pub async fn a_corrected_redrive_replaces_the_payload_and_keeps_the_original<B: 
     assert_eq!(view.state, JobState::Queued);
     assert_eq!(view.payload, corrected.as_bytes(), "byte for byte");
     let e = &view.envelope;
-    assert_eq!((e.attempts, e.redrives, e.history.len()), (0, 1, 1));
+    assert_eq!((e.attempts, e.redrive_count, e.history.len()), (0, 1, 1));
     assert_eq!(e.idempotency_key.as_deref(), Some("img-7"));
     assert_eq!(e.payload_size, corrected.len() as u64);
     assert_eq!(e.payload_sha256, sha256_hex(corrected.as_bytes()));

@@ -8,7 +8,7 @@ use lazaret_core::{
     DeadLetterReason, Envelope, Failure, FailureClass, JobId, Timestamp, grant_lease,
 };
 use lazaret_store::{
-    ClaimedRetry, DeadLetterFilter, Held, MessageKey, ParkedMessage, Selector, SourceDeadLetter,
+    ClaimedRetry, DeadLetterFilter, Held, HeldRetry, MessageKey, Selector, SourceDeadLetter,
     SourceRef, Stage, Store,
 };
 use serde_json::json;
@@ -32,7 +32,7 @@ fn source(name: &str, id: &str) -> SourceRef {
     }
 }
 
-/// The body [`quarantined`] gives its dead letters and [`parked`] its held
+/// The body [`quarantined`] gives its dead letters and [`retry_of`] its held
 /// retries.
 const BODY: &[u8] = b"\xff binary \x00 body";
 
@@ -75,12 +75,12 @@ fn quarantined(name: &str, id: &str, stage: Stage, ms: i64) -> SourceDeadLetter 
         created_at: at(ms),
         now: at(ms + 5),
         payload: BODY.to_vec(),
-        may_be_parked: true,
+        may_be_held: true,
     }
 }
 
-fn parked(name: &str, id: &str, due: Timestamp) -> ParkedMessage {
-    ParkedMessage {
+fn retry_of(name: &str, id: &str, due: Timestamp) -> HeldRetry {
+    HeldRetry {
         source: source(name, id),
         due_at: due,
         envelope: envelope(0, 1),
@@ -185,7 +185,7 @@ pub async fn a_batch_of_quarantines_answers_each_in_order<B: Backend>(b: &B) {
         .quarantine_message(quarantined("orders-src", "m-2", Stage::Processing, 0))
         .await
         .unwrap();
-    s.park_message(parked("orders-src", "m-3", at(1_000)))
+    s.hold_retry(retry_of("orders-src", "m-3", at(1_000)))
         .await
         .unwrap();
     let batch = s
@@ -215,7 +215,7 @@ pub async fn a_batch_of_quarantines_answers_each_in_order<B: Backend>(b: &B) {
         Held::Quarantined(batch[2].id)
     );
     assert!(
-        s.due_messages("orders-src".into(), at(10_000), 10)
+        s.due_held_retries("orders-src".into(), at(10_000), 10)
             .await
             .unwrap()
             .is_empty()
@@ -225,24 +225,27 @@ pub async fn a_batch_of_quarantines_answers_each_in_order<B: Backend>(b: &B) {
 pub async fn held_retries_come_due_in_order_and_are_replaced_or_dropped<B: Backend>(b: &B) {
     let place = b.place().await;
     let s = b.open(&place).await;
-    s.park_message(parked("src", "late", at(3_000)))
+    s.hold_retry(retry_of("src", "late", at(3_000)))
         .await
         .unwrap();
-    s.park_message(parked("src", "early", at(1_000)))
+    s.hold_retry(retry_of("src", "early", at(1_000)))
         .await
         .unwrap();
-    s.park_message(parked("other", "x", at(0))).await.unwrap();
+    s.hold_retry(retry_of("other", "x", at(0))).await.unwrap();
     assert_eq!(
         s.message_held(key("src", "early")).await.unwrap(),
-        Held::Parked
+        Held::Retry
     );
     assert!(
-        s.due_messages("src".into(), at(999), 10)
+        s.due_held_retries("src".into(), at(999), 10)
             .await
             .unwrap()
             .is_empty()
     );
-    let due = s.due_messages("src".into(), at(5_000), 10).await.unwrap();
+    let due = s
+        .due_held_retries("src".into(), at(5_000), 10)
+        .await
+        .unwrap();
     assert_eq!(
         due.iter()
             .map(|p| p.source.message_id.as_str())
@@ -251,59 +254,62 @@ pub async fn held_retries_come_due_in_order_and_are_replaced_or_dropped<B: Backe
     );
     assert_eq!(
         due[0],
-        parked("src", "early", at(1_000)),
+        retry_of("src", "early", at(1_000)),
         "read back as written"
     );
     assert_eq!(
-        s.due_messages("src".into(), at(5_000), 1)
+        s.due_held_retries("src".into(), at(5_000), 1)
             .await
             .unwrap()
             .len(),
         1
     );
     assert_eq!(
-        s.next_message_due("src".into()).await.unwrap(),
+        s.next_held_retry_due("src".into()).await.unwrap(),
         Some(at(1_000))
     );
 
     assert_eq!(
-        s.parked_message(key("src", "early")).await.unwrap(),
-        Some(parked("src", "early", at(1_000))),
+        s.held_retry(key("src", "early")).await.unwrap(),
+        Some(retry_of("src", "early", at(1_000))),
         "one held retry read back by its key"
     );
     assert_eq!(
-        s.parked_message(key("src", "x")).await.unwrap(),
+        s.held_retry(key("src", "x")).await.unwrap(),
         None,
         "another source's message is not this one's"
     );
 
-    // Parked again (the next retry): replaced, not added.
-    let mut again = parked("src", "early", at(9_000));
+    // Held again (the next retry): replaced, not added.
+    let mut again = retry_of("src", "early", at(9_000));
     again.envelope = envelope(0, 2);
-    s.park_message(again.clone()).await.unwrap();
+    s.hold_retry(again.clone()).await.unwrap();
     assert_eq!(
-        s.parked_message(key("src", "early")).await.unwrap(),
+        s.held_retry(key("src", "early")).await.unwrap(),
         Some(again.clone())
     );
-    let due = s.due_messages("src".into(), at(10_000), 10).await.unwrap();
+    let due = s
+        .due_held_retries("src".into(), at(10_000), 10)
+        .await
+        .unwrap();
     assert_eq!(due.len(), 2);
     assert_eq!(due[1], again);
 
-    assert!(s.unpark_message(key("src", "late")).await.unwrap());
-    assert!(!s.unpark_message(key("src", "late")).await.unwrap());
+    assert!(s.release_held_retry(key("src", "late")).await.unwrap());
+    assert!(!s.release_held_retry(key("src", "late")).await.unwrap());
     // Quarantining a held message drops its retry in the same call.
     s.quarantine_message(quarantined("src", "early", Stage::Processing, 0))
         .await
         .unwrap();
     assert!(
-        s.due_messages("src".into(), at(10_000), 10)
+        s.due_held_retries("src".into(), at(10_000), 10)
             .await
             .unwrap()
             .is_empty()
     );
-    assert_eq!(s.next_message_due("src".into()).await.unwrap(), None);
+    assert_eq!(s.next_held_retry_due("src".into()).await.unwrap(), None);
     assert_eq!(
-        s.due_messages("other".into(), at(0), 10)
+        s.due_held_retries("other".into(), at(0), 10)
             .await
             .unwrap()
             .len(),
@@ -314,7 +320,7 @@ pub async fn held_retries_come_due_in_order_and_are_replaced_or_dropped<B: Backe
 pub async fn held_retries_and_broker_dead_letters_survive_a_restart<B: Backend>(b: &B) {
     let place = b.place().await;
     let s = b.open(&place).await;
-    s.park_message(parked("src", "p", at(1_000))).await.unwrap();
+    s.hold_retry(retry_of("src", "p", at(1_000))).await.unwrap();
     let q = s
         .quarantine_message(quarantined("src", "q", Stage::Broker, 0))
         .await
@@ -323,8 +329,10 @@ pub async fn held_retries_and_broker_dead_letters_survive_a_restart<B: Backend>(
     drop(s);
     let s = b.open(&place).await;
     assert_eq!(
-        s.due_messages("src".into(), at(1_000), 10).await.unwrap(),
-        vec![parked("src", "p", at(1_000))]
+        s.due_held_retries("src".into(), at(1_000), 10)
+            .await
+            .unwrap(),
+        vec![retry_of("src", "p", at(1_000))]
     );
     assert_eq!(
         s.message_held(key("src", "q")).await.unwrap(),
@@ -406,21 +414,21 @@ pub async fn a_message_reusing_a_quarantined_id_is_a_dead_letter_of_its_own<B: B
 pub async fn held_retries_are_counted_by_source<B: Backend>(b: &B) {
     let place = b.place().await;
     let s = b.open(&place).await;
-    assert!(s.stats().await.unwrap().held_messages.is_empty());
-    s.park_message(parked("src", "a", at(1_000))).await.unwrap();
-    s.park_message(parked("src", "b", at(2_000))).await.unwrap();
-    s.park_message(parked("other", "a", at(1_000)))
+    assert!(s.stats().await.unwrap().held_retries.is_empty());
+    s.hold_retry(retry_of("src", "a", at(1_000))).await.unwrap();
+    s.hold_retry(retry_of("src", "b", at(2_000))).await.unwrap();
+    s.hold_retry(retry_of("other", "a", at(1_000)))
         .await
         .unwrap();
     // Held again (replaced): still one.
-    s.park_message(parked("src", "a", at(3_000))).await.unwrap();
+    s.hold_retry(retry_of("src", "a", at(3_000))).await.unwrap();
     assert_eq!(
-        s.stats().await.unwrap().held_messages,
+        s.stats().await.unwrap().held_retries,
         vec![("other".to_owned(), 1), ("src".to_owned(), 2)]
     );
-    s.unpark_message(key("src", "b")).await.unwrap();
+    s.release_held_retry(key("src", "b")).await.unwrap();
     assert_eq!(
-        s.stats().await.unwrap().held_messages,
+        s.stats().await.unwrap().held_retries,
         vec![("other".to_owned(), 1), ("src".to_owned(), 1)]
     );
 }
@@ -433,29 +441,31 @@ pub async fn a_message_reusing_a_held_id_is_held_as_a_retry_of_its_own<B: Backen
     let place = b.place().await;
     let s = b.open(&place).await;
     const OTHER: &[u8] = b"{\"order\": 8}";
-    let first = parked("src", "order-7", at(1_000));
-    s.park_message(first.clone()).await.unwrap();
+    let first = retry_of("src", "order-7", at(1_000));
+    s.hold_retry(first.clone()).await.unwrap();
     let other_key = MessageKey::of("src", "order-7", OTHER, None);
     assert_eq!(
         s.message_held(other_key.clone()).await.unwrap(),
         Held::Nothing,
         "another body under a held id is new to lazaret"
     );
-    assert_eq!(s.parked_message(other_key.clone()).await.unwrap(), None);
+    assert_eq!(s.held_retry(other_key.clone()).await.unwrap(), None);
 
-    let mut second = parked("src", "order-7", at(2_000));
+    let mut second = retry_of("src", "order-7", at(2_000));
     second.body = OTHER.to_vec();
-    s.park_message(second.clone()).await.unwrap();
-    let mut copy = parked("src", "order-7", at(3_000));
+    s.hold_retry(second.clone()).await.unwrap();
+    let mut copy = retry_of("src", "order-7", at(3_000));
     copy.source.redrive_id = Some("r-1".into());
-    s.park_message(copy.clone()).await.unwrap();
+    s.hold_retry(copy.clone()).await.unwrap();
     assert_eq!(
-        s.due_messages("src".into(), at(10_000), 10).await.unwrap(),
+        s.due_held_retries("src".into(), at(10_000), 10)
+            .await
+            .unwrap(),
         vec![first.clone(), second.clone(), copy.clone()],
         "three messages held, none replaced by another"
     );
     assert_eq!(
-        s.stats().await.unwrap().held_messages,
+        s.stats().await.unwrap().held_retries,
         vec![("src".to_owned(), 3)]
     );
     for (k, p) in [
@@ -466,8 +476,8 @@ pub async fn a_message_reusing_a_held_id_is_held_as_a_retry_of_its_own<B: Backen
             &copy,
         ),
     ] {
-        assert_eq!(s.message_held(k.clone()).await.unwrap(), Held::Parked);
-        assert_eq!(s.parked_message(k).await.unwrap().as_ref(), Some(p));
+        assert_eq!(s.message_held(k.clone()).await.unwrap(), Held::Retry);
+        assert_eq!(s.held_retry(k).await.unwrap().as_ref(), Some(p));
     }
     assert_eq!(
         s.message_held(MessageKey::of("src", "order-7", BODY, Some("r-2".into())))
@@ -480,21 +490,20 @@ pub async fn a_message_reusing_a_held_id_is_held_as_a_retry_of_its_own<B: Backen
     let mut again = second.clone();
     again.due_at = at(9_000);
     again.envelope = envelope(0, 2);
-    s.park_message(again.clone()).await.unwrap();
+    s.hold_retry(again.clone()).await.unwrap();
     assert_eq!(
-        s.parked_message(key("src", "order-7")).await.unwrap(),
+        s.held_retry(key("src", "order-7")).await.unwrap(),
         Some(first.clone())
     );
-    assert_eq!(
-        s.parked_message(other_key.clone()).await.unwrap(),
-        Some(again)
-    );
+    assert_eq!(s.held_retry(other_key.clone()).await.unwrap(), Some(again));
 
     // Dropped by its key: the others stay.
-    assert!(s.unpark_message(other_key.clone()).await.unwrap());
+    assert!(s.release_held_retry(other_key.clone()).await.unwrap());
     assert_eq!(s.message_held(other_key).await.unwrap(), Held::Nothing);
     assert_eq!(
-        s.due_messages("src".into(), at(10_000), 10).await.unwrap(),
+        s.due_held_retries("src".into(), at(10_000), 10)
+            .await
+            .unwrap(),
         vec![first.clone(), copy.clone()]
     );
 
@@ -504,7 +513,9 @@ pub async fn a_message_reusing_a_held_id_is_held_as_a_retry_of_its_own<B: Backen
     third.payload = b"{\"order\": 9}".to_vec();
     s.quarantine_message(third).await.unwrap();
     assert_eq!(
-        s.due_messages("src".into(), at(10_000), 10).await.unwrap(),
+        s.due_held_retries("src".into(), at(10_000), 10)
+            .await
+            .unwrap(),
         vec![first, copy.clone()]
     );
     let q = s
@@ -516,7 +527,9 @@ pub async fn a_message_reusing_a_held_id_is_held_as_a_retry_of_its_own<B: Backen
         Held::Quarantined(q.id)
     );
     assert_eq!(
-        s.due_messages("src".into(), at(10_000), 10).await.unwrap(),
+        s.due_held_retries("src".into(), at(10_000), 10)
+            .await
+            .unwrap(),
         vec![copy]
     );
 }
@@ -529,7 +542,7 @@ async fn claim<S: Store>(
     limit: u32,
 ) -> Result<Vec<ClaimedRetry>, lazaret_store::StoreError> {
     store
-        .claim_due_messages("src".into(), at(now), limit, who.into(), at(now + 60_000))
+        .claim_held_retries("src".into(), at(now), limit, who.into(), at(now + 60_000))
         .await
 }
 
@@ -548,7 +561,7 @@ fn lapsed(held: &[ClaimedRetry]) -> Vec<Option<&str>> {
 /// A due held retry is claimed by one caller (a node delivering it) until
 /// its claim expires: another caller — a second store on the same place
 /// where the backend has several nodes, else a second caller of the same
-/// store — is not given it before, and is after; a re-park or an unpark
+/// store — is not given it before, and is after; holding it again or releasing it
 /// (the outcome of its delivery) clears the claim. Two callers claiming at
 /// the same moment share the due retries without overlap.
 pub async fn a_held_retry_is_claimed_by_one_caller_until_its_claim_expires<B: Backend>(b: &B) {
@@ -559,17 +572,17 @@ pub async fn a_held_retry_is_claimed_by_one_caller_until_its_claim_expires<B: Ba
     } else {
         None
     };
-    s.park_message(parked("src", "b", at(2_000))).await.unwrap();
-    s.park_message(parked("src", "a", at(1_000))).await.unwrap();
-    s.park_message(parked("src", "later", at(100_000)))
+    s.hold_retry(retry_of("src", "b", at(2_000))).await.unwrap();
+    s.hold_retry(retry_of("src", "a", at(1_000))).await.unwrap();
+    s.hold_retry(retry_of("src", "later", at(100_000)))
         .await
         .unwrap();
-    s.park_message(parked("other", "x", at(0))).await.unwrap();
+    s.hold_retry(retry_of("other", "x", at(0))).await.unwrap();
     let first = claim(&s, "n1", 5_000, 10).await.unwrap();
     assert_eq!(ids_of(&first), vec!["a", "b"], "due ones, earliest first");
     assert_eq!(
         first[0].retry,
-        parked("src", "a", at(1_000)),
+        retry_of("src", "a", at(1_000)),
         "read back as written"
     );
     assert_eq!(lapsed(&first), vec![None, None], "nobody had claimed them");
@@ -595,10 +608,10 @@ pub async fn a_held_retry_is_claimed_by_one_caller_until_its_claim_expires<B: Ba
     // The outcomes clear the claim: `a` held again (a retry's retry) is
     // claimable once due; `b` succeeded and is gone.
     other
-        .park_message(parked("src", "a", at(70_000)))
+        .hold_retry(retry_of("src", "a", at(70_000)))
         .await
         .unwrap();
-    assert!(other.unpark_message(key("src", "b")).await.unwrap());
+    assert!(other.release_held_retry(key("src", "b")).await.unwrap());
     let again = claim(&s, "n1", 70_000, 10).await.unwrap();
     assert_eq!(ids_of(&again), vec!["a"]);
     assert_eq!(lapsed(&again), vec![None], "its outcome cleared the claim");
@@ -616,9 +629,9 @@ pub async fn a_held_retry_is_claimed_by_one_caller_until_its_claim_expires<B: Ba
     );
     // Many due at once, claimed by two callers at the same moment: each
     // retry goes to exactly one of them.
-    assert!(s.unpark_message(key("src", "later")).await.unwrap());
+    assert!(s.release_held_retry(key("src", "later")).await.unwrap());
     for i in 0..40 {
-        s.park_message(parked("src", &format!("m{i:02}"), at(600_000 + i)))
+        s.hold_retry(retry_of("src", &format!("m{i:02}"), at(600_000 + i)))
             .await
             .unwrap();
     }
@@ -634,7 +647,7 @@ pub async fn a_held_retry_is_claimed_by_one_caller_until_its_claim_expires<B: Ba
     assert_eq!(all, unique, "no retry claimed by both: {one:?} / {two:?}");
     assert_eq!(all.len(), 40, "between them they claimed every due retry");
     assert_eq!(
-        s.due_messages("other".into(), at(0), 10)
+        s.due_held_retries("other".into(), at(0), 10)
             .await
             .unwrap()
             .len(),

@@ -17,8 +17,8 @@ use crate::request::{Claim, Reply, Request};
 use crate::{
     AdmissionRecord, ApiToken, AuditEntry, AuditId, AuditPage, AuditQuery, CancelError, Cancelled,
     ClaimedRetry, Completed, Completion, DeadLetter, DeadLetterFilter, DeadLetterId, Duty,
-    EnqueueOutcome, Heartbeat, Held, ItemError, JobPage, JobQuery, JobView, LeaseRequest,
-    LeaseToken, LeasedJob, MessageKey, NewJob, ParkedMessage, Pause, PauseTarget, PayloadFix,
+    EnqueueOutcome, Heartbeat, Held, HeldRetry, ItemError, JobPage, JobQuery, JobView,
+    LeaseRequest, LeaseToken, LeasedJob, MessageKey, NewJob, Pause, PauseTarget, PayloadFix,
     Quarantined, ReasonCount, RecentDeadLetter, Selector, SourceDeadLetter, Stage, Store,
     StoreError, StoreEvent, StoreStats, Switch, Tick, TokenError,
 };
@@ -63,7 +63,7 @@ pub(crate) trait Backend: Send + Sync + 'static {
     }
 
     /// Claims due held retries: by default a request to the writer.
-    fn claim_due_messages(
+    fn claim_held_retries(
         &self,
         claim: Claim,
     ) -> impl Future<Output = Result<Vec<ClaimedRetry>, StoreError>> + Send {
@@ -104,17 +104,17 @@ pub(crate) trait Backend: Send + Sync + 'static {
         &self,
         query: AuditQuery,
     ) -> impl Future<Output = Result<AuditPage, StoreError>> + Send;
-    fn due_messages(
+    fn due_held_retries(
         &self,
         source: String,
         now: Timestamp,
         limit: u32,
-    ) -> impl Future<Output = Result<Vec<ParkedMessage>, StoreError>> + Send;
-    fn parked_message(
+    ) -> impl Future<Output = Result<Vec<HeldRetry>, StoreError>> + Send;
+    fn held_retry(
         &self,
         key: MessageKey,
-    ) -> impl Future<Output = Result<Option<ParkedMessage>, StoreError>> + Send;
-    fn next_message_due(
+    ) -> impl Future<Output = Result<Option<HeldRetry>, StoreError>> + Send;
+    fn next_held_retry_due(
         &self,
         source: String,
     ) -> impl Future<Output = Result<Option<Timestamp>, StoreError>> + Send;
@@ -400,32 +400,32 @@ impl<B: Backend> Store for StoreOn<B> {
         call(&self.backend, |reply| Request::Quarantine { dls, reply }).await
     }
 
-    async fn park_message(&self, p: ParkedMessage) -> Result<(), StoreError> {
-        call(&self.backend, |reply| Request::Park {
+    async fn hold_retry(&self, p: HeldRetry) -> Result<(), StoreError> {
+        call(&self.backend, |reply| Request::HoldRetry {
             p: Box::new(p),
             reply,
         })
         .await
     }
 
-    async fn unpark_message(&self, key: MessageKey) -> Result<bool, StoreError> {
-        call(&self.backend, |reply| Request::Unpark {
+    async fn release_held_retry(&self, key: MessageKey) -> Result<bool, StoreError> {
+        call(&self.backend, |reply| Request::ReleaseHeldRetry {
             key: Box::new(key),
             reply,
         })
         .await
     }
 
-    async fn due_messages(
+    async fn due_held_retries(
         &self,
         source: String,
         now: Timestamp,
         limit: u32,
-    ) -> Result<Vec<ParkedMessage>, StoreError> {
-        self.backend.due_messages(source, now, limit).await
+    ) -> Result<Vec<HeldRetry>, StoreError> {
+        self.backend.due_held_retries(source, now, limit).await
     }
 
-    async fn claim_due_messages(
+    async fn claim_held_retries(
         &self,
         source: String,
         now: Timestamp,
@@ -440,15 +440,15 @@ impl<B: Backend> Store for StoreOn<B> {
             claimer,
             expires_at,
         };
-        self.backend.claim_due_messages(claim).await
+        self.backend.claim_held_retries(claim).await
     }
 
-    async fn parked_message(&self, key: MessageKey) -> Result<Option<ParkedMessage>, StoreError> {
-        self.backend.parked_message(key).await
+    async fn held_retry(&self, key: MessageKey) -> Result<Option<HeldRetry>, StoreError> {
+        self.backend.held_retry(key).await
     }
 
-    async fn next_message_due(&self, source: String) -> Result<Option<Timestamp>, StoreError> {
-        self.backend.next_message_due(source).await
+    async fn next_held_retry_due(&self, source: String) -> Result<Option<Timestamp>, StoreError> {
+        self.backend.next_held_retry_due(source).await
     }
 
     async fn message_held(&self, key: MessageKey) -> Result<Held, StoreError> {

@@ -24,7 +24,7 @@ use crate::backend::{Backend, StoreOn};
 use crate::request::{Claim, Request};
 use crate::{
     ApiToken, AuditPage, AuditQuery, ClaimedRetry, DeadLetter, DeadLetterFilter, DeadLetterId,
-    Duty, Held, JobPage, JobQuery, JobView, MessageKey, ParkedMessage, Pause, ReasonCount,
+    Duty, Held, HeldRetry, JobPage, JobQuery, JobView, MessageKey, Pause, ReasonCount,
     RecentDeadLetter, Selector, Stage, StoreError, StoreEvent, Switch, Tick,
 };
 
@@ -150,8 +150,8 @@ impl<B: Backend> Backend for Faulty<B> {
         self.inner.ticked(now, t);
     }
 
-    async fn claim_due_messages(&self, claim: Claim) -> Result<Vec<ClaimedRetry>, StoreError> {
-        self.inner.claim_due_messages(claim).await
+    async fn claim_held_retries(&self, claim: Claim) -> Result<Vec<ClaimedRetry>, StoreError> {
+        self.inner.claim_held_retries(claim).await
     }
 
     async fn jobs(&self, query: JobQuery) -> Result<JobPage, StoreError> {
@@ -209,21 +209,21 @@ impl<B: Backend> Backend for Faulty<B> {
         self.inner.audit_page(query).await
     }
 
-    async fn due_messages(
+    async fn due_held_retries(
         &self,
         source: String,
         now: Timestamp,
         limit: u32,
-    ) -> Result<Vec<ParkedMessage>, StoreError> {
-        self.inner.due_messages(source, now, limit).await
+    ) -> Result<Vec<HeldRetry>, StoreError> {
+        self.inner.due_held_retries(source, now, limit).await
     }
 
-    async fn parked_message(&self, key: MessageKey) -> Result<Option<ParkedMessage>, StoreError> {
-        self.inner.parked_message(key).await
+    async fn held_retry(&self, key: MessageKey) -> Result<Option<HeldRetry>, StoreError> {
+        self.inner.held_retry(key).await
     }
 
-    async fn next_message_due(&self, source: String) -> Result<Option<Timestamp>, StoreError> {
-        self.inner.next_message_due(source).await
+    async fn next_held_retry_due(&self, source: String) -> Result<Option<Timestamp>, StoreError> {
+        self.inner.next_held_retry_due(source).await
     }
 
     async fn message_held(&self, key: MessageKey) -> Result<Held, StoreError> {

@@ -289,35 +289,34 @@ pub trait Store: Send + Sync + 'static {
     /// SHA-256, redrive id; another body under the same id is held beside
     /// it). The caller acknowledges the broker message only after this
     /// returns.
-    fn park_message(&self, p: ParkedMessage)
-    -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn hold_retry(&self, p: HeldRetry) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Drops the retry held for `key` (it succeeded); whether one was held.
-    fn unpark_message(
+    fn release_held_retry(
         &self,
         key: MessageKey,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// The held retries of a source that are due at `now`, earliest first.
-    fn due_messages(
+    fn due_held_retries(
         &self,
         source: String,
         now: Timestamp,
         limit: u32,
-    ) -> impl Future<Output = Result<Vec<ParkedMessage>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Vec<HeldRetry>, StoreError>> + Send;
 
     /// Claims up to `limit` held retries of a source that are due at `now`
     /// and not claimed (or whose claim expired), earliest first, for
     /// `claimer` until `expires_at`: a claimed retry is given to no other
     /// caller (of this store or of another on the same database) until its
     /// claim expires, so a retry is delivered by one node at a time. The
-    /// outcome's write clears the claim ([`Store::unpark_message`],
-    /// [`Store::park_message`] or a quarantine of its key); a caller that
+    /// outcome's write clears the claim ([`Store::release_held_retry`],
+    /// [`Store::hold_retry`] or a quarantine of its key); a caller that
     /// dies holding claims gives them back when they expire, and the
     /// next claim of such a retry names it ([`ClaimedRetry::lapsed_claim`]).
     /// Taken with `FOR UPDATE SKIP LOCKED` on PostgreSQL, by the single
     /// writer on SQLite.
-    fn claim_due_messages(
+    fn claim_held_retries(
         &self,
         source: String,
         now: Timestamp,
@@ -329,13 +328,13 @@ pub trait Store: Send + Sync + 'static {
     /// The retry held for one message (its envelope, due time and where
     /// it is), if any: for brokers whose retries wait on the broker itself
     /// (SQS FIFO), the record of what lazaret charged.
-    fn parked_message(
+    fn held_retry(
         &self,
         key: MessageKey,
-    ) -> impl Future<Output = Result<Option<ParkedMessage>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Option<HeldRetry>, StoreError>> + Send;
 
     /// When the next held retry of a source is due.
-    fn next_message_due(
+    fn next_held_retry_due(
         &self,
         source: String,
     ) -> impl Future<Output = Result<Option<Timestamp>, StoreError>> + Send;

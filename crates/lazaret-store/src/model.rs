@@ -198,7 +198,7 @@ pub struct Completed {
     /// The failure's message, if it failed (for fingerprints).
     pub message: Option<String>,
     /// Redrives of the job so far (outcomes of redriven jobs are counted).
-    pub redrives: u32,
+    pub redrive_count: u32,
     /// The job's tenant was at its in-flight cap in the job's lane and has
     /// jobs ready there: a lease waiting only for that cap can now take one.
     pub freed_slot: bool,
@@ -382,7 +382,7 @@ pub struct SourceDeadLetter {
     /// first delivery from the broker, which the guard did not look up in
     /// the store): the quarantine then skips dropping one. `true` is always
     /// correct.
-    pub may_be_parked: bool,
+    pub may_be_held: bool,
 }
 
 /// What quarantining a broker message did.
@@ -399,7 +399,7 @@ pub struct Quarantined {
 /// until it is due (the broker message was acknowledged once this was
 /// durable).
 #[derive(Clone, Debug, PartialEq)]
-pub struct ParkedMessage {
+pub struct HeldRetry {
     /// Where it came from (name, queue, id, headers, position).
     pub source: SourceRef,
     /// When it is delivered again.
@@ -410,7 +410,7 @@ pub struct ParkedMessage {
     pub body: Vec<u8>,
 }
 
-impl ParkedMessage {
+impl HeldRetry {
     /// The message's key: a retry is held per key, so another body under
     /// the same message id is held (or delivered) as a message of its own.
     pub fn key(&self) -> MessageKey {
@@ -418,11 +418,11 @@ impl ParkedMessage {
     }
 }
 
-/// A held retry claimed for delivery ([`crate::Store::claim_due_messages`]).
+/// A held retry claimed for delivery ([`crate::Store::claim_held_retries`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ClaimedRetry {
     /// The retry.
-    pub retry: ParkedMessage,
+    pub retry: HeldRetry,
     /// The claimer whose claim on it had expired when this claim took it:
     /// a node that died (or stopped) mid delivery, which left no outcome.
     /// The runtime charges that as a crash (a lease expiry) when it was
@@ -436,9 +436,9 @@ pub struct ClaimedRetry {
 pub enum Held {
     /// Nothing: the message is new to lazaret.
     Nothing,
-    /// Parked for a retry or deferral: a held retry of the same
+    /// A retry or deferral held until due: a held retry of the same
     /// [`MessageKey`].
-    Parked,
+    Retry,
     /// In the dead letters: a dead letter of the same [`MessageKey`].
     Quarantined(DeadLetterId),
 }
@@ -772,7 +772,7 @@ pub struct StoreStats {
     pub oldest_ready: Vec<(Lane, Timestamp)>,
     /// Broker messages whose retry or deferral lazaret holds now, per
     /// source name (sorted by name; sources holding none left out).
-    pub held_messages: Vec<(String, u64)>,
+    pub held_retries: Vec<(String, u64)>,
     /// Which backend: `sqlite` or `postgres`.
     pub backend: &'static str,
     /// What only some backends count (SQLite's group commit and fsyncs);

@@ -17,8 +17,8 @@ use tokio::sync::oneshot;
 
 use crate::{
     AdmissionRecord, ApiToken, AuditEntry, AuditId, CancelError, Cancelled, ClaimedRetry,
-    Completed, Completion, DeadLetterId, EnqueueOutcome, Heartbeat, ItemError, LeaseRequest,
-    LeaseToken, LeasedJob, MessageKey, NewJob, ParkedMessage, PauseTarget, PayloadFix, Quarantined,
+    Completed, Completion, DeadLetterId, EnqueueOutcome, Heartbeat, HeldRetry, ItemError,
+    LeaseRequest, LeaseToken, LeasedJob, MessageKey, NewJob, PauseTarget, PayloadFix, Quarantined,
     SourceDeadLetter, StoreError, StoreStats, Tick, TokenError,
 };
 
@@ -79,7 +79,7 @@ impl<T> AnyReply for Reply<T> {
     }
 }
 
-/// A claim of due held retries ([`crate::Store::claim_due_messages`]).
+/// A claim of due held retries ([`crate::Store::claim_held_retries`]).
 pub(crate) struct Claim {
     pub source: String,
     pub now: Timestamp,
@@ -179,11 +179,11 @@ pub(crate) enum Request {
         dls: Vec<SourceDeadLetter>,
         reply: Reply<Vec<Quarantined>>,
     },
-    Park {
-        p: Box<ParkedMessage>,
+    HoldRetry {
+        p: Box<HeldRetry>,
         reply: Reply<()>,
     },
-    Unpark {
+    ReleaseHeldRetry {
         key: Box<MessageKey>,
         reply: Reply<bool>,
     },
@@ -216,8 +216,8 @@ impl Request {
             Request::CreateToken { reply, .. } => reply,
             Request::RevokeToken { reply, .. } => reply,
             Request::Quarantine { reply, .. } => reply,
-            Request::Park { reply, .. } => reply,
-            Request::Unpark { reply, .. } => reply,
+            Request::HoldRetry { reply, .. } => reply,
+            Request::ReleaseHeldRetry { reply, .. } => reply,
             Request::ClaimDue { reply, .. } => reply,
         }
     }

@@ -254,7 +254,10 @@ fn redrive_renews_the_budget_and_keeps_history() {
     let mut rng = SplitMix64::new(1);
     deliver(&mut env, &policy, transient("timeout"), 0, &mut rng);
     assert_eq!(redrive(&mut env), JobState::Queued);
-    assert_eq!((env.attempts, env.redrives, env.history.len()), (0, 1, 1));
+    assert_eq!(
+        (env.attempts, env.redrive_count, env.history.len()),
+        (0, 1, 1)
+    );
     assert_eq!(
         deliver(&mut env, &policy, Event::Succeeded, 100, &mut rng),
         Transition::Succeeded
@@ -290,7 +293,10 @@ fn a_corrected_redrive_describes_the_new_payload_and_keeps_the_old() {
         (env.id, env.idempotency_key.as_deref()),
         (JobId(1), Some("order-42"))
     );
-    assert_eq!((env.attempts, env.redrives, env.history.len()), (0, 1, 1));
+    assert_eq!(
+        (env.attempts, env.redrive_count, env.history.len()),
+        (0, 1, 1)
+    );
     assert_eq!(env.payload_size, new.len() as u64);
     assert_eq!(env.payload_sha256, hex::encode(payload_sha256(new)));
     assert_eq!(env.schema_version, Some(2));

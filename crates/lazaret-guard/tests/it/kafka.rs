@@ -351,9 +351,9 @@ impl TestBroker for Kafka {
 crate::scenarios::scenario_suite!(crate::kafka::kafka_or_skip());
 
 /// Records settle out of order; the group's offset moves only over the
-/// settled prefix. Then lazaret crashes after parking a record and before
-/// its acknowledgement, with a later record already settled: the restarted
-/// guard resumes before the parked record, recognises it, delivers the
+/// settled prefix. Then lazaret crashes after holding a record's retry and
+/// before its acknowledgement, with a later record already settled: the
+/// restarted guard resumes before the held record, recognises it, delivers the
 /// later one again (nothing skipped) and commits past both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_offset_is_committed_only_after_every_record_before_it_settled() {
@@ -376,7 +376,7 @@ async fn an_offset_is_committed_only_after_every_record_before_it_settled() {
     let settled: Arc<Mutex<Vec<(String, Settled)>>> = Arc::default();
     let s = Arc::clone(&settled);
     let faults = Faults {
-        // m-4 is parked, then lazaret "dies" before acknowledging it.
+        // m-4's retry is held, then lazaret "dies" before acknowledging it.
         crash_after_write: Some(Arc::new(|d| d.message_id == "m-4")),
         settled: Some(Arc::new(move |d, how| {
             s.lock().unwrap().push((d.message_id.clone(), how));
@@ -449,7 +449,7 @@ async fn an_offset_is_committed_only_after_every_record_before_it_settled() {
             ))
             .await
             .unwrap(),
-        Held::Parked
+        Held::Retry
     );
     assert_eq!(k.committed(&group, &topic).await, Some(4));
     first.store().close().await.unwrap();

@@ -1278,7 +1278,7 @@ mod runtime {
                 .await;
             while h
                 .store()
-                .next_message_due(name.clone())
+                .next_held_retry_due(name.clone())
                 .await
                 .unwrap()
                 .is_none()
@@ -1293,7 +1293,7 @@ mod runtime {
                 .as_millis() as i64;
             let ghost = h
                 .store()
-                .claim_due_messages(
+                .claim_held_retries(
                     name.clone(),
                     Timestamp::from_millis(wall + 10_000),
                     10,

@@ -96,7 +96,7 @@ pub async fn poison_at_the_head(b: &impl TestBroker) {
         .await;
     // The healthy messages may overtake the poison's write (they settle
     // while it is under way); it is acknowledged once it is durable.
-    wait_settled(&settled, "poison", Settled::Parked, PATIENCE).await;
+    wait_settled(&settled, "poison", Settled::HeldRetry, PATIENCE).await;
     // Every healthy message went through while the poison waited out its
     // backoff (5 s at least) in lazaret's store, not at the head of the queue.
     let poison: Vec<u32> = seen
@@ -115,7 +115,7 @@ pub async fn poison_at_the_head(b: &impl TestBroker) {
             ))
             .await
             .unwrap(),
-        Held::Parked
+        Held::Retry
     );
     g.stop().await.unwrap();
 }
@@ -204,7 +204,7 @@ pub async fn restart_mid_retry(b: &impl TestBroker) {
     )
     .await;
     log1.wait_for(PATIENCE, |s| s.len() == 1).await;
-    wait_settled(&settled, "m-r", Settled::Parked, PATIENCE).await;
+    wait_settled(&settled, "m-r", Settled::HeldRetry, PATIENCE).await;
     g1.stop().await.unwrap();
     first.store().close().await.unwrap();
     drop(first);
@@ -632,7 +632,7 @@ pub async fn guard_keeps_messages_reusing_a_held_id(b: &impl TestBroker) {
     });
     let (faults, settled) = settled_log();
     let g = start_guard(b, spec, Arc::clone(&host), handler, faults).await;
-    wait_settled(&settled, "order-7", Settled::Parked, PATIENCE).await;
+    wait_settled(&settled, "order-7", Settled::HeldRetry, PATIENCE).await;
     b.produce(&queue, "other", OTHER, same_id()).await;
 
     let attempts = |seen: &[Seen], body: &[u8]| -> Vec<u32> {

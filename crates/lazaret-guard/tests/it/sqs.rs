@@ -357,7 +357,7 @@ async fn a_fifo_retry_waits_its_backoff_not_the_visibility_timeout() {
             .iter()
             .map(|(_, h)| *h)
             .collect::<Vec<_>>(),
-        vec![Settled::Parked, Settled::Parked, Settled::Succeeded]
+        vec![Settled::HeldRetry, Settled::HeldRetry, Settled::Succeeded]
     );
     assert_eq!(
         host.store()
@@ -567,7 +567,7 @@ async fn a_crash_between_the_record_and_the_hold_charges_nothing_more() {
             ))
             .await
             .unwrap(),
-        Held::Parked,
+        Held::Retry,
         "the record was written before the crash"
     );
     first.store().close().await.unwrap();

@@ -254,7 +254,7 @@ async fn snapshot<S: Store>(app: &App<S>) -> Result<Value, ApiError> {
     // Broker messages whose retries lazaret holds: off the broker, so only
     // lazaret can say how many wait.
     let held_of = |name: &str| {
-        s.held_messages
+        s.held_retries
             .iter()
             .find(|(n, _)| n == name)
             .map_or(0, |(_, c)| *c)
@@ -263,8 +263,8 @@ async fn snapshot<S: Store>(app: &App<S>) -> Result<Value, ApiError> {
         m::source_held(&src.name, held_of(&src.name));
     }
     let held_retries = json!({
-        "total": s.held_messages.iter().map(|(_, n)| n).sum::<u64>(),
-        "by_source": s.held_messages.iter().map(|(n, c)| (n.clone(), json!(c)))
+        "total": s.held_retries.iter().map(|(_, n)| n).sum::<u64>(),
+        "by_source": s.held_retries.iter().map(|(n, c)| (n.clone(), json!(c)))
             .collect::<serde_json::Map<_, _>>(),
     });
     Ok(json!({

@@ -10,7 +10,7 @@ use lazaret_core::{Envelope, FairScheduler, JobId, Timestamp};
 use lazaret_server::app::App;
 use lazaret_server::config::ServerConfig;
 use lazaret_store::PolicyDecider;
-use lazaret_store::{Durability, ParkedMessage, SourceRef, SqliteStore, Store};
+use lazaret_store::{Durability, HeldRetry, SourceRef, SqliteStore, Store};
 use serde_json::{Value, json};
 use tower::ServiceExt as _;
 
@@ -28,8 +28,8 @@ async fn stats(app: &Arc<App<SqliteStore>>) -> Value {
     serde_json::from_slice(&bytes).expect("JSON")
 }
 
-fn held(source: &str, id: &str) -> ParkedMessage {
-    ParkedMessage {
+fn held(source: &str, id: &str) -> HeldRetry {
+    HeldRetry {
         source: SourceRef {
             name: source.into(),
             broker: "rabbitmq".into(),
@@ -67,7 +67,7 @@ async fn held_broker_retries_are_counted_by_source() {
         json!({"total": 0, "by_source": {}})
     );
     for (source, id) in [("orders", "m-1"), ("orders", "m-2"), ("billing", "b-1")] {
-        app.store.park_message(held(source, id)).await.unwrap();
+        app.store.hold_retry(held(source, id)).await.unwrap();
     }
     assert_eq!(
         stats(&app).await["held_retries"],

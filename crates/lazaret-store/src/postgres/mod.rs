@@ -39,7 +39,7 @@ use crate::backend::{Backend, StoreOn};
 use crate::request::{Claim, Reply, Request};
 use crate::{
     AuditPage, AuditQuery, DbError, DeadLetter, DeadLetterFilter, DeadLetterId, Decider, Held,
-    JobView, ParkedMessage, ReasonCount, Selector, Stage, StoreError, StoreEvent, Switch, Tick,
+    HeldRetry, JobView, ReasonCount, Selector, Stage, StoreError, StoreEvent, Switch, Tick,
 };
 
 /// The notification channels of one schema. Channels are the database's,
@@ -617,7 +617,7 @@ impl Backend for Postgres {
     }
 
     /// Claims run on a reader (`FOR UPDATE SKIP LOCKED`), beside the writer.
-    async fn claim_due_messages(
+    async fn claim_held_retries(
         &self,
         claim: Claim,
     ) -> Result<Vec<crate::ClaimedRetry>, StoreError> {
@@ -687,23 +687,20 @@ impl Backend for Postgres {
         reader::audit_page(&*self.reader().await?, &query).await
     }
 
-    async fn due_messages(
+    async fn due_held_retries(
         &self,
         source: String,
         now: Timestamp,
         limit: u32,
-    ) -> Result<Vec<ParkedMessage>, StoreError> {
+    ) -> Result<Vec<HeldRetry>, StoreError> {
         reader::due(&*self.reader().await?, &source, now, limit).await
     }
 
-    async fn parked_message(
-        &self,
-        key: crate::MessageKey,
-    ) -> Result<Option<ParkedMessage>, StoreError> {
-        reader::parked(&*self.reader().await?, &key).await
+    async fn held_retry(&self, key: crate::MessageKey) -> Result<Option<HeldRetry>, StoreError> {
+        reader::held_retry(&*self.reader().await?, &key).await
     }
 
-    async fn next_message_due(&self, source: String) -> Result<Option<Timestamp>, StoreError> {
+    async fn next_held_retry_due(&self, source: String) -> Result<Option<Timestamp>, StoreError> {
         reader::next_due(&*self.reader().await?, &source).await
     }
 

@@ -7,8 +7,8 @@ use super::pg;
 use super::writer::{JOB_COLUMNS, stored_job};
 use crate::{
     ApiToken, AuditEntry, AuditId, AuditPage, AuditQuery, DeadLetter, DeadLetterFilter,
-    DeadLetterId, Held, JobView, ParkedMessage, ReasonCount, Selector, SourceRef, Stage,
-    StoreError, Switch,
+    DeadLetterId, Held, HeldRetry, JobView, ReasonCount, Selector, SourceRef, Stage, StoreError,
+    Switch,
 };
 
 fn corrupt(e: impl std::fmt::Display) -> StoreError {
@@ -142,7 +142,7 @@ fn dead_letter_row(r: &Row) -> Result<DeadLetter, StoreError> {
         payload_size: r.get::<_, i64>(12) as u64,
         payload_sha256: r.get(13),
         payload_preview: r.get(14),
-        redrive_count: env.as_ref().map_or(0, |e| e.redrives),
+        redrive_count: env.as_ref().map_or(0, |e| e.redrive_count),
         schema_version: env.as_ref().and_then(|e| e.schema_version),
         source: source
             .map(|s| serde_json::from_str(&s))
@@ -346,10 +346,10 @@ pub(super) async fn tokens(c: &Client) -> Result<Vec<ApiToken>, StoreError> {
         .collect())
 }
 
-fn parked_row(r: &Row) -> Result<ParkedMessage, StoreError> {
+fn held_retry_row(r: &Row) -> Result<HeldRetry, StoreError> {
     let src: String = r.get(1);
     let env: String = r.get(2);
-    Ok(ParkedMessage {
+    Ok(HeldRetry {
         source: serde_json::from_str::<SourceRef>(&src).map_err(corrupt)?,
         due_at: Timestamp::from_millis(r.get(0)),
         envelope: Envelope::from_json(&env).map_err(corrupt)?,
@@ -362,15 +362,15 @@ pub(super) async fn due(
     source: &str,
     now: Timestamp,
     limit: u32,
-) -> Result<Vec<ParkedMessage>, StoreError> {
+) -> Result<Vec<HeldRetry>, StoreError> {
     let rows = pg(c
         .query(
-            "SELECT due_at, ref, envelope, body FROM source_parked
+            "SELECT due_at, ref, envelope, body FROM source_held_retries
              WHERE source = $1 AND due_at <= $2 ORDER BY due_at LIMIT $3",
             &[&source, &now.as_millis(), &i64::from(limit)],
         )
         .await)?;
-    rows.iter().map(parked_row).collect()
+    rows.iter().map(held_retry_row).collect()
 }
 
 /// Claims the due, unclaimed (or expired-claim) held retries of a source,
@@ -389,8 +389,8 @@ pub(super) async fn claim_due(
     // claim had expired.
     let rows = pg(c
         .query(
-            "UPDATE source_parked p SET claimed_by = $4, claim_expires_at = $5
-             FROM (SELECT source, message_id, payload_sha256, redrive_id, claimed_by FROM source_parked
+            "UPDATE source_held_retries p SET claimed_by = $4, claim_expires_at = $5
+             FROM (SELECT source, message_id, payload_sha256, redrive_id, claimed_by FROM source_held_retries
                    WHERE source = $1 AND due_at <= $2
                      AND (claim_expires_at IS NULL OR claim_expires_at <= $2)
                    ORDER BY due_at LIMIT $3
@@ -411,7 +411,7 @@ pub(super) async fn claim_due(
         .iter()
         .map(|r| {
             Ok(crate::ClaimedRetry {
-                retry: parked_row(r)?,
+                retry: held_retry_row(r)?,
                 lapsed_claim: r.get(4),
             })
         })
@@ -420,12 +420,12 @@ pub(super) async fn claim_due(
     Ok(out)
 }
 
-pub(super) async fn parked(
+pub(super) async fn held_retry(
     c: &Client,
     key: &crate::MessageKey,
-) -> Result<Option<ParkedMessage>, StoreError> {
+) -> Result<Option<HeldRetry>, StoreError> {
     pg(c.query_opt(
-        "SELECT due_at, ref, envelope, body FROM source_parked WHERE source = $1 AND message_id = $2
+        "SELECT due_at, ref, envelope, body FROM source_held_retries WHERE source = $1 AND message_id = $2
            AND payload_sha256 = $3 AND redrive_id = $4",
         &[
             &key.source,
@@ -435,14 +435,14 @@ pub(super) async fn parked(
         ],
     )
     .await)?
-    .map(|r| parked_row(&r))
+    .map(|r| held_retry_row(&r))
     .transpose()
 }
 
 pub(super) async fn next_due(c: &Client, source: &str) -> Result<Option<Timestamp>, StoreError> {
     let row = pg(c
         .query_one(
-            "SELECT min(due_at) FROM source_parked WHERE source = $1",
+            "SELECT min(due_at) FROM source_held_retries WHERE source = $1",
             &[&source],
         )
         .await)?;
@@ -466,9 +466,9 @@ pub(super) async fn held(c: &Client, key: &crate::MessageKey) -> Result<Held, St
     {
         return Ok(Held::Quarantined(DeadLetterId(r.get::<_, i64>(0) as u64)));
     }
-    let parked = pg(c
+    let retry = pg(c
         .query_opt(
-            "SELECT 1 FROM source_parked WHERE source = $1 AND message_id = $2
+            "SELECT 1 FROM source_held_retries WHERE source = $1 AND message_id = $2
                AND payload_sha256 = $3 AND redrive_id = $4",
             &[
                 source,
@@ -478,8 +478,8 @@ pub(super) async fn held(c: &Client, key: &crate::MessageKey) -> Result<Held, St
             ],
         )
         .await)?;
-    Ok(if parked.is_some() {
-        Held::Parked
+    Ok(if retry.is_some() {
+        Held::Retry
     } else {
         Held::Nothing
     })

@@ -17,7 +17,7 @@ use super::pg;
 use crate::StoreError;
 
 /// The version this build writes; older schemas are migrated at open.
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 /// The advisory lock key migrations hold (`pg_advisory_xact_lock`).
 const MIGRATION_LOCK: i64 = 0x6c61_7a61_7265_7401;
@@ -181,7 +181,7 @@ DROP INDEX IF EXISTS pairs_ready;
 /// held id (another body) is kept as a message of its own, and a redriven
 /// copy (it carries a redrive id) is never taken for the dead letter it was
 /// redriven from. A held retry is claimed by the one node delivering it
-/// (`claimed_by`, `claim_expires_at`: `claim_due_messages`). The retries held already get their key from their body
+/// (`claimed_by`, `claim_expires_at`: `claim_held_retries`). The retries held already get their key from their body
 /// and source reference. Every node must run this build: an older one
 /// would not fill `redrive_id` and `payload_sha256` and would refuse the
 /// new conflict keys.
@@ -200,6 +200,17 @@ ALTER TABLE source_parked DROP CONSTRAINT IF EXISTS source_parked_pkey;
 ALTER TABLE source_parked ADD PRIMARY KEY (source, message_id, payload_sha256, redrive_id);
 ALTER TABLE source_parked ADD COLUMN IF NOT EXISTS claimed_by text;
 ALTER TABLE source_parked ADD COLUMN IF NOT EXISTS claim_expires_at int8;
+"#;
+
+/// v4 → v5: the held retries of broker messages are named for what they
+/// are (`source_held_retries`, was `source_parked`; "park" is for a type
+/// or lane held back, see docs/glossary.md), their rows, index and primary
+/// key kept. Every node must run this build: an older one reads and writes
+/// the old name.
+const V5: &str = r#"
+ALTER TABLE source_parked RENAME TO source_held_retries;
+ALTER INDEX source_parked_due RENAME TO source_held_retries_due;
+ALTER TABLE source_held_retries RENAME CONSTRAINT source_parked_pkey TO source_held_retries_pkey;
 "#;
 
 /// Brings the schema the client's `search_path` names up to
@@ -253,6 +264,9 @@ async fn migrate_locked(c: &Client, schema: &str) -> Result<i64, StoreError> {
     }
     if found < 4 {
         pg(c.batch_execute(V4).await)?;
+    }
+    if found < 5 {
+        pg(c.batch_execute(V5).await)?;
     }
     pg(c.execute(
         "INSERT INTO lazaret_meta (key, value) VALUES ('schema_version', $1)

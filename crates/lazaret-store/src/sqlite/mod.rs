@@ -547,25 +547,25 @@ impl Backend for Sqlite {
         self.read(move |c| reader::audit_page(c, &query)).await
     }
 
-    async fn due_messages(
+    async fn due_held_retries(
         &self,
         source: String,
         now: Timestamp,
         limit: u32,
-    ) -> Result<Vec<crate::ParkedMessage>, StoreError> {
+    ) -> Result<Vec<crate::HeldRetry>, StoreError> {
         self.read(move |c| sources::due(c, &source, now, limit))
             .await
     }
 
-    async fn next_message_due(&self, source: String) -> Result<Option<Timestamp>, StoreError> {
+    async fn next_held_retry_due(&self, source: String) -> Result<Option<Timestamp>, StoreError> {
         self.read(move |c| sources::next_due(c, &source)).await
     }
 
-    async fn parked_message(
+    async fn held_retry(
         &self,
         key: crate::MessageKey,
-    ) -> Result<Option<crate::ParkedMessage>, StoreError> {
-        self.read(move |c| sources::parked(c, &key)).await
+    ) -> Result<Option<crate::HeldRetry>, StoreError> {
+        self.read(move |c| sources::held_retry(c, &key)).await
     }
 
     async fn message_held(&self, key: crate::MessageKey) -> Result<crate::Held, StoreError> {

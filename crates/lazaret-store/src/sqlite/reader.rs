@@ -251,7 +251,7 @@ fn finish(raw: DeadLetterRaw, envelope: Option<String>) -> Result<DeadLetter, St
         payload_size: raw.payload_size as u64,
         payload_sha256: raw.payload_sha256,
         payload_preview: raw.payload_preview,
-        redrive_count: env.as_ref().map_or(0, |e| e.redrives),
+        redrive_count: env.as_ref().map_or(0, |e| e.redrive_count),
         schema_version: env.as_ref().and_then(|e| e.schema_version),
         source: raw
             .source

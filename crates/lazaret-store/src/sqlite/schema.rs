@@ -3,7 +3,7 @@
 use rusqlite::Connection;
 
 /// The schema version this build writes; `PRAGMA user_version` records it.
-pub const SCHEMA_VERSION: i64 = 7;
+pub const SCHEMA_VERSION: i64 = 8;
 
 /// The current schema, for a new database (and the tables a migration adds).
 const CURRENT: &str = r#"
@@ -131,15 +131,23 @@ CREATE TABLE IF NOT EXISTS pauses (
 /// id), no longer per (source, message id): a different message reusing a
 /// quarantined or held id (another body) is kept as a message of its own,
 /// and a redriven copy (which carries a redrive id) is never taken for the
-/// dead letter it was redriven from. Retries of broker messages wait in
-/// `source_parked` until they are due, and are claimed by one node
-/// (`claimed_by`, `claim_expires_at`) while it delivers them.
+/// dead letter it was redriven from. Retries of broker messages wait until
+/// they are due (in `source_parked` then, `source_held_retries` since
+/// version 8: [`V8_OBJECTS`]), and are claimed by one node (`claimed_by`,
+/// `claim_expires_at`) while it delivers them.
 const V7_OBJECTS: &str = r#"
 DROP INDEX IF EXISTS dead_letters_message;
 CREATE UNIQUE INDEX IF NOT EXISTS dead_letters_message_key
     ON dead_letters (source_name, message_id, payload_sha256, redrive_id)
     WHERE source_name IS NOT NULL;
-CREATE TABLE IF NOT EXISTS source_parked (
+"#;
+
+/// What version 8 changed: the held retries of broker messages are named
+/// for what they are (`source_held_retries`, was `source_parked`; "park"
+/// is for a type or lane held back, see docs/glossary.md). The table, as
+/// version 7 keyed it, with the claim of the node delivering each.
+const V8_OBJECTS: &str = r#"
+CREATE TABLE IF NOT EXISTS source_held_retries (
     source         TEXT    NOT NULL,    -- the source's name
     message_id     TEXT    NOT NULL,
     payload_sha256 TEXT    NOT NULL,    -- of body, lower-case hex
@@ -148,11 +156,19 @@ CREATE TABLE IF NOT EXISTS source_parked (
     ref            TEXT    NOT NULL,    -- SourceRef as JSON
     envelope       TEXT    NOT NULL,    -- Envelope as JSON
     body           BLOB    NOT NULL,
-    claimed_by     TEXT,                -- the node delivering it now (claim_due_messages)
+    claimed_by     TEXT,                -- the node delivering it now (claim_held_retries)
     claim_expires_at INTEGER,           -- ms since the epoch; free again from then
     PRIMARY KEY (source, message_id, payload_sha256, redrive_id)
 );
-CREATE INDEX IF NOT EXISTS source_parked_due ON source_parked (source, due_at);
+CREATE INDEX IF NOT EXISTS source_held_retries_due ON source_held_retries (source, due_at);
+"#;
+
+/// Version 7 → 8: the held retries' table is renamed with its rows (SQLite
+/// renames no index: the old one is dropped, [`V8_OBJECTS`] creates the
+/// new one).
+const V7_TO_V8: &str = r#"
+ALTER TABLE source_parked RENAME TO source_held_retries;
+DROP INDEX IF EXISTS source_parked_due;
 "#;
 
 /// Version 6 → 7 (from any version from 1 on, whose `dead_letters` table
@@ -162,18 +178,18 @@ ALTER TABLE dead_letters ADD COLUMN redrive_id TEXT NOT NULL DEFAULT '';
 "#;
 
 /// Version 6 → 7 (from versions 4 to 6, which have `source_parked` keyed
-/// by (source, message id)): the old table is set aside, [`V7_OBJECTS`]
+/// by (source, message id)): the old table is set aside, [`V8_OBJECTS`]
 /// creates the new one, its rows are copied with their key
-/// ([`copy_parked_v6`]) and the old table dropped.
-const V6_PARKED_ASIDE: &str = r#"
+/// ([`copy_held_retries_v6`]) and the old table dropped.
+const V6_HELD_RETRIES_ASIDE: &str = r#"
 ALTER TABLE source_parked RENAME TO source_parked_v6;
 DROP INDEX IF EXISTS source_parked_due;
 "#;
 
-/// Copies the retries held in `source_parked_v6` into `source_parked`, each
+/// Copies the retries held in `source_parked_v6` into `source_held_retries`, each
 /// under its [`MessageKey`](crate::MessageKey) (the payload hash is
 /// computed here: SQLite has no SHA-256), then drops the old table.
-fn copy_parked_v6(conn: &Connection) -> rusqlite::Result<()> {
+fn copy_held_retries_v6(conn: &Connection) -> rusqlite::Result<()> {
     let rows = {
         let mut stmt = conn.prepare(
             "SELECT source, message_id, due_at, ref, envelope, body FROM source_parked_v6",
@@ -191,7 +207,7 @@ fn copy_parked_v6(conn: &Connection) -> rusqlite::Result<()> {
         .collect::<rusqlite::Result<Vec<_>>>()?
     };
     let mut insert = conn.prepare(
-        "INSERT OR REPLACE INTO source_parked
+        "INSERT OR REPLACE INTO source_held_retries
            (source, message_id, payload_sha256, redrive_id, due_at, ref, envelope, body)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
     )?;
@@ -285,7 +301,11 @@ pub fn migrate(conn: &Connection) -> Result<(), crate::StoreError> {
         // `CURRENT` left the existing `dead_letters` table as it was.
         script.push_str(V3_TO_V4);
     }
-    script.push_str(V4_OBJECTS);
+    if version < 7 {
+        // Version 7 dropped this index, and may hold broker dead letters
+        // that differ only by body, which it would refuse.
+        script.push_str(V4_OBJECTS);
+    }
     // Version 4 → 5 (and new databases): the typed ready index.
     script.push_str(V5_OBJECTS);
     if (2..6).contains(&version) {
@@ -296,14 +316,19 @@ pub fn migrate(conn: &Connection) -> Result<(), crate::StoreError> {
         script.push_str(V6_TO_V7);
     }
     // Versions 4 to 6 have the held retries keyed by (source, message id).
-    let parked_v6 = (4..7).contains(&version);
-    if parked_v6 {
-        script.push_str(V6_PARKED_ASIDE);
+    let held_retries_v6 = (4..7).contains(&version);
+    if held_retries_v6 {
+        script.push_str(V6_HELD_RETRIES_ASIDE);
     }
     script.push_str(V7_OBJECTS);
+    // Version 7 has them as `source_parked`.
+    if version == 7 {
+        script.push_str(V7_TO_V8);
+    }
+    script.push_str(V8_OBJECTS);
     let migrated = conn.execute_batch(&script).and_then(|()| {
-        if parked_v6 {
-            copy_parked_v6(conn)?;
+        if held_retries_v6 {
+            copy_held_retries_v6(conn)?;
         }
         conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION};\nCOMMIT;"))
     });

@@ -6,7 +6,7 @@ use lazaret_core::{Envelope, Timestamp, payload_preview};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::{
-    ClaimedRetry, DeadLetterId, Held, MessageKey, ParkedMessage, Quarantined, SourceDeadLetter,
+    ClaimedRetry, DeadLetterId, Held, HeldRetry, MessageKey, Quarantined, SourceDeadLetter,
     SourceRef, StoreError,
 };
 
@@ -24,12 +24,12 @@ fn json(v: &impl serde::Serialize) -> Result<String, StoreError> {
 
 /// Writes the dead letter unless one of its [`MessageKey`] is there
 /// already, and drops the retry held for that key (when the message
-/// [may have one](SourceDeadLetter::may_be_parked)) in the same transaction.
+/// [may have one](SourceDeadLetter::may_be_held)) in the same transaction.
 pub(super) fn quarantine(c: &Connection, dl: &SourceDeadLetter) -> Result<Quarantined, StoreError> {
     let src = &dl.source;
     let key = MessageKey::of_source(src, &dl.payload);
-    if dl.may_be_parked {
-        unpark(c, &key)?;
+    if dl.may_be_held {
+        release_held_retry(c, &key)?;
     }
     let error = dl.error.as_ref().map(json).transpose()?;
     let envelope = dl.envelope.as_ref().map(Envelope::to_json);
@@ -75,10 +75,10 @@ pub(super) fn quarantine(c: &Connection, dl: &SourceDeadLetter) -> Result<Quaran
 }
 
 /// Holds a retry (insert, or replace the one of the same [`MessageKey`]).
-pub(super) fn park(c: &Connection, p: &ParkedMessage) -> Result<(), StoreError> {
+pub(super) fn hold_retry(c: &Connection, p: &HeldRetry) -> Result<(), StoreError> {
     let key = p.key();
     db(c.prepare_cached(
-        "INSERT OR REPLACE INTO source_parked
+        "INSERT OR REPLACE INTO source_held_retries
            (source, message_id, payload_sha256, redrive_id, due_at, ref, envelope, body)
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
     )?
@@ -96,10 +96,10 @@ pub(super) fn park(c: &Connection, p: &ParkedMessage) -> Result<(), StoreError> 
 }
 
 /// Drops the retry held for `key`; whether there was one.
-pub(super) fn unpark(c: &Connection, key: &MessageKey) -> Result<bool, StoreError> {
+pub(super) fn release_held_retry(c: &Connection, key: &MessageKey) -> Result<bool, StoreError> {
     let n = db(c
         .prepare_cached(
-            "DELETE FROM source_parked WHERE source = ?1 AND message_id = ?2
+            "DELETE FROM source_held_retries WHERE source = ?1 AND message_id = ?2
                AND payload_sha256 = ?3 AND redrive_id = ?4",
         )?
         .execute(key_params(key)))?;
@@ -122,9 +122,9 @@ pub(super) fn due(
     source: &str,
     now: Timestamp,
     limit: u32,
-) -> Result<Vec<ParkedMessage>, StoreError> {
+) -> Result<Vec<HeldRetry>, StoreError> {
     let mut stmt = db(c.prepare_cached(
-        "SELECT due_at, ref, envelope, body FROM source_parked
+        "SELECT due_at, ref, envelope, body FROM source_held_retries
          WHERE source = ?1 AND due_at <= ?2 ORDER BY due_at LIMIT +?3",
     ))?;
     let rows = db(
@@ -140,7 +140,7 @@ pub(super) fn due(
     let mut out = Vec::new();
     for row in rows {
         let (due_at, src, env, body) = db(row)?;
-        out.push(ParkedMessage {
+        out.push(HeldRetry {
             source: serde_json::from_str::<SourceRef>(&src).map_err(corrupt)?,
             due_at: Timestamp::from_millis(due_at),
             envelope: Envelope::from_json(&env).map_err(corrupt)?,
@@ -159,7 +159,7 @@ pub(super) fn claim_due(
     claim: &crate::request::Claim,
 ) -> Result<Vec<ClaimedRetry>, StoreError> {
     let mut pick = db(c.prepare_cached(
-        "SELECT rowid, claimed_by, due_at, ref, envelope, body FROM source_parked
+        "SELECT rowid, claimed_by, due_at, ref, envelope, body FROM source_held_retries
          WHERE source = ?1 AND due_at <= ?2
            AND (claim_expires_at IS NULL OR claim_expires_at <= ?2)
          ORDER BY due_at LIMIT +?3",
@@ -183,7 +183,7 @@ pub(super) fn claim_due(
         let (rowid, lapsed_claim, due_at, src, env, body) = db(row)?;
         rowids.push(rowid);
         out.push(ClaimedRetry {
-            retry: ParkedMessage {
+            retry: HeldRetry {
                 source: serde_json::from_str::<SourceRef>(&src).map_err(corrupt)?,
                 due_at: Timestamp::from_millis(due_at),
                 envelope: Envelope::from_json(&env).map_err(corrupt)?,
@@ -193,7 +193,7 @@ pub(super) fn claim_due(
         });
     }
     let mut take = db(c.prepare_cached(
-        "UPDATE source_parked SET claimed_by = ?1, claim_expires_at = ?2 WHERE rowid = ?3",
+        "UPDATE source_held_retries SET claimed_by = ?1, claim_expires_at = ?2 WHERE rowid = ?3",
     ))?;
     for rowid in rowids {
         db(take.execute(params![claim.claimer, claim.expires_at.as_millis(), rowid]))?;
@@ -202,13 +202,13 @@ pub(super) fn claim_due(
 }
 
 /// The retry held for `key`, if any.
-pub(super) fn parked(
+pub(super) fn held_retry(
     c: &Connection,
     key: &MessageKey,
-) -> Result<Option<ParkedMessage>, StoreError> {
+) -> Result<Option<HeldRetry>, StoreError> {
     let row = db(c
         .prepare_cached(
-            "SELECT due_at, ref, envelope, body FROM source_parked
+            "SELECT due_at, ref, envelope, body FROM source_held_retries
              WHERE source = ?1 AND message_id = ?2 AND payload_sha256 = ?3 AND redrive_id = ?4",
         )?
         .query_row(key_params(key), |r| {
@@ -223,7 +223,7 @@ pub(super) fn parked(
     let Some((due_at, src, env, body)) = row else {
         return Ok(None);
     };
-    Ok(Some(ParkedMessage {
+    Ok(Some(HeldRetry {
         source: serde_json::from_str::<SourceRef>(&src).map_err(corrupt)?,
         due_at: Timestamp::from_millis(due_at),
         envelope: Envelope::from_json(&env).map_err(corrupt)?,
@@ -234,7 +234,7 @@ pub(super) fn parked(
 /// The earliest due time of `source`'s held retries.
 pub(super) fn next_due(c: &Connection, source: &str) -> Result<Option<Timestamp>, StoreError> {
     let at: Option<i64> = db(c
-        .prepare_cached("SELECT MIN(due_at) FROM source_parked WHERE source = ?1")?
+        .prepare_cached("SELECT MIN(due_at) FROM source_held_retries WHERE source = ?1")?
         .query_row(params![source], |r| r.get(0)))?;
     Ok(at.map(Timestamp::from_millis))
 }
@@ -256,15 +256,15 @@ pub(super) fn held(c: &Connection, key: &MessageKey) -> Result<Held, StoreError>
     if let Some(id) = quarantined(c, key)? {
         return Ok(Held::Quarantined(id));
     }
-    let parked: Option<i64> = db(c
+    let retry: Option<i64> = db(c
         .prepare_cached(
-            "SELECT 1 FROM source_parked WHERE source = ?1 AND message_id = ?2
+            "SELECT 1 FROM source_held_retries WHERE source = ?1 AND message_id = ?2
                AND payload_sha256 = ?3 AND redrive_id = ?4",
         )?
         .query_row(key_params(key), |r| r.get(0))
         .optional())?;
-    Ok(if parked.is_some() {
-        Held::Parked
+    Ok(if retry.is_some() {
+        Held::Retry
     } else {
         Held::Nothing
     })

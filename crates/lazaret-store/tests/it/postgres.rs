@@ -647,8 +647,137 @@ mod migration {
     use super::*;
 
     use lazaret_core::{Envelope, JobId};
-    use lazaret_store::{Held, MessageKey, ParkedMessage, SourceRef, Store};
+    use lazaret_store::{Held, HeldRetry, MessageKey, SourceRef, Store};
     use lazaret_store_conformance::at;
+
+    /// Takes schema `s` of this build back to version 4, where the held
+    /// retries were `source_parked`.
+    fn back_to_version_4(s: &str) -> String {
+        format!(
+            "ALTER TABLE {s}.source_held_retries RENAME CONSTRAINT source_held_retries_pkey TO source_parked_pkey;
+             ALTER INDEX {s}.source_held_retries_due RENAME TO source_parked_due;
+             ALTER TABLE {s}.source_held_retries RENAME TO source_parked;
+             UPDATE {s}.lazaret_meta SET value = 4 WHERE key = 'schema_version';"
+        )
+    }
+
+    /// A version-4 schema's held retries (`source_parked`) are found under
+    /// the new name with their rows, index and primary key, and a retry
+    /// whose envelope an older build wrote (`redrives`) keeps its count.
+    #[tokio::test]
+    async fn held_retries_of_a_version_4_schema_are_kept_under_their_new_name() {
+        let Some(url) = url() else { return };
+        let schema = fresh_schema(&url);
+        open(&url, &schema.name, Clock::Caller)
+            .await
+            .close()
+            .await
+            .unwrap();
+        let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let s = &schema.name;
+        c.batch_execute(&back_to_version_4(s)).await.unwrap();
+
+        let mut envelope = Envelope::new(
+            JobId(0),
+            "orders".into(),
+            "acme".into(),
+            "default".into(),
+            b"held",
+            at(1),
+        );
+        let mut old_json: serde_json::Value = serde_json::from_str(&envelope.to_json()).unwrap();
+        old_json["redrives"] = serde_json::json!(2);
+        envelope.redrive_count = 2;
+        let held = HeldRetry {
+            source: SourceRef {
+                name: "orders".into(),
+                broker: "rabbitmq".into(),
+                queue: "orders".into(),
+                message_id: "order-8".into(),
+                headers: serde_json::Map::new(),
+                position: serde_json::Value::Null,
+                content_type: None,
+                redrive_id: None,
+            },
+            due_at: at(9),
+            envelope,
+            body: b"held".to_vec(),
+        };
+        c.execute(
+            &format!(
+                "INSERT INTO {s}.source_parked
+                   (source, message_id, payload_sha256, redrive_id, due_at, ref, envelope, body)
+                 VALUES ($1, $2, $3, '', $4, $5, $6, $7)"
+            ),
+            &[
+                &held.source.name,
+                &held.source.message_id,
+                &hex::encode(lazaret_core::payload_sha256(&held.body)),
+                &held.due_at.as_millis(),
+                &serde_json::to_string(&held.source).unwrap(),
+                &old_json.to_string(),
+                &held.body,
+            ],
+        )
+        .await
+        .unwrap();
+
+        let store = open(&url, &schema.name, Clock::Caller).await;
+        let names = |kind: &'static str| {
+            let c = &c;
+            async move {
+                let sql = match kind {
+                    "table" => {
+                        "SELECT table_name::text FROM information_schema.tables
+                                WHERE table_schema = $1 AND table_name LIKE 'source_%' ORDER BY 1"
+                    }
+                    "index" => {
+                        "SELECT indexname::text FROM pg_indexes
+                                WHERE schemaname = $1 AND indexname LIKE 'source_%' ORDER BY 1"
+                    }
+                    _ => {
+                        "SELECT constraint_name::text FROM information_schema.table_constraints
+                          WHERE table_schema = $1 AND constraint_name LIKE 'source_%'
+                            AND constraint_type = 'PRIMARY KEY' ORDER BY 1"
+                    }
+                };
+                c.query(sql, &[&s.as_str()])
+                    .await
+                    .unwrap()
+                    .iter()
+                    .map(|r| r.get::<_, String>(0))
+                    .collect::<Vec<_>>()
+            }
+        };
+        assert_eq!(names("table").await, ["source_held_retries"]);
+        assert_eq!(
+            names("index").await,
+            ["source_held_retries_due", "source_held_retries_pkey"]
+        );
+        assert_eq!(names("constraint").await, ["source_held_retries_pkey"]);
+        assert_eq!(
+            store
+                .due_held_retries("orders".into(), at(9), 5)
+                .await
+                .unwrap(),
+            vec![held.clone()]
+        );
+        assert_eq!(store.message_held(held.key()).await.unwrap(), Held::Retry);
+        assert_eq!(
+            store
+                .held_retry(held.key())
+                .await
+                .unwrap()
+                .map(|h| h.envelope.redrive_count),
+            Some(2)
+        );
+        assert!(store.release_held_retry(held.key()).await.unwrap());
+        assert_eq!(store.message_held(held.key()).await.unwrap(), Held::Nothing);
+        store.close().await.unwrap();
+    }
 
     /// A version-3 schema's held retries (keyed by source and message id)
     /// keep their place under their full key, the redrive id taken from
@@ -663,7 +792,7 @@ mod migration {
             .close()
             .await
             .unwrap();
-        let held = |id: &str, redrive_id: Option<&str>, body: &[u8]| ParkedMessage {
+        let held = |id: &str, redrive_id: Option<&str>, body: &[u8]| HeldRetry {
             source: SourceRef {
                 name: "orders".into(),
                 broker: "rabbitmq".into(),
@@ -696,10 +825,12 @@ mod migration {
         let s = &schema.name;
         // Back to version 3's held retries.
         c.batch_execute(&format!(
-            "ALTER TABLE {s}.source_parked DROP CONSTRAINT source_parked_pkey;
+            "{}
+             ALTER TABLE {s}.source_parked DROP CONSTRAINT source_parked_pkey;
              ALTER TABLE {s}.source_parked DROP COLUMN payload_sha256, DROP COLUMN redrive_id;
              ALTER TABLE {s}.source_parked ADD PRIMARY KEY (source, message_id);
-             UPDATE {s}.lazaret_meta SET value = 3 WHERE key = 'schema_version';"
+             UPDATE {s}.lazaret_meta SET value = 3 WHERE key = 'schema_version';",
+            back_to_version_4(s)
         ))
         .await
         .unwrap();
@@ -724,11 +855,14 @@ mod migration {
 
         let store = open(&url, &schema.name, Clock::Caller).await;
         assert_eq!(
-            store.due_messages("orders".into(), at(9), 5).await.unwrap(),
+            store
+                .due_held_retries("orders".into(), at(9), 5)
+                .await
+                .unwrap(),
             vec![plain.clone(), copy.clone()]
         );
         for p in [&plain, &copy] {
-            assert_eq!(store.message_held(p.key()).await.unwrap(), Held::Parked);
+            assert_eq!(store.message_held(p.key()).await.unwrap(), Held::Retry);
         }
         assert_eq!(
             store
@@ -739,12 +873,9 @@ mod migration {
             "the redrive id recorded in the source reference is part of the key"
         );
         let beside = held("order-8", None, b"another body");
-        store.park_message(beside.clone()).await.unwrap();
-        assert!(store.unpark_message(plain.key()).await.unwrap());
-        assert_eq!(
-            store.message_held(beside.key()).await.unwrap(),
-            Held::Parked
-        );
+        store.hold_retry(beside.clone()).await.unwrap();
+        assert!(store.release_held_retry(plain.key()).await.unwrap());
+        assert_eq!(store.message_held(beside.key()).await.unwrap(), Held::Retry);
         store.close().await.unwrap();
     }
 }

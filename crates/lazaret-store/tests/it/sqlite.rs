@@ -327,16 +327,16 @@ async fn migrates_a_version_1_database_in_place() {
         content_type: None,
         redrive_id: None,
     };
-    let parked = lazaret_store::ParkedMessage {
+    let held = lazaret_store::HeldRetry {
         source: msg.clone(),
         due_at: at(9),
         envelope: env(0, "orders"),
         body: b"x".to_vec(),
     };
-    s.park_message(parked.clone()).await.unwrap();
+    s.hold_retry(held.clone()).await.unwrap();
     assert_eq!(
-        s.due_messages("orders".into(), at(9), 5).await.unwrap(),
-        vec![parked]
+        s.due_held_retries("orders".into(), at(9), 5).await.unwrap(),
+        vec![held]
     );
     let q = s
         .quarantine_message(lazaret_store::SourceDeadLetter {
@@ -353,13 +353,13 @@ async fn migrates_a_version_1_database_in_place() {
             created_at: at(9),
             now: at(9),
             payload: b"x".to_vec(),
-            may_be_parked: true,
+            may_be_held: true,
         })
         .await
         .unwrap();
     assert!(q.created);
     assert!(
-        s.due_messages("orders".into(), at(9), 5)
+        s.due_held_retries("orders".into(), at(9), 5)
             .await
             .unwrap()
             .is_empty()
@@ -662,7 +662,7 @@ async fn migrates_a_version_4_database_to_the_typed_ready_index() {
 #[tokio::test]
 async fn migrates_a_version_6_database_to_dead_letters_and_held_retries_keyed_by_payload() {
     use lazaret_core::{Envelope, JobId};
-    use lazaret_store::{Held, MessageKey, ParkedMessage, SourceDeadLetter, SourceRef, Stage};
+    use lazaret_store::{Held, HeldRetry, MessageKey, SourceDeadLetter, SourceRef, Stage};
     use lazaret_store_conformance::at;
 
     let reference = |id: &str, redrive_id: Option<&str>| SourceRef {
@@ -683,7 +683,7 @@ async fn migrates_a_version_6_database_to_dead_letters_and_held_retries_keyed_by
         b"held",
         at(1),
     );
-    let held = |id: &str, redrive_id: Option<&str>, body: &[u8]| ParkedMessage {
+    let held = |id: &str, redrive_id: Option<&str>, body: &[u8]| HeldRetry {
         source: reference(id, redrive_id),
         due_at: at(9),
         envelope: envelope.clone(),
@@ -762,7 +762,7 @@ async fn migrates_a_version_6_database_to_dead_letters_and_held_retries_keyed_by
         created_at: at(1),
         now: at(1),
         payload: body.to_vec(),
-        may_be_parked: true,
+        may_be_held: true,
     };
     let again = s.quarantine_message(dl(b"first")).await.unwrap();
     assert_eq!((again.id, again.created), (old, false));
@@ -772,12 +772,12 @@ async fn migrates_a_version_6_database_to_dead_letters_and_held_retries_keyed_by
 
     // The held retries kept their place under their full key.
     assert_eq!(
-        s.due_messages("orders".into(), at(9), 5).await.unwrap(),
+        s.due_held_retries("orders".into(), at(9), 5).await.unwrap(),
         vec![plain.clone(), copy.clone()]
     );
     for p in [&plain, &copy] {
-        assert_eq!(s.message_held(p.key()).await.unwrap(), Held::Parked);
-        assert_eq!(s.parked_message(p.key()).await.unwrap().as_ref(), Some(p));
+        assert_eq!(s.message_held(p.key()).await.unwrap(), Held::Retry);
+        assert_eq!(s.held_retry(p.key()).await.unwrap().as_ref(), Some(p));
     }
     assert_eq!(
         s.message_held(MessageKey::of("orders", "order-9", b"held", None))
@@ -787,16 +787,141 @@ async fn migrates_a_version_6_database_to_dead_letters_and_held_retries_keyed_by
         "the redrive id recorded in the source reference is part of the key"
     );
     let beside = held("order-8", None, b"another body");
-    s.park_message(beside.clone()).await.unwrap();
+    s.hold_retry(beside.clone()).await.unwrap();
     assert_eq!(
-        s.due_messages("orders".into(), at(9), 5)
+        s.due_held_retries("orders".into(), at(9), 5)
             .await
             .unwrap()
             .len(),
         3,
         "another body under a held id is held beside it"
     );
-    assert!(s.unpark_message(plain.key()).await.unwrap());
-    assert_eq!(s.message_held(beside.key()).await.unwrap(), Held::Parked);
+    assert!(s.release_held_retry(plain.key()).await.unwrap());
+    assert_eq!(s.message_held(beside.key()).await.unwrap(), Held::Retry);
+    s.close().await.unwrap();
+}
+
+/// A version-7 database's held retries (`source_parked`) are kept under
+/// their new name, `source_held_retries`, with their index; a retry whose
+/// envelope an older build wrote (`redrives`) keeps its count, and broker
+/// dead letters that differ only by body (which version 7 allows) are kept.
+#[tokio::test]
+async fn migrates_a_version_7_database_to_held_retries_under_their_new_name() {
+    use lazaret_core::{Envelope, JobId};
+    use lazaret_store::{Held, HeldRetry, MessageKey, SourceRef};
+    use lazaret_store_conformance::at;
+
+    let mut envelope = Envelope::new(
+        JobId(0),
+        "orders".into(),
+        "acme".into(),
+        "default".into(),
+        b"held",
+        at(1),
+    );
+    let mut old_json: serde_json::Value = serde_json::from_str(&envelope.to_json()).unwrap();
+    old_json["redrives"] = serde_json::json!(2);
+    envelope.redrive_count = 2;
+    let held = HeldRetry {
+        source: SourceRef {
+            name: "orders".into(),
+            broker: "rabbitmq".into(),
+            queue: "orders".into(),
+            message_id: "order-8".into(),
+            headers: serde_json::Map::new(),
+            position: serde_json::Value::Null,
+            content_type: None,
+            redrive_id: None,
+        },
+        due_at: at(9),
+        envelope,
+        body: b"held".to_vec(),
+    };
+
+    let dir = tempfile::TempDir::new().unwrap();
+    let path = dir.path().join(DB_FILE);
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch(include_str!("fixtures/schema_v7.sql"))
+            .unwrap();
+        for (id, body) in [(5, b"first".as_slice()), (6, b"second".as_slice())] {
+            conn.execute(
+                "INSERT INTO dead_letters (id, job_id, type, reason, stage, attempts, created_at,
+                   dead_lettered_at, payload_size, payload_sha256, payload_preview, payload,
+                   source, source_name, message_id)
+                 VALUES (?1, NULL, 'orders', 'rejected', 'broker', 1, 0, 0, ?2, ?3, 'x', ?4,
+                   '{\"name\":\"dlq\",\"broker\":\"rabbitmq\",\"queue\":\"orders\",\"message_id\":\"order-7\"}',
+                   'dlq', 'order-7')",
+                rusqlite::params![
+                    id,
+                    body.len() as i64,
+                    hex::encode(lazaret_core::payload_sha256(body)),
+                    body
+                ],
+            )
+            .unwrap();
+        }
+        conn.execute(
+            "INSERT INTO source_parked
+               (source, message_id, payload_sha256, redrive_id, due_at, ref, envelope, body)
+             VALUES (?1, ?2, ?3, '', ?4, ?5, ?6, ?7)",
+            rusqlite::params![
+                held.source.name,
+                held.source.message_id,
+                hex::encode(lazaret_core::payload_sha256(&held.body)),
+                held.due_at.as_millis(),
+                serde_json::to_string(&held.source).unwrap(),
+                old_json.to_string(),
+                held.body,
+            ],
+        )
+        .unwrap();
+    }
+    let s = open(dir.path());
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        let version: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, SCHEMA_VERSION);
+        let mut stmt = conn
+            .prepare(
+                "SELECT type || ' ' || name FROM sqlite_master
+                 WHERE (tbl_name LIKE 'source_%' OR name LIKE 'source_%')
+                   AND name NOT LIKE 'sqlite_autoindex_%' ORDER BY 1",
+            )
+            .unwrap();
+        let objects: Vec<String> = stmt
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(
+            objects,
+            ["index source_held_retries_due", "table source_held_retries",]
+        );
+    }
+    assert_eq!(
+        s.due_held_retries("orders".into(), at(9), 5).await.unwrap(),
+        vec![held.clone()]
+    );
+    assert_eq!(s.message_held(held.key()).await.unwrap(), Held::Retry);
+    assert_eq!(
+        s.held_retry(held.key())
+            .await
+            .unwrap()
+            .map(|h| h.envelope.redrive_count),
+        Some(2)
+    );
+    for (id, body) in [(5, b"first".as_slice()), (6, b"second".as_slice())] {
+        assert_eq!(
+            s.message_held(MessageKey::of("dlq", "order-7", body, None))
+                .await
+                .unwrap(),
+            Held::Quarantined(lazaret_store::DeadLetterId(id))
+        );
+    }
+    assert!(s.release_held_retry(held.key()).await.unwrap());
+    assert_eq!(s.message_held(held.key()).await.unwrap(), Held::Nothing);
     s.close().await.unwrap();
 }

@@ -68,7 +68,7 @@ impl Writer {
             self.execute(
                 "UPDATE jobs SET state = 'queued', run_at = $2, attempts = 0, finished_at = NULL,
                  lease_started_at = NULL, worker_id = NULL, redrives = $3, envelope = $4 WHERE id = $1",
-                &[&job_id, &ms(now), &(env.redrives as i32), &env.to_json()],
+                &[&job_id, &ms(now), &(env.redrive_count as i32), &env.to_json()],
             )
             .await?;
             self.execute("DELETE FROM dead_letters WHERE id = $1", &[&(dl.0 as i64)])
@@ -135,7 +135,7 @@ impl Writer {
             &[
                 &job_id,
                 &ms(now),
-                &(env.redrives as i32),
+                &(env.redrive_count as i32),
                 &env.to_json(),
                 &fix.payload,
                 &fix.schema_version.map(|v| v as i32),

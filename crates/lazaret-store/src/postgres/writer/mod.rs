@@ -39,8 +39,8 @@ use crate::request::{Reply, Request};
 use crate::stored::StoredJob;
 use crate::{
     AdmissionRecord, ApiToken, AuditEntry, AuditId, Completed, Completion, DeadLetterId, Decider,
-    EnqueueOutcome, GroupCommitStats, ItemError, LaneCounts, LeaseRequest, LeaseToken, LeasedJob,
-    MessageKey, NewJob, ParkedMessage, Quarantined, SourceDeadLetter, StoreError, StoreStats, Tick,
+    EnqueueOutcome, GroupCommitStats, HeldRetry, ItemError, LaneCounts, LeaseRequest, LeaseToken,
+    LeasedJob, MessageKey, NewJob, Quarantined, SourceDeadLetter, StoreError, StoreStats, Tick,
     TokenError,
 };
 

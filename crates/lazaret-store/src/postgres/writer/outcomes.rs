@@ -94,11 +94,11 @@ impl Writer {
                         r.get::<_, Option<i64>>(8).unwrap_or(0),
                     ));
                 // No envelope yet means no redrive yet.
-                let redrives = match r.get::<_, Option<&str>>(6) {
+                let redrive_count = match r.get::<_, Option<&str>>(6) {
                     Some(json) => {
                         Envelope::from_json(json)
                             .map_err(|e| corrupt(format!("job {id}: stored envelope: {e}")))?
-                            .redrives
+                            .redrive_count
                     }
                     None => 0,
                 };
@@ -117,7 +117,7 @@ impl Writer {
                         class: None,
                         dead_letter: None,
                         message: None,
-                        redrives,
+                        redrive_count,
                         freed_slot,
                         leased_at: r.get::<_, Option<i64>>(5).map(Timestamp::from_millis),
                     },
@@ -222,8 +222,8 @@ impl Writer {
             return Ok(None);
         }
         // No envelope yet means no redrive yet.
-        let redrives = match &stored.envelope {
-            Some(_) => stored.envelope()?.redrives,
+        let redrive_count = match &stored.envelope {
+            Some(_) => stored.envelope()?.redrive_count,
             None => 0,
         };
         let leased_at = stored.lease_started_at.map(Timestamp::from_millis);
@@ -249,7 +249,7 @@ impl Writer {
             class: None,
             dead_letter: None,
             message: None,
-            redrives,
+            redrive_count,
             freed_slot,
             leased_at,
         }))
@@ -309,7 +309,7 @@ impl Writer {
             class,
             dead_letter,
             message,
-            redrives: env.redrives,
+            redrive_count: env.redrive_count,
             freed_slot,
             leased_at,
         }))

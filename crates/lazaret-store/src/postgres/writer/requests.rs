@@ -110,12 +110,14 @@ impl Writer {
                 }
                 held(reply, out)
             }
-            Request::Park { p, reply } => {
-                self.park(p).await?;
+            Request::HoldRetry { p, reply } => {
+                self.hold_retry(p).await?;
                 held(reply, ())
             }
-            Request::Unpark { key, reply } => held(reply, self.unpark(key).await?),
-            // Claims run on a reader connection (`Postgres::claim_due_messages`).
+            Request::ReleaseHeldRetry { key, reply } => {
+                held(reply, self.release_held_retry(key).await?)
+            }
+            // Claims run on a reader connection (`Postgres::claim_held_retries`).
             Request::ClaimDue { .. } => {
                 return Err(corrupt(
                     "a claim of held retries reached the PostgreSQL writer, which does not run them",

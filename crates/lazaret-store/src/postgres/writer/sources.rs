@@ -8,8 +8,8 @@ impl Writer {
         dl: &SourceDeadLetter,
     ) -> Result<Quarantined, StoreError> {
         let src = &dl.source;
-        if dl.may_be_parked {
-            self.unpark(&MessageKey::of_source(src, &dl.payload))
+        if dl.may_be_held {
+            self.release_held_retry(&MessageKey::of_source(src, &dl.payload))
                 .await?;
         }
         let error = dl
@@ -76,11 +76,11 @@ impl Writer {
         })
     }
 
-    pub(super) async fn park(&mut self, p: &ParkedMessage) -> Result<(), StoreError> {
+    pub(super) async fn hold_retry(&mut self, p: &HeldRetry) -> Result<(), StoreError> {
         let source = serde_json::to_string(&p.source).map_err(corrupt)?;
         let key = p.key();
         self.execute(
-            "INSERT INTO source_parked
+            "INSERT INTO source_held_retries
                (source, message_id, payload_sha256, redrive_id, due_at, ref, envelope, body)
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
              ON CONFLICT (source, message_id, payload_sha256, redrive_id) DO UPDATE SET
@@ -102,10 +102,13 @@ impl Writer {
     }
 
     /// Drops the retry held for `key`; whether there was one.
-    pub(super) async fn unpark(&mut self, key: &MessageKey) -> Result<bool, StoreError> {
+    pub(super) async fn release_held_retry(
+        &mut self,
+        key: &MessageKey,
+    ) -> Result<bool, StoreError> {
         let n = self
             .execute(
-                "DELETE FROM source_parked WHERE source = $1 AND message_id = $2
+                "DELETE FROM source_held_retries WHERE source = $1 AND message_id = $2
                    AND payload_sha256 = $3 AND redrive_id = $4",
                 &[
                     &key.source,

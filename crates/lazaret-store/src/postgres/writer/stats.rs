@@ -235,9 +235,9 @@ impl Writer {
                 r.get::<_, i64>(2) as u64,
             ));
         }
-        let held_messages = self
+        let held_retries = self
             .query(
-                "SELECT source, count(*) FROM source_parked GROUP BY source ORDER BY source",
+                "SELECT source, count(*) FROM source_held_retries GROUP BY source ORDER BY source",
                 &[],
             )
             .await?
@@ -247,7 +247,7 @@ impl Writer {
         Ok(StoreStats {
             lanes,
             dead_letters,
-            held_messages,
+            held_retries,
             succeeded,
             cancelled,
             oldest_ready,

@@ -68,7 +68,7 @@ impl Writer {
                     "UPDATE jobs SET state = 'queued', run_at = ?2, attempts = 0, finished_at = NULL,
                      lease_started_at = NULL, worker_id = NULL, redrives = ?3, envelope = ?4 WHERE id = ?1",
                 )?
-                .execute(params![job_id, ms(now), env.redrives, env.to_json()]))?;
+                .execute(params![job_id, ms(now), env.redrive_count, env.to_json()]))?;
             db(self
                 .conn
                 .prepare_cached("DELETE FROM dead_letters WHERE id = ?1")?
@@ -131,7 +131,7 @@ impl Writer {
             .execute(params![
                 job_id,
                 ms(now),
-                env.redrives,
+                env.redrive_count,
                 env.to_json(),
                 fix.payload,
                 fix.schema_version

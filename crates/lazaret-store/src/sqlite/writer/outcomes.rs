@@ -75,7 +75,7 @@ impl Writer {
             .map_or((None, None, None), |e| {
                 (Some(e.kind.clone()), e.class, Some(e.message.clone()))
             });
-        let redrives = env.redrives;
+        let redrive_count = env.redrive_count;
         let leased_at = stored.lease_started_at.map(Timestamp::from_millis);
         Ok(Ok(Completed {
             id,
@@ -87,7 +87,7 @@ impl Writer {
             class,
             dead_letter,
             message,
-            redrives,
+            redrive_count,
             freed_slot,
             leased_at,
         }))
@@ -133,7 +133,7 @@ impl Writer {
                 ))
             })
             .optional())?;
-        let Some((job_type, tenant, lane, attempts, redrives, leased_at)) = row else {
+        let Some((job_type, tenant, lane, attempts, redrive_count, leased_at)) = row else {
             return Ok(None);
         };
         db(self
@@ -156,7 +156,7 @@ impl Writer {
             class: None,
             dead_letter: None,
             message: None,
-            redrives: redrives as u32,
+            redrive_count: redrive_count as u32,
             freed_slot,
             leased_at: leased_at.map(Timestamp::from_millis),
         }))

@@ -85,8 +85,8 @@ impl Writer {
                 run!(reply, self.revoke_token(&name, &audit))
             }
             Request::Quarantine { dls, reply } => run!(reply, self.quarantine(&dls)),
-            Request::Park { p, reply } => run!(reply, self.park(&p)),
-            Request::Unpark { key, reply } => run!(reply, self.unpark(&key)),
+            Request::HoldRetry { p, reply } => run!(reply, self.hold_retry(&p)),
+            Request::ReleaseHeldRetry { key, reply } => run!(reply, self.release_held_retry(&key)),
             Request::ClaimDue { claim, reply } => run!(reply, self.claim_due(&claim)),
         }
     }

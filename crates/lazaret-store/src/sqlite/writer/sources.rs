@@ -13,12 +13,15 @@ impl Writer {
             .collect()
     }
 
-    pub(super) fn park(&mut self, p: &crate::ParkedMessage) -> Result<(), StoreError> {
-        super::super::sources::park(&self.conn, p)
+    pub(super) fn hold_retry(&mut self, p: &crate::HeldRetry) -> Result<(), StoreError> {
+        super::super::sources::hold_retry(&self.conn, p)
     }
 
-    pub(super) fn unpark(&mut self, key: &crate::MessageKey) -> Result<bool, StoreError> {
-        super::super::sources::unpark(&self.conn, key)
+    pub(super) fn release_held_retry(
+        &mut self,
+        key: &crate::MessageKey,
+    ) -> Result<bool, StoreError> {
+        super::super::sources::release_held_retry(&self.conn, key)
     }
 
     pub(super) fn claim_due(

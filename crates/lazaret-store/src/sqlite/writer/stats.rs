@@ -72,16 +72,16 @@ impl Writer {
         }
         // The primary key (source, message_id) counts them by source.
         let mut stmt = db(self.conn.prepare_cached(
-            "SELECT source, COUNT(*) FROM source_parked GROUP BY source ORDER BY source",
+            "SELECT source, COUNT(*) FROM source_held_retries GROUP BY source ORDER BY source",
         ))?;
-        let held_messages = db(db(stmt.query_map([], |r| {
+        let held_retries = db(db(stmt.query_map([], |r| {
             Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?.max(0) as u64))
         }))?
         .collect::<rusqlite::Result<Vec<_>>>())?;
         Ok(StoreStats {
             lanes,
             dead_letters,
-            held_messages,
+            held_retries,
             succeeded: self.succeeded,
             cancelled: self.cancelled,
             oldest_ready,
