@@ -30,14 +30,13 @@ pub const GROUP_ID_HEX: usize = 16;
 /// Whether a whitespace-separated word is a file path.
 fn is_path(word: &str) -> bool {
     let w = word.trim_matches(|c: char| matches!(c, '\'' | '"' | '`' | '(' | ')' | ',' | ';'));
-    let unix = (w.starts_with('/') || w.starts_with("./") || w.starts_with("../") || w.starts_with("~/"))
-        && w.len() > 1
-        && !w.starts_with("//");
+    let unix =
+        (w.starts_with('/') || w.starts_with("./") || w.starts_with("../") || w.starts_with("~/"))
+            && w.len() > 1
+            && !w.starts_with("//");
     let bytes = w.as_bytes();
-    let windows = bytes.len() > 3
-        && bytes[0].is_ascii_alphabetic()
-        && bytes[1] == b':'
-        && bytes[2] == b'\\';
+    let windows =
+        bytes.len() > 3 && bytes[0].is_ascii_alphabetic() && bytes[1] == b':' && bytes[2] == b'\\';
     unix || windows
 }
 
@@ -123,11 +122,7 @@ pub struct Group {
 
 /// The group of a dead letter of `job_type` with `reason` and its last
 /// error (kind, message, traceback), when it had one.
-pub fn group_of(
-    job_type: Option<&str>,
-    reason: &str,
-    error: Option<&crate::Failure>,
-) -> Group {
+pub fn group_of(job_type: Option<&str>, reason: &str, error: Option<&crate::Failure>) -> Group {
     let fp = error
         .map(|e| group_fingerprint(&e.message))
         .unwrap_or_default();
@@ -160,13 +155,19 @@ mod tests {
                 "user 4f9c2e1a-7b3d-4c1e-9a2f-0e1d2c3b4a59 not found",
                 "user 00000000-0000-0000-0000-000000000000 not found",
             ),
-            ("blob deadbeef01234567 missing", "blob a1b2c3d4e5f60718 missing"),
+            (
+                "blob deadbeef01234567 missing",
+                "blob a1b2c3d4e5f60718 missing",
+            ),
             ("user 'bob' not found", "user \"carol\" not found"),
             ("field `amount` invalid", "field `currency` invalid"),
             ("cannot open /data/in/17.csv", "cannot open /srv/x/a.csv"),
             ("cannot open ./tmp/a", "cannot open ~/b/c.txt"),
             ("cannot open C:\\data\\a.csv", "cannot open D:\\b.txt"),
-            ("timeout after 30ms calling 10.0.0.7:443", "timeout after 5s calling 10.0.0.8:80"),
+            (
+                "timeout after 30ms calling 10.0.0.7:443",
+                "timeout after 5s calling 10.0.0.8:80",
+            ),
             ("mail to bob@example.com bounced", "mail to x@y.org bounced"),
         ];
         for (a, b) in same {
@@ -219,22 +220,58 @@ mod tests {
         let b = group_of(Some("send"), "exhausted", Some(&f("order 18 failed", None)));
         assert_eq!(a, b);
         // Fixed forever: a group id is stored and named by operators.
-        assert_eq!(a.id, group_id(Some("send"), "exhausted", Some("http_503"), "order <n> failed", None));
+        assert_eq!(
+            a.id,
+            group_id(
+                Some("send"),
+                "exhausted",
+                Some("http_503"),
+                "order <n> failed",
+                None
+            )
+        );
         assert_eq!(a.id.len(), GROUP_ID_HEX);
         expect_test::expect!["2720e000dd37576c"].assert_eq(&a.id);
-        assert_ne!(a.id, group_of(Some("other"), "exhausted", Some(&f("order 17 failed", None))).id);
-        assert_ne!(a.id, group_of(Some("send"), "permanent", Some(&f("order 17 failed", None))).id);
         assert_ne!(
             a.id,
-            group_of(Some("send"), "exhausted", Some(&f("order 17 failed", Some("  File \"a.py\", line 1, in f")))).id
+            group_of(
+                Some("other"),
+                "exhausted",
+                Some(&f("order 17 failed", None))
+            )
+            .id
+        );
+        assert_ne!(
+            a.id,
+            group_of(Some("send"), "permanent", Some(&f("order 17 failed", None))).id
+        );
+        assert_ne!(
+            a.id,
+            group_of(
+                Some("send"),
+                "exhausted",
+                Some(&f("order 17 failed", Some("  File \"a.py\", line 1, in f")))
+            )
+            .id
         );
         let mut other_kind = f("order 17 failed", None);
         other_kind.kind = crate::ErrorKind::new("timeout");
-        assert_ne!(a.id, group_of(Some("send"), "exhausted", Some(&other_kind)).id);
+        assert_ne!(
+            a.id,
+            group_of(Some("send"), "exhausted", Some(&other_kind)).id
+        );
         // Lines moved by a deploy keep the group.
         assert_eq!(
-            group_of(Some("send"), "exhausted", Some(&f("x", Some("  File \"a.py\", line 1, in f")))),
-            group_of(Some("send"), "exhausted", Some(&f("x", Some("  File \"a.py\", line 9, in f")))),
+            group_of(
+                Some("send"),
+                "exhausted",
+                Some(&f("x", Some("  File \"a.py\", line 1, in f")))
+            ),
+            group_of(
+                Some("send"),
+                "exhausted",
+                Some(&f("x", Some("  File \"a.py\", line 9, in f")))
+            ),
         );
         assert_eq!(group_of(None, "invalid_json", None).fingerprint, "");
     }

@@ -141,7 +141,10 @@ pub async fn dead_letters_fall_into_groups_whatever_their_data<B: Backend>(b: &B
         .unwrap()
         .0;
     assert_eq!(of_beta.len(), 1);
-    assert_eq!((of_beta[0].id.as_str(), of_beta[0].count), (d1.group_id.as_str(), 1));
+    assert_eq!(
+        (of_beta[0].id.as_str(), of_beta[0].count),
+        (d1.group_id.as_str(), 1)
+    );
     let of_crop = s
         .groups(GroupQuery {
             job_type: Some("crop".into()),
@@ -168,12 +171,18 @@ pub async fn dead_letters_fall_into_groups_whatever_their_data<B: Backend>(b: &B
         ..DeadLetterFilter::default()
     };
     let (listed, _) = s.dead_letters(by_group.clone(), 10, None).await.unwrap();
-    assert_eq!(listed.iter().map(|d| d.id).collect::<Vec<_>>(), vec![a2, a1]);
+    assert_eq!(
+        listed.iter().map(|d| d.id).collect::<Vec<_>>(),
+        vec![a2, a1]
+    );
     let matched = s
         .match_dead_letters(Selector::Filter(by_group))
         .await
         .unwrap();
-    assert_eq!(matched.iter().map(|m| m.0).collect::<Vec<_>>(), vec![a1, a2]);
+    assert_eq!(
+        matched.iter().map(|m| m.0).collect::<Vec<_>>(),
+        vec![a1, a2]
+    );
 }
 
 pub async fn archived_dead_letters_are_kept_hidden_and_restorable<B: Backend>(b: &B) {
@@ -186,7 +195,12 @@ pub async fn archived_dead_letters_are_kept_hidden_and_restorable<B: Backend>(b:
 
     let entry = s.audit(audit("archive")).await.unwrap();
     let n = s
-        .archive(vec![a1, a2, DeadLetterId(999_999)], true, at(4_000), Some(entry))
+        .archive(
+            vec![a1, a2, DeadLetterId(999_999)],
+            true,
+            at(4_000),
+            Some(entry),
+        )
         .await
         .unwrap();
     assert_eq!(n, 2, "an unknown id changes nothing");
@@ -238,20 +252,27 @@ pub async fn archived_dead_letters_are_kept_hidden_and_restorable<B: Backend>(b:
         .unwrap()
         .0;
     assert_eq!(archived_groups.len(), 1);
-    assert_eq!((archived_groups[0].id.as_str(), archived_groups[0].count), (group.as_str(), 2));
+    assert_eq!(
+        (archived_groups[0].id.as_str(), archived_groups[0].count),
+        (group.as_str(), 2)
+    );
 
     // Restored: active again, everywhere.
-    assert_eq!(s.archive(vec![a1], false, at(5_000), None).await.unwrap(), 1);
-    assert_eq!(s.archive(vec![keep], false, at(5_000), None).await.unwrap(), 0);
+    assert_eq!(
+        s.archive(vec![a1], false, at(5_000), None).await.unwrap(),
+        1
+    );
+    assert_eq!(
+        s.archive(vec![keep], false, at(5_000), None).await.unwrap(),
+        0
+    );
     assert_eq!(s.dead_letter(a1).await.unwrap().unwrap().archived_at, None);
     let groups = s.groups(query(at(5_000))).await.unwrap().0;
     let g = groups.iter().find(|g| g.id == group).expect("back");
     assert_eq!(g.count, 1);
 }
 
-pub async fn a_redrive_report_follows_its_jobs_to_success_and_failure_again<B: Backend>(
-    b: &B,
-) {
+pub async fn a_redrive_report_follows_its_jobs_to_success_and_failure_again<B: Backend>(b: &B) {
     let place = b.place().await;
     let s = b.open(&place).await;
     let d1 = dead_letter_with(&s, "resize", "acme", "order 17 failed", at(1_000)).await;
@@ -261,9 +282,16 @@ pub async fn a_redrive_report_follows_its_jobs_to_success_and_failure_again<B: B
 
     let entry = s.audit(audit("redrive")).await.unwrap();
     s.record_redrive("r-1".into(), entry).await.unwrap();
-    let moved = s.redrive(vec![d1, d2], at(2_000), Some(entry)).await.unwrap();
+    let moved = s
+        .redrive(vec![d1, d2], at(2_000), Some(entry))
+        .await
+        .unwrap();
     assert_eq!(moved.len(), 2);
-    let r = s.redrive_report("r-1".into()).await.unwrap().expect("known");
+    let r = s
+        .redrive_report("r-1".into())
+        .await
+        .unwrap()
+        .expect("known");
     assert_eq!((r.id.as_str(), r.audit.count, r.jobs), ("r-1", 2, 2));
     assert_eq!((r.running, r.succeeded, r.failed_again), (2, 0, 0));
     assert_eq!(r.from_groups, vec![(from.clone(), 2)]);

@@ -17,10 +17,10 @@ use crate::request::{Claim, Reply, Request};
 use crate::{
     AdmissionRecord, ApiToken, AuditEntry, AuditId, AuditPage, AuditQuery, CancelError, Cancelled,
     ClaimedRetry, Completed, Completion, DeadLetter, DeadLetterFilter, DeadLetterId, Duty,
-    EnqueueOutcome, FailureGroup, GroupCursor, GroupQuery, Heartbeat, Held, ItemError, JobPage, JobQuery, JobView, LeaseRequest,
-    LeaseToken, LeasedJob, MessageKey, NewJob, ParkedMessage, Pause, PauseTarget, PayloadFix,
-    Quarantined, ReasonCount, RecentDeadLetter, Selector, SourceDeadLetter, Stage, Store,
-    StoreError, StoreEvent, StoreStats, Switch, Tick, TokenError,
+    EnqueueOutcome, FailureGroup, GroupCursor, GroupQuery, Heartbeat, Held, ItemError, JobPage,
+    JobQuery, JobView, LeaseRequest, LeaseToken, LeasedJob, MessageKey, NewJob, ParkedMessage,
+    Pause, PauseTarget, PayloadFix, Quarantined, ReasonCount, RecentDeadLetter, Selector,
+    SourceDeadLetter, Stage, Store, StoreError, StoreEvent, StoreStats, Switch, Tick, TokenError,
 };
 
 /// A [`Store`] on a backend: `SqliteStore` is `StoreOn<Sqlite>`,
@@ -374,7 +374,12 @@ impl<B: Backend> Store for StoreOn<B> {
     }
 
     async fn record_redrive(&self, id: String, audit: AuditId) -> Result<(), StoreError> {
-        call(&self.backend, |reply| Request::RecordRedrive { id, audit, reply }).await
+        call(&self.backend, |reply| Request::RecordRedrive {
+            id,
+            audit,
+            reply,
+        })
+        .await
     }
 
     async fn redrive_report(&self, id: String) -> Result<Option<crate::RedriveReport>, StoreError> {

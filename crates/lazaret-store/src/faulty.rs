@@ -190,10 +190,7 @@ impl<B: Backend> Backend for Faulty<B> {
         self.inner.reasons().await
     }
 
-    async fn redrive_report(
-        &self,
-        id: String,
-    ) -> Result<Option<crate::RedriveReport>, StoreError> {
+    async fn redrive_report(&self, id: String) -> Result<Option<crate::RedriveReport>, StoreError> {
         self.inner.redrive_report(id).await
     }
 

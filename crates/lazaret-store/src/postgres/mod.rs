@@ -668,10 +668,7 @@ impl Backend for Postgres {
         reader::reasons(&*self.reader().await?).await
     }
 
-    async fn redrive_report(
-        &self,
-        id: String,
-    ) -> Result<Option<crate::RedriveReport>, StoreError> {
+    async fn redrive_report(&self, id: String) -> Result<Option<crate::RedriveReport>, StoreError> {
         reader::redrive_report(&*self.reader().await?, &id).await
     }
 

@@ -7,8 +7,8 @@ use super::pg;
 use super::writer::{JOB_COLUMNS, stored_job};
 use crate::{
     ApiToken, AuditEntry, AuditId, AuditPage, AuditQuery, DeadLetter, DeadLetterFilter,
-    DeadLetterId, Held, JobView, ParkedMessage, ReasonCount, Selector, SourceRef, Stage,
-    StoreError, Switch, FailureGroup, GroupCursor, GroupQuery, GROUP_NAMES_MAX,
+    DeadLetterId, FailureGroup, GROUP_NAMES_MAX, GroupCursor, GroupQuery, Held, JobView,
+    ParkedMessage, ReasonCount, Selector, SourceRef, Stage, StoreError, Switch,
 };
 
 fn corrupt(e: impl std::fmt::Display) -> StoreError {
@@ -312,7 +312,11 @@ pub(super) async fn groups(
             let rows = pg(c
                 .query(&sql, &[&id, &q.archived, &(GROUP_NAMES_MAX as i64)])
                 .await)?;
-            names.push(rows.iter().map(|r| r.get::<_, String>(0)).collect::<Vec<_>>());
+            names.push(
+                rows.iter()
+                    .map(|r| r.get::<_, String>(0))
+                    .collect::<Vec<_>>(),
+            );
         }
         let sources = names.pop().unwrap_or_default();
         let tenants = names.pop().unwrap_or_default();

@@ -251,8 +251,10 @@ async fn groups_v5(c: &Client) -> Result<(), StoreError> {
                 &r.get::<_, String>(2),
                 error.as_ref(),
             );
-            pg(c.execute(&update, &[&r.get::<_, i64>(0), &g.id, &g.fingerprint])
-                .await)?;
+            pg(
+                c.execute(&update, &[&r.get::<_, i64>(0), &g.id, &g.fingerprint])
+                    .await,
+            )?;
         }
     }
 }

@@ -526,10 +526,7 @@ impl Backend for Sqlite {
         self.read(reader::reasons).await
     }
 
-    async fn redrive_report(
-        &self,
-        id: String,
-    ) -> Result<Option<crate::RedriveReport>, StoreError> {
+    async fn redrive_report(&self, id: String) -> Result<Option<crate::RedriveReport>, StoreError> {
         self.read(move |c| reader::redrive_report(c, &id)).await
     }
 

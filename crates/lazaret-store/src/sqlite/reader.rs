@@ -5,9 +5,9 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use super::stored::{COLUMN_COUNT, COLUMNS, StoredJob};
 use crate::{
-    AuditEntry, DeadLetter, DeadLetterFilter, DeadLetterId, JobPage, JobQuery, JobView, Pause,
-    PauseTarget, ReasonCount, RecentDeadLetter, Selector, Stage, StoreError,
-    FailureGroup, GroupCursor, GroupQuery, GROUP_NAMES_MAX,
+    AuditEntry, DeadLetter, DeadLetterFilter, DeadLetterId, FailureGroup, GROUP_NAMES_MAX,
+    GroupCursor, GroupQuery, JobPage, JobQuery, JobView, Pause, PauseTarget, ReasonCount,
+    RecentDeadLetter, Selector, Stage, StoreError,
 };
 
 fn db<T>(r: rusqlite::Result<T>) -> Result<T, StoreError> {
@@ -442,8 +442,8 @@ pub(super) fn groups(
     let mut out = Vec::with_capacity(counted.len());
     for (id, count, first, last, rate) in counted {
         type Sample = (i64, Option<String>, String, Option<String>, String);
-        let (sample_id, job_type, reason, error, fingerprint): Sample =
-            db(c.prepare_cached(
+        let (sample_id, job_type, reason, error, fingerprint): Sample = db(c
+            .prepare_cached(
                 "SELECT id, type, reason, error, fingerprint FROM dead_letters
                  WHERE group_id = ?1 AND (archived_at IS NOT NULL) = ?2
                  ORDER BY dead_lettered_at DESC, id DESC LIMIT 1",
@@ -462,10 +462,11 @@ pub(super) fn groups(
                  ORDER BY {column} LIMIT ?3"
             );
             let mut stmt = db(c.prepare_cached(&sql))?;
-            let rows = db(stmt.query_map(
-                params![id, q.archived, GROUP_NAMES_MAX as i64],
-                |r| r.get::<_, String>(0),
-            ))?;
+            let rows = db(
+                stmt.query_map(params![id, q.archived, GROUP_NAMES_MAX as i64], |r| {
+                    r.get::<_, String>(0)
+                }),
+            )?;
             db(rows.collect())
         };
         out.push(FailureGroup {

@@ -94,7 +94,10 @@ impl Writer {
                 now,
                 audit,
                 reply,
-            } => held(reply, self.archive(ids, *archived, now_of(*now), *audit).await?),
+            } => held(
+                reply,
+                self.archive(ids, *archived, now_of(*now), *audit).await?,
+            ),
             Request::Audit { entry, reply } => held(reply, self.audit(entry).await?),
             Request::RecordRedrive { id, audit, reply } => {
                 held(reply, self.record_redrive(id, *audit).await?)

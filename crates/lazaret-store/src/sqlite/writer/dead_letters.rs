@@ -15,7 +15,10 @@ impl Writer {
         let group = lazaret_core::group_of(
             rec.job_type.as_deref(),
             rec.reason.as_str(),
-            Some(&lazaret_core::Failure::new(rec.reason.as_str(), rec.message.as_str())),
+            Some(&lazaret_core::Failure::new(
+                rec.reason.as_str(),
+                rec.message.as_str(),
+            )),
         );
         db(self
             .conn
