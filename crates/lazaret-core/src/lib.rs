@@ -26,6 +26,7 @@ pub mod error_code;
 pub mod failure;
 pub mod foreign;
 pub mod gate;
+pub mod groups;
 pub mod ids;
 pub mod lease_plan;
 pub mod policy;
@@ -64,6 +65,7 @@ pub use error_code::ErrorCode;
 pub use failure::{DeadLetterReason, Failure, FailureClass, PoisonReason, UnknownFailureClass};
 pub use foreign::{absorb_earlier_deliveries, attempts_spent};
 pub use gate::{Gate, LeaseGate, Paused};
+pub use groups::{Group, group_fingerprint, group_id, group_of};
 pub use ids::{
     ErrorKind, IDEMPOTENCY_KEY_BYTES_MAX, JobId, JobType, Lane, NAME_BYTES_MAX, NameError,
     TenantId, WorkerId, check_name,

@@ -302,6 +302,29 @@ pub fn dead_letter(d: &DeadLetter, payload: Option<&[u8]>) -> Value {
         "redrive_count": d.redrive_count,
         "source": d.source.as_ref().map(source),
         "celery": d.source.as_ref().and_then(|s| celery(s, body)),
+        "group_id": d.group_id,
+        "fingerprint": d.fingerprint,
+        "archived": d.archived_at.is_some(),
+        "archived_at": d.archived_at.map(time),
+    })
+}
+
+/// A failure group (`GET /v1/dead-letters/groups`).
+pub fn group(g: &lazaret_store::FailureGroup) -> Value {
+    json!({
+        "id": g.id,
+        "count": g.count,
+        "type": g.job_type,
+        "reason": g.reason.as_str(),
+        "kind": g.kind,
+        "fingerprint": g.fingerprint,
+        "sample_error": g.sample_error,
+        "sample_dead_letter_id": g.sample_id.to_string(),
+        "first_at": time(g.first_at),
+        "last_at": time(g.last_at),
+        "rate_1h": g.rate_1h,
+        "tenants": g.tenants,
+        "sources": g.sources,
     })
 }
 
@@ -411,6 +434,9 @@ mod tests {
             redrive_count: 0,
             schema_version: None,
             source,
+            group_id: String::new(),
+            fingerprint: String::new(),
+            archived_at: None,
         }
     }
 

@@ -31,6 +31,7 @@ pub mod cancel;
 pub mod dead_letters;
 pub mod duties;
 pub mod enqueue;
+pub mod groups;
 pub mod housekeeping;
 pub mod lease;
 pub mod lifecycle;
@@ -167,6 +168,11 @@ macro_rules! conformance_suite {
                 redrive_skips_admission_records,
                 purge_removes_the_dead_letter_and_its_job,
                 a_corrected_redrive_replaces_the_payload_and_keeps_the_original,
+            ],
+            groups: [
+                dead_letters_fall_into_groups_whatever_their_data,
+                archived_dead_letters_are_kept_hidden_and_restorable,
+                a_redrive_report_follows_its_jobs_to_success_and_failure_again,
             ],
             sources: [
                 a_broker_message_is_quarantined_once_with_its_source_and_payload,

@@ -17,10 +17,10 @@ use crate::request::{Claim, Reply, Request};
 use crate::{
     AdmissionRecord, ApiToken, AuditEntry, AuditId, AuditPage, AuditQuery, CancelError, Cancelled,
     ClaimedRetry, Completed, Completion, DeadLetter, DeadLetterFilter, DeadLetterId, Duty,
-    EnqueueOutcome, Heartbeat, Held, HeldRetry, ItemError, JobPage, JobQuery, JobView,
-    LeaseRequest, LeaseToken, LeasedJob, MessageKey, NewJob, Pause, PauseTarget, PayloadFix,
-    Quarantined, ReasonCount, RecentDeadLetter, Selector, SourceDeadLetter, Stage, Store,
-    StoreError, StoreEvent, StoreStats, Switch, Tick, TokenError,
+    EnqueueOutcome, FailureGroup, GroupCursor, GroupQuery, Heartbeat, Held, HeldRetry, ItemError,
+    JobPage, JobQuery, JobView, LeaseRequest, LeaseToken, LeasedJob, MessageKey, NewJob, Pause,
+    PauseTarget, PayloadFix, Quarantined, ReasonCount, RecentDeadLetter, Selector,
+    SourceDeadLetter, Stage, Store, StoreError, StoreEvent, StoreStats, Switch, Tick, TokenError,
 };
 
 /// A [`Store`] on a backend: `SqliteStore` is `StoreOn<Sqlite>`,
@@ -91,6 +91,14 @@ pub(crate) trait Backend: Send + Sync + 'static {
         id: DeadLetterId,
     ) -> impl Future<Output = Result<Option<Option<Vec<u8>>>, StoreError>> + Send;
     fn reasons(&self) -> impl Future<Output = Result<Vec<ReasonCount>, StoreError>> + Send;
+    fn redrive_report(
+        &self,
+        id: String,
+    ) -> impl Future<Output = Result<Option<crate::RedriveReport>, StoreError>> + Send;
+    fn groups(
+        &self,
+        query: GroupQuery,
+    ) -> impl Future<Output = Result<(Vec<FailureGroup>, Option<GroupCursor>), StoreError>> + Send;
     fn dead_letters_after(
         &self,
         after: DeadLetterId,
@@ -339,6 +347,43 @@ impl<B: Backend> Store for StoreOn<B> {
         audit: Option<AuditId>,
     ) -> Result<u64, StoreError> {
         call(&self.backend, |reply| Request::Purge { ids, audit, reply }).await
+    }
+
+    async fn archive(
+        &self,
+        ids: Vec<DeadLetterId>,
+        archived: bool,
+        now: Timestamp,
+        audit: Option<AuditId>,
+    ) -> Result<u64, StoreError> {
+        call(&self.backend, |reply| Request::Archive {
+            ids,
+            archived,
+            now,
+            audit,
+            reply,
+        })
+        .await
+    }
+
+    async fn groups(
+        &self,
+        query: GroupQuery,
+    ) -> Result<(Vec<FailureGroup>, Option<GroupCursor>), StoreError> {
+        self.backend.groups(query).await
+    }
+
+    async fn record_redrive(&self, id: String, audit: AuditId) -> Result<(), StoreError> {
+        call(&self.backend, |reply| Request::RecordRedrive {
+            id,
+            audit,
+            reply,
+        })
+        .await
+    }
+
+    async fn redrive_report(&self, id: String) -> Result<Option<crate::RedriveReport>, StoreError> {
+        self.backend.redrive_report(id).await
     }
 
     async fn audit(&self, entry: AuditEntry) -> Result<AuditId, StoreError> {

@@ -190,6 +190,17 @@ impl<B: Backend> Backend for Faulty<B> {
         self.inner.reasons().await
     }
 
+    async fn redrive_report(&self, id: String) -> Result<Option<crate::RedriveReport>, StoreError> {
+        self.inner.redrive_report(id).await
+    }
+
+    async fn groups(
+        &self,
+        query: crate::GroupQuery,
+    ) -> Result<(Vec<crate::FailureGroup>, Option<crate::GroupCursor>), StoreError> {
+        self.inner.groups(query).await
+    }
+
     async fn dead_letters_after(
         &self,
         after: DeadLetterId,

@@ -211,6 +211,42 @@ pub trait Store: Send + Sync + 'static {
         audit: Option<AuditId>,
     ) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
+    /// Archives (`archived: true`) or restores (`false`) dead letters: an
+    /// archived one is kept, with its job, but leaves the default views
+    /// (lists, groups, reasons, counts) until it is restored. Ids already
+    /// in the asked state, or unknown, are left alone; the number changed
+    /// is answered and, with `audit`, added to that entry's `count` in
+    /// the same transaction.
+    fn archive(
+        &self,
+        ids: Vec<DeadLetterId>,
+        archived: bool,
+        now: Timestamp,
+        audit: Option<AuditId>,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// A page of failure groups (see [`GroupQuery`]), newest `last_at`
+    /// first, and the cursor of the next page when there may be one.
+    fn groups(
+        &self,
+        query: GroupQuery,
+    ) -> impl Future<Output = Result<(Vec<FailureGroup>, Option<GroupCursor>), StoreError>> + Send;
+
+    /// Records a redrive's id against its audit entry: the jobs a redrive
+    /// with that entry moves ([`Store::redrive`], [`Store::redrive_corrected`])
+    /// are then reported under the id ([`Store::redrive_report`]).
+    fn record_redrive(
+        &self,
+        id: String,
+        audit: AuditId,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// What the redrive `id` did so far; `None` for an unknown id.
+    fn redrive_report(
+        &self,
+        id: String,
+    ) -> impl Future<Output = Result<Option<RedriveReport>, StoreError>> + Send;
+
     /// Appends to the audit log; the new entry's id.
     fn audit(&self, entry: AuditEntry) -> impl Future<Output = Result<AuditId, StoreError>> + Send;
 

@@ -511,6 +511,12 @@ pub struct DeadLetter {
     pub schema_version: Option<u32>,
     /// The broker message it holds (`None` for lazaret's own jobs).
     pub source: Option<SourceRef>,
+    /// Its failure group (`lazaret_core::group_of`).
+    pub group_id: String,
+    /// Its error message's fingerprint (`lazaret_core::group_fingerprint`).
+    pub fingerprint: String,
+    /// When it was archived (`None`: active).
+    pub archived_at: Option<Timestamp>,
 }
 
 /// Which dead letters (every field optional; all given must match).
@@ -537,6 +543,170 @@ pub struct DeadLetterFilter {
     /// The lazaret job it holds.
     #[serde(default)]
     pub job_id: Option<u64>,
+    /// Its failure group's id.
+    #[serde(default)]
+    pub group: Option<String>,
+    /// `false` (the default): active dead letters only; `true`: archived
+    /// ones only.
+    #[serde(default)]
+    pub archived: bool,
+}
+
+/// Which failure groups ([`crate::Store::groups`]): the dead letters
+/// counted are the active ones (or with `archived`, the archived ones)
+/// matching every filter given.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GroupQuery {
+    /// Job type.
+    pub job_type: Option<String>,
+    /// Reason word.
+    pub reason: Option<String>,
+    /// Source name.
+    pub source: Option<String>,
+    /// Tenant.
+    pub tenant: Option<String>,
+    /// Only dead letters dead-lettered at or after this time.
+    pub since: Option<Timestamp>,
+    /// Archived dead letters instead of active ones.
+    pub archived: bool,
+    /// Most groups in the page.
+    pub limit: u32,
+    /// Where the previous page ended.
+    pub cursor: Option<GroupCursor>,
+    /// The end of the hour `rate_1h` counts.
+    pub now: Timestamp,
+}
+
+/// Where a page of groups ended: groups are ordered by their newest dead
+/// letter (`last_at`) descending, then by id ascending.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupCursor {
+    /// The last group's `last_at`.
+    pub last_at: Timestamp,
+    /// The last group's id.
+    pub id: String,
+}
+
+impl GroupCursor {
+    /// The cursor as the API shows it: `<last_at ms>.<group id>`.
+    pub fn to_text(&self) -> String {
+        format!("{}.{}", self.last_at.as_millis(), self.id)
+    }
+
+    /// Parses [`GroupCursor::to_text`].
+    pub fn parse(s: &str) -> Option<Self> {
+        let (at, id) = s.split_once('.')?;
+        Some(GroupCursor {
+            last_at: Timestamp::from_millis(at.parse().ok()?),
+            id: id.to_owned(),
+        })
+    }
+}
+
+/// What a redrive did so far ([`crate::Store::redrive_report`]): its
+/// audit entry, and the jobs it moved as they stand now.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RedriveReport {
+    /// The redrive id.
+    pub id: String,
+    /// Its audit entry: who, when, the request, and (`count`) how many
+    /// jobs and broker messages it sent.
+    pub audit: AuditEntry,
+    /// lazaret jobs it moved.
+    pub jobs: u64,
+    /// Of those: succeeded.
+    pub succeeded: u64,
+    /// Queued, scheduled or leased now.
+    pub running: u64,
+    /// Dead-lettered again.
+    pub failed_again: u64,
+    /// Cancelled.
+    pub cancelled: u64,
+    /// No longer held: removed by retention once finished (succeeded or
+    /// cancelled), or purged after failing again.
+    pub gone: u64,
+    /// The groups the jobs came from, with how many each.
+    pub from_groups: Vec<(String, u64)>,
+    /// The groups the jobs that failed again fell into, with how many each.
+    pub failed_again_groups: Vec<(String, u64)>,
+}
+
+impl RedriveReport {
+    /// Counts the jobs of a redrive from (group it came from, its state
+    /// now — `None` when retention removed it —, the group of its dead
+    /// letter when it has one), as both backends read them.
+    pub(crate) fn tally(
+        id: &str,
+        audit: AuditEntry,
+        rows: Vec<(String, Option<String>, Option<String>)>,
+    ) -> Self {
+        use std::collections::BTreeMap;
+        let mut r = RedriveReport {
+            id: id.to_owned(),
+            audit,
+            jobs: rows.len() as u64,
+            succeeded: 0,
+            running: 0,
+            failed_again: 0,
+            cancelled: 0,
+            gone: 0,
+            from_groups: Vec::new(),
+            failed_again_groups: Vec::new(),
+        };
+        let mut from: BTreeMap<String, u64> = BTreeMap::new();
+        let mut again: BTreeMap<String, u64> = BTreeMap::new();
+        for (from_group, state, group) in rows {
+            *from.entry(from_group).or_default() += 1;
+            match state.as_deref() {
+                Some("succeeded") => r.succeeded += 1,
+                None => r.gone += 1,
+                Some("cancelled") => r.cancelled += 1,
+                Some("dead_lettered") => {
+                    r.failed_again += 1;
+                    *again.entry(group.unwrap_or_default()).or_default() += 1;
+                }
+                Some(_) => r.running += 1,
+            }
+        }
+        r.from_groups = from.into_iter().collect();
+        r.failed_again_groups = again.into_iter().collect();
+        r
+    }
+}
+
+/// Most tenants (and sources) a group lists.
+pub const GROUP_NAMES_MAX: usize = 20;
+
+/// A failure group: dead letters of one type, reason, kind, message
+/// fingerprint and first traceback frame.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FailureGroup {
+    /// `lazaret_core::group_id`.
+    pub id: String,
+    /// Dead letters in it.
+    pub count: u64,
+    /// Type, when known.
+    pub job_type: Option<String>,
+    /// Reason.
+    pub reason: DeadLetterReason,
+    /// The failures' kind, when there was one.
+    pub kind: Option<String>,
+    /// The message fingerprint.
+    pub fingerprint: String,
+    /// The newest dead letter's error message.
+    pub sample_error: Option<String>,
+    /// The newest dead letter's id.
+    pub sample_id: DeadLetterId,
+    /// Oldest.
+    pub first_at: Timestamp,
+    /// Newest.
+    pub last_at: Timestamp,
+    /// Dead letters of the hour before the query's `now`.
+    pub rate_1h: u64,
+    /// Tenants affected (at most [`GROUP_NAMES_MAX`], in order).
+    pub tenants: Vec<String>,
+    /// Sources affected (at most [`GROUP_NAMES_MAX`], in order).
+    pub sources: Vec<String>,
 }
 
 /// A corrected payload for one dead letter's job, admitted by the caller

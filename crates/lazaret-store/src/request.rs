@@ -152,9 +152,21 @@ pub(crate) enum Request {
         audit: Option<AuditId>,
         reply: Reply<u64>,
     },
+    Archive {
+        ids: Vec<DeadLetterId>,
+        archived: bool,
+        now: Timestamp,
+        audit: Option<AuditId>,
+        reply: Reply<u64>,
+    },
     Audit {
         entry: AuditEntry,
         reply: Reply<AuditId>,
+    },
+    RecordRedrive {
+        id: String,
+        audit: AuditId,
+        reply: Reply<()>,
     },
     Stats {
         reply: Reply<StoreStats>,
@@ -210,7 +222,9 @@ impl Request {
             Request::Redrive { reply, .. } => reply,
             Request::RedriveCorrected { reply, .. } => reply,
             Request::Purge { reply, .. } => reply,
+            Request::Archive { reply, .. } => reply,
             Request::Audit { reply, .. } => reply,
+            Request::RecordRedrive { reply, .. } => reply,
             Request::Stats { reply } => reply,
             Request::RemoveSucceeded { reply, .. } => reply,
             Request::CreateToken { reply, .. } => reply,

@@ -30,8 +30,8 @@ use serde_json::Value;
 
 pub use args::{ClientCommand, GlobalOpts};
 use args::{
-    DlqCommand, DlqLsArgs, DlqPayloadArgs, DlqPurgeArgs, DlqRedriveArgs, EnqueueArgs, JobsCommand,
-    PurgeBody, RedriveBody, Selection, TokensCommand,
+    DlqArchiveArgs, DlqCommand, DlqLsArgs, DlqPayloadArgs, DlqPurgeArgs, DlqRedriveArgs,
+    EnqueueArgs, JobsCommand, PurgeBody, RedriveBody, Selection, TokensCommand,
 };
 use errors::{Cli, ExitCode, Refused, Reply, ServerError};
 
@@ -163,6 +163,28 @@ async fn execute(
             }
             DlqCommand::Redrive(a) => dlq_redrive(cli, &a, json, out).await,
             DlqCommand::Purge(a) => dlq_purge(cli, &a, json, out, width).await,
+            DlqCommand::Groups(a) => {
+                let limit = a.limit.map(|l| l.to_string());
+                let mut query: Vec<(&str, &str)> = [
+                    ("type", &a.job_type),
+                    ("reason", &a.reason),
+                    ("source", &a.source),
+                    ("tenant", &a.tenant),
+                    ("since", &a.since),
+                    ("limit", &limit),
+                    ("cursor", &a.cursor),
+                ]
+                .into_iter()
+                .filter_map(|(k, v)| v.as_deref().map(|v| (k, v)))
+                .collect();
+                if a.archived {
+                    query.push(("archived", "true"));
+                }
+                let reply = cli.get(&["v1", "dead-letters", "groups"], &query).await?;
+                emit(out, json, &reply, |o, v| render::groups(o, v, width))
+            }
+            DlqCommand::Archive(a) => dlq_archive(cli, &a, "archive", json, out).await,
+            DlqCommand::Restore(a) => dlq_archive(cli, &a, "restore", json, out).await,
             DlqCommand::Correct(a) => {
                 let payload = read_payload(a.payload.as_deref(), a.payload_file.as_deref())?;
                 let body = args::CorrectBody {
@@ -373,6 +395,43 @@ async fn dlq_redrive(
         return Err(anyhow!(
             "{failed} dead letter(s) were not redriven and stay in the dead letters; \
              the reason is given for each (--json: `error`); run the redrive again once it is fixed"
+        ));
+    }
+    Ok(())
+}
+
+/// `dlq archive` / `dlq restore`: the same body as a redrive.
+async fn dlq_archive(
+    client: &Cli,
+    a: &DlqArchiveArgs,
+    verb: &str,
+    json: bool,
+    out: Out<'_>,
+) -> anyhow::Result<()> {
+    let selection = a
+        .select
+        .selection(verb)
+        .map_err(|e| Refused(e.to_string()))?;
+    let body = RedriveBody {
+        selection: &selection,
+        dry_run: a.dry_run,
+        rate_per_sec: a.rate,
+    };
+    let reply = client.post(&["v1", "dead-letters", verb], &body).await?;
+    let done = if verb == "archive" {
+        "archived"
+    } else {
+        "restored"
+    };
+    emit(out, json, &reply, |o, v| render::archived(o, v, done))?;
+    let v: Value = reply.json()?;
+    let missing = render::redrive_not_found(&v);
+    if !missing.is_empty() {
+        return Err(anyhow!(
+            "{} id(s) match no dead letter that could be {done}: {}; check them with \
+             `lazaret dlq show ID` (it may be {done} already, or gone)",
+            missing.len(),
+            table::clean_line(&missing.join(", ")),
         ));
     }
     Ok(())

@@ -1,4 +1,5 @@
-//! Dead letters: list, read, reasons, payload, redrive, purge.
+//! Dead letters: list, read, reasons, groups, payload, redrive, purge,
+//! archive and restore.
 
 use std::time::Duration;
 
@@ -34,6 +35,8 @@ pub(super) struct DlQuery {
     source: Option<String>,
     stage: Option<String>,
     job_id: Option<String>,
+    group: Option<String>,
+    archived: Option<bool>,
     limit: Option<u32>,
     cursor: Option<String>,
 }
@@ -70,7 +73,7 @@ pub(super) async fn dead_letters<S: Store>(
     // (or, copied into a redrive, move) every dead letter.
     let Query(q) = query.map_err(|e| {
         ApiError::bad_request(format!(
-            "{}; the parameters are type, tenant, lane, reason, source, stage, job_id, limit and cursor",
+            "{}; the parameters are type, tenant, lane, reason, source, stage, job_id, group, archived, limit and cursor",
             e.body_text()
         ))
     })?;
@@ -85,6 +88,8 @@ pub(super) async fn dead_letters<S: Store>(
             Some(j) => Some(parse_id(&j, "job")?),
             None => None,
         },
+        group: empty_none(q.group),
+        archived: q.archived.unwrap_or(false),
     };
     check_reason(&filter.reason)?;
     let limit = page_limit(q.limit, 50, 1000)?;
@@ -153,6 +158,113 @@ pub(super) async fn reasons<S: Store>(State(app): Shared<S>) -> ApiResult {
     ok(json!({ "reasons": r.iter().map(views::reason).collect::<Vec<_>>() }))
 }
 
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct GroupsQuery {
+    #[serde(rename = "type")]
+    job_type: Option<String>,
+    reason: Option<String>,
+    source: Option<String>,
+    tenant: Option<String>,
+    /// RFC 3339: only dead letters dead-lettered at or after it.
+    since: Option<String>,
+    archived: Option<bool>,
+    limit: Option<u32>,
+    cursor: Option<String>,
+}
+
+/// `GET /v1/dead-letters/groups`: failure groups, the newest `last_at`
+/// first (ties by id); `next_cursor` continues after the page's last group.
+pub(super) async fn groups<S: Store>(
+    State(app): Shared<S>,
+    query: Result<Query<GroupsQuery>, QueryRejection>,
+) -> ApiResult {
+    let Query(q) = query.map_err(|e| {
+        ApiError::bad_request(format!(
+            "{}; the parameters are type, reason, source, tenant, since, archived, limit and cursor",
+            e.body_text()
+        ))
+    })?;
+    let reason = empty_none(q.reason);
+    check_reason(&reason)?;
+    let since = match empty_none(q.since) {
+        Some(t) => Some(
+            humantime::parse_rfc3339_weak(&t)
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map(|d| lazaret_core::Timestamp::from_millis(d.as_millis() as i64))
+                .ok_or_else(|| {
+                    ApiError::bad_request(format!(
+                        "since {t:?} is not an RFC 3339 time (e.g. 2026-01-02T10:00:00Z)"
+                    ))
+                })?,
+        ),
+        None => None,
+    };
+    let cursor = match empty_none(q.cursor) {
+        Some(c) => Some(lazaret_store::GroupCursor::parse(&c).ok_or_else(|| {
+            ApiError::bad_request(format!("cursor {c:?} is not one this server gave"))
+        })?),
+        None => None,
+    };
+    let (items, next) = app
+        .store
+        .groups(lazaret_store::GroupQuery {
+            job_type: empty_none(q.job_type),
+            reason,
+            source: empty_none(q.source),
+            tenant: empty_none(q.tenant),
+            since,
+            archived: q.archived.unwrap_or(false),
+            limit: page_limit(q.limit, 50, 1000)?,
+            cursor,
+            now: now(),
+        })
+        .await?;
+    // The alerts' verdict: a group is `systemic` when it is the failure
+    // surging in its type now (the `reason_surge` rule, with the server's
+    // `surge_min` and `surge_share`), else `scattered`.
+    if let Err(e) = crate::alerts::catch_up(&app).await {
+        tracing::warn!(error = %e, "groups: cannot read the newest dead letters; the verdicts are as last read");
+    }
+    let surging: Vec<lazaret_core::FailureKey> = {
+        let (failures, recent) = app.alerts.cluster_view();
+        lazaret_core::type_surges(
+            &failures,
+            &recent,
+            now(),
+            app.config.surge_min,
+            app.config.surge_share,
+        )
+        .into_iter()
+        .map(|t| t.surge.key)
+        .collect()
+    };
+    let items: Vec<Value> = items
+        .iter()
+        .map(|g| {
+            let kind = g.kind.as_deref().map(lazaret_core::ErrorKind::new);
+            let key = lazaret_core::FailureKey::new(
+                &lazaret_core::JobType::new(g.job_type.as_deref().unwrap_or("")),
+                g.reason,
+                kind.as_ref(),
+                g.sample_error.as_deref().unwrap_or(""),
+            );
+            let mut v = views::group(g);
+            v["verdict"] = json!(if surging.contains(&key) {
+                "systemic"
+            } else {
+                "scattered"
+            });
+            v
+        })
+        .collect();
+    ok(json!({
+        "items": items,
+        "next_cursor": next.map(|c| c.to_text()),
+    }))
+}
+
 /// The body of a redrive or purge. Unknown keys are refused: a misspelt
 /// `dry_run` must not turn a rehearsal into the real thing.
 #[derive(Debug, Deserialize)]
@@ -180,9 +292,17 @@ struct SelectFilter {
     reason: Option<String>,
     source: Option<String>,
     stage: Option<String>,
+    group: Option<String>,
 }
 
+/// The dead letters a body selects: its ids, or its filter over the
+/// active dead letters (`archived: true`: the archived ones, as a restore
+/// reads them).
 fn selector(b: &SelectBody) -> Result<Selector, ApiError> {
+    selector_in(b, false)
+}
+
+fn selector_in(b: &SelectBody, archived: bool) -> Result<Selector, ApiError> {
     match (&b.ids, &b.filter) {
         (Some(ids), None) if !b.all => {
             let ids = ids
@@ -209,13 +329,16 @@ fn selector(b: &SelectBody) -> Result<Selector, ApiError> {
                 source: empty_none(f.source.clone()),
                 stage: stage_word(f.stage.clone())?,
                 job_id: None,
+                group: empty_none(f.group.clone()),
+                archived: false,
             };
             check_reason(&f.reason)?;
             if f == DeadLetterFilter::default() && !b.all {
                 return Err(ApiError::bad_request(
-                    "an empty filter matches every dead letter: send \"all\": true to mean that, or name a type, tenant, lane, reason, source or stage",
+                    "an empty filter matches every dead letter: send \"all\": true to mean that, or name a type, tenant, lane, reason, source, stage or group",
                 ));
             }
+            let f = DeadLetterFilter { archived, ..f };
             Ok(Selector::Filter(f))
         }
         _ => Err(ApiError::bad_request(
@@ -310,10 +433,12 @@ pub(super) async fn redrive<S: Store>(
             count: 0,
         })
         .await?;
+    // Every broker message this request republishes carries this id, and
+    // its report (`GET /v1/redrives/{id}`) is found by it.
+    let redrive_id = lazaret_guard::redrive::new_redrive_id();
+    app.store.record_redrive(redrive_id.clone(), entry).await?;
     let matched = app.store.match_dead_letters(sel).await?;
     let sources = app.source_set();
-    // Every broker message this request republishes carries this id.
-    let redrive_id = lazaret_guard::redrive::new_redrive_id();
     let mut skipped = 0usize;
     let mut targets = Vec::new();
     for (id, stage) in matched {
@@ -413,6 +538,7 @@ pub(super) async fn redrive<S: Store>(
         app.alerts.touch();
     }
     ok(json!({
+        "redrive_id": redrive_id,
         "matched": targets.len(),
         "redriven": redriven,
         "job_ids": job_ids.iter().map(|j| j.to_string()).collect::<Vec<_>>(),
@@ -569,6 +695,162 @@ pub(super) async fn purge<S: Store>(
     ok(json!({ "purged": purged, "not_found": not_found }))
 }
 
+/// `GET /v1/redrives/{id}`: what a redrive did so far. `sent` is what it
+/// moved or republished (its audit entry's count); its lazaret jobs are
+/// counted by where they stand now: `succeeded`, `running` (queued,
+/// scheduled or leased), `failed_again` (with the groups they fell into),
+/// `cancelled`, and `gone` (removed by retention or purged since).
+pub(super) async fn redrive_report<S: Store>(
+    State(app): Shared<S>,
+    Path(id): Path<String>,
+) -> ApiResult {
+    let Some(r) = app.store.redrive_report(id.clone()).await? else {
+        return Err(ApiError::not_found(format!(
+            "no redrive with id {:?}; a redrive's answer gives its redrive_id",
+            cut(&id, 128)
+        )));
+    };
+    let groups = |g: &[(String, u64)]| {
+        g.iter()
+            .map(|(group, count)| json!({"group": group, "count": count}))
+            .collect::<Vec<_>>()
+    };
+    ok(json!({
+        "id": r.id,
+        "at": views::time(r.audit.at),
+        "actor": r.audit.actor,
+        "request": r.audit.request,
+        "sent": r.audit.count,
+        "jobs": r.jobs,
+        "succeeded": r.succeeded,
+        "running": r.running,
+        "failed_again": r.failed_again,
+        "cancelled": r.cancelled,
+        "gone": r.gone,
+        "from_groups": groups(&r.from_groups),
+        "failed_again_groups": groups(&r.failed_again_groups),
+    }))
+}
+
+/// `POST /v1/dead-letters/archive`.
+pub(super) async fn archive<S: Store>(
+    State(app): Shared<S>,
+    caller: Caller,
+    body: Bytes,
+) -> ApiResult {
+    set_archived(&app, caller, &body, true).await
+}
+
+/// `POST /v1/dead-letters/restore`.
+pub(super) async fn restore<S: Store>(
+    State(app): Shared<S>,
+    caller: Caller,
+    body: Bytes,
+) -> ApiResult {
+    set_archived(&app, caller, &body, false).await
+}
+
+/// Archives (or restores) the dead letters a body selects, as a purge
+/// selects them (ids, or a filter: over the active dead letters for an
+/// archive, the archived ones for a restore), with `dry_run` and
+/// `rate_per_sec` as a redrive has them. The audit entry (`archive`,
+/// `restore`) is written first and counts what each batch changed.
+async fn set_archived<S: Store>(
+    app: &App<S>,
+    caller: Caller,
+    body: &Bytes,
+    archived: bool,
+) -> ApiResult {
+    let b: SelectBody = parse_json(body)?;
+    let sel = selector_in(&b, !archived)?;
+    if b.rate_per_sec == Some(0) {
+        return Err(ApiError::bad_request(
+            "rate_per_sec must be at least 1 (leave it out for no limit)",
+        ));
+    }
+    let (action, done_word) = if archived {
+        ("archive", "archived")
+    } else {
+        ("restore", "restored")
+    };
+    let requested = match &sel {
+        Selector::Ids(ids) => ids.clone(),
+        Selector::Filter(_) => Vec::new(),
+    };
+    let mut ids: Vec<DeadLetterId> = Vec::new();
+    if !requested.is_empty() {
+        // By id: only those in the other state are changed.
+        for id in &requested {
+            if let Some(d) = app.store.dead_letter(*id).await?
+                && d.archived_at.is_some() != archived
+                && !ids.contains(id)
+            {
+                ids.push(*id);
+            }
+        }
+    } else {
+        ids = app
+            .store
+            .match_dead_letters(sel)
+            .await?
+            .into_iter()
+            .map(|(i, _)| i)
+            .collect();
+    }
+    let mut not_found: Vec<String> = Vec::new();
+    for id in &requested {
+        let text = id.0.to_string();
+        if !ids.contains(id) && !not_found.contains(&text) {
+            not_found.push(text);
+        }
+    }
+    let reply = |changed: u64, interrupted: bool| {
+        let mut r = json!({
+            "matched": ids.len(),
+            "ids": ids.iter().map(|i| i.to_string()).collect::<Vec<_>>(),
+            "not_found": not_found,
+            "dry_run": b.dry_run,
+            "interrupted": interrupted,
+        });
+        r[done_word] = json!(changed);
+        r
+    };
+    if b.dry_run {
+        return ok(reply(0, false));
+    }
+    let entry = app
+        .store
+        .audit(AuditEntry {
+            at: now(),
+            actor: caller.name,
+            action: action.into(),
+            request: audit_request(body),
+            count: 0,
+        })
+        .await?;
+    let chunk = b.rate_per_sec.map_or(ids.len().max(1), |r| r as usize);
+    let mut changed = 0u64;
+    let mut interrupted = false;
+    for (n, part) in ids.chunks(chunk).enumerate() {
+        if n > 0 {
+            let stopped = tokio::select! {
+                () = tokio::time::sleep(Duration::from_secs(1)) => false,
+                () = app.stopping() => true,
+            };
+            if stopped || app.is_stopping() {
+                interrupted = true;
+                break;
+            }
+        }
+        changed += app
+            .store
+            .archive(part.to_vec(), archived, now(), Some(entry))
+            .await?;
+    }
+    app.alerts.touch();
+    ok(reply(changed, interrupted))
+}
+
 /// Longest `reason` of a corrected redrive, in bytes.
 pub const EDIT_REASON_BYTES_MAX: usize = 1024;
 
@@ -682,8 +964,11 @@ pub(super) async fn redrive_corrected<S: Store>(
             count: 0,
         })
         .await?;
+    let redrive_id = lazaret_guard::redrive::new_redrive_id();
+    app.store.record_redrive(redrive_id.clone(), entry).await?;
     let reply = |job_id: Option<String>| {
         json!({
+            "redrive_id": redrive_id,
             "redriven": true,
             "dead_letter_id": dl.to_string(),
             "job_id": job_id,
@@ -716,7 +1001,6 @@ pub(super) async fn redrive_corrected<S: Store>(
             ))),
         };
     }
-    let redrive_id = lazaret_guard::redrive::new_redrive_id();
     let done = redrive_message_with(
         &app,
         &app.source_set(),

@@ -103,9 +103,11 @@ pub(super) struct AuditParams {
 }
 
 /// The actions the audit log records.
-const AUDIT_ACTIONS: [&str; 8] = [
+const AUDIT_ACTIONS: [&str; 10] = [
     "redrive",
     "purge",
+    "archive",
+    "restore",
     "pause",
     "resume",
     "token_create",

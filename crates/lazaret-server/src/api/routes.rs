@@ -157,11 +157,15 @@ pub fn table<S: Store>(config: &ServerConfig) -> Vec<Route<S>> {
         // Dead letters.
         get("/v1/dead-letters", May(ReadDeadLetters), dead_letters::dead_letters::<S>),
         get("/v1/dead-letters/reasons", May(ReadDeadLetters), dead_letters::reasons::<S>),
+        get("/v1/dead-letters/groups", May(ReadDeadLetters), dead_letters::groups::<S>),
         post("/v1/dead-letters/redrive", May(Operate), Buffered(OPERATE), dead_letters::redrive::<S>),
         post("/v1/dead-letters/purge", May(Administer), Buffered(OPERATE), dead_letters::purge::<S>),
+        post("/v1/dead-letters/archive", May(Operate), Buffered(OPERATE), dead_letters::archive::<S>),
+        post("/v1/dead-letters/restore", May(Operate), Buffered(OPERATE), dead_letters::restore::<S>),
         get("/v1/dead-letters/{id}", May(ReadDeadLetters), dead_letters::dead_letter::<S>),
         post("/v1/dead-letters/{id}/redrive", May(Operate), Buffered(corrected), dead_letters::redrive_corrected::<S>),
         get("/v1/dead-letters/{id}/payload", May(ReadDeadLetters), dead_letters::dead_letter_payload::<S>),
+        get("/v1/redrives/{id}", May(ReadDeadLetters), dead_letters::redrive_report::<S>),
         // Operators.
         get("/v1/stats", May(Observe), operations::stats::<S>),
         get("/v1/breakers", May(Observe), operations::breakers::<S>),

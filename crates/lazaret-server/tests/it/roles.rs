@@ -230,11 +230,15 @@ POST   /v1/fails                      worker admin
 POST   /v1/outcomes                   worker admin
 GET    /v1/dead-letters               operator admin
 GET    /v1/dead-letters/reasons       operator admin
+GET    /v1/dead-letters/groups        operator admin
 POST   /v1/dead-letters/redrive       operator admin
 POST   /v1/dead-letters/purge         admin
+POST   /v1/dead-letters/archive       operator admin
+POST   /v1/dead-letters/restore       operator admin
 GET    /v1/dead-letters/{id}          operator admin
 POST   /v1/dead-letters/{id}/redrive  operator admin
 GET    /v1/dead-letters/{id}/payload  operator admin
+GET    /v1/redrives/{id}              operator admin
 GET    /v1/stats                      producer worker operator admin
 GET    /v1/breakers                   producer worker operator admin
 POST   /v1/pause                      operator admin

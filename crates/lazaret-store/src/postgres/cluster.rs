@@ -126,7 +126,7 @@ pub(super) async fn dead_letters_after(
     let rows = pg(c
         .query(
             "SELECT id, dead_lettered_at, type, reason, error FROM dead_letters
-             WHERE id > $1 ORDER BY id LIMIT $2",
+             WHERE id > $1 AND archived_at IS NULL ORDER BY id LIMIT $2",
             &[&(after.0 as i64), &i64::from(limit)],
         )
         .await)?;

@@ -668,6 +668,17 @@ impl Backend for Postgres {
         reader::reasons(&*self.reader().await?).await
     }
 
+    async fn redrive_report(&self, id: String) -> Result<Option<crate::RedriveReport>, StoreError> {
+        reader::redrive_report(&*self.reader().await?, &id).await
+    }
+
+    async fn groups(
+        &self,
+        query: crate::GroupQuery,
+    ) -> Result<(Vec<crate::FailureGroup>, Option<crate::GroupCursor>), StoreError> {
+        reader::groups(&*self.reader().await?, &query).await
+    }
+
     async fn dead_letters_after(
         &self,
         after: DeadLetterId,

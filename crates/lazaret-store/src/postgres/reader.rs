@@ -7,8 +7,8 @@ use super::pg;
 use super::writer::{JOB_COLUMNS, stored_job};
 use crate::{
     ApiToken, AuditEntry, AuditId, AuditPage, AuditQuery, DeadLetter, DeadLetterFilter,
-    DeadLetterId, Held, HeldRetry, JobView, ReasonCount, Selector, SourceRef, Stage, StoreError,
-    Switch,
+    DeadLetterId, FailureGroup, GROUP_NAMES_MAX, GroupCursor, GroupQuery, Held, HeldRetry,
+    JobView, ReasonCount, Selector, SourceRef, Stage, StoreError, Switch,
 };
 
 fn corrupt(e: impl std::fmt::Display) -> StoreError {
@@ -109,7 +109,7 @@ pub(super) async fn pauses(c: &Client) -> Result<Vec<crate::Pause>, StoreError> 
 
 const DL_COLUMNS: &str = "d.id, d.job_id, d.type, d.tenant, d.lane, d.reason, d.stage, d.attempts, d.error,
     d.idempotency_key, d.created_at, d.dead_lettered_at, d.payload_size, d.payload_sha256, d.payload_preview,
-    COALESCE(j.envelope, d.envelope), d.source";
+    COALESCE(j.envelope, d.envelope), d.source, d.group_id, d.fingerprint, d.archived_at";
 
 fn dead_letter_row(r: &Row) -> Result<DeadLetter, StoreError> {
     let envelope: Option<String> = r.get(15);
@@ -148,13 +148,17 @@ fn dead_letter_row(r: &Row) -> Result<DeadLetter, StoreError> {
             .map(|s| serde_json::from_str(&s))
             .transpose()
             .map_err(corrupt)?,
+        group_id: r.get(17),
+        fingerprint: r.get(18),
+        archived_at: r.get::<_, Option<i64>>(19).map(Timestamp::from_millis),
     })
 }
 
 const FILTER: &str = "($1::text IS NULL OR d.type = $1) AND ($2::text IS NULL OR d.tenant = $2)
     AND ($3::text IS NULL OR d.lane = $3) AND ($4::text IS NULL OR d.reason = $4)
     AND ($5::text IS NULL OR d.source_name = $5) AND ($6::text IS NULL OR d.stage = $6)
-    AND ($7::int8 IS NULL OR d.job_id = $7)";
+    AND ($7::int8 IS NULL OR d.job_id = $7) AND ($8::text IS NULL OR d.group_id = $8)
+    AND (d.archived_at IS NOT NULL) = $9";
 
 pub(super) async fn dead_letters(
     c: &Client,
@@ -164,7 +168,7 @@ pub(super) async fn dead_letters(
 ) -> Result<(Vec<DeadLetter>, Option<DeadLetterId>), StoreError> {
     let sql = format!(
         "SELECT {DL_COLUMNS} FROM dead_letters d LEFT JOIN jobs j ON j.id = d.job_id
-         WHERE {FILTER} AND ($8::int8 IS NULL OR d.id < $8) ORDER BY d.id DESC LIMIT $9"
+         WHERE {FILTER} AND ($10::int8 IS NULL OR d.id < $10) ORDER BY d.id DESC LIMIT $11"
     );
     let rows = pg(c
         .query(
@@ -177,6 +181,8 @@ pub(super) async fn dead_letters(
                 &f.source,
                 &f.stage,
                 &f.job_id.map(|j| j as i64),
+                &f.group,
+                &f.archived,
                 &cursor.map(|c| c.0 as i64),
                 &(i64::from(limit) + 1),
             ],
@@ -225,7 +231,8 @@ pub(super) async fn reasons(c: &Client) -> Result<Vec<ReasonCount>, StoreError> 
     let rows = pg(c
         .query(
             "SELECT reason, type, count(*), min(dead_lettered_at), max(dead_lettered_at)
-             FROM dead_letters GROUP BY reason, type ORDER BY count(*) DESC, reason, type",
+             FROM dead_letters WHERE archived_at IS NULL
+             GROUP BY reason, type ORDER BY count(*) DESC, reason, type",
             &[],
         )
         .await)?;
@@ -241,6 +248,145 @@ pub(super) async fn reasons(c: &Client) -> Result<Vec<ReasonCount>, StoreError> 
             })
         })
         .collect()
+}
+
+/// A page of failure groups (as SQLite's `reader::groups`): counted,
+/// ordered and cut on `dead_letters_group`, then each group of the page
+/// described from its newest dead letter, its tenants and its sources.
+pub(super) async fn groups(
+    c: &Client,
+    q: &GroupQuery,
+) -> Result<(Vec<FailureGroup>, Option<GroupCursor>), StoreError> {
+    let hour_ago = q.now.as_millis().saturating_sub(3_600_000);
+    let rows = pg(c
+        .query(
+            "SELECT d.group_id, count(*), min(d.dead_lettered_at), max(d.dead_lettered_at),
+                    count(*) FILTER (WHERE d.dead_lettered_at >= $6)
+             FROM dead_letters d
+             WHERE (d.archived_at IS NOT NULL) = $7
+               AND ($1::text IS NULL OR d.type = $1) AND ($2::text IS NULL OR d.reason = $2)
+               AND ($3::text IS NULL OR d.source_name = $3) AND ($4::text IS NULL OR d.tenant = $4)
+               AND ($5::int8 IS NULL OR d.dead_lettered_at >= $5)
+             GROUP BY d.group_id
+             HAVING $8::int8 IS NULL OR max(d.dead_lettered_at) < $8
+                 OR (max(d.dead_lettered_at) = $8 AND d.group_id > $9::text)
+             ORDER BY max(d.dead_lettered_at) DESC, d.group_id LIMIT $10",
+            &[
+                &q.job_type,
+                &q.reason,
+                &q.source,
+                &q.tenant,
+                &q.since.map(|t| t.as_millis()),
+                &hour_ago,
+                &q.archived,
+                &q.cursor.as_ref().map(|c| c.last_at.as_millis()),
+                &q.cursor.as_ref().map(|c| c.id.clone()),
+                &(i64::from(q.limit) + 1),
+            ],
+        )
+        .await)?;
+    let more = rows.len() > q.limit as usize;
+    let mut out = Vec::new();
+    for r in rows.iter().take(q.limit as usize) {
+        let id: String = r.get(0);
+        let sample = pg(c
+            .query_one(
+                "SELECT id, type, reason, error, fingerprint FROM dead_letters
+                 WHERE group_id = $1 AND (archived_at IS NOT NULL) = $2
+                 ORDER BY dead_lettered_at DESC, id DESC LIMIT 1",
+                &[&id, &q.archived],
+            )
+            .await)?;
+        let error: Option<Failure> = sample
+            .get::<_, Option<String>>(3)
+            .map(|e| serde_json::from_str(&e))
+            .transpose()
+            .map_err(corrupt)?;
+        let mut names = Vec::new();
+        for column in ["tenant", "source_name"] {
+            let sql = format!(
+                "SELECT DISTINCT {column} FROM dead_letters
+                 WHERE group_id = $1 AND (archived_at IS NOT NULL) = $2 AND {column} IS NOT NULL
+                 ORDER BY {column} LIMIT $3"
+            );
+            let rows = pg(c
+                .query(&sql, &[&id, &q.archived, &(GROUP_NAMES_MAX as i64)])
+                .await)?;
+            names.push(
+                rows.iter()
+                    .map(|r| r.get::<_, String>(0))
+                    .collect::<Vec<_>>(),
+            );
+        }
+        let sources = names.pop().unwrap_or_default();
+        let tenants = names.pop().unwrap_or_default();
+        let reason: String = sample.get(2);
+        out.push(FailureGroup {
+            count: r.get::<_, i64>(1) as u64,
+            job_type: sample.get(1),
+            reason: reason.parse().map_err(corrupt)?,
+            kind: error.as_ref().map(|e| e.kind.as_str().to_owned()),
+            fingerprint: sample.get(4),
+            sample_error: error.map(|e| e.message),
+            sample_id: DeadLetterId(sample.get::<_, i64>(0) as u64),
+            first_at: Timestamp::from_millis(r.get(2)),
+            last_at: Timestamp::from_millis(r.get(3)),
+            rate_1h: r.get::<_, i64>(4) as u64,
+            tenants,
+            sources,
+            id,
+        });
+    }
+    let next = if more {
+        out.last().map(|g| GroupCursor {
+            last_at: g.last_at,
+            id: g.id.clone(),
+        })
+    } else {
+        None
+    };
+    Ok((out, next))
+}
+
+/// A redrive's report (as SQLite's `reader::redrive_report`).
+pub(super) async fn redrive_report(
+    c: &Client,
+    id: &str,
+) -> Result<Option<crate::RedriveReport>, StoreError> {
+    let Some(a) = pg(c
+        .query_opt(
+            "SELECT a.id, a.at, a.actor, a.action, a.request, a.count
+             FROM redrives r JOIN audit a ON a.id = r.audit_id WHERE r.id = $1",
+            &[&id],
+        )
+        .await)?
+    else {
+        return Ok(None);
+    };
+    let rows = pg(c
+        .query(
+            "SELECT rj.from_group, j.state, d.group_id
+             FROM redrive_jobs rj
+             LEFT JOIN jobs j ON j.id = rj.job_id
+             LEFT JOIN dead_letters d ON d.job_id = rj.job_id
+             WHERE rj.audit_id = $1",
+            &[&a.get::<_, i64>(0)],
+        )
+        .await)?;
+    let request: String = a.get(4);
+    Ok(Some(crate::RedriveReport::tally(
+        id,
+        AuditEntry {
+            at: Timestamp::from_millis(a.get(1)),
+            actor: a.get(2),
+            action: a.get(3),
+            request: serde_json::from_str(&request).map_err(corrupt)?,
+            count: a.get::<_, i64>(5) as u64,
+        },
+        rows.iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect(),
+    )))
 }
 
 pub(super) async fn match_dead_letters(
@@ -269,6 +415,8 @@ pub(super) async fn match_dead_letters(
                     &f.source,
                     &f.stage,
                     &f.job_id.map(|j| j as i64),
+                    &f.group,
+                    &f.archived,
                 ],
             )
             .await)?

@@ -17,7 +17,7 @@ use super::pg;
 use crate::StoreError;
 
 /// The version this build writes; older schemas are migrated at open.
-pub const SCHEMA_VERSION: i64 = 5;
+pub const SCHEMA_VERSION: i64 = 6;
 
 /// The advisory lock key migrations hold (`pg_advisory_xact_lock`).
 const MIGRATION_LOCK: i64 = 0x6c61_7a61_7265_7401;
@@ -213,6 +213,63 @@ ALTER INDEX source_parked_due RENAME TO source_held_retries_due;
 ALTER TABLE source_held_retries RENAME CONSTRAINT source_parked_pkey TO source_held_retries_pkey;
 "#;
 
+/// v5 → v6: failure groups and archiving (issue 30). Self-contained: the
+/// columns and the groups' index here, then [`groups_v6`] computes the
+/// group of every dead letter held (the fingerprint is Rust code). Every
+/// node must run this build: an older one would write dead letters without
+/// a group.
+const V6: &str = r#"
+ALTER TABLE dead_letters ADD COLUMN IF NOT EXISTS group_id text NOT NULL DEFAULT '';
+ALTER TABLE dead_letters ADD COLUMN IF NOT EXISTS fingerprint text NOT NULL DEFAULT '';
+ALTER TABLE dead_letters ADD COLUMN IF NOT EXISTS archived_at int8;
+CREATE INDEX IF NOT EXISTS dead_letters_group
+    ON dead_letters (group_id, dead_lettered_at, archived_at);
+CREATE TABLE IF NOT EXISTS redrives (
+    id       text PRIMARY KEY,   -- the redrive id (x-lazaret-redrive-id of its broker messages)
+    audit_id int8 NOT NULL
+);
+CREATE TABLE IF NOT EXISTS redrive_jobs (
+    audit_id   int8 NOT NULL,    -- the redrive's audit entry
+    job_id     int8 NOT NULL,
+    from_group text NOT NULL,    -- the group of the dead letter it was redriven from
+    PRIMARY KEY (audit_id, job_id)
+);
+"#;
+
+/// Computes the group of every dead letter held, in batches by id.
+async fn groups_v6(c: &Client) -> Result<(), StoreError> {
+    let mut after = 0i64;
+    loop {
+        let rows = pg(c
+            .query(
+                "SELECT id, type, reason, error FROM dead_letters WHERE id > $1 ORDER BY id LIMIT 1000",
+                &[&after],
+            )
+            .await)?;
+        let Some(last) = rows.last() else {
+            return Ok(());
+        };
+        after = last.get(0);
+        let update = pg(c
+            .prepare("UPDATE dead_letters SET group_id = $2, fingerprint = $3 WHERE id = $1")
+            .await)?;
+        for r in &rows {
+            let error: Option<lazaret_core::Failure> = r
+                .get::<_, Option<String>>(3)
+                .and_then(|e| serde_json::from_str(&e).ok());
+            let g = lazaret_core::group_of(
+                r.get::<_, Option<String>>(1).as_deref(),
+                &r.get::<_, String>(2),
+                error.as_ref(),
+            );
+            pg(
+                c.execute(&update, &[&r.get::<_, i64>(0), &g.id, &g.fingerprint])
+                    .await,
+            )?;
+        }
+    }
+}
+
 /// Brings the schema the client's `search_path` names up to
 /// [`SCHEMA_VERSION`], in one transaction under an advisory lock; refuses a
 /// schema newer than this build. Returns the version found before.
@@ -267,6 +324,10 @@ async fn migrate_locked(c: &Client, schema: &str) -> Result<i64, StoreError> {
     }
     if found < 5 {
         pg(c.batch_execute(V5).await)?;
+    }
+    if found < 6 {
+        pg(c.batch_execute(V6).await)?;
+        groups_v6(c).await?;
     }
     pg(c.execute(
         "INSERT INTO lazaret_meta (key, value) VALUES ('schema_version', $1)

@@ -526,6 +526,17 @@ impl Backend for Sqlite {
         self.read(reader::reasons).await
     }
 
+    async fn redrive_report(&self, id: String) -> Result<Option<crate::RedriveReport>, StoreError> {
+        self.read(move |c| reader::redrive_report(c, &id)).await
+    }
+
+    async fn groups(
+        &self,
+        query: crate::GroupQuery,
+    ) -> Result<(Vec<crate::FailureGroup>, Option<crate::GroupCursor>), StoreError> {
+        self.read(move |c| reader::groups(c, &query)).await
+    }
+
     async fn dead_letters_after(
         &self,
         after: DeadLetterId,

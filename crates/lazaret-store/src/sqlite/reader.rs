@@ -5,8 +5,9 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use super::stored::{COLUMN_COUNT, COLUMNS, StoredJob};
 use crate::{
-    AuditEntry, DeadLetter, DeadLetterFilter, DeadLetterId, JobPage, JobQuery, JobView, Pause,
-    PauseTarget, ReasonCount, RecentDeadLetter, Selector, Stage, StoreError,
+    AuditEntry, DeadLetter, DeadLetterFilter, DeadLetterId, FailureGroup, GROUP_NAMES_MAX,
+    GroupCursor, GroupQuery, JobPage, JobQuery, JobView, Pause, PauseTarget, ReasonCount,
+    RecentDeadLetter, Selector, Stage, StoreError,
 };
 
 fn db<T>(r: rusqlite::Result<T>) -> Result<T, StoreError> {
@@ -179,7 +180,8 @@ pub(super) fn pauses(c: &Connection) -> Result<Vec<Pause>, StoreError> {
 }
 
 const DL_COLUMNS: &str = "d.id, d.job_id, d.type, d.tenant, d.lane, d.reason, d.stage, d.attempts, d.error,
-    d.idempotency_key, d.created_at, d.dead_lettered_at, d.payload_size, d.payload_sha256, d.payload_preview, COALESCE(j.envelope, d.envelope), d.source";
+    d.idempotency_key, d.created_at, d.dead_lettered_at, d.payload_size, d.payload_sha256, d.payload_preview, COALESCE(j.envelope, d.envelope), d.source,
+    d.group_id, d.fingerprint, d.archived_at";
 
 fn dead_letter_row(r: &Row<'_>) -> rusqlite::Result<(DeadLetterRaw, Option<String>)> {
     Ok((
@@ -200,6 +202,9 @@ fn dead_letter_row(r: &Row<'_>) -> rusqlite::Result<(DeadLetterRaw, Option<Strin
             payload_sha256: r.get(13)?,
             payload_preview: r.get(14)?,
             source: r.get(16)?,
+            group_id: r.get(17)?,
+            fingerprint: r.get(18)?,
+            archived_at: r.get(19)?,
         },
         r.get(15)?,
     ))
@@ -222,6 +227,9 @@ struct DeadLetterRaw {
     payload_sha256: Option<String>,
     payload_preview: String,
     source: Option<String>,
+    group_id: String,
+    fingerprint: String,
+    archived_at: Option<i64>,
 }
 
 fn finish(raw: DeadLetterRaw, envelope: Option<String>) -> Result<DeadLetter, StoreError> {
@@ -258,6 +266,9 @@ fn finish(raw: DeadLetterRaw, envelope: Option<String>) -> Result<DeadLetter, St
             .map(|s| serde_json::from_str(&s))
             .transpose()
             .map_err(corrupt)?,
+        group_id: raw.group_id,
+        fingerprint: raw.fingerprint,
+        archived_at: raw.archived_at.map(Timestamp::from_millis),
     })
 }
 
@@ -268,7 +279,8 @@ fn stage(word: &str) -> Stage {
 const FILTER: &str = "(?1 IS NULL OR d.type = ?1) AND (?2 IS NULL OR d.tenant = ?2)
     AND (?3 IS NULL OR d.lane = ?3) AND (?4 IS NULL OR d.reason = ?4)
     AND (?5 IS NULL OR d.source_name = ?5) AND (?6 IS NULL OR d.stage = ?6)
-    AND (?7 IS NULL OR d.job_id = ?7)";
+    AND (?7 IS NULL OR d.job_id = ?7) AND (?8 IS NULL OR d.group_id = ?8)
+    AND (d.archived_at IS NOT NULL) = ?9";
 
 pub(super) fn dead_letters(
     c: &Connection,
@@ -278,7 +290,7 @@ pub(super) fn dead_letters(
 ) -> Result<(Vec<DeadLetter>, Option<DeadLetterId>), StoreError> {
     let sql = format!(
         "SELECT {DL_COLUMNS} FROM dead_letters d LEFT JOIN jobs j ON j.id = d.job_id
-         WHERE {FILTER} AND (?8 IS NULL OR d.id < ?8) ORDER BY d.id DESC LIMIT +?9"
+         WHERE {FILTER} AND (?10 IS NULL OR d.id < ?10) ORDER BY d.id DESC LIMIT +?11"
     );
     let mut stmt = db(c.prepare_cached(&sql))?;
     let rows = db(stmt.query_map(
@@ -290,6 +302,8 @@ pub(super) fn dead_letters(
             f.source,
             f.stage,
             f.job_id.map(|j| j as i64),
+            f.group,
+            f.archived,
             cursor.map(|c| c.0 as i64),
             i64::from(limit) + 1
         ],
@@ -340,7 +354,8 @@ pub(super) fn dead_letter_payload(
 pub(super) fn reasons(c: &Connection) -> Result<Vec<ReasonCount>, StoreError> {
     let mut stmt = db(c.prepare_cached(
         "SELECT reason, type, COUNT(*), MIN(dead_lettered_at), MAX(dead_lettered_at)
-         FROM dead_letters GROUP BY reason, type ORDER BY COUNT(*) DESC, reason, type",
+         FROM dead_letters WHERE archived_at IS NULL
+         GROUP BY reason, type ORDER BY COUNT(*) DESC, reason, type",
     ))?;
     let rows = db(stmt.query_map([], |r| {
         Ok((
@@ -365,6 +380,172 @@ pub(super) fn reasons(c: &Connection) -> Result<Vec<ReasonCount>, StoreError> {
     Ok(out)
 }
 
+/// A page of failure groups: counted, ordered and cut on the groups'
+/// index (`dead_letters_group`, which covers the query without a filter), then each group of the page
+/// described from its newest dead letter and its tenants and sources.
+pub(super) fn groups(
+    c: &Connection,
+    q: &GroupQuery,
+) -> Result<(Vec<FailureGroup>, Option<GroupCursor>), StoreError> {
+    let narrowed = q.job_type.is_some()
+        || q.reason.is_some()
+        || q.source.is_some()
+        || q.tenant.is_some()
+        || q.since.is_some();
+    // Without a filter the aggregate reads the covering index only.
+    let filter = if narrowed {
+        "AND (?1 IS NULL OR d.type = ?1) AND (?2 IS NULL OR d.reason = ?2)
+         AND (?3 IS NULL OR d.source_name = ?3) AND (?4 IS NULL OR d.tenant = ?4)
+         AND (?5 IS NULL OR d.dead_lettered_at >= ?5)"
+    } else {
+        "AND ?1 IS NULL AND ?2 IS NULL AND ?3 IS NULL AND ?4 IS NULL AND ?5 IS NULL"
+    };
+    let sql = format!(
+        "SELECT d.group_id, COUNT(*), MIN(d.dead_lettered_at), MAX(d.dead_lettered_at),
+                SUM(d.dead_lettered_at >= ?6)
+         FROM dead_letters d
+         WHERE (d.archived_at IS NOT NULL) = ?7 {filter}
+         GROUP BY d.group_id
+         HAVING ?8 IS NULL OR MAX(d.dead_lettered_at) < ?8
+             OR (MAX(d.dead_lettered_at) = ?8 AND d.group_id > ?9)
+         ORDER BY MAX(d.dead_lettered_at) DESC, d.group_id LIMIT ?10"
+    );
+    let hour_ago = q.now.as_millis().saturating_sub(3_600_000);
+    let mut stmt = db(c.prepare_cached(&sql))?;
+    let rows = db(stmt.query_map(
+        params![
+            q.job_type,
+            q.reason,
+            q.source,
+            q.tenant,
+            q.since.map(|t| t.as_millis()),
+            hour_ago,
+            q.archived,
+            q.cursor.as_ref().map(|c| c.last_at.as_millis()),
+            q.cursor.as_ref().map(|c| c.id.clone()),
+            i64::from(q.limit) + 1,
+        ],
+        |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, i64>(2)?,
+                r.get::<_, i64>(3)?,
+                r.get::<_, i64>(4)?,
+            ))
+        },
+    ))?;
+    let counted = rows.collect::<rusqlite::Result<Vec<_>>>();
+    let mut counted = db(counted)?;
+    let more = counted.len() > q.limit as usize;
+    counted.truncate(q.limit as usize);
+    let mut out = Vec::with_capacity(counted.len());
+    for (id, count, first, last, rate) in counted {
+        type Sample = (i64, Option<String>, String, Option<String>, String);
+        let (sample_id, job_type, reason, error, fingerprint): Sample = db(c
+            .prepare_cached(
+                "SELECT id, type, reason, error, fingerprint FROM dead_letters
+                 WHERE group_id = ?1 AND (archived_at IS NOT NULL) = ?2
+                 ORDER BY dead_lettered_at DESC, id DESC LIMIT 1",
+            )?
+            .query_row(params![id, q.archived], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+            }))?;
+        let error: Option<Failure> = error
+            .map(|e| serde_json::from_str(&e))
+            .transpose()
+            .map_err(corrupt)?;
+        let names = |column: &str| -> Result<Vec<String>, StoreError> {
+            let sql = format!(
+                "SELECT DISTINCT {column} FROM dead_letters
+                 WHERE group_id = ?1 AND (archived_at IS NOT NULL) = ?2 AND {column} IS NOT NULL
+                 ORDER BY {column} LIMIT ?3"
+            );
+            let mut stmt = db(c.prepare_cached(&sql))?;
+            let rows = db(
+                stmt.query_map(params![id, q.archived, GROUP_NAMES_MAX as i64], |r| {
+                    r.get::<_, String>(0)
+                }),
+            )?;
+            db(rows.collect())
+        };
+        out.push(FailureGroup {
+            tenants: names("tenant")?,
+            sources: names("source_name")?,
+            id,
+            count: count as u64,
+            job_type,
+            reason: reason.parse().map_err(corrupt)?,
+            kind: error.as_ref().map(|e| e.kind.as_str().to_owned()),
+            fingerprint,
+            sample_error: error.map(|e| e.message),
+            sample_id: DeadLetterId(sample_id as u64),
+            first_at: Timestamp::from_millis(first),
+            last_at: Timestamp::from_millis(last),
+            rate_1h: rate as u64,
+        });
+    }
+    let next = more.then(|| {
+        out.last().map(|g| GroupCursor {
+            last_at: g.last_at,
+            id: g.id.clone(),
+        })
+    });
+    Ok((out, next.flatten()))
+}
+
+/// A redrive's report: its audit entry, and its jobs by their state now.
+pub(super) fn redrive_report(
+    c: &Connection,
+    id: &str,
+) -> Result<Option<crate::RedriveReport>, StoreError> {
+    let entry = db(c
+        .prepare_cached(
+            "SELECT a.id, a.at, a.actor, a.action, a.request, a.count
+             FROM redrives r JOIN audit a ON a.id = r.audit_id WHERE r.id = ?1",
+        )?
+        .query_row(params![id], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, String>(3)?,
+                r.get::<_, String>(4)?,
+                r.get::<_, i64>(5)?,
+            ))
+        })
+        .optional())?;
+    let Some((audit_id, at, actor, action, request, count)) = entry else {
+        return Ok(None);
+    };
+    let mut stmt = db(c.prepare_cached(
+        "SELECT rj.from_group, j.state, d.group_id
+         FROM redrive_jobs rj
+         LEFT JOIN jobs j ON j.id = rj.job_id
+         LEFT JOIN dead_letters d ON d.job_id = rj.job_id
+         WHERE rj.audit_id = ?1",
+    ))?;
+    let rows = db(stmt.query_map(params![audit_id], |r| {
+        Ok((
+            r.get::<_, String>(0)?,
+            r.get::<_, Option<String>>(1)?,
+            r.get::<_, Option<String>>(2)?,
+        ))
+    }))?;
+    let rows: Vec<_> = db(rows.collect())?;
+    Ok(Some(crate::RedriveReport::tally(
+        id,
+        AuditEntry {
+            at: Timestamp::from_millis(at),
+            actor,
+            action,
+            request: serde_json::from_str(&request).map_err(corrupt)?,
+            count: count as u64,
+        },
+        rows,
+    )))
+}
+
 /// Dead letters above `after` by id (the primary key), lowest first.
 pub(super) fn dead_letters_after(
     c: &Connection,
@@ -373,7 +554,7 @@ pub(super) fn dead_letters_after(
 ) -> Result<Vec<RecentDeadLetter>, StoreError> {
     let mut stmt = db(c.prepare_cached(
         "SELECT id, dead_lettered_at, type, reason, error FROM dead_letters
-         WHERE id > ?1 ORDER BY id LIMIT +?2",
+         WHERE id > ?1 AND archived_at IS NULL ORDER BY id LIMIT +?2",
     ))?;
     let rows = db(
         stmt.query_map(params![after.0 as i64, i64::from(limit)], |r| {
@@ -427,7 +608,9 @@ pub(super) fn match_dead_letters(
                     f.reason,
                     f.source,
                     f.stage,
-                    f.job_id.map(|j| j as i64)
+                    f.job_id.map(|j| j as i64),
+                    f.group,
+                    f.archived
                 ],
                 map,
             ))?;

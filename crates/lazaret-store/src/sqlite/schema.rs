@@ -3,7 +3,7 @@
 use rusqlite::Connection;
 
 /// The schema version this build writes; `PRAGMA user_version` records it.
-pub const SCHEMA_VERSION: i64 = 8;
+pub const SCHEMA_VERSION: i64 = 9;
 
 /// The current schema, for a new database (and the tables a migration adds).
 const CURRENT: &str = r#"
@@ -58,7 +58,10 @@ CREATE TABLE IF NOT EXISTS dead_letters (
     source_name      TEXT,              -- broker messages: the source's name
     message_id       TEXT,              -- broker messages: the message id
     envelope         TEXT,              -- broker messages: counters and history (Envelope as JSON)
-    redrive_id       TEXT    NOT NULL DEFAULT ''  -- broker messages: the x-lazaret-redrive-id it carried
+    redrive_id       TEXT    NOT NULL DEFAULT '',  -- broker messages: the x-lazaret-redrive-id it carried
+    group_id         TEXT    NOT NULL DEFAULT '',  -- lazaret_core::group_id (version 9)
+    fingerprint      TEXT    NOT NULL DEFAULT '',  -- lazaret_core::group_fingerprint of the error message
+    archived_at      INTEGER                       -- ms since the epoch; NULL while active
 );
 CREATE INDEX IF NOT EXISTS dead_letters_reason ON dead_letters (reason, type);
 CREATE UNIQUE INDEX IF NOT EXISTS dead_letters_job ON dead_letters (job_id) WHERE job_id IS NOT NULL;
@@ -274,6 +277,62 @@ UPDATE sqlite_sequence SET name = 'jobs' WHERE name = 'jobs_v1';
 DROP TABLE jobs_v1;
 "#;
 
+/// Version 8 → 9: failure groups and archiving (issue 30). Self-contained:
+/// [`V8_TO_V9`] adds the columns to a `dead_letters` table of an older
+/// version (a new database has them from `CURRENT`), [`V9_OBJECTS`] the
+/// indexes, and [`groups_v9`] computes the group of every dead letter held.
+const V8_TO_V9: &str = r#"
+ALTER TABLE dead_letters ADD COLUMN group_id TEXT NOT NULL DEFAULT '';
+ALTER TABLE dead_letters ADD COLUMN fingerprint TEXT NOT NULL DEFAULT '';
+ALTER TABLE dead_letters ADD COLUMN archived_at INTEGER;
+"#;
+
+/// The groups' index: a page of groups reads it (and only it) to count and
+/// order the groups; active and archived dead letters apart.
+const V9_OBJECTS: &str = r#"
+CREATE INDEX IF NOT EXISTS dead_letters_group
+    ON dead_letters (group_id, dead_lettered_at, archived_at);
+-- Redrive reports: a redrive's id and its audit entry (which says who,
+-- when, what was asked and how many were sent), and the jobs it moved
+-- with the group each came from.
+CREATE TABLE IF NOT EXISTS redrives (
+    id       TEXT    PRIMARY KEY,       -- the redrive id (x-lazaret-redrive-id of its broker messages)
+    audit_id INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS redrive_jobs (
+    audit_id   INTEGER NOT NULL,        -- the redrive's audit entry
+    job_id     INTEGER NOT NULL,
+    from_group TEXT    NOT NULL,        -- the group of the dead letter it was redriven from
+    PRIMARY KEY (audit_id, job_id)
+);
+"#;
+
+/// Computes the group of every dead letter held (the fingerprint is Rust
+/// code, so the rows are read and written back here).
+fn groups_v9(conn: &Connection) -> rusqlite::Result<()> {
+    let rows = {
+        let mut stmt = conn.prepare("SELECT id, type, reason, error FROM dead_letters")?;
+        stmt.query_map([], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, Option<String>>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, Option<String>>(3)?,
+            ))
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?
+    };
+    let mut update =
+        conn.prepare("UPDATE dead_letters SET group_id = ?2, fingerprint = ?3 WHERE id = ?1")?;
+    for (id, job_type, reason, error) in rows {
+        let error: Option<lazaret_core::Failure> =
+            error.and_then(|e| serde_json::from_str(&e).ok());
+        let g = lazaret_core::group_of(job_type.as_deref(), &reason, error.as_ref());
+        update.execute(rusqlite::params![id, g.id, g.fingerprint])?;
+    }
+    Ok(())
+}
+
 /// Creates or migrates the schema; refuses a database from a newer build.
 ///
 /// Version 2 → 3 only adds the `meta` table, which `CURRENT` creates; the
@@ -326,9 +385,17 @@ pub fn migrate(conn: &Connection) -> Result<(), crate::StoreError> {
         script.push_str(V7_TO_V8);
     }
     script.push_str(V8_OBJECTS);
+    let groups = (1..9).contains(&version);
+    if groups {
+        script.push_str(V8_TO_V9);
+    }
+    script.push_str(V9_OBJECTS);
     let migrated = conn.execute_batch(&script).and_then(|()| {
         if held_retries_v6 {
             copy_held_retries_v6(conn)?;
+        }
+        if groups {
+            groups_v9(conn)?;
         }
         conn.execute_batch(&format!("PRAGMA user_version = {SCHEMA_VERSION};\nCOMMIT;"))
     });

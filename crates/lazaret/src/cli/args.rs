@@ -127,9 +127,11 @@ impl PauseArgs {
 }
 
 /// The actions the audit log records (`GET /v1/audit?action=`).
-pub const AUDIT_ACTIONS: [&str; 8] = [
+pub const AUDIT_ACTIONS: [&str; 10] = [
     "redrive",
     "purge",
+    "archive",
+    "restore",
     "pause",
     "resume",
     "token_create",
@@ -279,6 +281,14 @@ pub enum DlqCommand {
     Redrive(DlqRedriveArgs),
     /// Delete dead letters for good (admin); needs --confirm.
     Purge(DlqPurgeArgs),
+    /// Failure groups: dead letters whose errors differ only by data,
+    /// newest first (GET /v1/dead-letters/groups).
+    Groups(DlqGroupsArgs),
+    /// Archive dead letters: kept, hidden from lists, groups and alerts,
+    /// restorable (POST /v1/dead-letters/archive).
+    Archive(DlqArchiveArgs),
+    /// Restore archived dead letters (POST /v1/dead-letters/restore).
+    Restore(DlqArchiveArgs),
     /// Redrive one dead letter with a corrected payload; the original stays
     /// in the job's history and the edit is audited with its reason
     /// (POST /v1/dead-letters/{id}/redrive).
@@ -347,6 +357,10 @@ pub struct DlqFilter {
     #[arg(long, value_parser = ["admission", "processing", "broker"])]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stage: Option<String>,
+    /// Only this failure group (an id from `dlq groups`).
+    #[arg(long, value_name = "ID", value_parser = NonEmptyStringValueParser::new())]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
 }
 
 impl DlqFilter {
@@ -363,6 +377,7 @@ impl DlqFilter {
             ("reason", &self.reason),
             ("source", &self.source),
             ("stage", &self.stage),
+            ("group", &self.group),
         ]
         .into_iter()
         .filter_map(|(k, v)| v.as_deref().map(|v| (k, v)))
@@ -403,7 +418,7 @@ pub struct DlqSelectArgs {
         long = "id",
         value_name = "ID",
         value_parser = NonEmptyStringValueParser::new(),
-        conflicts_with_all = ["job_type", "tenant", "lane", "reason", "source", "stage"]
+        conflicts_with_all = ["job_type", "tenant", "lane", "reason", "source", "stage", "group"]
     )]
     pub ids: Vec<String>,
     #[command(flatten)]
@@ -419,6 +434,48 @@ pub struct DlqRedriveArgs {
     #[arg(long)]
     pub dry_run: bool,
     /// Redrive at most N dead letters (jobs or broker messages) per second.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub rate: Option<u32>,
+}
+
+/// `lazaret dlq groups`
+#[derive(Debug, clap::Args)]
+pub struct DlqGroupsArgs {
+    /// Only this job type.
+    #[arg(long = "type", value_name = "TYPE", value_parser = NonEmptyStringValueParser::new())]
+    pub job_type: Option<String>,
+    /// Only this dead-letter reason.
+    #[arg(long, value_parser = NonEmptyStringValueParser::new())]
+    pub reason: Option<String>,
+    /// Only dead letters of this broker source.
+    #[arg(long, value_name = "NAME", value_parser = NonEmptyStringValueParser::new())]
+    pub source: Option<String>,
+    /// Only dead letters of this tenant.
+    #[arg(long, value_parser = NonEmptyStringValueParser::new())]
+    pub tenant: Option<String>,
+    /// Only dead letters from this time on (RFC 3339).
+    #[arg(long, value_name = "TIME", value_parser = NonEmptyStringValueParser::new())]
+    pub since: Option<String>,
+    /// The archived dead letters' groups instead of the active ones'.
+    #[arg(long)]
+    pub archived: bool,
+    /// At most this many groups in the page.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub limit: Option<u32>,
+    /// Continue after a previous page (its "next cursor").
+    #[arg(long, value_name = "C")]
+    pub cursor: Option<String>,
+}
+
+/// `lazaret dlq archive` and `lazaret dlq restore`
+#[derive(Debug, clap::Args)]
+pub struct DlqArchiveArgs {
+    #[command(flatten)]
+    pub select: DlqSelectArgs,
+    /// Change nothing: list what would change.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Change at most N dead letters per second.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub rate: Option<u32>,
 }

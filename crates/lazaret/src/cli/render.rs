@@ -521,6 +521,54 @@ pub fn reasons(out: Out, v: &Value, width: Option<usize>) -> io::Result<()> {
     write_lines(out, &t.lines(width), "")
 }
 
+/// `GET /v1/dead-letters/groups`: one row per group, newest first.
+pub fn groups(out: Out, v: &Value, width: Option<usize>) -> io::Result<()> {
+    let rows = items(v, "items");
+    if rows.is_empty() {
+        return writeln!(out, "no dead letters");
+    }
+    let mut t = Table::new(vec![
+        Column::new("GROUP"),
+        Column::new("COUNT").right(),
+        Column::new("1H").right(),
+        Column::new("TYPE"),
+        Column::new("REASON"),
+        Column::new("KIND"),
+        Column::new("LAST_AT"),
+        Column::new("ERROR"),
+    ]);
+    for r in rows {
+        t.push([
+            text(r, "id"),
+            text(r, "count"),
+            text(r, "rate_1h"),
+            text(r, "type"),
+            text(r, "reason"),
+            text(r, "kind"),
+            short_time(r, "last_at"),
+            text(r, "fingerprint"),
+        ]);
+    }
+    write_lines(out, &t.lines(width), "")?;
+    if let Some(c) = v.get("next_cursor").and_then(Value::as_str) {
+        writeln!(out, "next cursor: {}", clean_line(c))?;
+    }
+    Ok(())
+}
+
+/// `POST /v1/dead-letters/archive` and `/restore`.
+pub fn archived(out: Out, v: &Value, done: &str) -> io::Result<()> {
+    fields(
+        out,
+        &[("matched", text(v, "matched")), (done, text(v, done))],
+    )?;
+    let missing = redrive_not_found(v);
+    if !missing.is_empty() {
+        writeln!(out, "not found: {}", clean_line(&missing.join(", ")))?;
+    }
+    Ok(())
+}
+
 /// `POST /v1/dead-letters/redrive`: the counts, then what happened to
 /// each dead letter (a server that sends no `items` gets the job ids).
 pub fn redriven(out: Out, v: &Value, dry_run: bool) -> io::Result<()> {

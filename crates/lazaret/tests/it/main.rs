@@ -21,6 +21,7 @@ mod errors;
 mod fairness;
 mod fields;
 mod full_disk;
+mod groups;
 mod harness;
 mod hostile;
 mod hostile_sources;

@@ -13,11 +13,20 @@ impl Writer {
             "traceback": null, "retry_after_ms": null,
         })
         .to_string();
+        let group = lazaret_core::group_of(
+            rec.job_type.as_deref(),
+            rec.reason.as_str(),
+            Some(&lazaret_core::Failure::new(
+                rec.reason.as_str(),
+                rec.message.as_str(),
+            )),
+        );
         let rows = self
             .query(
                 "INSERT INTO dead_letters (job_id, type, tenant, lane, reason, stage, attempts, error,
-                   idempotency_key, created_at, dead_lettered_at, payload_size, payload_sha256, payload_preview, payload)
-                 VALUES (NULL, $1, $2, $3, $4, 'admission', 0, $5, $6, $7, $7, $8, $9, $10, $11)
+                   idempotency_key, created_at, dead_lettered_at, payload_size, payload_sha256, payload_preview, payload,
+                   group_id, fingerprint)
+                 VALUES (NULL, $1, $2, $3, $4, 'admission', 0, $5, $6, $7, $7, $8, $9, $10, $11, $12, $13)
                  RETURNING id",
                 &[
                     &rec.job_type,
@@ -31,6 +40,8 @@ impl Writer {
                     &rec.payload_sha256,
                     &rec.payload_preview,
                     &rec.payload,
+                    &group.id,
+                    &group.fingerprint,
                 ],
             )
             .await?;
@@ -71,6 +82,7 @@ impl Writer {
                 &[&job_id, &ms(now), &(env.redrive_count as i32), &env.to_json()],
             )
             .await?;
+            self.redrive_job(audit, *dl, job_id).await?;
             self.execute("DELETE FROM dead_letters WHERE id = $1", &[&(dl.0 as i64)])
                 .await?;
             self.add_ready(
@@ -142,6 +154,7 @@ impl Writer {
             ],
         )
         .await?;
+        self.redrive_job(audit, dl, job_id).await?;
         self.execute("DELETE FROM dead_letters WHERE id = $1", &[&(dl.0 as i64)])
             .await?;
         self.add_ready(
@@ -180,5 +193,58 @@ impl Writer {
         }
         self.audit_add(audit, n).await?;
         Ok(n)
+    }
+
+    pub(super) async fn archive(
+        &mut self,
+        ids: &[DeadLetterId],
+        archived: bool,
+        now: Timestamp,
+        audit: Option<AuditId>,
+    ) -> Result<u64, StoreError> {
+        let sql = if archived {
+            "UPDATE dead_letters SET archived_at = $2 WHERE id = $1 AND archived_at IS NULL"
+        } else {
+            "UPDATE dead_letters SET archived_at = NULL WHERE id = $1 AND archived_at IS NOT NULL AND $2::int8 IS NOT NULL"
+        };
+        let mut n = 0;
+        for dl in ids {
+            n += self.execute(sql, &[&(dl.0 as i64), &ms(now)]).await?;
+        }
+        self.audit_add(audit, n).await?;
+        Ok(n)
+    }
+
+    /// Notes a job a redrive moved, under the redrive's audit entry, with
+    /// the group of the dead letter it leaves (read before it is deleted).
+    async fn redrive_job(
+        &mut self,
+        audit: Option<AuditId>,
+        dl: DeadLetterId,
+        job_id: i64,
+    ) -> Result<(), StoreError> {
+        let Some(audit) = audit else { return Ok(()) };
+        self.execute(
+            "INSERT INTO redrive_jobs (audit_id, job_id, from_group)
+             SELECT $1, $2, group_id FROM dead_letters WHERE id = $3
+             ON CONFLICT (audit_id, job_id) DO UPDATE SET from_group = excluded.from_group",
+            &[&(audit.0 as i64), &job_id, &(dl.0 as i64)],
+        )
+        .await?;
+        Ok(())
+    }
+
+    pub(super) async fn record_redrive(
+        &mut self,
+        id: &str,
+        audit: AuditId,
+    ) -> Result<(), StoreError> {
+        self.execute(
+            "INSERT INTO redrives (id, audit_id) VALUES ($1, $2)
+             ON CONFLICT (id) DO UPDATE SET audit_id = excluded.audit_id",
+            &[&id, &(audit.0 as i64)],
+        )
+        .await?;
+        Ok(())
     }
 }

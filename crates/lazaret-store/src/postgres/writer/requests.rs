@@ -88,7 +88,20 @@ impl Writer {
                     .await?,
             ),
             Request::Purge { ids, audit, reply } => held(reply, self.purge(ids, *audit).await?),
+            Request::Archive {
+                ids,
+                archived,
+                now,
+                audit,
+                reply,
+            } => held(
+                reply,
+                self.archive(ids, *archived, now_of(*now), *audit).await?,
+            ),
             Request::Audit { entry, reply } => held(reply, self.audit(entry).await?),
+            Request::RecordRedrive { id, audit, reply } => {
+                held(reply, self.record_redrive(id, *audit).await?)
+            }
             Request::Stats { reply } => held(reply, self.stats().await?),
             Request::RemoveSucceeded {
                 before,

@@ -21,12 +21,18 @@ impl Writer {
         let source = serde_json::to_string(src).map_err(corrupt)?;
         let sha = hex::encode(lazaret_core::payload_sha256(&dl.payload));
         let redrive_id = src.redrive_id.clone().unwrap_or_default();
+        let group = lazaret_core::group_of(
+            dl.job_type.as_deref(),
+            dl.reason.as_str(),
+            dl.error.as_ref(),
+        );
         let rows = self
             .query(
                 "INSERT INTO dead_letters (job_id, type, tenant, lane, reason, stage, attempts, error,
                    idempotency_key, created_at, dead_lettered_at, payload_size, payload_sha256,
-                   payload_preview, payload, source, source_name, message_id, envelope, redrive_id)
-                 VALUES (NULL, $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19)
+                   payload_preview, payload, source, source_name, message_id, envelope, redrive_id,
+                   group_id, fingerprint)
+                 VALUES (NULL, $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)
                  ON CONFLICT (source_name, message_id, payload_sha256, redrive_id)
                    WHERE source_name IS NOT NULL DO NOTHING
                  RETURNING id",
@@ -50,6 +56,8 @@ impl Writer {
                     &src.message_id,
                     &envelope,
                     &redrive_id,
+                    &group.id,
+                    &group.fingerprint,
                 ],
             )
             .await?;

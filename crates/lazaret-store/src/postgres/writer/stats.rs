@@ -222,7 +222,7 @@ impl Writer {
             .collect();
         let rows = self
             .query(
-                "SELECT type, reason, count(*) FROM dead_letters GROUP BY type, reason",
+                "SELECT type, reason, count(*) FROM dead_letters WHERE archived_at IS NULL GROUP BY type, reason",
                 &[],
             )
             .await?;

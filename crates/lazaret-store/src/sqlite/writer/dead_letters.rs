@@ -12,12 +12,21 @@ impl Writer {
             "class": "permanent", "kind": rec.reason.as_str(), "message": rec.message,
             "traceback": null, "retry_after_ms": null,
         });
+        let group = lazaret_core::group_of(
+            rec.job_type.as_deref(),
+            rec.reason.as_str(),
+            Some(&lazaret_core::Failure::new(
+                rec.reason.as_str(),
+                rec.message.as_str(),
+            )),
+        );
         db(self
             .conn
             .prepare_cached(
                 "INSERT INTO dead_letters (job_id, type, tenant, lane, reason, stage, attempts, error, idempotency_key,
-                   created_at, dead_lettered_at, payload_size, payload_sha256, payload_preview, payload)
-                 VALUES (NULL, ?1, ?2, ?3, ?4, 'admission', 0, ?5, ?6, ?7, ?7, ?8, ?9, ?10, ?11)",
+                   created_at, dead_lettered_at, payload_size, payload_sha256, payload_preview, payload,
+                   group_id, fingerprint)
+                 VALUES (NULL, ?1, ?2, ?3, ?4, 'admission', 0, ?5, ?6, ?7, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
             )?
             .execute(params![
                 rec.job_type,
@@ -31,6 +40,8 @@ impl Writer {
                 rec.payload_sha256,
                 rec.payload_preview,
                 rec.payload,
+                group.id,
+                group.fingerprint,
             ]))?;
         Ok(DeadLetterId(self.conn.last_insert_rowid() as u64))
     }
@@ -69,6 +80,7 @@ impl Writer {
                      lease_started_at = NULL, worker_id = NULL, redrives = ?3, envelope = ?4 WHERE id = ?1",
                 )?
                 .execute(params![job_id, ms(now), env.redrive_count, env.to_json()]))?;
+            self.redrive_job(audit, *dl, job_id)?;
             db(self
                 .conn
                 .prepare_cached("DELETE FROM dead_letters WHERE id = ?1")?
@@ -136,6 +148,7 @@ impl Writer {
                 fix.payload,
                 fix.schema_version
             ]))?;
+        self.redrive_job(audit, dl, job_id)?;
         db(self
             .conn
             .prepare_cached("DELETE FROM dead_letters WHERE id = ?1")?
@@ -169,5 +182,59 @@ impl Writer {
         }
         self.audit_add(audit, n)?;
         Ok(n)
+    }
+
+    pub(super) fn archive(
+        &mut self,
+        ids: &[DeadLetterId],
+        archived: bool,
+        now: Timestamp,
+        audit: Option<crate::AuditId>,
+    ) -> Result<u64, StoreError> {
+        let sql = if archived {
+            "UPDATE dead_letters SET archived_at = ?2 WHERE id = ?1 AND archived_at IS NULL"
+        } else {
+            "UPDATE dead_letters SET archived_at = NULL WHERE id = ?1 AND archived_at IS NOT NULL AND ?2 IS NOT NULL"
+        };
+        let mut n = 0;
+        for dl in ids {
+            n += db(self
+                .conn
+                .prepare_cached(sql)?
+                .execute(params![dl.0 as i64, ms(now)]))? as u64;
+        }
+        self.audit_add(audit, n)?;
+        Ok(n)
+    }
+
+    /// Notes a job a redrive moved, under the redrive's audit entry, with
+    /// the group of the dead letter it leaves (read before it is deleted).
+    fn redrive_job(
+        &mut self,
+        audit: Option<crate::AuditId>,
+        dl: DeadLetterId,
+        job_id: i64,
+    ) -> Result<(), StoreError> {
+        let Some(audit) = audit else { return Ok(()) };
+        db(self
+            .conn
+            .prepare_cached(
+                "INSERT OR REPLACE INTO redrive_jobs (audit_id, job_id, from_group)
+                 SELECT ?1, ?2, group_id FROM dead_letters WHERE id = ?3",
+            )?
+            .execute(params![audit.0 as i64, job_id, dl.0 as i64]))?;
+        Ok(())
+    }
+
+    pub(super) fn record_redrive(
+        &mut self,
+        id: &str,
+        audit: crate::AuditId,
+    ) -> Result<(), StoreError> {
+        db(self
+            .conn
+            .prepare_cached("INSERT OR REPLACE INTO redrives (id, audit_id) VALUES (?1, ?2)")?
+            .execute(params![id, audit.0 as i64]))?;
+        Ok(())
     }
 }

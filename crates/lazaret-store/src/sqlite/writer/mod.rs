@@ -74,7 +74,9 @@ impl Cmd {
             Request::Lease { req, .. } => req.max_jobs as usize > BULK_ROWS,
             Request::Complete { items, .. } => items.len() > BULK_ROWS,
             Request::Quarantine { dls, .. } => dls.len() > BULK_ROWS,
-            Request::Redrive { ids, .. } | Request::Purge { ids, .. } => ids.len() > BULK_ROWS,
+            Request::Redrive { ids, .. }
+            | Request::Purge { ids, .. }
+            | Request::Archive { ids, .. } => ids.len() > BULK_ROWS,
             // Housekeeping: promotions and expiries by the thousand, and
             // retention's deletes.
             Request::Tick { .. } | Request::RemoveSucceeded { .. } => true,

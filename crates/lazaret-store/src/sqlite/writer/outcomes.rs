@@ -208,12 +208,18 @@ impl Writer {
                 let error = env
                     .last_error()
                     .map(|e| serde_json::to_string(e).unwrap_or_default());
+                let group = lazaret_core::group_of(
+                    Some(env.job_type.as_str()),
+                    reason.as_str(),
+                    env.last_error(),
+                );
                 db(self
                     .conn
                     .prepare_cached(
                         "INSERT INTO dead_letters (job_id, type, tenant, lane, reason, stage, attempts, error, idempotency_key,
-                           created_at, dead_lettered_at, payload_size, payload_sha256, payload_preview)
-                         VALUES (?1, ?2, ?3, ?4, ?5, 'processing', ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+                           created_at, dead_lettered_at, payload_size, payload_sha256, payload_preview,
+                           group_id, fingerprint)
+                         VALUES (?1, ?2, ?3, ?4, ?5, 'processing', ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
                     )?
                     .execute(params![
                         id,
@@ -229,6 +235,8 @@ impl Writer {
                         env.payload_size as i64,
                         env.payload_sha256,
                         payload_preview(payload, lazaret_core::PREVIEW_BYTES_MAX),
+                        group.id,
+                        group.fingerprint,
                     ]))?;
                 Ok((
                     Some(DeadLetterId(self.conn.last_insert_rowid() as u64)),

@@ -69,7 +69,17 @@ impl Writer {
                 reply,
             } => run!(reply, self.redrive_corrected(id, &fix, now, audit)),
             Request::Purge { ids, audit, reply } => run!(reply, self.purge(&ids, audit)),
+            Request::Archive {
+                ids,
+                archived,
+                now,
+                audit,
+                reply,
+            } => run!(reply, self.archive(&ids, archived, now, audit)),
             Request::Audit { entry, reply } => run!(reply, self.audit(&entry)),
+            Request::RecordRedrive { id, audit, reply } => {
+                run!(reply, self.record_redrive(&id, audit))
+            }
             Request::Stats { reply } => run!(reply, self.stats()),
             Request::RemoveSucceeded {
                 before,

@@ -53,7 +53,7 @@ impl Writer {
             .collect();
         oldest_ready.sort_by(|a, b| a.0.cmp(&b.0));
         let mut stmt = db(self.conn.prepare_cached(
-            "SELECT type, reason, COUNT(*) FROM dead_letters GROUP BY type, reason",
+            "SELECT type, reason, COUNT(*) FROM dead_letters WHERE archived_at IS NULL GROUP BY type, reason",
         ))?;
         let rows = db(stmt.query_map([], |r| {
             Ok((

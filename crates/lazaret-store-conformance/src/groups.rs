@@ -1,0 +1,318 @@
+//! Failure groups, archiving and redrive reports (issue 30).
+
+use lazaret_core::{Event, Failure, FailureClass, Timestamp};
+use lazaret_store::{
+    AuditEntry, DeadLetterFilter, DeadLetterId, GroupCursor, GroupQuery, Selector, Store,
+};
+
+use crate::Backend;
+
+use super::{at, complete, enqueue_one, lease_one, lease_req, new_job};
+
+/// Dead-letters a job of `job_type` for `tenant` that fails permanently
+/// with `message`, at `now`.
+async fn dead_letter_with<S: Store>(
+    s: &S,
+    job_type: &str,
+    tenant: &str,
+    message: &str,
+    now: Timestamp,
+) -> DeadLetterId {
+    let id = enqueue_one(
+        s,
+        lazaret_store::NewJob {
+            run_at: now,
+            now,
+            ..new_job(job_type, tenant, "default")
+        },
+    )
+    .await;
+    let leased = lease_one(
+        s,
+        lazaret_store::LeaseRequest {
+            types: Some(vec![job_type.into()]),
+            ..lease_req(now, 1)
+        },
+    )
+    .await;
+    assert_eq!(leased.id, id);
+    let failure = Failure::new("bad_input", message).with_class(FailureClass::Permanent);
+    complete(s, &leased, Event::Failed(failure), now)
+        .await
+        .dead_letter
+        .expect("a permanent failure writes a dead letter")
+}
+
+fn query(now: Timestamp) -> GroupQuery {
+    GroupQuery {
+        limit: 100,
+        now,
+        ..GroupQuery::default()
+    }
+}
+
+fn audit(action: &str) -> AuditEntry {
+    AuditEntry {
+        at: at(0),
+        actor: "op".into(),
+        action: action.into(),
+        request: serde_json::json!({}),
+        count: 0,
+    }
+}
+
+pub async fn dead_letters_fall_into_groups_whatever_their_data<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
+    let a1 = dead_letter_with(&s, "resize", "acme", "order 17 failed", at(1_000)).await;
+    let a2 = dead_letter_with(&s, "resize", "beta", "order 90211 failed", at(2_000)).await;
+    let other = dead_letter_with(&s, "resize", "acme", "disk full", at(3_000)).await;
+    let typed = dead_letter_with(&s, "crop", "acme", "order 17 failed", at(500)).await;
+
+    let dl = |id| {
+        let s = &s;
+        async move { s.dead_letter(id).await.unwrap().expect("held") }
+    };
+    let (d1, d2, d3, d4) = (dl(a1).await, dl(a2).await, dl(other).await, dl(typed).await);
+    assert_eq!(d1.group_id, d2.group_id, "numbers differ only");
+    assert_eq!(d1.fingerprint, "order <n> failed");
+    assert_ne!(d1.group_id, d3.group_id, "another message");
+    assert_ne!(d1.group_id, d4.group_id, "another type");
+    assert_eq!(
+        d1.group_id,
+        lazaret_core::group_of(Some("resize"), "permanent", d1.error.as_ref()).id,
+        "the id is the core's, the same on every node and after a restart"
+    );
+
+    // Newest last_at first.
+    let (groups, next) = s.groups(query(at(3_000))).await.unwrap();
+    assert_eq!(next, None);
+    let ids: Vec<&str> = groups.iter().map(|g| g.id.as_str()).collect();
+    assert_eq!(
+        ids,
+        vec![
+            d3.group_id.as_str(),
+            d1.group_id.as_str(),
+            d4.group_id.as_str()
+        ]
+    );
+    let g = &groups[1];
+    assert_eq!(g.count, 2);
+    assert_eq!((g.first_at, g.last_at), (at(1_000), at(2_000)));
+    assert_eq!(g.job_type.as_deref(), Some("resize"));
+    assert_eq!(g.reason.as_str(), "permanent");
+    assert_eq!(g.kind.as_deref(), Some("bad_input"));
+    assert_eq!(g.fingerprint, "order <n> failed");
+    assert_eq!(g.sample_error.as_deref(), Some("order 90211 failed"));
+    assert_eq!(g.sample_id, a2);
+    assert_eq!(g.tenants, vec!["acme".to_owned(), "beta".to_owned()]);
+    assert!(g.sources.is_empty());
+    assert_eq!(g.rate_1h, 2);
+    let later = s.groups(query(at(2_000 + 3_600_001))).await.unwrap().0;
+    assert_eq!(later[1].rate_1h, 0, "older than an hour");
+
+    // Pages: one group each, the cursor going on where the last one ended.
+    let mut seen = Vec::new();
+    let mut cursor: Option<GroupCursor> = None;
+    loop {
+        let (page, next) = s
+            .groups(GroupQuery {
+                limit: 1,
+                cursor: cursor.clone(),
+                ..query(at(3_000))
+            })
+            .await
+            .unwrap();
+        seen.extend(page.into_iter().map(|g| g.id));
+        match next {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    assert_eq!(seen, ids.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+
+    // Filters narrow the dead letters counted.
+    let of_beta = s
+        .groups(GroupQuery {
+            tenant: Some("beta".into()),
+            ..query(at(3_000))
+        })
+        .await
+        .unwrap()
+        .0;
+    assert_eq!(of_beta.len(), 1);
+    assert_eq!(
+        (of_beta[0].id.as_str(), of_beta[0].count),
+        (d1.group_id.as_str(), 1)
+    );
+    let of_crop = s
+        .groups(GroupQuery {
+            job_type: Some("crop".into()),
+            ..query(at(3_000))
+        })
+        .await
+        .unwrap()
+        .0;
+    assert_eq!(of_crop.len(), 1);
+    let since = s
+        .groups(GroupQuery {
+            since: Some(at(2_500)),
+            ..query(at(3_000))
+        })
+        .await
+        .unwrap()
+        .0;
+    assert_eq!(since.len(), 1);
+    assert_eq!(since[0].id, d3.group_id);
+
+    // A group is a filter of lists and of redrive, purge and archive.
+    let by_group = DeadLetterFilter {
+        group: Some(d1.group_id.clone()),
+        ..DeadLetterFilter::default()
+    };
+    let (listed, _) = s.dead_letters(by_group.clone(), 10, None).await.unwrap();
+    assert_eq!(
+        listed.iter().map(|d| d.id).collect::<Vec<_>>(),
+        vec![a2, a1]
+    );
+    let matched = s
+        .match_dead_letters(Selector::Filter(by_group))
+        .await
+        .unwrap();
+    assert_eq!(
+        matched.iter().map(|m| m.0).collect::<Vec<_>>(),
+        vec![a1, a2]
+    );
+}
+
+pub async fn archived_dead_letters_are_kept_hidden_and_restorable<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
+    let a1 = dead_letter_with(&s, "resize", "acme", "order 17 failed", at(1_000)).await;
+    let a2 = dead_letter_with(&s, "resize", "acme", "order 18 failed", at(2_000)).await;
+    let keep = dead_letter_with(&s, "resize", "acme", "disk full", at(3_000)).await;
+    let group = s.dead_letter(a1).await.unwrap().unwrap().group_id;
+
+    let entry = s.audit(audit("archive")).await.unwrap();
+    let n = s
+        .archive(
+            vec![a1, a2, DeadLetterId(999_999)],
+            true,
+            at(4_000),
+            Some(entry),
+        )
+        .await
+        .unwrap();
+    assert_eq!(n, 2, "an unknown id changes nothing");
+    assert_eq!(
+        s.archive(vec![a1], true, at(4_001), None).await.unwrap(),
+        0,
+        "archived already"
+    );
+    assert_eq!(s.audit_log(1).await.unwrap()[0].count, 2);
+
+    // Kept, with when it was archived.
+    let d = s.dead_letter(a1).await.unwrap().expect("kept");
+    assert_eq!(d.archived_at, Some(at(4_000)));
+    // Hidden from the active views: lists, groups, reasons, stats, alerts.
+    let (active, _) = s
+        .dead_letters(DeadLetterFilter::default(), 10, None)
+        .await
+        .unwrap();
+    assert_eq!(active.iter().map(|d| d.id).collect::<Vec<_>>(), vec![keep]);
+    let groups = s.groups(query(at(4_000))).await.unwrap().0;
+    assert!(groups.iter().all(|g| g.id != group), "{groups:?}");
+    let reasons = s.reasons().await.unwrap();
+    assert_eq!(reasons.iter().map(|r| r.count).sum::<u64>(), 1);
+    let stats = s.stats().await.unwrap();
+    assert_eq!(stats.dead_letters.iter().map(|d| d.2).sum::<u64>(), 1);
+    let recent = s.dead_letters_after(DeadLetterId(0), 10).await.unwrap();
+    assert_eq!(recent.iter().map(|r| r.id).collect::<Vec<_>>(), vec![keep]);
+    let unarchived = s
+        .match_dead_letters(Selector::Filter(DeadLetterFilter {
+            group: Some(group.clone()),
+            ..DeadLetterFilter::default()
+        }))
+        .await
+        .unwrap();
+    assert!(unarchived.is_empty(), "a filter matches active ones only");
+    // Shown when asked for.
+    let archived = DeadLetterFilter {
+        archived: true,
+        ..DeadLetterFilter::default()
+    };
+    let (shown, _) = s.dead_letters(archived.clone(), 10, None).await.unwrap();
+    assert_eq!(shown.iter().map(|d| d.id).collect::<Vec<_>>(), vec![a2, a1]);
+    let archived_groups = s
+        .groups(GroupQuery {
+            archived: true,
+            ..query(at(4_000))
+        })
+        .await
+        .unwrap()
+        .0;
+    assert_eq!(archived_groups.len(), 1);
+    assert_eq!(
+        (archived_groups[0].id.as_str(), archived_groups[0].count),
+        (group.as_str(), 2)
+    );
+
+    // Restored: active again, everywhere.
+    assert_eq!(
+        s.archive(vec![a1], false, at(5_000), None).await.unwrap(),
+        1
+    );
+    assert_eq!(
+        s.archive(vec![keep], false, at(5_000), None).await.unwrap(),
+        0
+    );
+    assert_eq!(s.dead_letter(a1).await.unwrap().unwrap().archived_at, None);
+    let groups = s.groups(query(at(5_000))).await.unwrap().0;
+    let g = groups.iter().find(|g| g.id == group).expect("back");
+    assert_eq!(g.count, 1);
+}
+
+pub async fn a_redrive_report_follows_its_jobs_to_success_and_failure_again<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
+    let d1 = dead_letter_with(&s, "resize", "acme", "order 17 failed", at(1_000)).await;
+    let d2 = dead_letter_with(&s, "resize", "acme", "order 18 failed", at(1_000)).await;
+    let from = s.dead_letter(d1).await.unwrap().unwrap().group_id;
+    assert_eq!(s.redrive_report("nope".into()).await.unwrap(), None);
+
+    let entry = s.audit(audit("redrive")).await.unwrap();
+    s.record_redrive("r-1".into(), entry).await.unwrap();
+    let moved = s
+        .redrive(vec![d1, d2], at(2_000), Some(entry))
+        .await
+        .unwrap();
+    assert_eq!(moved.len(), 2);
+    let r = s
+        .redrive_report("r-1".into())
+        .await
+        .unwrap()
+        .expect("known");
+    assert_eq!((r.id.as_str(), r.audit.count, r.jobs), ("r-1", 2, 2));
+    assert_eq!((r.running, r.succeeded, r.failed_again), (2, 0, 0));
+    assert_eq!(r.from_groups, vec![(from.clone(), 2)]);
+
+    // One succeeds.
+    let first = lease_one(&s, lease_req(at(3_000), 1)).await;
+    complete(&s, &first, Event::Succeeded, at(3_001)).await;
+    let r = s.redrive_report("r-1".into()).await.unwrap().unwrap();
+    assert_eq!((r.running, r.succeeded, r.failed_again), (1, 1, 0));
+
+    // The other fails again, into another group.
+    let second = lease_one(&s, lease_req(at(4_000), 1)).await;
+    let failure = Failure::new("timeout", "upstream gone").with_class(FailureClass::Permanent);
+    let again = complete(&s, &second, Event::Failed(failure), at(4_001))
+        .await
+        .dead_letter
+        .expect("dead-lettered again");
+    let new_group = s.dead_letter(again).await.unwrap().unwrap().group_id;
+    assert_ne!(new_group, from);
+    let r = s.redrive_report("r-1".into()).await.unwrap().unwrap();
+    assert_eq!((r.running, r.succeeded, r.failed_again), (0, 1, 1));
+    assert_eq!(r.failed_again_groups, vec![(new_group, 1)]);
+    assert_eq!(r.audit.action, "redrive");
+}
