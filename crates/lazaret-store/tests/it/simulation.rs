@@ -27,10 +27,10 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
 use lazaret_core::{
-    AdmissionConfig, AdmissionRequest, Backoff, BreakerConfig, Breakers, DeadLetterReason,
-    Entropy, ErrorKind, Event, Failure, FailureClass, FairScheduler, Gate, JobId, JobState,
-    JobType, Lane, Paused, Policies, SchedulerConfig, SplitMix64, Timestamp, Transition,
-    TypePolicy, Verdict, WorkerId, admit, payload_preview,
+    AdmissionConfig, AdmissionRequest, Backoff, BreakerConfig, Breakers, DeadLetterReason, Entropy,
+    ErrorKind, Event, Failure, FailureClass, FairScheduler, Gate, JobId, JobState, JobType, Lane,
+    Paused, Policies, SchedulerConfig, SplitMix64, Timestamp, Transition, TypePolicy, Verdict,
+    WorkerId, admit, payload_preview,
 };
 use lazaret_store::{
     AdmissionRecord, Completed, Completion, DeadLetterId, Durability, EnqueueOutcome, FaultRates,
@@ -122,11 +122,7 @@ impl Settings {
         let r = &mut r;
         let faulty = chance(r, 80);
         let rate = |r: &mut SplitMix64, max: u64| {
-            if faulty {
-                pick(r, 0, max) as u32
-            } else {
-                0
-            }
+            if faulty { pick(r, 0, max) as u32 } else { 0 }
         };
         let breaker = chance(r, 60).then(|| BreakerConfig {
             failures_min: pick(r, 2, 6) as u32,
@@ -438,7 +434,11 @@ impl Sim {
     /// Records the dead letter an outcome or expiry wrote, as the store
     /// shows it.
     async fn record_dead_letter(&mut self, key: &str, dl: DeadLetterId) {
-        let read = self.store.dead_letter(dl).await.expect("read a dead letter");
+        let read = self
+            .store
+            .dead_letter(dl)
+            .await
+            .expect("read a dead letter");
         let Some(d) = read else {
             // Gone already: nothing was recorded, the checker's observation
             // after the drain decides.
@@ -950,13 +950,17 @@ impl Sim {
                     .history
                     .observe(Op::ObservedCompleted { id: key.clone() }),
                 JobState::DeadLettered => {
-                    let dl = v.dead_letter_id.expect("a dead-lettered job names its letter");
-                    let d = self
+                    // A dead-lettered job without its letter is observed as
+                    // nothing: the checker calls it lost.
+                    let Some(dl) = v.dead_letter_id else { continue };
+                    let Some(d) = self
                         .store
                         .dead_letter(dl)
                         .await
                         .expect("read a dead letter")
-                        .expect("the dead letter of a dead-lettered job exists");
+                    else {
+                        continue;
+                    };
                     let payload = self
                         .store
                         .dead_letter_payload(dl)
@@ -1067,7 +1071,12 @@ impl Run {
                 self.deliveries_max()
             )
         });
-        let why: Vec<&str> = self.stuck.iter().chain(&looped).map(String::as_str).collect();
+        let why: Vec<&str> = self
+            .stuck
+            .iter()
+            .chain(&looped)
+            .map(String::as_str)
+            .collect();
         format!(
             "seed {} failed{}\nsettings: {}\n{}\n{saved}\nreplay: {}",
             self.settings.seed,
@@ -1266,7 +1275,9 @@ async fn a_client_taking_lost_answers_for_refusals_is_caught() {
         };
         s.malformed_pct = 0;
         let run = run_settings(s, Some(Breakage::LostAnswerIsRefusal)).await;
-        let unexpected = run.report.count(lazaret_testkit::history::AnomalyKind::Unexpected);
+        let unexpected = run
+            .report
+            .count(lazaret_testkit::history::AnomalyKind::Unexpected);
         assert!(
             unexpected > 0,
             "seed {seed}: the checker missed an enqueue recorded failed yet applied\n{}",
