@@ -11,14 +11,23 @@
 //! - [`Fault::AnswerLost`]: applied and committed as usual, but its caller
 //!   gets an error, as when the connection drops between COMMIT and its
 //!   answer: the outcome is ambiguous to the caller.
+//! - [`Fault::Slow`]: applied and answered as usual, but slow: the hook
+//!   set with [`Faults::on_slow`] runs first (a simulation advances its
+//!   fake clock there, so the commit took that long on its clock).
+//!
+//! Besides the countdown, [`Faults::at_random`] draws a fault for each
+//! request from a seed and [`FaultRates`] (what a seeded simulation
+//! wants: the same seed, the same faults on the same requests). A
+//! countdown that ran out wins over the draw.
 //!
 //! Reads, what is the backends' own (close, PostgreSQL's events, switches
 //! and leadership) and claims of held retries (which PostgreSQL runs on a
 //! reader) pass through untouched.
 
+use std::fmt;
 use std::sync::{Arc, Mutex};
 
-use lazaret_core::{JobId, Timestamp};
+use lazaret_core::{Entropy, JobId, SplitMix64, Timestamp};
 
 use crate::backend::{Backend, StoreOn};
 use crate::request::{Claim, Request};
@@ -38,15 +47,48 @@ pub enum Fault {
     /// Applied, but the caller gets a [`StoreError::Db`] instead of the
     /// answer (an answer lost after the commit).
     AnswerLost,
+    /// Applied and answered as usual, after the hook of
+    /// [`Faults::on_slow`] ran (nothing else without one).
+    Slow,
 }
 
-#[derive(Debug, Default)]
+/// The chances of each fault per write request, in parts per million,
+/// for [`Faults::at_random`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FaultRates {
+    /// [`Fault::NotApplied`].
+    pub not_applied: u32,
+    /// [`Fault::AnswerLost`].
+    pub answer_lost: u32,
+    /// [`Fault::Slow`].
+    pub slow: u32,
+}
+
+/// What [`Fault::Slow`] runs.
+type SlowHook = Arc<dyn Fn() + Send + Sync>;
+
+#[derive(Default)]
 struct State {
     /// Write requests still to pass before faults start; `None`: no faults.
     countdown: Option<u64>,
     fault: Option<Fault>,
-    /// Requests failed so far.
+    /// Faults drawn for each request, when set.
+    random: Option<(SplitMix64, FaultRates)>,
+    slow: Option<SlowHook>,
+    /// Requests failed (or slowed) so far.
     injected: u64,
+}
+
+impl fmt::Debug for State {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("State")
+            .field("countdown", &self.countdown)
+            .field("fault", &self.fault)
+            .field("random", &self.random.as_ref().map(|r| r.1))
+            .field("slow", &self.slow.is_some())
+            .field("injected", &self.injected)
+            .finish()
+    }
 }
 
 /// The switch of a faulty store's faults; clones share it.
@@ -66,11 +108,23 @@ impl Faults {
         s.fault = Some(fault);
     }
 
-    /// No more faults.
+    /// Draws a fault for every next write request (that a countdown does
+    /// not fail) from `seed` with `rates`, until [`Faults::heal`].
+    pub fn at_random(&self, seed: u64, rates: FaultRates) {
+        self.state().random = Some((SplitMix64::new(seed), rates));
+    }
+
+    /// What a [`Fault::Slow`] request runs before it goes to the writer.
+    pub fn on_slow(&self, hook: impl Fn() + Send + Sync + 'static) {
+        self.state().slow = Some(Arc::new(hook));
+    }
+
+    /// No more faults (the hook of [`Faults::on_slow`] stays).
     pub fn heal(&self) {
         let mut s = self.state();
         s.countdown = None;
         s.fault = None;
+        s.random = None;
     }
 
     /// Requests failed on purpose so far.
@@ -78,20 +132,41 @@ impl Faults {
         self.state().injected
     }
 
-    /// The fault for the next write request, if it gets one.
-    fn next(&self) -> Option<Fault> {
+    /// The fault for the next write request, if it gets one, and the
+    /// hook to run for a slow one.
+    fn next(&self) -> (Option<Fault>, Option<SlowHook>) {
         let mut s = self.state();
-        match s.countdown {
+        let counted = match s.countdown {
             None => None,
-            Some(0) => {
-                s.injected += 1;
-                s.fault
-            }
+            Some(0) => s.fault,
             Some(n) => {
                 s.countdown = Some(n - 1);
                 None
             }
+        };
+        let fault = counted.or_else(|| {
+            let (rng, rates) = s.random.as_mut()?;
+            let draw = rng.below_inclusive(999_999);
+            let rates = *rates;
+            let mut edge = u64::from(rates.not_applied);
+            if draw < edge {
+                return Some(Fault::NotApplied);
+            }
+            edge += u64::from(rates.answer_lost);
+            if draw < edge {
+                return Some(Fault::AnswerLost);
+            }
+            edge += u64::from(rates.slow);
+            (draw < edge).then_some(Fault::Slow)
+        });
+        if fault.is_some() {
+            s.injected += 1;
         }
+        let hook = match fault {
+            Some(Fault::Slow) => s.slow.clone(),
+            _ => None,
+        };
+        (fault, hook)
     }
 }
 
@@ -127,8 +202,15 @@ impl<B> FaultyStore<B> {
 
 impl<B: Backend> Backend for Faulty<B> {
     fn submit(&self, r: Request) -> Result<(), StoreError> {
-        match self.faults.next() {
+        let (fault, slow) = self.faults.next();
+        match fault {
             None => self.inner.submit(r),
+            Some(Fault::Slow) => {
+                if let Some(hook) = slow {
+                    hook();
+                }
+                self.inner.submit(r)
+            }
             Some(Fault::NotApplied) => Err(StoreError::NotApplied(
                 "a fault injected by the test (the group was not applied)".into(),
             )),

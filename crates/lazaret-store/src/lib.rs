@@ -35,7 +35,7 @@ mod stored;
 
 pub use backend::StoreOn;
 pub use decider::PolicyDecider;
-pub use faulty::{Fault, Faults, FaultyStore};
+pub use faulty::{Fault, FaultRates, Faults, FaultyStore};
 pub use model::*;
 #[cfg(feature = "postgres")]
 pub use postgres::{PgOptions, PostgresStore};

@@ -3,7 +3,7 @@
 //! afterwards) or applied with its answer lost (the job is there).
 
 use lazaret_core::Timestamp;
-use lazaret_store::{EnqueueOutcome, Fault, FaultyStore, NewJob, Store, StoreError};
+use lazaret_store::{EnqueueOutcome, Fault, FaultRates, FaultyStore, NewJob, Store, StoreError};
 use lazaret_store_conformance::new_job;
 
 fn keyed(key: &str) -> NewJob {
@@ -73,4 +73,58 @@ async fn postgres_after_the_countdown_fails_requests_applied_or_not() {
         crate::postgres::open(&url, &schema.name, lazaret_store::postgres::Clock::Caller).await;
     let (s, _faults) = store.with_faults();
     both_modes(&s).await;
+}
+
+/// The error kinds of `n` keyed enqueues on `s`: `'.'` passed, `'n'` not
+/// applied, `'l'` answer lost.
+async fn pattern<B>(s: &FaultyStore<B>, n: usize) -> String
+where
+    FaultyStore<B>: Store,
+{
+    let mut out = String::new();
+    for i in 0..n {
+        out.push(match s.enqueue(vec![keyed(&format!("r{i}"))]).await {
+            Ok(_) => '.',
+            Err(StoreError::NotApplied(_)) => 'n',
+            Err(_) => 'l',
+        });
+    }
+    out
+}
+
+#[tokio::test]
+async fn sqlite_random_faults_follow_the_seed_and_slow_requests_run_the_hook() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    let rates = FaultRates {
+        not_applied: 250_000,
+        answer_lost: 250_000,
+        slow: 250_000,
+    };
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let dir = tempfile::TempDir::new().unwrap();
+        let (s, faults) = crate::sqlite::open(dir.path()).with_faults();
+        let slowed = Arc::new(AtomicU64::new(0));
+        let counter = slowed.clone();
+        faults.on_slow(move || {
+            counter.fetch_add(1, Ordering::SeqCst);
+        });
+        faults.at_random(7, rates);
+        let p = pattern(&s, 64).await;
+        // Every request drew: the slow ones passed and ran the hook.
+        let failed = p.chars().filter(|&c| c != '.').count() as u64;
+        assert_eq!(faults.injected(), failed + slowed.load(Ordering::SeqCst));
+        assert!(p.contains('n') && p.contains('l') && p.contains('.'), "{p}");
+        assert!(slowed.load(Ordering::SeqCst) > 0);
+        // Healed: no more faults, and the hook is not run.
+        faults.heal();
+        let before = slowed.load(Ordering::SeqCst);
+        assert_eq!(pattern(&s, 8).await, "........");
+        assert_eq!(slowed.load(Ordering::SeqCst), before);
+        seen.push(p);
+        s.close().await.expect("close");
+    }
+    assert_eq!(seen[0], seen[1], "one seed, two fault patterns");
 }

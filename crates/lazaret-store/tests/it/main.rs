@@ -4,4 +4,5 @@
 
 mod faulty;
 mod postgres;
+mod simulation;
 mod sqlite;
