@@ -16,11 +16,17 @@
 //! list.
 
 /// Marks a fail point (see the module doc); nothing without the
-/// `failpoints` feature.
+/// `failpoints` feature. `fail_point!("name" if cond)` passes it only when
+/// `cond` holds (not evaluated without the feature: keep it pure).
 #[cfg(feature = "failpoints")]
 macro_rules! fail_point {
     ($name:literal) => {
         $crate::failpoint::hit($name)
+    };
+    ($name:literal if $cond:expr) => {
+        if $cond {
+            $crate::failpoint::hit($name)
+        }
     };
 }
 
@@ -29,6 +35,7 @@ macro_rules! fail_point {
 #[cfg(not(feature = "failpoints"))]
 macro_rules! fail_point {
     ($name:literal) => {};
+    ($name:literal if $cond:expr) => {};
 }
 
 pub(crate) use fail_point;

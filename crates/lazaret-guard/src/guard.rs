@@ -1044,11 +1044,9 @@ impl<H: Host> Inner<H> {
                 }))
             }
         };
+        crate::failpoint::fail_point!("guard::held_retry_before_outcome" if matches!(origin, Origin::Parked));
         // A refused write keeps the outcome and is tried again (the
         // message held meanwhile); it fails only when the source stops.
-        if matches!(origin, Origin::Parked) {
-            crate::failpoint::fail_point!("guard::held_retry_before_outcome");
-        }
         match self.write_held(origin.acker(), delivery, &write).await {
             Ok(dead_letter) => done.dead_letter = dead_letter,
             Err(e) => {
