@@ -535,6 +535,7 @@ impl Acker for RecordAcker {
                     .map_err(|e| commit_error(s, self.partition, to, &e))?;
             committed.map_err(|e| commit_error(s, self.partition, to, &e))?;
             commits.insert(self.partition, to);
+            crate::failpoint::fail_point!("guard::kafka_after_commit");
             Ok(())
         })
     }

@@ -28,6 +28,7 @@
 pub mod adapters;
 pub mod broker;
 pub mod celery;
+pub mod failpoint;
 pub mod guard;
 pub mod handler;
 pub mod host;

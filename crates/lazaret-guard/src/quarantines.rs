@@ -158,6 +158,7 @@ impl Quarantines {
         let (dls, replies): (Vec<_>, Vec<_>) = batch.into_iter().unzip();
         match store.quarantine_messages(dls).await {
             Ok(written) => {
+                crate::failpoint::fail_point!("guard::after_dead_letter_commit");
                 for (reply, q) in replies.into_iter().zip(written) {
                     let _ = reply.send(Ok(q));
                 }

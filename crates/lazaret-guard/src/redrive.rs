@@ -220,6 +220,7 @@ impl SourceSet {
         let msg = republish_to(queue, src, payload, redrive_id);
         let id = msg.message_id.clone();
         broker.publish(msg).await?;
+        crate::failpoint::fail_point!("guard::redrive_after_publish");
         Ok(id)
     }
 

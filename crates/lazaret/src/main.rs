@@ -92,6 +92,9 @@ fn main() -> anyhow::Result<()> {
             {
                 e.exit();
             }
+            // Says which fail points LAZARET_FAILPOINTS armed (a build
+            // without them, as a release build, says it ignores it).
+            lazaret_guard::failpoint::announce();
             run_serve(serve)
         }
         Command::Migrate(m) => run_migrate(m),

@@ -27,6 +27,7 @@ mod hostile;
 mod hostile_sources;
 mod hostile_suite;
 mod kafka_sources;
+mod kill9;
 mod lanes;
 mod live_jobs;
 mod logs;
