@@ -657,6 +657,25 @@ impl Acker for NatsAck {
     }
 }
 
+/// Fuzzing only (`fuzz/`, target `broker_headers`): a pulled JetStream
+/// message (its `$JS.ACK.…` reply subject, subject, headers and body) as
+/// the delivery the runtime gets, exactly as a pull does.
+#[doc(hidden)]
+pub fn fuzz_pulled(stream: &str, m: jetstream::Message) -> Result<Delivery, String> {
+    buffered(stream, m).map(|b| b.delivery)
+}
+
+/// Fuzzing only (`fuzz/`, target `broker_headers`): what the watch reads of
+/// a message of a dead-message stream, an advisory or a copied message, as
+/// [`Broker::interpret`] does when the advisory's message is gone.
+#[doc(hidden)]
+pub fn fuzz_interpret(d: &Delivery) -> TakenIn {
+    match parse_advisory(&d.body) {
+        Some(adv) => adv.taken_in(None),
+        None => copied_dead_message(d),
+    }
+}
+
 /// A pulled message as the runtime sees it.
 fn buffered(stream: &str, m: jetstream::Message) -> Result<Buffered, String> {
     let info = m
