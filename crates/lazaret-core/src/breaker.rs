@@ -15,8 +15,9 @@
 //!     │                                              now ≥ until   │   │ a failure of
 //!     │ a success of the type                                      ▼   │ this kind
 //!     └──────────────────────────────────────────────────────── HalfOpen ──┐
-//!                                     no probe answered within a cooldown: ▲ │
-//!                                     probe slots are handed out again     └─┘
+//!       a success of the type, or a whole       no probe answered within a ▲ │
+//!       cooldown in which no probe was leased   cooldown: probe slots are  └─┘
+//!       (nothing of the type left to probe)     handed out again
 //! ```
 //!
 //! Everything here is a pure function of the calls made and the `now` passed
@@ -796,18 +797,48 @@ impl TypeBreakers {
             let cd = i128::from(self.cooldown_ms);
             let start = i128::from(period_end.as_millis());
             let passed = (i128::from(now.as_millis()) - start) / cd;
-            let boundary = clamp_ms(start + passed * cd);
-            *period_end = clamp_ms(start + (passed + 1) * cd);
-            if *probes_left < self.probes {
+            let probed = *probes_left < self.probes;
+            if probed && passed == 0 {
+                // Probes went out and none answered: their slots again.
                 let from = BreakerState::HalfOpen {
                     probes_left: *probes_left,
                 };
                 *probes_left = self.probes;
+                *period_end = clamp_ms(start + cd);
                 let to = BreakerState::HalfOpen {
                     probes_left: self.probes,
                 };
-                log.push(ty, kind, from, to, boundary);
+                log.push(ty, kind, from, to, clamp_ms(start));
+                continue;
             }
+            // A whole period went by without a probe leased (every lease
+            // asks the clock first, so none came since): no job of the type
+            // is there to probe with (its last ones dead-lettered, and
+            // admission sheds new ones while half-open). Staying half-open
+            // would shed the type for good; it closes, and the next outcomes
+            // decide afresh.
+            let mut at = start;
+            if probed {
+                log.push(
+                    ty,
+                    kind,
+                    BreakerState::HalfOpen {
+                        probes_left: *probes_left,
+                    },
+                    BreakerState::HalfOpen {
+                        probes_left: self.probes,
+                    },
+                    clamp_ms(start),
+                );
+                at += cd;
+            }
+            let at = clamp_ms(at);
+            let from = BreakerState::HalfOpen {
+                probes_left: self.probes,
+            };
+            kb.phase = Phase::Closed;
+            kb.failures.clear();
+            log.push(ty, kind, from, BreakerState::Closed, at);
         }
     }
 
@@ -1406,11 +1437,11 @@ mod tests {
         // Both probe workers die; their leases never come back.
         assert!(!b.try_lease(&ty(), t(9_999)));
         assert!(b.try_lease(&ty(), t(10_000)));
-        // Periods are counted from the first, whenever we look: 20 s–25 s.
-        assert!(b.try_lease(&ty(), t(20_001)));
-        assert!(b.try_lease(&ty(), t(20_002)));
-        assert!(!b.try_lease(&ty(), t(24_999)));
-        assert_eq!(b.parked_until(&ty(), t(24_999)), Some(t(25_000)));
+        // Periods are counted from the first, whenever we look: 15 s–20 s.
+        assert!(b.try_lease(&ty(), t(15_001)));
+        assert!(b.try_lease(&ty(), t(15_002)));
+        assert!(!b.try_lease(&ty(), t(19_999)));
+        assert_eq!(b.parked_until(&ty(), t(19_999)), Some(t(20_000)));
         let log = transitions(&mut b);
         assert_eq!(
             log[2..],
@@ -1423,7 +1454,62 @@ mod tests {
                 (
                     BreakerState::HalfOpen { probes_left: 1 },
                     BreakerState::HalfOpen { probes_left: 2 },
-                    t(20_000)
+                    t(15_000)
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_half_open_breaker_with_nothing_to_probe_closes_after_a_whole_period() {
+        // Found by the simulation on the real store (issue 29 part 5): the
+        // type's last jobs opened the breaker and were dead-lettered; new
+        // ones are shed while it is half-open, so no probe could ever run
+        // and the type was refused for good.
+        let mut b = breakers(cfg());
+        open_at(&mut b, t(0));
+        assert!(
+            b.shed_retry_after(&ty(), t(9_999)).is_some(),
+            "half-open sheds"
+        );
+        assert_eq!(b.shed_retry_after(&ty(), t(10_000)), None);
+        assert_eq!(
+            b.state(&ty(), &k503(), t(10_000)),
+            BreakerState::Closed,
+            "no probe leased in the period 5 s-10 s"
+        );
+        assert!(b.try_lease(&ty(), t(10_001)));
+        assert!(b.try_lease(&ty(), t(10_001)));
+        assert!(b.try_lease(&ty(), t(10_001)), "closed: no probe slots");
+        let log = transitions(&mut b);
+        assert_eq!(
+            log.last(),
+            Some(&(
+                BreakerState::HalfOpen { probes_left: 2 },
+                BreakerState::Closed,
+                t(10_000)
+            ))
+        );
+
+        // Probes that went out and never answered get their slots back
+        // once; a whole period after that with none leased closes it too.
+        let mut b = breakers(cfg());
+        open_at(&mut b, t(0));
+        assert!(b.try_lease(&ty(), t(5_000)));
+        assert_eq!(b.state(&ty(), &k503(), t(15_000)), BreakerState::Closed);
+        let log = transitions(&mut b);
+        assert_eq!(
+            log[log.len() - 2..],
+            [
+                (
+                    BreakerState::HalfOpen { probes_left: 1 },
+                    BreakerState::HalfOpen { probes_left: 2 },
+                    t(10_000)
+                ),
+                (
+                    BreakerState::HalfOpen { probes_left: 2 },
+                    BreakerState::Closed,
+                    t(15_000)
                 ),
             ]
         );

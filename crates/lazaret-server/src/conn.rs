@@ -412,6 +412,7 @@ pub async fn run(
                         continue;
                     }
                 };
+                let _ = stream.set_nodelay(true);
                 if let Ok(permit) = Arc::clone(&shared.permits).try_acquire_owned() {
                     conns.spawn(connection(stream, Arc::clone(&shared), permit));
                     continue;
@@ -482,12 +483,17 @@ struct Shared {
     registry: Registry,
 }
 
-async fn connection(stream: TcpStream, shared: Arc<Shared>, permit: OwnedSemaphorePermit) {
+/// Serves one connection (a TCP socket; an in-memory pipe in the tests,
+/// which run it under paused time) until it ends, times out, is chosen to
+/// make room, or the shutdown closes it.
+async fn connection<T>(stream: T, shared: Arc<Shared>, permit: OwnedSemaphorePermit)
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     m::connections(shared.cap - shared.permits.available_permits());
     let http = shared.http;
     let router = shared.router.clone();
     let mut close = shared.close.clone();
-    let _ = stream.set_nodelay(true);
     let state = Arc::new(ConnState::default());
     state.last_io_ms.store(ms_now(), Ordering::Relaxed);
     let id = shared.registry.add(&state);
@@ -589,5 +595,214 @@ mod tests {
         assert_eq!(connections_max(None, Some(256)), 192);
         assert_eq!(connections_max(None, Some(40)), 16);
         assert_eq!(connections_max(None, None), CONNECTIONS_MAX_UNLIMITED);
+    }
+
+    /// The timeouts of [`Watched`] and the shutdown of [`connection`],
+    /// under paused time: the runtime's clock jumps to the next timer
+    /// whenever every task waits, so the defaults (10 s for headers, 75 s
+    /// idle) are met exactly and cost no wall time. An in-memory pipe stands
+    /// for the socket.
+    mod paused {
+        use axum::routing::get;
+        use tokio::io::DuplexStream;
+
+        use super::*;
+
+        /// A handler that runs for ten minutes, like a long-poll that waits.
+        const SLOW: Duration = Duration::from_secs(600);
+
+        fn shared(http: HttpConfig) -> (Arc<Shared>, watch::Sender<bool>) {
+            let router = Router::new()
+                .route("/quick", get(|| async { "quick" }))
+                .route(
+                    "/slow",
+                    get(|| async {
+                        tokio::time::sleep(SLOW).await;
+                        "slow"
+                    }),
+                );
+            let (close_tx, close) = watch::channel(false);
+            let shared = Arc::new(Shared {
+                router,
+                http,
+                close,
+                permits: Arc::new(Semaphore::new(8)),
+                cap: 8,
+                registry: Registry::default(),
+            });
+            (shared, close_tx)
+        }
+
+        /// A client end whose server end is served by [`connection`].
+        fn open(shared: &Arc<Shared>) -> (DuplexStream, tokio::task::JoinHandle<()>) {
+            let (client, server) = tokio::io::duplex(64 * 1024);
+            let permit = Arc::clone(&shared.permits)
+                .try_acquire_owned()
+                .expect("a permit");
+            let task = tokio::spawn(connection(server, Arc::clone(shared), permit));
+            (client, task)
+        }
+
+        /// Reads until the server closes: everything it sent, and when it
+        /// closed.
+        async fn until_closed(client: &mut DuplexStream) -> (String, Instant) {
+            let mut got = Vec::new();
+            client.read_to_end(&mut got).await.expect("read");
+            (String::from_utf8_lossy(&got).into_owned(), Instant::now())
+        }
+
+        /// Reads one whole answer to a `GET` (headers and a body of
+        /// `Content-Length` bytes), leaving the connection open.
+        async fn one_answer(client: &mut DuplexStream) -> (String, Instant) {
+            let mut got = Vec::new();
+            let mut buf = [0u8; 1024];
+            loop {
+                let n = client.read(&mut buf).await.expect("read");
+                assert!(n > 0, "closed before the answer: {got:?}");
+                got.extend_from_slice(&buf[..n]);
+                let text = String::from_utf8_lossy(&got).into_owned();
+                if let Some(end) = text.find("\r\n\r\n") {
+                    let len: usize = text[..end]
+                        .lines()
+                        .find_map(|l| {
+                            l.to_ascii_lowercase()
+                                .strip_prefix("content-length: ")
+                                .map(|v| v.trim().parse().expect("a length"))
+                        })
+                        .expect("content-length");
+                    if got.len() >= end + 4 + len {
+                        return (text, Instant::now());
+                    }
+                }
+            }
+        }
+
+        /// `took` is `want`, to the timer's millisecond.
+        fn about(took: Duration, want: Duration) {
+            assert!(
+                took >= want && took <= want + Duration::from_millis(1),
+                "took {took:?}, want {want:?}"
+            );
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn headers_that_never_end_are_cut_at_the_header_timeout() {
+            let http = HttpConfig::default();
+            let (shared, _close) = shared(http);
+            let (mut client, _task) = open(&shared);
+            let begun = Instant::now();
+            client
+                .write_all(b"GET /quick HTTP/1.1\r\nHost: a\r\nX-A: ")
+                .await
+                .expect("written");
+            let (answer, closed) = until_closed(&mut client).await;
+            assert_eq!(answer, "", "nothing is answered to a request never read");
+            about(closed - begun, http.header_read_timeout);
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn header_bytes_trickling_in_do_not_extend_the_header_timeout() {
+            let http = HttpConfig::default();
+            let (shared, _close) = shared(http);
+            let (mut client, _task) = open(&shared);
+            let begun = Instant::now();
+            client
+                .write_all(b"GET /quick HTTP/1.1\r\n")
+                .await
+                .expect("written");
+            // A header byte every second, each one well inside the idle
+            // timeout: slowloris. Cut at 10 s all the same.
+            let mut cut = false;
+            for _ in 0..60 {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                if client.write_all(b"x").await.is_err() {
+                    cut = true;
+                    break;
+                }
+            }
+            assert!(
+                cut,
+                "a header byte a second kept the connection for a minute"
+            );
+            let closed = Instant::now();
+            // The write that failed is the first after the close.
+            let took = closed - begun;
+            assert!(
+                took >= http.header_read_timeout
+                    && took <= http.header_read_timeout + Duration::from_secs(1),
+                "cut after {took:?}"
+            );
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn a_connection_that_sends_nothing_is_closed_at_the_idle_timeout() {
+            let http = HttpConfig::default();
+            let (shared, _close) = shared(http);
+            let begun = Instant::now();
+            let (mut client, _task) = open(&shared);
+            let (answer, closed) = until_closed(&mut client).await;
+            assert_eq!(answer, "");
+            about(closed - begun, http.idle_timeout);
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn a_kept_alive_connection_is_closed_an_idle_timeout_after_its_answer() {
+            let http = HttpConfig::default();
+            let (shared, _close) = shared(http);
+            let (mut client, _task) = open(&shared);
+            // Some time passes before the request: it does not count.
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            client
+                .write_all(b"GET /quick HTTP/1.1\r\nHost: a\r\n\r\n")
+                .await
+                .expect("written");
+            let (answer, answered) = one_answer(&mut client).await;
+            assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+            assert!(answer.ends_with("quick"), "{answer}");
+            let (rest, closed) = until_closed(&mut client).await;
+            assert_eq!(rest, "");
+            about(closed - answered, http.idle_timeout);
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn a_request_running_outlives_every_timeout_and_is_answered() {
+            let http = HttpConfig::default();
+            assert!(SLOW > http.idle_timeout * 4 && SLOW > http.header_read_timeout * 4);
+            let (shared, _close) = shared(http);
+            let (mut client, _task) = open(&shared);
+            let begun = Instant::now();
+            client
+                .write_all(b"GET /slow HTTP/1.1\r\nHost: a\r\n\r\n")
+                .await
+                .expect("written");
+            let (answer, answered) = one_answer(&mut client).await;
+            assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+            assert!(answer.ends_with("slow"), "{answer}");
+            about(answered - begun, SLOW);
+        }
+
+        #[tokio::test(start_paused = true)]
+        async fn the_shutdown_drops_an_idle_connection_at_once_and_answers_a_running_one() {
+            let http = HttpConfig::default();
+            let (shared, close) = shared(http);
+            let (mut idle, _idle_task) = open(&shared);
+            let (mut busy, busy_task) = open(&shared);
+            busy.write_all(b"GET /slow HTTP/1.1\r\nHost: a\r\n\r\n")
+                .await
+                .expect("written");
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let began = Instant::now();
+            close.send(true).expect("the connections listen");
+            let (answer, closed) = until_closed(&mut idle).await;
+            assert_eq!(answer, "");
+            assert_eq!(closed, began, "the idle connection is dropped at once");
+            let (answer, answered) = until_closed(&mut busy).await;
+            assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+            assert!(answer.ends_with("slow"), "{answer}");
+            about(answered - began, SLOW - Duration::from_secs(1));
+            busy_task
+                .await
+                .expect("the connection task ends after its answer");
+        }
     }
 }
