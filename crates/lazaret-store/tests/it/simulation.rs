@@ -263,9 +263,6 @@ pub struct Run {
     injected: u64,
     /// Liveness: the run ended without draining.
     stuck: Option<String>,
-    /// Types shed for good (see `Sim::shed_for_good`), and jobs dropped.
-    shed_types: usize,
-    shed_keys: u64,
 }
 
 // ---------------------------------------------------------------------------
@@ -294,9 +291,6 @@ struct Sim {
     outage_until: Option<u64>,
     steps: u64,
     breakage: Option<Breakage>,
-    /// Types found shed for good, and the jobs never sent for it.
-    stuck_types: BTreeSet<String>,
-    shed_keys: u64,
 }
 
 fn now_of(clock: &AtomicI64) -> Timestamp {
@@ -385,8 +379,6 @@ impl Sim {
             outage_until: None,
             steps: 0,
             breakage,
-            stuck_types: BTreeSet::new(),
-            shed_keys: 0,
         }
     }
 
@@ -580,55 +572,14 @@ impl Sim {
             }
             Verdict::Shed { retry_after, .. } => {
                 call.fail();
-                if self.shed_for_good(&spec.ty).await {
-                    // Nothing would ever change the answer: record it
-                    // and stop sending (see `shed_for_good`).
-                    self.stuck_types.insert(spec.ty.clone());
-                    self.shed_keys += 1;
-                    return;
-                }
+                // Shed while a breaker is open or half-open: sent again
+                // after `Retry-After`. A half-open breaker with nothing
+                // left to probe closes after a cooldown (seed 990 found
+                // one that never did, and the type was shed for good).
                 self.retry_enqueue(key, retry_after.as_millis() as u64);
             }
             other => panic!("{key}: unexpected verdict {other:?}"),
         }
-    }
-
-    /// Whether `ty` is shed for good: a breaker of it half-open (so its
-    /// enqueues are shed, as the API contract says), and no job of it
-    /// waiting, leased or about to be redriven, so no probe can ever run
-    /// and close the breaker. Found by this simulation (seed 990);
-    /// `docs/reliability.md`, "Simulation on the real store", says what
-    /// it means. Counted, not failed, until the contract decides.
-    async fn shed_for_good(&mut self, ty: &str) -> bool {
-        let now = self.now();
-        let half_open = self.breakers.snapshot(now).iter().any(|b| {
-            b.ty.as_str() == ty && matches!(b.state, lazaret_core::BreakerState::HalfOpen { .. })
-        });
-        while self.breakers.poll_transition().is_some() {}
-        if !half_open
-            || self
-                .dead_letters
-                .iter()
-                .any(|(_, k)| self.specs[k].ty == ty)
-        {
-            return false;
-        }
-        for state in [JobState::Queued, JobState::Scheduled, JobState::Leased] {
-            let (page, _) = self
-                .store
-                .jobs(JobQuery {
-                    state: Some(state),
-                    job_type: Some(ty.to_owned()),
-                    limit: 1,
-                    ..JobQuery::default()
-                })
-                .await
-                .expect("list jobs");
-            if !page.is_empty() {
-                return false;
-            }
-        }
-        true
     }
 
     fn retry_enqueue(&mut self, key: String, after_ms: u64) {
@@ -1051,8 +1002,6 @@ impl Sim {
             report,
             injected,
             stuck,
-            shed_types: self.stuck_types.len(),
-            shed_keys: self.shed_keys,
         }
     }
 }
@@ -1193,8 +1142,6 @@ struct Totals {
     indeterminate: u64,
     faults: u64,
     anomalies: u64,
-    shed_seeds: u64,
-    shed_keys: u64,
 }
 
 impl Totals {
@@ -1208,8 +1155,6 @@ impl Totals {
         self.indeterminate += r.report.indeterminate as u64;
         self.faults += r.injected;
         self.anomalies += r.report.anomalies.len() as u64;
-        self.shed_seeds += u64::from(r.shed_types > 0);
-        self.shed_keys += r.shed_keys;
     }
 
     fn merge(&mut self, o: &Totals) {
@@ -1222,8 +1167,6 @@ impl Totals {
         self.indeterminate += o.indeterminate;
         self.faults += o.faults;
         self.anomalies += o.anomalies;
-        self.shed_seeds += o.shed_seeds;
-        self.shed_keys += o.shed_keys;
     }
 }
 
@@ -1232,8 +1175,7 @@ impl fmt::Display for Totals {
         write!(
             f,
             "{} seeds, {} operations: {} jobs acknowledged, {} completed, {} dead-lettered, \
-             {} recovered, {} indeterminate; {} faults injected; {} anomalies; \
-             {} seeds with a type shed for good ({} jobs never admitted)",
+             {} recovered, {} indeterminate; {} faults injected; {} anomalies",
             self.seeds,
             self.operations,
             self.acknowledged,
@@ -1242,9 +1184,7 @@ impl fmt::Display for Totals {
             self.recovered,
             self.indeterminate,
             self.faults,
-            self.anomalies,
-            self.shed_seeds,
-            self.shed_keys
+            self.anomalies
         )
     }
 }
