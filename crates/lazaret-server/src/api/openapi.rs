@@ -118,7 +118,7 @@ fn described(method: &Method, path: &str) -> Described {
         ("POST", "/v1/acks") => D::new("Ack many leased jobs.", &[(200, "`{results: [reply | {error}]}` in order")]).body(schema::<leases::ItemsBody>),
         ("POST", "/v1/fails") => D::new("Fail many leased jobs (every item needs `error`).", &[(200, "`{results: [reply | {error}]}` in order")]).body(schema::<leases::ItemsBody>),
         ("POST", "/v1/outcomes") => D::new("Ack (no `error`) and fail (with `error`) many leased jobs.", &[(200, "`{results: [reply | {error}]}` in order")]).body(schema::<leases::ItemsBody>),
-        ("GET", "/v1/dead-letters") => D::new("A page of dead letters, newest first.", &[(200, "`{items: [dead letter], next_cursor}`")]).query(root::<dead_letters::DlQuery>),
+        ("GET", "/v1/dead-letters") => D::new("A page of dead letters, newest first (404 when `job_id` names no job).", &[(200, "`{items: [dead letter], next_cursor}`")]).errors(&[404]).query(root::<dead_letters::DlQuery>),
         ("GET", "/v1/dead-letters/reasons") => D::new("Dead letters held now, counted by reason and type.", &[(200, "`{reasons: [{reason, type, count, first_at, last_at}]}`")]),
         ("POST", "/v1/dead-letters/redrive") => D::new("Redrive dead letters by id or filter (dry-runnable, rate-limited); audited.", &[(200, "`{matched, redriven, job_ids, items: [{dead_letter_id, job_id, source, message_id}], not_found}`")]).body(schema::<dead_letters::SelectBody>),
         ("POST", "/v1/dead-letters/purge") => D::new("Delete dead letters by id or filter (`confirm: true`); audited.", &[(200, "`{purged, not_found}`")]).body(schema::<dead_letters::SelectBody>),
@@ -146,7 +146,12 @@ pub fn document(specs: &[Spec]) -> Value {
         .into_generator();
     let mut paths = Map::new();
     for spec in specs.iter().filter(|s| s.path.starts_with("/v1/")) {
-        let op = operation(spec, &described(&spec.method, spec.path), &mut g, &mut inline);
+        let op = operation(
+            spec,
+            &described(&spec.method, spec.path),
+            &mut g,
+            &mut inline,
+        );
         let item = paths
             .entry(spec.path)
             .or_insert_with(|| Value::Object(Map::new()));
@@ -206,7 +211,11 @@ fn operation(
             let roles = role_words(|r| action.allowed_for(r));
             op.insert("x-lazaret-action".into(), action.as_str().into());
             op.insert("x-lazaret-roles".into(), json!(roles));
-            format!("Roles: {} (action `{}`).", roles.join(", "), action.as_str())
+            format!(
+                "Roles: {} (action `{}`).",
+                roles.join(", "),
+                action.as_str()
+            )
         }
     };
     let mut description = who;
@@ -287,7 +296,8 @@ fn query_params(schema: Schema) -> Vec<Value> {
                 p.remove("nullable");
                 p.remove("description")
             });
-            let mut param = json!({ "name": name, "in": "query", "required": false, "schema": prop });
+            let mut param =
+                json!({ "name": name, "in": "query", "required": false, "schema": prop });
             if let Some(d) = description {
                 param["description"] = d;
             }
@@ -344,13 +354,21 @@ const ERRORS: [(&str, u16, &str); 9] = [
         400,
         "`BAD_REQUEST` (malformed request, unknown query parameter or body key) or `NO_TENANT`.",
     ),
-    ("Unauthorized", 401, "`UNAUTHORIZED`: missing or unknown token."),
+    (
+        "Unauthorized",
+        401,
+        "`UNAUTHORIZED`: missing or unknown token.",
+    ),
     (
         "Forbidden",
         403,
         "`FORBIDDEN`: the token's role may not do this, or a browser request refused (`reason`: `cross_origin`, `host_not_allowed`).",
     ),
-    ("NotFound", 404, "`NOT_FOUND`: no such job, dead letter or token."),
+    (
+        "NotFound",
+        404,
+        "`NOT_FOUND`: no such job, dead letter or token.",
+    ),
     (
         "Conflict",
         409,

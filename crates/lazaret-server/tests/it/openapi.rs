@@ -41,7 +41,10 @@ fn problems(doc: &Value, specs: &[Spec]) -> Vec<String> {
     if !doc["openapi"].as_str().is_some_and(|v| v.starts_with("3.")) {
         out.push(format!("openapi is {}, not 3.x", doc["openapi"]));
     }
-    let v1: Vec<&Spec> = specs.iter().filter(|s| s.path.starts_with("/v1/")).collect();
+    let v1: Vec<&Spec> = specs
+        .iter()
+        .filter(|s| s.path.starts_with("/v1/"))
+        .collect();
     for s in &v1 {
         let op = &doc["paths"][s.path][s.method.as_str().to_ascii_lowercase()];
         let name = format!("{} {}", s.method, s.path);
@@ -49,7 +52,7 @@ fn problems(doc: &Value, specs: &[Spec]) -> Vec<String> {
             out.push(format!("{name}: not in paths"));
             continue;
         }
-        if !op["responses"].as_object().is_some_and(|r| !r.is_empty()) {
+        if op["responses"].as_object().is_none_or(|r| r.is_empty()) {
             out.push(format!("{name}: no responses"));
         }
         match s.access {
@@ -93,7 +96,12 @@ fn problems(doc: &Value, specs: &[Spec]) -> Vec<String> {
     }
     let operations: usize = doc["paths"]
         .as_object()
-        .map(|p| p.values().filter_map(Value::as_object).map(|m| m.len()).sum())
+        .map(|p| {
+            p.values()
+                .filter_map(Value::as_object)
+                .map(|m| m.len())
+                .sum()
+        })
         .unwrap_or(0);
     if operations != v1.len() {
         out.push(format!(
@@ -107,9 +115,7 @@ fn problems(doc: &Value, specs: &[Spec]) -> Vec<String> {
         out.push("no $ref at all: the shared error envelope is not used".into());
     }
     for r in refs {
-        let resolved = r
-            .strip_prefix('#')
-            .and_then(|pointer| doc.pointer(pointer));
+        let resolved = r.strip_prefix('#').and_then(|pointer| doc.pointer(pointer));
         if resolved.is_none() {
             out.push(format!("$ref {r} does not resolve"));
         }
@@ -163,11 +169,25 @@ async fn the_served_document_describes_every_v1_route_of_the_table() {
         app.config.admission.body_bytes_max()
     );
     // A request schema is derived from the handler's own type.
-    let enqueue = &doc["paths"]["/v1/jobs"]["post"]["requestBody"]["content"]["application/json"]["schema"];
-    let target = enqueue["$ref"].as_str().expect("a $ref to the enqueue body");
+    let enqueue =
+        &doc["paths"]["/v1/jobs"]["post"]["requestBody"]["content"]["application/json"]["schema"];
+    let target = enqueue["$ref"]
+        .as_str()
+        .expect("a $ref to the enqueue body");
     let props = &doc.pointer(&target[1..]).unwrap()["properties"];
-    for field in ["type", "tenant", "lane", "payload", "idempotency_key", "schema_version", "delay_ms"] {
-        assert!(props.get(field).is_some(), "enqueue body has no {field}: {props}");
+    for field in [
+        "type",
+        "tenant",
+        "lane",
+        "payload",
+        "idempotency_key",
+        "schema_version",
+        "delay_ms",
+    ] {
+        assert!(
+            props.get(field).is_some(),
+            "enqueue body has no {field}: {props}"
+        );
     }
     // Roles come from the table.
     assert_eq!(
