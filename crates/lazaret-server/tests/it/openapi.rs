@@ -5,12 +5,13 @@
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::http::{Request, StatusCode};
+use axum::http::{Method, Request, StatusCode};
 use http_body_util::BodyExt as _;
 use lazaret_core::FairScheduler;
 use lazaret_server::api::openapi::document;
 use lazaret_server::api::routes::{Access, BodyCap, Spec, table};
 use lazaret_server::app::App;
+use lazaret_server::auth::Action;
 use lazaret_server::config::ServerConfig;
 use lazaret_store::{Durability, PolicyDecider, SqliteStore};
 use serde_json::Value;
@@ -213,6 +214,36 @@ fn the_checks_find_a_missing_route_and_a_dangling_ref() {
     assert!(
         found.contains("#/components/responses/NotFound does not resolve"),
         "{found}"
+    );
+}
+
+/// A route the generator has never heard of (a new row of the table) is
+/// documented from its row alone: roles, cap, path parameter, errors.
+#[test]
+fn a_new_row_of_the_table_is_documented_without_another_edit() {
+    let mut specs = specs(&ServerConfig::default());
+    specs.push(Spec {
+        method: Method::POST,
+        path: "/v1/not-yet/{id}/described",
+        access: Access::May(Action::Operate),
+        body: BodyCap::Buffered(4096),
+    });
+    let doc = document(&specs);
+    assert!(
+        problems(&doc, &specs).is_empty(),
+        "{:?}",
+        problems(&doc, &specs)
+    );
+    let op = &doc["paths"]["/v1/not-yet/{id}/described"]["post"];
+    assert_eq!(
+        op["x-lazaret-roles"],
+        serde_json::json!(["operator", "admin"])
+    );
+    assert_eq!(op["x-lazaret-body-max"], 4096);
+    assert_eq!(op["summary"], "POST /v1/not-yet/{id}/described");
+    assert_eq!(
+        op["requestBody"]["content"]["application/json"]["schema"]["type"],
+        "object"
     );
 }
 
