@@ -11,6 +11,7 @@ use lazaret_guard::{RedriveError, SourceSet};
 use lazaret_store::{
     AuditEntry, AuditId, DeadLetter, DeadLetterFilter, DeadLetterId, Selector, Stage, Store,
 };
+use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -24,7 +25,7 @@ use super::{
     stored_payload,
 };
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct DlQuery {
     #[serde(rename = "type")]
@@ -267,9 +268,9 @@ pub(super) async fn groups<S: Store>(
 
 /// The body of a redrive or purge. Unknown keys are refused: a misspelt
 /// `dry_run` must not turn a rehearsal into the real thing.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct SelectBody {
+pub(super) struct SelectBody {
     ids: Option<Vec<Value>>,
     filter: Option<SelectFilter>,
     #[serde(default)]
@@ -282,9 +283,9 @@ struct SelectBody {
 }
 
 /// The filter of a redrive or purge: the contract's keys, no others.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct SelectFilter {
+pub(super) struct SelectFilter {
     #[serde(rename = "type")]
     job_type: Option<String>,
     tenant: Option<String>,
@@ -862,9 +863,9 @@ fn present_raw<'de, D: serde::Deserializer<'de>>(
 }
 
 /// The body of `POST /v1/dead-letters/{id}/redrive`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct CorrectedBody {
+pub(super) struct CorrectedBody {
     #[serde(default, deserialize_with = "present_raw")]
     payload: Option<Box<serde_json::value::RawValue>>,
     reason: Option<String>,

@@ -18,6 +18,7 @@ use lazaret_store::{
     AdmissionRecord, AuditEntry, CancelError, Cancelled, EnqueueOutcome, JobQuery, JobView, NewJob,
     Store,
 };
+use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
@@ -42,8 +43,8 @@ fn present<'de: 'a, 'a, D: serde::Deserializer<'de>>(
     <&'a RawValue>::deserialize(d).map(Some)
 }
 
-#[derive(Debug, Deserialize)]
-struct EnqueueBody<'a> {
+#[derive(Debug, Deserialize, JsonSchema)]
+pub(super) struct EnqueueBody<'a> {
     #[serde(rename = "type")]
     job_type: Option<String>,
     tenant: Option<String>,
@@ -416,9 +417,11 @@ pub(super) async fn enqueue<S: Store>(
     Ok((status, Json(body)).into_response())
 }
 
-#[derive(Debug, Deserialize)]
-struct BatchBody<'a> {
+#[derive(Debug, Deserialize, JsonSchema)]
+pub(super) struct BatchBody<'a> {
+    /// Each job as `POST /v1/jobs` takes it; one bad job is one error in the reply.
     #[serde(borrow)]
+    #[schemars(with = "Vec<EnqueueBody<'static>>")]
     jobs: Vec<&'a RawValue>,
 }
 
@@ -533,7 +536,7 @@ async fn admit_batch<S: Store>(app: &App<S>, caller: &Caller, bytes: &[u8]) -> A
 const ENQUEUE_CHUNK: usize = 10;
 
 /// The query of `GET /v1/jobs/{id}`; any other parameter is refused.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct JobParams {
     payload: Option<String>,
@@ -599,7 +602,7 @@ pub(super) async fn job_payload<S: Store>(
 }
 
 /// The query of `GET /v1/jobs`; any other parameter is refused.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct ListParams {
     state: Option<String>,
@@ -667,9 +670,9 @@ pub(super) async fn list<S: Store>(
 }
 
 /// The optional body of a cancel.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-struct CancelBody {
+pub(super) struct CancelBody {
     /// Why, for the audit log.
     reason: Option<String>,
 }

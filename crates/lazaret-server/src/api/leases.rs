@@ -11,6 +11,7 @@ use lazaret_core::{
     WorkerId,
 };
 use lazaret_store::{Completed, Completion, LeaseRequest, LeaseToken, LeasedJob, Store};
+use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
@@ -25,8 +26,8 @@ use super::{
     check_field, ok, parse_id, parse_json,
 };
 
-#[derive(Debug, Deserialize)]
-struct LeaseBody {
+#[derive(Debug, Deserialize, JsonSchema)]
+pub(super) struct LeaseBody {
     worker_id: Option<String>,
     lanes: Option<Vec<String>>,
     types: Option<Vec<String>>,
@@ -144,15 +145,16 @@ async fn lease_jobs<S: Store>(app: &App<S>, b: LeaseBody) -> Result<Vec<LeasedJo
     }
 }
 
-#[derive(Debug, Deserialize)]
-struct AckBody {
+#[derive(Debug, Deserialize, JsonSchema)]
+pub(super) struct AckBody {
     lease_token: String,
     /// A lease request answered in the same reply, once the outcome stands.
+    #[schemars(with = "Option<LeaseBody>")]
     next: Option<Box<RawValue>>,
 }
 
-#[derive(Debug, Deserialize)]
-struct ErrorBody {
+#[derive(Debug, Deserialize, JsonSchema)]
+pub(super) struct ErrorBody {
     class: Option<String>,
     kind: Option<String>,
     message: Option<String>,
@@ -160,16 +162,17 @@ struct ErrorBody {
     retry_after_ms: Option<u64>,
 }
 
-#[derive(Debug, Deserialize)]
-struct FailBody {
+#[derive(Debug, Deserialize, JsonSchema)]
+pub(super) struct FailBody {
     lease_token: String,
     error: ErrorBody,
     /// As in [`AckBody`].
+    #[schemars(with = "Option<LeaseBody>")]
     next: Option<Box<RawValue>>,
 }
 
-#[derive(Debug, Deserialize)]
-struct ItemBody {
+#[derive(Debug, Deserialize, JsonSchema)]
+pub(super) struct ItemBody {
     id: String,
     lease_token: String,
     error: Option<ErrorBody>,
@@ -356,10 +359,11 @@ pub(super) async fn fail<S: Store>(
     single(&app, id, c, b.next).await
 }
 
-#[derive(Debug, Deserialize)]
-struct ItemsBody {
+#[derive(Debug, Deserialize, JsonSchema)]
+pub(super) struct ItemsBody {
     items: Vec<ItemBody>,
     /// As in [`AckBody`]: leased once the outcomes are applied.
+    #[schemars(with = "Option<LeaseBody>")]
     next: Option<Box<RawValue>>,
 }
 
@@ -419,8 +423,8 @@ pub(super) async fn outcomes<S: Store>(State(app): Shared<S>, body: Bytes) -> Ap
     batch_outcomes(&app, &body, Outcomes::Mixed).await
 }
 
-#[derive(Debug, Deserialize)]
-struct HeartbeatBody {
+#[derive(Debug, Deserialize, JsonSchema)]
+pub(super) struct HeartbeatBody {
     lease_token: String,
     extend_ms: Option<u64>,
 }

@@ -9,6 +9,7 @@ mod dashboard;
 mod dead_letters;
 mod jobs;
 mod leases;
+pub mod openapi;
 mod operations;
 pub mod routes;
 mod tokens;

@@ -7,6 +7,7 @@ use axum::http::header;
 use axum::response::IntoResponse;
 use lazaret_core::NAME_BYTES_MAX;
 use lazaret_store::{AuditEntry, AuditId, AuditQuery, PauseTarget, Store};
+use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -19,8 +20,8 @@ use super::{
     ApiResult, Shared, audit_request, check_field, empty_none, ok, page_limit, parse_json,
 };
 
-#[derive(Debug, Deserialize)]
-struct PauseBody {
+#[derive(Debug, Deserialize, JsonSchema)]
+pub(super) struct PauseBody {
     #[serde(rename = "type")]
     job_type: Option<String>,
     lane: Option<String>,
@@ -93,7 +94,7 @@ pub(super) async fn resume<S: Store>(
 }
 
 /// The query of `GET /v1/audit`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct AuditParams {
     limit: Option<u32>,

@@ -29,7 +29,7 @@ use super::{
     CANCEL_BODY_BYTES_MAX as CANCEL, LEASE_BODY_BYTES_MAX as LEASE,
     OPERATE_BODY_BYTES_MAX as OPERATE, OUTCOME_BODY_BYTES_MAX as OUTCOME,
     TOKEN_BODY_BYTES_MAX as TOKEN, connection_close, dashboard, dead_letters, healthz, jobs,
-    leases, operations, tokens,
+    leases, openapi, operations, tokens,
 };
 
 /// Who may call a route.
@@ -138,6 +138,7 @@ pub fn table<S: Store>(config: &ServerConfig) -> Vec<Route<S>> {
         get("/dashboard/app.css", Open, dashboard::app_css),
         get("/healthz", Open, healthz::<S>),
         get("/metrics", Open, operations::metrics::<S>),
+        get("/openapi.json", Open, openapi::serve::<S>),
         get("/v1/whoami", AnyToken, dashboard::whoami::<S>),
         // Producers. An enqueue streams its body, capped while it reads.
         post("/v1/jobs", May(Produce), Streamed(corrected), jobs::enqueue::<S>),

@@ -6,6 +6,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use lazaret_store::{ApiToken, AuditEntry, Store, TokenError};
+use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -43,8 +44,8 @@ pub(super) async fn tokens<S: Store>(State(app): Shared<S>) -> ApiResult {
     ok(json!({ "items": items }))
 }
 
-#[derive(Debug, Deserialize)]
-struct CreateTokenBody {
+#[derive(Debug, Deserialize, JsonSchema)]
+pub(super) struct CreateTokenBody {
     name: Option<String>,
     role: Option<String>,
 }

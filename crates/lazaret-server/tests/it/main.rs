@@ -2,5 +2,6 @@
 
 mod backpressure;
 mod browser;
+mod openapi;
 mod roles;
 mod stats;

@@ -179,7 +179,8 @@ async fn every_route_but_the_open_ones_refuses_an_unknown_token_before_reading_t
             "/dashboard/app.js",
             "/dashboard/app.css",
             "/healthz",
-            "/metrics"
+            "/metrics",
+            "/openapi.json"
         ]
     );
 }
@@ -214,6 +215,7 @@ GET    /dashboard/app.js              open
 GET    /dashboard/app.css             open
 GET    /healthz                       open
 GET    /metrics                       open
+GET    /openapi.json                  open
 GET    /v1/whoami                     any token
 POST   /v1/jobs                       producer admin
 GET    /v1/jobs                       producer operator admin
