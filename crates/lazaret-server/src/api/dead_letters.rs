@@ -159,7 +159,7 @@ pub(super) async fn reasons<S: Store>(State(app): Shared<S>) -> ApiResult {
     ok(json!({ "reasons": r.iter().map(views::reason).collect::<Vec<_>>() }))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub(super) struct GroupsQuery {
     #[serde(rename = "type")]
