@@ -7,8 +7,8 @@ use super::pg;
 use super::writer::{JOB_COLUMNS, stored_job};
 use crate::{
     ApiToken, AuditEntry, AuditId, AuditPage, AuditQuery, DeadLetter, DeadLetterFilter,
-    DeadLetterId, FailureGroup, GROUP_NAMES_MAX, GroupCursor, GroupQuery, Held, HeldRetry,
-    JobView, ReasonCount, Selector, SourceRef, Stage, StoreError, Switch,
+    DeadLetterId, FailureGroup, GROUP_NAMES_MAX, GroupCursor, GroupQuery, Held, HeldRetry, JobView,
+    ReasonCount, Selector, SourceRef, Stage, StoreError, Switch,
 };
 
 fn corrupt(e: impl std::fmt::Display) -> StoreError {
