@@ -1048,7 +1048,7 @@ impl<H: Host> Inner<H> {
                 }))
             }
         };
-        crate::failpoint::fail_point!("guard::held_retry_before_outcome" if matches!(origin, Origin::Parked));
+        crate::failpoint::fail_point!("guard::held_retry_before_outcome" if matches!(origin, Origin::HeldRetry));
         // A refused write keeps the outcome and is tried again (the
         // message held meanwhile); it fails only when the source stops.
         match self.write_held(origin.acker(), delivery, &write).await {
