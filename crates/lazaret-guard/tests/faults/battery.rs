@@ -70,6 +70,12 @@ pub trait FaultBroker {
     /// how many.
     fn kill_connections(&self, source: &str) -> Result<usize, String>;
 
+    /// After a restart that lost the broker's state, creates the queue
+    /// again as the team's setup would (Redis: the guard does it itself).
+    async fn after_restart(&self, queue: &str) {
+        let _ = queue;
+    }
+
     /// Removes the queue (stream) after the run.
     async fn remove(&self, queue: &str);
 }
@@ -335,6 +341,9 @@ pub async fn run<B: FaultBroker>(b: &B, label: &str) {
                 }
                 tokio::task::block_in_place(|| restorer.restart(B::SERVICE))
                     .unwrap_or_else(|e| panic!("{label}: restart: {e}"));
+                if !B::RESTART_KEEPS {
+                    b.after_restart(&queue).await;
+                }
                 "stopped and started again".to_owned()
             }
         };
