@@ -6,6 +6,7 @@
 //! and check.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::Write as _;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -86,7 +87,9 @@ pub fn enabled(test: &str) -> bool {
     if std::env::var("LAZARET_FAULTS").is_ok_and(|v| v == "1") {
         return true;
     }
-    eprintln!(
+    // Past the harness's capture, as `lazaret_testkit::skip` says it.
+    let _ = writeln!(
+        std::io::stderr(),
         "SKIPPED {test}: the broker fault battery restarts shared brokers; run it alone with \
          LAZARET_FAULTS=1 cargo test -p lazaret-guard --test faults -- --test-threads=1 \
          (.ci/run does, after the workspace's tests)"
