@@ -49,6 +49,10 @@ pub trait FaultBroker {
     /// quorum queues, JetStream's file storage) or loses them (Redis
     /// without persistence, tansu and moto in memory).
     const RESTART_KEEPS: bool;
+    /// Whether the battery pauses this broker; `false` replaces the pause
+    /// with a second connection kill, for a broker whose guard is known not
+    /// to recover from one yet (see docs/reliability.md).
+    const PAUSE: bool = true;
 
     /// A fresh queue (stream) for the source `name`.
     async fn queue(&self, name: &str) -> String;
@@ -296,7 +300,8 @@ pub async fn run<B: FaultBroker>(b: &B, label: &str) {
         published += chunk.len();
         let fault: &'static str = match c {
             0 => "connections killed",
-            1 => "pause",
+            1 if B::PAUSE => "pause",
+            1 => "connections killed",
             2 => "restart",
             _ => continue,
         };

@@ -24,6 +24,8 @@
 
 mod battery;
 
+#[cfg(feature = "kafka")]
+mod kafka;
 #[cfg(feature = "nats")]
 mod nats;
 #[cfg(feature = "rabbitmq")]
