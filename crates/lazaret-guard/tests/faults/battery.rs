@@ -53,6 +53,12 @@ pub trait FaultBroker {
     /// with a second connection kill, for a broker whose guard is known not
     /// to recover from one yet (see docs/reliability.md).
     const PAUSE: bool = true;
+    /// Whether the broker is known to hand one message to two receives at
+    /// once (moto's unlocked receive, see `sqs.rs`): a first receive
+    /// (attempt 1, not redelivered by the broker's own count) that reaches
+    /// the guard after a copy the broker marked redelivered is then the
+    /// broker's, counted apart, not an attempt going backwards.
+    const COPIES_AT_ONCE: bool = false;
 
     /// A fresh queue (stream) for the source `name`.
     async fn queue(&self, name: &str) -> String;
@@ -429,17 +435,18 @@ pub async fn run<B: FaultBroker>(b: &B, label: &str) {
     let restored = restorer.restore();
 
     let report = history.check();
-    let verdict = judge(&history, &report, &before_restart);
+    let verdict = judge(&history, &report, &before_restart, B::COPIES_AT_ONCE);
     let took = started.elapsed();
     let mut summary = format!(
         "FAULTS {label}: {total} messages in {took:.1?}: {} completed, {} quarantined, \
          {} lost by the broker's restart (never delivered), {} acks the broker lost \
-         (redelivered after a settled ack), {} guard anomalies; duplicates at-least-once \
-         allowed {:?}; most deliveries of one message {}",
+         (redelivered after a settled ack), {} copies the broker handed out at once, {} guard \
+         anomalies; duplicates at-least-once allowed {:?}; most deliveries of one message {}",
         report.completed,
         report.dead_lettered,
         verdict.broker_lost.len(),
         verdict.acks_lost,
+        verdict.copies_at_once,
         verdict.anomalies.len(),
         report.duplicated_allowed,
         report.deliveries_max,
@@ -493,27 +500,44 @@ struct Verdict {
     /// broker did not get the ack (it went with a connection or a
     /// restart), at-least-once.
     acks_lost: usize,
+    /// First receives delivered after a redelivered copy of the same
+    /// message, for a broker that declares `COPIES_AT_ONCE`.
+    copies_at_once: usize,
     /// Everything else the checker found: lazaret's broken promises.
     anomalies: Vec<lazaret_testkit::history::Anomaly>,
 }
 
-fn judge(history: &Recorder, report: &Report, before_restart: &HashSet<String>) -> Verdict {
+fn judge(
+    history: &Recorder,
+    report: &Report,
+    before_restart: &HashSet<String>,
+    copies_at_once: bool,
+) -> Verdict {
     let h = history.history();
     let mut delivered: HashMap<&str, usize> = HashMap::new();
     let mut redelivered_after: HashSet<String> = HashSet::new();
+    // A first receive (attempt 1, not redelivered) after a redelivered
+    // copy: the broker's count contradicts its own order.
+    let mut first_after_copy: HashSet<String> = HashSet::new();
     for e in &h.entries {
         if let Op::Deliver {
-            id, redelivered, ..
+            id,
+            redelivered,
+            attempt,
+            ..
         } = &e.op
         {
             *delivered.entry(id.as_str()).or_insert(0) += 1;
             if *redelivered {
                 redelivered_after.insert(id.clone());
+            } else if *attempt == 1 && redelivered_after.contains(id) {
+                first_after_copy.insert(id.clone());
             }
         }
     }
     let mut broker_lost = Vec::new();
     let mut acks_lost = 0;
+    let mut copies = 0;
     let mut anomalies = Vec::new();
     for a in &report.anomalies {
         match a.kind {
@@ -523,12 +547,16 @@ fn judge(history: &Recorder, report: &Report, before_restart: &HashSet<String>) 
                 broker_lost.push(a.id.clone());
             }
             AnomalyKind::DeliveryAfterAck if redelivered_after.contains(&a.id) => acks_lost += 1,
+            AnomalyKind::AttemptBackwards if copies_at_once && first_after_copy.contains(&a.id) => {
+                copies += 1;
+            }
             _ => anomalies.push(a.clone()),
         }
     }
     Verdict {
         broker_lost,
         acks_lost,
+        copies_at_once: copies,
         anomalies,
     }
 }

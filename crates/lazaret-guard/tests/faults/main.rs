@@ -32,3 +32,5 @@ mod nats;
 mod rabbitmq;
 #[cfg(feature = "redis")]
 mod redis;
+#[cfg(feature = "sqs")]
+mod sqs;
