@@ -1,5 +1,7 @@
 //! Kafka (tansu) under faults: the broker's client sockets destroyed
-//! (`ss -K`), twice, and a restart; no pause yet (see `PAUSE` below). The machine's tansu keeps everything in memory: a restart loses
+//! (`ss -K`), twice, and a restart; no pause (tansu's group coordinator
+//! does not recover from one, see `PAUSE` below). The machine's tansu
+//! keeps everything in memory: a restart loses
 //! the topic, its records and the group's committed offsets; the battery
 //! creates the topic again, as the team's setup would. Records the guard
 //! had not received by then are lost by the broker and counted apart.
@@ -47,10 +49,11 @@ impl Kafka {
 impl FaultBroker for Kafka {
     const SERVICE: Service = Service::Tansu;
     const RESTART_KEEPS: bool = false;
-    // After tansu is stopped for 12 s the guard settles what it had but
-    // none of what is published next (within 120 s): not yet told apart
-    // between the guard and tansu's group coordinator, so not run here
-    // (docs/reliability.md, "Broker faults under the guard").
+    // Not run: after tansu 0.6 is stopped past the group session timeout,
+    // its group coordinator keeps naming the member whose session expired
+    // as the group's leader, so no member is ever assigned a partition
+    // again; a plain rdkafka consumer, without the guard, stalls the same
+    // way (docs/reliability.md, "Broker faults under the guard").
     const PAUSE: bool = false;
 
     async fn queue(&self, name: &str) -> String {
