@@ -19,6 +19,7 @@
 //! system went past the point where it would have (a later message
 //! handled, a gate that looked and refused), then asserts.
 
+pub mod faults;
 pub mod history;
 
 use std::future::Future;
