@@ -671,15 +671,8 @@ pub(super) async fn purge<S: Store>(
         .into_iter()
         .map(|(i, _)| i)
         .collect();
-    // Ids that match nothing (a typo, or gone already): named, as redrive
-    // names them, so that a client can say the purge did not do all it named.
-    let mut not_found: Vec<String> = Vec::new();
-    for id in &requested {
-        let text = id.0.to_string();
-        if !ids.contains(id) && !not_found.contains(&text) {
-            not_found.push(text);
-        }
-    }
+    // Ids that match nothing: named, as redrive names them.
+    let not_found = not_found(&requested, &ids);
     // Written first; the purge adds its count in its own transaction.
     let entry = app
         .store
@@ -798,13 +791,7 @@ async fn set_archived<S: Store>(
             .map(|(i, _)| i)
             .collect();
     }
-    let mut not_found: Vec<String> = Vec::new();
-    for id in &requested {
-        let text = id.0.to_string();
-        if !ids.contains(id) && !not_found.contains(&text) {
-            not_found.push(text);
-        }
-    }
+    let not_found = not_found(&requested, &ids);
     let reply = |changed: u64, interrupted: bool| {
         let mut r = json!({
             "matched": ids.len(),
@@ -1033,4 +1020,18 @@ pub(super) async fn redrive_corrected<S: Store>(
             error.unwrap_or_default()
         ))),
     }
+}
+
+/// The ids asked for that match nothing (a typo, or gone already), each
+/// once, in the order asked: named in the answer, so that a client can say
+/// the action did not do all it named.
+fn not_found(requested: &[DeadLetterId], matched: &[DeadLetterId]) -> Vec<String> {
+    let mut missing: Vec<String> = Vec::new();
+    for id in requested {
+        let text = id.0.to_string();
+        if !matched.contains(id) && !missing.contains(&text) {
+            missing.push(text);
+        }
+    }
+    missing
 }
