@@ -1043,3 +1043,38 @@ pub async fn serve_app(app: axum::Router) -> String {
     tokio::spawn(async move { axum::serve(listener, app).await });
     format!("http://{addr}")
 }
+
+/// A seeded xorshift for the fault batteries (`kill9.rs`,
+/// `power_loss.rs`): a run's choices and kill moments, replayable.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// The seed in `var` (to replay a run), or one from the clock (odd, as
+/// xorshift needs a non-zero state).
+pub fn seed_from(var: &str) -> u64 {
+    match std::env::var(var) {
+        Ok(s) => s
+            .parse()
+            .unwrap_or_else(|_| panic!("{var} is a number, got {s:?}")),
+        Err(_) => {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("after 1970")
+                .as_nanos() as u64
+                | 1
+        }
+    }
+}

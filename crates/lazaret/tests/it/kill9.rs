@@ -60,36 +60,6 @@ const ARMED_WAIT: Duration = Duration::from_secs(8);
 /// Kafka partition its group's session timeout.
 const DRAIN: Duration = Duration::from_secs(120);
 
-/// A seeded xorshift: the run's choices, replayable.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-fn seed() -> u64 {
-    match std::env::var("LAZARET_KILL9_SEED") {
-        Ok(s) => s.parse().expect("LAZARET_KILL9_SEED is a number"),
-        Err(_) => {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .expect("after 1970")
-                .as_nanos() as u64
-                | 1
-        }
-    }
-}
-
 fn cycles(var: &str, default: u32) -> u32 {
     std::env::var(var)
         .ok()
@@ -481,11 +451,11 @@ async fn battery(kind: Kind, test: &str, nodes: usize, cycles: u32, points: &[&'
     let Some(queue) = Queue::fresh(kind, "kill9", 2, test).await else {
         return;
     };
-    let seed = seed();
+    let seed = crate::harness::seed_from("LAZARET_KILL9_SEED");
     eprintln!(
         "{test}: seed {seed} (LAZARET_KILL9_SEED={seed} replays its choices), {cycles} cycles"
     );
-    let mut rng = Rng(seed);
+    let mut rng = crate::harness::Rng(seed);
     let history = Recorder::new();
     let seen = Seen {
         history: history.clone(),

@@ -63,36 +63,6 @@ fn powercut_artifacts(test: &str) -> Option<(PathBuf, PathBuf)> {
     }
 }
 
-/// A seeded xorshift: the run's choices and kill moments, replayable.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-fn seed() -> u64 {
-    match std::env::var("LAZARET_POWERCUT_SEED") {
-        Ok(s) => s.parse().expect("LAZARET_POWERCUT_SEED is a number"),
-        Err(_) => {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .expect("after 1970")
-                .as_nanos() as u64
-                | 1
-        }
-    }
-}
-
 fn cycles() -> u32 {
     std::env::var("LAZARET_POWERCUT_CYCLES")
         .ok()
@@ -455,8 +425,8 @@ async fn battery(durability: &str, test: &str) -> Option<Tally> {
         return None;
     }
     let (so, revert) = powercut_artifacts(test)?;
-    let seed = seed();
-    let mut rng = Rng(seed);
+    let seed = crate::harness::seed_from("LAZARET_POWERCUT_SEED");
+    let mut rng = crate::harness::Rng(seed);
     eprintln!(
         "{test}: seed {seed} (replay: LAZARET_POWERCUT_SEED={seed} cargo test -p lazaret --test it power_loss)"
     );
