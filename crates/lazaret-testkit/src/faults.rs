@@ -392,8 +392,12 @@ impl Restorer {
 impl Drop for Restorer {
     fn drop(&mut self) {
         if let Err(e) = self.restore() {
-            // Not a panic in a drop that may run during one: said loudly.
+            // Not a panic in a drop that runs during one: said loudly.
+            // Otherwise the test fails: a service left down is not a pass.
             eprintln!("RESTORE FAILED: {e}");
+            if !std::thread::panicking() {
+                panic!("a service the test touched could not be given back: {e}");
+            }
         }
     }
 }
