@@ -28,7 +28,8 @@ backoff_cap_ms = 100
 
 def load_json(path: Path) -> Dict[str, Any]:
     with open(path, encoding="utf-8") as f:
-        return json.load(f)
+        doc: Dict[str, Any] = json.load(f)
+    return doc
 
 
 def server_bin() -> Optional[str]:

@@ -40,7 +40,9 @@ class Recorder:
     def __init__(self) -> None:
         self.sent: List[Tuple[str, str, Optional[Any]]] = []
 
-    def __call__(self, method: str, url: str, headers: Dict[str, str], body: Optional[bytes], timeout: float):
+    def __call__(
+        self, method: str, url: str, headers: Dict[str, str], body: Optional[bytes], timeout: float
+    ) -> Tuple[int, Dict[str, str], bytes]:
         path = url.split("://", 1)[1].split("/", 1)[1]
         path = "/" + path
         self.sent.append((method, path, json.loads(body) if body else None))

@@ -26,7 +26,7 @@ import http.client
 import traceback as _traceback
 import urllib.error
 from datetime import datetime, timezone
-from typing import Any, Dict, Literal, Optional, Union
+from typing import Any, Dict, Literal, Optional, Tuple, Union
 
 FailureClass = Literal["transient", "permanent", "deferred"]
 
@@ -177,7 +177,7 @@ class ParseError(Exception):
         self.cause = cause
 
 
-def _timeout_types() -> tuple:
+def _timeout_types() -> Tuple[type, ...]:
     # asyncio.TimeoutError is TimeoutError from 3.11 on; before, its own class.
     return (TimeoutError, asyncio.TimeoutError)
 

@@ -24,8 +24,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Generic, List, Optional, TypeVar
 
-from .client import ApiError, Client, LeasedJob, LeaseRequest, Outcome
-from .errors import TransportError
+from .client import Client, LeasedJob, LeaseRequest, Outcome
+from .errors import ApiError, TransportError
 from .failure import Failure, ParseError, classify
 
 log = logging.getLogger("lazaret.worker")
@@ -211,7 +211,7 @@ class Worker:
         """Runs until SIGTERM or SIGINT (or `stop()`), then shuts down
         gracefully; a second signal ends the grace at once. Signal handlers
         are installed only when called from the main thread."""
-        previous: Dict[int, Any] = {}
+        previous: Dict[signal.Signals, Any] = {}
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 previous[sig] = signal.signal(sig, self._on_signal)
