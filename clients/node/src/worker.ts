@@ -241,7 +241,7 @@ export class Worker {
           break;
         }
         console.warn(`lazaret worker: leasing failed (${e instanceof Error ? e.message : e}); trying again in ${backoff} ms`);
-        await Promise.race([sleep(backoff * (0.5 + Math.random() / 2)), this.changed()]);
+        await this.changedOr(backoff * (0.5 + Math.random() / 2));
         backoff = Math.min(backoff * 2, 5000);
         continue;
       }
@@ -277,6 +277,13 @@ export class Worker {
     return new Promise((resolve) => this.wakers.push(resolve));
   }
 
+  /** Resolves on the next change or after `ms`, leaving no timer behind to hold the process open. */
+  private async changedOr(ms: number): Promise<void> {
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    await Promise.race([this.changed(), new Promise<void>((resolve) => (timer = setTimeout(resolve, ms)))]);
+    clearTimeout(timer);
+  }
+
   private start(r: Running): void {
     this.running.set(r.leased.id, r);
     void this.slot(r);
@@ -285,7 +292,7 @@ export class Worker {
   private async drain(): Promise<void> {
     const deadline = Date.now() + this.opts.shutdownGraceMs;
     while (this.running.size > 0 && !this.aborting && Date.now() < deadline) {
-      await Promise.race([this.changed(), sleep(Math.max(0, deadline - Date.now()))]);
+      await this.changedOr(Math.max(0, deadline - Date.now()));
     }
     const left = [...this.running.values()];
     if (left.length > 0) {
