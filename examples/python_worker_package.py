@@ -35,6 +35,7 @@ def build(worker: Worker) -> Worker:
 
     @worker.handler("sleep")
     def sleep(job: Job) -> None:
+        logging.info("sleep %s: started, %s s", job.id, job.payload.get("seconds", 1))
         deadline = time.monotonic() + job.payload.get("seconds", 1)
         while time.monotonic() < deadline and not job.cancel_requested:
             time.sleep(0.05)  # long enough to need heartbeats

@@ -155,7 +155,7 @@ async function sigterm(graceMs: number, sleepMs: number, tenant: string): Promis
   proc.stderr.on("data", (d) => (out += d));
   const exited = new Promise<number | null>((resolve) => proc.once("exit", resolve));
   try {
-    await eventually(async () => (await c.job(id)).state === "leased", "the worker process to lease the job");
+    await eventually(async () => out.includes(`node-sleep ${id}: started`), "the handler to start");
     proc.kill("SIGTERM");
     const code = await Promise.race([exited, new Promise<never>((_, reject) => setTimeout(() => reject(new Error(`no exit after SIGTERM: ${out}`)), 30_000))]);
     return { out, code, id };

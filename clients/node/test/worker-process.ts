@@ -9,6 +9,7 @@ import { Client, Worker } from "../src/index.js";
 const [url, grace] = process.argv.slice(2);
 const worker = new Worker(new Client(url), { leaseMs: 3000, pollWaitMs: 500, shutdownGraceMs: Number(grace), concurrency: 1 });
 worker.handle<{ ms: number }>("node-sleep", async (job) => {
+  console.log(`node-sleep ${job.id}: started`);
   const until = Date.now() + job.payload.ms;
   while (Date.now() < until && !job.signal.aborted) await new Promise((r) => setTimeout(r, 20));
 });

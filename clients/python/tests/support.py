@@ -77,6 +77,8 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
         self.log.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 

@@ -178,33 +178,39 @@ class Live(ServerTest):
              "--lease-ms", "3000", *args],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ))
 
-    def test_sigterm_lets_the_running_job_finish(self) -> None:
-        c = self.client()
-        job = c.enqueue("sleep", "acme", {"seconds": 1.5})
-        proc = self.example()
+    def sigterm_once_started(self, job_id: str, *args: str) -> str:
+        """Runs the example until its handler started `job_id`, sends SIGTERM,
+        and returns its output once it exited 0."""
+        proc = self.example(*args)
+        lines: List[str] = []
+        stdout = proc.stdout
+        assert stdout is not None
+        reader = threading.Thread(target=lambda: lines.extend(iter(stdout.readline, "")), daemon=True)
+        reader.start()
         try:
-            eventually(lambda: c.job(job.id)["state"] == "leased", "the example to lease the job")
+            eventually(lambda: any(f"sleep {job_id}: started" in line for line in list(lines)), "the handler to start")
             proc.send_signal(signal.SIGTERM)
-            out, _ = proc.communicate(timeout=30)
+            proc.wait(30)
+            reader.join(10)
         finally:
             if proc.poll() is None:
                 proc.kill()
+            stdout.close()
+        out = "".join(lines)
         self.assertEqual(proc.returncode, 0, out)
+        return out
+
+    def test_sigterm_lets_the_running_job_finish(self) -> None:
+        c = self.client()
+        job = c.enqueue("sleep", "acme", {"seconds": 1.5})
+        out = self.sigterm_once_started(job.id)
         self.assertIn("stopped: RunReport(succeeded=1", out)
         self.assertEqual(c.job(job.id)["state"], "succeeded")
 
     def test_sigterm_hands_back_what_the_grace_did_not_finish(self) -> None:
         c = self.client()
         job = c.enqueue("sleep", "globex", {"seconds": 60})
-        proc = self.example("--shutdown-grace-s", "0.2")
-        try:
-            eventually(lambda: c.job(job.id)["state"] == "leased", "the example to lease the job")
-            proc.send_signal(signal.SIGTERM)
-            out, _ = proc.communicate(timeout=30)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-        self.assertEqual(proc.returncode, 0, out)
+        out = self.sigterm_once_started(job.id, "--shutdown-grace-s", "0.2")
         self.assertIn("handed_back=1", out)
         info = c.job(job.id)
         self.assertIn(info["state"], ("scheduled", "queued"))
