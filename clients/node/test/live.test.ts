@@ -153,12 +153,19 @@ async function sigterm(graceMs: number, sleepMs: number, tenant: string): Promis
   let out = "";
   proc.stdout.on("data", (d) => (out += d));
   proc.stderr.on("data", (d) => (out += d));
-  const exited = new Promise<number | null>((resolve) => proc.once("exit", resolve));
+  // "close", not "exit": it comes once stdout and stderr are read to the end.
+  const exited = new Promise<number | null>((resolve) => proc.once("close", resolve));
   try {
     await eventually(async () => out.includes(`node-sleep ${id}: started`), "the handler to start");
     proc.kill("SIGTERM");
-    const code = await Promise.race([exited, new Promise<never>((_, reject) => setTimeout(() => reject(new Error(`no exit after SIGTERM: ${out}`)), 30_000))]);
-    return { out, code, id };
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const late = new Promise<never>((_, reject) => (timer = setTimeout(() => reject(new Error(`no exit after SIGTERM: ${out}`)), 30_000)));
+    try {
+      const code = await Promise.race([exited, late]);
+      return { out, code, id };
+    } finally {
+      clearTimeout(timer); // or it holds this test file's process for 30 s
+    }
   } finally {
     if (proc.exitCode === null) proc.kill("SIGKILL");
   }
