@@ -10,6 +10,8 @@
 //! lease/3, frees the slot, and passes the outcome to the reporter
 //! (`report`), which batches acks and fails.
 
+#[cfg(test)]
+mod classification;
 mod job;
 mod panics;
 pub mod prefetch;
@@ -51,6 +53,25 @@ pub enum WorkerError {
     /// bad request); the worker drained and stopped.
     #[error("leasing failed for good: {0}")]
     Lease(#[source] Box<ClientError>),
+}
+
+/// The `retry_after` of jobs handed back at shutdown, unless
+/// [`WorkerBuilder::handback_delay`] says otherwise.
+pub const HANDBACK_DELAY_DEFAULT: Duration = Duration::from_secs(1);
+
+/// What a job handed back at shutdown is failed with: deferred, kind
+/// `shutdown`, so it spends no attempt.
+fn hand_back_failure(delay: Duration, message: &str) -> Failure {
+    Failure::deferred("shutdown", message, delay)
+}
+
+/// What a job of a type without a handler is failed with (only a server
+/// that ignored the lease's `types` hands one over).
+fn no_handler_failure(worker_id: &WorkerId, job_type: &JobType) -> Failure {
+    Failure::transient(
+        "no_handler",
+        format!("worker {worker_id} has no handler for type {job_type}"),
+    )
 }
 
 type HandlerFuture = Pin<Box<dyn Future<Output = Result<(), Failure>> + Send>>;
@@ -338,7 +359,7 @@ impl Worker {
             heartbeats: true,
             poll_wait: Duration::from_secs(2),
             shutdown_grace: Duration::from_secs(30),
-            handback_delay: Duration::from_secs(1),
+            handback_delay: HANDBACK_DELAY_DEFAULT,
             handlers: BTreeMap::new(),
             hook: None,
         }
@@ -581,7 +602,7 @@ async fn run_job(
     let meta = Arc::new(Meta::of(&job));
     let token = job.lease_token;
     let hand_back = |message: &str, started: bool| Settle::HandBack {
-        failure: Failure::deferred("shutdown", message, shared.handback_delay),
+        failure: hand_back_failure(shared.handback_delay, message),
         started,
     };
     // Wait for a slot, unless shutdown comes first.
@@ -614,13 +635,7 @@ async fn run_job(
     }
     let Some(handler) = shared.handlers.get(&meta.job_type).cloned() else {
         // Only registered types are leased; this is a server that ignored `types`.
-        let f = Failure::transient(
-            "no_handler",
-            format!(
-                "worker {} has no handler for type {}",
-                shared.worker_id, meta.job_type
-            ),
-        );
+        let f = no_handler_failure(&shared.worker_id, &meta.job_type);
         finish(&done, meta, token, Duration::ZERO, Settle::Fail(f));
         return;
     };
