@@ -20,7 +20,6 @@
     // Counts route() calls: a view that finishes loading after the next
     // route began (a slow overview, then a link followed) starts no timer.
     routes: 0,
-    metrics: null, // {at, runs: Map lane -> count, succeeded}
     group: null, // {reason, type}
     selected: new Set(),
   };
@@ -306,55 +305,12 @@
 
   // ---------------------------------------------------------------- overview
 
-  /** Prometheus text → [{name, labels, value}]. */
-  function parseMetrics(text) {
-    const out = [];
-    for (const line of text.split('\n')) {
-      if (!line || line.startsWith('#')) continue;
-      const m = /^([a-zA-Z_:][\w:]*)(?:\{(.*)\})?\s+(\S+)/.exec(line);
-      if (!m) continue;
-      const labels = {};
-      const re = /(\w+)="((?:[^"\\]|\\.)*)"/g;
-      let l;
-      while ((l = re.exec(m[2] || '')) !== null) labels[l[1]] = l[2].replace(/\\(.)/g, '$1');
-      out.push({ name: m[1], labels, value: Number(m[3]) });
-    }
-    return out;
-  }
-
-  async function metricsSample() {
-    try {
-      const resp = await fetch('/metrics', { credentials: 'omit', cache: 'no-store' });
-      if (!resp.ok) return null;
-      const samples = parseMetrics(await resp.text());
-      const age = new Map();
-      const runs = new Map();
-      let succeeded = 0;
-      for (const s of samples) {
-        if (s.name === 'lazaret_oldest_job_age_seconds' && s.labels.lane) age.set(s.labels.lane, s.value);
-        if (s.name === 'lazaret_job_run_seconds_count' && s.labels.lane) runs.set(s.labels.lane, (runs.get(s.labels.lane) || 0) + s.value);
-        if (s.name === 'lazaret_jobs_succeeded_total') succeeded += s.value;
-      }
-      return { at: performance.now(), age, runs, succeeded };
-    } catch (_) {
-      return null;
-    }
-  }
-
   async function overview() {
     showView('overview');
-    const [stats, breakers, sample] = await Promise.all([
+    const [stats, breakers] = await Promise.all([
       api('GET', '/v1/stats'),
       api('GET', '/v1/breakers'),
-      metricsSample(),
     ]);
-    const prev = state.metrics;
-    state.metrics = sample;
-    const perSec = (now, before) => {
-      if (!sample || !prev || now === undefined || before === undefined) return null;
-      const dt = (sample.at - prev.at) / 1000;
-      return dt > 0 ? Math.max(0, now - before) / dt : null;
-    };
     $('overview-updated').textContent = `Updated ${new Date().toISOString().slice(11, 19)}Z; refreshes every ${REFRESH_MS / 1000} s.`;
 
     const dl = stats.dead_letters || {};
@@ -367,28 +323,24 @@
     const lanes = Object.entries(stats.lanes || {});
     const rows = lanes.map(([lane, c]) => ({ lane, ...c }));
     $('overview-lanes').replaceChildren(table(
-      'Lanes: depth, age of the oldest job, throughput (outcomes per second since the last refresh)',
+      'Lanes: depth, and how long the longest-waiting ready job has waited',
       [
         ['Lane', (r) => el('code', {}, r.lane)],
         ['Queued', (r) => String(r.queued)],
         ['Scheduled', (r) => String(r.scheduled)],
         ['Leased', (r) => String(r.leased)],
-        ['Oldest job', (r) => fmtAge(sample && sample.age.has(r.lane) ? sample.age.get(r.lane) : null)],
-        ['Throughput', (r) => {
-          const v = perSec(sample && sample.runs.get(r.lane), prev && prev.runs.get(r.lane));
-          return v === null ? '—' : `${v.toFixed(1)}/s`;
-        }],
+        // 0 is "none ready", not a job that waited no time.
+        ['Oldest job', (r) => (r.oldest_age_ms ? fmtAge(r.oldest_age_ms / 1000) : '—')],
       ],
       rows,
       'No lane has jobs.',
     ));
-    const total = perSec(sample && sample.succeeded, prev && prev.succeeded);
 
     $('overview-dl').replaceChildren(
       facts([
         ['Held now', `${dl.total ?? 0}${dl.warn_at ? ` (warning above ${dl.warn_at})` : ''}`],
         ['Inflow', `${Number(dl.rate_per_min || 0).toFixed(1)} per minute`],
-        ['Jobs succeeded', total === null ? '—' : `${total.toFixed(1)} per second`],
+        ['Succeeded jobs kept', dash(stats.succeeded_kept)],
       ]),
       table(
         'Dead letters by type and reason',
