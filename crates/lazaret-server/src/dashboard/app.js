@@ -20,8 +20,8 @@
     // Counts route() calls: a view that finishes loading after the next
     // route began (a slow overview, then a link followed) starts no timer.
     routes: 0,
-    metrics: null, // {at, runs: Map lane -> count, succeeded}
-    group: null, // {reason, type}
+    // The plain list's selection: {reason, type} or {group, archived}.
+    group: null,
     selected: new Set(),
   };
 
@@ -38,7 +38,7 @@
       else if (v === true) e.setAttribute(k, '');
       else e.setAttribute(k, String(v));
     }
-    for (const c of children.flat()) {
+    for (const c of children.flat(Infinity)) {
       if (c === null || c === undefined || c === false) continue;
       e.append(c instanceof Node ? c : document.createTextNode(String(c)));
     }
@@ -210,7 +210,7 @@
         go.disabled = false;
       }
     });
-    panel.append(el('h3', { id: 'confirm-h', tabindex: '-1' }, title), ...[].concat(body), extra || '', el('p', { class: 'actions' }, go, ' ', cancel));
+    panel.append(el('h3', { id: 'confirm-h', tabindex: '-1' }, title), ...[body].flat(Infinity), extra || '', el('p', { class: 'actions' }, go, ' ', cancel));
     container.replaceChildren(panel);
     panel.querySelector('h3').focus();
     return panel;
@@ -250,7 +250,7 @@
 
   /** Shows one view; `nav` names the menu entry it belongs to. */
   function showView(name, nav) {
-    const current = nav || (name === 'dead-letter' ? 'dead-letters' : name);
+    const current = nav || (['dead-letter', 'dl-list', 'redrive'].includes(name) ? 'dead-letters' : name);
     for (const v of document.querySelectorAll('.view')) v.hidden = v.id !== `view-${name}`;
     for (const a of document.querySelectorAll('#nav a')) {
       if (a.dataset.view === current) {
@@ -277,8 +277,12 @@
     const params = new URLSearchParams(q || '');
     const parts = path.split('/');
     try {
-      if (parts[0] === 'dead-letters' && may('read_dead_letters')) {
-        await deadLetters(params);
+      if (parts[0] === 'dead-letters' && parts[1] === 'list' && may('read_dead_letters')) {
+        await dlList(params);
+      } else if (parts[0] === 'dead-letters' && may('read_dead_letters')) {
+        await groupsView(params);
+      } else if (parts[0] === 'redrive' && parts[1] && may('read_dead_letters')) {
+        await redriveReport(decodeURIComponent(parts[1]));
       } else if (parts[0] === 'dead-letter' && parts[1] && may('read_dead_letters')) {
         await deadLetter(parts[1]);
       } else if (parts[0] === 'jobs' && may('list_jobs')) {
@@ -306,55 +310,12 @@
 
   // ---------------------------------------------------------------- overview
 
-  /** Prometheus text → [{name, labels, value}]. */
-  function parseMetrics(text) {
-    const out = [];
-    for (const line of text.split('\n')) {
-      if (!line || line.startsWith('#')) continue;
-      const m = /^([a-zA-Z_:][\w:]*)(?:\{(.*)\})?\s+(\S+)/.exec(line);
-      if (!m) continue;
-      const labels = {};
-      const re = /(\w+)="((?:[^"\\]|\\.)*)"/g;
-      let l;
-      while ((l = re.exec(m[2] || '')) !== null) labels[l[1]] = l[2].replace(/\\(.)/g, '$1');
-      out.push({ name: m[1], labels, value: Number(m[3]) });
-    }
-    return out;
-  }
-
-  async function metricsSample() {
-    try {
-      const resp = await fetch('/metrics', { credentials: 'omit', cache: 'no-store' });
-      if (!resp.ok) return null;
-      const samples = parseMetrics(await resp.text());
-      const age = new Map();
-      const runs = new Map();
-      let succeeded = 0;
-      for (const s of samples) {
-        if (s.name === 'lazaret_oldest_job_age_seconds' && s.labels.lane) age.set(s.labels.lane, s.value);
-        if (s.name === 'lazaret_job_run_seconds_count' && s.labels.lane) runs.set(s.labels.lane, (runs.get(s.labels.lane) || 0) + s.value);
-        if (s.name === 'lazaret_jobs_succeeded_total') succeeded += s.value;
-      }
-      return { at: performance.now(), age, runs, succeeded };
-    } catch (_) {
-      return null;
-    }
-  }
-
   async function overview() {
     showView('overview');
-    const [stats, breakers, sample] = await Promise.all([
+    const [stats, breakers] = await Promise.all([
       api('GET', '/v1/stats'),
       api('GET', '/v1/breakers'),
-      metricsSample(),
     ]);
-    const prev = state.metrics;
-    state.metrics = sample;
-    const perSec = (now, before) => {
-      if (!sample || !prev || now === undefined || before === undefined) return null;
-      const dt = (sample.at - prev.at) / 1000;
-      return dt > 0 ? Math.max(0, now - before) / dt : null;
-    };
     $('overview-updated').textContent = `Updated ${new Date().toISOString().slice(11, 19)}Z; refreshes every ${REFRESH_MS / 1000} s.`;
 
     const dl = stats.dead_letters || {};
@@ -367,28 +328,24 @@
     const lanes = Object.entries(stats.lanes || {});
     const rows = lanes.map(([lane, c]) => ({ lane, ...c }));
     $('overview-lanes').replaceChildren(table(
-      'Lanes: depth, age of the oldest job, throughput (outcomes per second since the last refresh)',
+      'Lanes: depth, and how long the longest-waiting ready job has waited',
       [
         ['Lane', (r) => el('code', {}, r.lane)],
         ['Queued', (r) => String(r.queued)],
         ['Scheduled', (r) => String(r.scheduled)],
         ['Leased', (r) => String(r.leased)],
-        ['Oldest job', (r) => fmtAge(sample && sample.age.has(r.lane) ? sample.age.get(r.lane) : null)],
-        ['Throughput', (r) => {
-          const v = perSec(sample && sample.runs.get(r.lane), prev && prev.runs.get(r.lane));
-          return v === null ? '—' : `${v.toFixed(1)}/s`;
-        }],
+        // 0 is "none ready", not a job that waited no time.
+        ['Oldest job', (r) => (r.oldest_age_ms ? fmtAge(r.oldest_age_ms / 1000) : '—')],
       ],
       rows,
       'No lane has jobs.',
     ));
-    const total = perSec(sample && sample.succeeded, prev && prev.succeeded);
 
     $('overview-dl').replaceChildren(
       facts([
         ['Held now', `${dl.total ?? 0}${dl.warn_at ? ` (warning above ${dl.warn_at})` : ''}`],
         ['Inflow', `${Number(dl.rate_per_min || 0).toFixed(1)} per minute`],
-        ['Jobs succeeded', total === null ? '—' : `${total.toFixed(1)} per second`],
+        ['Succeeded jobs kept', dash(stats.succeeded_kept)],
       ]),
       table(
         'Dead letters by type and reason',
@@ -398,7 +355,7 @@
           ['Count', (r) => String(r.count)],
           ['Surge', (r) => surgeBadge(surgeFor(surges, r))],
           ['', (r) => (may('read_dead_letters')
-            ? el('a', { href: `#/dead-letters${query({ reason: r.reason, type: r.type })}` }, `Show ${r.count} ${r.reason} of ${dash(r.type)}`)
+            ? el('a', { href: `#/dead-letters${query({ reason: r.reason, type: r.type })}` }, `Groups of ${r.reason} in ${dash(r.type)}`)
             : '')],
         ],
         dl.by_type_reason || [],
@@ -465,23 +422,150 @@
     return surge ? badge(`systemic: ${Math.round(surge.share * 100)}% ${surge.cause}`, 'bad') : '';
   }
 
-  async function deadLetters(params) {
+  // ---------------------------------------------------------------- failure groups
+
+  /** The filter form's `since` words, in milliseconds back from now (the API takes an RFC 3339 time). */
+  const SINCE_MS = { '1h': 3600e3, '24h': 86400e3, '7d': 7 * 86400e3 };
+  const GROUPS_PAGE = 25;
+
+  /**
+   * The dead letters' home: their failure groups, filtered by the hash's
+   * `type`, `reason`, `source`, `tenant`, `since` and `archived` (the
+   * alerts link `#/dead-letters?type=T&reason=R`), a page at a time.
+   */
+  async function groupsView(params) {
     showView('dead-letters');
+    const form = $('groups-form');
+    const filters = {};
+    for (const k of ['type', 'reason', 'source', 'tenant', 'since']) {
+      form.elements[k].value = params.get(k) || '';
+      filters[k] = form.elements[k].value;
+    }
+    form.elements.archived.checked = params.get('archived') === 'true';
+    filters.archived = form.elements.archived.checked ? 'true' : '';
+    $('groups-confirm').replaceChildren();
+    $('groups-list').replaceChildren(el('p', {}, 'Loading…'));
+    await loadGroups(filters, null);
+  }
+
+  async function loadGroups(filters, cursor) {
+    const archived = filters.archived === 'true';
+    const since = SINCE_MS[filters.since] ? new Date(Date.now() - SINCE_MS[filters.since]).toISOString() : '';
+    const page = await api('GET', `/v1/dead-letters/groups${query({ ...filters, since, limit: GROUPS_PAGE, cursor })}`);
+    const list = $('groups-list');
+    const box = $('groups-confirm');
+    const reload = () => loadGroups(filters, null);
+    const t = table(
+      archived ? 'Archived failure groups, most recently seen first' : 'Failure groups, most recently seen first',
+      [
+        ['Failure', (g) => [el('code', {}, g.fingerprint), el('div', { class: 'muted' }, 'e.g. ', cut(g.sample_error || '', CELL_CHARS_MAX))]],
+        ['Type · reason · kind', (g) => [el('code', {}, dash(g.type)), el('div', { class: 'muted' }, `${g.reason} · ${dash(g.kind)}`)]],
+        ['Count', (g) => [String(g.count), g.held ? [' ', badge(`${g.held} held`, 'warn')] : '']],
+        ['Last hour', (g) => dash(g.rate_1h)],
+        ['Seen', (g) => [fmtTime(g.last_at), el('div', { class: 'muted' }, 'since ', fmtTime(g.first_at))]],
+        ['Tenants · sources', (g) => [dash(cut((g.tenants || []).join(', '), CELL_CHARS_MAX)),
+          (g.sources || []).length ? el('div', { class: 'muted' }, cut(g.sources.join(', '), CELL_CHARS_MAX)) : '']],
+        ['Verdict', (g) => (g.verdict ? badge(g.verdict, g.verdict === 'systemic' ? 'bad' : '') : '—')],
+        ['', (g) => groupActions(g, archived, box, reload)],
+      ],
+      page.items || [],
+      archived ? 'No archived group matches.' : 'No failure group matches: the quarantine holds none of these.',
+    );
+    // More rows go into the table already shown: one table, one caption.
+    const shown = cursor && list.querySelector('tbody');
+    if (shown) shown.append(...t.querySelectorAll('tbody tr'));
+    else list.replaceChildren(t);
+    if (page.next_cursor) {
+      const more = el('button', { type: 'button', id: 'groups-more' }, 'Load more groups');
+      more.addEventListener('click', () => { more.remove(); loadGroups(filters, page.next_cursor).catch(showError); });
+      list.append(el('p', {}, more));
+    }
+  }
+
+  /** A group's row actions: open its dead letters, redrive, archive or restore, purge; each by `{"filter": {"group": ID}}`. */
+  function groupActions(g, archived, box, after) {
+    const what = `group ${g.id}`;
+    const sel = { filter: { group: g.id } };
+    const button = (label, flow, cls) => el('button', { type: 'button', class: cls, onclick: () => flow().catch(showError) }, label);
+    const acts = [el('a', { href: `#/dead-letters/list${query({ group: g.id, archived: archived ? 'true' : '' })}` }, `Open ${g.count}`)];
+    // A filter redrives and purges active dead letters only.
+    if (may('operate') && !archived) acts.push(button('Redrive…', () => redriveFlow(sel, what, box, after)));
+    if (may('operate')) {
+      acts.push(archived
+        ? button('Restore…', () => archiveFlow(sel, 'restore', what, box, after))
+        : button('Archive…', () => archiveFlow(sel, 'archive', what, box, after)));
+    }
+    if (may('administer') && !archived) acts.push(button('Purge…', () => purgeFlow(sel, g.count, box, after), 'danger'));
+    return el('div', { class: 'actions' }, acts);
+  }
+
+  /** An answer's `not_found`: the requested ids that matched nothing. */
+  function notFound(ids) {
+    return ids && ids.length
+      ? el('p', { class: 'warn' }, `Matched nothing (unknown, gone, or already in that state): ${ids.join(', ')}`)
+      : el('p', { class: 'muted' }, 'Not found: none.');
+  }
+
+  /** Dead-letter ids as links, the first 200. */
+  function idList(ids, label) {
+    return [
+      el('ul', { class: 'dry-run', 'aria-label': label }, ids.slice(0, 200).map((id) => el('li', {},
+        el('a', { href: `#/dead-letter/${encodeURIComponent(id)}` }, `dead letter ${id}`)))),
+      ids.length > 200 ? el('p', { class: 'muted' }, `…and ${ids.length - 200} more.`) : '',
+    ];
+  }
+
+  /** Archive or restore (`verb`): the dry run's count and ids first, then the confirm; then the answer's counts and `not_found`. */
+  async function archiveFlow(selection, verb, what, box, after) {
+    clearError();
+    const path = `/v1/dead-letters/${verb}`;
+    const word = verb === 'archive' ? 'archived' : 'restored';
+    const Verb = verb === 'archive' ? 'Archive' : 'Restore';
+    const dry = await api('POST', path, { ...selection, dry_run: true });
+    confirmPanel(box, {
+      title: `${Verb} ${what}?`,
+      body: [
+        el('p', { class: 'dry-count' }, `Dry run: ${dry.matched} would be ${word}.`),
+        idList(dry.ids || [], `What the ${verb} would change`),
+        notFound(dry.not_found),
+        el('p', { class: 'muted' }, verb === 'archive'
+          ? 'Archived dead letters are kept, with their jobs and payloads, but leave the active view and never alert again; a restore brings them back.'
+          : 'Restored dead letters are active again: listed, counted, redrivable and alerting.'),
+      ],
+      confirmLabel: `${Verb} ${dry.matched}`,
+      onConfirm: async () => {
+        const done = await api('POST', path, selection);
+        const text = `${Verb === 'Archive' ? 'Archived' : 'Restored'} ${done[word]} of ${done.matched}.`;
+        box.replaceChildren(el('div', { class: 'result', role: 'status' }, el('p', {}, text), notFound(done.not_found),
+          done.interrupted ? el('p', { class: 'warn' }, 'The server began shutting down halfway: send it again for the rest.') : ''));
+        flash(text, true);
+        if (after) await after();
+      },
+    });
+    if (!dry.matched) box.querySelector('button.primary').disabled = true;
+  }
+
+  // ---------------------------------------------------------------- the plain list
+
+  /** Every dead letter by (reason, type), and below it one selection's dead letters: `?reason=R&type=T`, or a group's (`?group=ID`, `&archived=true`). */
+  async function dlList(params) {
+    showView('dl-list');
     const [reasons, stats] = await Promise.all([
       api('GET', '/v1/dead-letters/reasons'),
       api('GET', '/v1/stats').catch(() => null),
     ]);
     const surges = surgesOf(stats);
     const all = reasons.reasons || [];
-    // The alerts' links: `?type=T` alone narrows the groups to T's;
-    // `?reason=R` (with or without a type) opens that group below them.
+    // `?type=T` alone narrows the reasons to T's; `?reason=R` (with or
+    // without a type) opens that selection below them.
     const onlyType = params.get('type');
     const reason = params.get('reason');
+    const groupId = params.get('group');
     const narrowed = onlyType && !reason;
     const rows = narrowed ? all.filter((r) => r.type === onlyType) : all;
     $('dl-filter').replaceChildren(narrowed
       ? el('p', { id: 'dl-filter-note' }, `Showing type ${onlyType} only. `,
-        el('a', { href: '#/dead-letters' }, 'Show every type and reason'))
+        el('a', { href: '#/dead-letters/list' }, 'Show every type and reason'))
       : '');
     $('dl-reasons').replaceChildren(table(
       'Dead letters grouped by reason and type',
@@ -492,16 +576,18 @@
         ['First seen', (r) => fmtTime(r.first_at)],
         ['Last seen', (r) => fmtTime(r.last_at)],
         ['Surge', (r) => surgeBadge(surgeFor(surges, r))],
-        ['', (r) => el('a', { href: `#/dead-letters${query({ reason: r.reason, type: r.type })}` }, `Show ${r.count} ${r.reason}${r.type ? ` of ${r.type}` : ''}`)],
+        ['', (r) => el('a', { href: `#/dead-letters/list${query({ reason: r.reason, type: r.type })}` }, `Show ${r.count} ${r.reason}${r.type ? ` of ${r.type}` : ''}`)],
       ],
       rows,
       narrowed ? 'No dead letter matches.' : 'The quarantine is empty.',
     ));
-    if (!reason) {
+    if (!reason && !groupId) {
       $('dl-group').hidden = true;
       return;
     }
-    const group = { reason, type: onlyType };
+    const group = groupId
+      ? { group: groupId, archived: params.get('archived') === 'true' }
+      : { reason, type: onlyType };
     const key = JSON.stringify(group);
     if (JSON.stringify(state.group) !== key) {
       state.selected = new Set();
@@ -511,17 +597,21 @@
       $('dl-list').replaceChildren(el('p', {}, 'Loading…'));
     }
     state.group = group;
-    const count = all
+    const count = groupId ? null : all
       .filter((r) => r.reason === reason && (!onlyType || r.type === onlyType))
       .reduce((n, r) => n + r.count, 0);
     $('dl-group').hidden = false;
-    $('dl-group-h').textContent = `${reason}${group.type ? ` · ${group.type}` : ''} (${count})`;
+    $('dl-group-h').textContent = groupId
+      ? `Failure group ${groupId}${group.archived ? ' (archived)' : ''}`
+      : `${reason}${group.type ? ` · ${group.type}` : ''} (${count})`;
     $('dl-confirm').replaceChildren();
     renderGroupActions(group, count);
     await loadGroup(group, null);
   }
 
+  /** The API filter of a plain-list selection. */
   function filterOf(group) {
+    if (group.group) return { group: group.group };
     const f = { reason: group.reason };
     if (group.type) f.type = group.type;
     return f;
@@ -529,24 +619,30 @@
 
   function renderGroupActions(group, count) {
     const acts = [];
+    const whole = group.group ? 'the whole group' : `all ${count}`;
+    // A filter matches active dead letters only: an archived group's are acted on by selection.
+    const byFilter = !group.archived;
     if (may('operate')) {
-      acts.push(el('button', { type: 'button', onclick: () => redriveFlow({ ids: [...state.selected] }, 'the selected dead letters') }, 'Redrive selected…'));
-      acts.push(el('button', { type: 'button', onclick: () => redriveFlow({ filter: filterOf(group) }, `every ${group.reason} dead letter${group.type ? ` of ${group.type}` : ''}`) }, `Redrive all ${count} with this reason…`));
+      acts.push(el('button', { type: 'button', onclick: () => redriveFlow({ ids: [...state.selected] }, 'the selected dead letters').catch(showError) }, 'Redrive selected…'));
+      if (byFilter) {
+        const what = group.group ? `every dead letter of group ${group.group}` : `every ${group.reason} dead letter${group.type ? ` of ${group.type}` : ''}`;
+        acts.push(el('button', { type: 'button', onclick: () => redriveFlow({ filter: filterOf(group) }, what).catch(showError) }, group.group ? 'Redrive the whole group…' : `Redrive all ${count} with this reason…`));
+      }
     }
     if (may('administer')) {
-      acts.push(el('button', { type: 'button', class: 'danger', onclick: () => purgeFlow({ ids: [...state.selected] }, state.selected.size) }, 'Purge selected…'));
-      acts.push(el('button', { type: 'button', class: 'danger', onclick: () => purgeFlow({ filter: filterOf(group) }, count) }, `Purge all ${count}…`));
+      acts.push(el('button', { type: 'button', class: 'danger', onclick: () => purgeFlow({ ids: [...state.selected] }, state.selected.size).catch(showError) }, 'Purge selected…'));
+      if (byFilter) acts.push(el('button', { type: 'button', class: 'danger', onclick: () => purgeFlow({ filter: filterOf(group) }, count).catch(showError) }, `Purge ${whole}…`));
     }
     $('dl-group-actions').replaceChildren(...acts.flatMap((a) => [a, ' ']));
   }
 
   async function loadGroup(group, cursor) {
-    const page = await api('GET', `/v1/dead-letters${query({ ...filterOf(group), limit: 100, cursor })}`);
+    const page = await api('GET', `/v1/dead-letters${query({ ...filterOf(group), archived: group.archived ? 'true' : '', limit: 100, cursor })}`);
     const list = $('dl-list');
     if (!cursor) list.replaceChildren();
     const items = page.items || [];
     const t = table(
-      `Dead letters with reason ${group.reason}${cursor ? ' (more)' : ''}`,
+      `${group.group ? `Dead letters of group ${group.group}` : `Dead letters with reason ${group.reason}`}${cursor ? ' (more)' : ''}`,
       [
         ['Select', (d) => {
           const box = el('input', { type: 'checkbox', id: `sel-${d.id}`, 'aria-label': `Select dead letter ${d.id}`, checked: state.selected.has(d.id) });
@@ -555,7 +651,7 @@
           });
           return box;
         }],
-        ['Dead letter', (d) => el('a', { href: `#/dead-letter/${encodeURIComponent(d.id)}` }, `Open ${d.id}`)],
+        ['Dead letter', (d) => [el('a', { href: `#/dead-letter/${encodeURIComponent(d.id)}` }, `Open ${d.id}`), d.held ? [' ', badge('held', 'warn')] : '']],
         ['Job or message', (d) => (d.source ? `${d.source.name}: ${cut(d.source.message_id, 40)}` : dash(d.job_id))],
         ['Tenant', (d) => dash(d.tenant)],
         ['Error', (d) => (d.error ? el('span', {}, el('code', {}, d.error.kind), ' ', cut(d.error.message || '', CELL_CHARS_MAX)) : '—')],
@@ -564,7 +660,7 @@
         ['Size', (d) => fmtBytes(d.payload_size)],
       ],
       items,
-      'None left with this reason.',
+      group.group ? 'None left in this group.' : 'None left with this reason.',
     );
     list.append(t);
     if (page.next_cursor) {
@@ -577,8 +673,8 @@
     }
   }
 
-  /** Dry run first; the confirm shows its count and list, and takes a rate. */
-  async function redriveFlow(selection, what, container) {
+  /** Dry run first; the confirm shows its count and list, and takes a rate; the answer links to the redrive's report. */
+  async function redriveFlow(selection, what, container, after) {
     const box = container || $('dl-confirm');
     if (selection.ids && !selection.ids.length) {
       showError(new ApiError(0, 'NOTHING_SELECTED', 'select dead letters first (the boxes in the first column)'));
@@ -611,12 +707,13 @@
         box.replaceChildren(el('div', { class: 'result', role: 'status' },
           el('p', {}, `Redriven ${done.redriven} of ${done.matched}.`),
           failed.length ? el('ul', {}, failed.map((i) => el('li', {}, `dead letter ${i.dead_letter_id}: ${i.error}`))) : '',
+          notFound(done.not_found),
+          done.redrive_id ? el('p', {}, el('a', { href: `#/redrive/${encodeURIComponent(done.redrive_id)}` }, 'Follow this redrive: its report')) : '',
           (done.job_ids || []).length ? el('p', {}, 'Jobs: ', (done.job_ids || []).slice(0, 50).flatMap((j) => [el('a', { href: `#/job/${j}` }, `job ${j}`), ' '])) : ''));
-        flash(`Redriven ${done.redriven} of ${done.matched}.`);
+        flash(`Redriven ${done.redriven} of ${done.matched}.`, !!after);
         state.selected = new Set();
-        if (!container && state.group) {
-          await loadGroup(state.group, null);
-        }
+        if (after) await after();
+        else if (!container && state.group) await loadGroup(state.group, null);
       },
     });
     if (!dry.matched) {
@@ -624,35 +721,90 @@
     }
   }
 
-  function purgeFlow(selection, count, container, after) {
+  /**
+   * Purge after a confirmation. The API's purge has no dry run: for a
+   * filter, what it would delete is read first (the same filter over the
+   * active dead letters) and listed.
+   */
+  async function purgeFlow(selection, count, container, after) {
     const box = container || $('dl-confirm');
     if (selection.ids && !selection.ids.length) {
       showError(new ApiError(0, 'NOTHING_SELECTED', 'select dead letters first (the boxes in the first column)'));
       return;
+    }
+    let preview = [];
+    if (selection.filter) {
+      const page = await api('GET', `/v1/dead-letters${query({ ...selection.filter, limit: 200 })}`);
+      const ids = (page.items || []).map((d) => d.id);
+      const more = (count === null || count === undefined) && page.next_cursor;
+      if (count === null || count === undefined) count = ids.length;
+      preview = [el('p', { class: 'dry-count' }, `Would purge ${count}${more ? ' or more' : ''}, as listed now:`),
+        idList(ids, 'What the purge would delete')];
     }
     const sure = el('input', { type: 'checkbox', id: 'purge-sure' });
     const panel = confirmPanel(box, {
       title: `Purge ${count} dead letter${count === 1 ? '' : 's'} for good?`,
       danger: true,
       body: [
+        ...preview,
         el('p', {}, 'Purged dead letters and their jobs are deleted; they cannot be redriven or read again. The purge is written to the audit log.'),
         el('p', {}, sure, ' ', el('label', { for: 'purge-sure' }, 'I understand this deletes them for good')),
       ],
       confirmLabel: `Purge ${count}`,
       onConfirm: async () => {
         const done = await api('POST', '/v1/dead-letters/purge', { ...selection, confirm: true });
-        const gone = done.not_found || [];
-        box.replaceChildren(el('p', { class: 'result', role: 'status' }, `Purged ${done.purged}.`),
-          gone.length ? el('p', { class: 'warn' }, `Not found (already redriven or purged): ${gone.join(', ')}`) : '');
+        box.replaceChildren(el('div', { class: 'result', role: 'status' }, el('p', {}, `Purged ${done.purged}.`), notFound(done.not_found)));
         flash(`Purged ${done.purged}.`, true);
         state.selected = new Set();
         if (after) await after();
-        else if (state.group) await deadLetters(new URLSearchParams(filterOf(state.group)));
+        else if (state.group) await dlList(new URLSearchParams({ ...filterOf(state.group), archived: state.group.archived ? 'true' : '' }));
       },
     });
     const go = panel.querySelector('button.danger');
     go.disabled = true;
     sure.addEventListener('change', () => { go.disabled = !sure.checked; });
+  }
+
+  // ---------------------------------------------------------------- redrive report
+
+  const REPORT_POLL_MS = 2000;
+  /** The report's counts, in the order shown: [label, field]. */
+  const REPORT_COUNTS = [['Sent', 'sent'], ['Jobs', 'jobs'], ['Succeeded', 'succeeded'], ['Running', 'running'],
+    ['Failed again', 'failed_again'], ['Cancelled', 'cancelled'], ['Gone', 'gone']];
+
+  /** What a redrive did (`GET /v1/redrives/{id}`), read again every 2 s while any of its jobs is running. */
+  async function redriveReport(id) {
+    showView('redrive');
+    const r = await api('GET', `/v1/redrives/${encodeURIComponent(id)}`);
+    $('redrive-h').textContent = `Redrive ${r.id}`;
+    const groups = (caption, rows, empty) => table(caption, [
+      ['Group', (g) => el('a', { href: `#/dead-letters/list${query({ group: g.group })}` }, `group ${g.group}`)],
+      ['Count', (g) => String(g.count)],
+    ], rows || [], empty);
+    $('redrive-body').replaceChildren(
+      facts([['When', fmtTime(r.at)], ['Who', r.actor], ['Request', el('code', {}, JSON.stringify(r.request))]]),
+      table('Where its jobs stand now', [
+        ['Outcome', ([label]) => label],
+        ['Count', ([, field]) => String(r[field] ?? 0)],
+      ], REPORT_COUNTS),
+      el('p', { class: 'muted', id: 'redrive-live' }, r.running > 0
+        ? `${r.running} still running: updated every ${REPORT_POLL_MS / 1000} s.`
+        : 'None of its jobs is running now.'),
+      el('p', { class: 'muted' }, 'Sent counts broker messages too; after their republish only their broker follows them.'),
+      el('h3', {}, 'Taken from'),
+      groups('The failure groups its dead letters came from', r.from_groups, 'No group recorded.'),
+      el('h3', {}, 'Failed again into'),
+      groups('The failure groups its jobs fell into when they failed again', r.failed_again_groups, 'None failed again.'),
+    );
+    if (r.running > 0 && !state.timer) {
+      const here = location.hash;
+      state.timer = setInterval(() => {
+        if (document.hidden || location.hash !== here) return;
+        clearInterval(state.timer);
+        state.timer = null;
+        redriveReport(id).catch(showError);
+      }, REPORT_POLL_MS);
+    }
   }
 
   // ---------------------------------------------------------------- one dead letter
@@ -684,6 +836,26 @@
     setTimeout(() => URL.revokeObjectURL(url), 60000);
   }
 
+  /**
+   * A dead letter's `lineage` (oldest first: each redrive of its job, and
+   * how it ended) as a table. The one place that reads the entries' names:
+   * `redrive_id`, `at`, `actor`, `from_group`, `edited`, `to` ({type,
+   * lane} or null), `ended`, `group` (where it fell when it failed again).
+   */
+  function lineageTable(lineage) {
+    const groupLink = (g) => el('a', { href: `#/dead-letters/list${query({ group: g })}` }, `group ${g}`);
+    const endedKind = { succeeded: 'succeeded', failed_again: 'bad', running: 'warn' };
+    return table('Lineage: each redrive of its job, oldest first', [
+      ['When', (e) => fmtTime(e.at)],
+      ['Who', (e) => dash(e.actor)],
+      ['From group', (e) => (e.from_group ? groupLink(e.from_group) : '—')],
+      ['Edited', (e) => (e.edited ? 'payload edited' : 'no')],
+      ['Sent to', (e) => (e.to ? [e.to.type ? `type ${e.to.type} ` : '', e.to.lane ? `lane ${e.to.lane}` : ''] : 'where it was')],
+      ['Ended', (e) => [badge(dash(e.ended), endedKind[e.ended]), e.group ? [' into ', groupLink(e.group)] : '']],
+      ['Report', (e) => (e.redrive_id ? el('a', { href: `#/redrive/${encodeURIComponent(e.redrive_id)}` }, 'redrive report') : '—')],
+    ], lineage, 'Never redriven.');
+  }
+
   /** What the page says of a binary payload's preview (null for text). */
   function binaryNote(binary, size) {
     return binary
@@ -697,7 +869,9 @@
     body.replaceChildren(el('p', { class: 'muted' }, 'Loading…'));
     const d = await api('GET', `/v1/dead-letters/${encodeURIComponent(id)}`);
     $('dle-h').textContent = `Dead letter ${d.id}: ${d.reason}`;
-    $('dle-back').href = `#/dead-letters${query({ reason: d.reason, type: d.type })}`;
+    $('dle-back').href = d.group_id
+      ? `#/dead-letters/list${query({ group: d.group_id, archived: d.archived ? 'true' : '' })}`
+      : `#/dead-letters/list${query({ reason: d.reason, type: d.type })}`;
     $('dle-back').textContent = '← Dead letters';
     const preview = d.payload_preview || '';
     const previewBytes = new TextEncoder().encode(preview).length;
@@ -721,6 +895,10 @@
       ['Dead-lettered', fmtTime(d.dead_lettered_at)],
       ['Payload', `${fmtBytes(d.payload_size)}${d.payload_sha256 ? `, SHA-256 ${d.payload_sha256}` : ''}`],
     ]));
+    if (d.held === true) {
+      parts.push(el('p', { id: 'dle-held' }, badge('held for a person', 'warn'),
+        ' It failed again after too many redrives: redrives by filter skip it; redrive it by its id once the cause is fixed.'));
+    }
     if (src) {
       parts.push(el('h3', {}, 'Broker message'), facts([
         ['Source', `${src.name} (${src.broker})`],
@@ -745,6 +923,7 @@
         err.traceback ? el('details', { open: true }, el('summary', {}, 'Traceback'), el('pre', { class: 'traceback' }, err.traceback)) : '']
       : el('p', { class: 'muted' }, 'No error was recorded.'));
     parts.push(el('h3', {}, 'Attempts'), historyTable(d.history));
+    if (Array.isArray(d.lineage)) parts.push(el('h3', {}, 'Lineage'), lineageTable(d.lineage));
 
     parts.push(el('h3', {}, 'Payload'));
     parts.push(el('p', { class: 'muted' }, binaryNote(binary, d.payload_size) || (whole
@@ -767,7 +946,7 @@
     }
     if (may('administer')) {
       parts.push(el('p', { class: 'actions' },
-        el('button', { type: 'button', class: 'danger', onclick: () => purgeFlow({ ids: [d.id] }, 1, actions, async () => { location.hash = $('dle-back').getAttribute('href'); }) }, 'Purge…')));
+        el('button', { type: 'button', class: 'danger', onclick: () => purgeFlow({ ids: [d.id] }, 1, actions, async () => { location.hash = $('dle-back').getAttribute('href'); }).catch(showError) }, 'Purge…')));
     }
     parts.push(actions);
     if (may('operate') && redrivable) parts.push(editForm(d, preview, whole));
@@ -1025,7 +1204,8 @@
     list.append(table('Audit log, newest first', [
       ['At', (a) => fmtTime(a.at)],
       ['Actor', (a) => a.actor],
-      ['Action', (a) => badge(a.action, a.action === 'denied' ? 'bad' : '')],
+      ['Action', (a) => [badge(a.action, a.action === 'denied' ? 'bad' : ''),
+        a.redrive_id ? [' ', el('a', { href: `#/redrive/${encodeURIComponent(a.redrive_id)}` }, 'report')] : '']],
       ['Count', (a) => String(a.count)],
       ['Request', (a) => {
         const text = JSON.stringify(a.request);
@@ -1067,6 +1247,15 @@
       ev.preventDefault();
       const f = ev.target.elements;
       pauseResume(true, f.kind.value, f.name.value.trim()).then(() => { f.name.value = ''; }, showError);
+    });
+    $('groups-form').addEventListener('submit', (ev) => {
+      ev.preventDefault();
+      // The filters go into the hash: a filtered view can be linked to.
+      const f = ev.target.elements;
+      const filters = { archived: f.archived.checked ? 'true' : '' };
+      for (const k of ['type', 'reason', 'source', 'tenant', 'since']) filters[k] = f[k].value.trim();
+      const hash = `#/dead-letters${query(filters)}`;
+      if (location.hash === hash) route(); else location.hash = hash;
     });
     $('jobs-form').addEventListener('submit', (ev) => {
       ev.preventDefault();

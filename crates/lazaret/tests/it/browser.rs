@@ -1,9 +1,10 @@
 //! The dashboard in a real browser: `tests/browser/dashboard.mjs` (playwright-core driving Debian's headless chromium) against the real server.
 //!
-//! This test starts the server, seeds three dead letters over HTTP (a plain
-//! one, one whose payload and error are markup, one with a 20 KB payload),
-//! runs the script with `node`, and then checks over HTTP what the clicks in
-//! the browser did. Skipped, with a message, without `node`, chromium or
+//! This test starts the server, seeds dead letters over HTTP (a plain one,
+//! one whose payload and error are markup, one with a 20 KB payload, a
+//! failure group of two invoices that the page redrives, a surge and a
+//! scatter: more failure groups than one page shows), runs the script with
+//! `node`, and then checks over HTTP what the clicks in the browser did. Skipped, with a message, without `node`, chromium or
 //! `tests/browser/node_modules` (`npm ci` there); under `CI=true` a missing
 //! piece fails. `LAZARET_DASHBOARD_SCREENSHOTS=DIR` keeps the screenshots
 //! (`docs/` holds the ones the README shows).
@@ -113,6 +114,21 @@ async fn an_operator_signs_in_finds_the_dead_letter_under_its_reason_and_redrive
         json!({"class": "permanent", "kind": "parse", "message": "width is not a number"}),
     )
     .await;
+
+    // One failure group of two: the same error but for the invoice's
+    // number. The page redrives the group; one job succeeds, one fails again.
+    let mut regroup = Vec::new();
+    for n in [1001, 1002] {
+        regroup.push(
+            dead_letter(
+                &producer,
+                &worker,
+                json!({"type": "invoice", "tenant": "acme", "payload": {"invoice": n}}),
+                json!({"class": "permanent", "kind": "no_total", "message": format!("invoice {n} has no total")}),
+            )
+            .await,
+        );
+    }
 
     // A surge: twenty dead letters of one type with one cause, most of
     // all that arrived (the systemic signal of `/v1/stats`).
@@ -251,6 +267,8 @@ async fn an_operator_signs_in_finds_the_dead_letter_under_its_reason_and_redrive
         "scatter": {"type": "export", "count": SCATTER},
         "breaker": {"type": "flaky", "kind": "http_503"},
         "waiting": {"job_id": waiting},
+        "regroup": {"type": "invoice", "count": regroup.len(),
+                    "job_ids": regroup.iter().map(|(_, j)| j).collect::<Vec<_>>()},
     });
     let shots = tempfile::tempdir().expect("a screenshot directory");
     let shots_dir = std::env::var_os("LAZARET_DASHBOARD_SCREENSHOTS")
@@ -346,9 +364,39 @@ async fn an_operator_signs_in_finds_the_dead_letter_under_its_reason_and_redrive
             (&json!("charge_card"), &json!("exhausted"), &json!(1)),
             (&json!("charge_card"), &json!("permanent"), &json!(SURGE)),
             (&json!("export"), &json!("permanent"), &json!(SCATTER)),
+            (&json!("invoice"), &json!("permanent"), &json!(1)),
         ],
-        "two redriven, the large one purged, the surge and the scatter left"
+        "two redriven, the large one purged, the surge and the scatter left, \
+         one invoice failed again; the archived group restored"
     );
+    // The group's redrive, and the archive and restore of a group.
+    let redrives = operator.get("/v1/audit?action=redrive").await;
+    let by_group: Vec<&Value> = redrives.expect(200)["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["request"]["filter"]["group"].is_string())
+        .map(|e| &e["count"])
+        .collect();
+    assert_eq!(
+        by_group,
+        [&json!(2), &json!(0)],
+        "newest first: the real redrive, and its dry run before it"
+    );
+    for action in ["archive", "restore"] {
+        let entries = operator.get(&format!("/v1/audit?action={action}")).await;
+        let counts: Vec<Value> = entries.expect(200)["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["count"].clone())
+            .collect();
+        assert_eq!(
+            counts,
+            [json!(1)],
+            "{action}: the real one (a dry run is not audited)"
+        );
+    }
     let dry_runs = operator.get("/v1/audit?action=redrive").await;
     let whole_reason = dry_runs.expect(200)["items"]
         .as_array()
