@@ -655,9 +655,9 @@ pub(super) async fn purge<S: Store>(
 ) -> ApiResult {
     let b: SelectBody = parse_json(&body)?;
     let sel = selector(&b)?;
-    if !b.confirm {
+    if !b.confirm && !b.dry_run {
         return Err(ApiError::bad_request(
-            "purge deletes dead letters for good: send \"confirm\": true",
+            "purge deletes dead letters for good: send \"confirm\": true (or \"dry_run\": true to see what it would delete)",
         ));
     }
     let requested = match &sel {
@@ -673,6 +673,16 @@ pub(super) async fn purge<S: Store>(
         .collect();
     // Ids that match nothing: named, as redrive names them.
     let not_found = not_found(&requested, &ids);
+    // A rehearsal deletes nothing and is not audited, as an archive's.
+    if b.dry_run {
+        return ok(json!({
+            "purged": 0,
+            "matched": ids.len(),
+            "ids": ids.iter().map(|i| i.to_string()).collect::<Vec<_>>(),
+            "not_found": not_found,
+            "dry_run": true,
+        }));
+    }
     // Written first; the purge adds its count in its own transaction.
     let entry = app
         .store

@@ -171,6 +171,31 @@ async fn purge_needs_an_admin_and_confirm_true() {
     }
     assert_eq!(admin.dead_letters("").await.len(), 1, "nothing purged yet");
 
+    // A dry run names what would go and deletes nothing, confirmed or not.
+    for rehearsal in [
+        json!({"ids": [dead, "99999"], "dry_run": true}),
+        json!({"ids": [dead], "dry_run": true, "confirm": true}),
+    ] {
+        let r = admin.post("/v1/dead-letters/purge", &rehearsal).await;
+        let b = r.expect(200);
+        assert_eq!(b["dry_run"], true);
+        assert_eq!(b["purged"], 0);
+        assert_eq!(b["matched"], 1);
+        assert_eq!(b["ids"], json!([id_text(&dead)]));
+    }
+    let r = admin
+        .post(
+            "/v1/dead-letters/purge",
+            &json!({"ids": [dead, "99999"], "dry_run": true}),
+        )
+        .await;
+    assert_eq!(r.expect(200)["not_found"], json!(["99999"]));
+    assert_eq!(
+        admin.dead_letters("").await.len(),
+        1,
+        "a dry run purges nothing"
+    );
+
     let r = admin
         .post(
             "/v1/dead-letters/purge",
