@@ -433,7 +433,14 @@ pub async fn a_lineage_lists_each_redrive_with_its_group_edit_and_redirect<B: Ba
     assert_eq!(
         seen,
         vec![
-            (Some("r-1"), "op", first.group_id.as_str(), false, None, None),
+            (
+                Some("r-1"),
+                "op",
+                first.group_id.as_str(),
+                false,
+                None,
+                None
+            ),
             (Some("r-2"), "bob", second.as_str(), true, None, None),
             (
                 Some("r-3"),

@@ -506,7 +506,10 @@ pub(super) fn groups(
 }
 
 /// A job's audited redrives, oldest first.
-pub(super) fn lineage(c: &Connection, job_id: JobId) -> Result<Vec<crate::LineageEntry>, StoreError> {
+pub(super) fn lineage(
+    c: &Connection,
+    job_id: JobId,
+) -> Result<Vec<crate::LineageEntry>, StoreError> {
     let mut stmt = db(c.prepare_cached(
         "SELECT (SELECT MIN(r.id) FROM redrives r WHERE r.audit_id = rj.audit_id),
                 a.at, a.actor, a.action, a.request, a.count,
@@ -531,7 +534,18 @@ pub(super) fn lineage(c: &Connection, job_id: JobId) -> Result<Vec<crate::Lineag
     let rows: Vec<_> = db(rows.collect())?;
     rows.into_iter()
         .map(
-            |(redrive_id, at, actor, action, request, count, from_group, edited, to_type, to_lane)| {
+            |(
+                redrive_id,
+                at,
+                actor,
+                action,
+                request,
+                count,
+                from_group,
+                edited,
+                to_type,
+                to_lane,
+            )| {
                 Ok(crate::LineageEntry {
                     redrive_id,
                     audit: AuditEntry {
