@@ -361,7 +361,7 @@ async fn dlq_redrive(
         .select
         .selection("redrive")
         .map_err(|e| Refused(e.to_string()))?;
-    let to = (a.to_type.is_some() || a.to_lane.is_some()).then(|| RedirectTo {
+    let to = (a.to_type.is_some() || a.to_lane.is_some()).then_some(RedirectTo {
         job_type: a.to_type.as_deref(),
         lane: a.to_lane.as_deref(),
     });
