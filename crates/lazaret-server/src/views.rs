@@ -323,6 +323,7 @@ pub fn group(g: &lazaret_store::FailureGroup) -> Value {
         "first_at": time(g.first_at),
         "last_at": time(g.last_at),
         "rate_1h": g.rate_1h,
+        "held": g.held,
         "tenants": g.tenants,
         "sources": g.sources,
     })

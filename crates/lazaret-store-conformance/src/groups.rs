@@ -316,3 +316,226 @@ pub async fn a_redrive_report_follows_its_jobs_to_success_and_failure_again<B: B
     assert_eq!(r.failed_again_groups, vec![(new_group, 1)]);
     assert_eq!(r.audit.action, "redrive");
 }
+
+/// Leases the one ready job of `job_type` and fails it permanently with
+/// `message`: its new dead letter.
+async fn fail_again<S: Store>(
+    s: &S,
+    job_type: &str,
+    message: &str,
+    now: Timestamp,
+) -> DeadLetterId {
+    let leased = lease_one(
+        s,
+        lazaret_store::LeaseRequest {
+            types: Some(vec![job_type.into()]),
+            ..lease_req(now, 1)
+        },
+    )
+    .await;
+    let failure = Failure::new("bad_input", message).with_class(FailureClass::Permanent);
+    complete(s, &leased, Event::Failed(failure), now)
+        .await
+        .dead_letter
+        .expect("a permanent failure writes a dead letter")
+}
+
+pub async fn a_lineage_lists_each_redrive_with_its_group_edit_and_redirect<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
+    let d1 = dead_letter_with(&s, "resize", "acme", "order 17 failed", at(1_000)).await;
+    let first = s.dead_letter(d1).await.unwrap().unwrap();
+    let job = first.job_id.expect("a lazaret job");
+    assert!(s.lineage(job).await.unwrap().is_empty(), "never redriven");
+
+    // A plain redrive, then it fails again into another group.
+    let e1 = s.audit(audit("redrive")).await.unwrap();
+    s.record_redrive("r-1".into(), e1).await.unwrap();
+    assert_eq!(
+        s.redrive(vec![d1], at(2_000), Some(e1)).await.unwrap(),
+        vec![job]
+    );
+    let d2 = fail_again(&s, "resize", "timeout talking to s3", at(2_100)).await;
+    let second = s.dead_letter(d2).await.unwrap().unwrap().group_id;
+    assert_ne!(second, first.group_id);
+
+    // A corrected redrive, failing again.
+    let e2 = s
+        .audit(AuditEntry {
+            actor: "bob".into(),
+            at: at(3_000),
+            ..audit("redrive")
+        })
+        .await
+        .unwrap();
+    s.record_redrive("r-2".into(), e2).await.unwrap();
+    let fix = lazaret_store::PayloadFix {
+        payload: b"{\"fixed\":true}".to_vec(),
+        schema_version: None,
+        actor: "bob".into(),
+        reason: "typo".into(),
+    };
+    assert_eq!(
+        s.redrive_corrected(d2, fix, at(3_000), Some(e2))
+            .await
+            .unwrap(),
+        Some(job)
+    );
+    let d3 = fail_again(&s, "resize", "still broken", at(3_100)).await;
+    let third = s.dead_letter(d3).await.unwrap().unwrap().group_id;
+
+    // A redirect to a repair type and lane.
+    let e3 = s.audit(audit("redrive")).await.unwrap();
+    s.record_redrive("r-3".into(), e3).await.unwrap();
+    let to = lazaret_store::Redirect {
+        job_type: Some("resize_repair".into()),
+        lane: Some("repair".into()),
+        schema_version: None,
+    };
+    assert_eq!(
+        s.redrive_to(vec![d3], to, at(4_000), Some(e3))
+            .await
+            .unwrap(),
+        vec![job]
+    );
+    let view = crate::job_view(&s, job).await;
+    assert_eq!(view.envelope.job_type.as_str(), "resize_repair");
+    assert_eq!(view.envelope.lane.as_str(), "repair");
+    assert_eq!(view.envelope.redrive_count, 3);
+    let stats = s.stats().await.unwrap();
+    assert_eq!(crate::lane_counts(&stats, "repair").queued, 1);
+    assert_eq!(crate::lane_counts(&stats, "default").queued, 0);
+    // A worker of the repair type, and only one, gets it.
+    let leased = lease_one(
+        &s,
+        lazaret_store::LeaseRequest {
+            types: Some(vec!["resize_repair".into()]),
+            ..lease_req(at(4_100), 5)
+        },
+    )
+    .await;
+    assert_eq!(leased.id, job);
+
+    let lineage = s.lineage(job).await.unwrap();
+    let seen: Vec<_> = lineage
+        .iter()
+        .map(|l| {
+            (
+                l.redrive_id.as_deref(),
+                l.audit.actor.as_str(),
+                l.from_group.as_str(),
+                l.edited,
+                l.to_type.as_deref(),
+                l.to_lane.as_deref(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        vec![
+            (
+                Some("r-1"),
+                "op",
+                first.group_id.as_str(),
+                false,
+                None,
+                None
+            ),
+            (Some("r-2"), "bob", second.as_str(), true, None, None),
+            (
+                Some("r-3"),
+                "op",
+                third.as_str(),
+                false,
+                Some("resize_repair"),
+                Some("repair")
+            ),
+        ]
+    );
+    assert_eq!(lineage[1].audit.at, at(3_000));
+    // Survives a restart.
+    drop(lineage);
+    s.close().await.unwrap();
+    let s = b.open(&place).await;
+    assert_eq!(s.lineage(job).await.unwrap().len(), 3);
+}
+
+pub async fn a_redirect_never_gives_a_type_two_jobs_with_one_key<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
+    let job = lazaret_store::NewJob {
+        idempotency_key: Some("order-7".into()),
+        ..new_job("resize", "acme", "default")
+    };
+    let (_, dl) = crate::dead_letter_job(&s, job, at(100)).await;
+    enqueue_one(
+        &s,
+        lazaret_store::NewJob {
+            idempotency_key: Some("order-7".into()),
+            ..new_job("resize_repair", "acme", "default")
+        },
+    )
+    .await;
+    let to = lazaret_store::Redirect {
+        job_type: Some("resize_repair".into()),
+        lane: None,
+        schema_version: None,
+    };
+    assert!(
+        s.redrive_to(vec![dl], to, at(200), None)
+            .await
+            .unwrap()
+            .is_empty(),
+        "not redriven"
+    );
+    assert!(s.dead_letter(dl).await.unwrap().is_some(), "still there");
+    // Another tenant's key is no conflict.
+    let other = lazaret_store::NewJob {
+        idempotency_key: Some("order-7".into()),
+        ..new_job("resize", "other", "default")
+    };
+    let (id, dl) = crate::dead_letter_job(&s, other, at(300)).await;
+    let to = lazaret_store::Redirect {
+        job_type: Some("resize_repair".into()),
+        lane: None,
+        schema_version: None,
+    };
+    assert_eq!(
+        s.redrive_to(vec![dl], to, at(400), None).await.unwrap(),
+        vec![id]
+    );
+}
+
+pub async fn groups_count_the_dead_letters_held_after_redrives_max<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
+    let once = dead_letter_with(&s, "resize", "acme", "order 17 failed", at(1_000)).await;
+    let _fresh = dead_letter_with(&s, "resize", "acme", "order 18 failed", at(1_000)).await;
+    let group = s.dead_letter(once).await.unwrap().unwrap().group_id;
+    s.redrive(vec![once], at(2_000), None).await.unwrap();
+    let again = fail_again(&s, "resize", "order 17 failed", at(2_100)).await;
+    assert_eq!(s.dead_letter(again).await.unwrap().unwrap().group_id, group);
+    assert_eq!(
+        s.dead_letter(again).await.unwrap().unwrap().redrive_count,
+        1
+    );
+    let held = |max: Option<u32>| {
+        let s = &s;
+        let group = group.clone();
+        async move {
+            let groups = s
+                .groups(GroupQuery {
+                    redrives_max: max,
+                    ..query(at(3_000))
+                })
+                .await
+                .unwrap()
+                .0;
+            let g = groups.iter().find(|g| g.id == group).expect("the group");
+            (g.count, g.held)
+        }
+    };
+    assert_eq!(held(Some(1)).await, (2, 1));
+    assert_eq!(held(Some(2)).await, (2, 0));
+    assert_eq!(held(None).await, (2, 0));
+}

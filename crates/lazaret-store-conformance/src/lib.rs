@@ -173,6 +173,9 @@ macro_rules! conformance_suite {
                 dead_letters_fall_into_groups_whatever_their_data,
                 archived_dead_letters_are_kept_hidden_and_restorable,
                 a_redrive_report_follows_its_jobs_to_success_and_failure_again,
+                a_lineage_lists_each_redrive_with_its_group_edit_and_redirect,
+                a_redirect_never_gives_a_type_two_jobs_with_one_key,
+                groups_count_the_dead_letters_held_after_redrives_max,
             ],
             sources: [
                 a_broker_message_is_quarantined_once_with_its_source_and_payload,

@@ -95,6 +95,10 @@ pub(crate) trait Backend: Send + Sync + 'static {
         &self,
         id: String,
     ) -> impl Future<Output = Result<Option<crate::RedriveReport>, StoreError>> + Send;
+    fn lineage(
+        &self,
+        job_id: JobId,
+    ) -> impl Future<Output = Result<Vec<crate::LineageEntry>, StoreError>> + Send;
     fn groups(
         &self,
         query: GroupQuery,
@@ -309,14 +313,16 @@ impl<B: Backend> Store for StoreOn<B> {
         self.backend.match_dead_letters(selector).await
     }
 
-    async fn redrive(
+    async fn redrive_to(
         &self,
         ids: Vec<DeadLetterId>,
+        to: crate::Redirect,
         now: Timestamp,
         audit: Option<AuditId>,
     ) -> Result<Vec<JobId>, StoreError> {
         call(&self.backend, |reply| Request::Redrive {
             ids,
+            to,
             now,
             audit,
             reply,
@@ -384,6 +390,10 @@ impl<B: Backend> Store for StoreOn<B> {
 
     async fn redrive_report(&self, id: String) -> Result<Option<crate::RedriveReport>, StoreError> {
         self.backend.redrive_report(id).await
+    }
+
+    async fn lineage(&self, job_id: JobId) -> Result<Vec<crate::LineageEntry>, StoreError> {
+        self.backend.lineage(job_id).await
     }
 
     async fn audit(&self, entry: AuditEntry) -> Result<AuditId, StoreError> {

@@ -276,6 +276,10 @@ impl<B: Backend> Backend for Faulty<B> {
         self.inner.redrive_report(id).await
     }
 
+    async fn lineage(&self, job_id: JobId) -> Result<Vec<crate::LineageEntry>, StoreError> {
+        self.inner.lineage(job_id).await
+    }
+
     async fn groups(
         &self,
         query: crate::GroupQuery,

@@ -185,6 +185,22 @@ pub trait Store: Send + Sync + 'static {
         ids: Vec<DeadLetterId>,
         now: Timestamp,
         audit: Option<AuditId>,
+    ) -> impl Future<Output = Result<Vec<JobId>, StoreError>> + Send {
+        self.redrive_to(ids, Redirect::default(), now, audit)
+    }
+
+    /// [`Store::redrive`], sending the jobs to another type and/or lane
+    /// (`to`; an empty [`Redirect`] keeps theirs): each job's type, lane
+    /// and (with a new type) schema version change in the same
+    /// transaction, and with `audit` its redrive is noted with where it
+    /// was sent ([`Store::lineage`]). The caller admitted the payloads for
+    /// the new type first.
+    fn redrive_to(
+        &self,
+        ids: Vec<DeadLetterId>,
+        to: Redirect,
+        now: Timestamp,
+        audit: Option<AuditId>,
     ) -> impl Future<Output = Result<Vec<JobId>, StoreError>> + Send;
 
     /// Redrives one processing dead letter with a corrected payload, in one
@@ -246,6 +262,14 @@ pub trait Store: Send + Sync + 'static {
         &self,
         id: String,
     ) -> impl Future<Output = Result<Option<RedriveReport>, StoreError>> + Send;
+
+    /// Every audited redrive of the job `job_id`, oldest first: who, when,
+    /// from which group, with an edited payload or not, and where it was
+    /// sent. Empty for an unknown job or one never redriven.
+    fn lineage(
+        &self,
+        job_id: JobId,
+    ) -> impl Future<Output = Result<Vec<LineageEntry>, StoreError>> + Send;
 
     /// Appends to the audit log; the new entry's id.
     fn audit(&self, entry: AuditEntry) -> impl Future<Output = Result<AuditId, StoreError>> + Send;

@@ -575,6 +575,10 @@ pub struct GroupQuery {
     pub cursor: Option<GroupCursor>,
     /// The end of the hour `rate_1h` counts.
     pub now: Timestamp,
+    /// With `Some(max)`, each group's [`FailureGroup::held`] counts its
+    /// dead letters whose job was redriven `max` times or more already
+    /// (held for a person); `None` leaves it 0.
+    pub redrives_max: Option<u32>,
 }
 
 /// Where a page of groups ended: groups are ordered by their newest dead
@@ -707,6 +711,59 @@ pub struct FailureGroup {
     pub tenants: Vec<String>,
     /// Sources affected (at most [`GROUP_NAMES_MAX`], in order).
     pub sources: Vec<String>,
+    /// Of its dead letters, the lazaret jobs held for a person: redriven
+    /// [`GroupQuery::redrives_max`] times or more already (0 without it).
+    pub held: u64,
+}
+
+/// Where a redrive sends its jobs when not back where they were: another
+/// type and/or lane (a repair handler). The caller has admitted each job's
+/// payload for the new type (byte cap, schema) before asking.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Redirect {
+    /// The type the jobs become (`None`: they keep theirs).
+    pub job_type: Option<String>,
+    /// The lane they are queued in (`None`: they keep theirs).
+    pub lane: Option<String>,
+    /// With a new type: the schema version its admission chose (`None`
+    /// when the type has no schemas).
+    pub schema_version: Option<u32>,
+}
+
+impl Redirect {
+    /// Whether it changes anything.
+    pub fn is_empty(&self) -> bool {
+        self.job_type.is_none() && self.lane.is_none()
+    }
+
+    /// Gives a redriven job's envelope its new type, schema version and
+    /// lane (both backends, before they write the row from it).
+    pub(crate) fn apply(&self, env: &mut lazaret_core::Envelope) {
+        if let Some(t) = &self.job_type {
+            env.job_type = lazaret_core::JobType::new(t);
+            env.schema_version = self.schema_version;
+        }
+        if let Some(l) = &self.lane {
+            env.lane = lazaret_core::Lane::new(l);
+        }
+    }
+}
+
+/// One redrive of a job, as its lineage shows it ([`crate::Store::lineage`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LineageEntry {
+    /// The redrive id (`None` for a redrive recorded without one).
+    pub redrive_id: Option<String>,
+    /// The redrive's audit entry (who, when, what was asked).
+    pub audit: AuditEntry,
+    /// The failure group of the dead letter it was redriven from.
+    pub from_group: String,
+    /// Whether the payload was replaced (a corrected redrive).
+    pub edited: bool,
+    /// The type it was sent to, when redirected.
+    pub to_type: Option<String>,
+    /// The lane it was sent to, when redirected.
+    pub to_lane: Option<String>,
 }
 
 /// A corrected payload for one dead letter's job, admitted by the caller

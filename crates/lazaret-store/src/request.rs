@@ -136,6 +136,7 @@ pub(crate) enum Request {
     },
     Redrive {
         ids: Vec<DeadLetterId>,
+        to: crate::Redirect,
         now: Timestamp,
         audit: Option<AuditId>,
         reply: Reply<Vec<JobId>>,

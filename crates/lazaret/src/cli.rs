@@ -31,7 +31,7 @@ use serde_json::Value;
 pub use args::{ClientCommand, GlobalOpts};
 use args::{
     DlqArchiveArgs, DlqCommand, DlqLsArgs, DlqPayloadArgs, DlqPurgeArgs, DlqRedriveArgs,
-    EnqueueArgs, JobsCommand, PurgeBody, RedriveBody, Selection, TokensCommand,
+    EnqueueArgs, JobsCommand, PurgeBody, RedirectTo, RedriveBody, Selection, TokensCommand,
 };
 use errors::{Cli, ExitCode, Refused, Reply, ServerError};
 
@@ -361,10 +361,15 @@ async fn dlq_redrive(
         .select
         .selection("redrive")
         .map_err(|e| Refused(e.to_string()))?;
+    let to = (a.to_type.is_some() || a.to_lane.is_some()).then_some(RedirectTo {
+        job_type: a.to_type.as_deref(),
+        lane: a.to_lane.as_deref(),
+    });
     let body = RedriveBody {
         selection: &selection,
         dry_run: a.dry_run,
         rate_per_sec: a.rate,
+        to,
     };
     let reply = client
         .post(&["v1", "dead-letters", "redrive"], &body)
@@ -390,6 +395,14 @@ async fn dlq_redrive(
     }
     // A broker that did not confirm leaves its dead letters in place: the
     // command did not do all it was asked, and scripts must see that.
+    let refused = render::items(&v, "refused").len();
+    if refused > 0 && !a.dry_run {
+        return Err(anyhow!(
+            "{refused} job(s) were refused by the admission of the type they were sent to and \
+             stay in the dead letters; the reason is given for each (--json: `refused`); \
+             correct their payloads (`lazaret dlq correct`) or send them elsewhere"
+        ));
+    }
     let failed = render::redrive_failures(&v);
     if failed > 0 {
         return Err(anyhow!(
@@ -416,6 +429,7 @@ async fn dlq_archive(
         selection: &selection,
         dry_run: a.dry_run,
         rate_per_sec: a.rate,
+        to: None,
     };
     let reply = client.post(&["v1", "dead-letters", verb], &body).await?;
     let done = if verb == "archive" {

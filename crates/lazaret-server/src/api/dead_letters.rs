@@ -103,13 +103,13 @@ pub(super) async fn dead_letters<S: Store>(
     let (items, next) = app.store.dead_letters(filter, limit, cursor).await?;
     ok(json!({
         // A list shows a Celery task's arguments from the payload preview.
-        "items": items.iter().map(|d| views::dead_letter(d, None)).collect::<Vec<_>>(),
+        "items": items.iter().map(|d| dead_letter_view(&app, d, None)).collect::<Vec<_>>(),
         "next_cursor": next.map(|c| c.to_string()),
     }))
 }
 
 /// The dead letter `id`, or `404 NOT_FOUND` naming it.
-async fn held<S: Store>(app: &App<S>, id: DeadLetterId) -> Result<DeadLetter, ApiError> {
+async fn existing<S: Store>(app: &App<S>, id: DeadLetterId) -> Result<DeadLetter, ApiError> {
     app.store
         .dead_letter(id)
         .await?
@@ -125,13 +125,72 @@ pub(super) async fn dead_letter<S: Store>(
     Path(id): Path<String>,
 ) -> ApiResult {
     let dl = DeadLetterId(parse_id(&id, "dead letter")?);
-    let d = held(&app, dl).await?;
+    let d = existing(&app, dl).await?;
     // One dead letter shows a Celery task's arguments from the whole body.
     let payload = match &d.source {
         Some(s) if views::is_celery(s) => app.store.dead_letter_payload(dl).await?.flatten(),
         _ => None,
     };
-    ok(views::dead_letter(&d, payload.as_deref()))
+    let mut v = dead_letter_view(&app, &d, payload.as_deref());
+    v["lineage"] = match d.job_id.filter(|_| d.source.is_none()) {
+        Some(job) => lineage_view(&app.store.lineage(job).await?, &d),
+        None => json!([]),
+    };
+    ok(v)
+}
+
+/// Whether a dead letter is held for a person: a lazaret job redriven
+/// `redrives_max` times or more already (computed when read, from the
+/// job's redrive count and the config now).
+fn is_held<S: Store>(app: &App<S>, d: &DeadLetter) -> bool {
+    d.stage == Stage::Processing && d.redrive_count >= app.config.redrives_max
+}
+
+/// A dead letter as the API shows it, with `held`.
+fn dead_letter_view<S: Store>(app: &App<S>, d: &DeadLetter, payload: Option<&[u8]>) -> Value {
+    let mut v = views::dead_letter(d, payload);
+    v["held"] = json!(is_held(app, d));
+    v
+}
+
+/// A dead letter's lineage: each audited redrive of its job, oldest
+/// first, and how it ended: every redrive but the last by the job failing
+/// again into the group the next one took it from; the last by the job's
+/// state now, which for a dead letter is dead-lettered again, into `d`'s
+/// group.
+fn lineage_view(entries: &[lazaret_store::LineageEntry], d: &DeadLetter) -> Value {
+    let items: Vec<Value> = entries
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let outcome = match entries.get(i + 1) {
+                Some(next) => json!({
+                    "state": "dead_lettered",
+                    "failed_again": true,
+                    "group": next.from_group,
+                    "current": false,
+                }),
+                None => json!({
+                    "state": "dead_lettered",
+                    "failed_again": true,
+                    "group": d.group_id,
+                    "current": true,
+                }),
+            };
+            let to = (e.to_type.is_some() || e.to_lane.is_some())
+                .then(|| json!({"type": e.to_type, "lane": e.to_lane}));
+            json!({
+                "redrive_id": e.redrive_id,
+                "at": views::time(e.audit.at),
+                "actor": e.audit.actor,
+                "from_group": e.from_group,
+                "payload_edited": e.edited,
+                "to": to,
+                "outcome": outcome,
+            })
+        })
+        .collect();
+    json!(items)
 }
 
 pub(super) async fn dead_letter_payload<S: Store>(
@@ -139,7 +198,7 @@ pub(super) async fn dead_letter_payload<S: Store>(
     Path(id): Path<String>,
 ) -> ApiResult {
     let dl = DeadLetterId(parse_id(&id, "dead letter")?);
-    let d = held(&app, dl).await?;
+    let d = existing(&app, dl).await?;
     let own_type = d.source.as_ref().and_then(|s| s.content_type.as_deref());
     match app.store.dead_letter_payload(dl).await? {
         None => Err(no_dead_letter(dl)),
@@ -220,6 +279,7 @@ pub(super) async fn groups<S: Store>(
             limit: page_limit(q.limit, 50, 1000)?,
             cursor,
             now: now(),
+            redrives_max: Some(app.config.redrives_max),
         })
         .await?;
     // The alerts' verdict: a group is `systemic` when it is the failure
@@ -280,6 +340,57 @@ pub(super) struct SelectBody {
     rate_per_sec: Option<u32>,
     #[serde(default)]
     confirm: bool,
+    /// Redrive only: send the jobs to another type and/or lane instead of
+    /// back where they were.
+    to: Option<RedirectBody>,
+}
+
+/// Where a redrive sends its jobs (`"to": {"type": T, "lane": L}`, either
+/// or both): a repair handler's type, a lane of its own.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RedirectBody {
+    /// The type the jobs become; admission is applied again for it
+    /// (schema of its newest version, payload byte cap).
+    #[serde(rename = "type")]
+    job_type: Option<String>,
+    /// The lane they are queued in.
+    lane: Option<String>,
+}
+
+/// A body's `to`, checked: `None` when absent.
+fn redirect(b: &SelectBody) -> Result<Option<lazaret_store::Redirect>, ApiError> {
+    let Some(to) = &b.to else { return Ok(None) };
+    for (field, v) in [("to.type", &to.job_type), ("to.lane", &to.lane)] {
+        if let Some(v) = v {
+            if v.trim().is_empty() {
+                return Err(ApiError::bad_request(format!(
+                    "{field} must not be empty; leave it out to keep the jobs' own"
+                )));
+            }
+            super::check_field(field, Some(v), lazaret_core::NAME_BYTES_MAX)?;
+        }
+    }
+    if to.job_type.is_none() && to.lane.is_none() {
+        return Err(ApiError::bad_request(
+            "\"to\" names neither a type nor a lane: send {\"type\": T} and/or {\"lane\": L}, or leave it out to redrive the jobs where they were",
+        ));
+    }
+    Ok(Some(lazaret_store::Redirect {
+        job_type: to.job_type.clone(),
+        lane: to.lane.clone(),
+        schema_version: None,
+    }))
+}
+
+/// `to` is a redrive's: refused elsewhere rather than ignored.
+fn no_redirect(b: &SelectBody, action: &str) -> Result<(), ApiError> {
+    if b.to.is_some() {
+        return Err(ApiError::bad_request(format!(
+            "\"to\" is for redrive only; a {action} has nowhere to send dead letters: remove it"
+        )));
+    }
+    Ok(())
 }
 
 /// The filter of a redrive or purge: the contract's keys, no others.
@@ -358,6 +469,79 @@ struct Target {
     /// A broker message: the queue it would be republished to, or why it
     /// may not be (a watch source's refused target).
     queue: Option<Result<String, String>>,
+    /// A redirect: the schema version the new type's admission chose, or
+    /// why it refused the job (or why the dead letter cannot be sent).
+    admitted: Option<Result<Option<u32>, Refused>>,
+}
+
+/// Why a redirect's admission refused a job: the error a new enqueue of
+/// its payload as the new type would get.
+#[derive(Debug, Clone)]
+struct Refused {
+    code: &'static str,
+    reason: Option<&'static str>,
+    message: String,
+}
+
+impl Refused {
+    fn view(&self) -> Value {
+        json!({"code": self.code, "reason": self.reason, "message": cut(&self.message, ITEM_ERROR_BYTES_MAX)})
+    }
+}
+
+/// Admission applied again for a redirect's new type (a lane alone changes
+/// no admission): the schema version chosen, or why it is refused. Only
+/// lazaret jobs can be redirected.
+async fn admit_redirect<S: Store>(
+    app: &App<S>,
+    d: &DeadLetter,
+    to: &lazaret_store::Redirect,
+) -> Result<Result<Option<u32>, Refused>, ApiError> {
+    if d.source.is_some() {
+        return Ok(Err(Refused {
+            code: "BAD_REQUEST",
+            reason: None,
+            message: "a broker message cannot be redirected: it goes back to its broker; redrive it without \"to\"".into(),
+        }));
+    }
+    let Some(job_type) = &to.job_type else {
+        return Ok(Ok(d.schema_version));
+    };
+    let Some(Some(payload)) = app.store.dead_letter_payload(d.id).await? else {
+        return Ok(Err(Refused {
+            code: "NOT_FOUND",
+            reason: None,
+            message: "its payload is not stored, so it cannot be admitted as the new type".into(),
+        }));
+    };
+    let verdict = lazaret_core::admit(
+        &app.config.admission,
+        &lazaret_core::AdmissionRequest {
+            job_type: Some(job_type),
+            tenant: d.tenant.as_deref(),
+            // The new type's own newest schema: the old type's version
+            // numbers mean nothing to it.
+            schema_version: None,
+            payload: &payload,
+            declared_size: None,
+            shed: None,
+        },
+    );
+    Ok(match verdict {
+        lazaret_core::Verdict::Admitted { schema_version } => Ok(schema_version),
+        other => {
+            let e = ApiError::from_verdict(other)
+                .unwrap_or_else(|| ApiError::bad_request("refused by admission"));
+            Err(Refused {
+                code: e.code.word().unwrap_or("BAD_REQUEST"),
+                reason: e.reason,
+                message: format!(
+                    "type {job_type:?} refuses its payload as a new enqueue would: {}",
+                    e.message
+                ),
+            })
+        }
+    })
 }
 
 /// What became of one target.
@@ -386,15 +570,22 @@ fn cut(s: &str, max: usize) -> String {
     format!("{}…", &s[..end])
 }
 
-fn redrive_item(t: &Target, done: Option<&Done>) -> Value {
+fn redrive_item(t: &Target, done: Option<&Done>, to: Option<&lazaret_store::Redirect>) -> Value {
+    let refused = match &t.admitted {
+        Some(Err(r)) => Some(r),
+        _ => None,
+    };
     let error = done
         .and_then(|d| d.error.as_deref())
         .or(match (&t.queue, done) {
             (Some(Err(why)), None) => Some(why.as_str()),
             _ => None,
         })
+        .or(refused.map(|r| r.message.as_str()))
         .map(|e| cut(e, ITEM_ERROR_BYTES_MAX));
     json!({
+        "to": to.map(|to| json!({"type": to.job_type, "lane": to.lane})),
+        "refused": refused.map(Refused::view),
         "dead_letter_id": t.id.to_string(),
         "job_id": t.job_id.map(|j| j.to_string()),
         "source": t.source.as_ref().map(|s| &s.0),
@@ -412,6 +603,7 @@ pub(super) async fn redrive<S: Store>(
 ) -> ApiResult {
     let b: SelectBody = parse_json(&body)?;
     let sel = selector(&b)?;
+    let to = redirect(&b)?;
     if b.rate_per_sec == Some(0) {
         return Err(ApiError::bad_request(
             "rate_per_sec must be at least 1 (leave it out for no limit)",
@@ -421,26 +613,12 @@ pub(super) async fn redrive<S: Store>(
         Selector::Ids(ids) => ids.clone(),
         Selector::Filter(_) => Vec::new(),
     };
-    // The entry is written before anything moves and each batch adds what
-    // it moved in its own transaction: a client gone or a process killed
-    // halfway leaves an entry that says exactly what was redriven.
-    let entry = app
-        .store
-        .audit(AuditEntry {
-            at: now(),
-            actor: caller.name,
-            action: "redrive".into(),
-            request: audit_request(&body),
-            count: 0,
-        })
-        .await?;
-    // Every broker message this request republishes carries this id, and
-    // its report (`GET /v1/redrives/{id}`) is found by it.
-    let redrive_id = lazaret_guard::redrive::new_redrive_id();
-    app.store.record_redrive(redrive_id.clone(), entry).await?;
+    // A redrive that names ids is explicit: it moves held dead letters too.
+    let explicit = matches!(sel, Selector::Ids(_));
     let matched = app.store.match_dead_letters(sel).await?;
     let sources = app.source_set();
     let mut skipped = 0usize;
+    let mut held_skipped = 0usize;
     let mut targets = Vec::new();
     for (id, stage) in matched {
         if stage == Stage::Admission {
@@ -451,16 +629,27 @@ pub(super) async fn redrive<S: Store>(
         // Only the dead letter itself says whether it holds a job or a
         // broker message; one gone meanwhile was redriven or purged.
         if let Some(d) = app.store.dead_letter(id).await? {
+            if !explicit && is_held(&app, &d) {
+                // Failed again after `redrives_max` redrives: a person
+                // decides, by naming it.
+                held_skipped += 1;
+                continue;
+            }
             let queue = d.source.is_some().then(|| {
                 sources
                     .target(&d)
                     .map_err(|e| not_connected(&app, &d, e).unwrap_or_else(|e| e.to_string()))
             });
+            let admitted = match &to {
+                Some(to) => Some(admit_redirect(&app, &d, to).await?),
+                None => None,
+            };
             targets.push(Target {
                 id,
                 job_id: d.job_id.filter(|_| d.source.is_none()),
                 source: d.source.map(|s| (s.name, s.message_id)),
                 queue,
+                admitted,
             });
         }
     }
@@ -471,13 +660,47 @@ pub(super) async fn redrive<S: Store>(
             not_found.push(text);
         }
     }
+    let refused: Vec<Value> = targets
+        .iter()
+        .filter_map(|t| match &t.admitted {
+            Some(Err(r)) => {
+                let mut v = r.view();
+                v["dead_letter_id"] = json!(t.id.to_string());
+                v["job_id"] = json!(t.job_id.map(|j| j.to_string()));
+                Some(v)
+            }
+            _ => None,
+        })
+        .collect();
+    // The entry is written before anything moves and each batch adds what
+    // it moved in its own transaction: a client gone or a process killed
+    // halfway leaves an entry that says exactly what was redriven. It
+    // says how many held dead letters the selection skipped.
+    let mut request = audit_request(&body);
+    if let Value::Object(m) = &mut request {
+        m.insert("held_skipped".into(), json!(held_skipped));
+    }
+    let entry = app
+        .store
+        .audit(AuditEntry {
+            at: now(),
+            actor: caller.name,
+            action: "redrive".into(),
+            request,
+            count: 0,
+        })
+        .await?;
+    // Every broker message this request republishes carries this id, and
+    // its report (`GET /v1/redrives/{id}`) is found by it.
+    let redrive_id = lazaret_guard::redrive::new_redrive_id();
+    app.store.record_redrive(redrive_id.clone(), entry).await?;
 
     let mut job_ids = Vec::new();
     let mut items = Vec::with_capacity(targets.len());
     let mut redriven = 0u64;
     let mut interrupted = false;
     if b.dry_run {
-        items.extend(targets.iter().map(|t| redrive_item(t, None)));
+        items.extend(targets.iter().map(|t| redrive_item(t, None, to.as_ref())));
     } else {
         // `rate_per_sec` paces jobs and broker messages alike, in the
         // order they were dead-lettered.
@@ -495,21 +718,43 @@ pub(super) async fn redrive<S: Store>(
                     break;
                 }
             }
-            let jobs: Vec<DeadLetterId> = part
-                .iter()
-                .filter(|t| t.source.is_none())
-                .map(|t| t.id)
-                .collect();
-            let moved: Vec<JobId> = if jobs.is_empty() {
-                Vec::new()
-            } else {
-                let moved = app.store.redrive(jobs, now(), Some(entry)).await?;
+            // Jobs by the schema version their new type admitted them
+            // under (one group without a redirect).
+            let mut batches: Vec<(Option<u32>, Vec<DeadLetterId>)> = Vec::new();
+            for t in part.iter().filter(|t| t.source.is_none()) {
+                let version = match &t.admitted {
+                    None => None,
+                    Some(Ok(v)) => *v,
+                    Some(Err(_)) => continue,
+                };
+                match batches.iter_mut().find(|(v, _)| *v == version) {
+                    Some((_, ids)) => ids.push(t.id),
+                    None => batches.push((version, vec![t.id])),
+                }
+            }
+            let mut moved: Vec<JobId> = Vec::new();
+            for (version, ids) in batches {
+                let redirect =
+                    to.clone()
+                        .map_or_else(Default::default, |to| lazaret_store::Redirect {
+                            schema_version: version,
+                            ..to
+                        });
+                moved.extend(
+                    app.store
+                        .redrive_to(ids, redirect, now(), Some(entry))
+                        .await?,
+                );
                 app.ready.anything();
-                moved
-            };
+            }
             for t in part {
-                let done = match (&t.source, t.job_id) {
-                    (None, Some(job)) if moved.contains(&job) => {
+                let done = match (&t.source, t.job_id, &t.admitted) {
+                    (_, _, Some(Err(r))) => Done {
+                        redriven: false,
+                        error: Some(r.message.clone()),
+                        refused: true,
+                    },
+                    (None, Some(job), _) if moved.contains(&job) => {
                         job_ids.push(job);
                         Done {
                             redriven: true,
@@ -517,22 +762,26 @@ pub(super) async fn redrive<S: Store>(
                             refused: false,
                         }
                     }
-                    (None, _) => Done {
+                    (None, _, _) => Done {
                         redriven: false,
-                        error: Some(
-                            "its job is no longer dead-lettered: it was redriven or purged meanwhile"
+                        error: Some(match to.as_ref().and_then(|to| to.job_type.as_deref()) {
+                            Some(t) => format!(
+                                "its job is no longer dead-lettered (redriven or purged meanwhile), \
+                                 or type {t:?} already has a job with its idempotency key in its tenant"
+                            ),
+                            None => "its job is no longer dead-lettered: it was redriven or purged meanwhile"
                                 .into(),
-                        ),
+                        }),
                         refused: false,
                     },
-                    (Some(_), _) => {
+                    (Some(_), _, _) => {
                         redrive_message(&app, &sources, t.id, entry, &redrive_id).await
                     }
                 };
                 if done.redriven {
                     redriven += 1;
                 }
-                items.push(redrive_item(t, Some(&done)));
+                items.push(redrive_item(t, Some(&done), to.as_ref()));
             }
         }
         m::redriven(redriven);
@@ -547,6 +796,9 @@ pub(super) async fn redrive<S: Store>(
         "not_found": not_found,
         "dry_run": b.dry_run,
         "skipped_admission_records": skipped,
+        "held_skipped": held_skipped,
+        "refused": refused,
+        "to": to.as_ref().map(|to| json!({"type": to.job_type, "lane": to.lane})),
         "interrupted": interrupted,
     }))
 }
@@ -655,6 +907,7 @@ pub(super) async fn purge<S: Store>(
 ) -> ApiResult {
     let b: SelectBody = parse_json(&body)?;
     let sel = selector(&b)?;
+    no_redirect(&b, "purge")?;
     if !b.confirm && !b.dry_run {
         return Err(ApiError::bad_request(
             "purge deletes dead letters for good: send \"confirm\": true (or \"dry_run\": true to see what it would delete)",
@@ -767,6 +1020,7 @@ async fn set_archived<S: Store>(
 ) -> ApiResult {
     let b: SelectBody = parse_json(body)?;
     let sel = selector_in(&b, !archived)?;
+    no_redirect(&b, if archived { "archive" } else { "restore" })?;
     if b.rate_per_sec == Some(0) {
         return Err(ApiError::bad_request(
             "rate_per_sec must be at least 1 (leave it out for no limit)",
@@ -905,7 +1159,7 @@ pub(super) async fn redrive_corrected<S: Store>(
             reason.len()
         )));
     }
-    let d = held(&app, dl).await?;
+    let d = existing(&app, dl).await?;
     if d.stage == Stage::Admission {
         return Err(ApiError::bad_request(format!(
             "dead letter {id} is an admission record: nothing was admitted, so there is no job to redrive; \

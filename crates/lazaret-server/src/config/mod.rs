@@ -18,6 +18,9 @@
 //! batch_bytes_max = 16777216          # cap on a whole batch body (413 POISON payload_too_large over it)
 //! accept_unknown_types = true         # false: UNKNOWN_TYPE for types not listed under [types]
 //! dead_letters_warn = 100000          # warn (log + metric + alert) once the dead letters outnumber this
+//! redrives_max = 3                    # a job dead-lettered again after this many redrives is held for a
+//!                                     # person: filter and group redrives skip it, a redrive by id moves it
+//!                                     # (at least 1; compared with the job's redrive count when read)
 //! surge_min = 20                      # a surge: at least this many dead letters in 5 minutes (1..=10000) …
 //! surge_share = 0.8                   # … this share of them with one failure (0.5 < x <= 1); /v1/stats
 //!                                     # dead_letters.surge and the default of every [[alerts]] entry
@@ -192,6 +195,9 @@ use sources::RawSource;
 use store::RawRetention;
 use tokens::RawToken;
 
+/// Default `redrives_max`: redrives of one job before it is held for a person.
+pub const REDRIVES_MAX_DEFAULT: u32 = 3;
+
 /// Default cap on a whole batch body (`batch_bytes_max`): 16 MiB.
 pub const BATCH_BYTES_MAX_DEFAULT: usize = 16 * 1024 * 1024;
 
@@ -220,6 +226,10 @@ pub struct ServerConfig {
     pub retention: RetentionConfig,
     /// Warn once the dead letters outnumber this (`dead_letters_warn`).
     pub dead_letters_warn: u64,
+    /// A dead letter whose job was redriven this many times or more is
+    /// held for a person (`redrives_max`): redrives by filter or group
+    /// skip it, a redrive naming its id moves it.
+    pub redrives_max: u32,
     /// The surge rule's thresholds (`surge_min`, `surge_share`): for
     /// `/v1/stats` and as every `[[alerts]]` entry's default.
     pub surge_min: u64,
@@ -274,6 +284,7 @@ impl Default for ServerConfig {
             tokens: Vec::new(),
             retention: RetentionConfig::default(),
             dead_letters_warn: 100_000,
+            redrives_max: REDRIVES_MAX_DEFAULT,
             surge_min: 20,
             surge_share: 0.8,
             admission_records_per_minute: 60,
@@ -332,6 +343,7 @@ pub(super) struct RawConfig {
     batch_bytes_max: Option<usize>,
     accept_unknown_types: Option<bool>,
     dead_letters_warn: Option<u64>,
+    redrives_max: Option<u32>,
     surge_min: Option<u64>,
     surge_share: Option<f64>,
     admission_records_per_minute: Option<u32>,
@@ -384,6 +396,17 @@ impl Ctx<'_> {
         }
         if let Some(v) = raw.dead_letters_warn {
             cfg.dead_letters_warn = v;
+        }
+        if let Some(v) = raw.redrives_max {
+            if v == 0 {
+                return Err(self.invalid(
+                    &root("redrives_max"),
+                    "redrives_max must be at least 1 (got 0): it is how many redrives a job gets \
+                     before it is held for a person; redrives are never automatic, so a large \
+                     number means never hold",
+                ));
+            }
+            cfg.redrives_max = v;
         }
         {
             // Checked with the alerts' own rule, so the ranges are the same.

@@ -3,5 +3,6 @@
 mod backpressure;
 mod browser;
 mod openapi;
+mod redrive;
 mod roles;
 mod stats;

@@ -672,6 +672,10 @@ impl Backend for Postgres {
         reader::redrive_report(&*self.reader().await?, &id).await
     }
 
+    async fn lineage(&self, job_id: JobId) -> Result<Vec<crate::LineageEntry>, StoreError> {
+        reader::lineage(&*self.reader().await?, job_id).await
+    }
+
     async fn groups(
         &self,
         query: crate::GroupQuery,

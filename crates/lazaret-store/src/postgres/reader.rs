@@ -321,7 +321,20 @@ pub(super) async fn groups(
         let sources = names.pop().unwrap_or_default();
         let tenants = names.pop().unwrap_or_default();
         let reason: String = sample.get(2);
+        let held: i64 = match q.redrives_max {
+            Some(max) => pg(c
+                .query_one(
+                    "SELECT count(*) FROM dead_letters d JOIN jobs j ON j.id = d.job_id
+                     WHERE d.group_id = $1 AND (d.archived_at IS NOT NULL) = $2
+                       AND d.stage = 'processing' AND j.redrives >= $3",
+                    &[&id, &q.archived, &(max.min(i32::MAX as u32) as i32)],
+                )
+                .await)?
+            .get(0),
+            None => 0,
+        };
         out.push(FailureGroup {
+            held: held as u64,
             count: r.get::<_, i64>(1) as u64,
             job_type: sample.get(1),
             reason: reason.parse().map_err(corrupt)?,
@@ -346,6 +359,42 @@ pub(super) async fn groups(
         None
     };
     Ok((out, next))
+}
+
+/// A job's audited redrives, oldest first (as SQLite's `reader::lineage`).
+pub(super) async fn lineage(
+    c: &Client,
+    job_id: JobId,
+) -> Result<Vec<crate::LineageEntry>, StoreError> {
+    let rows = pg(c
+        .query(
+            "SELECT (SELECT min(r.id) FROM redrives r WHERE r.audit_id = rj.audit_id),
+                    a.at, a.actor, a.action, a.request, a.count,
+                    rj.from_group, rj.edited, rj.to_type, rj.to_lane
+             FROM redrive_jobs rj JOIN audit a ON a.id = rj.audit_id
+             WHERE rj.job_id = $1 ORDER BY rj.audit_id",
+            &[&(job_id.0 as i64)],
+        )
+        .await)?;
+    rows.iter()
+        .map(|r| {
+            let request: String = r.get(4);
+            Ok(crate::LineageEntry {
+                redrive_id: r.get(0),
+                audit: AuditEntry {
+                    at: Timestamp::from_millis(r.get(1)),
+                    actor: r.get(2),
+                    action: r.get(3),
+                    request: serde_json::from_str(&request).map_err(corrupt)?,
+                    count: r.get::<_, i64>(5) as u64,
+                },
+                from_group: r.get(6),
+                edited: r.get(7),
+                to_type: r.get(8),
+                to_lane: r.get(9),
+            })
+        })
+        .collect()
 }
 
 /// A redrive's report (as SQLite's `reader::redrive_report`).

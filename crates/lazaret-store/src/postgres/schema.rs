@@ -17,7 +17,7 @@ use super::pg;
 use crate::StoreError;
 
 /// The version this build writes; older schemas are migrated at open.
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 7;
 
 /// The advisory lock key migrations hold (`pg_advisory_xact_lock`).
 const MIGRATION_LOCK: i64 = 0x6c61_7a61_7265_7401;
@@ -236,6 +236,19 @@ CREATE TABLE IF NOT EXISTS redrive_jobs (
 );
 "#;
 
+/// v6 → v7: what each redrive of a job did to it, for its lineage (issue
+/// 30): whether the payload was edited, and the type and lane it was sent
+/// to when redirected. Rows of older redrives read as not edited and not
+/// redirected. An older node keeps working (it leaves the new columns to
+/// their defaults), but its redirects do not exist.
+const V7: &str = r#"
+ALTER TABLE redrive_jobs ADD COLUMN IF NOT EXISTS edited bool NOT NULL DEFAULT false;
+ALTER TABLE redrive_jobs ADD COLUMN IF NOT EXISTS to_type text;
+ALTER TABLE redrive_jobs ADD COLUMN IF NOT EXISTS to_lane text;
+CREATE INDEX IF NOT EXISTS redrive_jobs_job ON redrive_jobs (job_id, audit_id);
+CREATE INDEX IF NOT EXISTS redrives_audit ON redrives (audit_id);
+"#;
+
 /// Computes the group of every dead letter held, in batches by id.
 async fn groups_v6(c: &Client) -> Result<(), StoreError> {
     let mut after = 0i64;
@@ -328,6 +341,9 @@ async fn migrate_locked(c: &Client, schema: &str) -> Result<i64, StoreError> {
     if found < 6 {
         pg(c.batch_execute(V6).await)?;
         groups_v6(c).await?;
+    }
+    if found < 7 {
+        pg(c.batch_execute(V7).await)?;
     }
     pg(c.execute(
         "INSERT INTO lazaret_meta (key, value) VALUES ('schema_version', $1)

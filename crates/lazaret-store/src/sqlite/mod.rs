@@ -530,6 +530,10 @@ impl Backend for Sqlite {
         self.read(move |c| reader::redrive_report(c, &id)).await
     }
 
+    async fn lineage(&self, job_id: JobId) -> Result<Vec<crate::LineageEntry>, StoreError> {
+        self.read(move |c| reader::lineage(c, job_id)).await
+    }
+
     async fn groups(
         &self,
         query: crate::GroupQuery,

@@ -469,7 +469,18 @@ pub(super) fn groups(
             )?;
             db(rows.collect())
         };
+        let held: i64 = match q.redrives_max {
+            Some(max) => db(c
+                .prepare_cached(
+                    "SELECT COUNT(*) FROM dead_letters d JOIN jobs j ON j.id = d.job_id
+                     WHERE d.group_id = ?1 AND (d.archived_at IS NOT NULL) = ?2
+                       AND d.stage = 'processing' AND j.redrives >= ?3",
+                )?
+                .query_row(params![id, q.archived, i64::from(max)], |r| r.get(0)))?,
+            None => 0,
+        };
         out.push(FailureGroup {
+            held: held as u64,
             tenants: names("tenant")?,
             sources: names("source_name")?,
             id,
@@ -492,6 +503,66 @@ pub(super) fn groups(
         })
     });
     Ok((out, next.flatten()))
+}
+
+/// A job's audited redrives, oldest first.
+pub(super) fn lineage(
+    c: &Connection,
+    job_id: JobId,
+) -> Result<Vec<crate::LineageEntry>, StoreError> {
+    let mut stmt = db(c.prepare_cached(
+        "SELECT (SELECT MIN(r.id) FROM redrives r WHERE r.audit_id = rj.audit_id),
+                a.at, a.actor, a.action, a.request, a.count,
+                rj.from_group, rj.edited, rj.to_type, rj.to_lane
+         FROM redrive_jobs rj JOIN audit a ON a.id = rj.audit_id
+         WHERE rj.job_id = ?1 ORDER BY rj.audit_id",
+    ))?;
+    let rows = db(stmt.query_map(params![job_id.0 as i64], |r| {
+        Ok((
+            r.get::<_, Option<String>>(0)?,
+            r.get::<_, i64>(1)?,
+            r.get::<_, String>(2)?,
+            r.get::<_, String>(3)?,
+            r.get::<_, String>(4)?,
+            r.get::<_, i64>(5)?,
+            r.get::<_, String>(6)?,
+            r.get::<_, bool>(7)?,
+            r.get::<_, Option<String>>(8)?,
+            r.get::<_, Option<String>>(9)?,
+        ))
+    }))?;
+    let rows: Vec<_> = db(rows.collect())?;
+    rows.into_iter()
+        .map(
+            |(
+                redrive_id,
+                at,
+                actor,
+                action,
+                request,
+                count,
+                from_group,
+                edited,
+                to_type,
+                to_lane,
+            )| {
+                Ok(crate::LineageEntry {
+                    redrive_id,
+                    audit: AuditEntry {
+                        at: Timestamp::from_millis(at),
+                        actor,
+                        action,
+                        request: serde_json::from_str(&request).map_err(corrupt)?,
+                        count: count as u64,
+                    },
+                    from_group,
+                    edited,
+                    to_type,
+                    to_lane,
+                })
+            },
+        )
+        .collect()
 }
 
 /// A redrive's report: its audit entry, and its jobs by their state now.

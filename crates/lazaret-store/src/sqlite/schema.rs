@@ -3,7 +3,7 @@
 use rusqlite::Connection;
 
 /// The schema version this build writes; `PRAGMA user_version` records it.
-pub const SCHEMA_VERSION: i64 = 9;
+pub const SCHEMA_VERSION: i64 = 10;
 
 /// The current schema, for a new database (and the tables a migration adds).
 const CURRENT: &str = r#"
@@ -307,6 +307,20 @@ CREATE TABLE IF NOT EXISTS redrive_jobs (
 );
 "#;
 
+/// Version 9 → 10 (and new databases, whose `redrive_jobs` [`V9_OBJECTS`]
+/// just created): what each redrive of a job did to it, for its lineage
+/// (issue 30): whether the payload was edited, and the type and lane it
+/// was sent to when redirected. Rows of older redrives read as not
+/// edited and not redirected.
+const V9_TO_V10: &str = r#"
+ALTER TABLE redrive_jobs ADD COLUMN edited INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE redrive_jobs ADD COLUMN to_type TEXT;
+ALTER TABLE redrive_jobs ADD COLUMN to_lane TEXT;
+-- A job's lineage reads its redrives by job.
+CREATE INDEX IF NOT EXISTS redrive_jobs_job ON redrive_jobs (job_id, audit_id);
+CREATE INDEX IF NOT EXISTS redrives_audit ON redrives (audit_id);
+"#;
+
 /// Computes the group of every dead letter held (the fingerprint is Rust
 /// code, so the rows are read and written back here).
 fn groups_v9(conn: &Connection) -> rusqlite::Result<()> {
@@ -390,6 +404,8 @@ pub fn migrate(conn: &Connection) -> Result<(), crate::StoreError> {
         script.push_str(V8_TO_V9);
     }
     script.push_str(V9_OBJECTS);
+    // Every version below 10 has `redrive_jobs` without the columns now.
+    script.push_str(V9_TO_V10);
     let migrated = conn.execute_batch(&script).and_then(|()| {
         if held_retries_v6 {
             copy_held_retries_v6(conn)?;

@@ -878,4 +878,60 @@ mod migration {
         assert_eq!(store.message_held(beside.key()).await.unwrap(), Held::Retry);
         store.close().await.unwrap();
     }
+
+    /// A version-6 schema's redrives (issue 30's reports) read in the
+    /// lineage of their jobs after the migration to 7, as not edited and
+    /// not redirected.
+    #[tokio::test]
+    async fn redrives_of_a_version_6_schema_read_in_the_lineage() {
+        let Some(url) = url() else { return };
+        let schema = fresh_schema(&url);
+        open(&url, &schema.name, Clock::Caller)
+            .await
+            .close()
+            .await
+            .unwrap();
+        let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let s = &schema.name;
+        c.batch_execute(&format!(
+            "DROP INDEX {s}.redrive_jobs_job;
+             DROP INDEX {s}.redrives_audit;
+             ALTER TABLE {s}.redrive_jobs DROP COLUMN edited, DROP COLUMN to_type, DROP COLUMN to_lane;
+             INSERT INTO {s}.audit (id, at, actor, action, request, count)
+               VALUES (4, 1000, 'ops-alice', 'redrive', '{{\"all\":true}}', 1);
+             INSERT INTO {s}.redrives (id, audit_id) VALUES ('r-9', 4);
+             INSERT INTO {s}.redrive_jobs (audit_id, job_id, from_group) VALUES (4, 12, 'g-old');
+             UPDATE {s}.lazaret_meta SET value = 6 WHERE key = 'schema_version';"
+        ))
+        .await
+        .unwrap();
+        let store = open(&url, &schema.name, Clock::Caller).await;
+        let version: i64 = c
+            .query_one(
+                &format!("SELECT value FROM {s}.lazaret_meta WHERE key = 'schema_version'"),
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(version, lazaret_store::postgres::SCHEMA_VERSION);
+        let lineage = store.lineage(JobId(12)).await.unwrap();
+        assert_eq!(lineage.len(), 1);
+        let l = &lineage[0];
+        assert_eq!(
+            (
+                l.redrive_id.as_deref(),
+                l.audit.actor.as_str(),
+                l.from_group.as_str(),
+                l.edited,
+                l.to_type.as_deref(),
+                l.to_lane.as_deref()
+            ),
+            (Some("r-9"), "ops-alice", "g-old", false, None, None)
+        );
+        store.close().await.unwrap();
+    }
 }

@@ -925,3 +925,64 @@ async fn migrates_a_version_7_database_to_held_retries_under_their_new_name() {
     assert_eq!(s.message_held(held.key()).await.unwrap(), Held::Nothing);
     s.close().await.unwrap();
 }
+
+/// A version-9 database's redrives (issue 30's reports) read in the
+/// lineage of their jobs after the migration to 10, as not edited and not
+/// redirected; a redirect is recorded from then on.
+#[tokio::test]
+async fn migrates_a_version_9_database_to_lineage_with_edits_and_redirects() {
+    use lazaret_core::JobId;
+
+    let dir = tempfile::TempDir::new().unwrap();
+    let path = dir.path().join(DB_FILE);
+    open(dir.path()).close().await.unwrap();
+    {
+        // Back to version 9: `redrive_jobs` without the new columns.
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch(
+            "DROP INDEX redrive_jobs_job;
+             DROP INDEX redrives_audit;
+             ALTER TABLE redrive_jobs DROP COLUMN edited;
+             ALTER TABLE redrive_jobs DROP COLUMN to_type;
+             ALTER TABLE redrive_jobs DROP COLUMN to_lane;
+             INSERT INTO audit (id, at, actor, action, request, count)
+               VALUES (4, 1000, 'ops-alice', 'redrive', '{\"all\":true}', 1);
+             INSERT INTO redrives (id, audit_id) VALUES ('r-9', 4);
+             INSERT INTO redrive_jobs (audit_id, job_id, from_group) VALUES (4, 12, 'g-old');
+             PRAGMA user_version = 9;",
+        )
+        .unwrap();
+    }
+    let s = open(dir.path());
+    {
+        let conn = rusqlite::Connection::open(&path).unwrap();
+        let version: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, SCHEMA_VERSION);
+        let indexes: i64 = conn
+            .query_row(
+                "SELECT count(*) FROM sqlite_master
+                 WHERE name IN ('redrive_jobs_job', 'redrives_audit')",
+                [],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(indexes, 2);
+    }
+    let lineage = s.lineage(JobId(12)).await.unwrap();
+    assert_eq!(lineage.len(), 1);
+    let l = &lineage[0];
+    assert_eq!(
+        (
+            l.redrive_id.as_deref(),
+            l.audit.actor.as_str(),
+            l.from_group.as_str(),
+            l.edited,
+            l.to_type.as_deref(),
+            l.to_lane.as_deref()
+        ),
+        (Some("r-9"), "ops-alice", "g-old", false, None, None)
+    );
+    s.close().await.unwrap();
+}

@@ -436,6 +436,13 @@ pub struct DlqRedriveArgs {
     /// Redrive at most N dead letters (jobs or broker messages) per second.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub rate: Option<u32>,
+    /// Send the jobs to this type instead (a repair handler); its admission
+    /// (schema, byte cap) is applied to each payload again.
+    #[arg(long, value_name = "TYPE", value_parser = NonEmptyStringValueParser::new())]
+    pub to_type: Option<String>,
+    /// Queue the jobs in this lane instead.
+    #[arg(long, value_name = "LANE", value_parser = NonEmptyStringValueParser::new())]
+    pub to_lane: Option<String>,
 }
 
 /// `lazaret dlq groups`
@@ -570,6 +577,17 @@ pub struct RedriveBody<'a> {
     pub dry_run: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rate_per_sec: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub to: Option<RedirectTo<'a>>,
+}
+
+/// A redrive's `"to"`: another type and/or lane.
+#[derive(Debug, Serialize)]
+pub struct RedirectTo<'a> {
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub job_type: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lane: Option<&'a str>,
 }
 
 /// Body of `POST /v1/dead-letters/purge`.
@@ -990,6 +1008,7 @@ mod tests {
             selection: &sel,
             dry_run: a.dry_run,
             rate_per_sec: a.rate,
+            to: None,
         };
         assert_eq!(
             serde_json::to_value(&body).unwrap(),
@@ -1005,6 +1024,7 @@ mod tests {
             selection: &sel,
             dry_run: a.dry_run,
             rate_per_sec: a.rate,
+            to: None,
         };
         assert_eq!(
             serde_json::to_value(&body).unwrap(),
@@ -1031,6 +1051,7 @@ mod tests {
             selection: &sel,
             dry_run: a.dry_run,
             rate_per_sec: a.rate,
+            to: None,
         };
         assert_eq!(
             serde_json::to_value(&body).unwrap(),

@@ -85,7 +85,7 @@ fn write_lines(out: Out, lines: &[String], indent: &str) -> io::Result<()> {
     Ok(())
 }
 
-fn items<'a>(v: &'a Value, key: &str) -> &'a [Value] {
+pub fn items<'a>(v: &'a Value, key: &str) -> &'a [Value] {
     v.get(key)
         .and_then(Value::as_array)
         .map_or(&[], Vec::as_slice)
@@ -376,6 +376,7 @@ pub fn dead_letter(out: Out, v: &Value, width: Option<usize>) -> io::Result<()> 
         ("idempotency_key", text(v, "idempotency_key")),
     ];
     push_if_present(&mut pairs, v, "redrive_count");
+    push_if_present(&mut pairs, v, "held");
     pairs.push(("created_at", text(v, "created_at")));
     pairs.push(("dead_lettered_at", text(v, "dead_lettered_at")));
     pairs.push(("payload_size", text(v, "payload_size")));
@@ -404,7 +405,54 @@ pub fn dead_letter(out: Out, v: &Value, width: Option<usize>) -> io::Result<()> 
     source(out, v)?;
     celery(out, v)?;
     history(out, v, width)?;
+    lineage(out, v, width)?;
     payload_preview(out, v)
+}
+
+/// A dead letter's redrives, oldest first, and how each ended.
+fn lineage(out: Out, v: &Value, width: Option<usize>) -> io::Result<()> {
+    let rows = items(v, "lineage");
+    if rows.is_empty() {
+        return Ok(());
+    }
+    writeln!(out, "\nlineage:")?;
+    let mut t = Table::new(vec![
+        Column::new("REDRIVE"),
+        Column::new("AT"),
+        Column::new("BY"),
+        Column::new("FROM_GROUP"),
+        Column::new("EDITED"),
+        Column::new("SENT_TO"),
+        Column::new("ENDED").flex(),
+    ]);
+    for r in rows {
+        let to = r.get("to").filter(|t| t.is_object()).map_or_else(
+            || "-".to_owned(),
+            |to| format!("{}/{}", text(to, "type"), text(to, "lane")),
+        );
+        let ended = match r.get("outcome") {
+            Some(o) if o.get("current") == Some(&Value::Bool(true)) => {
+                format!("now {} (group {})", text(o, "state"), text(o, "group"))
+            }
+            Some(o) => format!("failed again into group {}", text(o, "group")),
+            None => "-".to_owned(),
+        };
+        let edited = if r.get("payload_edited") == Some(&Value::Bool(true)) {
+            "yes"
+        } else {
+            "no"
+        };
+        t.push([
+            text(r, "redrive_id"),
+            text(r, "at"),
+            text(r, "actor"),
+            text(r, "from_group"),
+            edited.to_owned(),
+            to,
+            ended,
+        ]);
+    }
+    write_lines(out, &t.lines(width), "  ")
 }
 
 /// A JSON value on one line: strings bare, the rest as compact JSON.
@@ -531,6 +579,7 @@ pub fn groups(out: Out, v: &Value, width: Option<usize>) -> io::Result<()> {
         Column::new("GROUP"),
         Column::new("COUNT").right(),
         Column::new("1H").right(),
+        Column::new("HELD").right(),
         Column::new("TYPE"),
         Column::new("REASON"),
         Column::new("KIND"),
@@ -542,6 +591,7 @@ pub fn groups(out: Out, v: &Value, width: Option<usize>) -> io::Result<()> {
             text(r, "id"),
             text(r, "count"),
             text(r, "rate_1h"),
+            text(r, "held"),
             text(r, "type"),
             text(r, "reason"),
             text(r, "kind"),
@@ -610,6 +660,37 @@ pub fn redriven(out: Out, v: &Value, dry_run: bool) -> io::Result<()> {
             "not found (or not redrivable): {}",
             clean_line(&missing.join(", "))
         )?;
+    }
+    if let Some(to) = v.get("to").filter(|t| t.is_object()) {
+        writeln!(
+            out,
+            "sent to: type {}, lane {}",
+            clean_line(&text(to, "type")),
+            clean_line(&text(to, "lane"))
+        )?;
+    }
+    if let Some(n) = v
+        .get("held_skipped")
+        .and_then(Value::as_u64)
+        .filter(|n| *n > 0)
+    {
+        writeln!(
+            out,
+            "skipped {n} held dead letter(s): their jobs failed again after redrives_max redrives; \
+             a person redrives one by naming it (--id)"
+        )?;
+    }
+    let refused = items(v, "refused");
+    if !refused.is_empty() {
+        writeln!(out, "refused by the new type's admission:")?;
+        for r in refused.iter().take(JOB_IDS_SHOWN_MAX) {
+            writeln!(
+                out,
+                "  {}  {}",
+                clean_line(&text(r, "dead_letter_id")),
+                clean_line(&text(r, "message"))
+            )?;
+        }
     }
     match v.get("skipped_admission_records").and_then(Value::as_u64) {
         Some(n) if n > 0 => writeln!(

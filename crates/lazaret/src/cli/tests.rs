@@ -691,3 +691,75 @@ async fn dlq_correct_sends_the_payload_bytes_the_reason_and_prints_both_hashes()
     .await;
     assert_eq!(errors::exit_code(&result.unwrap_err()), ExitCode::Usage);
 }
+
+#[tokio::test]
+async fn a_redirected_redrive_sends_to_and_fails_naming_what_admission_refused() {
+    let reply = r#"{"matched":2,"redriven":1,"job_ids":["j1"],"not_found":[],"dry_run":false,
+        "skipped_admission_records":0,"held_skipped":3,"to":{"type":"repair","lane":"fix"},
+        "refused":[{"dead_letter_id":"d2","job_id":"j2","code":"POISON","reason":"schema_invalid",
+                    "message":"type \"repair\" refuses its payload as a new enqueue would: no order"}],
+        "items":[
+        {"dead_letter_id":"d1","job_id":"j1","source":null,"message_id":null,"redriven":true,"error":null,
+         "to":{"type":"repair","lane":"fix"},"refused":null},
+        {"dead_letter_id":"d2","job_id":"j2","source":null,"message_id":null,"redriven":false,
+         "error":"type \"repair\" refuses its payload as a new enqueue would: no order",
+         "to":{"type":"repair","lane":"fix"},
+         "refused":{"code":"POISON","reason":"schema_invalid","message":"no order"}}]}"#;
+    let (url, seen) = stub(vec![ok(200, reply)]).await;
+    let (result, out) = lazaret(
+        &url,
+        None,
+        &[
+            "dlq",
+            "redrive",
+            "--group",
+            "g1",
+            "--to-type",
+            "repair",
+            "--to-lane",
+            "fix",
+        ],
+    )
+    .await;
+    let err = result.unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("1 job(s) were refused by the admission of the type they were sent to"),
+        "{err:#}"
+    );
+    assert_eq!(
+        serde_json::from_str::<Value>(&seen.lock().unwrap()[0].body).unwrap(),
+        serde_json::json!({"filter": {"group": "g1"}, "dry_run": false,
+                           "to": {"type": "repair", "lane": "fix"}})
+    );
+    assert!(out.contains("sent to: type repair, lane fix\n"), "{out}");
+    assert!(out.contains("skipped 3 held dead letter(s)"), "{out}");
+    assert!(
+        out.contains("refused by the new type's admission:\n  d2  type \"repair\" refuses"),
+        "{out}"
+    );
+}
+
+#[tokio::test]
+async fn dlq_show_prints_held_and_the_lineage() {
+    let reply = r#"{"id":"d3","job_id":"j1","type":"resize","tenant":"acme","lane":"default",
+        "stage":"processing","reason":"permanent","attempts":1,"idempotency_key":null,
+        "redrive_count":2,"held":true,"created_at":"2026-12-06T09:00:00.000Z",
+        "dead_lettered_at":"2026-12-06T10:00:00.000Z","payload_size":2,"payload_sha256":"x",
+        "error":null,"history":[],"source":null,"payload_preview":null,
+        "lineage":[
+         {"redrive_id":"r-1","at":"2026-12-06T09:10:00.000Z","actor":"ops-alice","from_group":"g1",
+          "payload_edited":false,"to":null,
+          "outcome":{"state":"dead_lettered","failed_again":true,"group":"g2","current":false}},
+         {"redrive_id":"r-2","at":"2026-12-06T09:40:00.000Z","actor":"ops-bob","from_group":"g2",
+          "payload_edited":true,"to":{"type":"repair","lane":null},
+          "outcome":{"state":"dead_lettered","failed_again":true,"group":"g3","current":true}}]}"#;
+    let (url, _) = stub(vec![ok(200, reply)]).await;
+    let (result, out) = lazaret(&url, None, &["dlq", "show", "d3"]).await;
+    result.unwrap();
+    assert!(out.contains("held:"), "{out}");
+    assert!(out.contains("\nlineage:\n"), "{out}");
+    assert!(out.contains("failed again into group g2"), "{out}");
+    assert!(out.contains("repair/-"), "{out}");
+    assert!(out.contains("now dead_lettered (group g3)"), "{out}");
+}

@@ -237,12 +237,25 @@ fn an_empty_file_gives_the_defaults() {
         (ms(86_400_000), 500, ms(1000))
     );
     assert_eq!(cfg.dead_letters_warn, 100_000);
+    assert_eq!(cfg.redrives_max, 3);
     assert_eq!(cfg.admission_records_per_minute, 60);
     assert_eq!(cfg.admission_records_all_per_minute, 600);
     assert_eq!(cfg.durability, Durability::Full);
     assert_eq!(
         (cfg.lease_default, cfg.lease_max),
         (ms(30_000), ms(3_600_000))
+    );
+}
+
+#[test]
+fn redrives_max_is_read_and_zero_is_refused_naming_it() {
+    let cfg = ServerConfig::from_toml_str("redrives_max = 5\n", Path::new(".")).unwrap();
+    assert_eq!(cfg.redrives_max, 5);
+    assert_refused(
+        "\nredrives_max = 0\n",
+        "redrives_max",
+        2,
+        "redrives_max must be at least 1",
     );
 }
 

@@ -51,6 +51,7 @@ impl Writer {
     pub(super) async fn redrive(
         &mut self,
         ids: &[DeadLetterId],
+        to: &crate::Redirect,
         now: Timestamp,
         audit: Option<AuditId>,
     ) -> Result<Vec<JobId>, StoreError> {
@@ -76,13 +77,28 @@ impl Writer {
             let Some(row) = rows.first() else { continue };
             let mut env = stored_job(row)?.envelope()?;
             lazaret_core::redrive(&mut env);
+            to.apply(&mut env);
+            if to.job_type.is_some() && self.key_taken(&env).await? {
+                // The new type has a job with this key in this tenant
+                // already: moving this one there would make two.
+                continue;
+            }
             self.execute(
                 "UPDATE jobs SET state = 'queued', run_at = $2, attempts = 0, finished_at = NULL,
-                 lease_started_at = NULL, worker_id = NULL, redrives = $3, envelope = $4 WHERE id = $1",
-                &[&job_id, &ms(now), &(env.redrive_count as i32), &env.to_json()],
+                 lease_started_at = NULL, worker_id = NULL, redrives = $3, envelope = $4,
+                 type = $5, lane = $6, schema_version = $7 WHERE id = $1",
+                &[
+                    &job_id,
+                    &ms(now),
+                    &(env.redrive_count as i32),
+                    &env.to_json(),
+                    &env.job_type.as_str(),
+                    &env.lane.as_str(),
+                    &env.schema_version.map(|v| v as i32),
+                ],
             )
             .await?;
-            self.redrive_job(audit, *dl, job_id).await?;
+            self.redrive_job(audit, *dl, job_id, false, to).await?;
             self.execute("DELETE FROM dead_letters WHERE id = $1", &[&(dl.0 as i64)])
                 .await?;
             self.add_ready(
@@ -154,7 +170,8 @@ impl Writer {
             ],
         )
         .await?;
-        self.redrive_job(audit, dl, job_id).await?;
+        self.redrive_job(audit, dl, job_id, true, &crate::Redirect::default())
+            .await?;
         self.execute("DELETE FROM dead_letters WHERE id = $1", &[&(dl.0 as i64)])
             .await?;
         self.add_ready(
@@ -215,20 +232,51 @@ impl Writer {
         Ok(n)
     }
 
+    /// Whether another job of the envelope's (new) type holds its
+    /// idempotency key in its tenant.
+    async fn key_taken(&mut self, env: &lazaret_core::Envelope) -> Result<bool, StoreError> {
+        let Some(key) = &env.idempotency_key else {
+            return Ok(false);
+        };
+        let rows = self
+            .query(
+                "SELECT 1 FROM jobs WHERE tenant = $1 AND type = $2 AND idempotency_key = $3 AND id <> $4",
+                &[
+                    &env.tenant.as_str(),
+                    &env.job_type.as_str(),
+                    key,
+                    &(env.id.0 as i64),
+                ],
+            )
+            .await?;
+        Ok(!rows.is_empty())
+    }
+
     /// Notes a job a redrive moved, under the redrive's audit entry, with
-    /// the group of the dead letter it leaves (read before it is deleted).
+    /// the group of the dead letter it leaves (read before it is deleted),
+    /// whether its payload was edited, and where it was sent.
     async fn redrive_job(
         &mut self,
         audit: Option<AuditId>,
         dl: DeadLetterId,
         job_id: i64,
+        edited: bool,
+        to: &crate::Redirect,
     ) -> Result<(), StoreError> {
         let Some(audit) = audit else { return Ok(()) };
         self.execute(
-            "INSERT INTO redrive_jobs (audit_id, job_id, from_group)
-             SELECT $1, $2, group_id FROM dead_letters WHERE id = $3
-             ON CONFLICT (audit_id, job_id) DO UPDATE SET from_group = excluded.from_group",
-            &[&(audit.0 as i64), &job_id, &(dl.0 as i64)],
+            "INSERT INTO redrive_jobs (audit_id, job_id, from_group, edited, to_type, to_lane)
+             SELECT $1, $2, group_id, $4, $5, $6 FROM dead_letters WHERE id = $3
+             ON CONFLICT (audit_id, job_id) DO UPDATE SET from_group = excluded.from_group,
+               edited = excluded.edited, to_type = excluded.to_type, to_lane = excluded.to_lane",
+            &[
+                &(audit.0 as i64),
+                &job_id,
+                &(dl.0 as i64),
+                &edited,
+                &to.job_type,
+                &to.lane,
+            ],
         )
         .await?;
         Ok(())

@@ -72,10 +72,11 @@ impl Writer {
             }
             Request::Redrive {
                 ids,
+                to,
                 now,
                 audit,
                 reply,
-            } => held(reply, self.redrive(ids, now_of(*now), *audit).await?),
+            } => held(reply, self.redrive(ids, to, now_of(*now), *audit).await?),
             Request::RedriveCorrected {
                 id,
                 fix,

@@ -49,6 +49,7 @@ impl Writer {
     pub(super) fn redrive(
         &mut self,
         ids: &[DeadLetterId],
+        to: &crate::Redirect,
         now: Timestamp,
         audit: Option<crate::AuditId>,
     ) -> Result<Vec<JobId>, StoreError> {
@@ -73,14 +74,29 @@ impl Writer {
             let Some(stored) = stored else { continue };
             let mut env = stored.envelope()?;
             lazaret_core::redrive(&mut env);
+            to.apply(&mut env);
+            if to.job_type.is_some() && self.key_taken(&env)? {
+                // The new type has a job with this key in this tenant
+                // already: moving this one there would make two.
+                continue;
+            }
             db(self
                 .conn
                 .prepare_cached(
                     "UPDATE jobs SET state = 'queued', run_at = ?2, attempts = 0, finished_at = NULL,
-                     lease_started_at = NULL, worker_id = NULL, redrives = ?3, envelope = ?4 WHERE id = ?1",
+                     lease_started_at = NULL, worker_id = NULL, redrives = ?3, envelope = ?4,
+                     type = ?5, lane = ?6, schema_version = ?7 WHERE id = ?1",
                 )?
-                .execute(params![job_id, ms(now), env.redrive_count, env.to_json()]))?;
-            self.redrive_job(audit, *dl, job_id)?;
+                .execute(params![
+                    job_id,
+                    ms(now),
+                    env.redrive_count,
+                    env.to_json(),
+                    env.job_type.as_str(),
+                    env.lane.as_str(),
+                    env.schema_version
+                ]))?;
+            self.redrive_job(audit, *dl, job_id, false, to)?;
             db(self
                 .conn
                 .prepare_cached("DELETE FROM dead_letters WHERE id = ?1")?
@@ -148,7 +164,7 @@ impl Writer {
                 fix.payload,
                 fix.schema_version
             ]))?;
-        self.redrive_job(audit, dl, job_id)?;
+        self.redrive_job(audit, dl, job_id, true, &crate::Redirect::default())?;
         db(self
             .conn
             .prepare_cached("DELETE FROM dead_letters WHERE id = ?1")?
@@ -207,22 +223,51 @@ impl Writer {
         Ok(n)
     }
 
+    /// Whether another job of the envelope's (new) type holds its
+    /// idempotency key in its tenant.
+    fn key_taken(&mut self, env: &lazaret_core::Envelope) -> Result<bool, StoreError> {
+        let Some(key) = &env.idempotency_key else {
+            return Ok(false);
+        };
+        Ok(db(self
+            .conn
+            .prepare_cached(
+                "SELECT 1 FROM jobs WHERE tenant = ?1 AND type = ?2 AND idempotency_key = ?3 AND id != ?4",
+            )?
+            .query_row(
+                params![env.tenant.as_str(), env.job_type.as_str(), key, env.id.0 as i64],
+                |_| Ok(()),
+            )
+            .optional())?
+        .is_some())
+    }
+
     /// Notes a job a redrive moved, under the redrive's audit entry, with
-    /// the group of the dead letter it leaves (read before it is deleted).
+    /// the group of the dead letter it leaves (read before it is deleted),
+    /// whether its payload was edited, and where it was sent.
     fn redrive_job(
         &mut self,
         audit: Option<crate::AuditId>,
         dl: DeadLetterId,
         job_id: i64,
+        edited: bool,
+        to: &crate::Redirect,
     ) -> Result<(), StoreError> {
         let Some(audit) = audit else { return Ok(()) };
         db(self
             .conn
             .prepare_cached(
-                "INSERT OR REPLACE INTO redrive_jobs (audit_id, job_id, from_group)
-                 SELECT ?1, ?2, group_id FROM dead_letters WHERE id = ?3",
+                "INSERT OR REPLACE INTO redrive_jobs (audit_id, job_id, from_group, edited, to_type, to_lane)
+                 SELECT ?1, ?2, group_id, ?4, ?5, ?6 FROM dead_letters WHERE id = ?3",
             )?
-            .execute(params![audit.0 as i64, job_id, dl.0 as i64]))?;
+            .execute(params![
+                audit.0 as i64,
+                job_id,
+                dl.0 as i64,
+                edited,
+                to.job_type,
+                to.lane
+            ]))?;
         Ok(())
     }
 

@@ -57,10 +57,11 @@ impl Writer {
             Request::RecordAdmission { rec, reply } => run!(reply, self.record_admission(&rec)),
             Request::Redrive {
                 ids,
+                to,
                 now,
                 audit,
                 reply,
-            } => run!(reply, self.redrive(&ids, now, audit)),
+            } => run!(reply, self.redrive(&ids, &to, now, audit)),
             Request::RedriveCorrected {
                 id,
                 fix,
