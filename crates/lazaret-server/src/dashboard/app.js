@@ -844,14 +844,20 @@
    */
   function lineageTable(lineage) {
     const groupLink = (g) => el('a', { href: `#/dead-letters/list${query({ group: g })}` }, `group ${g}`);
-    const endedKind = { succeeded: 'succeeded', failed_again: 'bad', running: 'warn' };
+    // Each redrive of a job that is a dead letter again ended in a failure:
+    // into the next entry's group, or (the last) into this dead letter.
+    const ended = (o) => [
+      badge(o.failed_again ? 'failed again' : dash(o.state), o.failed_again ? 'bad' : 'warn'),
+      o.group ? [' into ', groupLink(o.group)] : '',
+      o.current ? ' (this dead letter)' : '',
+    ];
     return table('Lineage: each redrive of its job, oldest first', [
       ['When', (e) => fmtTime(e.at)],
       ['Who', (e) => dash(e.actor)],
       ['From group', (e) => (e.from_group ? groupLink(e.from_group) : '—')],
-      ['Edited', (e) => (e.edited ? 'payload edited' : 'no')],
+      ['Edited', (e) => (e.payload_edited ? 'payload edited' : 'no')],
       ['Sent to', (e) => (e.to ? [e.to.type ? `type ${e.to.type} ` : '', e.to.lane ? `lane ${e.to.lane}` : ''] : 'where it was')],
-      ['Ended', (e) => [badge(dash(e.ended), endedKind[e.ended]), e.group ? [' into ', groupLink(e.group)] : '']],
+      ['Ended', (e) => ended(e.outcome || {})],
       ['Report', (e) => (e.redrive_id ? el('a', { href: `#/redrive/${encodeURIComponent(e.redrive_id)}` }, 'redrive report') : '—')],
     ], lineage, 'Never redriven.');
   }
