@@ -925,3 +925,42 @@ async fn migrates_a_version_7_database_to_held_retries_under_their_new_name() {
     assert_eq!(s.message_held(held.key()).await.unwrap(), Held::Nothing);
     s.close().await.unwrap();
 }
+
+/// A version-9 database (no `redrive_messages`) gains the table: a broker
+/// dead letter it held is redriven and counted in its redrive's report.
+#[tokio::test]
+async fn migrates_a_version_9_database_to_the_broker_messages_of_redrive_reports() {
+    use lazaret_store_conformance::at;
+
+    let dir = tempfile::TempDir::new().unwrap();
+    let s = open(dir.path());
+    let dl = s
+        .quarantine_message(crate::postgres::broker_dead_letter())
+        .await
+        .unwrap()
+        .id;
+    s.close().await.unwrap();
+    {
+        let conn = rusqlite::Connection::open(dir.path().join(DB_FILE)).unwrap();
+        conn.execute_batch("DROP TABLE redrive_messages; PRAGMA user_version = 9;")
+            .unwrap();
+    }
+    let s = open(dir.path());
+    {
+        let conn = rusqlite::Connection::open(dir.path().join(DB_FILE)).unwrap();
+        let version: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, SCHEMA_VERSION);
+    }
+    let entry = s.audit(crate::postgres::redrive_entry()).await.unwrap();
+    s.record_redrive("r-1".into(), entry).await.unwrap();
+    assert!(
+        s.redrove_message(dl, "r-1".into(), at(2), Some(entry))
+            .await
+            .unwrap()
+    );
+    let r = s.redrive_report("r-1".into()).await.unwrap().unwrap();
+    assert_eq!((r.messages, r.running, r.audit.count), (1, 1, 1));
+    s.close().await.unwrap();
+}
