@@ -232,6 +232,9 @@ enum Write {
     Nothing,
     /// Drop the held retry (a held retry succeeded).
     ReleaseHeldRetry,
+    /// A redriven copy succeeded: noted in its redrive's report, its held
+    /// retry (if any) dropped, in one write. Only redriven messages pay it.
+    RedrivenSucceeded,
     /// Hold a retry.
     HoldRetry(Box<HeldRetry>),
     /// Quarantine.
@@ -1008,6 +1011,7 @@ impl<H: Host> Inner<H> {
             // settles it), so `Cancelled` does not come; were it to, the
             // message is done with, like a success: dropped and acknowledged.
             Transition::Succeeded | Transition::Cancelled => match origin {
+                _ if redrive_id(delivery).is_some() => Write::RedrivenSucceeded,
                 Origin::HeldRetry | Origin::HeldOnBroker(_) => Write::ReleaseHeldRetry,
                 Origin::Broker(_) => Write::Nothing,
             },
@@ -1178,6 +1182,10 @@ impl<H: Host> Inner<H> {
                 .release_held_retry(self.key(delivery))
                 .await
                 .map(|_| None),
+            Write::RedrivenSucceeded => store
+                .redriven_message_succeeded(self.key(delivery), now())
+                .await
+                .map(|()| None),
             Write::HoldRetry(p) => store.hold_retry((**p).clone()).await.map(|()| None),
             Write::Quarantine(dl) => self.quarantine((**dl).clone()).await.map(|q| Some(q.id)),
         }

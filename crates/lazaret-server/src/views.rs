@@ -339,6 +339,7 @@ fn source(s: &SourceRef) -> Value {
         "headers": s.headers,
         "position": s.position,
         "content_type": s.content_type,
+        "redrive_id": s.redrive_id,
     })
 }
 
@@ -463,7 +464,8 @@ mod tests {
         assert_eq!(
             v["source"],
             json!({"name": "celery", "broker": "rabbitmq", "queue": "celery", "message_id": "5f1c",
-                   "headers": headers, "position": {"delivery_tag": 1}, "content_type": "application/json"})
+                   "headers": headers, "position": {"delivery_tag": 1}, "content_type": "application/json",
+                   "redrive_id": null})
         );
         assert_eq!(
             v["celery"],

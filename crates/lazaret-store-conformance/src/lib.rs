@@ -186,6 +186,7 @@ macro_rules! conformance_suite {
                 a_message_reusing_a_held_id_is_held_as_a_retry_of_its_own,
                 held_retries_are_counted_by_source,
                 a_held_retry_is_claimed_by_one_caller_until_its_claim_expires,
+                a_redrive_report_follows_broker_messages_to_success_and_failure_again,
             ],
             audit: [
                 audit_entries_are_listed_newest_first,

@@ -655,3 +655,114 @@ pub async fn a_held_retry_is_claimed_by_one_caller_until_its_claim_expires<B: Ba
         "another source's retries are not claimed"
     );
 }
+
+/// A redrive's broker messages: each republished copy is noted as its
+/// dead letter leaves (the audit entry counting it), then counted as
+/// running until a guard source handles it (succeeded, its held retry
+/// dropped) or it is dead-lettered again under the redrive id (failed
+/// again, in the group it fell into, still so once that dead letter is
+/// purged). The rows carry what a dead letter's lineage needs.
+pub async fn a_redrive_report_follows_broker_messages_to_success_and_failure_again<B: Backend>(
+    b: &B,
+) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
+    let mut ids = Vec::new();
+    for m in ["m-1", "m-2", "m-3"] {
+        ids.push(
+            s.quarantine_message(quarantined("orders-src", m, Stage::Processing, 0))
+                .await
+                .unwrap()
+                .id,
+        );
+    }
+    let from = s.dead_letter(ids[0]).await.unwrap().unwrap().group_id;
+    let entry = s
+        .audit(lazaret_store::AuditEntry {
+            at: at(1_000),
+            actor: "op".into(),
+            action: "redrive".into(),
+            request: json!({}),
+            count: 0,
+        })
+        .await
+        .unwrap();
+    s.record_redrive("r-m".into(), entry).await.unwrap();
+    for id in &ids {
+        assert!(
+            s.redrove_message(*id, "r-m".into(), at(2_000), Some(entry))
+                .await
+                .unwrap()
+        );
+        assert!(s.dead_letter(*id).await.unwrap().is_none(), "it left");
+    }
+    // Gone already, or no broker message: nothing changes.
+    assert!(
+        !s.redrove_message(ids[0], "r-m".into(), at(2_000), Some(entry))
+            .await
+            .unwrap()
+    );
+    let r = s
+        .redrive_report("r-m".into())
+        .await
+        .unwrap()
+        .expect("known");
+    assert_eq!((r.audit.count, r.jobs, r.messages), (3, 0, 3));
+    assert_eq!((r.running, r.succeeded, r.failed_again), (3, 0, 0));
+    assert_eq!(r.from_groups, vec![(from.clone(), 3)]);
+
+    // m-1's copy is retried once, then succeeds: its held retry is dropped.
+    let copy = |id: &str| SourceRef {
+        redrive_id: Some("r-m".into()),
+        ..source("orders-src", id)
+    };
+    let held = HeldRetry {
+        source: copy("m-1"),
+        ..retry_of("orders-src", "m-1", at(3_000))
+    };
+    s.hold_retry(held.clone()).await.unwrap();
+    assert_eq!(s.message_held(held.key()).await.unwrap(), Held::Retry);
+    s.redriven_message_succeeded(held.key(), at(3_500))
+        .await
+        .unwrap();
+    assert_eq!(s.message_held(held.key()).await.unwrap(), Held::Nothing);
+    // A success of another redrive's copy, or of no redrive, changes nothing.
+    s.redriven_message_succeeded(
+        MessageKey::of("orders-src", "m-2", BODY, Some("r-x".into())),
+        at(3_600),
+    )
+    .await
+    .unwrap();
+    s.redriven_message_succeeded(key("orders-src", "m-2"), at(3_600))
+        .await
+        .unwrap();
+    let r = s.redrive_report("r-m".into()).await.unwrap().unwrap();
+    assert_eq!((r.running, r.succeeded, r.failed_again), (2, 1, 0));
+
+    // m-2's copy fails again, into another group.
+    let again = s
+        .quarantine_message(SourceDeadLetter {
+            source: copy("m-2"),
+            error: Some(
+                Failure::new("schema", "field total missing").with_class(FailureClass::Permanent),
+            ),
+            ..quarantined("orders-src", "m-2", Stage::Processing, 4_000)
+        })
+        .await
+        .unwrap();
+    assert!(again.created, "a copy is a dead letter of its own");
+    let new_group = s.dead_letter(again.id).await.unwrap().unwrap().group_id;
+    assert_ne!(new_group, from);
+    let r = s.redrive_report("r-m".into()).await.unwrap().unwrap();
+    assert_eq!((r.running, r.succeeded, r.failed_again), (1, 1, 1));
+    assert_eq!(r.failed_again_groups, vec![(new_group.clone(), 1)]);
+    // Purged, it still failed again.
+    s.purge(vec![again.id], None).await.unwrap();
+    let r = s.redrive_report("r-m".into()).await.unwrap().unwrap();
+    assert_eq!(
+        (r.messages, r.running, r.succeeded, r.failed_again),
+        (3, 1, 1, 1)
+    );
+    assert_eq!(r.failed_again_groups, vec![(new_group, 1)]);
+    assert_eq!(r.from_groups, vec![(from, 3)]);
+}

@@ -388,6 +388,36 @@ impl<B: Backend> Store for StoreOn<B> {
         .await
     }
 
+    async fn redrove_message(
+        &self,
+        id: DeadLetterId,
+        redrive: String,
+        now: Timestamp,
+        audit: Option<AuditId>,
+    ) -> Result<bool, StoreError> {
+        call(&self.backend, |reply| Request::RedroveMessage {
+            id,
+            redrive,
+            now,
+            audit,
+            reply,
+        })
+        .await
+    }
+
+    async fn redriven_message_succeeded(
+        &self,
+        key: MessageKey,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        call(&self.backend, |reply| Request::RedrivenMessageSucceeded {
+            key: Box::new(key),
+            now,
+            reply,
+        })
+        .await
+    }
+
     async fn redrive_report(&self, id: String) -> Result<Option<crate::RedriveReport>, StoreError> {
         self.backend.redrive_report(id).await
     }

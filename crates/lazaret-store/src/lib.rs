@@ -257,6 +257,32 @@ pub trait Store: Send + Sync + 'static {
         audit: AuditId,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
+    /// Notes a broker dead letter's copy that the redrive `redrive` has
+    /// republished (the broker confirmed it) and removes the dead letter, in
+    /// one transaction: the copy is then counted in that redrive's report
+    /// (sent, until [`Store::redriven_message_succeeded`] or its dead letter
+    /// again, [`Store::quarantine_messages`] with that redrive id, says how
+    /// it ended), and with `audit` that entry's count grows by one. `false`
+    /// (nothing changed) when the dead letter is not there or is no broker
+    /// message.
+    fn redrove_message(
+        &self,
+        id: DeadLetterId,
+        redrive: String,
+        now: Timestamp,
+        audit: Option<AuditId>,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// A redriven broker message (`key.redrive_id` is `Some`) succeeded:
+    /// drops the retry held for `key`, if any, and marks the redrive's copy
+    /// of that message id succeeded, in one transaction. An unknown redrive
+    /// or message changes nothing.
+    fn redriven_message_succeeded(
+        &self,
+        key: MessageKey,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
     /// What the redrive `id` did so far; `None` for an unknown id.
     fn redrive_report(
         &self,

@@ -608,7 +608,9 @@ impl GroupCursor {
 }
 
 /// What a redrive did so far ([`crate::Store::redrive_report`]): its
-/// audit entry, and the jobs it moved as they stand now.
+/// audit entry, the jobs it moved as they stand now, and the broker
+/// messages it republished as far as lazaret saw them end. The outcome
+/// counts (`succeeded`, `running`, `failed_again`, the groups) hold both.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RedriveReport {
     /// The redrive id.
@@ -618,37 +620,46 @@ pub struct RedriveReport {
     pub audit: AuditEntry,
     /// lazaret jobs it moved.
     pub jobs: u64,
-    /// Of those: succeeded.
+    /// Broker messages it republished.
+    pub messages: u64,
+    /// Of those jobs and messages: succeeded (a message: a guard source
+    /// handled its copy).
     pub succeeded: u64,
-    /// Queued, scheduled or leased now.
+    /// Jobs queued, scheduled or leased now; messages sent and not seen
+    /// back yet (a watch source's stay so unless they fail again).
     pub running: u64,
-    /// Dead-lettered again.
+    /// Dead-lettered again (a message: its copy became a dead letter).
     pub failed_again: u64,
     /// Cancelled.
     pub cancelled: u64,
     /// No longer held: removed by retention once finished (succeeded or
     /// cancelled), or purged after failing again.
     pub gone: u64,
-    /// The groups the jobs came from, with how many each.
+    /// The groups the jobs and messages came from, with how many each.
     pub from_groups: Vec<(String, u64)>,
-    /// The groups the jobs that failed again fell into, with how many each.
+    /// The groups those that failed again fell into, with how many each.
     pub failed_again_groups: Vec<(String, u64)>,
 }
 
 impl RedriveReport {
     /// Counts the jobs of a redrive from (group it came from, its state
     /// now — `None` when retention removed it —, the group of its dead
-    /// letter when it has one), as both backends read them.
+    /// letter when it has one), and its broker messages from (group it
+    /// came from, outcome — `None` while sent, `succeeded`,
+    /// `failed_again` —, the group it fell into when it failed again), as
+    /// both backends read them.
     pub(crate) fn tally(
         id: &str,
         audit: AuditEntry,
         rows: Vec<(String, Option<String>, Option<String>)>,
+        messages: Vec<(String, Option<String>, Option<String>)>,
     ) -> Self {
         use std::collections::BTreeMap;
         let mut r = RedriveReport {
             id: id.to_owned(),
             audit,
             jobs: rows.len() as u64,
+            messages: messages.len() as u64,
             succeeded: 0,
             running: 0,
             failed_again: 0,
@@ -670,6 +681,17 @@ impl RedriveReport {
                     *again.entry(group.unwrap_or_default()).or_default() += 1;
                 }
                 Some(_) => r.running += 1,
+            }
+        }
+        for (from_group, outcome, group) in messages {
+            *from.entry(from_group).or_default() += 1;
+            match outcome.as_deref() {
+                Some("succeeded") => r.succeeded += 1,
+                Some("failed_again") => {
+                    r.failed_again += 1;
+                    *again.entry(group.unwrap_or_default()).or_default() += 1;
+                }
+                _ => r.running += 1,
             }
         }
         r.from_groups = from.into_iter().collect();

@@ -169,6 +169,18 @@ pub(crate) enum Request {
         audit: AuditId,
         reply: Reply<()>,
     },
+    RedroveMessage {
+        id: DeadLetterId,
+        redrive: String,
+        now: Timestamp,
+        audit: Option<AuditId>,
+        reply: Reply<bool>,
+    },
+    RedrivenMessageSucceeded {
+        key: Box<MessageKey>,
+        now: Timestamp,
+        reply: Reply<()>,
+    },
     Stats {
         reply: Reply<StoreStats>,
     },
@@ -226,6 +238,8 @@ impl Request {
             Request::Archive { reply, .. } => reply,
             Request::Audit { reply, .. } => reply,
             Request::RecordRedrive { reply, .. } => reply,
+            Request::RedroveMessage { reply, .. } => reply,
+            Request::RedrivenMessageSucceeded { reply, .. } => reply,
             Request::Stats { reply } => reply,
             Request::RemoveSucceeded { reply, .. } => reply,
             Request::CreateToken { reply, .. } => reply,

@@ -881,7 +881,13 @@ async fn redrive_message_with<S: Store>(
             ..failed(error)
         };
     }
-    match app.store.purge(vec![id], Some(entry)).await {
+    // The copy is noted under the redrive id (its report follows it) as
+    // the dead letter leaves, in one transaction.
+    match app
+        .store
+        .redrove_message(id, redrive_id.to_owned(), now(), Some(entry))
+        .await
+    {
         Ok(_) => Done {
             redriven: true,
             error: None,
@@ -953,10 +959,13 @@ pub(super) async fn purge<S: Store>(
 }
 
 /// `GET /v1/redrives/{id}`: what a redrive did so far. `sent` is what it
-/// moved or republished (its audit entry's count); its lazaret jobs are
-/// counted by where they stand now: `succeeded`, `running` (queued,
-/// scheduled or leased), `failed_again` (with the groups they fell into),
-/// `cancelled`, and `gone` (removed by retention or purged since).
+/// moved or republished (its audit entry's count), `jobs` and `messages`
+/// of which lazaret jobs and broker messages; jobs are counted by where
+/// they stand now, messages by what lazaret saw of their copies:
+/// `succeeded` (a guard source handled it), `running` (queued, scheduled
+/// or leased; a message not seen back), `failed_again` (with the groups
+/// they fell into), `cancelled`, and `gone` (jobs removed by retention or
+/// purged since).
 pub(super) async fn redrive_report<S: Store>(
     State(app): Shared<S>,
     Path(id): Path<String>,
@@ -979,6 +988,7 @@ pub(super) async fn redrive_report<S: Store>(
         "request": r.audit.request,
         "sent": r.audit.count,
         "jobs": r.jobs,
+        "messages": r.messages,
         "succeeded": r.succeeded,
         "running": r.running,
         "failed_again": r.failed_again,

@@ -422,6 +422,12 @@ pub(super) async fn redrive_report(
             &[&a.get::<_, i64>(0)],
         )
         .await)?;
+    let messages = pg(c
+        .query(
+            "SELECT from_group, outcome, group_again FROM redrive_messages WHERE redrive_id = $1",
+            &[&id],
+        )
+        .await)?;
     let request: String = a.get(4);
     Ok(Some(crate::RedriveReport::tally(
         id,
@@ -433,6 +439,10 @@ pub(super) async fn redrive_report(
             count: a.get::<_, i64>(5) as u64,
         },
         rows.iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect(),
+        messages
+            .iter()
             .map(|r| (r.get(0), r.get(1), r.get(2)))
             .collect(),
     )))

@@ -17,7 +17,7 @@ use super::pg;
 use crate::StoreError;
 
 /// The version this build writes; older schemas are migrated at open.
-pub const SCHEMA_VERSION: i64 = 7;
+pub const SCHEMA_VERSION: i64 = 8;
 
 /// The advisory lock key migrations hold (`pg_advisory_xact_lock`).
 const MIGRATION_LOCK: i64 = 0x6c61_7a61_7265_7401;
@@ -249,6 +249,26 @@ CREATE INDEX IF NOT EXISTS redrive_jobs_job ON redrive_jobs (job_id, audit_id);
 CREATE INDEX IF NOT EXISTS redrives_audit ON redrives (audit_id);
 "#;
 
+/// v7 → v8: the broker messages of redrive reports (issue 30, part 6):
+/// each message a redrive republished, from the dead letter it came from,
+/// and how its copy ended (NULL while sent, `succeeded`, `failed_again`
+/// as `dead_letter_again` in `group_again`); also a dead letter's lineage.
+const V8: &str = r#"
+CREATE TABLE IF NOT EXISTS redrive_messages (
+    redrive_id        text NOT NULL,  -- the x-lazaret-redrive-id its copy carries
+    message_id        text NOT NULL,  -- the message id its copy carries
+    dead_letter_id    int8 NOT NULL,  -- the dead letter it came from (removed once sent)
+    source            text NOT NULL,  -- the source of that dead letter
+    from_group        text NOT NULL,  -- that dead letter's group
+    sent_at           int8 NOT NULL,
+    outcome           text,           -- NULL, 'succeeded' or 'failed_again'
+    outcome_at        int8,
+    dead_letter_again int8,           -- failed again: the dead letter it became
+    group_again       text,           -- and its group
+    PRIMARY KEY (redrive_id, message_id, dead_letter_id)
+);
+"#;
+
 /// Computes the group of every dead letter held, in batches by id.
 async fn groups_v6(c: &Client) -> Result<(), StoreError> {
     let mut after = 0i64;
@@ -344,6 +364,9 @@ async fn migrate_locked(c: &Client, schema: &str) -> Result<i64, StoreError> {
     }
     if found < 7 {
         pg(c.batch_execute(V7).await)?;
+    }
+    if found < 8 {
+        pg(c.batch_execute(V8).await)?;
     }
     pg(c.execute(
         "INSERT INTO lazaret_meta (key, value) VALUES ('schema_version', $1)

@@ -604,6 +604,17 @@ pub(super) fn redrive_report(
         ))
     }))?;
     let rows: Vec<_> = db(rows.collect())?;
+    let mut stmt = db(c.prepare_cached(
+        "SELECT from_group, outcome, group_again FROM redrive_messages WHERE redrive_id = ?1",
+    ))?;
+    let messages = db(stmt.query_map(params![id], |r| {
+        Ok((
+            r.get::<_, String>(0)?,
+            r.get::<_, Option<String>>(1)?,
+            r.get::<_, Option<String>>(2)?,
+        ))
+    }))?;
+    let messages: Vec<_> = db(messages.collect())?;
     Ok(Some(crate::RedriveReport::tally(
         id,
         AuditEntry {
@@ -614,6 +625,7 @@ pub(super) fn redrive_report(
             count: count as u64,
         },
         rows,
+        messages,
     )))
 }
 

@@ -3,7 +3,7 @@
 use rusqlite::Connection;
 
 /// The schema version this build writes; `PRAGMA user_version` records it.
-pub const SCHEMA_VERSION: i64 = 10;
+pub const SCHEMA_VERSION: i64 = 11;
 
 /// The current schema, for a new database (and the tables a migration adds).
 const CURRENT: &str = r#"
@@ -321,6 +321,30 @@ CREATE INDEX IF NOT EXISTS redrive_jobs_job ON redrive_jobs (job_id, audit_id);
 CREATE INDEX IF NOT EXISTS redrives_audit ON redrives (audit_id);
 "#;
 
+/// Version 10 → 11 (and new databases): the broker messages of redrive
+/// reports (issue 30, part 6). Self-contained: a new table, empty on an
+/// older database (the redrives it holds reported their jobs only).
+const V11_OBJECTS: &str = r#"
+-- Each broker message a redrive republished, from the dead letter it came
+-- from, and how its copy ended: NULL while sent (not yet seen back),
+-- 'succeeded' (a guard source handled it), 'failed_again' (dead-lettered
+-- again, as dead_letter_again in group_again). Also a dead letter's
+-- lineage: when, by which redrive, from which group.
+CREATE TABLE IF NOT EXISTS redrive_messages (
+    redrive_id        TEXT    NOT NULL, -- the x-lazaret-redrive-id its copy carries
+    message_id        TEXT    NOT NULL, -- the message id its copy carries
+    dead_letter_id    INTEGER NOT NULL, -- the dead letter it came from (removed once sent)
+    source            TEXT    NOT NULL, -- the source of that dead letter
+    from_group        TEXT    NOT NULL, -- that dead letter's group
+    sent_at           INTEGER NOT NULL,
+    outcome           TEXT,             -- NULL, 'succeeded' or 'failed_again'
+    outcome_at        INTEGER,
+    dead_letter_again INTEGER,          -- failed again: the dead letter it became
+    group_again       TEXT,             -- and its group
+    PRIMARY KEY (redrive_id, message_id, dead_letter_id)
+);
+"#;
+
 /// Computes the group of every dead letter held (the fingerprint is Rust
 /// code, so the rows are read and written back here).
 fn groups_v9(conn: &Connection) -> rusqlite::Result<()> {
@@ -404,8 +428,11 @@ pub fn migrate(conn: &Connection) -> Result<(), crate::StoreError> {
         script.push_str(V8_TO_V9);
     }
     script.push_str(V9_OBJECTS);
-    // Every version below 10 has `redrive_jobs` without the columns now.
-    script.push_str(V9_TO_V10);
+    // Every version below 10 has `redrive_jobs` without the columns.
+    if version < 10 {
+        script.push_str(V9_TO_V10);
+    }
+    script.push_str(V11_OBJECTS);
     let migrated = conn.execute_batch(&script).and_then(|()| {
         if held_retries_v6 {
             copy_held_retries_v6(conn)?;

@@ -75,10 +75,42 @@ pub(super) fn quarantine(c: &Connection, dl: &SourceDeadLetter) -> Result<Quaran
             .ok_or_else(|| corrupt("a dead letter's key conflicted but no row has it"))?;
         return Ok(Quarantined { id, created: false });
     }
-    Ok(Quarantined {
-        id: DeadLetterId(c.last_insert_rowid() as u64),
-        created: true,
-    })
+    let id = DeadLetterId(c.last_insert_rowid() as u64);
+    if let Some(redrive) = &src.redrive_id {
+        // A redriven copy failed again: its redrive's report says so, in
+        // the group it fell into, even once this dead letter is gone.
+        db(c.prepare_cached(
+            "UPDATE redrive_messages SET outcome = 'failed_again', outcome_at = ?3,
+               dead_letter_again = ?4, group_again = ?5
+             WHERE redrive_id = ?1 AND message_id = ?2",
+        )?
+        .execute(params![
+            redrive,
+            src.message_id,
+            dl.now.as_millis(),
+            id.0 as i64,
+            group.id
+        ]))?;
+    }
+    Ok(Quarantined { id, created: true })
+}
+
+/// A redriven message succeeded: its held retry, if any, is dropped, and
+/// its redrive's copy of that message id marked succeeded.
+pub(super) fn redriven_message_succeeded(
+    c: &Connection,
+    key: &MessageKey,
+    now: Timestamp,
+) -> Result<(), StoreError> {
+    release_held_retry(c, key)?;
+    if let Some(redrive) = &key.redrive_id {
+        db(c.prepare_cached(
+            "UPDATE redrive_messages SET outcome = 'succeeded', outcome_at = ?3
+             WHERE redrive_id = ?1 AND message_id = ?2 AND outcome IS NULL",
+        )?
+        .execute(params![redrive, key.message_id, now.as_millis()]))?;
+    }
+    Ok(())
 }
 
 /// Holds a retry (insert, or replace the one of the same [`MessageKey`]).

@@ -934,4 +934,93 @@ mod migration {
         );
         store.close().await.unwrap();
     }
+
+    /// A version-7 schema (no `redrive_messages`) gains the table: a broker
+    /// dead letter it held is redriven and counted in its redrive's report.
+    #[tokio::test]
+    async fn a_version_7_schema_gains_the_broker_messages_of_redrive_reports() {
+        let Some(url) = url() else { return };
+        let schema = fresh_schema(&url);
+        let store = open(&url, &schema.name, Clock::Caller).await;
+        let dl = store
+            .quarantine_message(super::broker_dead_letter())
+            .await
+            .unwrap()
+            .id;
+        store.close().await.unwrap();
+        let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let s = &schema.name;
+        c.batch_execute(&format!(
+            "DROP TABLE {s}.redrive_messages;
+             UPDATE {s}.lazaret_meta SET value = 7 WHERE key = 'schema_version';"
+        ))
+        .await
+        .unwrap();
+
+        let store = open(&url, &schema.name, Clock::Caller).await;
+        let version: i64 = c
+            .query_one(
+                &format!("SELECT value FROM {s}.lazaret_meta WHERE key = 'schema_version'"),
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(version, lazaret_store::postgres::SCHEMA_VERSION);
+        let entry = store.audit(super::redrive_entry()).await.unwrap();
+        store.record_redrive("r-1".into(), entry).await.unwrap();
+        assert!(
+            store
+                .redrove_message(dl, "r-1".into(), at(2), Some(entry))
+                .await
+                .unwrap()
+        );
+        let r = store.redrive_report("r-1".into()).await.unwrap().unwrap();
+        assert_eq!((r.messages, r.running, r.audit.count), (1, 1, 1));
+        store.close().await.unwrap();
+    }
+}
+
+/// A broker message's dead letter, for the migration tests.
+pub fn broker_dead_letter() -> lazaret_store::SourceDeadLetter {
+    use lazaret_store_conformance::at;
+    lazaret_store::SourceDeadLetter {
+        source: lazaret_store::SourceRef {
+            name: "orders".into(),
+            broker: "rabbitmq".into(),
+            queue: "orders".into(),
+            message_id: "order-1".into(),
+            headers: serde_json::Map::new(),
+            position: serde_json::Value::Null,
+            content_type: None,
+            redrive_id: None,
+        },
+        job_type: Some("orders".into()),
+        tenant: Some("acme".into()),
+        lane: Some("default".into()),
+        reason: lazaret_core::DeadLetterReason::Exhausted,
+        stage: lazaret_store::Stage::Processing,
+        attempts: 1,
+        error: Some(lazaret_core::Failure::new("http_400", "no amount")),
+        envelope: None,
+        idempotency_key: None,
+        created_at: at(1),
+        now: at(1),
+        payload: b"{}".to_vec(),
+        may_be_held: false,
+    }
+}
+
+/// A redrive's audit entry, for the migration tests.
+pub fn redrive_entry() -> lazaret_store::AuditEntry {
+    lazaret_store::AuditEntry {
+        at: lazaret_store_conformance::at(2),
+        actor: "op".into(),
+        action: "redrive".into(),
+        request: serde_json::json!({}),
+        count: 0,
+    }
 }

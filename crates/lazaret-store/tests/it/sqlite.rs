@@ -986,3 +986,42 @@ async fn migrates_a_version_9_database_to_lineage_with_edits_and_redirects() {
     );
     s.close().await.unwrap();
 }
+
+/// A version-10 database (no `redrive_messages`) gains the table: a broker
+/// dead letter it held is redriven and counted in its redrive's report.
+#[tokio::test]
+async fn migrates_a_version_10_database_to_the_broker_messages_of_redrive_reports() {
+    use lazaret_store_conformance::at;
+
+    let dir = tempfile::TempDir::new().unwrap();
+    let s = open(dir.path());
+    let dl = s
+        .quarantine_message(crate::postgres::broker_dead_letter())
+        .await
+        .unwrap()
+        .id;
+    s.close().await.unwrap();
+    {
+        let conn = rusqlite::Connection::open(dir.path().join(DB_FILE)).unwrap();
+        conn.execute_batch("DROP TABLE redrive_messages; PRAGMA user_version = 10;")
+            .unwrap();
+    }
+    let s = open(dir.path());
+    {
+        let conn = rusqlite::Connection::open(dir.path().join(DB_FILE)).unwrap();
+        let version: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, SCHEMA_VERSION);
+    }
+    let entry = s.audit(crate::postgres::redrive_entry()).await.unwrap();
+    s.record_redrive("r-1".into(), entry).await.unwrap();
+    assert!(
+        s.redrove_message(dl, "r-1".into(), at(2), Some(entry))
+            .await
+            .unwrap()
+    );
+    let r = s.redrive_report("r-1".into()).await.unwrap().unwrap();
+    assert_eq!((r.messages, r.running, r.audit.count), (1, 1, 1));
+    s.close().await.unwrap();
+}

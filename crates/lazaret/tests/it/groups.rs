@@ -270,3 +270,339 @@ async fn archive_and_restore_need_the_operator_role_and_reading_groups_the_read_
     );
     operator.get("/v1/dead-letters/groups").await.expect(200);
 }
+
+/// The handler of [`a_rabbitmq_sources_group_is_archived_redriven_to_the_broker_and_reported`]:
+/// while `broken`, every order is refused as one failure (only its number
+/// differs); mended, orders marked `still` are refused with another error
+/// (a group of their own), the others handled.
+#[derive(Clone, Default)]
+struct MixedHandler {
+    broken: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl MixedHandler {
+    async fn start(&self) -> String {
+        use axum::http::StatusCode;
+        use axum::response::IntoResponse;
+        async fn handle(
+            axum::extract::State(h): axum::extract::State<MixedHandler>,
+            body: axum::body::Bytes,
+        ) -> axum::response::Response {
+            let order: Value = serde_json::from_slice(&body).unwrap_or_default();
+            let n = order["order"].as_u64().unwrap_or_default();
+            let refuse = |kind: &str, message: String| {
+                let error = json!({"error": {"kind": kind, "message": message}});
+                (StatusCode::BAD_REQUEST, axum::Json(error)).into_response()
+            };
+            if h.broken.load(std::sync::atomic::Ordering::SeqCst) {
+                refuse("validation", format!("order {n} has no amount"))
+            } else if order["still"] == true {
+                refuse("schema", format!("order {n}: field total missing"))
+            } else {
+                StatusCode::NO_CONTENT.into_response()
+            }
+        }
+        let app = axum::Router::new()
+            .route("/orders", axum::routing::post(handle))
+            .with_state(self.clone());
+        format!("{}/orders", crate::harness::serve_app(app).await)
+    }
+}
+
+/// Issue 30, part 6, through a RabbitMQ guard source: its dead letters
+/// fall into a group that is archived and restored as one; a redrive of
+/// the group republishes them to the queue, and its report follows each
+/// copy back through the guard: succeeded, or failed again into the group
+/// it fell into (still counted so once that group is purged).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rabbitmq_sources_group_is_archived_redriven_to_the_broker_and_reported() {
+    let test = "a_rabbitmq_sources_group_is_archived_redriven_to_the_broker_and_reported";
+    let Some(url) = crate::sources::amqp_url(test) else {
+        return;
+    };
+    let (_conn, ch, queue) = crate::sources::amqp_queue(&url, "groups").await;
+    let handler = MixedHandler::default();
+    handler
+        .broken
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let deliver = handler.start().await;
+    let config = format!(
+        r#"{QUICK}
+[[sources]]
+name = "orders"
+broker = "rabbitmq"
+url = "{url}"
+queue = "{queue}"
+deliver = "{deliver}"
+"#
+    );
+    let server = Server::start(&config).await;
+    let api = server.api();
+    for (n, still) in [(1, false), (2, false), (3, true), (4, true)] {
+        ch.basic_publish(
+            "",
+            &queue,
+            lapin::options::BasicPublishOptions::default(),
+            json!({"order": n, "still": still}).to_string().as_bytes(),
+            lapin::BasicProperties::default().with_message_id(format!("o-{n}").into()),
+        )
+        .await
+        .expect("publish");
+    }
+    crate::team_handler::dead_letters(&server, "source=orders", 4).await;
+
+    // One group, of the source.
+    let body = groups(&api, "source=orders").await;
+    assert_eq!(body["items"].as_array().map(Vec::len), Some(1), "{body}");
+    let g = &body["items"][0];
+    assert_eq!(
+        (g["count"].clone(), g["sources"].clone()),
+        (json!(4), json!(["orders"])),
+        "{g}"
+    );
+    assert_eq!(g["fingerprint"], "order <n> has no amount", "{g}");
+    let group = g["id"].as_str().expect("an id").to_owned();
+    let by_group = json!({"filter": {"group": group}});
+
+    // Archived and restored as one.
+    let r = api.post("/v1/dead-letters/archive", &by_group).await;
+    assert_eq!(r.expect(200)["archived"], 4);
+    assert_eq!(api.dead_letters("source=orders").await.len(), 0);
+    assert_eq!(groups(&api, "source=orders").await["items"], json!([]));
+    let r = api.post("/v1/dead-letters/restore", &by_group).await;
+    assert_eq!(r.expect(200)["restored"], 4);
+    assert_eq!(api.dead_letters("source=orders").await.len(), 4);
+
+    // Mended for two of them; the group is redriven to the broker.
+    handler
+        .broken
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    let r = api.post("/v1/dead-letters/redrive", &by_group).await;
+    let body = r.expect(200).clone();
+    assert_eq!(body["redriven"], 4, "{body}");
+    assert!(
+        body["items"]
+            .as_array()
+            .expect("items")
+            .iter()
+            .all(|i| i["target_queue"] == queue.as_str()),
+        "{body}"
+    );
+    let redrive = body["redrive_id"].as_str().expect("an id").to_owned();
+    let path = format!("/v1/redrives/{redrive}");
+    let r = api.get(&path).await.expect(200).clone();
+    assert_eq!(
+        (r["sent"].clone(), r["messages"].clone(), r["jobs"].clone()),
+        (json!(4), json!(4), json!(0)),
+        "{r}"
+    );
+    assert_eq!(r["from_groups"], json!([{"group": group, "count": 4}]));
+
+    // Followed through the guard: two succeed, two fail again.
+    let seen = std::sync::Mutex::new(Value::Null);
+    lazaret_testkit::eventually("the redriven copies are handled", || {
+        let (api, path, seen) = (api.clone(), path.clone(), &seen);
+        async move {
+            let report = api.get(&path).await.expect(200).clone();
+            let done = report["running"] == 0;
+            *seen.lock().expect("not poisoned") = report;
+            done
+        }
+    })
+    .await;
+    let report = seen.into_inner().expect("not poisoned");
+    assert_eq!(
+        (report["succeeded"].clone(), report["failed_again"].clone()),
+        (json!(2), json!(2)),
+        "{report}"
+    );
+    let again = api.dead_letters("source=orders").await;
+    assert_eq!(again.len(), 2, "{again:#?}");
+    let new_group = again[0]["group_id"].as_str().expect("a group").to_owned();
+    assert_ne!(new_group, group);
+    assert!(
+        again.iter().all(|d| d["group_id"] == new_group.as_str()
+            && d["source"]["redrive_id"] == redrive.as_str()),
+        "{again:#?}"
+    );
+    assert_eq!(
+        report["failed_again_groups"],
+        json!([{"group": new_group, "count": 2}]),
+        "{report}"
+    );
+
+    // Purged, the new group's dead letters still failed again.
+    let r = api
+        .post(
+            "/v1/dead-letters/purge",
+            &json!({"filter": {"group": new_group}, "confirm": true}),
+        )
+        .await;
+    assert_eq!(r.expect(200)["purged"], 2);
+    let r = api.get(&path).await.expect(200).clone();
+    assert_eq!(
+        (
+            r["succeeded"].clone(),
+            r["failed_again"].clone(),
+            r["running"].clone()
+        ),
+        (json!(2), json!(2), json!(0)),
+        "{r}"
+    );
+}
+
+/// Takes the next message of `queue` (unacknowledged), waiting for one.
+async fn amqp_next(ch: &lapin::Channel, queue: &str) -> lapin::message::Delivery {
+    let got = std::sync::Mutex::new(None);
+    lazaret_testkit::eventually(&format!("a message on {queue}"), || {
+        let got = &got;
+        async move {
+            let taken = ch
+                .basic_get(queue, lapin::options::BasicGetOptions { no_ack: false })
+                .await
+                .expect("basic.get")
+                .map(|m| m.delivery);
+            let some = taken.is_some();
+            if some {
+                *got.lock().expect("not poisoned") = taken;
+            }
+            some
+        }
+    })
+    .await;
+    got.into_inner().expect("not poisoned").expect("taken")
+}
+
+/// What a watch source's report can and cannot see: lazaret does not
+/// handle the messages, so a copy the application handled is never seen
+/// to succeed and stays `running`; a copy the application rejects again
+/// comes back to the watched dead-letter queue with its redrive id and is
+/// `failed_again`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_sources_redrive_report_sees_what_fails_again_and_no_success() {
+    use lapin::options::{BasicAckOptions, BasicPublishOptions, BasicRejectOptions};
+    use lapin::types::{AMQPValue, FieldTable};
+
+    let test = "a_watch_sources_redrive_report_sees_what_fails_again_and_no_success";
+    let Some(url) = crate::sources::amqp_url(test) else {
+        return;
+    };
+    let (_conn, ch, dlq) = crate::sources::amqp_queue(&url, "watch-dlq").await;
+    // The application's queue, dead-lettering into the watched one.
+    let app = format!("{dlq}-app");
+    let mut args = FieldTable::default();
+    for (k, v) in [
+        ("x-queue-type", "quorum"),
+        ("x-dead-letter-exchange", ""),
+        ("x-dead-letter-routing-key", dlq.as_str()),
+    ] {
+        args.insert(k.into(), AMQPValue::LongString(v.into()));
+    }
+    args.insert("x-expires".into(), AMQPValue::LongInt(15 * 60 * 1000));
+    ch.queue_declare(
+        &app,
+        lapin::options::QueueDeclareOptions {
+            durable: true,
+            ..Default::default()
+        },
+        args,
+    )
+    .await
+    .expect("declare the application's queue");
+    let config = format!(
+        r#"{QUICK}
+[[sources]]
+name = "dlq"
+broker = "rabbitmq"
+url = "{url}"
+queue = "{dlq}"
+mode = "watch"
+redrive_to = "{app}"
+"#
+    );
+    let server = Server::start(&config).await;
+    let api = server.api();
+    for n in 1..=2 {
+        ch.basic_publish(
+            "",
+            &app,
+            BasicPublishOptions::default(),
+            json!({"order": n}).to_string().as_bytes(),
+            lapin::BasicProperties::default().with_message_id(format!("o-{n}").into()),
+        )
+        .await
+        .expect("publish");
+    }
+    // The application rejects both: RabbitMQ dead-letters them.
+    for _ in 0..2 {
+        let d = amqp_next(&ch, &app).await;
+        d.acker
+            .reject(BasicRejectOptions { requeue: false })
+            .await
+            .expect("basic.reject");
+    }
+    crate::team_handler::dead_letters(&server, "source=dlq", 2).await;
+    let body = groups(&api, "source=dlq").await;
+    assert_eq!(body["items"].as_array().map(Vec::len), Some(1), "{body}");
+    let group = body["items"][0]["id"].as_str().expect("an id").to_owned();
+    assert_eq!(body["items"][0]["sources"], json!(["dlq"]), "{body}");
+
+    let r = api
+        .post(
+            "/v1/dead-letters/redrive",
+            &json!({"filter": {"group": group}}),
+        )
+        .await;
+    let body = r.expect(200).clone();
+    assert_eq!(body["redriven"], 2, "{body}");
+    let redrive = body["redrive_id"].as_str().expect("an id").to_owned();
+    let path = format!("/v1/redrives/{redrive}");
+
+    // The application handles o-1 and rejects o-2 again.
+    for _ in 0..2 {
+        let d = amqp_next(&ch, &app).await;
+        let id = d
+            .properties
+            .message_id()
+            .as_ref()
+            .map(|s| s.as_str().to_owned());
+        if id.as_deref() == Some("o-1") {
+            d.acker.ack(BasicAckOptions::default()).await.expect("ack");
+        } else {
+            d.acker
+                .reject(BasicRejectOptions { requeue: false })
+                .await
+                .expect("basic.reject");
+        }
+    }
+    let seen = std::sync::Mutex::new(Value::Null);
+    lazaret_testkit::eventually("the rejected copy comes back", || {
+        let (api, path, seen) = (api.clone(), path.clone(), &seen);
+        async move {
+            let report = api.get(&path).await.expect(200).clone();
+            let done = report["failed_again"] == 1;
+            *seen.lock().expect("not poisoned") = report;
+            done
+        }
+    })
+    .await;
+    let report = seen.into_inner().expect("not poisoned");
+    assert_eq!(
+        (
+            report["messages"].clone(),
+            report["succeeded"].clone(),
+            report["running"].clone()
+        ),
+        (json!(2), json!(0), json!(1)),
+        "the handled copy is never seen to succeed: {report}"
+    );
+    assert_eq!(
+        report["failed_again_groups"],
+        json!([{"group": group, "count": 1}]),
+        "{report}"
+    );
+    let again = api.dead_letters("source=dlq").await;
+    assert_eq!(again.len(), 1, "{again:#?}");
+    assert_eq!(again[0]["source"]["message_id"], "o-2");
+    assert_eq!(again[0]["source"]["redrive_id"], redrive.as_str());
+}

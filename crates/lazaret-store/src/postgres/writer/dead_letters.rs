@@ -282,6 +282,34 @@ impl Writer {
         Ok(())
     }
 
+    /// Notes the republished copy of a broker dead letter under the
+    /// redrive id, with the dead letter's group, and removes it.
+    pub(super) async fn redrove_message(
+        &mut self,
+        dl: DeadLetterId,
+        redrive: &str,
+        now: Timestamp,
+        audit: Option<AuditId>,
+    ) -> Result<bool, StoreError> {
+        let noted = self
+            .execute(
+                "INSERT INTO redrive_messages
+                   (redrive_id, message_id, dead_letter_id, source, from_group, sent_at)
+                 SELECT $1, message_id, id, source_name, group_id, $3 FROM dead_letters
+                 WHERE id = $2 AND source_name IS NOT NULL AND message_id IS NOT NULL
+                 ON CONFLICT (redrive_id, message_id, dead_letter_id) DO NOTHING",
+                &[&redrive, &(dl.0 as i64), &ms(now)],
+            )
+            .await?;
+        if noted == 0 {
+            return Ok(false);
+        }
+        self.execute("DELETE FROM dead_letters WHERE id = $1", &[&(dl.0 as i64)])
+            .await?;
+        self.audit_add(audit, 1).await?;
+        Ok(true)
+    }
+
     pub(super) async fn record_redrive(
         &mut self,
         id: &str,

@@ -103,6 +103,21 @@ impl Writer {
             Request::RecordRedrive { id, audit, reply } => {
                 held(reply, self.record_redrive(id, *audit).await?)
             }
+            Request::RedroveMessage {
+                id,
+                redrive,
+                now,
+                audit,
+                reply,
+            } => held(
+                reply,
+                self.redrove_message(*id, redrive, now_of(*now), *audit)
+                    .await?,
+            ),
+            Request::RedrivenMessageSucceeded { key, now, reply } => held(
+                reply,
+                self.redriven_message_succeeded(key, now_of(*now)).await?,
+            ),
             Request::Stats { reply } => held(reply, self.stats().await?),
             Request::RemoveSucceeded {
                 before,

@@ -62,8 +62,20 @@ impl Writer {
             )
             .await?;
         if let Some(r) = rows.first() {
+            let id: i64 = r.get(0);
+            if let Some(redrive) = &src.redrive_id {
+                // A redriven copy failed again: its redrive's report says
+                // so, in the group it fell into, even once this is gone.
+                self.execute(
+                    "UPDATE redrive_messages SET outcome = 'failed_again', outcome_at = $3,
+                       dead_letter_again = $4, group_again = $5
+                     WHERE redrive_id = $1 AND message_id = $2",
+                    &[redrive, &src.message_id, &ms(dl.now), &id, &group.id],
+                )
+                .await?;
+            }
             return Ok(Quarantined {
-                id: DeadLetterId(r.get::<_, i64>(0) as u64),
+                id: DeadLetterId(id as u64),
                 created: true,
             });
         }
@@ -127,5 +139,24 @@ impl Writer {
             )
             .await?;
         Ok(n > 0)
+    }
+
+    /// A redriven message succeeded: its held retry, if any, is dropped,
+    /// and its redrive's copy of that message id marked succeeded.
+    pub(super) async fn redriven_message_succeeded(
+        &mut self,
+        key: &MessageKey,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        self.release_held_retry(key).await?;
+        if let Some(redrive) = &key.redrive_id {
+            self.execute(
+                "UPDATE redrive_messages SET outcome = 'succeeded', outcome_at = $3
+                 WHERE redrive_id = $1 AND message_id = $2 AND outcome IS NULL",
+                &[redrive, &key.message_id, &ms(now)],
+            )
+            .await?;
+        }
+        Ok(())
     }
 }

@@ -271,6 +271,35 @@ impl Writer {
         Ok(())
     }
 
+    /// Notes the republished copy of a broker dead letter under the
+    /// redrive id, with the dead letter's group, and removes it.
+    pub(super) fn redrove_message(
+        &mut self,
+        dl: DeadLetterId,
+        redrive: &str,
+        now: Timestamp,
+        audit: Option<crate::AuditId>,
+    ) -> Result<bool, StoreError> {
+        let noted = db(self
+            .conn
+            .prepare_cached(
+                "INSERT OR REPLACE INTO redrive_messages
+                   (redrive_id, message_id, dead_letter_id, source, from_group, sent_at)
+                 SELECT ?1, message_id, id, source_name, group_id, ?3 FROM dead_letters
+                 WHERE id = ?2 AND source_name IS NOT NULL AND message_id IS NOT NULL",
+            )?
+            .execute(params![redrive, dl.0 as i64, ms(now)]))?;
+        if noted == 0 {
+            return Ok(false);
+        }
+        db(self
+            .conn
+            .prepare_cached("DELETE FROM dead_letters WHERE id = ?1")?
+            .execute(params![dl.0 as i64]))?;
+        self.audit_add(audit, 1)?;
+        Ok(true)
+    }
+
     pub(super) fn record_redrive(
         &mut self,
         id: &str,

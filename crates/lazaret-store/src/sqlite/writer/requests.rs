@@ -81,6 +81,16 @@ impl Writer {
             Request::RecordRedrive { id, audit, reply } => {
                 run!(reply, self.record_redrive(&id, audit))
             }
+            Request::RedroveMessage {
+                id,
+                redrive,
+                now,
+                audit,
+                reply,
+            } => run!(reply, self.redrove_message(id, &redrive, now, audit)),
+            Request::RedrivenMessageSucceeded { key, now, reply } => {
+                run!(reply, self.redriven_message_succeeded(&key, now))
+            }
             Request::Stats { reply } => run!(reply, self.stats()),
             Request::RemoveSucceeded {
                 before,

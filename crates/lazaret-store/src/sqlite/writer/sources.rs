@@ -24,6 +24,14 @@ impl Writer {
         super::super::sources::release_held_retry(&self.conn, key)
     }
 
+    pub(super) fn redriven_message_succeeded(
+        &mut self,
+        key: &crate::MessageKey,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        super::super::sources::redriven_message_succeeded(&self.conn, key, now)
+    }
+
     pub(super) fn claim_due(
         &mut self,
         claim: &Claim,
