@@ -158,6 +158,12 @@ pub struct Faults {
     /// dead letter, a held retry dropped): `Some(error)` fails that write
     /// with it, as a full disk would.
     pub refuse_write: Option<RefuseHook>,
+    /// A deliberately broken guard, to show that a battery fails on one:
+    /// for a message this selects whose outcome is a dead letter, the
+    /// broker is acknowledged *before* the dead letter is written, and the
+    /// runtime then stops as `kill -9` would, before the write. The
+    /// message is lost: the broker forgot it and the store never had it.
+    pub ack_before_dead_letter: Option<CrashHook>,
 }
 
 impl fmt::Debug for Faults {
@@ -166,6 +172,10 @@ impl fmt::Debug for Faults {
             .field("crash_after_write", &self.crash_after_write.is_some())
             .field("settled", &self.settled.is_some())
             .field("refuse_write", &self.refuse_write.is_some())
+            .field(
+                "ack_before_dead_letter",
+                &self.ack_before_dead_letter.is_some(),
+            )
             .finish()
     }
 }
@@ -1124,6 +1134,20 @@ impl<H: Host> Inner<H> {
             }
         };
         crate::failpoint::fail_point!("guard::held_retry_before_outcome" if matches!(origin, Origin::HeldRetry));
+        let broken = matches!(write, Write::Quarantine(_))
+            && origin.acker().is_some()
+            && self
+                .faults
+                .ack_before_dead_letter
+                .as_ref()
+                .is_some_and(|broken| broken(delivery));
+        if broken {
+            // The broken order: the broker first, then a crash before the
+            // write.
+            self.settle(origin, delivery, Settled::Quarantined).await;
+            let _ = self.crashed.send(true);
+            return true;
+        }
         // A refused write keeps the outcome and is tried again (the
         // message held meanwhile); it fails only when the source stops.
         match self.write_held(origin.acker(), delivery, &write).await {
