@@ -153,6 +153,23 @@ pub trait Broker: Send + Sync + fmt::Debug {
         false
     }
 
+    /// Whether a message at `position` (its [`Delivery::position`]) that
+    /// lazaret acknowledged may still come from the broker again: a Kafka
+    /// record until the group's committed offset passed it (a record before
+    /// it still unsettled). A held retry of such a message that then
+    /// finishes is not forgotten but kept in the store as a trace until
+    /// this turns `false`, so the record read again after a crash is
+    /// recognised and acknowledged instead of delivered from attempt 1
+    /// after its later attempts. `false` by default: an acknowledged
+    /// message is gone.
+    fn may_come_again(
+        &self,
+        position: &serde_json::Value,
+    ) -> BoxFuture<'_, Result<bool, BrokerError>> {
+        let _ = position;
+        Box::pin(async { Ok(false) })
+    }
+
     /// Limits the broker enforces itself that could dead-letter a message
     /// before the policy would (quorum `x-delivery-limit`, `MaxDeliver`),
     /// as warnings for the log; `attempts_max` is the policy's.

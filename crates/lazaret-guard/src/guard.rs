@@ -104,6 +104,21 @@ const DUE_POLL: Duration = Duration::from_millis(100);
 /// the next look instead of started late.
 const CLAIM_MARGIN: Duration = Duration::from_secs(10);
 
+/// The key of a held retry's position that makes it a trace of a message
+/// settled already (its value: when, in milliseconds since the epoch): a
+/// held retry that finished while its broker may still hand the message out
+/// again ([`Broker::may_come_again`]: a Kafka record whose offset is not
+/// committed yet) stays in the store as such a trace, never delivered, so
+/// that a redelivery is recognised (`message_held`) and only acknowledged.
+/// Looked at again every [`TRACE_RECHECK`] and dropped once the broker will
+/// not hand it out again, or after [`TRACE_KEEP`].
+const SETTLED_AT: &str = "lazaret_settled_at";
+/// How often a trace of a settled message is looked at again.
+const TRACE_RECHECK: Duration = Duration::from_secs(1);
+/// The longest a trace is kept: a topic created again or a group's offsets
+/// reset never pass its offset.
+const TRACE_KEEP: Duration = Duration::from_secs(3600);
+
 /// Decides, for a message, whether an injected crash happens now.
 pub type CrashHook = Arc<dyn Fn(&Delivery) -> bool + Send + Sync>;
 
@@ -143,6 +158,12 @@ pub struct Faults {
     /// dead letter, a held retry dropped): `Some(error)` fails that write
     /// with it, as a full disk would.
     pub refuse_write: Option<RefuseHook>,
+    /// A deliberately broken guard, to show that a battery fails on one:
+    /// for a message this selects whose outcome is a dead letter, the
+    /// broker is acknowledged *before* the dead letter is written, and the
+    /// runtime then stops as `kill -9` would, before the write. The
+    /// message is lost: the broker forgot it and the store never had it.
+    pub ack_before_dead_letter: Option<CrashHook>,
 }
 
 impl fmt::Debug for Faults {
@@ -151,6 +172,10 @@ impl fmt::Debug for Faults {
             .field("crash_after_write", &self.crash_after_write.is_some())
             .field("settled", &self.settled.is_some())
             .field("refuse_write", &self.refuse_write.is_some())
+            .field(
+                "ack_before_dead_letter",
+                &self.ack_before_dead_letter.is_some(),
+            )
             .finish()
     }
 }
@@ -566,6 +591,17 @@ impl<H: Host> Inner<H> {
                 // own lapsed claims (a retry it put back for the gate, or
                 // whose outcome the store refused) are no crash.
                 let crashed = claimed.lapsed_claim.is_some_and(|who| who != self.claimer);
+                // A trace of a settled message is never delivered.
+                if let Some(since) = p
+                    .source
+                    .position
+                    .get(SETTLED_AT)
+                    .and_then(serde_json::Value::as_i64)
+                {
+                    let me = Arc::clone(&self);
+                    tokio::spawn(async move { me.recheck_trace(p, since).await });
+                    continue;
+                }
                 let key = p.key();
                 if !self.lock_running().insert(key.clone()) {
                     continue;
@@ -623,6 +659,54 @@ impl<H: Host> Inner<H> {
                 _ = shutdown.changed() => return,
             }
         }
+    }
+
+    /// Looks at a trace of a settled message again ([`SETTLED_AT`]): drops
+    /// it once its broker will not hand the message out again (or it is
+    /// older than [`TRACE_KEEP`]), else keeps it for another look.
+    async fn recheck_trace(&self, p: HeldRetry, since: i64) {
+        let at = now();
+        let again = match self.broker.may_come_again(&p.source.position).await {
+            Ok(again) => again,
+            Err(e) => {
+                tracing::debug!(source = %self.spec.name, message_id = %p.source.message_id, "cannot tell whether a settled message may come again: {e}; its trace is kept");
+                true
+            }
+        };
+        let expired = at.as_millis().saturating_sub(since) >= millis(TRACE_KEEP);
+        let store = self.host.store();
+        let written = if again && !expired {
+            let due_at =
+                Timestamp::from_millis(at.as_millis().saturating_add(millis(TRACE_RECHECK)));
+            store.hold_retry(HeldRetry { due_at, ..p }).await
+        } else {
+            store.release_held_retry(p.key()).await.map(|_| ())
+        };
+        if let Err(e) = written {
+            // Its claim expires and the next look takes it again.
+            tracing::debug!(source = %self.spec.name, "cannot update the trace of a settled message: {e}");
+        }
+    }
+
+    /// What a held retry that finished leaves in the store: nothing, or,
+    /// while the broker may still hand the message out again, a trace of
+    /// it ([`SETTLED_AT`]).
+    async fn finished_retry(&self, delivery: &Delivery, env: Envelope, at: Timestamp) -> Write {
+        match self.broker.may_come_again(&delivery.position).await {
+            Ok(false) => return Write::ReleaseHeldRetry,
+            Ok(true) => {}
+            Err(e) => {
+                tracing::debug!(source = %self.spec.name, message_id = %delivery.message_id, "cannot tell whether a settled message may come again: {e}; a trace of it is kept");
+            }
+        }
+        let mut source = self.source_ref(delivery);
+        with_position_key(&mut source, SETTLED_AT, at.as_millis().into());
+        Write::HoldRetry(Box::new(HeldRetry {
+            source,
+            due_at: Timestamp::from_millis(at.as_millis().saturating_add(millis(TRACE_RECHECK))),
+            envelope: env,
+            body: delivery.body.clone(),
+        }))
     }
 
     /// How long a held retry stays claimed by this node: the handler's
@@ -1011,8 +1095,13 @@ impl<H: Host> Inner<H> {
             // settles it), so `Cancelled` does not come; were it to, the
             // message is done with, like a success: dropped and acknowledged.
             Transition::Succeeded | Transition::Cancelled => match origin {
+                // A redriven copy's success is noted for its redrive's report
+                // (and drops a held retry of it). Not kept as a Kafka trace
+                // the way `finished_retry` keeps one: a re-read of such a
+                // copy before its offset is committed is handled again.
                 _ if redrive_id(delivery).is_some() => Write::RedrivenSucceeded,
-                Origin::HeldRetry | Origin::HeldOnBroker(_) => Write::ReleaseHeldRetry,
+                Origin::HeldRetry => self.finished_retry(delivery, env, at).await,
+                Origin::HeldOnBroker(_) => Write::ReleaseHeldRetry,
                 Origin::Broker(_) => Write::Nothing,
             },
             Transition::Retry { at: due, .. } | Transition::Defer { until: due } => {
@@ -1053,6 +1142,20 @@ impl<H: Host> Inner<H> {
             }
         };
         crate::failpoint::fail_point!("guard::held_retry_before_outcome" if matches!(origin, Origin::HeldRetry));
+        let broken = matches!(write, Write::Quarantine(_))
+            && origin.acker().is_some()
+            && self
+                .faults
+                .ack_before_dead_letter
+                .as_ref()
+                .is_some_and(|broken| broken(delivery));
+        if broken {
+            // The broken order: the broker first, then a crash before the
+            // write.
+            self.settle(origin, delivery, Settled::Quarantined).await;
+            let _ = self.crashed.send(true);
+            return true;
+        }
         // A refused write keeps the outcome and is tried again (the
         // message held meanwhile); it fails only when the source stops.
         match self.write_held(origin.acker(), delivery, &write).await {
@@ -1258,17 +1361,7 @@ impl<H: Host> Inner<H> {
     /// count of earlier deliveries ([`HELD_PRIOR`]).
     fn held_ref(&self, d: &Delivery) -> SourceRef {
         let mut source = self.source_ref(d);
-        let mut position = match source.position {
-            serde_json::Value::Object(m) => m,
-            serde_json::Value::Null => serde_json::Map::new(),
-            other => {
-                let mut m = serde_json::Map::new();
-                m.insert("broker".into(), other);
-                m
-            }
-        };
-        position.insert(HELD_PRIOR.into(), d.broker_prior.into());
-        source.position = serde_json::Value::Object(position);
+        with_position_key(&mut source, HELD_PRIOR, d.broker_prior.into());
         source
     }
 
@@ -1284,6 +1377,22 @@ impl<H: Host> Inner<H> {
             redrive_id: redrive_id(d),
         }
     }
+}
+
+/// Sets `key` in a source's position (a position that is no object is
+/// kept under `broker`).
+fn with_position_key(source: &mut SourceRef, key: &str, value: serde_json::Value) {
+    let mut position = match std::mem::take(&mut source.position) {
+        serde_json::Value::Object(m) => m,
+        serde_json::Value::Null => serde_json::Map::new(),
+        other => {
+            let mut m = serde_json::Map::new();
+            m.insert("broker".into(), other);
+            m
+        }
+    };
+    position.insert(key.into(), value);
+    source.position = serde_json::Value::Object(position);
 }
 
 /// A held retry as a delivery again.

@@ -41,6 +41,15 @@
 //! letter is removed only after the publish is confirmed, so the lookup
 //! would find it and drop the copy.
 //!
+//! A held retry outlives its record's acknowledgement, and may finish
+//! before the committed offset passes the record (a record before it still
+//! runs). Were it then forgotten, a crash would make the group read the
+//! record again and the handler get it from attempt 1 after its later
+//! attempts. So the runtime asks [`Broker::may_come_again`] (here: is the
+//! group's committed offset of the partition past the record?) and keeps a
+//! trace of the finished retry in the store until it is; the record read
+//! again meanwhile is recognised and only acknowledged.
+//!
 //! # Watch mode
 //!
 //! `queue` is a dead-letter topic that Spring Kafka's
@@ -148,6 +157,7 @@ pub async fn connect(spec: &SourceSpec) -> Result<Box<dyn Broker>, BrokerError> 
         spec: spec.clone(),
         servers,
         producer,
+        offsets: Mutex::new(None),
     }))
 }
 
@@ -185,6 +195,35 @@ pub struct Kafka {
     spec: SourceSpec,
     servers: String,
     producer: FutureProducer,
+    /// A client of the group that never joins it, made at first use: it
+    /// reads the group's committed offsets ([`Broker::may_come_again`]).
+    offsets: Mutex<Option<Arc<BaseConsumer>>>,
+}
+
+impl Kafka {
+    /// The client that reads the group's committed offsets.
+    fn offsets(&self) -> Result<Arc<BaseConsumer>, BrokerError> {
+        let mut slot = self.offsets.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = slot.as_ref() {
+            return Ok(Arc::clone(c));
+        }
+        let c: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &self.servers)
+            .set("group.id", &self.spec.group)
+            .set("enable.auto.commit", "false")
+            .create()
+            .map_err(|e| connect_error(&self.servers, &e))?;
+        Ok(Arc::clone(slot.insert(Arc::new(c))))
+    }
+}
+
+/// A record's topic, partition and offset, from its delivery's position.
+fn coordinates(position: &Value) -> Option<(String, i32, i64)> {
+    Some((
+        position.get("topic")?.as_str()?.to_owned(),
+        i32::try_from(position.get("partition")?.as_i64()?).ok()?,
+        position.get("offset")?.as_i64()?,
+    ))
 }
 
 impl fmt::Debug for Kafka {
@@ -271,6 +310,37 @@ impl Broker for Kafka {
                     why: e.to_string(),
                 }),
             }
+        })
+    }
+
+    /// Until the group's committed offset of the record's partition is
+    /// past it: asked of the group coordinator (an `OffsetFetch`, by a
+    /// client that does not join the group), so any node can tell,
+    /// whichever holds the partition.
+    fn may_come_again(&self, position: &Value) -> BoxFuture<'_, Result<bool, BrokerError>> {
+        let at = coordinates(position);
+        Box::pin(async move {
+            let Some((topic, partition, offset)) = at else {
+                return Ok(false);
+            };
+            let failed = |e: &dyn fmt::Display| BrokerError::Op {
+                broker: BROKER,
+                op: format!("read the committed offset of topic {topic} partition {partition}"),
+                why: e.to_string(),
+            };
+            let consumer = self.offsets()?;
+            let mut tpl = TopicPartitionList::new();
+            tpl.add_partition(&topic, partition);
+            let committed = tokio::task::spawn_blocking(move || {
+                consumer.committed_offsets(tpl, CONNECT_TIMEOUT)
+            })
+            .await
+            .map_err(|e| failed(&e))?
+            .map_err(|e| failed(&e))?;
+            let passed = committed
+                .find_partition(&topic, partition)
+                .is_some_and(|e| matches!(e.offset(), Offset::Offset(c) if c > offset));
+            Ok(!passed)
         })
     }
 

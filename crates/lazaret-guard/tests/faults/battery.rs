@@ -194,9 +194,128 @@ struct FaultRun {
     detail: String,
 }
 
+/// Which run of the battery.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Build {
+    /// The guard as built, under the three broker faults.
+    Sound,
+    /// The deliberately broken guard (`Faults::ack_before_dead_letter`: one
+    /// poison message in [`BROKEN_EVERY`] acknowledged before its dead
+    /// letter is written, then a crash before the write), restarted after
+    /// each crash, without broker faults and on [`BROKEN_MESSAGES`]
+    /// messages: the battery must find what it lost.
+    Broken,
+}
+
+/// How many messages the broken build's run publishes.
+const BROKEN_MESSAGES: usize = 400;
+/// The broken build breaks on one poison message in this many.
+const BROKEN_EVERY: usize = 5;
+
+/// What a run left for the verdict.
+struct Ran {
+    total: usize,
+    report: Report,
+    verdict: Verdict,
+    summary: String,
+    quarantined: BTreeMap<String, usize>,
+    /// Broken build: the messages acknowledged before their dead letter.
+    broken: HashSet<String>,
+    /// How often the guard was started again after a crash.
+    restarts: usize,
+}
+
 /// Runs the battery on `b`; panics when the checker finds a broken promise.
-#[allow(clippy::too_many_lines)]
 pub async fn run<B: FaultBroker>(b: &B, label: &str) {
+    let Ran {
+        total,
+        report,
+        verdict,
+        summary,
+        quarantined,
+        ..
+    } = execute(b, label, Build::Sound).await;
+    if !verdict.anomalies.is_empty() {
+        let path = lazaret_testkit::history::dump_path(&format!("faults-{label}"));
+        let shown: Vec<String> = verdict
+            .anomalies
+            .iter()
+            .take(10)
+            .map(ToString::to_string)
+            .collect();
+        panic!(
+            "{label}: {} anomalies (history in {}):\n{}\n{summary}",
+            verdict.anomalies.len(),
+            path.display(),
+            shown.join("\n")
+        );
+    }
+    // Every poison message the broker delivered is quarantined once; no
+    // other message is.
+    for (id, n) in &quarantined {
+        assert_eq!(*n, 1, "{label}: {id} has {n} dead letters");
+        let i: usize = id[1..].parse().expect("an id of the battery");
+        assert_eq!(
+            kind_of(i),
+            Kind::Poison,
+            "{label}: {id} was quarantined but is not poison"
+        );
+    }
+    let expected = total - verdict.broker_lost.len();
+    assert_eq!(
+        report.completed + report.dead_lettered,
+        expected,
+        "{label}: every message the broker kept is handled or quarantined\n{summary}"
+    );
+}
+
+/// Runs the battery on `b` with the deliberately broken guard ([`Build::Broken`])
+/// and asserts that it fails: the checker finds messages lost (acknowledged,
+/// neither completed nor dead-lettered) or acked unhandled, only among those
+/// the broken guard acknowledged before their dead letter, and the judge
+/// counts them as the guard's anomalies (not the broker's at-least-once).
+pub async fn run_broken<B: FaultBroker>(b: &B, label: &str) {
+    let Ran {
+        verdict,
+        summary,
+        broken,
+        restarts,
+        ..
+    } = execute(b, label, Build::Broken).await;
+    assert!(
+        restarts > 0,
+        "{label}: the broken guard never broke\n{summary}"
+    );
+    let lost: Vec<&lazaret_testkit::history::Anomaly> = verdict
+        .anomalies
+        .iter()
+        .filter(|a| matches!(a.kind, AnomalyKind::Lost | AnomalyKind::AckedUnhandled))
+        .collect();
+    assert!(
+        !lost.is_empty(),
+        "{label}: the battery did not catch the broken guard ({restarts} messages acknowledged \
+         before their dead letter)\n{summary}"
+    );
+    for a in &verdict.anomalies {
+        assert!(
+            broken.contains(&a.id),
+            "{label}: an anomaly the broken ack does not explain: {a}\n{summary}"
+        );
+    }
+    eprintln!(
+        "FAULTS {label} (broken build): caught: {} anomalies ({} lost or acked unhandled), all \
+         of the {} messages acknowledged before their dead letter ({restarts} crashes and \
+         restarts of the guard), e.g. {}",
+        verdict.anomalies.len(),
+        lost.len(),
+        broken.len(),
+        lost[0]
+    );
+}
+
+/// One run of the battery, judged but not asserted.
+#[allow(clippy::too_many_lines)]
+async fn execute<B: FaultBroker>(b: &B, label: &str, build: Build) -> Ran {
     let started = Instant::now();
     let mut restorer = Restorer::new(&[B::SERVICE]);
     assert!(
@@ -205,8 +324,14 @@ pub async fn run<B: FaultBroker>(b: &B, label: &str) {
         B::SERVICE,
         B::SERVICE.port()
     );
-    let total = messages();
-    let name = format!("faults-{label}-{}", std::process::id());
+    let total = match build {
+        Build::Sound => messages(),
+        Build::Broken => BROKEN_MESSAGES,
+    };
+    let name = match build {
+        Build::Sound => format!("faults-{label}-{}", std::process::id()),
+        Build::Broken => format!("faults-{label}-broken-{}", std::process::id()),
+    };
     let queue = b.queue(&name).await;
     let spec = b.spec(&name, &queue);
     let dir = tempfile::tempdir().expect("a temporary directory");
@@ -218,10 +343,23 @@ pub async fn run<B: FaultBroker>(b: &B, label: &str) {
 
     let history = Recorder::new();
     let finished = Arc::new(Mutex::new(Finished::default()));
+    let broken: Arc<Mutex<HashSet<String>>> = Arc::default();
     let faults = {
         let history = history.clone();
         let finished = Arc::clone(&finished);
+        let broken = Arc::clone(&broken);
+        type Hook = Arc<dyn Fn(&lazaret_guard::Delivery) -> bool + Send + Sync>;
+        let ack_before_dead_letter: Option<Hook> = match build {
+            Build::Sound => None,
+            // Once per message: its redelivery (the ack lost with the
+            // crashed guard's connection) is dead-lettered as it should be.
+            Build::Broken => Some(Arc::new(move |d: &lazaret_guard::Delivery| {
+                let n: usize = d.message_id[1..].parse().unwrap_or(0);
+                (n / 10) % BROKEN_EVERY == 0 && broken.lock().unwrap().insert(d.message_id.clone())
+            })),
+        };
         Faults {
+            ack_before_dead_letter,
             settled: Some(Arc::new(move |d, how| {
                 if matches!(how, Settled::Succeeded | Settled::Quarantined) {
                     history.observe(Op::BrokerAck {
@@ -268,13 +406,32 @@ pub async fn run<B: FaultBroker>(b: &B, label: &str) {
             async move { out }
         }))
     };
-    let broker: Arc<dyn lazaret_guard::Broker> = lazaret_guard::connect(&spec)
-        .await
-        .expect("connect the guard to the broker")
-        .into();
     let (stop, stop_rx) = watch::channel(false);
-    let guard = Guard::new(spec.clone(), Arc::clone(&host), broker, handler).with_faults(faults);
-    let task = tokio::spawn(guard.run(stop_rx));
+    // The guard, started again after each crash (the broken build's) on the
+    // same store, as a supervisor restarts a killed process.
+    let task = {
+        let (spec, host) = (spec.clone(), Arc::clone(&host));
+        tokio::spawn(async move {
+            let mut restarts = 0usize;
+            loop {
+                let broker: Arc<dyn lazaret_guard::Broker> = lazaret_guard::connect(&spec)
+                    .await
+                    .expect("connect the guard to the broker")
+                    .into();
+                let guard = Guard::new(
+                    spec.clone(),
+                    Arc::clone(&host),
+                    broker,
+                    Arc::clone(&handler) as Arc<dyn lazaret_guard::Handler>,
+                )
+                .with_faults(faults.clone());
+                match guard.run(stop_rx.clone()).await {
+                    Err(lazaret_guard::GuardError::Crashed) => restarts += 1,
+                    other => return other.map(|()| restarts),
+                }
+            }
+        })
+    };
 
     let all: Vec<(String, Vec<u8>)> = (0..total).map(|i| (format!("m{i:06}"), body(i))).collect();
     let chunks: Vec<&[(String, Vec<u8>)]> = all.chunks(total.div_ceil(4).max(1)).collect();
@@ -305,6 +462,7 @@ pub async fn run<B: FaultBroker>(b: &B, label: &str) {
         res.unwrap_or_else(|e| panic!("{label}: publish chunk {c}: {e}"));
         published += chunk.len();
         let fault: &'static str = match c {
+            _ if build == Build::Broken => continue,
             0 => "connections killed",
             1 if B::PAUSE => "pause",
             1 => "connections killed",
@@ -387,7 +545,8 @@ pub async fn run<B: FaultBroker>(b: &B, label: &str) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let _ = stop.send(true);
-    task.await
+    let restarts = task
+        .await
         .expect("the guard's task")
         .unwrap_or_else(|e| panic!("{label}: the guard stopped with an error: {e}"));
 
@@ -454,42 +613,25 @@ pub async fn run<B: FaultBroker>(b: &B, label: &str) {
     for f in &fault_runs {
         summary.push_str(&format!("\n  {}: {:.1?} ({})", f.what, f.took, f.detail));
     }
+    if restarts > 0 {
+        summary.push_str(&format!("\n  the guard was started again {restarts} times"));
+    }
     eprintln!("{summary}");
     restored.unwrap_or_else(|e| panic!("{label}: the broker was not restored: {e}"));
-
     if !verdict.anomalies.is_empty() {
         let path = lazaret_testkit::history::dump_path(&format!("faults-{label}"));
         let _ = history.history().write_jsonl(&path);
-        let shown: Vec<String> = verdict
-            .anomalies
-            .iter()
-            .take(10)
-            .map(ToString::to_string)
-            .collect();
-        panic!(
-            "{label}: {} anomalies (history in {}):\n{}\n{summary}",
-            verdict.anomalies.len(),
-            path.display(),
-            shown.join("\n")
-        );
     }
-    // Every poison message the broker delivered is quarantined once; no
-    // other message is.
-    for (id, n) in &quarantined {
-        assert_eq!(*n, 1, "{label}: {id} has {n} dead letters");
-        let i: usize = id[1..].parse().expect("an id of the battery");
-        assert_eq!(
-            kind_of(i),
-            Kind::Poison,
-            "{label}: {id} was quarantined but is not poison"
-        );
+    let broken = broken.lock().unwrap().clone();
+    Ran {
+        total,
+        report,
+        verdict,
+        summary,
+        quarantined,
+        broken,
+        restarts,
     }
-    let expected = total - verdict.broker_lost.len();
-    assert_eq!(
-        report.completed + report.dead_lettered,
-        expected,
-        "{label}: every message the broker kept is handled or quarantined\n{summary}"
-    );
 }
 
 struct Verdict {

@@ -6,6 +6,9 @@
 //! (`lazaret_testkit::history`) judges the run: nothing lost, nothing
 //! dead-lettered twice, nothing acked unhandled, every message handled or
 //! quarantined. See docs/reliability.md, "Broker faults under the guard".
+//! One more test runs the battery on RabbitMQ with a deliberately broken
+//! guard (it acknowledges a poison message before its dead letter, then
+//! crashes) and no broker fault, and requires the checker to catch it.
 //!
 //! These tests stop, pause and restart the machine's shared brokers, so
 //! they are their own test binary and run only when `LAZARET_FAULTS=1` is

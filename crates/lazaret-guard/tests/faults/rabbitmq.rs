@@ -147,3 +147,23 @@ async fn rabbitmq_under_connection_kills_a_pause_and_a_restart() {
     };
     battery::run(&Rabbit { url }, "rabbitmq").await;
 }
+
+/// The battery's deliberately broken build (issue 29 part 7: each battery
+/// must fail on one): a guard that acknowledges a poison message before its
+/// dead letter is written, and crashes in between, loses it; the battery's
+/// checker must say so. No broker fault: the broken order alone loses
+/// messages once the guard dies (it is started again at once).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rabbitmq_battery_fails_on_a_guard_that_acks_before_its_dead_letter() {
+    if !battery::enabled("rabbitmq_battery_fails_on_a_guard_that_acks_before_its_dead_letter") {
+        return;
+    }
+    let Some(url) = lazaret_testkit::service(
+        "LAZARET_TEST_AMQP_URL",
+        "amqp://guest:guest@127.0.0.1:5672/%2f",
+        "the RabbitMQ fault battery",
+    ) else {
+        return;
+    };
+    battery::run_broken(&Rabbit { url }, "rabbitmq").await;
+}

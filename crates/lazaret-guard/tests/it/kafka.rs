@@ -495,6 +495,141 @@ async fn an_offset_is_committed_only_after_every_record_before_it_settled() {
     g2.stop().await.unwrap();
 }
 
+/// A held retry that succeeds before the offset passes its record (a record
+/// before it still runs) is not forgotten: after a crash the group reads the
+/// record again, and the restarted guard recognises it and only
+/// acknowledges it. Before the trace (`Broker::may_come_again`) the store
+/// no longer knew it and the handler got it again from attempt 1, after
+/// attempt 2: the attempt went backwards (the kill -9 battery's finding).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_read_again_after_its_held_retry_succeeded_is_not_delivered_again() {
+    let Some(k) = Kafka::new() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let topic = k.topic("trace", 1).await;
+    let name = common::unique("trace");
+    let spec = k.spec(&name, &topic, Mode::Guard);
+    let group = spec.group.clone();
+    let pol = common::policies(TYPE, 5, Duration::from_millis(200));
+    k.produce(&topic, "m-0", b"{}", Map::new()).await;
+    k.produce(&topic, "m-1", b"{}", Map::new()).await;
+
+    let first = common::host(dir.path(), pol.clone());
+    let log1 = Log::default();
+    let hold = Arc::new(tokio::sync::Notify::new());
+    let (faults, settled) = common::settled_log();
+    let faults = Faults {
+        // m-2's retry is held, then lazaret "dies" before acknowledging it.
+        crash_after_write: Some(Arc::new(|d| d.message_id == "m-2")),
+        ..faults
+    };
+    let h0 = Arc::clone(&hold);
+    let l1 = log1.clone();
+    let handler = Arc::new(lazaret_guard::handler_fn(
+        move |call: lazaret_guard::OwnedCall| {
+            let id = call.delivery.message_id.clone();
+            let attempt = call.attempt;
+            l1.push(common::Seen {
+                message_id: id.clone(),
+                attempt,
+                body: call.delivery.body.clone(),
+            });
+            let h0 = Arc::clone(&h0);
+            let busy = || {
+                Outcome::Failure(
+                    lazaret_core::Failure::new("http_503", "busy")
+                        .with_class(lazaret_core::FailureClass::Transient),
+                )
+            };
+            async move {
+                match id.as_str() {
+                    "m-0" => {
+                        h0.notified().await;
+                        Outcome::Success
+                    }
+                    "m-1" if attempt == 1 => busy(),
+                    "m-2" => busy(),
+                    _ => Outcome::Success,
+                }
+            }
+        },
+    ));
+    let g1 = common::start_guard(&k, spec.clone(), Arc::clone(&first), handler, faults).await;
+    log1.wait_for(PATIENCE, |s| {
+        s.iter().any(|x| x.message_id == "m-1" && x.attempt == 2)
+    })
+    .await;
+    wait_until(|| {
+        settled
+            .lock()
+            .unwrap()
+            .contains(&("m-1".to_owned(), Settled::Succeeded))
+    })
+    .await;
+    assert_eq!(
+        k.committed(&group, &topic).await,
+        None,
+        "m-0 still runs: no offset may be committed past it"
+    );
+    let m1 = lazaret_store::MessageKey::of(name.clone(), "m-1", b"{}", None);
+    let held_at_crash = first.store().message_held(m1.clone()).await.unwrap();
+    // The crash: m-0 never finishes on this guard, nothing is committed.
+    k.produce(&topic, "m-2", b"{}", Map::new()).await;
+    assert!(matches!(
+        g1.join().await,
+        Err(lazaret_guard::GuardError::Crashed)
+    ));
+    hold.notify_one();
+    assert_eq!(k.committed(&group, &topic).await, None);
+    first.store().close().await.unwrap();
+    drop(first);
+
+    let second = common::host(dir.path(), pol);
+    let log2 = Log::default();
+    let (faults, settled2) = common::settled_log();
+    let g2 = common::start_guard(
+        &k,
+        spec,
+        Arc::clone(&second),
+        common::recording(&log2, |_| Outcome::Success),
+        faults,
+    )
+    .await;
+    log2.wait_for(PATIENCE, |s| {
+        s.iter().any(|x| x.message_id == "m-0")
+            && s.iter().any(|x| x.message_id == "m-2" && x.attempt == 2)
+    })
+    .await;
+    wait_until_async(|| async { k.committed(&group, &topic).await == Some(3) }).await;
+    let again: Vec<_> = log2
+        .all()
+        .into_iter()
+        .filter(|s| s.message_id == "m-1")
+        .collect();
+    assert!(
+        again.is_empty(),
+        "m-1 succeeded at attempt 2 and was delivered again: {again:#?}\nfirst guard: {:#?}",
+        log1.all()
+    );
+    assert!(
+        settled2
+            .lock()
+            .unwrap()
+            .contains(&("m-1".to_owned(), Settled::HeldAlready)),
+        "m-1 read again is acknowledged as held already"
+    );
+    assert_eq!(
+        held_at_crash,
+        Held::Retry,
+        "m-1's retry succeeded, but the group could read it again: its trace was kept"
+    );
+    // Once the offset passed it, the trace goes.
+    wait_until_async(|| async {
+        second.store().message_held(m1.clone()).await.unwrap() == Held::Nothing
+    })
+    .await;
+    g2.stop().await.unwrap();
+}
+
 /// Two guards in one group. The first takes every record and, past its
 /// fifth, holds them unfinished until the second guard has been given a
 /// partition by the rebalance its joining causes and delivered from it.
