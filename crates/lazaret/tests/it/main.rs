@@ -30,6 +30,7 @@ mod kafka_sources;
 mod kill9;
 mod lanes;
 mod live_jobs;
+mod local_commands;
 mod logs;
 mod metrics;
 mod observing;
