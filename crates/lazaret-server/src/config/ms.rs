@@ -38,9 +38,9 @@ impl Ms {
                 "\"{text}\" is finer than a millisecond: durations are whole milliseconds"
             ));
         }
-        u64::try_from(d.as_millis()).map(Ms).map_err(|_| {
-            format!("\"{text}\" is too long: at most {} ms", u64::MAX)
-        })
+        u64::try_from(d.as_millis())
+            .map(Ms)
+            .map_err(|_| format!("\"{text}\" is too long: at most {} ms", u64::MAX))
     }
 }
 
@@ -101,7 +101,9 @@ mod tests {
             ("1500us", "finer than a millisecond"),
             ("-5s", "not a duration"),
         ] {
-            let e = Ms::parse(text).err().unwrap_or_else(|| panic!("{text:?} accepted"));
+            let e = Ms::parse(text)
+                .err()
+                .unwrap_or_else(|| panic!("{text:?} accepted"));
             assert!(e.contains(says), "{text:?}: {e}");
         }
         assert!(Ms::parse("30").unwrap_err().contains("\"30s\""));
