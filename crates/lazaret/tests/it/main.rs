@@ -40,6 +40,7 @@ mod python_worker;
 mod restart;
 mod retries;
 mod running;
+mod service;
 mod shutdown;
 mod smaller;
 mod sockets;
