@@ -17,6 +17,18 @@ use crate::harness::{QUICK, Server};
 /// How long the server may take to say READY=1 or STOPPING=1.
 const NOTIFY_TIMEOUT: Duration = Duration::from_secs(20);
 
+/// Kills the server if the test ends early (a failed assertion).
+struct KillOnDrop(Option<std::process::Child>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
 /// The next datagram on `socket`, as text.
 async fn next_notification(socket: &UnixDatagram, waiting_for: &str, log: &Path) -> String {
     let mut buf = vec![0u8; 4096];
@@ -71,10 +83,16 @@ deliver = "http://127.0.0.1:9/orders"
         .stderr(Stdio::from(std::fs::File::create(&log).unwrap()))
         .spawn()
         .expect("lazaret binary starts");
+    // The first stdout line is the address; the rest is drained (a pipe
+    // nobody reads would fail the server's next print).
     let stdout = child.stdout.take().unwrap();
-    let first_line = std::thread::spawn(move || {
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).map(|_| line)
+    let pid = child.id();
+    let mut guard = KillOnDrop(Some(child));
+    let (first_tx, first_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines();
+        let _ = first_tx.send(lines.next());
+        for _ in lines.map_while(Result::ok) {}
     });
 
     let ready = next_notification(&socket, "READY=1", &log).await;
@@ -84,7 +102,11 @@ deliver = "http://127.0.0.1:9/orders"
     );
     // The address was printed before READY=1; the listener answers at once,
     // with no retry.
-    let first = first_line.join().unwrap().unwrap();
+    let first = first_rx
+        .recv_timeout(NOTIFY_TIMEOUT)
+        .expect("a first stdout line")
+        .expect("stdout open")
+        .expect("stdout readable");
     let base = first
         .trim()
         .strip_prefix("lazaret listening on ")
@@ -112,14 +134,22 @@ deliver = "http://127.0.0.1:9/orders"
     );
 
     let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
+        .args(["-TERM", &pid.to_string()])
         .status();
     let stopping = next_notification(&socket, "STOPPING=1", &log).await;
     assert_eq!(stopping, "STOPPING=1");
-    let status = tokio::task::spawn_blocking(move || child.wait())
-        .await
-        .unwrap()
-        .unwrap();
+    let deadline = std::time::Instant::now() + NOTIFY_TIMEOUT;
+    let status = loop {
+        if let Some(status) = guard.0.as_mut().expect("the server").try_wait().unwrap() {
+            guard.0 = None;
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server did not exit within {NOTIFY_TIMEOUT:?} of SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    };
     assert!(status.success(), "exit after SIGTERM: {status}");
     // LAZARET_LOG_FORMAT=json: every stderr line is a JSON object.
     let text = std::fs::read_to_string(&log).unwrap();
