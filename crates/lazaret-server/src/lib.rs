@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod ready;
 pub mod serve;
 pub mod sources;
+pub mod systemd;
 pub mod views;
 
 pub use serve::{ServeError, ServeOptions, serve};

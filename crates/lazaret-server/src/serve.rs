@@ -14,7 +14,7 @@ use crate::app::{App, now};
 use crate::auth::api_token_entry;
 use crate::config::{ServerConfig, millis};
 use crate::sources::{self, Sources};
-use crate::{alerts, api, conn, metrics};
+use crate::{alerts, api, conn, metrics, systemd};
 use lazaret_store::PolicyDecider;
 
 /// What `serve` needs.
@@ -232,6 +232,11 @@ async fn run<S: Store>(store: S, opts: ServeOptions, described: String) -> Resul
     let sources = Sources::start(&app);
     // Alerts from background tasks: a slow or dead webhook never holds up a job.
     let alert_tasks = alerts::start(&app);
+    // Ready for systemd (Type=notify): the listener is bound (connections
+    // wait in its backlog until the accept loop below takes them) and the
+    // sources are started. Not "connected": a broker that is down delays
+    // its source, never the server, nor its start.
+    systemd::notify_or_warn(&format!("READY=1\nSTATUS=listening on http://{addr}"));
     let (sources_stop_tx, sources_stop_rx) = tokio::sync::oneshot::channel::<()>();
     let sources_stopped = tokio::spawn(async move {
         // Stopped as soon as the signal comes, alongside the HTTP side's
@@ -248,6 +253,7 @@ async fn run<S: Store>(store: S, opts: ServeOptions, described: String) -> Resul
             "stopping: long-polls answer now, redrives stop between batches, \
              requests under way get the grace, then the store closes"
         );
+        systemd::notify_or_warn("STOPPING=1");
         stopping.begin_stop();
         let _ = sources_stop_tx.send(());
     };

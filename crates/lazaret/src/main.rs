@@ -13,6 +13,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 mod bench;
 mod cli;
+mod local;
 
 /// lazaret: a job queue where one bad message never stalls the line.
 #[derive(Debug, Parser)]
@@ -35,6 +36,16 @@ enum Command {
     Migrate(MigrateArgs),
     /// Drive a server over loopback HTTP and print jobs/s and latency percentiles.
     Bench(bench::BenchArgs),
+    /// Work with a config file without a server: `config check FILE`.
+    Config {
+        #[command(subcommand)]
+        command: local::ConfigCommand,
+    },
+    /// Print a shell's completion script for lazaret to stdout.
+    Completions(local::CompletionsArgs),
+    /// Print lazaret's man page (roff) to stdout, or write one page per
+    /// command into a directory with --dir.
+    Man(local::ManArgs),
     #[command(flatten)]
     Client(cli::ClientCommand),
 }
@@ -43,18 +54,19 @@ enum Command {
 #[derive(Debug, clap::Args)]
 struct ServeArgs {
     /// Address to listen on; port 0 picks a free one (printed at start).
-    #[arg(long, default_value = "127.0.0.1:7433")]
+    #[arg(long, env = "LAZARET_LISTEN", default_value = "127.0.0.1:7433")]
     listen: SocketAddr,
     /// Directory of the embedded database.
-    #[arg(long, default_value = "./lazaret-data")]
+    #[arg(long, env = "LAZARET_DATA", default_value = "./lazaret-data")]
     data: PathBuf,
     /// A store URL instead of --data: `sqlite:///path/to/dir`, or
     /// `postgres://USER@HOST:PORT/DB[?schema=NAME]` for several nodes on one
     /// database (docs/deploy.md).
     #[arg(long, env = "LAZARET_STORE")]
     store: Option<String>,
-    /// TOML configuration file (see docs/api.md).
-    #[arg(long)]
+    /// TOML configuration file (see docs/api.md); `lazaret config check
+    /// FILE` checks one without starting the server.
+    #[arg(long, env = "LAZARET_CONFIG")]
     config: Option<PathBuf>,
     /// The log's format on stderr: `text` (coloured only on a terminal,
     /// never with NO_COLOR) or `json` (one object per line). LAZARET_LOG
@@ -99,6 +111,9 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Migrate(m) => run_migrate(m),
         Command::Bench(b) => bench::run(b, args.global),
+        Command::Config { command } => local::config(command),
+        Command::Completions(c) => local::completions(c, Args::command()),
+        Command::Man(m) => local::man(m, Args::command()),
         Command::Client(c) => cli::run(args.global, c),
     }
 }
@@ -323,6 +338,37 @@ mod tests {
         assert!(refuse_client_options(m.subcommand_matches("serve").unwrap()).is_err());
         let m = matches(&["serve", "--listen", "127.0.0.1:0"]);
         assert!(refuse_client_options(m.subcommand_matches("serve").unwrap()).is_ok());
+    }
+
+    /// A unit file or a container sets the environment, not the command
+    /// line: every option of `serve` (not the client's globals, which
+    /// `serve` refuses) has a LAZARET_* variable.
+    #[test]
+    fn every_serve_option_has_an_environment_variable() {
+        let cmd = Args::command();
+        let serve = cmd.find_subcommand("serve").unwrap();
+        let mut seen = Vec::new();
+        for arg in serve.get_arguments() {
+            if arg.is_global_set() || ["help", "version"].contains(&arg.get_id().as_str()) {
+                continue;
+            }
+            let env = arg
+                .get_env()
+                .unwrap_or_else(|| panic!("serve --{} has no environment variable", arg.get_id()));
+            assert!(env.to_string_lossy().starts_with("LAZARET_"), "{env:?}");
+            seen.push(env.to_string_lossy().into_owned());
+        }
+        seen.sort();
+        assert_eq!(
+            seen,
+            [
+                "LAZARET_CONFIG",
+                "LAZARET_DATA",
+                "LAZARET_LISTEN",
+                "LAZARET_LOG_FORMAT",
+                "LAZARET_STORE"
+            ]
+        );
     }
 
     #[test]

@@ -139,8 +139,9 @@
 //! redrive_allow = ["orders.v2"]       # watch: more queues a redrive may go back to, besides redrive_to and the queues of this file's sources on the same broker (never the watched queue); the queue a message names comes from the message
 //! ```
 //!
-//! Durations are integer milliseconds (`*_ms`); `"30s"` is refused with the
-//! number to write instead. Two tokens may not share a name or a secret, two
+//! Durations (`*_ms`) are integer milliseconds or a string with a unit
+//! (`"30s"`, `"5m"`, `"250ms"`, `"1h 30m"`), down to whole milliseconds.
+//! Two tokens may not share a name or a secret, two
 //! sources not a name.
 //!
 //! # Where things are
@@ -151,8 +152,8 @@
 //! `[lanes.X]`, `policies.rs` for `[defaults]` and `[types.X]`, `store.rs`
 //! for `durability` and `[retention]`, `sources.rs`, `alerts.rs`,
 //! `tokens.rs`), and `locate.rs` turns a TOML span into the error's file,
-//! line and dotted key. Durations are read as integer milliseconds (`ms.rs`)
-//! and held as [`Duration`].
+//! line and dotted key. Durations are read as integer milliseconds or
+//! `humantime` strings (`ms.rs`) and held as [`Duration`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;

@@ -319,10 +319,46 @@ fn a_wrongly_typed_value_is_refused_with_its_path_and_line() {
         "`permanent`",
     );
     assert_refused(
-        "lease_ms_default = \"30s\"\n",
+        "lease_ms_default = \"thirty seconds\"\n",
         "lease_ms_default",
         1,
-        "write 30000 instead of \"30s\"",
+        "is not a duration",
+    );
+    assert_refused(
+        "[types.a]\nbackoff_schedule_ms = [\"1s\", \"1500us\"]\n",
+        "types.a.backoff_schedule_ms[1]",
+        2,
+        "finer than a millisecond",
+    );
+    assert_refused(
+        "[http]\n\nidle_timeout_ms = \"5\"\n",
+        "http.idle_timeout_ms",
+        3,
+        "\"30s\", \"5m\"",
+    );
+}
+
+#[test]
+fn durations_may_be_written_with_a_unit() {
+    let cfg = parse(
+        "lease_ms_default = \"30s\"\nlease_ms_max = \"1h\"\n\
+         [http]\nidle_timeout_ms = \"5m\"\nshutdown_grace_ms = 2500\n\
+         [retention]\nsucceeded_ms = \"1day\"\n\
+         [types.a]\nbackoff_base_ms = \"250ms\"\nbackoff_schedule_ms = [\"1s\", 2000, \"1m 30s\"]\n\
+         [types.a.breaker]\ncooldown_ms = \"10s\"\n",
+    )
+    .unwrap();
+    assert_eq!(cfg.lease_default, Duration::from_secs(30));
+    assert_eq!(cfg.lease_max, Duration::from_secs(3600));
+    assert_eq!(cfg.http.idle_timeout, Duration::from_secs(300));
+    assert_eq!(cfg.http.shutdown_grace, ms(2500));
+    assert_eq!(cfg.retention.succeeded, Duration::from_secs(86_400));
+    let a = cfg.policies.for_type("a");
+    assert_eq!(a.backoff.base, ms(250));
+    assert_eq!(a.backoff.schedule, vec![ms(1000), ms(2000), ms(90_000)]);
+    assert_eq!(
+        cfg.breakers[&JobType::new("a")].cooldown,
+        Duration::from_secs(10)
     );
 }
 

@@ -251,11 +251,14 @@ fn other_source_mistakes_are_refused_with_their_key() {
         "at least 1",
     );
     assert_refused(
-        &format!("{base}delivery_timeout_ms = \"5s\"\n"),
+        &format!("{base}delivery_timeout_ms = \"five seconds\"\n"),
         "sources[0].delivery_timeout_ms",
         7,
-        "write 5000",
+        "is not a duration",
     );
+    let (_dir, file) = config_dir(&format!("{base}delivery_timeout_ms = \"5s\"\n"));
+    let cfg = ServerConfig::load(&file).unwrap();
+    assert_eq!(cfg.sources[0].delivery_timeout, Duration::from_secs(5));
     assert_refused(
         &GUARD.replace("redis://127.0.0.1:6379", "amqp://guest:guest@h/%2f"),
         "sources[0].url",
