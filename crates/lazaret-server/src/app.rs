@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lazaret_core::{
-    BreakerState, Breakers, DeadLetterReason, ErrorKind, Gate, JobType, Lane, LeaseGate,
+    BreakerState, Breakers, DeadLetterReason, ErrorKind, Gate, JobId, JobType, Lane, LeaseGate,
     LeaseReservation, Paused, Timestamp, Transition,
 };
 use lazaret_guard::SourceSet;
@@ -362,17 +362,45 @@ impl<S: Store> App<S> {
                 }
                 _ => {}
             }
-            if c.redrive_count > 0 {
-                match c.transition {
-                    Transition::Succeeded => m::redrive_outcome("succeeded"),
-                    Transition::DeadLetter { .. } => m::redrive_outcome("dead_lettered"),
-                    _ => {}
-                }
-            }
         }
         if self.drain_breaker_changes(&mut breakers, true) {
             self.ready.anything();
         }
+    }
+
+    /// Counts how redriven jobs ended in `lazaret_redrive_outcomes_total`,
+    /// by the failure group they were last redriven from (their lineage's
+    /// newest entry; `""` when it is gone). The group is read from the
+    /// store off the caller's path: only redriven jobs cost a read.
+    pub fn count_redrive_outcomes<'a>(
+        self: &Arc<Self>,
+        done: impl IntoIterator<Item = &'a Completed>,
+    ) {
+        let ended: Vec<(JobId, &'static str)> = done
+            .into_iter()
+            .filter(|c| c.redrive_count > 0)
+            .filter_map(|c| match c.transition {
+                Transition::Succeeded => Some((c.id, "succeeded")),
+                Transition::DeadLetter { .. } => Some((c.id, "dead_lettered")),
+                _ => None,
+            })
+            .collect();
+        if ended.is_empty() {
+            return;
+        }
+        let app = Arc::clone(self);
+        tokio::spawn(async move {
+            for (job, outcome) in ended {
+                let group = match app.store.lineage(job).await {
+                    Ok(lineage) => lineage.last().map(|e| e.from_group.clone()),
+                    Err(e) => {
+                        tracing::debug!(error = %e, job = job.0, "the group of a redriven job could not be read for its outcome metric");
+                        None
+                    }
+                };
+                m::redrive_outcome(outcome, group.unwrap_or_default());
+            }
+        });
     }
 
     /// Lets the clock move the breakers (open → half-open, spent probe

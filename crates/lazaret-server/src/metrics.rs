@@ -165,9 +165,11 @@ pub fn redriven(n: u64) {
     metrics::counter!("lazaret_redriven_total").increment(n);
 }
 
-/// How a redriven job ended.
-pub fn redrive_outcome(outcome: &'static str) {
-    metrics::counter!("lazaret_redrive_outcomes_total", "outcome" => outcome).increment(1);
+/// How a redriven job ended, by the failure group it was redriven from.
+/// Groups are bounded by what operators redrive, not by traffic.
+pub fn redrive_outcome(outcome: &'static str, group: String) {
+    metrics::counter!("lazaret_redrive_outcomes_total", "outcome" => outcome, "group" => group)
+        .increment(1);
 }
 
 /// What became of one delivery of a source's message (`succeeded`,
@@ -413,7 +415,7 @@ const FAMILIES: &[Family] = &[
     family(
         "lazaret_redrive_outcomes_total",
         "counter",
-        "How redriven jobs ended, by outcome (succeeded, dead_lettered)",
+        "How redriven jobs ended, by outcome (succeeded, dead_lettered) and the failure group they were redriven from",
     ),
     family(
         "lazaret_queue_depth",

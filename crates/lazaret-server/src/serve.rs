@@ -392,6 +392,7 @@ async fn housekeeping<S: Store>(app: Arc<App<S>>, mut stop: tokio::sync::watch::
         match app.store.tick(now).await {
             Ok(t) => {
                 app.observe(&t.expired, now);
+                app.count_redrive_outcomes(&t.expired);
                 if t.promoted > 0 || !t.expired.is_empty() {
                     app.ready.anything();
                 }

@@ -251,6 +251,7 @@ async fn complete<S: Store>(
         app.store.complete(valid, now).await?
     };
     app.observe(results.iter().filter_map(|r| r.as_ref().ok()), now);
+    app.count_redrive_outcomes(results.iter().filter_map(|r| r.as_ref().ok()));
     // A job queued again, or a slot freed for a tenant held at its cap
     // with jobs waiting, may let a waiting lease take something.
     if results.iter().flatten().any(|c| {

@@ -142,6 +142,24 @@ async fn metrics_carry_every_name_the_contract_lists() {
     .await
     .expect(200);
 
+    // A redriven job's outcome is counted by the group it was redriven
+    // from, which the server reads off the ack's path.
+    let group =
+        api.get("/v1/dead-letters?type=other").await.expect(200)["items"][0]["group_id"].clone();
+    assert!(group.is_string(), "dead letters carry their group: {group}");
+    lazaret_testkit::eventually(
+        "the redrive's success is counted with its group",
+        || async {
+            api.get("/metrics").await.text().lines().any(|l| {
+                l.starts_with("lazaret_redrive_outcomes_total{")
+                    && l.contains("outcome=\"succeeded\"")
+                    && l.contains("group=\"")
+                    && !l.contains("group=\"\"")
+            })
+        },
+    )
+    .await;
+
     let r = api.get("/metrics").await;
     assert_eq!(r.status, 200);
     let text = r.text();
@@ -184,7 +202,7 @@ async fn metrics_carry_every_name_the_contract_lists() {
         "{text}"
     );
     assert!(
-        labelled("lazaret_redrive_outcomes_total", &["outcome"]),
+        labelled("lazaret_redrive_outcomes_total", &["outcome", "group"]),
         "{text}"
     );
     assert!(labelled("lazaret_queue_depth", &["lane"]), "{text}");
