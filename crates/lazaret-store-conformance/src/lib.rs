@@ -173,6 +173,7 @@ macro_rules! conformance_suite {
                 dead_letters_fall_into_groups_whatever_their_data,
                 archived_dead_letters_are_kept_hidden_and_restorable,
                 a_redrive_report_follows_its_jobs_to_success_and_failure_again,
+                the_group_summary_follows_every_change_to_its_dead_letters,
             ],
             sources: [
                 a_broker_message_is_quarantined_once_with_its_source_and_payload,
