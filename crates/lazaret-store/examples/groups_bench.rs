@@ -235,10 +235,10 @@ async fn main() {
         c.execute(
             "INSERT INTO dead_letters (type, tenant, reason, stage, attempts, error, created_at,
                dead_lettered_at, payload_size, payload_preview, group_id, fingerprint)
-             SELECT 't' || (i % $2 % 50), 'tenant' || (i % 100), 'permanent', 'processing', 1,
-               '{\"class\":\"permanent\",\"kind\":\"k\",\"message\":\"failure ' || (i % $2) || ' of ' || i || '\",\"traceback\":null,\"retry_after_ms\":null}',
-               $3 - (($1 - i) * 86400000 / $1), $3 - (($1 - i) * 86400000 / $1), 2, '{}', g.id, 'failure <n> of <n>'
-             FROM generate_series(0::int8, $1 - 1) i JOIN g ON g.n = i % $2",
+             SELECT 't' || (i % $2::int8 % 50), 'tenant' || (i % 100), 'permanent', 'processing', 1,
+               '{\"class\":\"permanent\",\"kind\":\"k\",\"message\":\"failure ' || (i % $2::int8) || ' of ' || i || '\",\"traceback\":null,\"retry_after_ms\":null}',
+               $3::int8 - (($1::int8 - i) * 86400000 / $1::int8), $3::int8 - (($1::int8 - i) * 86400000 / $1::int8), 2, '{}', g.id, 'failure <n> of <n>'
+             FROM generate_series(0::int8, $1::int8 - 1) i JOIN g ON g.n = i % $2::int8",
             &[&(n as i64), &(groups as i64), &NOW],
         )
         .await
