@@ -261,6 +261,10 @@ CREATE TABLE IF NOT EXISTS dead_letter_groups (
 );
 CREATE INDEX IF NOT EXISTS dead_letter_groups_page
     ON dead_letter_groups (archived, last_at DESC, group_id);
+-- A page of one type's groups (else the page index is read until 50
+-- groups of the type are found).
+CREATE INDEX IF NOT EXISTS dead_letter_groups_type
+    ON dead_letter_groups (archived, type, last_at DESC, group_id);
 CREATE TABLE IF NOT EXISTS dead_letter_group_names (
     group_id text NOT NULL,
     archived bool NOT NULL,

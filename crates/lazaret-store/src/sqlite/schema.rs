@@ -377,6 +377,11 @@ CREATE TABLE IF NOT EXISTS dead_letter_groups (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS dead_letter_groups_page
     ON dead_letter_groups (archived, last_at DESC, group_id);
+-- A page of one type's groups: without it, the page index is read until
+-- 50 groups of the type are found (a fiftieth of the groups in
+-- groups_bench: 2,500 rows).
+CREATE INDEX IF NOT EXISTS dead_letter_groups_type
+    ON dead_letter_groups (archived, type, last_at DESC, group_id);
 CREATE TABLE IF NOT EXISTS dead_letter_group_names (
     group_id TEXT    NOT NULL,
     archived INTEGER NOT NULL,
