@@ -539,3 +539,203 @@ pub async fn groups_count_the_dead_letters_held_after_redrives_max<B: Backend>(b
     assert_eq!(held(Some(2)).await, (2, 0));
     assert_eq!(held(None).await, (2, 0));
 }
+
+/// Every dead letter (active or archived as asked), page by page.
+async fn all_dead_letters<S: Store>(s: &S, archived: bool) -> Vec<lazaret_store::DeadLetter> {
+    let mut out = Vec::new();
+    let mut cursor = None;
+    loop {
+        let (page, next) = s
+            .dead_letters(
+                DeadLetterFilter {
+                    archived,
+                    ..DeadLetterFilter::default()
+                },
+                100,
+                cursor,
+            )
+            .await
+            .unwrap();
+        out.extend(page);
+        match next {
+            Some(c) => cursor = Some(c),
+            None => return out,
+        }
+    }
+}
+
+/// The groups as the store pages them (two at a time, so the cursor is
+/// used) are the groups computed here from the dead letters themselves:
+/// count, first and last seen, the newest as sample, the hour's rate, the
+/// tenants and sources.
+async fn assert_groups_agree_with_their_dead_letters<S: Store>(
+    s: &S,
+    now: Timestamp,
+    archived: bool,
+    step: &str,
+) {
+    use std::collections::{BTreeMap, BTreeSet};
+    #[derive(Debug, Default, PartialEq)]
+    struct Seen {
+        count: u64,
+        first_at: i64,
+        last_at: i64,
+        sample: (i64, u64),
+        rate_1h: u64,
+        tenants: BTreeSet<String>,
+        sources: BTreeSet<String>,
+    }
+    let mut expected: BTreeMap<String, Seen> = BTreeMap::new();
+    for d in all_dead_letters(s, archived).await {
+        let at = d.dead_lettered_at.as_millis();
+        let g = expected.entry(d.group_id.clone()).or_insert(Seen {
+            first_at: at,
+            last_at: at,
+            ..Seen::default()
+        });
+        g.count += 1;
+        g.first_at = g.first_at.min(at);
+        g.last_at = g.last_at.max(at);
+        g.sample = g.sample.max((at, d.id.0));
+        g.rate_1h += u64::from(at >= now.as_millis() - 3_600_000);
+        g.tenants.extend(d.tenant.clone());
+        g.sources.extend(d.source.as_ref().map(|r| r.name.clone()));
+    }
+    let mut expected_order: Vec<(&String, &Seen)> = expected.iter().collect();
+    expected_order.sort_by(|a, b| b.1.last_at.cmp(&a.1.last_at).then(a.0.cmp(b.0)));
+
+    let mut got = Vec::new();
+    let mut cursor = None;
+    loop {
+        let (page, next) = s
+            .groups(GroupQuery {
+                limit: 2,
+                cursor: cursor.clone(),
+                archived,
+                ..query(now)
+            })
+            .await
+            .unwrap();
+        got.extend(page);
+        match next {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    let got_ids: Vec<&String> = got.iter().map(|g| &g.id).collect();
+    let expected_ids: Vec<&String> = expected_order.iter().map(|e| e.0).collect();
+    assert_eq!(got_ids, expected_ids, "{step}: the groups, in order");
+    for g in &got {
+        let seen = Seen {
+            count: g.count,
+            first_at: g.first_at.as_millis(),
+            last_at: g.last_at.as_millis(),
+            sample: (g.last_at.as_millis(), g.sample_id.0),
+            rate_1h: g.rate_1h,
+            tenants: g.tenants.iter().cloned().collect(),
+            sources: g.sources.iter().cloned().collect(),
+        };
+        assert_eq!(&seen, &expected[&g.id], "{step}: group {}", g.id);
+        let mut tenants = g.tenants.clone();
+        tenants.sort();
+        assert_eq!(tenants, g.tenants, "{step}: tenants in order");
+        let sample = s.dead_letter(g.sample_id).await.unwrap().expect("held");
+        assert_eq!(
+            sample.error.map(|e| e.message),
+            g.sample_error,
+            "{step}: the sample is the newest dead letter"
+        );
+    }
+}
+
+async fn assert_both_views_agree<S: Store>(s: &S, now: Timestamp, step: &str) {
+    assert_groups_agree_with_their_dead_letters(s, now, false, step).await;
+    assert_groups_agree_with_their_dead_letters(s, now, true, step).await;
+}
+
+pub async fn the_group_summary_follows_every_change_to_its_dead_letters<B: Backend>(b: &B) {
+    use lazaret_store::Stage;
+    let place = b.place().await;
+    let s = b.open(&place).await;
+    let hour = 3_600_000;
+    let a1 = dead_letter_with(&s, "resize", "acme", "order 1 failed", at(1_000)).await;
+    let a2 = dead_letter_with(&s, "resize", "beta", "order 2 failed", at(2_000)).await;
+    let a3 = dead_letter_with(&s, "resize", "gamma", "order 3 failed", at(hour + 3_000)).await;
+    let a4 = dead_letter_with(&s, "resize", "acme", "order 4 failed", at(hour + 3_000)).await;
+    let b1 = dead_letter_with(&s, "crop", "acme", "disk full", at(1_500)).await;
+    let b2 = dead_letter_with(&s, "crop", "acme", "disk full", at(2_500)).await;
+    let broker = s
+        .quarantine_message(crate::sources::quarantined(
+            "src",
+            "m-1",
+            Stage::Broker,
+            1_200,
+        ))
+        .await
+        .unwrap()
+        .id;
+    let broker2 = s
+        .quarantine_message(crate::sources::quarantined(
+            "src2",
+            "m-2",
+            Stage::Broker,
+            1_300,
+        ))
+        .await
+        .unwrap()
+        .id;
+    let now = at(hour + 4_000);
+    assert_both_views_agree(&s, now, "written").await;
+
+    // Archive the sample (newest) and the oldest of a group, then restore.
+    assert_eq!(s.archive(vec![a4], true, at(5_000), None).await.unwrap(), 1);
+    assert_both_views_agree(&s, now, "the newest archived").await;
+    assert_eq!(s.archive(vec![a1], true, at(5_000), None).await.unwrap(), 1);
+    assert_both_views_agree(&s, now, "the oldest archived").await;
+    assert_eq!(
+        s.archive(vec![broker], true, at(5_000), None)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_both_views_agree(&s, now, "a source's only dead letter archived").await;
+    assert_eq!(
+        s.archive(vec![a4], false, at(6_000), None).await.unwrap(),
+        1
+    );
+    assert_both_views_agree(&s, now, "the newest restored").await;
+
+    // Purge: the only dead letter of a tenant, then a whole group.
+    assert_eq!(s.purge(vec![a3], None).await.unwrap(), 1);
+    assert_both_views_agree(&s, now, "a tenant's only dead letter purged").await;
+    assert_eq!(s.purge(vec![b1, b2, broker2], None).await.unwrap(), 3);
+    assert_both_views_agree(&s, now, "a group purged").await;
+
+    // Redrive: out of its group; it succeeds and retention removes it.
+    let moved = s.redrive(vec![a2], at(7_000), None).await.unwrap();
+    assert_eq!(moved.len(), 1);
+    assert_both_views_agree(&s, now, "redriven").await;
+    let job = lease_one(&s, lease_req(at(8_000), 1)).await;
+    complete(&s, &job, Event::Succeeded, at(8_001)).await;
+    assert_eq!(s.remove_succeeded(at(9_000), 10).await.unwrap(), 1);
+    assert_both_views_agree(&s, now, "retention after the redrive").await;
+
+    // Redriven again, it fails again: back in a group, newest there.
+    let again = s.redrive(vec![a4], at(10_000), None).await.unwrap();
+    assert_eq!(again.len(), 1);
+    let job = lease_one(&s, lease_req(at(hour + 3_500), 1)).await;
+    let failure = Failure::new("bad_input", "order 4 failed").with_class(FailureClass::Permanent);
+    let back = complete(&s, &job, Event::Failed(failure), at(hour + 3_500))
+        .await
+        .dead_letter
+        .expect("dead-lettered again");
+    assert_both_views_agree(&s, now, "failed again after a redrive").await;
+    let groups = s.groups(query(now)).await.unwrap().0;
+    assert_eq!(groups[0].sample_id, back);
+
+    // Kept across a restart.
+    s.close().await.unwrap();
+    drop(s);
+    let s = b.open(&place).await;
+    assert_both_views_agree(&s, now, "after a restart").await;
+}

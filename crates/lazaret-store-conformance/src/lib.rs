@@ -176,6 +176,7 @@ macro_rules! conformance_suite {
                 a_lineage_lists_each_redrive_with_its_group_edit_and_redirect,
                 a_redirect_never_gives_a_type_two_jobs_with_one_key,
                 groups_count_the_dead_letters_held_after_redrives_max,
+                the_group_summary_follows_every_change_to_its_dead_letters,
             ],
             sources: [
                 a_broker_message_is_quarantined_once_with_its_source_and_payload,

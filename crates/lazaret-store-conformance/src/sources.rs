@@ -56,7 +56,7 @@ fn envelope(ms: i64, attempts: u32) -> Envelope {
     env
 }
 
-fn quarantined(name: &str, id: &str, stage: Stage, ms: i64) -> SourceDeadLetter {
+pub(crate) fn quarantined(name: &str, id: &str, stage: Stage, ms: i64) -> SourceDeadLetter {
     SourceDeadLetter {
         source: source(name, id),
         job_type: Some("orders".into()),

@@ -250,104 +250,112 @@ pub(super) async fn reasons(c: &Client) -> Result<Vec<ReasonCount>, StoreError> 
         .collect()
 }
 
-/// A page of failure groups (as SQLite's `reader::groups`): counted,
-/// ordered and cut on `dead_letters_group`, then each group of the page
-/// described from its newest dead letter, its tenants and its sources.
+/// A page of failure groups (as SQLite's `reader::groups`), in one
+/// statement: without a filter, or by type or reason only, the page is
+/// read from the groups' summary (`dead_letter_groups`) in its index's
+/// order, with the last hour's count on `dead_letters_group`; a filter by
+/// source, tenant or time counts the matching dead letters instead. Each
+/// group of the page is described from its summary: its newest dead letter
+/// (`sample_id`), tenants and sources (`dead_letter_group_names`).
 pub(super) async fn groups(
     c: &Client,
     q: &GroupQuery,
 ) -> Result<(Vec<FailureGroup>, Option<GroupCursor>), StoreError> {
-    let hour_ago = q.now.as_millis().saturating_sub(3_600_000);
-    let rows = pg(c
-        .query(
-            "SELECT d.group_id, count(*), min(d.dead_lettered_at), max(d.dead_lettered_at),
-                    count(*) FILTER (WHERE d.dead_lettered_at >= $6)
+    // `page` has (group_id, count, first_at, last_at, rate, sample_id).
+    const DESCRIBED: &str = "
+        SELECT p.group_id, p.count, p.first_at, p.last_at, p.rate,
+               d.id, d.type, d.reason, d.error, d.fingerprint,
+               ARRAY(SELECT n.name FROM dead_letter_group_names n
+                     WHERE n.group_id = p.group_id AND n.archived = $1 AND n.what = 'tenant'
+                     ORDER BY n.name LIMIT $11),
+               ARRAY(SELECT n.name FROM dead_letter_group_names n
+                     WHERE n.group_id = p.group_id AND n.archived = $1 AND n.what = 'source'
+                     ORDER BY n.name LIMIT $11),
+               -- held for a person: jobs redriven redrives_max times ($12)
+               (SELECT count(*) FROM dead_letters h JOIN jobs j ON j.id = h.job_id
+                WHERE $12::int4 IS NOT NULL AND h.group_id = p.group_id
+                  AND (h.archived_at IS NOT NULL) = $1
+                  AND h.stage = 'processing' AND j.redrives >= $12)
+        FROM page p JOIN dead_letters d ON d.id = p.sample_id
+        ORDER BY p.last_at DESC, p.group_id";
+    let narrowed = q.source.is_some() || q.tenant.is_some() || q.since.is_some();
+    let page = if narrowed {
+        "SELECT a.*, g.sample_id FROM (
+             SELECT d.group_id, count(*) AS count, min(d.dead_lettered_at) AS first_at,
+                    max(d.dead_lettered_at) AS last_at,
+                    count(*) FILTER (WHERE d.dead_lettered_at >= $7) AS rate
              FROM dead_letters d
-             WHERE (d.archived_at IS NOT NULL) = $7
-               AND ($1::text IS NULL OR d.type = $1) AND ($2::text IS NULL OR d.reason = $2)
-               AND ($3::text IS NULL OR d.source_name = $3) AND ($4::text IS NULL OR d.tenant = $4)
-               AND ($5::int8 IS NULL OR d.dead_lettered_at >= $5)
+             WHERE (d.archived_at IS NOT NULL) = $1
+               AND ($2::text IS NULL OR d.type = $2) AND ($3::text IS NULL OR d.reason = $3)
+               AND ($4::text IS NULL OR d.source_name = $4) AND ($5::text IS NULL OR d.tenant = $5)
+               AND ($6::int8 IS NULL OR d.dead_lettered_at >= $6)
              GROUP BY d.group_id
              HAVING $8::int8 IS NULL OR max(d.dead_lettered_at) < $8
                  OR (max(d.dead_lettered_at) = $8 AND d.group_id > $9::text)
-             ORDER BY max(d.dead_lettered_at) DESC, d.group_id LIMIT $10",
+             ORDER BY max(d.dead_lettered_at) DESC, d.group_id LIMIT $10
+         ) a JOIN dead_letter_groups g ON g.group_id = a.group_id AND g.archived = $1"
+    } else {
+        // The page first, then the hour's count of its groups only. The
+        // cursor's `last_at <= $8` lets the page index seek to it; the
+        // unused parameters are typed so that both statements take the same.
+        "SELECT s.group_id, s.count, s.first_at, s.last_at,
+                (SELECT count(*) FROM dead_letters r
+                 WHERE r.group_id = s.group_id AND r.dead_lettered_at >= $7
+                   AND (r.archived_at IS NOT NULL) = $1) AS rate,
+                s.sample_id
+         FROM (SELECT g.group_id, g.count, g.first_at, g.last_at, g.sample_id
+               FROM dead_letter_groups g
+               WHERE g.archived = $1 AND ($2::text IS NULL OR g.type = $2)
+                 AND ($3::text IS NULL OR g.reason = $3)
+                 AND $4::text IS NULL AND $5::text IS NULL AND $6::int8 IS NULL
+                 AND ($8::int8 IS NULL
+                      OR (g.last_at <= $8 AND (g.last_at < $8 OR g.group_id > $9::text)))
+               ORDER BY g.last_at DESC, g.group_id LIMIT $10) s"
+    };
+    let hour_ago = q.now.as_millis().saturating_sub(3_600_000);
+    let rows = pg(c
+        .query(
+            &format!("WITH page AS ({page}) {DESCRIBED}"),
             &[
+                &q.archived,
                 &q.job_type,
                 &q.reason,
                 &q.source,
                 &q.tenant,
                 &q.since.map(|t| t.as_millis()),
                 &hour_ago,
-                &q.archived,
                 &q.cursor.as_ref().map(|c| c.last_at.as_millis()),
                 &q.cursor.as_ref().map(|c| c.id.clone()),
                 &(i64::from(q.limit) + 1),
+                &(GROUP_NAMES_MAX as i64),
+                &q.redrives_max.map(|max| max.min(i32::MAX as u32) as i32),
             ],
         )
         .await)?;
     let more = rows.len() > q.limit as usize;
     let mut out = Vec::new();
     for r in rows.iter().take(q.limit as usize) {
-        let id: String = r.get(0);
-        let sample = pg(c
-            .query_one(
-                "SELECT id, type, reason, error, fingerprint FROM dead_letters
-                 WHERE group_id = $1 AND (archived_at IS NOT NULL) = $2
-                 ORDER BY dead_lettered_at DESC, id DESC LIMIT 1",
-                &[&id, &q.archived],
-            )
-            .await)?;
-        let error: Option<Failure> = sample
-            .get::<_, Option<String>>(3)
+        let error: Option<Failure> = r
+            .get::<_, Option<String>>(8)
             .map(|e| serde_json::from_str(&e))
             .transpose()
             .map_err(corrupt)?;
-        let mut names = Vec::new();
-        for column in ["tenant", "source_name"] {
-            let sql = format!(
-                "SELECT DISTINCT {column} FROM dead_letters
-                 WHERE group_id = $1 AND (archived_at IS NOT NULL) = $2 AND {column} IS NOT NULL
-                 ORDER BY {column} LIMIT $3"
-            );
-            let rows = pg(c
-                .query(&sql, &[&id, &q.archived, &(GROUP_NAMES_MAX as i64)])
-                .await)?;
-            names.push(
-                rows.iter()
-                    .map(|r| r.get::<_, String>(0))
-                    .collect::<Vec<_>>(),
-            );
-        }
-        let sources = names.pop().unwrap_or_default();
-        let tenants = names.pop().unwrap_or_default();
-        let reason: String = sample.get(2);
-        let held: i64 = match q.redrives_max {
-            Some(max) => pg(c
-                .query_one(
-                    "SELECT count(*) FROM dead_letters d JOIN jobs j ON j.id = d.job_id
-                     WHERE d.group_id = $1 AND (d.archived_at IS NOT NULL) = $2
-                       AND d.stage = 'processing' AND j.redrives >= $3",
-                    &[&id, &q.archived, &(max.min(i32::MAX as u32) as i32)],
-                )
-                .await)?
-            .get(0),
-            None => 0,
-        };
+        let reason: String = r.get(7);
         out.push(FailureGroup {
-            held: held as u64,
+            id: r.get(0),
+            held: r.get::<_, i64>(12) as u64,
             count: r.get::<_, i64>(1) as u64,
-            job_type: sample.get(1),
-            reason: reason.parse().map_err(corrupt)?,
-            kind: error.as_ref().map(|e| e.kind.as_str().to_owned()),
-            fingerprint: sample.get(4),
-            sample_error: error.map(|e| e.message),
-            sample_id: DeadLetterId(sample.get::<_, i64>(0) as u64),
             first_at: Timestamp::from_millis(r.get(2)),
             last_at: Timestamp::from_millis(r.get(3)),
             rate_1h: r.get::<_, i64>(4) as u64,
-            tenants,
-            sources,
-            id,
+            sample_id: DeadLetterId(r.get::<_, i64>(5) as u64),
+            job_type: r.get(6),
+            reason: reason.parse().map_err(corrupt)?,
+            kind: error.as_ref().map(|e| e.kind.as_str().to_owned()),
+            fingerprint: r.get(9),
+            sample_error: error.map(|e| e.message),
+            tenants: r.get(10),
+            sources: r.get(11),
         });
     }
     let next = if more {

@@ -17,7 +17,7 @@ use super::pg;
 use crate::StoreError;
 
 /// The version this build writes; older schemas are migrated at open.
-pub const SCHEMA_VERSION: i64 = 8;
+pub const SCHEMA_VERSION: i64 = 9;
 
 /// The advisory lock key migrations hold (`pg_advisory_xact_lock`).
 const MIGRATION_LOCK: i64 = 0x6c61_7a61_7265_7401;
@@ -269,6 +269,119 @@ CREATE TABLE IF NOT EXISTS redrive_messages (
 );
 "#;
 
+/// v8 → v9: a summary row per failure group (as SQLite's version 12, see
+/// `sqlite::schema::v12_objects`), so that a page of groups reads 50
+/// summary rows instead of counting every dead letter: per (group, active
+/// or archived) the count, oldest and newest time and the newest dead
+/// letter (`sample_id`), and the count of each tenant and source. One row
+/// trigger keeps both in the transaction of every write to `dead_letters`,
+/// whichever node and path writes; a removal recomputes the oldest or the
+/// newest only when it removed that one. [`SUMMARY_REBUILD`] then builds
+/// them from the rows held. Every node must run this build: an older one
+/// reads groups without the summary (its writes still keep it, through the
+/// trigger).
+const V9: &str = r#"
+CREATE TABLE IF NOT EXISTS dead_letter_groups (
+    group_id  text NOT NULL,
+    archived  bool NOT NULL,
+    type      text,                  -- part of the group id: one per group
+    reason    text NOT NULL,         -- as type
+    count     int8 NOT NULL,
+    first_at  int8 NOT NULL,         -- ms since the epoch
+    last_at   int8 NOT NULL,
+    sample_id int8 NOT NULL,         -- the newest dead letter (last_at, then highest id)
+    PRIMARY KEY (group_id, archived)
+);
+CREATE INDEX IF NOT EXISTS dead_letter_groups_page
+    ON dead_letter_groups (archived, last_at DESC, group_id);
+-- A page of one type's groups (else the page index is read until 50
+-- groups of the type are found).
+CREATE INDEX IF NOT EXISTS dead_letter_groups_type
+    ON dead_letter_groups (archived, type, last_at DESC, group_id);
+CREATE TABLE IF NOT EXISTS dead_letter_group_names (
+    group_id text NOT NULL,
+    archived bool NOT NULL,
+    what     text NOT NULL,          -- tenant | source
+    name     text NOT NULL,
+    count    int8 NOT NULL,          -- dead letters of the group with this name
+    PRIMARY KEY (group_id, archived, what, name)
+);
+CREATE OR REPLACE FUNCTION dead_letter_groups_keep() RETURNS trigger
+LANGUAGE plpgsql SET search_path FROM CURRENT AS $keep$
+BEGIN
+    IF TG_OP <> 'INSERT' THEN
+        UPDATE dead_letter_groups SET count = count - 1
+        WHERE group_id = OLD.group_id AND archived = (OLD.archived_at IS NOT NULL);
+        DELETE FROM dead_letter_groups
+        WHERE group_id = OLD.group_id AND archived = (OLD.archived_at IS NOT NULL) AND count <= 0;
+        UPDATE dead_letter_groups SET first_at = (
+            SELECT d.dead_lettered_at FROM dead_letters d
+            WHERE d.group_id = OLD.group_id AND (d.archived_at IS NOT NULL) = (OLD.archived_at IS NOT NULL)
+            ORDER BY d.dead_lettered_at LIMIT 1)
+        WHERE group_id = OLD.group_id AND archived = (OLD.archived_at IS NOT NULL)
+          AND first_at = OLD.dead_lettered_at;
+        UPDATE dead_letter_groups SET (last_at, sample_id) = (
+            SELECT d.dead_lettered_at, d.id FROM dead_letters d
+            WHERE d.group_id = OLD.group_id AND (d.archived_at IS NOT NULL) = (OLD.archived_at IS NOT NULL)
+            ORDER BY d.dead_lettered_at DESC, d.id DESC LIMIT 1)
+        WHERE group_id = OLD.group_id AND archived = (OLD.archived_at IS NOT NULL)
+          AND sample_id = OLD.id;
+        UPDATE dead_letter_group_names SET count = count - 1
+        WHERE group_id = OLD.group_id AND archived = (OLD.archived_at IS NOT NULL)
+          AND ((what = 'tenant' AND name = OLD.tenant) OR (what = 'source' AND name = OLD.source_name));
+        DELETE FROM dead_letter_group_names
+        WHERE group_id = OLD.group_id AND archived = (OLD.archived_at IS NOT NULL)
+          AND ((what = 'tenant' AND name = OLD.tenant) OR (what = 'source' AND name = OLD.source_name))
+          AND count <= 0;
+    END IF;
+    IF TG_OP <> 'DELETE' THEN
+        INSERT INTO dead_letter_groups AS g
+            (group_id, archived, type, reason, count, first_at, last_at, sample_id)
+        VALUES (NEW.group_id, NEW.archived_at IS NOT NULL, NEW.type, NEW.reason, 1,
+            NEW.dead_lettered_at, NEW.dead_lettered_at, NEW.id)
+        ON CONFLICT (group_id, archived) DO UPDATE SET
+            count = g.count + 1,
+            first_at = least(g.first_at, excluded.first_at),
+            last_at = greatest(g.last_at, excluded.last_at),
+            sample_id = CASE WHEN (excluded.last_at, excluded.sample_id) > (g.last_at, g.sample_id)
+                        THEN excluded.sample_id ELSE g.sample_id END;
+        INSERT INTO dead_letter_group_names AS n (group_id, archived, what, name, count)
+        SELECT NEW.group_id, NEW.archived_at IS NOT NULL, w.what, w.name, 1
+        FROM (VALUES ('source', NEW.source_name), ('tenant', NEW.tenant)) AS w (what, name)
+        WHERE w.name IS NOT NULL
+        ORDER BY w.what
+        ON CONFLICT (group_id, archived, what, name) DO UPDATE SET count = n.count + 1;
+    END IF;
+    RETURN NULL;
+END
+$keep$;
+DROP TRIGGER IF EXISTS dead_letter_groups_keep ON dead_letters;
+CREATE TRIGGER dead_letter_groups_keep
+    AFTER INSERT OR DELETE
+       OR UPDATE OF group_id, archived_at, dead_lettered_at, type, reason, tenant, source_name
+    ON dead_letters FOR EACH ROW EXECUTE PROCEDURE dead_letter_groups_keep();
+"#;
+
+/// Builds the groups' summary from the dead letters held (v7's migration;
+/// idempotent: it starts from empty tables).
+const SUMMARY_REBUILD: &str = r#"
+DELETE FROM dead_letter_groups;
+DELETE FROM dead_letter_group_names;
+INSERT INTO dead_letter_groups (group_id, archived, type, reason, count, first_at, last_at, sample_id)
+SELECT DISTINCT ON (group_id, archived_at IS NOT NULL)
+       group_id, archived_at IS NOT NULL, type, reason,
+       count(*) OVER w, min(dead_lettered_at) OVER w, dead_lettered_at, id
+FROM dead_letters
+WINDOW w AS (PARTITION BY group_id, archived_at IS NOT NULL)
+ORDER BY group_id, archived_at IS NOT NULL, dead_lettered_at DESC, id DESC;
+INSERT INTO dead_letter_group_names (group_id, archived, what, name, count)
+SELECT group_id, archived_at IS NOT NULL, 'tenant', tenant, count(*)
+FROM dead_letters WHERE tenant IS NOT NULL GROUP BY 1, 2, 4;
+INSERT INTO dead_letter_group_names (group_id, archived, what, name, count)
+SELECT group_id, archived_at IS NOT NULL, 'source', source_name, count(*)
+FROM dead_letters WHERE source_name IS NOT NULL GROUP BY 1, 2, 4;
+"#;
+
 /// Computes the group of every dead letter held, in batches by id.
 async fn groups_v6(c: &Client) -> Result<(), StoreError> {
     let mut after = 0i64;
@@ -367,6 +480,10 @@ async fn migrate_locked(c: &Client, schema: &str) -> Result<i64, StoreError> {
     }
     if found < 8 {
         pg(c.batch_execute(V8).await)?;
+    }
+    if found < 9 {
+        pg(c.batch_execute(V9).await)?;
+        pg(c.batch_execute(SUMMARY_REBUILD).await)?;
     }
     pg(c.execute(
         "INSERT INTO lazaret_meta (key, value) VALUES ('schema_version', $1)

@@ -380,63 +380,85 @@ pub(super) fn reasons(c: &Connection) -> Result<Vec<ReasonCount>, StoreError> {
     Ok(out)
 }
 
-/// A page of failure groups: counted, ordered and cut on the groups'
-/// index (`dead_letters_group`, which covers the query without a filter), then each group of the page
-/// described from its newest dead letter and its tenants and sources.
+/// A page of failure groups.
+///
+/// Without a filter, or filtered by type or reason only (both are part of
+/// the group id, so they narrow groups, never their counts), the page is
+/// read from the groups' summary (`dead_letter_groups`, see
+/// `schema::v10_objects`) in the order of its index: 50 rows whatever the
+/// number of dead letters. A filter by source, tenant or time changes each
+/// group's count, so it counts the dead letters that match on the groups'
+/// index (`dead_letters_group`), which reads every dead letter matching
+/// (docs/benchmarks.md, "Failure groups at a million dead letters", says
+/// how long). Either way each group of the page is then described from
+/// its summary: the newest dead letter (by its id, `sample_id`), the
+/// tenants and sources (`dead_letter_group_names`) and, from the summary
+/// path, the last hour's count on `dead_letters_group`.
 pub(super) fn groups(
     c: &Connection,
     q: &GroupQuery,
 ) -> Result<(Vec<FailureGroup>, Option<GroupCursor>), StoreError> {
-    let narrowed = q.job_type.is_some()
-        || q.reason.is_some()
-        || q.source.is_some()
-        || q.tenant.is_some()
-        || q.since.is_some();
-    // Without a filter the aggregate reads the covering index only.
-    let filter = if narrowed {
-        "AND (?1 IS NULL OR d.type = ?1) AND (?2 IS NULL OR d.reason = ?2)
-         AND (?3 IS NULL OR d.source_name = ?3) AND (?4 IS NULL OR d.tenant = ?4)
-         AND (?5 IS NULL OR d.dead_lettered_at >= ?5)"
-    } else {
-        "AND ?1 IS NULL AND ?2 IS NULL AND ?3 IS NULL AND ?4 IS NULL AND ?5 IS NULL"
-    };
-    let sql = format!(
-        "SELECT d.group_id, COUNT(*), MIN(d.dead_lettered_at), MAX(d.dead_lettered_at),
-                SUM(d.dead_lettered_at >= ?6)
-         FROM dead_letters d
-         WHERE (d.archived_at IS NOT NULL) = ?7 {filter}
-         GROUP BY d.group_id
-         HAVING ?8 IS NULL OR MAX(d.dead_lettered_at) < ?8
-             OR (MAX(d.dead_lettered_at) = ?8 AND d.group_id > ?9)
-         ORDER BY MAX(d.dead_lettered_at) DESC, d.group_id LIMIT ?10"
-    );
+    let narrowed = q.source.is_some() || q.tenant.is_some() || q.since.is_some();
     let hour_ago = q.now.as_millis().saturating_sub(3_600_000);
-    let mut stmt = db(c.prepare_cached(&sql))?;
-    let rows = db(stmt.query_map(
-        params![
-            q.job_type,
-            q.reason,
-            q.source,
-            q.tenant,
-            q.since.map(|t| t.as_millis()),
-            hour_ago,
-            q.archived,
-            q.cursor.as_ref().map(|c| c.last_at.as_millis()),
-            q.cursor.as_ref().map(|c| c.id.clone()),
-            i64::from(q.limit) + 1,
-        ],
-        |r| {
-            Ok((
-                r.get::<_, String>(0)?,
-                r.get::<_, i64>(1)?,
-                r.get::<_, i64>(2)?,
-                r.get::<_, i64>(3)?,
-                r.get::<_, i64>(4)?,
-            ))
-        },
-    ))?;
-    let counted = rows.collect::<rusqlite::Result<Vec<_>>>();
-    let mut counted = db(counted)?;
+    let cursor_at = q.cursor.as_ref().map(|c| c.last_at.as_millis());
+    let cursor_id = q.cursor.as_ref().map(|c| c.id.clone());
+    let limit = i64::from(q.limit) + 1;
+    // (group id, count, first_at, last_at, rate over the hour)
+    type Counted = (String, i64, i64, i64, i64);
+    let counted_row = |r: &Row<'_>| -> rusqlite::Result<Counted> {
+        Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+    };
+    let counted = if narrowed {
+        let mut stmt = db(c.prepare_cached(
+            "SELECT d.group_id, COUNT(*), MIN(d.dead_lettered_at), MAX(d.dead_lettered_at),
+                    SUM(d.dead_lettered_at >= ?6)
+             FROM dead_letters d
+             WHERE (d.archived_at IS NOT NULL) = ?7
+               AND (?1 IS NULL OR d.type = ?1) AND (?2 IS NULL OR d.reason = ?2)
+               AND (?3 IS NULL OR d.source_name = ?3) AND (?4 IS NULL OR d.tenant = ?4)
+               AND (?5 IS NULL OR d.dead_lettered_at >= ?5)
+             GROUP BY d.group_id
+             HAVING ?8 IS NULL OR MAX(d.dead_lettered_at) < ?8
+                 OR (MAX(d.dead_lettered_at) = ?8 AND d.group_id > ?9)
+             ORDER BY MAX(d.dead_lettered_at) DESC, d.group_id LIMIT ?10",
+        ))?;
+        let rows = db(stmt.query_map(
+            params![
+                q.job_type,
+                q.reason,
+                q.source,
+                q.tenant,
+                q.since.map(|t| t.as_millis()),
+                hour_ago,
+                q.archived,
+                cursor_at,
+                cursor_id,
+                limit,
+            ],
+            counted_row,
+        ))?;
+        db(rows.collect::<rusqlite::Result<Vec<_>>>())?
+    } else {
+        // The cursor's `last_at <= ?5` lets the page index seek to it.
+        let mut stmt = db(c.prepare_cached(
+            "SELECT g.group_id, g.count, g.first_at, g.last_at,
+                    (SELECT COUNT(*) FROM dead_letters d
+                     WHERE d.group_id = g.group_id AND d.dead_lettered_at >= ?4
+                       AND (d.archived_at IS NOT NULL) = ?1)
+             FROM dead_letter_groups g
+             WHERE g.archived = ?1 AND (?2 IS NULL OR g.type = ?2) AND (?3 IS NULL OR g.reason = ?3)
+               AND (?5 IS NULL OR (g.last_at <= ?5 AND (g.last_at < ?5 OR g.group_id > ?6)))
+             ORDER BY g.last_at DESC, g.group_id LIMIT ?7",
+        ))?;
+        let rows = db(stmt.query_map(
+            params![
+                q.archived, q.job_type, q.reason, hour_ago, cursor_at, cursor_id, limit,
+            ],
+            counted_row,
+        ))?;
+        db(rows.collect::<rusqlite::Result<Vec<_>>>())?
+    };
+    let mut counted = counted;
     let more = counted.len() > q.limit as usize;
     counted.truncate(q.limit as usize);
     let mut out = Vec::with_capacity(counted.len());
@@ -444,9 +466,9 @@ pub(super) fn groups(
         type Sample = (i64, Option<String>, String, Option<String>, String);
         let (sample_id, job_type, reason, error, fingerprint): Sample = db(c
             .prepare_cached(
-                "SELECT id, type, reason, error, fingerprint FROM dead_letters
-                 WHERE group_id = ?1 AND (archived_at IS NOT NULL) = ?2
-                 ORDER BY dead_lettered_at DESC, id DESC LIMIT 1",
+                "SELECT d.id, d.type, d.reason, d.error, d.fingerprint
+                 FROM dead_letter_groups g JOIN dead_letters d ON d.id = g.sample_id
+                 WHERE g.group_id = ?1 AND g.archived = ?2",
             )?
             .query_row(params![id, q.archived], |r| {
                 Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
@@ -455,18 +477,15 @@ pub(super) fn groups(
             .map(|e| serde_json::from_str(&e))
             .transpose()
             .map_err(corrupt)?;
-        let names = |column: &str| -> Result<Vec<String>, StoreError> {
-            let sql = format!(
-                "SELECT DISTINCT {column} FROM dead_letters
-                 WHERE group_id = ?1 AND (archived_at IS NOT NULL) = ?2 AND {column} IS NOT NULL
-                 ORDER BY {column} LIMIT ?3"
-            );
-            let mut stmt = db(c.prepare_cached(&sql))?;
-            let rows = db(
-                stmt.query_map(params![id, q.archived, GROUP_NAMES_MAX as i64], |r| {
+        let names = |what: &str| -> Result<Vec<String>, StoreError> {
+            let mut stmt = db(c.prepare_cached(
+                "SELECT name FROM dead_letter_group_names
+                 WHERE group_id = ?1 AND archived = ?2 AND what = ?3 ORDER BY name LIMIT ?4",
+            ))?;
+            let rows = db(stmt
+                .query_map(params![id, q.archived, what, GROUP_NAMES_MAX as i64], |r| {
                     r.get::<_, String>(0)
-                }),
-            )?;
+                }))?;
             db(rows.collect())
         };
         let held: i64 = match q.redrives_max {
@@ -482,7 +501,7 @@ pub(super) fn groups(
         out.push(FailureGroup {
             held: held as u64,
             tenants: names("tenant")?,
-            sources: names("source_name")?,
+            sources: names("source")?,
             id,
             count: count as u64,
             job_type,

@@ -982,6 +982,81 @@ mod migration {
         assert_eq!((r.messages, r.running, r.audit.count), (1, 1, 1));
         store.close().await.unwrap();
     }
+
+    /// A version-8 schema's dead letters (grouped already, one archived)
+    /// are summarised by the migration to version 9: the page of groups
+    /// counts them all, active and archived apart, with the newest as
+    /// sample and the tenants; the summary then follows new writes.
+    #[tokio::test]
+    async fn dead_letters_of_a_version_8_schema_are_summarised_into_their_groups() {
+        use lazaret_store::{DeadLetterId, GroupQuery};
+        let Some(url) = url() else { return };
+        let schema = fresh_schema(&url);
+        open(&url, &schema.name, Clock::Caller)
+            .await
+            .close()
+            .await
+            .unwrap();
+        let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let s = &schema.name;
+        c.batch_execute(&format!(
+            "DROP TRIGGER dead_letter_groups_keep ON {s}.dead_letters;
+             DROP FUNCTION {s}.dead_letter_groups_keep();
+             DROP TABLE {s}.dead_letter_groups, {s}.dead_letter_group_names;
+             UPDATE {s}.lazaret_meta SET value = 8 WHERE key = 'schema_version';
+             INSERT INTO {s}.dead_letters (id, type, tenant, reason, stage, attempts, created_at,
+                 dead_lettered_at, payload_size, payload_preview, group_id, fingerprint, archived_at)
+             SELECT i, 'resize', 'tenant' || (i % 3), 'permanent', 'processing', 1, i, i / 2, 2, '{{}}',
+                    'g' || (i % 2), 'f', CASE WHEN i = 7 THEN 100 END
+             FROM generate_series(1, 10) i;"
+        ))
+        .await
+        .unwrap();
+
+        let store = open(&url, &schema.name, Clock::Caller).await;
+        let ms = lazaret_core::Timestamp::from_millis;
+        let query = |archived| GroupQuery {
+            limit: 10,
+            archived,
+            now: at(10),
+            ..GroupQuery::default()
+        };
+        let (active, _) = store.groups(query(false)).await.unwrap();
+        let summary: Vec<_> = active
+            .iter()
+            .map(|g| (g.id.as_str(), g.count, g.first_at, g.last_at, g.sample_id))
+            .collect();
+        // g0: 2, 4, 6, 8, 10 (at i / 2); g1: 1, 3, 5, 9 (7 archived).
+        assert_eq!(
+            summary,
+            [
+                ("g0", 5, ms(1), ms(5), DeadLetterId(10)),
+                ("g1", 4, ms(0), ms(4), DeadLetterId(9)),
+            ]
+        );
+        assert_eq!(active[0].tenants, ["tenant0", "tenant1", "tenant2"]);
+        let (archived, _) = store.groups(query(true)).await.unwrap();
+        assert_eq!(
+            archived
+                .iter()
+                .map(|g| (g.id.as_str(), g.count, g.sample_id))
+                .collect::<Vec<_>>(),
+            [("g1", 1, DeadLetterId(7))]
+        );
+        assert_eq!(archived[0].tenants, ["tenant1"]);
+
+        // The trigger is back: a purge is seen.
+        assert_eq!(store.purge(vec![DeadLetterId(10)], None).await.unwrap(), 1);
+        let (active, _) = store.groups(query(false)).await.unwrap();
+        assert_eq!(
+            (active[0].id.as_str(), active[0].count, active[0].sample_id),
+            ("g0", 4, DeadLetterId(8))
+        );
+        store.close().await.unwrap();
+    }
 }
 
 /// A broker message's dead letter, for the migration tests.

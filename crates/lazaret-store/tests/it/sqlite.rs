@@ -1025,3 +1025,96 @@ async fn migrates_a_version_10_database_to_the_broker_messages_of_redrive_report
     assert_eq!((r.messages, r.running, r.audit.count), (1, 1, 1));
     s.close().await.unwrap();
 }
+
+/// A version-7 database with more dead letters than the group migration
+/// reads at a time: every dead letter gets its group (page after page),
+/// and the groups' summary (version 12) is built from them, so the page of
+/// groups counts them all, with their newest as sample and their tenants.
+#[tokio::test]
+async fn migrates_a_version_7_database_to_groups_computed_page_by_page_and_summarised() {
+    use lazaret_store::{DeadLetterFilter, GroupQuery};
+    use lazaret_store_conformance::at;
+
+    let dir = tempfile::TempDir::new().unwrap();
+    let path = dir.path().join(DB_FILE);
+    let rows: i64 = 2_500;
+    {
+        let mut conn = rusqlite::Connection::open(&path).unwrap();
+        conn.execute_batch(include_str!("fixtures/schema_v7.sql"))
+            .unwrap();
+        let tx = conn.transaction().unwrap();
+        for i in 0..rows {
+            // Three groups: the numbers in a message do not split one.
+            let message = match i % 3 {
+                0 => format!("order {i} failed"),
+                1 => format!("cannot open /data/{i}.csv"),
+                _ => "disk full".to_owned(),
+            };
+            let error = serde_json::to_string(
+                &lazaret_core::Failure::new("bad_input", message)
+                    .with_class(lazaret_core::FailureClass::Permanent),
+            )
+            .unwrap();
+            tx.execute(
+                "INSERT INTO dead_letters (type, tenant, reason, stage, attempts, error,
+                   created_at, dead_lettered_at, payload_size, payload_preview)
+                 VALUES ('resize', ?1, 'permanent', 'processing', 1, ?2, ?3, ?3, 2, '{}')",
+                rusqlite::params![format!("tenant{}", i % 4), error, i],
+            )
+            .unwrap();
+        }
+        tx.commit().unwrap();
+    }
+    let s = open(dir.path());
+    let version: i64 = rusqlite::Connection::open(&path)
+        .unwrap()
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, SCHEMA_VERSION);
+    let ungrouped: i64 = rusqlite::Connection::open(&path)
+        .unwrap()
+        .query_row(
+            "SELECT COUNT(*) FROM dead_letters WHERE group_id = ''",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(ungrouped, 0, "every page of dead letters got its group");
+
+    let (groups, next) = s
+        .groups(GroupQuery {
+            limit: 10,
+            now: at(rows),
+            ..GroupQuery::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(next, None);
+    assert_eq!(groups.len(), 3);
+    assert_eq!(groups.iter().map(|g| g.count).sum::<u64>(), rows as u64);
+    for g in &groups {
+        let (newest, _) = s
+            .dead_letters(
+                DeadLetterFilter {
+                    group: Some(g.id.clone()),
+                    ..DeadLetterFilter::default()
+                },
+                1,
+                None,
+            )
+            .await
+            .unwrap();
+        assert_eq!(g.sample_id, newest[0].id, "the newest is the sample");
+        assert_eq!(g.last_at, newest[0].dead_lettered_at);
+        assert_eq!(
+            g.tenants,
+            ["tenant0", "tenant1", "tenant2", "tenant3"].map(String::from)
+        );
+    }
+    let newest = &groups[0];
+    assert_eq!(
+        (newest.last_at, newest.count),
+        (lazaret_core::Timestamp::from_millis(rows - 1), 834)
+    );
+    s.close().await.unwrap();
+}
