@@ -1,5 +1,6 @@
 //! Workers: leases, outcomes (ack, fail, batched), heartbeats.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Json;
@@ -228,7 +229,7 @@ fn outcome_reply(c: &Completed) -> Value {
 }
 
 async fn complete<S: Store>(
-    app: &App<S>,
+    app: &Arc<App<S>>,
     items: Vec<(String, Result<Completion, ApiError>)>,
 ) -> Result<Vec<Result<Value, ApiError>>, ApiError> {
     let now = now();
@@ -299,7 +300,7 @@ fn completion(
 /// that error and leases nothing, so no job is handed out on a reply the
 /// worker reads as an error.
 async fn single<S: Store>(
-    app: &App<S>,
+    app: &Arc<App<S>>,
     id: String,
     c: Result<Completion, ApiError>,
     next: Option<Box<RawValue>>,
@@ -379,7 +380,11 @@ enum Outcomes {
     Mixed,
 }
 
-async fn batch_outcomes<S: Store>(app: &App<S>, body: &[u8], kind: Outcomes) -> ApiResult {
+async fn batch_outcomes<S: Store>(
+    app: &Arc<App<S>>,
+    body: &[u8],
+    kind: Outcomes,
+) -> ApiResult {
     let b: ItemsBody = parse_json(body)?;
     let items = b
         .items
