@@ -756,6 +756,19 @@ pub async fn a_redrive_report_follows_broker_messages_to_success_and_failure_aga
     let r = s.redrive_report("r-m".into()).await.unwrap().unwrap();
     assert_eq!((r.running, r.succeeded, r.failed_again), (1, 1, 1));
     assert_eq!(r.failed_again_groups, vec![(new_group.clone(), 1)]);
+    // Its lineage: the redrive that republished m-2, from the first group.
+    let lineage = s.message_lineage(again.id).await.unwrap();
+    assert_eq!(
+        lineage
+            .iter()
+            .map(|e| (e.redrive_id.as_deref(), e.from_group.as_str(), e.edited))
+            .collect::<Vec<_>>(),
+        vec![(Some("r-m"), from.as_str(), false)]
+    );
+    assert!(
+        s.message_lineage(ids[0]).await.unwrap().is_empty(),
+        "a dead letter no redrive led to has none"
+    );
     // Purged, it still failed again.
     s.purge(vec![again.id], None).await.unwrap();
     let r = s.redrive_report("r-m".into()).await.unwrap().unwrap();

@@ -99,6 +99,10 @@ pub(crate) trait Backend: Send + Sync + 'static {
         &self,
         job_id: JobId,
     ) -> impl Future<Output = Result<Vec<crate::LineageEntry>, StoreError>> + Send;
+    fn message_lineage(
+        &self,
+        dead_letter: DeadLetterId,
+    ) -> impl Future<Output = Result<Vec<crate::LineageEntry>, StoreError>> + Send;
     fn groups(
         &self,
         query: GroupQuery,
@@ -424,6 +428,13 @@ impl<B: Backend> Store for StoreOn<B> {
 
     async fn lineage(&self, job_id: JobId) -> Result<Vec<crate::LineageEntry>, StoreError> {
         self.backend.lineage(job_id).await
+    }
+
+    async fn message_lineage(
+        &self,
+        dead_letter: DeadLetterId,
+    ) -> Result<Vec<crate::LineageEntry>, StoreError> {
+        self.backend.message_lineage(dead_letter).await
     }
 
     async fn audit(&self, entry: AuditEntry) -> Result<AuditId, StoreError> {

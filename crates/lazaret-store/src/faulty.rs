@@ -280,6 +280,13 @@ impl<B: Backend> Backend for Faulty<B> {
         self.inner.lineage(job_id).await
     }
 
+    async fn message_lineage(
+        &self,
+        dead_letter: DeadLetterId,
+    ) -> Result<Vec<crate::LineageEntry>, StoreError> {
+        self.inner.message_lineage(dead_letter).await
+    }
+
     async fn groups(
         &self,
         query: crate::GroupQuery,

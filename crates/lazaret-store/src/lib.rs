@@ -297,6 +297,15 @@ pub trait Store: Send + Sync + 'static {
         job_id: JobId,
     ) -> impl Future<Output = Result<Vec<LineageEntry>, StoreError>> + Send;
 
+    /// The lineage of a broker message's dead letter: each redrive that
+    /// republished the message it came from, oldest first, followed back
+    /// through the dead letters its earlier copies became (never edited or
+    /// redirected). Empty for a dead letter no redrive led to.
+    fn message_lineage(
+        &self,
+        dead_letter: DeadLetterId,
+    ) -> impl Future<Output = Result<Vec<LineageEntry>, StoreError>> + Send;
+
     /// Appends to the audit log; the new entry's id.
     fn audit(&self, entry: AuditEntry) -> impl Future<Output = Result<AuditId, StoreError>> + Send;
 

@@ -132,10 +132,14 @@ pub(super) async fn dead_letter<S: Store>(
         _ => None,
     };
     let mut v = dead_letter_view(&app, &d, payload.as_deref());
-    v["lineage"] = match d.job_id.filter(|_| d.source.is_none()) {
-        Some(job) => lineage_view(&app.store.lineage(job).await?, &d),
-        None => json!([]),
+    // A broker message's redrives are followed through the copies it
+    // republished; a lazaret job's through its own redrives.
+    let lineage = match (&d.source, d.job_id) {
+        (Some(_), _) => app.store.message_lineage(dl).await?,
+        (None, Some(job)) => app.store.lineage(job).await?,
+        (None, None) => Vec::new(),
     };
+    v["lineage"] = lineage_view(&lineage, &d);
     ok(v)
 }
 

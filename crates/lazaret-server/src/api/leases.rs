@@ -380,11 +380,7 @@ enum Outcomes {
     Mixed,
 }
 
-async fn batch_outcomes<S: Store>(
-    app: &Arc<App<S>>,
-    body: &[u8],
-    kind: Outcomes,
-) -> ApiResult {
+async fn batch_outcomes<S: Store>(app: &Arc<App<S>>, body: &[u8], kind: Outcomes) -> ApiResult {
     let b: ItemsBody = parse_json(body)?;
     let items = b
         .items

@@ -676,6 +676,13 @@ impl Backend for Postgres {
         reader::lineage(&*self.reader().await?, job_id).await
     }
 
+    async fn message_lineage(
+        &self,
+        dead_letter: DeadLetterId,
+    ) -> Result<Vec<crate::LineageEntry>, StoreError> {
+        reader::message_lineage(&*self.reader().await?, dead_letter).await
+    }
+
     async fn groups(
         &self,
         query: crate::GroupQuery,

@@ -384,25 +384,56 @@ pub(super) async fn lineage(
             &[&(job_id.0 as i64)],
         )
         .await)?;
-    rows.iter()
-        .map(|r| {
-            let request: String = r.get(4);
-            Ok(crate::LineageEntry {
-                redrive_id: r.get(0),
-                audit: AuditEntry {
-                    at: Timestamp::from_millis(r.get(1)),
-                    actor: r.get(2),
-                    action: r.get(3),
-                    request: serde_json::from_str(&request).map_err(corrupt)?,
-                    count: r.get::<_, i64>(5) as u64,
-                },
-                from_group: r.get(6),
-                edited: r.get(7),
-                to_type: r.get(8),
-                to_lane: r.get(9),
-            })
-        })
-        .collect()
+    rows.iter().map(lineage_entry).collect()
+}
+
+/// A broker dead letter's lineage (as SQLite's `reader::message_lineage`):
+/// the redrive whose copy became it, then the one whose copy became the
+/// dead letter that redrive came from, and so on, oldest first.
+pub(super) async fn message_lineage(
+    c: &Client,
+    dead_letter: DeadLetterId,
+) -> Result<Vec<crate::LineageEntry>, StoreError> {
+    let rows = pg(c
+        .query(
+            "WITH RECURSIVE chain (dl, depth) AS (
+                 SELECT $1::int8, 0
+                 UNION ALL
+                 SELECT m.dead_letter_id, chain.depth + 1
+                 FROM redrive_messages m JOIN chain ON m.dead_letter_again = chain.dl
+                 WHERE chain.depth < 1000
+             )
+             SELECT m.redrive_id, a.at, a.actor, a.action, a.request, a.count,
+                    m.from_group, false, NULL::text, NULL::text
+             FROM chain
+             JOIN redrive_messages m ON m.dead_letter_again = chain.dl
+             JOIN redrives r ON r.id = m.redrive_id
+             JOIN audit a ON a.id = r.audit_id
+             ORDER BY chain.depth DESC",
+            &[&(dead_letter.0 as i64)],
+        )
+        .await)?;
+    rows.iter().map(lineage_entry).collect()
+}
+
+/// A lineage row: redrive id, its audit entry's at, actor, action, request
+/// and count, from_group, edited, to_type, to_lane.
+fn lineage_entry(r: &tokio_postgres::Row) -> Result<crate::LineageEntry, StoreError> {
+    let request: String = r.get(4);
+    Ok(crate::LineageEntry {
+        redrive_id: r.get(0),
+        audit: AuditEntry {
+            at: Timestamp::from_millis(r.get(1)),
+            actor: r.get(2),
+            action: r.get(3),
+            request: serde_json::from_str(&request).map_err(corrupt)?,
+            count: r.get::<_, i64>(5) as u64,
+        },
+        from_group: r.get(6),
+        edited: r.get(7),
+        to_type: r.get(8),
+        to_lane: r.get(9),
+    })
 }
 
 /// A redrive's report (as SQLite's `reader::redrive_report`).

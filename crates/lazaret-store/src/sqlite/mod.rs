@@ -534,6 +534,14 @@ impl Backend for Sqlite {
         self.read(move |c| reader::lineage(c, job_id)).await
     }
 
+    async fn message_lineage(
+        &self,
+        dead_letter: DeadLetterId,
+    ) -> Result<Vec<crate::LineageEntry>, StoreError> {
+        self.read(move |c| reader::message_lineage(c, dead_letter))
+            .await
+    }
+
     async fn groups(
         &self,
         query: crate::GroupQuery,

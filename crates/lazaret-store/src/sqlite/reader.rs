@@ -529,14 +529,54 @@ pub(super) fn lineage(
     c: &Connection,
     job_id: JobId,
 ) -> Result<Vec<crate::LineageEntry>, StoreError> {
-    let mut stmt = db(c.prepare_cached(
+    lineage_rows(
+        c,
         "SELECT (SELECT MIN(r.id) FROM redrives r WHERE r.audit_id = rj.audit_id),
                 a.at, a.actor, a.action, a.request, a.count,
                 rj.from_group, rj.edited, rj.to_type, rj.to_lane
          FROM redrive_jobs rj JOIN audit a ON a.id = rj.audit_id
          WHERE rj.job_id = ?1 ORDER BY rj.audit_id",
-    ))?;
-    let rows = db(stmt.query_map(params![job_id.0 as i64], |r| {
+        job_id.0 as i64,
+    )
+}
+
+/// A broker dead letter's lineage: the redrive whose copy became it, then
+/// the one whose copy became the dead letter that redrive came from, and
+/// so on (`redrive_messages`), oldest first.
+pub(super) fn message_lineage(
+    c: &Connection,
+    dead_letter: DeadLetterId,
+) -> Result<Vec<crate::LineageEntry>, StoreError> {
+    lineage_rows(
+        c,
+        "WITH RECURSIVE chain (dl, depth) AS (
+             SELECT ?1, 0
+             UNION ALL
+             SELECT m.dead_letter_id, chain.depth + 1
+             FROM redrive_messages m JOIN chain ON m.dead_letter_again = chain.dl
+             WHERE chain.depth < 1000
+         )
+         SELECT m.redrive_id, a.at, a.actor, a.action, a.request, a.count,
+                m.from_group, 0, NULL, NULL
+         FROM chain
+         JOIN redrive_messages m ON m.dead_letter_again = chain.dl
+         JOIN redrives r ON r.id = m.redrive_id
+         JOIN audit a ON a.id = r.audit_id
+         ORDER BY chain.depth DESC",
+        dead_letter.0 as i64,
+    )
+}
+
+/// Lineage entries from `sql`, whose one parameter is `key` and whose
+/// columns are: redrive id, its audit entry's at, actor, action, request
+/// and count, from_group, edited, to_type, to_lane.
+fn lineage_rows(
+    c: &Connection,
+    sql: &str,
+    key: i64,
+) -> Result<Vec<crate::LineageEntry>, StoreError> {
+    let mut stmt = db(c.prepare_cached(sql))?;
+    let rows = db(stmt.query_map(params![key], |r| {
         Ok((
             r.get::<_, Option<String>>(0)?,
             r.get::<_, i64>(1)?,

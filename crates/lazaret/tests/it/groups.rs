@@ -431,6 +431,40 @@ deliver = "{deliver}"
         "{report}"
     );
 
+    // Each new dead letter's lineage is the group redrive that sent its
+    // message back, from the first group, failed again into this one.
+    for d in &again {
+        let id = d["id"]
+            .as_str()
+            .map_or_else(|| d["id"].to_string(), str::to_owned);
+        let one = api
+            .get(&format!("/v1/dead-letters/{id}"))
+            .await
+            .expect(200)
+            .clone();
+        let lineage = one["lineage"].as_array().expect("a lineage").clone();
+        assert_eq!(lineage.len(), 1, "{one}");
+        assert_eq!(
+            (
+                lineage[0]["redrive_id"].clone(),
+                lineage[0]["from_group"].clone(),
+                lineage[0]["payload_edited"].clone(),
+                lineage[0]["to"].clone(),
+                lineage[0]["outcome"]["group"].clone(),
+                lineage[0]["outcome"]["current"].clone(),
+            ),
+            (
+                json!(redrive),
+                json!(group),
+                json!(false),
+                Value::Null,
+                json!(new_group),
+                json!(true)
+            ),
+            "{one}"
+        );
+    }
+
     // Purged, the new group's dead letters still failed again.
     let r = api
         .post(
