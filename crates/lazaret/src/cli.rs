@@ -152,6 +152,10 @@ async fn execute(
         }
         ClientCommand::Dlq { command } => match command {
             DlqCommand::Ls(a) => dlq_ls(cli, &a, json, out, width).await,
+            DlqCommand::Report(a) => {
+                let reply = cli.get(&["v1", "redrives", &a.id], &[]).await?;
+                emit(out, json, &reply, render::redrive_report)
+            }
             DlqCommand::Show(a) => {
                 let reply = cli.get(&["v1", "dead-letters", &a.id], &[]).await?;
                 emit(out, json, &reply, |o, v| render::dead_letter(o, v, width))

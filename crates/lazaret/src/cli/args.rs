@@ -289,6 +289,10 @@ pub enum DlqCommand {
     Archive(DlqArchiveArgs),
     /// Restore archived dead letters (POST /v1/dead-letters/restore).
     Restore(DlqArchiveArgs),
+    /// What a redrive did so far: sent, succeeded, running, failed again
+    /// and the groups they fell into (GET /v1/redrives/{id}); the id is in
+    /// the redrive's answer.
+    Report(ShowArgs),
     /// Redrive one dead letter with a corrected payload; the original stays
     /// in the job's history and the edit is audited with its reason
     /// (POST /v1/dead-letters/{id}/redrive).

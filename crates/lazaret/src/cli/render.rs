@@ -606,6 +606,35 @@ pub fn groups(out: Out, v: &Value, width: Option<usize>) -> io::Result<()> {
     Ok(())
 }
 
+/// `GET /v1/redrives/{id}`: what a redrive did so far.
+pub fn redrive_report(out: Out, v: &Value) -> io::Result<()> {
+    fields(
+        out,
+        &[
+            ("redrive", text(v, "id")),
+            ("at", short_time(v, "at")),
+            ("actor", text(v, "actor")),
+            ("sent", text(v, "sent")),
+            ("jobs", text(v, "jobs")),
+            ("messages", text(v, "messages")),
+            ("succeeded", text(v, "succeeded")),
+            ("running", text(v, "running")),
+            ("failed again", text(v, "failed_again")),
+            ("cancelled", text(v, "cancelled")),
+            ("gone", text(v, "gone")),
+        ],
+    )?;
+    for (key, label) in [
+        ("from_groups", "from group"),
+        ("failed_again_groups", "failed again into"),
+    ] {
+        for g in items(v, key) {
+            writeln!(out, "{label} {}: {}", text(g, "group"), text(g, "count"))?;
+        }
+    }
+    Ok(())
+}
+
 /// `POST /v1/dead-letters/archive` and `/restore`.
 pub fn archived(out: Out, v: &Value, done: &str) -> io::Result<()> {
     fields(

@@ -763,3 +763,25 @@ async fn dlq_show_prints_held_and_the_lineage() {
     assert!(out.contains("repair/-"), "{out}");
     assert!(out.contains("now dead_lettered (group g3)"), "{out}");
 }
+
+#[tokio::test]
+async fn dlq_report_prints_what_a_redrive_did_and_the_groups() {
+    let reply = r#"{"id":"r-7","at":"2026-12-06T09:10:00.000Z","actor":"ops-alice","request":{},
+        "sent":5,"jobs":3,"messages":2,"succeeded":2,"running":1,"failed_again":2,"cancelled":0,
+        "gone":0,"from_groups":[{"group":"g1","count":5}],
+        "failed_again_groups":[{"group":"g2","count":2}]}"#;
+    let (url, seen) = stub(vec![ok(200, reply)]).await;
+    let (result, out) = lazaret(&url, None, &["dlq", "report", "r-7"]).await;
+    result.unwrap();
+    assert_eq!(seen.lock().unwrap()[0].target, "/v1/redrives/r-7");
+    for line in [
+        "redrive:",
+        "sent:",
+        "failed again:",
+        "from group g1: 5\n",
+        "failed again into g2: 2\n",
+    ] {
+        assert!(out.contains(line), "{line:?} in {out}");
+    }
+    assert!(out.contains("succeeded:") && out.contains(" 2\n"), "{out}");
+}
