@@ -145,6 +145,59 @@ mod cluster {
         (schema, a, b)
     }
 
+    /// Failure groups written by one node are the same groups, with the
+    /// same ids and counts, on the other, and after both restart.
+    #[tokio::test]
+    async fn failure_groups_are_the_same_on_every_node_and_after_a_restart() {
+        let Some(url) = url() else { return };
+        let (schema, a, b) = two_nodes(&url).await;
+        for (n, message) in [
+            (1, "order 17 has no amount"),
+            (2, "order 9 has no amount"),
+            (3, "disk full"),
+        ] {
+            let mut dl = super::broker_dead_letter();
+            dl.source.message_id = format!("m-{n}");
+            dl.error = Some(lazaret_core::Failure::new("http_400", message));
+            dl.payload = format!("{{\"n\": {n}}}").into_bytes();
+            // Written by each node in turn.
+            let node = if n % 2 == 0 { &b } else { &a };
+            node.quarantine_message(dl).await.unwrap();
+        }
+        let page = |s: &PostgresStore| {
+            let s = s.clone();
+            async move {
+                let (groups, _) = s
+                    .groups(lazaret_store::GroupQuery {
+                        limit: 10,
+                        now: wall(),
+                        ..lazaret_store::GroupQuery::default()
+                    })
+                    .await
+                    .unwrap();
+                let mut seen: Vec<(String, u64, String)> = groups
+                    .into_iter()
+                    .map(|g| (g.id, g.count, g.fingerprint))
+                    .collect();
+                seen.sort();
+                seen
+            }
+        };
+        let on_a = page(&a).await;
+        assert_eq!(on_a.len(), 2, "{on_a:?}");
+        assert_eq!(
+            on_a.iter().map(|g| g.1).sum::<u64>(),
+            3,
+            "the two orders share a group: {on_a:?}"
+        );
+        assert_eq!(page(&b).await, on_a, "the other node sees the same groups");
+        a.close().await.unwrap();
+        b.close().await.unwrap();
+        let again = open(&url, &schema.name, Clock::Database).await;
+        assert_eq!(page(&again).await, on_a, "and so does a restarted node");
+        again.close().await.unwrap();
+    }
+
     #[tokio::test]
     async fn a_node_whose_clock_runs_ahead_cannot_expire_another_nodes_lease() {
         let Some(url) = url() else { return };
