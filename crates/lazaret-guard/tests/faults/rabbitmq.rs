@@ -133,19 +133,25 @@ impl FaultBroker for Rabbit {
     }
 }
 
+/// The machine's RabbitMQ, or `None` (the test skips) without one.
+fn rabbit() -> Option<Rabbit> {
+    let url = lazaret_testkit::service(
+        "LAZARET_TEST_AMQP_URL",
+        "amqp://guest:guest@127.0.0.1:5672/%2f",
+        "the RabbitMQ fault battery",
+    )?;
+    Some(Rabbit { url })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn rabbitmq_under_connection_kills_a_pause_and_a_restart() {
     if !battery::enabled("rabbitmq_under_connection_kills_a_pause_and_a_restart") {
         return;
     }
-    let Some(url) = lazaret_testkit::service(
-        "LAZARET_TEST_AMQP_URL",
-        "amqp://guest:guest@127.0.0.1:5672/%2f",
-        "the RabbitMQ fault battery",
-    ) else {
+    let Some(rabbit) = rabbit() else {
         return;
     };
-    battery::run(&Rabbit { url }, "rabbitmq").await;
+    battery::run(&rabbit, "rabbitmq").await;
 }
 
 /// The battery's deliberately broken build (issue 29 part 7: each battery
@@ -158,12 +164,8 @@ async fn rabbitmq_battery_fails_on_a_guard_that_acks_before_its_dead_letter() {
     if !battery::enabled("rabbitmq_battery_fails_on_a_guard_that_acks_before_its_dead_letter") {
         return;
     }
-    let Some(url) = lazaret_testkit::service(
-        "LAZARET_TEST_AMQP_URL",
-        "amqp://guest:guest@127.0.0.1:5672/%2f",
-        "the RabbitMQ fault battery",
-    ) else {
+    let Some(rabbit) = rabbit() else {
         return;
     };
-    battery::run_broken(&Rabbit { url }, "rabbitmq").await;
+    battery::run_broken(&rabbit, "rabbitmq").await;
 }
