@@ -3,25 +3,103 @@
 //! trait that each database implements (`sqlite::Sqlite`,
 //! `postgres::Postgres`).
 //!
-//! Every write method of the [`Store`] is written once, here: it builds its
-//! [`Request`], hands it to the backend's writer ([`Backend::submit`]) and
-//! awaits the typed answer. Reads, and what only one backend does (its
+//! Every write method of the [`Store`] is written once, here, generated
+//! from the table of requests ([`with_requests`](crate::request::with_requests)):
+//! it builds its [`Request`], hands it to the backend's writer
+//! ([`Backend::submit`]) and awaits the typed answer. Reads, and what only one backend does (its
 //! close, PostgreSQL's events, switches, leadership and tick throttle),
 //! are the backend's own methods, forwarded.
 
 use std::future::Future;
 
-use lazaret_core::{JobId, Timestamp};
+use lazaret_core::Timestamp;
 
 use crate::request::{Claim, Reply, Request};
 use crate::{
-    AdmissionRecord, ApiToken, AuditEntry, AuditId, AuditPage, AuditQuery, CancelError, Cancelled,
-    ClaimedRetry, Completed, Completion, DeadLetter, DeadLetterFilter, DeadLetterId, Duty,
-    EnqueueOutcome, FailureGroup, GroupCursor, GroupQuery, Heartbeat, Held, HeldRetry, ItemError,
-    JobPage, JobQuery, JobView, LeaseRequest, LeaseToken, LeasedJob, MessageKey, NewJob, Pause,
-    PauseTarget, PayloadFix, Quarantined, ReasonCount, RecentDeadLetter, Selector,
-    SourceDeadLetter, Stage, Store, StoreError, StoreEvent, StoreStats, Switch, Tick, TokenError,
+    ClaimedRetry, Duty, HeldRetry, MessageKey, Quarantined, SourceDeadLetter, Store, StoreError,
+    StoreEvent, Switch, Tick,
 };
+
+/// The table of the store's reads: every read of the [`Store`] is one line
+///
+/// ```text
+/// dead_letter(id: DeadLetterId) -> Option<DeadLetter>;
+/// ```
+///
+/// (the method, its arguments, its answer), and everything that routes it
+/// is generated from that line by the macros that `with_reads!(then, ..)`
+/// calls with the table (after the tokens given after `then`):
+/// - here, `declare_reads!`: its declaration in [`Backend`], and
+///   `forward_reads!`: the method of `impl Store for StoreOn<B>` that
+///   forwards it to the backend (and of the fault injector,
+///   `crate::faulty`, that forwards it to the backend it wraps);
+/// - `sqlite/mod.rs`: `impl Backend for Sqlite` runs
+///   `reader::dead_letter(conn, &id)` on the reader connection's thread;
+/// - `postgres/mod.rs`: `impl Backend for Postgres` awaits
+///   `reader::dead_letter(client, &id)` on a reader connection.
+///
+/// A reader function takes its arguments by reference, a `Copy` one as a
+/// pattern (`&id: &DeadLetterId`). So adding a read is: the trait method,
+/// one line here, one function in each backend's `reader` module (or
+/// re-exported there from the file named for its concern), and the
+/// conformance case. Reads that a backend answers its own way (claims,
+/// switches, events) are written by hand below.
+macro_rules! with_reads {
+    ($then:ident $(, $($extra:tt)*)?) => {
+        $then! {
+            [$($($extra)*)?]
+            jobs(query: crate::JobQuery) -> crate::JobPage;
+            pauses() -> Vec<crate::Pause>;
+            job(id: lazaret_core::JobId) -> Option<crate::JobView>;
+            dead_letters(
+                filter: crate::DeadLetterFilter,
+                limit: u32,
+                cursor: Option<crate::DeadLetterId>
+            ) -> (Vec<crate::DeadLetter>, Option<crate::DeadLetterId>);
+            dead_letter(id: crate::DeadLetterId) -> Option<crate::DeadLetter>;
+            dead_letter_payload(id: crate::DeadLetterId) -> Option<Option<Vec<u8>>>;
+            reasons() -> Vec<crate::ReasonCount>;
+            redrive_report(id: String) -> Option<crate::RedriveReport>;
+            lineage(job_id: lazaret_core::JobId) -> Vec<crate::LineageEntry>;
+            message_lineage(dead_letter: crate::DeadLetterId) -> Vec<crate::LineageEntry>;
+            groups(query: crate::GroupQuery)
+                -> (Vec<crate::FailureGroup>, Option<crate::GroupCursor>);
+            dead_letters_after(after: crate::DeadLetterId, limit: u32)
+                -> Vec<crate::RecentDeadLetter>;
+            match_dead_letters(selector: crate::Selector)
+                -> Vec<(crate::DeadLetterId, crate::Stage)>;
+            audit_page(query: crate::AuditQuery) -> crate::AuditPage;
+            due_held_retries(source: String, now: lazaret_core::Timestamp, limit: u32)
+                -> Vec<crate::HeldRetry>;
+            held_retry(key: crate::MessageKey) -> Option<crate::HeldRetry>;
+            next_held_retry_due(source: String) -> Option<lazaret_core::Timestamp>;
+            message_held(key: crate::MessageKey) -> crate::Held;
+            tokens() -> Vec<crate::ApiToken>;
+        }
+    };
+}
+pub(crate) use with_reads;
+
+/// The reads of the table ([`with_reads`]) declared in [`Backend`].
+macro_rules! declare_reads {
+    ([] $($method:ident($($arg:ident: $ty:ty),* $(,)?) -> $answer:ty;)*) => {
+        $(fn $method(
+            &self,
+            $($arg: $ty),*
+        ) -> impl Future<Output = Result<$answer, StoreError>> + Send;)*
+    };
+}
+
+/// The reads of the table ([`with_reads`]), each forwarded to the field
+/// named (`with_reads!(forward_reads, backend)`).
+macro_rules! forward_reads {
+    ([$to:ident] $($method:ident($($arg:ident: $ty:ty),* $(,)?) -> $answer:ty;)*) => {
+        $(async fn $method(&self, $($arg: $ty),*) -> Result<$answer, StoreError> {
+            self.$to.$method($($arg),*).await
+        })*
+    };
+}
+pub(crate) use forward_reads;
 
 /// A [`Store`] on a backend: `SqliteStore` is `StoreOn<Sqlite>`,
 /// `PostgresStore` is `StoreOn<Postgres>`, and
@@ -73,72 +151,8 @@ pub(crate) trait Backend: Send + Sync + 'static {
         })
     }
 
-    fn jobs(&self, query: JobQuery) -> impl Future<Output = Result<JobPage, StoreError>> + Send;
-    fn pauses(&self) -> impl Future<Output = Result<Vec<Pause>, StoreError>> + Send;
-    fn job(&self, id: JobId) -> impl Future<Output = Result<Option<JobView>, StoreError>> + Send;
-    fn dead_letters(
-        &self,
-        filter: DeadLetterFilter,
-        limit: u32,
-        cursor: Option<DeadLetterId>,
-    ) -> impl Future<Output = Result<(Vec<DeadLetter>, Option<DeadLetterId>), StoreError>> + Send;
-    fn dead_letter(
-        &self,
-        id: DeadLetterId,
-    ) -> impl Future<Output = Result<Option<DeadLetter>, StoreError>> + Send;
-    fn dead_letter_payload(
-        &self,
-        id: DeadLetterId,
-    ) -> impl Future<Output = Result<Option<Option<Vec<u8>>>, StoreError>> + Send;
-    fn reasons(&self) -> impl Future<Output = Result<Vec<ReasonCount>, StoreError>> + Send;
-    fn redrive_report(
-        &self,
-        id: String,
-    ) -> impl Future<Output = Result<Option<crate::RedriveReport>, StoreError>> + Send;
-    fn lineage(
-        &self,
-        job_id: JobId,
-    ) -> impl Future<Output = Result<Vec<crate::LineageEntry>, StoreError>> + Send;
-    fn message_lineage(
-        &self,
-        dead_letter: DeadLetterId,
-    ) -> impl Future<Output = Result<Vec<crate::LineageEntry>, StoreError>> + Send;
-    fn groups(
-        &self,
-        query: GroupQuery,
-    ) -> impl Future<Output = Result<(Vec<FailureGroup>, Option<GroupCursor>), StoreError>> + Send;
-    fn dead_letters_after(
-        &self,
-        after: DeadLetterId,
-        limit: u32,
-    ) -> impl Future<Output = Result<Vec<RecentDeadLetter>, StoreError>> + Send;
-    fn match_dead_letters(
-        &self,
-        selector: Selector,
-    ) -> impl Future<Output = Result<Vec<(DeadLetterId, Stage)>, StoreError>> + Send;
-    fn audit_page(
-        &self,
-        query: AuditQuery,
-    ) -> impl Future<Output = Result<AuditPage, StoreError>> + Send;
-    fn due_held_retries(
-        &self,
-        source: String,
-        now: Timestamp,
-        limit: u32,
-    ) -> impl Future<Output = Result<Vec<HeldRetry>, StoreError>> + Send;
-    fn held_retry(
-        &self,
-        key: MessageKey,
-    ) -> impl Future<Output = Result<Option<HeldRetry>, StoreError>> + Send;
-    fn next_held_retry_due(
-        &self,
-        source: String,
-    ) -> impl Future<Output = Result<Option<Timestamp>, StoreError>> + Send;
-    fn message_held(
-        &self,
-        key: MessageKey,
-    ) -> impl Future<Output = Result<Held, StoreError>> + Send;
-    fn tokens(&self) -> impl Future<Output = Result<Vec<ApiToken>, StoreError>> + Send;
+    // Its reads, from the table.
+    with_reads!(declare_reads);
 
     /// [`Store::orders_one_job_commands`].
     fn orders_one_job_commands(&self) -> bool {
@@ -180,82 +194,35 @@ pub(crate) async fn call<B: Backend + ?Sized, T>(
     answer.await.map_err(|_| backend.gone())?
 }
 
+/// The `forward` lines of the table of requests
+/// ([`with_requests`](crate::request::with_requests)) as methods of
+/// `impl Store for StoreOn<B>`: each builds its request, sends it and
+/// awaits the reply ([`call`]). The `by_hand` lines are written below.
+macro_rules! forward_requests {
+    ($(
+        $(#[$doc:meta])*
+        $how:ident $variant:ident: $method:ident($($arg:ident: $ty:ty),* $(,)?) -> $answer:ty;
+    )*) => {
+        $(forward_request!($how $variant: $method($($arg: $ty),*) -> $answer);)*
+    };
+}
+
+/// One line of [`forward_requests`]: a method for `forward`, none for `by_hand`.
+macro_rules! forward_request {
+    (forward $variant:ident: $method:ident($($arg:ident: $ty:ty),*) -> $answer:ty) => {
+        async fn $method(&self, $($arg: $ty),*) -> Result<$answer, StoreError> {
+            call(&self.backend, |reply| Request::$variant { $($arg,)* reply }).await
+        }
+    };
+    (by_hand $($line:tt)*) => {};
+}
+
 impl<B: Backend> Store for StoreOn<B> {
-    async fn enqueue(&self, jobs: Vec<NewJob>) -> Result<Vec<EnqueueOutcome>, StoreError> {
-        call(&self.backend, |reply| Request::Enqueue { jobs, reply }).await
-    }
-
-    async fn lease(&self, req: LeaseRequest) -> Result<Vec<LeasedJob>, StoreError> {
-        call(&self.backend, |reply| Request::Lease { req, reply }).await
-    }
-
-    async fn complete(
-        &self,
-        items: Vec<Completion>,
-        now: Timestamp,
-    ) -> Result<Vec<Result<Completed, ItemError>>, StoreError> {
-        call(&self.backend, |reply| Request::Complete {
-            items,
-            now,
-            reply,
-        })
-        .await
-    }
-
-    async fn heartbeat(
-        &self,
-        id: JobId,
-        token: LeaseToken,
-        expires_at: Timestamp,
-        now: Timestamp,
-    ) -> Result<Result<Heartbeat, ItemError>, StoreError> {
-        call(&self.backend, |reply| Request::Heartbeat {
-            id,
-            token,
-            expires_at,
-            now,
-            reply,
-        })
-        .await
-    }
-
-    async fn cancel(
-        &self,
-        id: JobId,
-        now: Timestamp,
-        audit: AuditEntry,
-    ) -> Result<Result<Cancelled, CancelError>, StoreError> {
-        call(&self.backend, |reply| Request::Cancel {
-            id,
-            now,
-            audit,
-            reply,
-        })
-        .await
-    }
-
-    async fn jobs(&self, query: JobQuery) -> Result<JobPage, StoreError> {
-        self.backend.jobs(query).await
-    }
-
-    async fn set_pause(
-        &self,
-        target: PauseTarget,
-        paused: bool,
-        audit: AuditEntry,
-    ) -> Result<bool, StoreError> {
-        call(&self.backend, |reply| Request::SetPause {
-            target,
-            paused,
-            audit,
-            reply,
-        })
-        .await
-    }
-
-    async fn pauses(&self) -> Result<Vec<Pause>, StoreError> {
-        self.backend.pauses().await
-    }
+    // Its reads, forwarded to the backend.
+    with_reads!(forward_reads, backend);
+    // The write methods marked `forward` in the table of requests; those
+    // marked `by_hand` follow.
+    crate::request::with_requests!(forward_requests);
 
     async fn tick(&self, now: Timestamp) -> Result<Tick, StoreError> {
         if let Some(t) = self.backend.tick_skip(now) {
@@ -266,149 +233,6 @@ impl<B: Backend> Store for StoreOn<B> {
         Ok(t)
     }
 
-    async fn record_admission(&self, rec: AdmissionRecord) -> Result<DeadLetterId, StoreError> {
-        call(&self.backend, |reply| Request::RecordAdmission {
-            rec,
-            reply,
-        })
-        .await
-    }
-
-    async fn job(&self, id: JobId) -> Result<Option<JobView>, StoreError> {
-        self.backend.job(id).await
-    }
-
-    async fn dead_letters(
-        &self,
-        filter: DeadLetterFilter,
-        limit: u32,
-        cursor: Option<DeadLetterId>,
-    ) -> Result<(Vec<DeadLetter>, Option<DeadLetterId>), StoreError> {
-        self.backend.dead_letters(filter, limit, cursor).await
-    }
-
-    async fn dead_letter(&self, id: DeadLetterId) -> Result<Option<DeadLetter>, StoreError> {
-        self.backend.dead_letter(id).await
-    }
-
-    async fn dead_letter_payload(
-        &self,
-        id: DeadLetterId,
-    ) -> Result<Option<Option<Vec<u8>>>, StoreError> {
-        self.backend.dead_letter_payload(id).await
-    }
-
-    async fn reasons(&self) -> Result<Vec<ReasonCount>, StoreError> {
-        self.backend.reasons().await
-    }
-
-    async fn dead_letters_after(
-        &self,
-        after: DeadLetterId,
-        limit: u32,
-    ) -> Result<Vec<RecentDeadLetter>, StoreError> {
-        self.backend.dead_letters_after(after, limit).await
-    }
-
-    async fn match_dead_letters(
-        &self,
-        selector: Selector,
-    ) -> Result<Vec<(DeadLetterId, Stage)>, StoreError> {
-        self.backend.match_dead_letters(selector).await
-    }
-
-    async fn redrive_to(
-        &self,
-        ids: Vec<DeadLetterId>,
-        to: crate::Redirect,
-        now: Timestamp,
-        audit: Option<AuditId>,
-    ) -> Result<Vec<JobId>, StoreError> {
-        call(&self.backend, |reply| Request::Redrive {
-            ids,
-            to,
-            now,
-            audit,
-            reply,
-        })
-        .await
-    }
-
-    async fn redrive_corrected(
-        &self,
-        id: DeadLetterId,
-        fix: PayloadFix,
-        now: Timestamp,
-        audit: Option<AuditId>,
-    ) -> Result<Option<JobId>, StoreError> {
-        call(&self.backend, |reply| Request::RedriveCorrected {
-            id,
-            fix,
-            now,
-            audit,
-            reply,
-        })
-        .await
-    }
-
-    async fn purge(
-        &self,
-        ids: Vec<DeadLetterId>,
-        audit: Option<AuditId>,
-    ) -> Result<u64, StoreError> {
-        call(&self.backend, |reply| Request::Purge { ids, audit, reply }).await
-    }
-
-    async fn archive(
-        &self,
-        ids: Vec<DeadLetterId>,
-        archived: bool,
-        now: Timestamp,
-        audit: Option<AuditId>,
-    ) -> Result<u64, StoreError> {
-        call(&self.backend, |reply| Request::Archive {
-            ids,
-            archived,
-            now,
-            audit,
-            reply,
-        })
-        .await
-    }
-
-    async fn groups(
-        &self,
-        query: GroupQuery,
-    ) -> Result<(Vec<FailureGroup>, Option<GroupCursor>), StoreError> {
-        self.backend.groups(query).await
-    }
-
-    async fn record_redrive(&self, id: String, audit: AuditId) -> Result<(), StoreError> {
-        call(&self.backend, |reply| Request::RecordRedrive {
-            id,
-            audit,
-            reply,
-        })
-        .await
-    }
-
-    async fn redrove_message(
-        &self,
-        id: DeadLetterId,
-        redrive: String,
-        now: Timestamp,
-        audit: Option<AuditId>,
-    ) -> Result<bool, StoreError> {
-        call(&self.backend, |reply| Request::RedroveMessage {
-            id,
-            redrive,
-            now,
-            audit,
-            reply,
-        })
-        .await
-    }
-
     async fn redriven_message_succeeded(
         &self,
         key: MessageKey,
@@ -417,64 +241,6 @@ impl<B: Backend> Store for StoreOn<B> {
         call(&self.backend, |reply| Request::RedrivenMessageSucceeded {
             key: Box::new(key),
             now,
-            reply,
-        })
-        .await
-    }
-
-    async fn redrive_report(&self, id: String) -> Result<Option<crate::RedriveReport>, StoreError> {
-        self.backend.redrive_report(id).await
-    }
-
-    async fn lineage(&self, job_id: JobId) -> Result<Vec<crate::LineageEntry>, StoreError> {
-        self.backend.lineage(job_id).await
-    }
-
-    async fn message_lineage(
-        &self,
-        dead_letter: DeadLetterId,
-    ) -> Result<Vec<crate::LineageEntry>, StoreError> {
-        self.backend.message_lineage(dead_letter).await
-    }
-
-    async fn audit(&self, entry: AuditEntry) -> Result<AuditId, StoreError> {
-        call(&self.backend, |reply| Request::Audit { entry, reply }).await
-    }
-
-    async fn audit_page(&self, query: AuditQuery) -> Result<AuditPage, StoreError> {
-        self.backend.audit_page(query).await
-    }
-
-    async fn stats(&self) -> Result<StoreStats, StoreError> {
-        call(&self.backend, |reply| Request::Stats { reply }).await
-    }
-
-    async fn remove_succeeded(&self, before: Timestamp, batch: u32) -> Result<u64, StoreError> {
-        call(&self.backend, |reply| Request::RemoveSucceeded {
-            before,
-            batch,
-            reply,
-        })
-        .await
-    }
-
-    async fn create_token(
-        &self,
-        token: ApiToken,
-        audit: AuditEntry,
-    ) -> Result<Result<(), TokenError>, StoreError> {
-        call(&self.backend, |reply| Request::CreateToken {
-            token,
-            audit,
-            reply,
-        })
-        .await
-    }
-
-    async fn revoke_token(&self, name: String, audit: AuditEntry) -> Result<bool, StoreError> {
-        call(&self.backend, |reply| Request::RevokeToken {
-            name,
-            audit,
             reply,
         })
         .await
@@ -512,15 +278,6 @@ impl<B: Backend> Store for StoreOn<B> {
         .await
     }
 
-    async fn due_held_retries(
-        &self,
-        source: String,
-        now: Timestamp,
-        limit: u32,
-    ) -> Result<Vec<HeldRetry>, StoreError> {
-        self.backend.due_held_retries(source, now, limit).await
-    }
-
     async fn claim_held_retries(
         &self,
         source: String,
@@ -537,22 +294,6 @@ impl<B: Backend> Store for StoreOn<B> {
             expires_at,
         };
         self.backend.claim_held_retries(claim).await
-    }
-
-    async fn held_retry(&self, key: MessageKey) -> Result<Option<HeldRetry>, StoreError> {
-        self.backend.held_retry(key).await
-    }
-
-    async fn next_held_retry_due(&self, source: String) -> Result<Option<Timestamp>, StoreError> {
-        self.backend.next_held_retry_due(source).await
-    }
-
-    async fn message_held(&self, key: MessageKey) -> Result<Held, StoreError> {
-        self.backend.message_held(key).await
-    }
-
-    async fn tokens(&self) -> Result<Vec<ApiToken>, StoreError> {
-        self.backend.tokens().await
     }
 
     fn orders_one_job_commands(&self) -> bool {

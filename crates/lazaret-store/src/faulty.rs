@@ -27,15 +27,11 @@
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
-use lazaret_core::{Entropy, JobId, SplitMix64, Timestamp};
+use lazaret_core::{Entropy, SplitMix64, Timestamp};
 
-use crate::backend::{Backend, StoreOn};
+use crate::backend::{Backend, StoreOn, forward_reads, with_reads};
 use crate::request::{Claim, Request};
-use crate::{
-    ApiToken, AuditPage, AuditQuery, ClaimedRetry, DeadLetter, DeadLetterFilter, DeadLetterId,
-    Duty, Held, HeldRetry, JobPage, JobQuery, JobView, MessageKey, Pause, ReasonCount,
-    RecentDeadLetter, Selector, Stage, StoreError, StoreEvent, Switch, Tick,
-};
+use crate::{ClaimedRetry, Duty, StoreError, StoreEvent, Switch, Tick};
 
 /// How a request fails once the countdown ran out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -201,6 +197,8 @@ impl<B> FaultyStore<B> {
 }
 
 impl<B: Backend> Backend for Faulty<B> {
+    // Reads go through untouched.
+    with_reads!(forward_reads, inner);
     fn submit(&self, r: Request) -> Result<(), StoreError> {
         let (fault, slow) = self.faults.next();
         match fault {
@@ -234,108 +232,6 @@ impl<B: Backend> Backend for Faulty<B> {
 
     async fn claim_held_retries(&self, claim: Claim) -> Result<Vec<ClaimedRetry>, StoreError> {
         self.inner.claim_held_retries(claim).await
-    }
-
-    async fn jobs(&self, query: JobQuery) -> Result<JobPage, StoreError> {
-        self.inner.jobs(query).await
-    }
-
-    async fn pauses(&self) -> Result<Vec<Pause>, StoreError> {
-        self.inner.pauses().await
-    }
-
-    async fn job(&self, id: JobId) -> Result<Option<JobView>, StoreError> {
-        self.inner.job(id).await
-    }
-
-    async fn dead_letters(
-        &self,
-        filter: DeadLetterFilter,
-        limit: u32,
-        cursor: Option<DeadLetterId>,
-    ) -> Result<(Vec<DeadLetter>, Option<DeadLetterId>), StoreError> {
-        self.inner.dead_letters(filter, limit, cursor).await
-    }
-
-    async fn dead_letter(&self, id: DeadLetterId) -> Result<Option<DeadLetter>, StoreError> {
-        self.inner.dead_letter(id).await
-    }
-
-    async fn dead_letter_payload(
-        &self,
-        id: DeadLetterId,
-    ) -> Result<Option<Option<Vec<u8>>>, StoreError> {
-        self.inner.dead_letter_payload(id).await
-    }
-
-    async fn reasons(&self) -> Result<Vec<ReasonCount>, StoreError> {
-        self.inner.reasons().await
-    }
-
-    async fn redrive_report(&self, id: String) -> Result<Option<crate::RedriveReport>, StoreError> {
-        self.inner.redrive_report(id).await
-    }
-
-    async fn lineage(&self, job_id: JobId) -> Result<Vec<crate::LineageEntry>, StoreError> {
-        self.inner.lineage(job_id).await
-    }
-
-    async fn message_lineage(
-        &self,
-        dead_letter: DeadLetterId,
-    ) -> Result<Vec<crate::LineageEntry>, StoreError> {
-        self.inner.message_lineage(dead_letter).await
-    }
-
-    async fn groups(
-        &self,
-        query: crate::GroupQuery,
-    ) -> Result<(Vec<crate::FailureGroup>, Option<crate::GroupCursor>), StoreError> {
-        self.inner.groups(query).await
-    }
-
-    async fn dead_letters_after(
-        &self,
-        after: DeadLetterId,
-        limit: u32,
-    ) -> Result<Vec<RecentDeadLetter>, StoreError> {
-        self.inner.dead_letters_after(after, limit).await
-    }
-
-    async fn match_dead_letters(
-        &self,
-        selector: Selector,
-    ) -> Result<Vec<(DeadLetterId, Stage)>, StoreError> {
-        self.inner.match_dead_letters(selector).await
-    }
-
-    async fn audit_page(&self, query: AuditQuery) -> Result<AuditPage, StoreError> {
-        self.inner.audit_page(query).await
-    }
-
-    async fn due_held_retries(
-        &self,
-        source: String,
-        now: Timestamp,
-        limit: u32,
-    ) -> Result<Vec<HeldRetry>, StoreError> {
-        self.inner.due_held_retries(source, now, limit).await
-    }
-
-    async fn held_retry(&self, key: MessageKey) -> Result<Option<HeldRetry>, StoreError> {
-        self.inner.held_retry(key).await
-    }
-
-    async fn next_held_retry_due(&self, source: String) -> Result<Option<Timestamp>, StoreError> {
-        self.inner.next_held_retry_due(source).await
-    }
-
-    async fn message_held(&self, key: MessageKey) -> Result<Held, StoreError> {
-        self.inner.message_held(key).await
-    }
-
-    async fn tokens(&self) -> Result<Vec<ApiToken>, StoreError> {
-        self.inner.tokens().await
     }
 
     fn orders_one_job_commands(&self) -> bool {

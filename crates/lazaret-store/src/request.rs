@@ -6,21 +6,16 @@
 //! answer; each backend's writer runs it (`sqlite/writer`,
 //! `postgres/writer`, one file per concern) and answers through the reply.
 //!
-//! Adding a write operation: the trait method, one variant here (and its
-//! arm in [`Request::reply`]), one function per backend in the writer file
-//! named for its concern, and the conformance case.
+//! Adding a write operation: the trait method, one line in the table
+//! [`with_requests`], one function per backend in the writer file named for
+//! its concern, and the conformance case.
 
 use std::sync::Mutex;
 
-use lazaret_core::{JobId, Timestamp};
+use lazaret_core::Timestamp;
 use tokio::sync::oneshot;
 
-use crate::{
-    AdmissionRecord, ApiToken, AuditEntry, AuditId, CancelError, Cancelled, ClaimedRetry,
-    Completed, Completion, DeadLetterId, EnqueueOutcome, Heartbeat, HeldRetry, ItemError,
-    LeaseRequest, LeaseToken, LeasedJob, MessageKey, NewJob, PauseTarget, PayloadFix, Quarantined,
-    SourceDeadLetter, StoreError, StoreStats, Tick, TokenError,
-};
+use crate::StoreError;
 
 /// Where a request's answer goes: a one-shot sender typed for it, that a
 /// writer may answer through a shared reference (PostgreSQL's writer runs a
@@ -88,169 +83,142 @@ pub(crate) struct Claim {
     pub expires_at: Timestamp,
 }
 
-/// One write operation of the [`Store`](crate::Store), with its arguments
-/// (named as the trait names them) and its reply.
-// One request per call, moved once into the channel: boxing the large ones
-// would cost an allocation each and save nothing that matters.
-#[allow(clippy::large_enum_variant)]
-pub(crate) enum Request {
-    Enqueue {
-        jobs: Vec<NewJob>,
-        reply: Reply<Vec<EnqueueOutcome>>,
-    },
-    Lease {
-        req: LeaseRequest,
-        reply: Reply<Vec<LeasedJob>>,
-    },
-    Complete {
-        items: Vec<Completion>,
-        now: Timestamp,
-        reply: Reply<Vec<Result<Completed, ItemError>>>,
-    },
-    Heartbeat {
-        id: JobId,
-        token: LeaseToken,
-        expires_at: Timestamp,
-        now: Timestamp,
-        reply: Reply<Result<Heartbeat, ItemError>>,
-    },
-    Cancel {
-        id: JobId,
-        now: Timestamp,
-        audit: AuditEntry,
-        reply: Reply<Result<Cancelled, CancelError>>,
-    },
-    SetPause {
-        target: PauseTarget,
-        paused: bool,
-        audit: AuditEntry,
-        reply: Reply<bool>,
-    },
-    Tick {
-        now: Timestamp,
-        reply: Reply<Tick>,
-    },
-    RecordAdmission {
-        rec: AdmissionRecord,
-        reply: Reply<DeadLetterId>,
-    },
-    Redrive {
-        ids: Vec<DeadLetterId>,
-        to: crate::Redirect,
-        now: Timestamp,
-        audit: Option<AuditId>,
-        reply: Reply<Vec<JobId>>,
-    },
-    RedriveCorrected {
-        id: DeadLetterId,
-        fix: PayloadFix,
-        now: Timestamp,
-        audit: Option<AuditId>,
-        reply: Reply<Option<JobId>>,
-    },
-    Purge {
-        ids: Vec<DeadLetterId>,
-        audit: Option<AuditId>,
-        reply: Reply<u64>,
-    },
-    Archive {
-        ids: Vec<DeadLetterId>,
-        archived: bool,
-        now: Timestamp,
-        audit: Option<AuditId>,
-        reply: Reply<u64>,
-    },
-    Audit {
-        entry: AuditEntry,
-        reply: Reply<AuditId>,
-    },
-    RecordRedrive {
-        id: String,
-        audit: AuditId,
-        reply: Reply<()>,
-    },
-    RedroveMessage {
-        id: DeadLetterId,
-        redrive: String,
-        now: Timestamp,
-        audit: Option<AuditId>,
-        reply: Reply<bool>,
-    },
-    RedrivenMessageSucceeded {
-        key: Box<MessageKey>,
-        now: Timestamp,
-        reply: Reply<()>,
-    },
-    Stats {
-        reply: Reply<StoreStats>,
-    },
-    RemoveSucceeded {
-        before: Timestamp,
-        batch: u32,
-        reply: Reply<u64>,
-    },
-    CreateToken {
-        token: ApiToken,
-        audit: AuditEntry,
-        reply: Reply<Result<(), TokenError>>,
-    },
-    RevokeToken {
-        name: String,
-        audit: AuditEntry,
-        reply: Reply<bool>,
-    },
-    /// One or several broker messages (`quarantine_message` sends one).
-    Quarantine {
-        dls: Vec<SourceDeadLetter>,
-        reply: Reply<Vec<Quarantined>>,
-    },
-    HoldRetry {
-        p: Box<HeldRetry>,
-        reply: Reply<()>,
-    },
-    ReleaseHeldRetry {
-        key: Box<MessageKey>,
-        reply: Reply<bool>,
-    },
-    /// Run by SQLite's writer; PostgreSQL claims on a reader connection
-    /// (`FOR UPDATE SKIP LOCKED`) and never sends it.
-    ClaimDue {
-        claim: Box<Claim>,
-        reply: Reply<Vec<ClaimedRetry>>,
-    },
+/// The table of the store's write requests: every write operation of the
+/// [`Store`](crate::Store) is one line, and everything that routes it is
+/// generated from that line. A line reads
+///
+/// ```text
+/// forward SetPause: set_pause(target: PauseTarget, paused: bool, audit: AuditEntry) -> bool;
+/// ```
+///
+/// that is: how `StoreOn` answers it (`forward`: a generated
+/// [`Store`](crate::Store) method of the same name that sends the request
+/// and awaits its reply; `by_hand`: the method is written by hand in
+/// `crate::backend`, for a skip, a box or an empty batch), the
+/// [`Request`] variant, the function name, the arguments and the answer.
+///
+/// `with_requests!(then)` calls the macro `then!` with the whole table, and
+/// each place that needs one arm per request writes such a macro over the
+/// lines, once:
+/// - here, `requests_enum!`: the [`Request`] variant
+///   (`SetPause { target, paused, audit, reply: Reply<bool> }`) and its
+///   arm in [`Request::reply`];
+/// - `crate::backend`, `forward_requests!`: the `forward` methods of
+///   `impl Store for StoreOn<B>`;
+/// - `sqlite/writer/requests.rs`: `Writer::run_request`, which calls
+///   `self.set_pause(target, paused, audit)` with the arguments by value;
+/// - `postgres/writer/requests.rs`: `Writer::run_request`, which calls
+///   `self.set_pause(target, paused, audit, clock).await` with the
+///   arguments by reference and the group's clock.
+///
+/// So adding a write operation is: the trait method, one line here, in each
+/// backend one writer function of that name in the file named for its
+/// concern, and the conformance case. A backend without the function does
+/// not compile. Types are written with `crate::` paths, since the table is
+/// expanded in several modules.
+macro_rules! with_requests {
+    ($then:ident) => {
+        $then! {
+            forward Enqueue: enqueue(jobs: Vec<crate::NewJob>) -> Vec<crate::EnqueueOutcome>;
+            forward Lease: lease(req: crate::LeaseRequest) -> Vec<crate::LeasedJob>;
+            forward Complete: complete(items: Vec<crate::Completion>, now: lazaret_core::Timestamp)
+                -> Vec<Result<crate::Completed, crate::ItemError>>;
+            forward Heartbeat: heartbeat(
+                id: lazaret_core::JobId,
+                token: crate::LeaseToken,
+                expires_at: lazaret_core::Timestamp,
+                now: lazaret_core::Timestamp
+            ) -> Result<crate::Heartbeat, crate::ItemError>;
+            forward Cancel: cancel(id: lazaret_core::JobId, now: lazaret_core::Timestamp, audit: crate::AuditEntry)
+                -> Result<crate::Cancelled, crate::CancelError>;
+            forward SetPause: set_pause(target: crate::PauseTarget, paused: bool, audit: crate::AuditEntry) -> bool;
+            /// `StoreOn::tick` skips a tick that comes too soon (`Backend::tick_skip`).
+            by_hand Tick: tick(now: lazaret_core::Timestamp) -> crate::Tick;
+            forward RecordAdmission: record_admission(rec: crate::AdmissionRecord) -> crate::DeadLetterId;
+            forward Redrive: redrive_to(
+                ids: Vec<crate::DeadLetterId>,
+                to: crate::Redirect,
+                now: lazaret_core::Timestamp,
+                audit: Option<crate::AuditId>
+            ) -> Vec<lazaret_core::JobId>;
+            forward RedriveCorrected: redrive_corrected(
+                id: crate::DeadLetterId,
+                fix: crate::PayloadFix,
+                now: lazaret_core::Timestamp,
+                audit: Option<crate::AuditId>
+            ) -> Option<lazaret_core::JobId>;
+            forward Purge: purge(ids: Vec<crate::DeadLetterId>, audit: Option<crate::AuditId>) -> u64;
+            forward Archive: archive(
+                ids: Vec<crate::DeadLetterId>,
+                archived: bool,
+                now: lazaret_core::Timestamp,
+                audit: Option<crate::AuditId>
+            ) -> u64;
+            forward Audit: audit(entry: crate::AuditEntry) -> crate::AuditId;
+            forward RecordRedrive: record_redrive(id: String, audit: crate::AuditId) -> ();
+            forward RedroveMessage: redrove_message(
+                id: crate::DeadLetterId,
+                redrive: String,
+                now: lazaret_core::Timestamp,
+                audit: Option<crate::AuditId>
+            ) -> bool;
+            /// Boxed, to keep every request small.
+            by_hand RedrivenMessageSucceeded: redriven_message_succeeded(
+                key: Box<crate::MessageKey>,
+                now: lazaret_core::Timestamp
+            ) -> ();
+            forward Stats: stats() -> crate::StoreStats;
+            forward RemoveSucceeded: remove_succeeded(before: lazaret_core::Timestamp, batch: u32) -> u64;
+            forward CreateToken: create_token(token: crate::ApiToken, audit: crate::AuditEntry)
+                -> Result<(), crate::TokenError>;
+            forward RevokeToken: revoke_token(name: String, audit: crate::AuditEntry) -> bool;
+            /// One or several broker messages (`quarantine_message` sends one;
+            /// `quarantine_messages` sends none for none).
+            by_hand Quarantine: quarantine(dls: Vec<crate::SourceDeadLetter>) -> Vec<crate::Quarantined>;
+            /// Boxed, to keep every request small.
+            by_hand HoldRetry: hold_retry(p: Box<crate::HeldRetry>) -> ();
+            /// Boxed, to keep every request small.
+            by_hand ReleaseHeldRetry: release_held_retry(key: Box<crate::MessageKey>) -> bool;
+            /// Run by SQLite's writer; PostgreSQL claims on a reader connection
+            /// (`FOR UPDATE SKIP LOCKED`), and its writer refuses it.
+            by_hand ClaimDue: claim_due(claim: Box<crate::request::Claim>) -> Vec<crate::ClaimedRetry>;
+        }
+    };
 }
+pub(crate) use with_requests;
+
+/// The [`Request`] enum and [`Request::reply`], from the table.
+macro_rules! requests_enum {
+    ($(
+        $(#[$doc:meta])*
+        $how:ident $variant:ident: $method:ident($($arg:ident: $ty:ty),* $(,)?) -> $answer:ty;
+    )*) => {
+        /// One write operation of the [`Store`](crate::Store), with its
+        /// arguments (named as the trait names them) and its reply: see
+        /// [`with_requests`].
+        // One request per call, moved once into the channel: boxing the large ones
+        // would cost an allocation each and save nothing that matters.
+        #[allow(clippy::large_enum_variant)]
+        pub(crate) enum Request {
+            $(
+                $(#[$doc])*
+                $variant { $($arg: $ty,)* reply: Reply<$answer> },
+            )*
+        }
+
+        impl Request {
+            /// Its reply, whatever the answer's type.
+            pub(crate) fn reply(&self) -> &dyn AnyReply {
+                match self {
+                    $(Request::$variant { reply, .. } => reply,)*
+                }
+            }
+        }
+    };
+}
+with_requests!(requests_enum);
 
 impl Request {
-    /// Its reply, whatever the answer's type.
-    pub(crate) fn reply(&self) -> &dyn AnyReply {
-        match self {
-            Request::Enqueue { reply, .. } => reply,
-            Request::Lease { reply, .. } => reply,
-            Request::Complete { reply, .. } => reply,
-            Request::Heartbeat { reply, .. } => reply,
-            Request::Cancel { reply, .. } => reply,
-            Request::SetPause { reply, .. } => reply,
-            Request::Tick { reply, .. } => reply,
-            Request::RecordAdmission { reply, .. } => reply,
-            Request::Redrive { reply, .. } => reply,
-            Request::RedriveCorrected { reply, .. } => reply,
-            Request::Purge { reply, .. } => reply,
-            Request::Archive { reply, .. } => reply,
-            Request::Audit { reply, .. } => reply,
-            Request::RecordRedrive { reply, .. } => reply,
-            Request::RedroveMessage { reply, .. } => reply,
-            Request::RedrivenMessageSucceeded { reply, .. } => reply,
-            Request::Stats { reply } => reply,
-            Request::RemoveSucceeded { reply, .. } => reply,
-            Request::CreateToken { reply, .. } => reply,
-            Request::RevokeToken { reply, .. } => reply,
-            Request::Quarantine { reply, .. } => reply,
-            Request::HoldRetry { reply, .. } => reply,
-            Request::ReleaseHeldRetry { reply, .. } => reply,
-            Request::ClaimDue { reply, .. } => reply,
-        }
-    }
-
     /// Answers a request that was not applied: `StoreError::NotApplied`, for `why`.
     pub(crate) fn fail(&self, why: &str) {
         self.reply().fail(StoreError::NotApplied(why.to_owned()));

@@ -120,8 +120,8 @@ impl Leadership {
 /// Dead letters above `after` by id, lowest first (the primary key).
 pub(super) async fn dead_letters_after(
     c: &Client,
-    after: DeadLetterId,
-    limit: u32,
+    &after: &DeadLetterId,
+    &limit: &u32,
 ) -> Result<Vec<RecentDeadLetter>, StoreError> {
     let rows = pg(c
         .query(

@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use futures_util::StreamExt as _;
-use lazaret_core::{FairScheduler, JobId, Timestamp};
+use lazaret_core::{FairScheduler, Timestamp};
 use tokio::sync::{Mutex, broadcast, mpsc};
 use tokio_postgres::{AsyncMessage, Client, NoTls};
 
@@ -37,10 +37,7 @@ use writer::{Cmd, Writer};
 
 use crate::backend::{Backend, StoreOn};
 use crate::request::{Claim, Reply, Request};
-use crate::{
-    AuditPage, AuditQuery, DbError, DeadLetter, DeadLetterFilter, DeadLetterId, Decider, Held,
-    HeldRetry, JobView, ReasonCount, Selector, Stage, StoreError, StoreEvent, Switch, Tick,
-};
+use crate::{DbError, Decider, StoreError, StoreEvent, Switch, Tick};
 
 /// The notification channels of one schema. Channels are the database's,
 /// not a schema's: each schema gets its own names, so two lazaret clusters
@@ -582,7 +579,21 @@ impl Postgres {
     }
 }
 
+/// The reads of the table ([`with_reads`](crate::backend::with_reads)):
+/// each awaits `reader::method(client, &argument, ..)` on a reader
+/// connection.
+macro_rules! read_on_reader {
+    ([] $($method:ident($($arg:ident: $ty:ty),* $(,)?) -> $answer:ty;)*) => {
+        $(async fn $method(&self, $($arg: $ty),*) -> Result<$answer, StoreError> {
+            reader::$method(&*self.reader().await?, $(&$arg),*).await
+        })*
+    };
+}
+
 impl Backend for Postgres {
+    // Its reads, each on a reader connection.
+    crate::backend::with_reads!(read_on_reader);
+
     fn submit(&self, r: Request) -> Result<(), StoreError> {
         let bounded = !r.is_housekeeping();
         self.send(r, bounded)
@@ -630,108 +641,6 @@ impl Backend for Postgres {
             claim.expires_at,
         )
         .await
-    }
-
-    async fn jobs(&self, query: crate::JobQuery) -> Result<crate::JobPage, StoreError> {
-        reader::jobs(&*self.reader().await?, &query).await
-    }
-
-    async fn pauses(&self) -> Result<Vec<crate::Pause>, StoreError> {
-        reader::pauses(&*self.reader().await?).await
-    }
-
-    async fn job(&self, id: JobId) -> Result<Option<JobView>, StoreError> {
-        reader::job(&*self.reader().await?, id).await
-    }
-
-    async fn dead_letters(
-        &self,
-        filter: DeadLetterFilter,
-        limit: u32,
-        cursor: Option<DeadLetterId>,
-    ) -> Result<(Vec<DeadLetter>, Option<DeadLetterId>), StoreError> {
-        reader::dead_letters(&*self.reader().await?, &filter, limit, cursor).await
-    }
-
-    async fn dead_letter(&self, id: DeadLetterId) -> Result<Option<DeadLetter>, StoreError> {
-        reader::dead_letter(&*self.reader().await?, id).await
-    }
-
-    async fn dead_letter_payload(
-        &self,
-        id: DeadLetterId,
-    ) -> Result<Option<Option<Vec<u8>>>, StoreError> {
-        reader::dead_letter_payload(&*self.reader().await?, id).await
-    }
-
-    async fn reasons(&self) -> Result<Vec<ReasonCount>, StoreError> {
-        reader::reasons(&*self.reader().await?).await
-    }
-
-    async fn redrive_report(&self, id: String) -> Result<Option<crate::RedriveReport>, StoreError> {
-        reader::redrive_report(&*self.reader().await?, &id).await
-    }
-
-    async fn lineage(&self, job_id: JobId) -> Result<Vec<crate::LineageEntry>, StoreError> {
-        reader::lineage(&*self.reader().await?, job_id).await
-    }
-
-    async fn message_lineage(
-        &self,
-        dead_letter: DeadLetterId,
-    ) -> Result<Vec<crate::LineageEntry>, StoreError> {
-        reader::message_lineage(&*self.reader().await?, dead_letter).await
-    }
-
-    async fn groups(
-        &self,
-        query: crate::GroupQuery,
-    ) -> Result<(Vec<crate::FailureGroup>, Option<crate::GroupCursor>), StoreError> {
-        reader::groups(&*self.reader().await?, &query).await
-    }
-
-    async fn dead_letters_after(
-        &self,
-        after: DeadLetterId,
-        limit: u32,
-    ) -> Result<Vec<crate::RecentDeadLetter>, StoreError> {
-        cluster::dead_letters_after(&*self.reader().await?, after, limit).await
-    }
-
-    async fn match_dead_letters(
-        &self,
-        selector: Selector,
-    ) -> Result<Vec<(DeadLetterId, Stage)>, StoreError> {
-        reader::match_dead_letters(&*self.reader().await?, &selector).await
-    }
-
-    async fn audit_page(&self, query: AuditQuery) -> Result<AuditPage, StoreError> {
-        reader::audit_page(&*self.reader().await?, &query).await
-    }
-
-    async fn due_held_retries(
-        &self,
-        source: String,
-        now: Timestamp,
-        limit: u32,
-    ) -> Result<Vec<HeldRetry>, StoreError> {
-        reader::due(&*self.reader().await?, &source, now, limit).await
-    }
-
-    async fn held_retry(&self, key: crate::MessageKey) -> Result<Option<HeldRetry>, StoreError> {
-        reader::held_retry(&*self.reader().await?, &key).await
-    }
-
-    async fn next_held_retry_due(&self, source: String) -> Result<Option<Timestamp>, StoreError> {
-        reader::next_due(&*self.reader().await?, &source).await
-    }
-
-    async fn message_held(&self, key: crate::MessageKey) -> Result<Held, StoreError> {
-        reader::held(&*self.reader().await?, &key).await
-    }
-
-    async fn tokens(&self) -> Result<Vec<crate::ApiToken>, StoreError> {
-        reader::tokens(&*self.reader().await?).await
     }
 
     fn failure(&self) -> Option<String> {

@@ -3,6 +3,8 @@
 use lazaret_core::{Envelope, Failure, JobId, JobState, Timestamp};
 use tokio_postgres::{Client, Row};
 
+// The read of recent dead letters lives with the cluster's events.
+pub(super) use super::cluster::dead_letters_after;
 use super::pg;
 use super::writer::{JOB_COLUMNS, stored_job};
 use crate::{
@@ -42,7 +44,7 @@ fn view(r: &Row) -> Result<JobView, StoreError> {
     })
 }
 
-pub(super) async fn job(c: &Client, id: JobId) -> Result<Option<JobView>, StoreError> {
+pub(super) async fn job(c: &Client, &id: &JobId) -> Result<Option<JobView>, StoreError> {
     let sql = format!("SELECT {JOB_COLUMNS}, {VIEW_COLUMNS} FROM jobs WHERE id = $1");
     pg(c.query_opt(&sql, &[&(id.0 as i64)]).await)?
         .map(|r| view(&r))
@@ -163,8 +165,8 @@ const FILTER: &str = "($1::text IS NULL OR d.type = $1) AND ($2::text IS NULL OR
 pub(super) async fn dead_letters(
     c: &Client,
     f: &DeadLetterFilter,
-    limit: u32,
-    cursor: Option<DeadLetterId>,
+    &limit: &u32,
+    &cursor: &Option<DeadLetterId>,
 ) -> Result<(Vec<DeadLetter>, Option<DeadLetterId>), StoreError> {
     let sql = format!(
         "SELECT {DL_COLUMNS} FROM dead_letters d LEFT JOIN jobs j ON j.id = d.job_id
@@ -203,7 +205,7 @@ pub(super) async fn dead_letters(
 
 pub(super) async fn dead_letter(
     c: &Client,
-    id: DeadLetterId,
+    &id: &DeadLetterId,
 ) -> Result<Option<DeadLetter>, StoreError> {
     let sql = format!(
         "SELECT {DL_COLUMNS} FROM dead_letters d LEFT JOIN jobs j ON j.id = d.job_id WHERE d.id = $1"
@@ -215,7 +217,7 @@ pub(super) async fn dead_letter(
 
 pub(super) async fn dead_letter_payload(
     c: &Client,
-    id: DeadLetterId,
+    &id: &DeadLetterId,
 ) -> Result<Option<Option<Vec<u8>>>, StoreError> {
     let row = pg(c
         .query_opt(
@@ -372,7 +374,7 @@ pub(super) async fn groups(
 /// A job's audited redrives, oldest first (as SQLite's `reader::lineage`).
 pub(super) async fn lineage(
     c: &Client,
-    job_id: JobId,
+    &job_id: &JobId,
 ) -> Result<Vec<crate::LineageEntry>, StoreError> {
     let rows = pg(c
         .query(
@@ -392,7 +394,7 @@ pub(super) async fn lineage(
 /// dead letter that redrive came from, and so on, oldest first.
 pub(super) async fn message_lineage(
     c: &Client,
-    dead_letter: DeadLetterId,
+    &dead_letter: &DeadLetterId,
 ) -> Result<Vec<crate::LineageEntry>, StoreError> {
     let rows = pg(c
         .query(
@@ -603,11 +605,11 @@ fn held_retry_row(r: &Row) -> Result<HeldRetry, StoreError> {
     })
 }
 
-pub(super) async fn due(
+pub(super) async fn due_held_retries(
     c: &Client,
     source: &str,
-    now: Timestamp,
-    limit: u32,
+    &now: &Timestamp,
+    &limit: &u32,
 ) -> Result<Vec<HeldRetry>, StoreError> {
     let rows = pg(c
         .query(
@@ -685,7 +687,10 @@ pub(super) async fn held_retry(
     .transpose()
 }
 
-pub(super) async fn next_due(c: &Client, source: &str) -> Result<Option<Timestamp>, StoreError> {
+pub(super) async fn next_held_retry_due(
+    c: &Client,
+    source: &str,
+) -> Result<Option<Timestamp>, StoreError> {
     let row = pg(c
         .query_one(
             "SELECT min(due_at) FROM source_held_retries WHERE source = $1",
@@ -695,7 +700,7 @@ pub(super) async fn next_due(c: &Client, source: &str) -> Result<Option<Timestam
     Ok(row.get::<_, Option<i64>>(0).map(Timestamp::from_millis))
 }
 
-pub(super) async fn held(c: &Client, key: &crate::MessageKey) -> Result<Held, StoreError> {
+pub(super) async fn message_held(c: &Client, key: &crate::MessageKey) -> Result<Held, StoreError> {
     let (source, message_id) = (&key.source, &key.message_id);
     if let Some(r) = pg(c
         .query_opt(

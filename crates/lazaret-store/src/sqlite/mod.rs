@@ -32,14 +32,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
 
-use lazaret_core::{FairScheduler, JobId, Timestamp};
+use lazaret_core::FairScheduler;
 use rusqlite::Connection;
 
 use crate::backend::{Backend, StoreOn};
-use crate::{
-    AuditPage, AuditQuery, DeadLetter, DeadLetterFilter, DeadLetterId, Decider, JobView,
-    ReasonCount, Selector, Stage, StoreError,
-};
+use crate::{Decider, StoreError};
 
 pub use schema::SCHEMA_VERSION;
 use writer::Cmd;
@@ -479,7 +476,21 @@ impl Drop for Sqlite {
     }
 }
 
+/// The reads of the table ([`with_reads`](crate::backend::with_reads)):
+/// each runs `reader::method(conn, &argument, ..)` on the reader
+/// connection's thread.
+macro_rules! read_on_reader {
+    ([] $($method:ident($($arg:ident: $ty:ty),* $(,)?) -> $answer:ty;)*) => {
+        $(async fn $method(&self, $($arg: $ty),*) -> Result<$answer, StoreError> {
+            self.read(move |c| reader::$method(c, $(&$arg),*)).await
+        })*
+    };
+}
+
 impl Backend for Sqlite {
+    // Its reads, each run on the reader connection's thread.
+    crate::backend::with_reads!(read_on_reader);
+
     fn submit(&self, r: crate::request::Request) -> Result<(), StoreError> {
         let bounded = !r.is_housekeeping();
         self.send(Cmd::Request(r), bounded)
@@ -487,116 +498,6 @@ impl Backend for Sqlite {
 
     fn gone(&self) -> StoreError {
         Sqlite::gone(self)
-    }
-
-    async fn jobs(&self, query: crate::JobQuery) -> Result<crate::JobPage, StoreError> {
-        self.read(move |c| reader::jobs(c, &query)).await
-    }
-
-    async fn pauses(&self) -> Result<Vec<crate::Pause>, StoreError> {
-        self.read(reader::pauses).await
-    }
-
-    async fn job(&self, id: JobId) -> Result<Option<JobView>, StoreError> {
-        self.read(move |c| reader::job(c, id)).await
-    }
-
-    async fn dead_letters(
-        &self,
-        filter: DeadLetterFilter,
-        limit: u32,
-        cursor: Option<DeadLetterId>,
-    ) -> Result<(Vec<DeadLetter>, Option<DeadLetterId>), StoreError> {
-        self.read(move |c| reader::dead_letters(c, &filter, limit, cursor))
-            .await
-    }
-
-    async fn dead_letter(&self, id: DeadLetterId) -> Result<Option<DeadLetter>, StoreError> {
-        self.read(move |c| reader::dead_letter(c, id)).await
-    }
-
-    async fn dead_letter_payload(
-        &self,
-        id: DeadLetterId,
-    ) -> Result<Option<Option<Vec<u8>>>, StoreError> {
-        self.read(move |c| reader::dead_letter_payload(c, id)).await
-    }
-
-    async fn reasons(&self) -> Result<Vec<ReasonCount>, StoreError> {
-        self.read(reader::reasons).await
-    }
-
-    async fn redrive_report(&self, id: String) -> Result<Option<crate::RedriveReport>, StoreError> {
-        self.read(move |c| reader::redrive_report(c, &id)).await
-    }
-
-    async fn lineage(&self, job_id: JobId) -> Result<Vec<crate::LineageEntry>, StoreError> {
-        self.read(move |c| reader::lineage(c, job_id)).await
-    }
-
-    async fn message_lineage(
-        &self,
-        dead_letter: DeadLetterId,
-    ) -> Result<Vec<crate::LineageEntry>, StoreError> {
-        self.read(move |c| reader::message_lineage(c, dead_letter))
-            .await
-    }
-
-    async fn groups(
-        &self,
-        query: crate::GroupQuery,
-    ) -> Result<(Vec<crate::FailureGroup>, Option<crate::GroupCursor>), StoreError> {
-        self.read(move |c| reader::groups(c, &query)).await
-    }
-
-    async fn dead_letters_after(
-        &self,
-        after: DeadLetterId,
-        limit: u32,
-    ) -> Result<Vec<crate::RecentDeadLetter>, StoreError> {
-        self.read(move |c| reader::dead_letters_after(c, after, limit))
-            .await
-    }
-
-    async fn match_dead_letters(
-        &self,
-        selector: Selector,
-    ) -> Result<Vec<(DeadLetterId, Stage)>, StoreError> {
-        self.read(move |c| reader::match_dead_letters(c, &selector))
-            .await
-    }
-
-    async fn audit_page(&self, query: AuditQuery) -> Result<AuditPage, StoreError> {
-        self.read(move |c| reader::audit_page(c, &query)).await
-    }
-
-    async fn due_held_retries(
-        &self,
-        source: String,
-        now: Timestamp,
-        limit: u32,
-    ) -> Result<Vec<crate::HeldRetry>, StoreError> {
-        self.read(move |c| sources::due(c, &source, now, limit))
-            .await
-    }
-
-    async fn next_held_retry_due(&self, source: String) -> Result<Option<Timestamp>, StoreError> {
-        self.read(move |c| sources::next_due(c, &source)).await
-    }
-
-    async fn held_retry(
-        &self,
-        key: crate::MessageKey,
-    ) -> Result<Option<crate::HeldRetry>, StoreError> {
-        self.read(move |c| sources::held_retry(c, &key)).await
-    }
-
-    async fn message_held(&self, key: crate::MessageKey) -> Result<crate::Held, StoreError> {
-        self.read(move |c| sources::held(c, &key)).await
-    }
-
-    async fn tokens(&self) -> Result<Vec<crate::ApiToken>, StoreError> {
-        self.read(reader::tokens).await
     }
 
     /// The writer takes one-row commands in the order they were sent
@@ -640,7 +541,7 @@ impl Backend for Sqlite {
 mod tests {
     use std::time::Duration;
 
-    use lazaret_core::{Envelope, Event, SchedulerConfig, Transition};
+    use lazaret_core::{Envelope, Event, JobId, SchedulerConfig, Timestamp, Transition};
     use tokio::sync::oneshot;
 
     use super::*;

@@ -3,6 +3,8 @@
 use lazaret_core::{Envelope, Failure, JobId, JobState, Timestamp};
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
+// The reads of held retries live with the broker messages.
+pub(super) use super::sources::{due_held_retries, held_retry, message_held, next_held_retry_due};
 use super::stored::{COLUMN_COUNT, COLUMNS, StoredJob};
 use crate::{
     AuditEntry, DeadLetter, DeadLetterFilter, DeadLetterId, FailureGroup, GROUP_NAMES_MAX,
@@ -61,7 +63,7 @@ fn view((stored, x): (StoredJob, ViewExtra)) -> Result<JobView, StoreError> {
     })
 }
 
-pub(super) fn job(c: &Connection, id: JobId) -> Result<Option<JobView>, StoreError> {
+pub(super) fn job(c: &Connection, &id: &JobId) -> Result<Option<JobView>, StoreError> {
     let row = db(c
         .prepare_cached(&format!(
             "SELECT {COLUMNS}, {VIEW_COLUMNS} FROM jobs WHERE id = ?1"
@@ -285,8 +287,8 @@ const FILTER: &str = "(?1 IS NULL OR d.type = ?1) AND (?2 IS NULL OR d.tenant = 
 pub(super) fn dead_letters(
     c: &Connection,
     f: &DeadLetterFilter,
-    limit: u32,
-    cursor: Option<DeadLetterId>,
+    &limit: &u32,
+    &cursor: &Option<DeadLetterId>,
 ) -> Result<(Vec<DeadLetter>, Option<DeadLetterId>), StoreError> {
     let sql = format!(
         "SELECT {DL_COLUMNS} FROM dead_letters d LEFT JOIN jobs j ON j.id = d.job_id
@@ -325,7 +327,7 @@ pub(super) fn dead_letters(
 
 pub(super) fn dead_letter(
     c: &Connection,
-    id: DeadLetterId,
+    &id: &DeadLetterId,
 ) -> Result<Option<DeadLetter>, StoreError> {
     let sql = format!(
         "SELECT {DL_COLUMNS} FROM dead_letters d LEFT JOIN jobs j ON j.id = d.job_id WHERE d.id = ?1"
@@ -339,7 +341,7 @@ pub(super) fn dead_letter(
 
 pub(super) fn dead_letter_payload(
     c: &Connection,
-    id: DeadLetterId,
+    &id: &DeadLetterId,
 ) -> Result<Option<Option<Vec<u8>>>, StoreError> {
     let row = db(c
         .prepare_cached(
@@ -527,7 +529,7 @@ pub(super) fn groups(
 /// A job's audited redrives, oldest first.
 pub(super) fn lineage(
     c: &Connection,
-    job_id: JobId,
+    &job_id: &JobId,
 ) -> Result<Vec<crate::LineageEntry>, StoreError> {
     lineage_rows(
         c,
@@ -545,7 +547,7 @@ pub(super) fn lineage(
 /// so on (`redrive_messages`), oldest first.
 pub(super) fn message_lineage(
     c: &Connection,
-    dead_letter: DeadLetterId,
+    &dead_letter: &DeadLetterId,
 ) -> Result<Vec<crate::LineageEntry>, StoreError> {
     lineage_rows(
         c,
@@ -691,8 +693,8 @@ pub(super) fn redrive_report(
 /// Dead letters above `after` by id (the primary key), lowest first.
 pub(super) fn dead_letters_after(
     c: &Connection,
-    after: DeadLetterId,
-    limit: u32,
+    &after: &DeadLetterId,
+    &limit: &u32,
 ) -> Result<Vec<RecentDeadLetter>, StoreError> {
     let mut stmt = db(c.prepare_cached(
         "SELECT id, dead_lettered_at, type, reason, error FROM dead_letters

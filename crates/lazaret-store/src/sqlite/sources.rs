@@ -156,11 +156,11 @@ fn key_params(key: &MessageKey) -> [&str; 4] {
 }
 
 /// The held retries of `source` due at `now`, earliest first.
-pub(super) fn due(
+pub(super) fn due_held_retries(
     c: &Connection,
     source: &str,
-    now: Timestamp,
-    limit: u32,
+    &now: &Timestamp,
+    &limit: &u32,
 ) -> Result<Vec<HeldRetry>, StoreError> {
     let mut stmt = db(c.prepare_cached(
         "SELECT due_at, ref, envelope, body FROM source_held_retries
@@ -271,7 +271,10 @@ pub(super) fn held_retry(
 }
 
 /// The earliest due time of `source`'s held retries.
-pub(super) fn next_due(c: &Connection, source: &str) -> Result<Option<Timestamp>, StoreError> {
+pub(super) fn next_held_retry_due(
+    c: &Connection,
+    source: &str,
+) -> Result<Option<Timestamp>, StoreError> {
     let at: Option<i64> = db(c
         .prepare_cached("SELECT MIN(due_at) FROM source_held_retries WHERE source = ?1")?
         .query_row(params![source], |r| r.get(0)))?;
@@ -291,7 +294,7 @@ fn quarantined(c: &Connection, key: &MessageKey) -> Result<Option<DeadLetterId>,
 }
 
 /// What the store holds of a message already.
-pub(super) fn held(c: &Connection, key: &MessageKey) -> Result<Held, StoreError> {
+pub(super) fn message_held(c: &Connection, key: &MessageKey) -> Result<Held, StoreError> {
     if let Some(id) = quarantined(c, key)? {
         return Ok(Held::Quarantined(id));
     }

@@ -8,6 +8,7 @@ impl Writer {
         &mut self,
         rec: &AdmissionRecord,
     ) -> Result<DeadLetterId, StoreError> {
+        let now = self.now_of(rec.now);
         let error = serde_json::json!({
             "class": "permanent", "kind": rec.reason.as_str(), "message": rec.message,
             "traceback": null, "retry_after_ms": null,
@@ -35,7 +36,7 @@ impl Writer {
                     &rec.reason.as_str(),
                     &error,
                     &rec.idempotency_key,
-                    &ms(rec.now),
+                    &ms(now),
                     &(rec.payload_size as i64),
                     &rec.payload_sha256,
                     &rec.payload_preview,
@@ -48,13 +49,14 @@ impl Writer {
         Ok(DeadLetterId(rows[0].get::<_, i64>(0) as u64))
     }
 
-    pub(super) async fn redrive(
+    pub(super) async fn redrive_to(
         &mut self,
         ids: &[DeadLetterId],
         to: &crate::Redirect,
-        now: Timestamp,
-        audit: Option<AuditId>,
+        &now: &Timestamp,
+        &audit: &Option<AuditId>,
     ) -> Result<Vec<JobId>, StoreError> {
+        let now = self.now_of(now);
         let mut out = Vec::new();
         for dl in ids {
             let rows = self
@@ -118,11 +120,12 @@ impl Writer {
     /// (the envelope keeps the one it replaced: `lazaret_core::redrive_corrected`).
     pub(super) async fn redrive_corrected(
         &mut self,
-        dl: DeadLetterId,
+        &dl: &DeadLetterId,
         fix: &crate::PayloadFix,
-        now: Timestamp,
-        audit: Option<AuditId>,
+        &now: &Timestamp,
+        &audit: &Option<AuditId>,
     ) -> Result<Option<JobId>, StoreError> {
+        let now = self.now_of(now);
         let rows = self
             .query(
                 "SELECT job_id FROM dead_letters WHERE id = $1 AND stage = 'processing' FOR UPDATE",
@@ -188,7 +191,7 @@ impl Writer {
     pub(super) async fn purge(
         &mut self,
         ids: &[DeadLetterId],
-        audit: Option<AuditId>,
+        &audit: &Option<AuditId>,
     ) -> Result<u64, StoreError> {
         let mut n = 0;
         for dl in ids {
@@ -215,10 +218,11 @@ impl Writer {
     pub(super) async fn archive(
         &mut self,
         ids: &[DeadLetterId],
-        archived: bool,
-        now: Timestamp,
-        audit: Option<AuditId>,
+        &archived: &bool,
+        &now: &Timestamp,
+        &audit: &Option<AuditId>,
     ) -> Result<u64, StoreError> {
+        let now = self.now_of(now);
         let sql = if archived {
             "UPDATE dead_letters SET archived_at = $2 WHERE id = $1 AND archived_at IS NULL"
         } else {
@@ -286,11 +290,12 @@ impl Writer {
     /// redrive id, with the dead letter's group, and removes it.
     pub(super) async fn redrove_message(
         &mut self,
-        dl: DeadLetterId,
+        &dl: &DeadLetterId,
         redrive: &str,
-        now: Timestamp,
-        audit: Option<AuditId>,
+        &now: &Timestamp,
+        &audit: &Option<AuditId>,
     ) -> Result<bool, StoreError> {
+        let now = self.now_of(now);
         let noted = self
             .execute(
                 "INSERT INTO redrive_messages
@@ -313,7 +318,7 @@ impl Writer {
     pub(super) async fn record_redrive(
         &mut self,
         id: &str,
-        audit: AuditId,
+        &audit: &AuditId,
     ) -> Result<(), StoreError> {
         self.execute(
             "INSERT INTO redrives (id, audit_id) VALUES ($1, $2)

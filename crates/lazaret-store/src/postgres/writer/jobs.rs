@@ -64,14 +64,32 @@ impl Writer {
         if members.is_empty() {
             return Ok(());
         }
-        let mut outcomes = self.enqueue(&jobs).await?.into_iter();
+        let mut outcomes = self.insert_jobs(&jobs).await?.into_iter();
         for (i, reply, n) in members {
             answers[i] = Some(held(reply, outcomes.by_ref().take(n).collect()));
         }
         Ok(())
     }
 
+    /// One enqueue alone, on the group's clock (a group's enqueues run as
+    /// one, in [`Writer::enqueue_group`], before its other requests).
     pub(super) async fn enqueue(
+        &mut self,
+        jobs: &[NewJob],
+    ) -> Result<Vec<EnqueueOutcome>, StoreError> {
+        let jobs: Vec<NewJob> = jobs
+            .iter()
+            .map(|j| NewJob {
+                run_at: self.rebase(j.run_at, j.now),
+                now: self.now_of(j.now),
+                ..j.clone()
+            })
+            .collect();
+        self.insert_jobs(&jobs).await
+    }
+
+    /// Inserts jobs whose times are on the group's clock already.
+    pub(super) async fn insert_jobs(
         &mut self,
         jobs: &[NewJob],
     ) -> Result<Vec<EnqueueOutcome>, StoreError> {
@@ -286,10 +304,12 @@ impl Writer {
     /// the audit entry when the cancel is accepted.
     pub(super) async fn cancel(
         &mut self,
-        id: JobId,
-        now: Timestamp,
-        mut entry: AuditEntry,
+        &id: &JobId,
+        &now: &Timestamp,
+        entry: &AuditEntry,
     ) -> Result<Result<crate::Cancelled, crate::CancelError>, StoreError> {
+        let now = self.now_of(now);
+        let mut entry = entry.clone();
         let rows = self
             .query(
                 "SELECT state, lane, tenant, cancel_requested, type FROM jobs WHERE id = $1 FOR UPDATE",
@@ -344,7 +364,7 @@ impl Writer {
     pub(super) async fn set_pause(
         &mut self,
         target: &crate::PauseTarget,
-        paused: bool,
+        &paused: &bool,
         entry: &AuditEntry,
     ) -> Result<bool, StoreError> {
         let n = if paused {
@@ -368,7 +388,8 @@ impl Writer {
         Ok(n > 0)
     }
 
-    pub(super) async fn tick(&mut self, now: Timestamp) -> Result<Tick, StoreError> {
+    pub(super) async fn tick(&mut self, &now: &Timestamp) -> Result<Tick, StoreError> {
+        let now = self.now_of(now);
         let mut tick = Tick::default();
         let promoted = self
             .query(
@@ -423,8 +444,8 @@ impl Writer {
     /// doing so now (one node at a time: an advisory lock).
     pub(super) async fn remove_succeeded(
         &mut self,
-        before: Timestamp,
-        batch: u32,
+        &before: &Timestamp,
+        &batch: &u32,
     ) -> Result<u64, StoreError> {
         let key = self.retention_lock;
         let locked = self

@@ -105,14 +105,14 @@ impl Writer {
             return Ok(Vec::new());
         };
         if rest.is_empty() {
-            return Ok(vec![self.lease(first).await?]);
+            return Ok(vec![self.lease_one(first).await?]);
         }
         let combined = LeaseRequest {
             max_jobs: reqs.iter().map(|r| r.max_jobs).fold(0, u32::saturating_add),
             ..first.clone()
         };
         let first_end = combined.now.saturating_add(combined.lease);
-        let mut jobs = round_robin(self.lease(&combined).await?).into_iter();
+        let mut jobs = round_robin(self.lease_one(&combined).await?).into_iter();
         let (mut ids, mut workers, mut ends) = (Vec::new(), Vec::new(), Vec::new());
         let mut out = Vec::with_capacity(reqs.len());
         for r in reqs {
@@ -152,7 +152,22 @@ impl Writer {
     /// [`LEASE_MERGED_SQL`]), so what a lease costs does not depend on how
     /// many jobs of other types wait. The takes' statements go out at once,
     /// pipelined on the one connection.
+    /// One lease alone, on the group's clock (a group's compatible leases
+    /// run as one, in `Writer::body`).
     pub(super) async fn lease(&mut self, req: &LeaseRequest) -> Result<Vec<LeasedJob>, StoreError> {
+        self.leases += 1;
+        let req = LeaseRequest {
+            now: self.now_of(req.now),
+            ..req.clone()
+        };
+        self.lease_one(&req).await
+    }
+
+    /// One lease whose `now` is on the group's clock already.
+    pub(super) async fn lease_one(
+        &mut self,
+        req: &LeaseRequest,
+    ) -> Result<Vec<LeasedJob>, StoreError> {
         let mut out: Vec<LeasedJob> = Vec::new();
         if req.max_jobs == 0 || req.types.as_ref().is_some_and(Vec::is_empty) {
             // Nothing could be taken: no rows to lock.
@@ -339,11 +354,13 @@ impl Writer {
 
     pub(super) async fn heartbeat(
         &mut self,
-        id: JobId,
-        token: LeaseToken,
-        until: Timestamp,
-        now: Timestamp,
+        &id: &JobId,
+        &token: &LeaseToken,
+        &expires_at: &Timestamp,
+        &now: &Timestamp,
     ) -> Result<Result<crate::Heartbeat, ItemError>, StoreError> {
+        let until = self.rebase(expires_at, now);
+        let now = self.now_of(now);
         let rows = self
             .query(
                 "UPDATE jobs SET lease_expires_at = $2

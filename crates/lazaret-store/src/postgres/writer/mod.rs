@@ -135,6 +135,9 @@ struct Group {
     /// group reads them (their tokens are unknown until it commits, and
     /// they expire after the group's time).
     assign: (Vec<i64>, Vec<String>, Vec<i64>),
+    /// The database's clock at the group's start (`Clock::Database`), or
+    /// `None`: the callers' times stand (`Writer::now_of`, `Writer::rebase`).
+    db_now: Option<Timestamp>,
 }
 
 /// At most this many (lane, type) pairs named in one notification; more
@@ -418,10 +421,13 @@ impl Writer {
         self.reconnect().await?;
         self.group = Group::default();
         let r = match self.begin().await {
-            Ok(db_now) => match self.body(ops, db_now).await {
-                Ok(answers) => self.commit().await.map(|()| answers),
-                Err(e) => Err(e),
-            },
+            Ok(db_now) => {
+                self.group.db_now = db_now;
+                match self.body(ops, db_now).await {
+                    Ok(answers) => self.commit().await.map(|()| answers),
+                    Err(e) => Err(e),
+                }
+            }
             Err(e) => Err(e),
         };
         if let Err(e) = &r {
@@ -594,7 +600,7 @@ impl Writer {
                 }
                 continue;
             }
-            answers[i] = Some(self.exec(ops[i], db_now).await?);
+            answers[i] = Some(self.run_request(ops[i]).await?);
         }
         Ok(answers
             .into_iter()

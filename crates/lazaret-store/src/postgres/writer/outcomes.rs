@@ -45,7 +45,7 @@ impl Writer {
                     _ => unreachable!("members are outcome batches"),
                 })
                 .collect();
-            let mut out = self.complete(&items, now).await?.into_iter();
+            let mut out = self.complete_items(&items, now).await?.into_iter();
             for i in members {
                 let Request::Complete { items, reply, .. } = ops[i] else {
                     unreachable!("members are outcome batches")
@@ -56,13 +56,25 @@ impl Writer {
         Ok(())
     }
 
-    /// Outcomes, in order. Successes on live leases first, all in one
-    /// statement ([`SUCCEED_SQL`]: no row lock and read before the write,
-    /// and the counts of their pairs read with them); everything else (a
+    /// One outcome batch alone, on the group's clock (a group's batches
+    /// run as one, in [`Writer::complete_group`], before its other requests).
+    pub(super) async fn complete(
+        &mut self,
+        items: &[Completion],
+        &now: &Timestamp,
+    ) -> Result<Vec<Result<Completed, ItemError>>, StoreError> {
+        let items: Vec<&Completion> = items.iter().collect();
+        self.complete_items(&items, self.now_of(now)).await
+    }
+
+    /// Outcomes at `now` (on the group's clock already), in order.
+    /// Successes on live leases first, all in one statement
+    /// ([`SUCCEED_SQL`]: no row lock and read before the write, and the
+    /// counts of their pairs read with them); everything else (a
     /// failure, a stale token, a job named twice) then the general way:
     /// the jobs locked at once (by id), the counts of their pairs read at
     /// once, each outcome through the `Decider`.
-    pub(super) async fn complete(
+    pub(super) async fn complete_items(
         &mut self,
         items: &[&Completion],
         now: Timestamp,

@@ -5,8 +5,16 @@ use super::*;
 impl Writer {
     pub(super) async fn quarantine(
         &mut self,
-        dl: &SourceDeadLetter,
-    ) -> Result<Quarantined, StoreError> {
+        dls: &[SourceDeadLetter],
+    ) -> Result<Vec<Quarantined>, StoreError> {
+        let mut out = Vec::with_capacity(dls.len());
+        for dl in dls {
+            out.push(self.quarantine_one(dl).await?);
+        }
+        Ok(out)
+    }
+
+    async fn quarantine_one(&mut self, dl: &SourceDeadLetter) -> Result<Quarantined, StoreError> {
         let src = &dl.source;
         if dl.may_be_held {
             self.release_held_retry(&MessageKey::of_source(src, &dl.payload))
@@ -146,8 +154,9 @@ impl Writer {
     pub(super) async fn redriven_message_succeeded(
         &mut self,
         key: &MessageKey,
-        now: Timestamp,
+        &now: &Timestamp,
     ) -> Result<(), StoreError> {
+        let now = self.now_of(now);
         self.release_held_retry(key).await?;
         if let Some(redrive) = &key.redrive_id {
             self.execute(
@@ -158,5 +167,16 @@ impl Writer {
             .await?;
         }
         Ok(())
+    }
+
+    /// Claims run on a reader connection (`Postgres::claim_held_retries`),
+    /// never here.
+    pub(super) async fn claim_due(
+        &mut self,
+        _claim: &crate::request::Claim,
+    ) -> Result<Vec<crate::ClaimedRetry>, StoreError> {
+        Err(corrupt(
+            "a claim of held retries reached the PostgreSQL writer, which does not run them",
+        ))
     }
 }

@@ -6,7 +6,7 @@ use super::*;
 impl Writer {
     pub(super) fn record_admission(
         &mut self,
-        rec: &AdmissionRecord,
+        rec: AdmissionRecord,
     ) -> Result<DeadLetterId, StoreError> {
         let error = serde_json::json!({
             "class": "permanent", "kind": rec.reason.as_str(), "message": rec.message,
@@ -46,15 +46,15 @@ impl Writer {
         Ok(DeadLetterId(self.conn.last_insert_rowid() as u64))
     }
 
-    pub(super) fn redrive(
+    pub(super) fn redrive_to(
         &mut self,
-        ids: &[DeadLetterId],
-        to: &crate::Redirect,
+        ids: Vec<DeadLetterId>,
+        to: crate::Redirect,
         now: Timestamp,
         audit: Option<crate::AuditId>,
     ) -> Result<Vec<JobId>, StoreError> {
         let mut out = Vec::new();
-        for dl in ids {
+        for dl in &ids {
             let job_id: Option<i64> = db(self
                 .conn
                 .prepare_cached(
@@ -96,7 +96,7 @@ impl Writer {
                     env.lane.as_str(),
                     env.schema_version
                 ]))?;
-            self.redrive_job(audit, *dl, job_id, false, to)?;
+            self.redrive_job(audit, *dl, job_id, false, &to)?;
             db(self
                 .conn
                 .prepare_cached("DELETE FROM dead_letters WHERE id = ?1")?
@@ -112,7 +112,7 @@ impl Writer {
     pub(super) fn redrive_corrected(
         &mut self,
         dl: DeadLetterId,
-        fix: &crate::PayloadFix,
+        fix: crate::PayloadFix,
         now: Timestamp,
         audit: Option<crate::AuditId>,
     ) -> Result<Option<JobId>, StoreError> {
@@ -177,7 +177,7 @@ impl Writer {
 
     pub(super) fn purge(
         &mut self,
-        ids: &[DeadLetterId],
+        ids: Vec<DeadLetterId>,
         audit: Option<crate::AuditId>,
     ) -> Result<u64, StoreError> {
         let mut n = 0;
@@ -202,7 +202,7 @@ impl Writer {
 
     pub(super) fn archive(
         &mut self,
-        ids: &[DeadLetterId],
+        ids: Vec<DeadLetterId>,
         archived: bool,
         now: Timestamp,
         audit: Option<crate::AuditId>,
@@ -276,7 +276,7 @@ impl Writer {
     pub(super) fn redrove_message(
         &mut self,
         dl: DeadLetterId,
-        redrive: &str,
+        redrive: String,
         now: Timestamp,
         audit: Option<crate::AuditId>,
     ) -> Result<bool, StoreError> {
@@ -302,7 +302,7 @@ impl Writer {
 
     pub(super) fn record_redrive(
         &mut self,
-        id: &str,
+        id: String,
         audit: crate::AuditId,
     ) -> Result<(), StoreError> {
         db(self

@@ -158,16 +158,16 @@ impl Writer {
                 Cancelled::Requested { already: true }
             }
         };
-        self.audit(&entry)?;
+        self.write_audit(&entry)?;
         Ok(Ok(answer))
     }
 
     /// Records a pause or drops it, with its audit entry; whether it changed.
     pub(super) fn set_pause(
         &mut self,
-        target: &PauseTarget,
+        target: PauseTarget,
         paused: bool,
-        entry: &AuditEntry,
+        entry: AuditEntry,
     ) -> Result<bool, StoreError> {
         let changed = if paused {
             db(self
@@ -182,7 +182,7 @@ impl Writer {
                 .prepare_cached("DELETE FROM pauses WHERE target = ?1 AND name = ?2")?
                 .execute(params![target.kind(), target.name()]))?
         };
-        self.audit(entry)?;
+        self.write_audit(&entry)?;
         Ok(changed > 0)
     }
 

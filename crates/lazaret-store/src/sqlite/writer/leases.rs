@@ -18,7 +18,7 @@ impl Writer {
     /// of the asked types, and each take reads only rows it leases (see
     /// `lease_take`). What a lease costs does not depend on how many jobs
     /// of other types wait.
-    pub(super) fn lease(&mut self, req: &LeaseRequest) -> Result<Vec<LeasedJob>, StoreError> {
+    pub(super) fn lease(&mut self, req: LeaseRequest) -> Result<Vec<LeasedJob>, StoreError> {
         self.leases += 1;
         let mut out: Vec<LeasedJob> = Vec::new();
         let lane_ok = |lane: &Lane| {
@@ -55,7 +55,7 @@ impl Writer {
                 .collect()
         };
         for take in &takes {
-            let got = self.lease_take(req, take, &mut out)?;
+            let got = self.lease_take(&req, take, &mut out)?;
             if got < take.count {
                 // The counts promised more than the table holds: recount
                 // after this group rather than plan from wrong numbers again.

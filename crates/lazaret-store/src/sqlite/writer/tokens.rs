@@ -4,7 +4,12 @@
 use super::*;
 
 impl Writer {
-    pub(super) fn audit(&mut self, e: &AuditEntry) -> Result<crate::AuditId, StoreError> {
+    pub(super) fn audit(&mut self, entry: AuditEntry) -> Result<crate::AuditId, StoreError> {
+        self.write_audit(&entry)
+    }
+
+    /// Writes an audit entry, in the transaction of what it records.
+    pub(super) fn write_audit(&mut self, e: &AuditEntry) -> Result<crate::AuditId, StoreError> {
         db(self
             .conn
             .prepare_cached(
@@ -40,8 +45,8 @@ impl Writer {
     /// does not roll back the rest of the group.
     pub(super) fn create_token(
         &mut self,
-        t: &crate::ApiToken,
-        entry: &AuditEntry,
+        t: crate::ApiToken,
+        entry: AuditEntry,
     ) -> Result<Result<(), crate::TokenError>, StoreError> {
         let taken = |sql: &str, value: &str| -> Result<bool, StoreError> {
             db(self
@@ -73,15 +78,15 @@ impl Writer {
                 ms(t.created_at),
                 t.created_by
             ]))?;
-        self.audit(entry)?;
+        self.write_audit(&entry)?;
         Ok(Ok(()))
     }
 
     /// Deletes an API token and writes its audit entry; `false` when unknown.
     pub(super) fn revoke_token(
         &mut self,
-        name: &str,
-        entry: &AuditEntry,
+        name: String,
+        entry: AuditEntry,
     ) -> Result<bool, StoreError> {
         let n = db(self
             .conn
@@ -90,7 +95,7 @@ impl Writer {
         if n == 0 {
             return Ok(false);
         }
-        self.audit(entry)?;
+        self.write_audit(&entry)?;
         Ok(true)
     }
 }
