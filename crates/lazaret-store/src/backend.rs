@@ -139,6 +139,17 @@ pub(crate) trait Backend: Send + Sync + 'static {
         key: MessageKey,
     ) -> impl Future<Output = Result<Held, StoreError>> + Send;
     fn tokens(&self) -> impl Future<Output = Result<Vec<ApiToken>, StoreError>> + Send;
+    /// What a sampling of the charts' signals reads (`crate::signals`), on
+    /// a reader.
+    fn signal_readings(
+        &self,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<crate::signals::Readings, StoreError>> + Send;
+    fn signal_samples(
+        &self,
+        from: Timestamp,
+        to: Timestamp,
+    ) -> impl Future<Output = Result<crate::SignalSamples, StoreError>> + Send;
 
     /// [`Store::orders_one_job_commands`].
     fn orders_one_job_commands(&self) -> bool {
@@ -447,6 +458,30 @@ impl<B: Backend> Store for StoreOn<B> {
 
     async fn stats(&self) -> Result<StoreStats, StoreError> {
         call(&self.backend, |reply| Request::Stats { reply }).await
+    }
+
+    async fn sample_signals(
+        &self,
+        now: Timestamp,
+        keep_after: Timestamp,
+    ) -> Result<u64, StoreError> {
+        let (minute, mut rows, before) = self.backend.signal_readings(now).await?.samples();
+        rows.extend(before);
+        call(&self.backend, |reply| Request::WriteSignals {
+            minute,
+            rows,
+            keep_after,
+            reply,
+        })
+        .await
+    }
+
+    async fn signal_samples(
+        &self,
+        from: Timestamp,
+        to: Timestamp,
+    ) -> Result<crate::SignalSamples, StoreError> {
+        self.backend.signal_samples(from, to).await
     }
 
     async fn remove_succeeded(&self, before: Timestamp, batch: u32) -> Result<u64, StoreError> {

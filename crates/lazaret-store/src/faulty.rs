@@ -240,6 +240,21 @@ impl<B: Backend> Backend for Faulty<B> {
         self.inner.jobs(query).await
     }
 
+    async fn signal_readings(
+        &self,
+        now: Timestamp,
+    ) -> Result<crate::signals::Readings, StoreError> {
+        self.inner.signal_readings(now).await
+    }
+
+    async fn signal_samples(
+        &self,
+        from: Timestamp,
+        to: Timestamp,
+    ) -> Result<crate::SignalSamples, StoreError> {
+        self.inner.signal_samples(from, to).await
+    }
+
     async fn pauses(&self) -> Result<Vec<Pause>, StoreError> {
         self.inner.pauses().await
     }

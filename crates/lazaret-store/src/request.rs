@@ -184,6 +184,15 @@ pub(crate) enum Request {
     Stats {
         reply: Reply<StoreStats>,
     },
+    /// The rows of one sampling (`crate::signals`): `minute`'s gauges
+    /// replace its earlier ones, counts are raised (never lowered), and
+    /// minutes before `keep_after` are deleted.
+    WriteSignals {
+        minute: Timestamp,
+        rows: Vec<lazaret_core::series::Sample>,
+        keep_after: Timestamp,
+        reply: Reply<u64>,
+    },
     RemoveSucceeded {
         before: Timestamp,
         batch: u32,
@@ -241,6 +250,7 @@ impl Request {
             Request::RedroveMessage { reply, .. } => reply,
             Request::RedrivenMessageSucceeded { reply, .. } => reply,
             Request::Stats { reply } => reply,
+            Request::WriteSignals { reply, .. } => reply,
             Request::RemoveSucceeded { reply, .. } => reply,
             Request::CreateToken { reply, .. } => reply,
             Request::RevokeToken { reply, .. } => reply,

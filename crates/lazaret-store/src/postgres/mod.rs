@@ -636,6 +636,21 @@ impl Backend for Postgres {
         reader::jobs(&*self.reader().await?, &query).await
     }
 
+    async fn signal_readings(
+        &self,
+        now: Timestamp,
+    ) -> Result<crate::signals::Readings, StoreError> {
+        reader::signal_readings(&*self.reader().await?, now).await
+    }
+
+    async fn signal_samples(
+        &self,
+        from: Timestamp,
+        to: Timestamp,
+    ) -> Result<crate::SignalSamples, StoreError> {
+        reader::signal_samples(&*self.reader().await?, from, to).await
+    }
+
     async fn pauses(&self) -> Result<Vec<crate::Pause>, StoreError> {
         reader::pauses(&*self.reader().await?).await
     }

@@ -493,6 +493,22 @@ impl Backend for Sqlite {
         self.read(move |c| reader::jobs(c, &query)).await
     }
 
+    async fn signal_readings(
+        &self,
+        now: lazaret_core::Timestamp,
+    ) -> Result<crate::signals::Readings, StoreError> {
+        self.read(move |c| reader::signal_readings(c, now)).await
+    }
+
+    async fn signal_samples(
+        &self,
+        from: lazaret_core::Timestamp,
+        to: lazaret_core::Timestamp,
+    ) -> Result<crate::SignalSamples, StoreError> {
+        self.read(move |c| reader::signal_samples(c, from, to))
+            .await
+    }
+
     async fn pauses(&self) -> Result<Vec<crate::Pause>, StoreError> {
         self.read(reader::pauses).await
     }

@@ -119,6 +119,12 @@ impl Writer {
                 self.redriven_message_succeeded(key, now_of(*now)).await?,
             ),
             Request::Stats { reply } => held(reply, self.stats().await?),
+            Request::WriteSignals {
+                minute,
+                rows,
+                keep_after,
+                reply,
+            } => held(reply, self.write_signals(*minute, rows, *keep_after).await?),
             Request::RemoveSucceeded {
                 before,
                 batch,

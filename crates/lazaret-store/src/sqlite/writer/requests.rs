@@ -92,6 +92,12 @@ impl Writer {
                 run!(reply, self.redriven_message_succeeded(&key, now))
             }
             Request::Stats { reply } => run!(reply, self.stats()),
+            Request::WriteSignals {
+                minute,
+                rows,
+                keep_after,
+                reply,
+            } => run!(reply, self.write_signals(minute, &rows, keep_after)),
             Request::RemoveSucceeded {
                 before,
                 batch,
