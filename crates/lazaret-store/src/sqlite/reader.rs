@@ -837,118 +837,6 @@ pub(super) fn tokens(c: &Connection) -> Result<Vec<crate::ApiToken>, StoreError>
     Ok(out)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// SQLite's plan for a page of jobs, one line per step.
-    fn plan(q: &JobQuery) -> String {
-        let c = Connection::open_in_memory().unwrap();
-        super::super::schema::migrate(&c).unwrap();
-        let (sql, values) = jobs_sql(q, JOBS_PAGE_ROWS_MAX);
-        let mut stmt = c.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
-        let rows = stmt
-            .query_map(rusqlite::params_from_iter(values.iter()), |r| {
-                r.get::<_, String>(3)
-            })
-            .unwrap();
-        rows.map(Result::unwrap).collect::<Vec<_>>().join("\n")
-    }
-
-    #[test]
-    fn a_page_reads_a_bounded_range_of_the_rowid_whatever_its_filters() {
-        let queries = JobState::ALL.into_iter().flat_map(|state| {
-            [
-                JobQuery {
-                    state: Some(state),
-                    limit: 50,
-                    ..JobQuery::default()
-                },
-                JobQuery {
-                    state: Some(state),
-                    job_type: Some("resize".into()),
-                    tenant: Some("acme".into()),
-                    lane: Some("default".into()),
-                    enqueued_by: Some("alice".into()),
-                    before: Some(JobId(1000)),
-                    limit: 50,
-                },
-            ]
-        });
-        for q in queries {
-            let plan = plan(&q);
-            assert!(
-                plan.contains("SEARCH jobs USING INTEGER PRIMARY KEY (rowid<?)"),
-                "{q:?}: {plan}"
-            );
-            // The outer `SCAN jobs` reads the bounded inner read (the
-            // co-routine), not the table.
-            assert!(plan.starts_with("CO-ROUTINE jobs"), "{q:?}: {plan}");
-            assert!(!plan.contains("TEMP B-TREE"), "{q:?} sorts: {plan}");
-            let (sql, _) = jobs_sql(&q, JOBS_PAGE_ROWS_MAX);
-            assert!(sql.contains("LIMIT +?2"), "the read has its budget: {sql}");
-        }
-    }
-
-    #[test]
-    fn without_a_state_filter_the_page_walks_the_rowid_from_the_cursor_without_sorting() {
-        let plan = plan(&JobQuery {
-            tenant: Some("acme".into()),
-            before: Some(JobId(1000)),
-            limit: 50,
-            ..JobQuery::default()
-        });
-        assert!(
-            plan.contains("SEARCH jobs USING INTEGER PRIMARY KEY (rowid<?)"),
-            "{plan}"
-        );
-        assert!(!plan.contains("TEMP B-TREE"), "{plan}");
-    }
-
-    /// A filter that matches only old rows gets short pages, each with a
-    /// cursor past what it read, until the match; then the end.
-    #[test]
-    fn a_page_that_spends_its_budget_first_says_where_to_go_on() {
-        let c = Connection::open_in_memory().unwrap();
-        super::super::schema::migrate(&c).unwrap();
-        for id in 1..=20 {
-            let ty = if id <= 2 { "rare" } else { "bulk" };
-            c.execute(
-                "INSERT INTO jobs (id, type, tenant, lane, state, run_at, attempts, created_at, payload)
-                 VALUES (?1, ?2, 'acme', 'default', 'succeeded', 0, 1, 0, X'7B7D')",
-                params![id, ty],
-            )
-            .unwrap();
-        }
-        let mut q = JobQuery {
-            job_type: Some("rare".into()),
-            limit: 10,
-            ..JobQuery::default()
-        };
-        let mut pages = Vec::new();
-        loop {
-            let (items, next) = jobs_within(&c, &q, 5).unwrap();
-            pages.push((
-                items.iter().map(|j| j.envelope.id.0).collect::<Vec<_>>(),
-                next.map(|n| n.0),
-            ));
-            match next {
-                Some(n) => q.before = Some(n),
-                None => break,
-            }
-        }
-        assert_eq!(
-            pages,
-            [
-                (vec![], Some(16)),
-                (vec![], Some(11)),
-                (vec![], Some(6)),
-                (vec![2, 1], None)
-            ]
-        );
-    }
-}
-
 /// Dead letters held and their failure groups, per type, per source, and
 /// for lazaret's own (no source), from the groups' summary.
 const SIGNALS_HELD_SQL: &str = "
@@ -1099,4 +987,116 @@ pub(super) fn signal_samples(
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// SQLite's plan for a page of jobs, one line per step.
+    fn plan(q: &JobQuery) -> String {
+        let c = Connection::open_in_memory().unwrap();
+        super::super::schema::migrate(&c).unwrap();
+        let (sql, values) = jobs_sql(q, JOBS_PAGE_ROWS_MAX);
+        let mut stmt = c.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+        let rows = stmt
+            .query_map(rusqlite::params_from_iter(values.iter()), |r| {
+                r.get::<_, String>(3)
+            })
+            .unwrap();
+        rows.map(Result::unwrap).collect::<Vec<_>>().join("\n")
+    }
+
+    #[test]
+    fn a_page_reads_a_bounded_range_of_the_rowid_whatever_its_filters() {
+        let queries = JobState::ALL.into_iter().flat_map(|state| {
+            [
+                JobQuery {
+                    state: Some(state),
+                    limit: 50,
+                    ..JobQuery::default()
+                },
+                JobQuery {
+                    state: Some(state),
+                    job_type: Some("resize".into()),
+                    tenant: Some("acme".into()),
+                    lane: Some("default".into()),
+                    enqueued_by: Some("alice".into()),
+                    before: Some(JobId(1000)),
+                    limit: 50,
+                },
+            ]
+        });
+        for q in queries {
+            let plan = plan(&q);
+            assert!(
+                plan.contains("SEARCH jobs USING INTEGER PRIMARY KEY (rowid<?)"),
+                "{q:?}: {plan}"
+            );
+            // The outer `SCAN jobs` reads the bounded inner read (the
+            // co-routine), not the table.
+            assert!(plan.starts_with("CO-ROUTINE jobs"), "{q:?}: {plan}");
+            assert!(!plan.contains("TEMP B-TREE"), "{q:?} sorts: {plan}");
+            let (sql, _) = jobs_sql(&q, JOBS_PAGE_ROWS_MAX);
+            assert!(sql.contains("LIMIT +?2"), "the read has its budget: {sql}");
+        }
+    }
+
+    #[test]
+    fn without_a_state_filter_the_page_walks_the_rowid_from_the_cursor_without_sorting() {
+        let plan = plan(&JobQuery {
+            tenant: Some("acme".into()),
+            before: Some(JobId(1000)),
+            limit: 50,
+            ..JobQuery::default()
+        });
+        assert!(
+            plan.contains("SEARCH jobs USING INTEGER PRIMARY KEY (rowid<?)"),
+            "{plan}"
+        );
+        assert!(!plan.contains("TEMP B-TREE"), "{plan}");
+    }
+
+    /// A filter that matches only old rows gets short pages, each with a
+    /// cursor past what it read, until the match; then the end.
+    #[test]
+    fn a_page_that_spends_its_budget_first_says_where_to_go_on() {
+        let c = Connection::open_in_memory().unwrap();
+        super::super::schema::migrate(&c).unwrap();
+        for id in 1..=20 {
+            let ty = if id <= 2 { "rare" } else { "bulk" };
+            c.execute(
+                "INSERT INTO jobs (id, type, tenant, lane, state, run_at, attempts, created_at, payload)
+                 VALUES (?1, ?2, 'acme', 'default', 'succeeded', 0, 1, 0, X'7B7D')",
+                params![id, ty],
+            )
+            .unwrap();
+        }
+        let mut q = JobQuery {
+            job_type: Some("rare".into()),
+            limit: 10,
+            ..JobQuery::default()
+        };
+        let mut pages = Vec::new();
+        loop {
+            let (items, next) = jobs_within(&c, &q, 5).unwrap();
+            pages.push((
+                items.iter().map(|j| j.envelope.id.0).collect::<Vec<_>>(),
+                next.map(|n| n.0),
+            ));
+            match next {
+                Some(n) => q.before = Some(n),
+                None => break,
+            }
+        }
+        assert_eq!(
+            pages,
+            [
+                (vec![], Some(16)),
+                (vec![], Some(11)),
+                (vec![], Some(6)),
+                (vec![2, 1], None)
+            ]
+        );
+    }
 }
