@@ -32,6 +32,7 @@ pub mod lease_plan;
 pub mod policy;
 pub mod rng;
 pub mod scheduler;
+pub mod series;
 pub mod state;
 pub mod stats;
 pub mod time;

@@ -226,6 +226,7 @@ async fn run<S: Store>(store: S, opts: ServeOptions, described: String) -> Resul
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let cluster = tokio::spawn(cluster(Arc::clone(&app), stop_rx.clone()));
     let housekeeping = tokio::spawn(housekeeping(Arc::clone(&app), stop_rx.clone()));
+    let sampler = tokio::spawn(sampler(Arc::clone(&app), stop_rx.clone()));
     let retention = tokio::spawn(retention(Arc::clone(&app), stop_rx));
     // Sources connect in the background: a broker that is down delays its
     // source, never the server.
@@ -265,6 +266,7 @@ async fn run<S: Store>(store: S, opts: ServeOptions, described: String) -> Resul
     let _ = stop_tx.send(true);
     let _ = housekeeping.await;
     let _ = retention.await;
+    let _ = sampler.await;
     let _ = cluster.await;
     for t in alert_tasks {
         t.abort();
@@ -415,6 +417,40 @@ async fn housekeeping<S: Store>(app: Arc<App<S>>, mut stop: tokio::sync::watch::
                 }
                 warned = over;
             }
+        }
+    }
+}
+
+/// Samples the charts' signals every `[retention] series_sample_ms`
+/// (`Store::sample_signals`; docs/api.md, "Signals over time"), the first
+/// time at start, and deletes samples older than
+/// `lazaret_core::series::KEEP_MS`. In a cluster only the node leading
+/// [`Duty::Retention`] samples: every node reads the same rows, so one
+/// writer is enough, and the others spend nothing. A failed sampling is
+/// logged and tried again at the next round; it never touches a job.
+async fn sampler<S: Store>(app: Arc<App<S>>, mut stop: tokio::sync::watch::Receiver<bool>) {
+    let every = app.config.retention.series_sample;
+    let keep = Duration::from_millis(lazaret_core::series::KEEP_MS as u64);
+    loop {
+        match app.store.lead(Duty::Retention).await {
+            Ok(true) => {
+                let now = now();
+                if let Err(e) = app
+                    .store
+                    .sample_signals(now, now.saturating_sub(keep))
+                    .await
+                {
+                    tracing::warn!(error = %e, "charts: sampling the signals failed; trying again at the next round");
+                }
+            }
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "charts: cannot tell whether this node samples the signals; trying again at the next round");
+            }
+        }
+        tokio::select! {
+            _ = stop.changed() => return,
+            () = tokio::time::sleep(every) => {},
         }
     }
 }

@@ -38,6 +38,7 @@ pub mod lifecycle;
 pub mod listing;
 pub mod outcomes;
 pub mod redrive;
+pub mod signals;
 pub mod sources;
 pub mod stats;
 pub mod tokens;
@@ -198,6 +199,9 @@ macro_rules! conformance_suite {
                 stats_count_jobs_per_lane,
                 stats_count_commits_and_the_commands_in_them,
                 stats_time_when_jobs_became_ready_and_were_leased,
+            ],
+            signals: [
+                a_sampling_counts_its_minute_never_lowers_a_count_and_survives_a_restart,
             ],
             tokens: [
                 created_tokens_are_listed_oldest_first_and_survive_a_restart,

@@ -75,6 +75,8 @@ macro_rules! with_reads {
             next_held_retry_due(source: String) -> Option<lazaret_core::Timestamp>;
             message_held(key: crate::MessageKey) -> crate::Held;
             tokens() -> Vec<crate::ApiToken>;
+            signal_samples(from: lazaret_core::Timestamp, to: lazaret_core::Timestamp)
+                -> crate::SignalSamples;
         }
     };
 }
@@ -153,6 +155,13 @@ pub(crate) trait Backend: Send + Sync + 'static {
 
     // Its reads, from the table.
     with_reads!(declare_reads);
+    /// What a sampling of the charts' signals reads (`crate::signals`), on
+    /// a reader: by hand, since no `Store` method answers it as it is
+    /// (`Store::sample_signals` writes it).
+    fn signal_readings(
+        &self,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<crate::signals::Readings, StoreError>> + Send;
 
     /// [`Store::orders_one_job_commands`].
     fn orders_one_job_commands(&self) -> bool {
@@ -223,6 +232,22 @@ impl<B: Backend> Store for StoreOn<B> {
     // The write methods marked `forward` in the table of requests; those
     // marked `by_hand` follow.
     crate::request::with_requests!(forward_requests);
+
+    async fn sample_signals(
+        &self,
+        now: Timestamp,
+        keep_after: Timestamp,
+    ) -> Result<u64, StoreError> {
+        let (minute, mut rows, before) = self.backend.signal_readings(now).await?.samples();
+        rows.extend(before);
+        call(&self.backend, |reply| Request::WriteSignals {
+            minute,
+            rows,
+            keep_after,
+            reply,
+        })
+        .await
+    }
 
     async fn tick(&self, now: Timestamp) -> Result<Tick, StoreError> {
         if let Some(t) = self.backend.tick_skip(now) {

@@ -230,6 +230,13 @@ impl<B: Backend> Backend for Faulty<B> {
         self.inner.ticked(now, t);
     }
 
+    async fn signal_readings(
+        &self,
+        now: Timestamp,
+    ) -> Result<crate::signals::Readings, StoreError> {
+        self.inner.signal_readings(now).await
+    }
+
     async fn claim_held_retries(&self, claim: Claim) -> Result<Vec<ClaimedRetry>, StoreError> {
         self.inner.claim_held_retries(claim).await
     }

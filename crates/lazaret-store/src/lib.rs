@@ -30,6 +30,7 @@ mod model;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 mod request;
+mod signals;
 pub mod sqlite;
 mod stored;
 
@@ -334,6 +335,27 @@ pub trait Store: Send + Sync + 'static {
 
     /// Counters for stats and metrics.
     fn stats(&self) -> impl Future<Output = Result<StoreStats, StoreError>> + Send;
+
+    /// Samples the charts' signals (`lazaret_core::series`) at `now`: the
+    /// minute `now` is in gets the gauges as of now and the counts so far,
+    /// the minute before its whole counts (never lowered), and samples of
+    /// minutes before `keep_after` are deleted, in one transaction. The
+    /// values are read from rows every node shares (on a reader, not the
+    /// writer), so any node samples the same minute alike. Returns the
+    /// rows written.
+    fn sample_signals(
+        &self,
+        now: Timestamp,
+        keep_after: Timestamp,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send;
+
+    /// The samples of the minutes in `[from, to)`, and which of them were
+    /// sampled.
+    fn signal_samples(
+        &self,
+        from: Timestamp,
+        to: Timestamp,
+    ) -> impl Future<Output = Result<SignalSamples, StoreError>> + Send;
 
     /// Deletes up to `batch` succeeded jobs, and up to `batch` cancelled
     /// ones, finished before `before`.

@@ -1305,3 +1305,14 @@ impl RecentDeadLetter {
         })
     }
 }
+
+/// The charts' stored samples of some minutes ([`crate::Store::signal_samples`]):
+/// the values, and the minutes that were sampled (a name missing from a
+/// sampled minute was 0 then; a minute not sampled is a gap).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SignalSamples {
+    /// Every value stored for those minutes, by minute, signal, axis and name.
+    pub samples: Vec<lazaret_core::series::Sample>,
+    /// The minutes sampled, oldest first.
+    pub sampled: Vec<Timestamp>,
+}

@@ -168,6 +168,12 @@ macro_rules! with_requests {
                 now: lazaret_core::Timestamp
             ) -> ();
             forward Stats: stats() -> crate::StoreStats;
+            /// `StoreOn::sample_signals` reads the samples on a reader first.
+            by_hand WriteSignals: write_signals(
+                minute: lazaret_core::Timestamp,
+                rows: Vec<lazaret_core::series::Sample>,
+                keep_after: lazaret_core::Timestamp
+            ) -> u64;
             forward RemoveSucceeded: remove_succeeded(before: lazaret_core::Timestamp, batch: u32) -> u64;
             forward CreateToken: create_token(token: crate::ApiToken, audit: crate::AuditEntry)
                 -> Result<(), crate::TokenError>;

@@ -449,29 +449,41 @@ async fn run_async(args: BenchArgs) -> anyhow::Result<()> {
     };
     let mut reports = Vec::new();
     let mut broken = Vec::new();
-    for spec in &specs {
-        eprintln!(
-            "bench {}: {} jobs, batch {}, {}, backlog {}",
-            spec.name,
-            spec.jobs,
-            spec.batch,
-            spec.clients(),
-            spec.backlog
+    // On a terminal, a bar over the scenarios (each says its own lines).
+    let bar = crate::progress::Progress::bar(args.json, specs.len() as u64, "bench");
+    for (done, spec) in specs.iter().enumerate() {
+        bar.set(
+            done as u64,
+            specs.len() as u64,
+            format!("bench {}", spec.name),
         );
+        bar.suspend(|| {
+            eprintln!(
+                "bench {}: {} jobs, batch {}, {}, backlog {}",
+                spec.name,
+                spec.jobs,
+                spec.batch,
+                spec.clients(),
+                spec.backlog
+            );
+        });
         match run_one(&args, spec).await {
             Ok(report) => {
-                write!(human, "{}", render_run(&report))?;
-                human.flush()?;
+                bar.suspend(|| -> std::io::Result<()> {
+                    write!(human, "{}", render_run(&report))?;
+                    human.flush()
+                })?;
                 reports.push(report);
             }
             // One scenario's error should not hide the others' numbers.
             Err(e) if specs.len() > 1 => {
-                eprintln!("bench {} FAILED: {e:#}", spec.name);
+                bar.suspend(|| eprintln!("bench {} FAILED: {e:#}", spec.name));
                 broken.push(spec.name.clone());
             }
             Err(e) => return Err(e),
         }
     }
+    drop(bar);
     if reports.len() > 1 {
         write!(human, "{}", render_summary(&reports))?;
         if args.scenario == Some(Scenario::Next) {

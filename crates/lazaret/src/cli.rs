@@ -35,6 +35,8 @@ use args::{
 };
 use errors::{Cli, ExitCode, Refused, Reply, ServerError};
 
+use crate::progress::Progress;
+
 /// Page size used to count what a purge would delete.
 const PURGE_COUNT_PAGE: &str = "500";
 /// Dead letters listed before "… and N more" when a purge is not confirmed.
@@ -152,6 +154,7 @@ async fn execute(
         }
         ClientCommand::Dlq { command } => match command {
             DlqCommand::Ls(a) => dlq_ls(cli, &a, json, out, width).await,
+            DlqCommand::Report(a) if a.follow => follow_report(cli, &a.id, json, out).await,
             DlqCommand::Report(a) => {
                 let reply = cli.get(&["v1", "redrives", &a.id], &[]).await?;
                 emit(out, json, &reply, render::redrive_report)
@@ -375,9 +378,19 @@ async fn dlq_redrive(
         rate_per_sec: a.rate,
         to,
     };
-    let reply = client
-        .post(&["v1", "dead-letters", "redrive"], &body)
-        .await?;
+    let reply = {
+        let _spinner = Progress::spinner(
+            json,
+            if a.dry_run {
+                "matching the dead letters a redrive would move"
+            } else {
+                "redriving"
+            },
+        );
+        client
+            .post(&["v1", "dead-letters", "redrive"], &body)
+            .await?
+    };
     emit(out, json, &reply, |o, v| render::redriven(o, v, a.dry_run))?;
     let v: Value = reply.json()?;
     // Ids that match nothing redrivable: a typo, or already redriven or
@@ -414,7 +427,43 @@ async fn dlq_redrive(
              the reason is given for each (--json: `error`); run the redrive again once it is fixed"
         ));
     }
+    if a.follow {
+        if let Some(id) = v.get("redrive_id").and_then(Value::as_str) {
+            follow_report(client, id, json, out).await?;
+        }
+    }
     Ok(())
+}
+
+/// How often `--follow` reads a redrive's report.
+const FOLLOW_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// `dlq report --follow` (and `dlq redrive --follow`): reads the redrive's
+/// report until none of what it sent is running, a bar of the finished
+/// (succeeded, failed again, cancelled, gone) on a terminal, then prints
+/// the report as `dlq report` does.
+async fn follow_report(client: &Cli, id: &str, json: bool, out: Out<'_>) -> anyhow::Result<()> {
+    let bar = Progress::bar(json, 0, format!("redrive {id}"));
+    loop {
+        let reply = client.get(&["v1", "redrives", id], &[]).await?;
+        let v: Value = reply.json()?;
+        let n = |k: &str| v.get(k).and_then(Value::as_u64).unwrap_or(0);
+        let (sent, running) = (n("sent"), n("running"));
+        bar.set(
+            sent.saturating_sub(running),
+            sent,
+            format!(
+                "redrive {id}: {} succeeded, {} failed again, {running} running",
+                n("succeeded"),
+                n("failed_again")
+            ),
+        );
+        if running == 0 {
+            drop(bar);
+            return emit(out, json, &reply, render::redrive_report);
+        }
+        tokio::time::sleep(FOLLOW_EVERY).await;
+    }
 }
 
 /// `dlq archive` / `dlq restore`: the same body as a redrive.
@@ -471,7 +520,10 @@ async fn dlq_purge(
             selection: &selection,
             confirm: true,
         };
-        let reply = client.post(&["v1", "dead-letters", "purge"], &body).await?;
+        let reply = {
+            let _spinner = Progress::spinner(json, "purging");
+            client.post(&["v1", "dead-letters", "purge"], &body).await?
+        };
         emit(out, json, &reply, render::purged)?;
         let v: Value = reply.json()?;
         // Ids that matched nothing: a typo, or already redriven or purged.

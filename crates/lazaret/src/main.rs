@@ -14,6 +14,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod bench;
 mod cli;
 mod local;
+mod progress;
 
 /// lazaret: a job queue where one bad message never stalls the line.
 #[derive(Debug, Parser)]
@@ -282,7 +283,11 @@ fn run_migrate(args: MigrateArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    let before = runtime.block_on(lazaret_store::postgres::migrate(&opts))?;
+    let before = {
+        let _spinner =
+            crate::progress::Progress::spinner(false, format!("migrating schema {}", opts.schema));
+        runtime.block_on(lazaret_store::postgres::migrate(&opts))?
+    };
     let now = lazaret_store::postgres::SCHEMA_VERSION;
     if before == now {
         println!("schema {}: at version {now}, nothing to do", opts.schema);

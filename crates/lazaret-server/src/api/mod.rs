@@ -12,6 +12,7 @@ mod leases;
 pub mod openapi;
 mod operations;
 pub mod routes;
+mod series;
 mod tokens;
 
 use std::sync::Arc;

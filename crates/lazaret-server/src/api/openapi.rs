@@ -25,7 +25,7 @@ use schemars::{JsonSchema, Schema};
 use serde_json::{Map, Value, json};
 
 use super::routes::{Access, BodyCap, Spec, table};
-use super::{Shared, dead_letters, jobs, leases, operations, tokens};
+use super::{Shared, dead_letters, jobs, leases, operations, series, tokens};
 use crate::auth::Role;
 use crate::error::Code;
 
@@ -130,6 +130,7 @@ fn described(method: &Method, path: &str) -> Described {
         ("POST", "/v1/dead-letters/{id}/redrive") => D::new("Redrive one dead letter with a corrected payload; audited.", &[(200, "`{redriven: true, dead_letter_id, job_id, source, message_id, payload_size, payload_sha256, previous_payload_sha256}` (and `warning` when there is one)")]).errors(&[409, 422]).body(schema::<dead_letters::CorrectedBody>),
         ("GET", "/v1/dead-letters/{id}/payload") => D { payload: true, ..D::new("A dead letter's original payload.", &[(200, "The payload's bytes (`Content-Disposition: attachment`)")]) },
         ("GET", "/v1/stats") => D::new("A JSON summary of the metrics: depths, dead letters, breakers, pauses.", OK),
+        ("GET", "/v1/series") => D::new("The charts' signals over the last hour (a point per minute) or day (per five minutes): DLQ depth, dead-lettered, redrives sent, succeeded and failed again, and distinct failure groups, per type and per source; throughput and the oldest ready job's age per lane. The same on every node.", &[(200, "`{window, step_ms, from, to, sample_ms, at: [time], series: [{signal, by, name, gauge, values: [number | null]}]}`")]).query(root::<series::SeriesParams>),
         ("GET", "/v1/breakers") => D::new("The breakers not closed.", &[(200, "`{breakers: [{type, kind, state, until}]}`")]),
         ("POST", "/v1/pause") => D::new("Pause a type or a lane (`{type}` or `{lane}`); audited.", PAUSED).body(schema::<operations::PauseBody>),
         ("POST", "/v1/resume") => D::new("Resume a paused type or lane; audited.", PAUSED).body(schema::<operations::PauseBody>),

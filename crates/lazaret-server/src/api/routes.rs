@@ -29,7 +29,7 @@ use super::{
     CANCEL_BODY_BYTES_MAX as CANCEL, LEASE_BODY_BYTES_MAX as LEASE,
     OPERATE_BODY_BYTES_MAX as OPERATE, OUTCOME_BODY_BYTES_MAX as OUTCOME,
     TOKEN_BODY_BYTES_MAX as TOKEN, connection_close, dashboard, dead_letters, healthz, jobs,
-    leases, openapi, operations, tokens,
+    leases, openapi, operations, series, tokens,
 };
 
 /// Who may call a route.
@@ -170,6 +170,7 @@ pub fn table<S: Store>(config: &ServerConfig) -> Vec<Route<S>> {
         // Operators.
         get("/v1/stats", May(Observe), operations::stats::<S>),
         get("/v1/breakers", May(Observe), operations::breakers::<S>),
+        get("/v1/series", May(Observe), series::series_page::<S>),
         post("/v1/pause", May(Operate), Buffered(OPERATE), operations::pause::<S>),
         post("/v1/resume", May(Operate), Buffered(OPERATE), operations::resume::<S>),
         get("/v1/audit", May(ReadDeadLetters), operations::audit::<S>),

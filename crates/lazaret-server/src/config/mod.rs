@@ -64,6 +64,7 @@
 //! succeeded_ms = 86400000             # how long succeeded jobs are kept before the cleaner deletes them
 //! cleaner_batch = 500                 # rows the cleaner deletes per transaction (at least 1)
 //! cleaner_interval_ms = 1000          # pause between cleaner passes (at least 1)
+//! series_sample_ms = 15000           # how often the charts' signals are sampled (100..=60000; kept 25 h)
 //!
 //! [defaults]                          # policy for types not listed, and the base for listed ones
 //! attempts_max = 5                    # deliveries in all, the first included

@@ -16,6 +16,9 @@ pub struct RetentionConfig {
     pub cleaner_batch: u32,
     /// Pause between cleaner passes (`cleaner_interval_ms`).
     pub cleaner_interval: Duration,
+    /// How often the charts' signals are sampled (`series_sample_ms`);
+    /// their samples are kept 25 hours.
+    pub series_sample: Duration,
 }
 
 impl Default for RetentionConfig {
@@ -24,6 +27,7 @@ impl Default for RetentionConfig {
             succeeded: Duration::from_millis(86_400_000),
             cleaner_batch: 500,
             cleaner_interval: Duration::from_millis(1000),
+            series_sample: Duration::from_millis(15_000),
         }
     }
 }
@@ -31,12 +35,13 @@ impl Default for RetentionConfig {
 #[derive(Deserialize)]
 #[serde(
     deny_unknown_fields,
-    expecting = "a table with succeeded_ms, cleaner_batch, cleaner_interval_ms"
+    expecting = "a table with succeeded_ms, cleaner_batch, cleaner_interval_ms, series_sample_ms"
 )]
 pub(super) struct RawRetention {
     succeeded_ms: Option<Ms>,
     cleaner_batch: Option<u32>,
     cleaner_interval_ms: Option<Ms>,
+    series_sample_ms: Option<Ms>,
 }
 
 impl Ctx<'_> {
@@ -81,6 +86,18 @@ impl Ctx<'_> {
                 ));
             }
             retention.cleaner_interval = Duration::from_millis(v);
+        }
+        if let Some(Ms(v)) = r.series_sample_ms {
+            if !(100..=60_000).contains(&v) {
+                return Err(self.invalid(
+                    &path.key("series_sample_ms"),
+                    format!(
+                        "series_sample_ms must be between 100 and 60000 (got {v}): the charts \
+                         sample at least once a minute, and no more than ten times a second"
+                    ),
+                ));
+            }
+            retention.series_sample = Duration::from_millis(v);
         }
         Ok(())
     }

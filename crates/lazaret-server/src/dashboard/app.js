@@ -16,6 +16,8 @@
 
   const state = {
     who: null,
+    // The charts' window: 1h or 24h (GET /v1/series?window=).
+    chartWindow: '1h',
     timer: null,
     // Counts route() calls: a view that finishes loading after the next
     // route began (a slow overview, then a link followed) starts no timer.
@@ -312,10 +314,12 @@
 
   async function overview() {
     showView('overview');
-    const [stats, breakers] = await Promise.all([
+    const [stats, breakers, series] = await Promise.all([
       api('GET', '/v1/stats'),
       api('GET', '/v1/breakers'),
+      api('GET', `/v1/series${query({ window: state.chartWindow })}`),
     ]);
+    drawCharts(series);
     $('overview-updated').textContent = `Updated ${new Date().toISOString().slice(11, 19)}Z; refreshes every ${REFRESH_MS / 1000} s.`;
 
     const dl = stats.dead_letters || {};
@@ -389,6 +393,137 @@
           : '')],
       ], pausedRows, 'Nothing is paused.')
       : el('p', { class: 'muted' }, 'This server does not report pauses.'));
+  }
+
+  // ---------------------------------------------------------------- charts
+
+  /** What each signal of /v1/series is called on the page. */
+  const SIGNALS = {
+    dlq_depth: 'DLQ depth (held)',
+    dead_lettered: 'Dead-lettered per minute (poison rate)',
+    redrive_sent: 'Redrives sent per minute',
+    redrive_succeeded: 'Redrives succeeded per minute',
+    redrive_failed_again: 'Redrives failed again per minute',
+    failure_reasons: 'Distinct failure reasons held',
+    throughput: 'Jobs succeeded per minute (throughput)',
+    oldest_age_ms: 'Oldest ready job: how long it has waited',
+  };
+  const AXES = { type: 'by type', source: 'by source', lane: 'by lane' };
+  /** Line colours, each readable on white. */
+  const PALETTE = ['#0b5cad', '#b42318', '#1a7f37', '#8a5a00', '#6f42c1', '#0e7490', '#c2410c', '#57606a'];
+  /** An SVG element, as `el` makes HTML ones (children: nodes or text). Its
+   * namespace is read from the page's own empty `<svg>`, which the HTML
+   * parser put in it: the page names no address, not even this one. */
+  function svg(tag, attrs, ...children) {
+    const e = document.createElementNS($('svg-namespace').namespaceURI, tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v !== null && v !== undefined) e.setAttribute(k, String(v));
+    }
+    for (const c of children.flat(Infinity)) {
+      if (c === null || c === undefined) continue;
+      e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+    }
+    return e;
+  }
+
+  /** A line's name as shown: `null` is "no type" or lazaret's own jobs. */
+  function lineName(line) {
+    if (line.name !== null) return line.name;
+    return line.by === 'source' ? 'lazaret (own jobs)' : line.by === 'type' ? '(no type)' : '—';
+  }
+
+  function chartValue(signal, v) {
+    if (v === null || v === undefined) return 'no sample';
+    return signal === 'oldest_age_ms' ? fmtAge(v / 1000) : String(v);
+  }
+
+  function clock(iso) {
+    return `${iso.slice(11, 16)}Z`;
+  }
+
+  /** One chart: a signal by one axis, a line per name, every point a circle holding its value. */
+  function chart(signal, by, lines, at, windowWord) {
+    const id = `chart-${signal}-${by}`;
+    const title = `${SIGNALS[signal] || signal} ${AXES[by] || by}, last ${windowWord === '24h' ? 'day' : 'hour'}`;
+    const fig = el('figure', { class: 'chart', 'data-signal': signal, 'data-by': by });
+    fig.append(el('figcaption', { id: `${id}-caption` }, title));
+    if (!lines.length) {
+      fig.append(el('p', { class: 'muted' }, 'Nothing in this window.'));
+      return fig;
+    }
+    const W = 360;
+    const H = 120;
+    const left = 34;
+    const right = 6;
+    const top = 8;
+    const bottom = 16;
+    const n = at.length;
+    const values = lines.flatMap((l) => l.values.filter((v) => v !== null));
+    const max = Math.max(1, ...values);
+    const x = (i) => left + (n > 1 ? (i * (W - left - right)) / (n - 1) : 0);
+    const y = (v) => top + (H - top - bottom) * (1 - v / max);
+    const latest = (l) => {
+      for (let i = l.values.length - 1; i >= 0; i -= 1) if (l.values[i] !== null) return l.values[i];
+      return null;
+    };
+    const desc = lines.map((l) => `${lineName(l)}: ${chartValue(signal, latest(l))} now, at most ${chartValue(signal, Math.max(0, ...l.values.filter((v) => v !== null)))}`).join('; ');
+    const plot = svg('svg', {
+      viewBox: `0 0 ${W} ${H}`, role: 'img', 'aria-labelledby': `${id}-title ${id}-desc`, focusable: 'false',
+    },
+    svg('title', { id: `${id}-title` }, title),
+    svg('desc', { id: `${id}-desc` }, desc),
+    svg('line', { class: 'axis', x1: left, y1: y(0), x2: W - right, y2: y(0) }),
+    svg('line', { class: 'axis', x1: left, y1: y(max), x2: W - right, y2: y(max), 'stroke-dasharray': '2 3' }),
+    svg('text', { x: left - 4, y: y(max) + 3, 'text-anchor': 'end' }, chartValue(signal, max)),
+    svg('text', { x: left - 4, y: y(0) + 3, 'text-anchor': 'end' }, '0'),
+    svg('text', { x: left, y: H - 3 }, clock(at[0])),
+    svg('text', { x: W - right, y: H - 3, 'text-anchor': 'end' }, clock(at[n - 1])));
+    const legend = el('ul', { 'aria-label': `Lines of ${title}` });
+    lines.forEach((l, k) => {
+      const colour = PALETTE[k % PALETTE.length];
+      const g = svg('g', { class: 'line', 'data-name': l.name === null ? '' : l.name, stroke: colour, fill: colour });
+      // A gap (a step no sampling covered) breaks the line.
+      let run = [];
+      const flush = () => {
+        if (run.length > 1) g.append(svg('polyline', { points: run.join(' '), fill: 'none', 'stroke-width': 1.5 }));
+        run = [];
+      };
+      l.values.forEach((v, i) => {
+        if (v === null) { flush(); return; }
+        run.push(`${x(i).toFixed(1)},${y(v).toFixed(1)}`);
+        g.append(svg('circle', {
+          cx: x(i).toFixed(1), cy: y(v).toFixed(1), r: n > 100 ? 1.2 : 2, stroke: 'none',
+          'data-value': v, 'data-at': at[i],
+        }, svg('title', {}, `${lineName(l)} at ${clock(at[i])}: ${chartValue(signal, v)}`)));
+      });
+      flush();
+      plot.append(g);
+      legend.append(el('li', {},
+        svg('svg', { viewBox: '0 0 10 10', 'aria-hidden': 'true' }, svg('rect', { width: 10, height: 10, fill: colour })),
+        `${lineName(l)}: ${chartValue(signal, latest(l))}`));
+    });
+    fig.append(plot, legend);
+    return fig;
+  }
+
+  /** The charts of a /v1/series answer: per signal, a chart per axis it is broken down by. */
+  function drawCharts(series) {
+    const box = $('overview-charts');
+    box.dataset.window = series.window;
+    box.dataset.to = series.to;
+    for (const b of document.querySelectorAll('[data-window]')) {
+      if (b.tagName === 'BUTTON') b.setAttribute('aria-pressed', String(b.dataset.window === series.window));
+    }
+    const axes = { throughput: ['lane'], oldest_age_ms: ['lane'] };
+    const parts = [];
+    for (const signal of Object.keys(SIGNALS)) {
+      parts.push(el('h4', {}, SIGNALS[signal]));
+      for (const by of axes[signal] || ['type', 'source']) {
+        const lines = series.series.filter((l) => l.signal === signal && l.by === by);
+        parts.push(chart(signal, by, lines, series.at, series.window));
+      }
+    }
+    box.replaceChildren(...parts);
   }
 
   async function pauseResume(pause, kind, name) {
@@ -1249,6 +1384,12 @@
       route();
     });
     $('overview-refresh').addEventListener('click', () => overview().catch(showError));
+    for (const id of ['charts-1h', 'charts-24h']) {
+      $(id).addEventListener('click', (ev) => {
+        state.chartWindow = ev.currentTarget.dataset.window;
+        overview().catch(showError);
+      });
+    }
     $('pause-form').addEventListener('submit', (ev) => {
       ev.preventDefault();
       const f = ev.target.elements;

@@ -243,6 +243,7 @@ GET    /v1/dead-letters/{id}/payload  operator admin
 GET    /v1/redrives/{id}              operator admin
 GET    /v1/stats                      producer worker operator admin
 GET    /v1/breakers                   producer worker operator admin
+GET    /v1/series                     producer worker operator admin
 POST   /v1/pause                      operator admin
 POST   /v1/resume                     operator admin
 GET    /v1/audit                      operator admin

@@ -603,6 +603,13 @@ impl Backend for Postgres {
         StoreError::Closed
     }
 
+    async fn signal_readings(
+        &self,
+        now: Timestamp,
+    ) -> Result<crate::signals::Readings, StoreError> {
+        reader::signal_readings(&*self.reader().await?, now).await
+    }
+
     fn tick_skip(&self, now: Timestamp) -> Option<Tick> {
         if self.inner.tick_min.is_zero() {
             return None;

@@ -805,3 +805,140 @@ pub(super) async fn switches(c: &Client) -> Result<Vec<Switch>, StoreError> {
     }
     Ok(out)
 }
+
+/// As SQLite's `reader::signal_readings`: dead letters held and their
+/// failure groups, per type, per source and for lazaret's own.
+const SIGNALS_HELD_SQL: &str = "
+SELECT 'type', coalesce(type, ''), sum(count)::int8, count(*)::int8
+FROM dead_letter_groups WHERE NOT archived GROUP BY type
+UNION ALL
+SELECT 'source', name, sum(count)::int8, count(*)::int8
+FROM dead_letter_group_names WHERE NOT archived AND what = 'source' GROUP BY name
+UNION ALL
+SELECT 'source', '', coalesce(sum(own), 0)::int8, count(*) FILTER (WHERE own > 0) FROM (
+    SELECT g.count - coalesce((SELECT sum(n.count) FROM dead_letter_group_names n
+        WHERE n.group_id = g.group_id AND NOT n.archived AND n.what = 'source'), 0) AS own
+    FROM dead_letter_groups g WHERE NOT g.archived) o";
+
+const SIGNALS_OLDEST_SQL: &str =
+    "SELECT lane, min(run_at) FROM jobs WHERE state = 'queued' GROUP BY lane";
+
+const SIGNALS_DEAD_SQL: &str = "
+SELECT coalesce(d.type, ''), coalesce(d.source_name, ''),
+       d.redrive_id <> '' OR coalesce(j.redrives, 0) > 0, count(*)::int8
+FROM dead_letters d LEFT JOIN jobs j ON j.id = d.job_id
+WHERE d.dead_lettered_at >= $1 AND d.dead_lettered_at < $2 GROUP BY 1, 2, 3";
+
+const SIGNALS_SUCCEEDED_SQL: &str = "
+SELECT type, lane, redrives > 0, count(*)::int8 FROM jobs
+WHERE state = 'succeeded' AND finished_at >= $1 AND finished_at < $2 GROUP BY 1, 2, 3";
+
+const SIGNALS_SENT_SQL: &str = "
+SELECT coalesce(j.type, ''), count(*)::int8
+FROM audit a JOIN redrive_jobs rj ON rj.audit_id = a.id LEFT JOIN jobs j ON j.id = rj.job_id
+WHERE a.at >= $1 AND a.at < $2 GROUP BY 1";
+
+const SIGNALS_MESSAGES_SQL: &str = "
+SELECT source, count(*) FILTER (WHERE sent_at >= $1 AND sent_at < $2),
+       count(*) FILTER (WHERE outcome = 'succeeded' AND outcome_at >= $1 AND outcome_at < $2)
+FROM redrive_messages
+WHERE (sent_at >= $1 AND sent_at < $2) OR (outcome_at >= $1 AND outcome_at < $2)
+GROUP BY source";
+
+fn count_of(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
+}
+
+async fn signal_events(
+    c: &Client,
+    from: i64,
+    to: i64,
+) -> Result<crate::signals::Events, StoreError> {
+    let range: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&from, &to];
+    let dead = pg(c.query(SIGNALS_DEAD_SQL, &range).await)?;
+    let succeeded = pg(c.query(SIGNALS_SUCCEEDED_SQL, &range).await)?;
+    let sent = pg(c.query(SIGNALS_SENT_SQL, &range).await)?;
+    let messages = pg(c.query(SIGNALS_MESSAGES_SQL, &range).await)?;
+    Ok(crate::signals::Events {
+        dead: dead
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2), count_of(r.get(3))))
+            .collect(),
+        succeeded: succeeded
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2), count_of(r.get(3))))
+            .collect(),
+        sent_jobs: sent
+            .iter()
+            .map(|r| (r.get(0), count_of(r.get(1))))
+            .collect(),
+        messages: messages
+            .iter()
+            .map(|r| (r.get(0), count_of(r.get(1)), count_of(r.get(2))))
+            .collect(),
+    })
+}
+
+/// What a sampling of the charts' signals reads at `now`
+/// (`crate::signals`), from the rows every node shares.
+pub(super) async fn signal_readings(
+    c: &Client,
+    now: Timestamp,
+) -> Result<crate::signals::Readings, StoreError> {
+    use lazaret_core::series::{By, MINUTE_MS, minute_of};
+    let held = pg(c.query(SIGNALS_HELD_SQL, &[]).await)?
+        .iter()
+        .map(|r| {
+            let axis: &str = r.get(0);
+            let by = if axis == "type" { By::Type } else { By::Source };
+            (
+                by,
+                r.get::<_, String>(1),
+                count_of(r.get::<_, Option<i64>>(2).unwrap_or(0)),
+                count_of(r.get::<_, Option<i64>>(3).unwrap_or(0)),
+            )
+        })
+        .collect();
+    let oldest = pg(c.query(SIGNALS_OLDEST_SQL, &[]).await)?
+        .iter()
+        .map(|r| (r.get::<_, String>(0), Timestamp::from_millis(r.get(1))))
+        .collect();
+    let minute = minute_of(now).as_millis();
+    let current = signal_events(c, minute, now.as_millis() + 1).await?;
+    let previous = signal_events(c, minute - MINUTE_MS, minute).await?;
+    Ok(crate::signals::Readings {
+        now,
+        held,
+        oldest,
+        current,
+        previous,
+    })
+}
+
+/// The charts' samples of the minutes in `[from, to)`.
+pub(super) async fn signal_samples(
+    c: &Client,
+    &from: &Timestamp,
+    &to: &Timestamp,
+) -> Result<crate::SignalSamples, StoreError> {
+    let rows = pg(c
+        .query(
+            "SELECT minute, signal, axis, name, value FROM signal_samples
+             WHERE minute >= $1 AND minute < $2 ORDER BY minute, signal, axis, name",
+            &[&from.as_millis(), &to.as_millis()],
+        )
+        .await)?;
+    let mut out = crate::SignalSamples::default();
+    for r in &rows {
+        let minute: i64 = r.get(0);
+        let signal: &str = r.get(1);
+        if signal == lazaret_core::series::SAMPLED {
+            out.sampled.push(Timestamp::from_millis(minute));
+        } else if let Some(s) =
+            crate::signals::sample_of(minute, signal, r.get(2), r.get(3), r.get(4))
+        {
+            out.samples.push(s);
+        }
+    }
+    Ok(out)
+}

@@ -17,7 +17,7 @@ use super::pg;
 use crate::StoreError;
 
 /// The version this build writes; older schemas are migrated at open.
-pub const SCHEMA_VERSION: i64 = 9;
+pub const SCHEMA_VERSION: i64 = 11;
 
 /// The advisory lock key migrations hold (`pg_advisory_xact_lock`).
 const MIGRATION_LOCK: i64 = 0x6c61_7a61_7265_7401;
@@ -362,6 +362,30 @@ CREATE TRIGGER dead_letter_groups_keep
     ON dead_letters FOR EACH ROW EXECUTE PROCEDURE dead_letter_groups_keep();
 "#;
 
+/// v10 → v11 (issue 33, part 5; v10 is another change's): the charts'
+/// samples, as SQLite's version 14 (`sqlite::schema`, `V14_OBJECTS`): a
+/// row per (minute, signal, axis, name) of each sampling
+/// (`crate::signals`; `signal = 'sampled'` marks a minute sampled), kept
+/// about a day, and the indexes a sampling reads the minute's events by
+/// (dead letters and audit entries by time, redriven broker messages by
+/// when they were sent and how they ended). New objects only: an older
+/// node keeps working and samples nothing.
+const V11: &str = r#"
+CREATE TABLE IF NOT EXISTS signal_samples (
+    minute int8 NOT NULL,   -- the minute's start, ms since the epoch
+    signal text NOT NULL,   -- lazaret_core::series::Signal words, or 'sampled'
+    axis   text NOT NULL,   -- type | source | lane ('' for the mark)
+    name   text NOT NULL,   -- the type, source or lane; '' for none
+    value  int8 NOT NULL,
+    PRIMARY KEY (minute, signal, axis, name)
+);
+CREATE INDEX IF NOT EXISTS dead_letters_at ON dead_letters (dead_lettered_at);
+CREATE INDEX IF NOT EXISTS audit_at ON audit (at);
+CREATE INDEX IF NOT EXISTS redrive_messages_sent ON redrive_messages (sent_at);
+CREATE INDEX IF NOT EXISTS redrive_messages_outcome ON redrive_messages (outcome_at)
+    WHERE outcome_at IS NOT NULL;
+"#;
+
 /// Builds the groups' summary from the dead letters held (v7's migration;
 /// idempotent: it starts from empty tables).
 const SUMMARY_REBUILD: &str = r#"
@@ -484,6 +508,9 @@ async fn migrate_locked(c: &Client, schema: &str) -> Result<i64, StoreError> {
     if found < 9 {
         pg(c.batch_execute(V9).await)?;
         pg(c.batch_execute(SUMMARY_REBUILD).await)?;
+    }
+    if found < 11 {
+        pg(c.batch_execute(V11).await)?;
     }
     pg(c.execute(
         "INSERT INTO lazaret_meta (key, value) VALUES ('schema_version', $1)

@@ -500,6 +500,13 @@ impl Backend for Sqlite {
         Sqlite::gone(self)
     }
 
+    async fn signal_readings(
+        &self,
+        now: lazaret_core::Timestamp,
+    ) -> Result<crate::signals::Readings, StoreError> {
+        self.read(move |c| reader::signal_readings(c, now)).await
+    }
+
     /// The writer takes one-row commands in the order they were sent
     /// (`writer::Queue`), and `enqueue` sends its command at the first
     /// poll; a lease is answered at its commit once its token is reserved

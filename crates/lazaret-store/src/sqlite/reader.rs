@@ -839,6 +839,158 @@ pub(super) fn tokens(c: &Connection) -> Result<Vec<crate::ApiToken>, StoreError>
     Ok(out)
 }
 
+/// Dead letters held and their failure groups, per type, per source, and
+/// for lazaret's own (no source), from the groups' summary.
+const SIGNALS_HELD_SQL: &str = "
+SELECT 'type', COALESCE(type, ''), SUM(count), COUNT(*)
+FROM dead_letter_groups WHERE archived = 0 GROUP BY type
+UNION ALL
+SELECT 'source', name, SUM(count), COUNT(*)
+FROM dead_letter_group_names WHERE archived = 0 AND what = 'source' GROUP BY name
+UNION ALL
+SELECT 'source', '', COALESCE(SUM(own), 0), COALESCE(SUM(own > 0), 0) FROM (
+    SELECT g.count - COALESCE((SELECT SUM(n.count) FROM dead_letter_group_names n
+        WHERE n.group_id = g.group_id AND n.archived = 0 AND n.what = 'source'), 0) AS own
+    FROM dead_letter_groups g WHERE g.archived = 0)";
+
+/// Per lane, when its longest-waiting ready job became ready (the typed
+/// ready index covers it).
+const SIGNALS_OLDEST_SQL: &str =
+    "SELECT lane, MIN(run_at) FROM jobs WHERE state = 'queued' GROUP BY lane";
+
+/// Dead letters written in `[?1, ?2)` (`dead_letters_at`).
+const SIGNALS_DEAD_SQL: &str = "
+SELECT COALESCE(d.type, ''), COALESCE(d.source_name, ''),
+       d.redrive_id <> '' OR COALESCE(j.redrives, 0) > 0, COUNT(*)
+FROM dead_letters d LEFT JOIN jobs j ON j.id = d.job_id
+WHERE d.dead_lettered_at >= ?1 AND d.dead_lettered_at < ?2 GROUP BY 1, 2, 3";
+
+/// Jobs succeeded in `[?1, ?2)` (`jobs_done`).
+const SIGNALS_SUCCEEDED_SQL: &str = "
+SELECT type, lane, redrives > 0, COUNT(*) FROM jobs
+WHERE state = 'succeeded' AND finished_at >= ?1 AND finished_at < ?2 GROUP BY 1, 2, 3";
+
+/// Jobs redriven by the redrives audited in `[?1, ?2)` (`audit_at`).
+const SIGNALS_SENT_SQL: &str = "
+SELECT COALESCE(j.type, ''), COUNT(*)
+FROM audit a JOIN redrive_jobs rj ON rj.audit_id = a.id LEFT JOIN jobs j ON j.id = rj.job_id
+WHERE a.at >= ?1 AND a.at < ?2 GROUP BY 1";
+
+/// Broker messages republished, and redriven copies succeeded, in `[?1, ?2)`.
+const SIGNALS_MESSAGES_SQL: &str = "
+SELECT source, SUM(sent_at >= ?1 AND sent_at < ?2),
+       SUM(outcome = 'succeeded' AND outcome_at >= ?1 AND outcome_at < ?2)
+FROM redrive_messages
+WHERE (sent_at >= ?1 AND sent_at < ?2) OR (outcome_at >= ?1 AND outcome_at < ?2)
+GROUP BY source";
+
+fn count(n: Option<i64>) -> u64 {
+    u64::try_from(n.unwrap_or(0)).unwrap_or(0)
+}
+
+/// What happened in `[from, to)`.
+fn signal_events(c: &Connection, from: i64, to: i64) -> Result<crate::signals::Events, StoreError> {
+    let mut e = crate::signals::Events::default();
+    let mut stmt = db(c.prepare_cached(SIGNALS_DEAD_SQL))?;
+    e.dead = db(db(stmt.query_map(params![from, to], |r| {
+        Ok((r.get(0)?, r.get(1)?, r.get(2)?, count(r.get(3)?)))
+    }))?
+    .collect())?;
+    let mut stmt = db(c.prepare_cached(SIGNALS_SUCCEEDED_SQL))?;
+    e.succeeded = db(db(stmt.query_map(params![from, to], |r| {
+        Ok((r.get(0)?, r.get(1)?, r.get(2)?, count(r.get(3)?)))
+    }))?
+    .collect())?;
+    let mut stmt = db(c.prepare_cached(SIGNALS_SENT_SQL))?;
+    e.sent_jobs = db(
+        db(stmt.query_map(params![from, to], |r| Ok((r.get(0)?, count(r.get(1)?)))))?.collect(),
+    )?;
+    let mut stmt = db(c.prepare_cached(SIGNALS_MESSAGES_SQL))?;
+    e.messages = db(db(stmt.query_map(params![from, to], |r| {
+        Ok((r.get(0)?, count(r.get(1)?), count(r.get(2)?)))
+    }))?
+    .collect())?;
+    Ok(e)
+}
+
+/// What a sampling of the charts' signals reads at `now`
+/// (`crate::signals`), in one read transaction.
+pub(super) fn signal_readings(
+    c: &Connection,
+    now: Timestamp,
+) -> Result<crate::signals::Readings, StoreError> {
+    use lazaret_core::series::{By, MINUTE_MS, minute_of};
+    let tx = db(c.unchecked_transaction())?;
+    let mut held = Vec::new();
+    {
+        let mut stmt = db(tx.prepare_cached(SIGNALS_HELD_SQL))?;
+        let rows = db(stmt.query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                count(r.get(2)?),
+                count(r.get(3)?),
+            ))
+        }))?;
+        for row in rows {
+            let (axis, name, depth, groups) = db(row)?;
+            let by = if axis == "type" { By::Type } else { By::Source };
+            held.push((by, name, depth, groups));
+        }
+    }
+    let oldest = {
+        let mut stmt = db(tx.prepare_cached(SIGNALS_OLDEST_SQL))?;
+        db(db(stmt.query_map([], |r| {
+            Ok((r.get::<_, String>(0)?, Timestamp::from_millis(r.get(1)?)))
+        }))?
+        .collect())?
+    };
+    let minute = minute_of(now).as_millis();
+    let current = signal_events(&tx, minute, now.as_millis() + 1)?;
+    let previous = signal_events(&tx, minute - MINUTE_MS, minute)?;
+    db(tx.commit())?;
+    Ok(crate::signals::Readings {
+        now,
+        held,
+        oldest,
+        current,
+        previous,
+    })
+}
+
+/// The charts' samples of the minutes in `[from, to)`.
+pub(super) fn signal_samples(
+    c: &Connection,
+    &from: &Timestamp,
+    &to: &Timestamp,
+) -> Result<crate::SignalSamples, StoreError> {
+    let mut stmt = db(c.prepare_cached(
+        "SELECT minute, signal, axis, name, value FROM signal_samples
+         WHERE minute >= ?1 AND minute < ?2 ORDER BY minute, signal, axis, name",
+    ))?;
+    let rows = db(
+        stmt.query_map(params![from.as_millis(), to.as_millis()], |r| {
+            Ok((
+                r.get::<_, i64>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, String>(2)?,
+                r.get::<_, String>(3)?,
+                r.get::<_, i64>(4)?,
+            ))
+        }),
+    )?;
+    let mut out = crate::SignalSamples::default();
+    for row in rows {
+        let (minute, signal, axis, name, value) = db(row)?;
+        if signal == lazaret_core::series::SAMPLED {
+            out.sampled.push(Timestamp::from_millis(minute));
+        } else if let Some(s) = crate::signals::sample_of(minute, &signal, &axis, name, value) {
+            out.samples.push(s);
+        }
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

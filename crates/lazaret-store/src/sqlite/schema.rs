@@ -3,7 +3,7 @@
 use rusqlite::Connection;
 
 /// The schema version this build writes; `PRAGMA user_version` records it.
-pub const SCHEMA_VERSION: i64 = 12;
+pub const SCHEMA_VERSION: i64 = 14;
 
 /// The current schema, for a new database (and the tables a migration adds).
 const CURRENT: &str = r#"
@@ -345,6 +345,30 @@ CREATE TABLE IF NOT EXISTS redrive_messages (
 );
 "#;
 
+/// What version 14 added (issue 33, part 5; 13 is another change's):
+/// the charts' samples, a row per (minute, signal, axis, name) written by
+/// each sampling (`crate::signals`; `signal = 'sampled'` marks a minute
+/// sampled), kept about a day; and the indexes a sampling reads the
+/// minute's events by, so it never scans a table: dead letters by time
+/// (one more index entry per dead letter written), audit entries by time,
+/// redriven broker messages by when they were sent and how they ended.
+/// Self-contained: new objects only.
+const V14_OBJECTS: &str = r#"
+CREATE TABLE IF NOT EXISTS signal_samples (
+    minute INTEGER NOT NULL,            -- the minute's start, ms since the epoch
+    signal TEXT    NOT NULL,            -- lazaret_core::series::Signal words, or 'sampled'
+    axis   TEXT    NOT NULL,            -- type | source | lane ('' for the mark)
+    name   TEXT    NOT NULL,            -- the type, source or lane; '' for none
+    value  INTEGER NOT NULL,
+    PRIMARY KEY (minute, signal, axis, name)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS dead_letters_at ON dead_letters (dead_lettered_at);
+CREATE INDEX IF NOT EXISTS audit_at ON audit (at);
+CREATE INDEX IF NOT EXISTS redrive_messages_sent ON redrive_messages (sent_at);
+CREATE INDEX IF NOT EXISTS redrive_messages_outcome ON redrive_messages (outcome_at)
+    WHERE outcome_at IS NOT NULL;
+"#;
+
 /// Dead letters [`groups_v9`] reads at a time.
 const GROUPS_V9_PAGE_ROWS: i64 = 1000;
 
@@ -584,6 +608,7 @@ pub fn migrate(conn: &Connection) -> Result<(), crate::StoreError> {
     }
     script.push_str(V11_OBJECTS);
     script.push_str(&v12_objects());
+    script.push_str(V14_OBJECTS);
     let migrated = conn.execute_batch(&script).and_then(|()| {
         if held_retries_v6 {
             copy_held_retries_v6(conn)?;

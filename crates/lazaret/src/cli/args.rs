@@ -292,7 +292,7 @@ pub enum DlqCommand {
     /// What a redrive did so far: sent, succeeded, running, failed again
     /// and the groups they fell into (GET /v1/redrives/{id}); the id is in
     /// the redrive's answer.
-    Report(ShowArgs),
+    Report(DlqReportArgs),
     /// Redrive one dead letter with a corrected payload; the original stays
     /// in the job's history and the edit is audited with its reason
     /// (POST /v1/dead-letters/{id}/redrive).
@@ -447,6 +447,21 @@ pub struct DlqRedriveArgs {
     /// Queue the jobs in this lane instead.
     #[arg(long, value_name = "LANE", value_parser = NonEmptyStringValueParser::new())]
     pub to_lane: Option<String>,
+    /// Then follow the redrive's report until none of what it sent is
+    /// running, a bar of the finished on a terminal (`dlq report --follow`).
+    #[arg(long, conflicts_with = "dry_run")]
+    pub follow: bool,
+}
+
+/// `lazaret dlq report`
+#[derive(Debug, clap::Args)]
+pub struct DlqReportArgs {
+    /// The redrive's id (in the redrive's answer).
+    pub id: String,
+    /// Poll the report until none of what the redrive sent is running,
+    /// a bar of the finished on a terminal; then print it.
+    #[arg(long)]
+    pub follow: bool,
 }
 
 /// `lazaret dlq groups`

@@ -18,6 +18,7 @@ import assert from 'node:assert/strict';
 import { mkdtempSync, readFileSync, rmSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { isDeepStrictEqual } from 'node:util';
 
 import { chromium } from 'playwright-core';
 
@@ -79,6 +80,25 @@ async function workerTakes(type, n) {
   }
   assert.equal(taken.length, n, `${n} jobs of ${type} leased`);
   return taken.sort((a, b) => Number(a.id) - Number(b.id));
+}
+
+/** A /v1/series answer's points, keyed `signal/by/name/at` (`name` '' for null). */
+function seriesPoints(answer) {
+  const out = {};
+  for (const line of answer.series) {
+    line.values.forEach((v, i) => {
+      if (v !== null) out[`${line.signal}/${line.by}/${line.name ?? ''}/${answer.at[i]}`] = v;
+    });
+  }
+  return out;
+}
+
+/** The sum of a line's values over a /v1/series answer's window. */
+function seriesSum(answer, signal, by, name) {
+  return answer.series
+    .filter((l) => l.signal === signal && l.by === by && l.name === name)
+    .flatMap((l) => l.values)
+    .reduce((a, v) => a + (v || 0), 0);
 }
 
 const profile = mkdtempSync(join(tmpdir(), 'lazaret-chromium-'));
@@ -239,6 +259,55 @@ try {
   const againRows = page.getByRole('table', { name: `Dead letters of group ${again}` }).locator('tbody tr');
   await againRows.filter({ hasText: 'the tax table is missing' }).waitFor();
   assert.equal(await againRows.count(), 1);
+
+  say('the overview charts the signals with the numbers /v1/series gives, over the last hour and the last day');
+  await page.getByRole('navigation').getByRole('link', { name: 'Overview' }).click();
+  await page.getByRole('heading', { name: 'Overview' }).waitFor();
+  for (const windowWord of ['1h', '24h']) {
+    await page.getByRole('button', { name: windowWord === '1h' ? 'Last hour' : 'Last day' }).click();
+    // The sampler writes every 200 ms (the test's config): poll until what
+    // the page drew and what the API answers agree, and show the numbers
+    // this test made (the group's redrive: 2 sent, 1 succeeded, 1 failed
+    // again; one dead letter per scattered failure).
+    let last = null;
+    for (let tries = 0; ; tries += 1) {
+      const answer = await operatorGets(`/v1/series?window=${windowWord}`);
+      const drawn = await page.evaluate(() => {
+        const points = {};
+        for (const c of document.querySelectorAll('#overview-charts figure circle')) {
+          const fig = c.closest('figure');
+          const line = c.closest('g');
+          points[`${fig.dataset.signal}/${fig.dataset.by}/${line.dataset.name}/${c.dataset.at}`] = Number(c.dataset.value);
+        }
+        return { window: document.getElementById('overview-charts').dataset.window, points };
+      });
+      const counts = [
+        seriesSum(answer, 'redrive_sent', 'type', seed.regroup.type),
+        seriesSum(answer, 'redrive_succeeded', 'type', seed.regroup.type),
+        seriesSum(answer, 'redrive_failed_again', 'type', seed.regroup.type),
+        seriesSum(answer, 'dead_lettered', 'type', seed.scatter.type),
+      ];
+      // The oldest ready job ages between two samplings (every 200 ms): its
+      // point under way is left out; every other point must be the API's.
+      const now = answer.at[answer.at.length - 1];
+      const settled = (points) => Object.fromEntries(Object.entries(points)
+        .filter(([k]) => !(k.startsWith('oldest_age_ms/') && k.endsWith(`/${now}`))));
+      last = { counts, drawn: { ...drawn, points: settled(drawn.points) }, want: settled(seriesPoints(answer)) };
+      if (drawn.window === windowWord
+        && JSON.stringify(counts) === JSON.stringify([2, 1, 1, seed.scatter.count])
+        && isDeepStrictEqual(last.drawn.points, last.want)) break;
+      assert.ok(tries < 60, `the charts (${windowWord}) show what /v1/series gives: ${JSON.stringify(last).slice(0, 4000)}`);
+      await page.getByRole('button', { name: 'Refresh' }).click();
+      await page.waitForTimeout(250);
+    }
+    assert.ok(Object.keys(last.want).length > 0, 'the charts have points');
+    assert.ok(await page.locator('#overview-charts figure[data-signal="oldest_age_ms"] circle').count() > 0, 'the oldest ready job is charted');
+    // Each chart is an image with a title, and says its lines in words.
+    const depth = page.getByRole('img', { name: new RegExp(`^DLQ depth \\(held\\) by type, last ${windowWord === '1h' ? 'hour' : 'day'}`) });
+    await depth.waitFor();
+  }
+  await shot('charts');
+  await page.getByRole('button', { name: 'Last hour' }).click();
 
   say('a group is archived (dry run, then confirm) and restored');
   await page.goto(`${base}/#/dead-letters?type=${seed.surge.type}&reason=${seed.surge.other_reason}`);

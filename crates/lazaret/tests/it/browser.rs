@@ -21,6 +21,12 @@ const SURGE: usize = 20;
 /// Dead letters of the scattering type, each its own failure.
 const SCATTER: usize = 30;
 
+/// The charts' sampler every 200 ms, so the page's charts catch up fast.
+const CHARTS: &str = r#"
+[retention]
+series_sample_ms = 200
+"#;
+
 /// A breaker that opens after two failures and stays open through the test.
 const BREAKER: &str = r#"
 [types.flaky.breaker]
@@ -81,7 +87,7 @@ async fn an_operator_signs_in_finds_the_dead_letter_under_its_reason_and_redrive
         );
         return;
     }
-    let server = Server::start(&format!("{QUICK}\n{TOKENS}\n{BREAKER}")).await;
+    let server = Server::start(&format!("{QUICK}\n{TOKENS}\n{BREAKER}\n{CHARTS}")).await;
     let producer = server.api_as("producer-secret");
     let worker = server.api_as("worker-secret");
     let operator = server.api_as("operator-secret");

@@ -11,6 +11,7 @@ mod bench;
 mod brokers;
 mod browser;
 mod celery;
+mod charts;
 mod cli;
 mod cluster;
 mod connections;

@@ -267,3 +267,51 @@ impl Writer {
         })
     }
 }
+
+/// A sampling's rows, in one statement, in key order (so two nodes
+/// writing the same minute lock its rows in one order); a count already
+/// there is never lowered.
+const SIGNALS_UPSERT_SQL: &str = "INSERT INTO signal_samples AS s (minute, signal, axis, name, value)
+     SELECT * FROM unnest($1::int8[], $2::text[], $3::text[], $4::text[], $5::int8[])
+     ORDER BY 1, 2, 3, 4
+     ON CONFLICT (minute, signal, axis, name) DO UPDATE SET value = greatest(s.value, excluded.value)";
+
+impl Writer {
+    /// Writes one sampling of the charts' signals (as SQLite's
+    /// `write_signals`): `minute`'s gauges replaced, counts raised, the
+    /// minute marked sampled, minutes before `keep_after` deleted.
+    pub(super) async fn write_signals(
+        &mut self,
+        &minute: &Timestamp,
+        rows: &[lazaret_core::series::Sample],
+        &keep_after: &Timestamp,
+    ) -> Result<u64, StoreError> {
+        let m = minute.as_millis();
+        self.execute(crate::signals::DELETE_GAUGES_PG, &[&m])
+            .await?;
+        let mut minutes = vec![m];
+        let mut signals = vec![lazaret_core::series::SAMPLED.to_owned()];
+        let mut axes = vec![String::new()];
+        let mut names = vec![String::new()];
+        let mut values = vec![1i64];
+        for s in rows {
+            minutes.push(s.minute.as_millis());
+            signals.push(s.signal.as_str().to_owned());
+            axes.push(s.by.as_str().to_owned());
+            names.push(s.name.clone());
+            values.push(i64::try_from(s.value).unwrap_or(i64::MAX));
+        }
+        let n = self
+            .execute(
+                SIGNALS_UPSERT_SQL,
+                &[&minutes, &signals, &axes, &names, &values],
+            )
+            .await?;
+        self.execute(
+            "DELETE FROM signal_samples WHERE minute < $1",
+            &[&keep_after.as_millis()],
+        )
+        .await?;
+        Ok(n)
+    }
+}

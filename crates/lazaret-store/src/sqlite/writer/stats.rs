@@ -143,3 +143,47 @@ impl Writer {
         Ok(())
     }
 }
+
+impl Writer {
+    /// Writes one sampling of the charts' signals (`crate::signals`):
+    /// `minute`'s gauges replaced, counts raised, the minute marked
+    /// sampled, and minutes before `keep_after` deleted.
+    pub(super) fn write_signals(
+        &mut self,
+        minute: Timestamp,
+        rows: Vec<lazaret_core::series::Sample>,
+        keep_after: Timestamp,
+    ) -> Result<u64, StoreError> {
+        let minute = minute.as_millis();
+        db(self
+            .conn
+            .prepare_cached(crate::signals::DELETE_GAUGES_SQLITE)?
+            .execute(params![minute]))?;
+        db(self
+            .conn
+            .prepare_cached(
+                "INSERT INTO signal_samples (minute, signal, axis, name, value)
+                 VALUES (?1, ?2, '', '', 1) ON CONFLICT DO NOTHING",
+            )?
+            .execute(params![minute, lazaret_core::series::SAMPLED]))?;
+        let mut insert = db(self.conn.prepare_cached(
+            "INSERT INTO signal_samples (minute, signal, axis, name, value)
+             VALUES (?1, ?2, ?3, ?4, ?5)
+             ON CONFLICT (minute, signal, axis, name) DO UPDATE SET value = max(value, excluded.value)",
+        ))?;
+        for s in &rows {
+            db(insert.execute(params![
+                s.minute.as_millis(),
+                s.signal.as_str(),
+                s.by.as_str(),
+                s.name,
+                i64::try_from(s.value).unwrap_or(i64::MAX)
+            ]))?;
+        }
+        db(self
+            .conn
+            .prepare_cached("DELETE FROM signal_samples WHERE minute < ?1")?
+            .execute(params![keep_after.as_millis()]))?;
+        Ok(rows.len() as u64 + 1)
+    }
+}
