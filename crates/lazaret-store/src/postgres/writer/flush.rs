@@ -82,12 +82,11 @@ const FLUSH_SQL: &str = "SELECT pg_logical_emit_message(true, 'lazaret.flush', '
 async fn connect_flusher(opts: &PgOptions) -> Result<Client, StoreError> {
     let c = connect(opts, None).await?;
     // The schema's name is checked (lowercase letters, digits, `_`).
-    pg(c
-        .batch_execute(&format!(
-            "SET application_name = 'lazaret/{}/flusher'",
-            opts.schema
-        ))
-        .await)?;
+    pg(c.batch_execute(&format!(
+        "SET application_name = 'lazaret/{}/flusher'",
+        opts.schema
+    ))
+    .await)?;
     Ok(c)
 }
 

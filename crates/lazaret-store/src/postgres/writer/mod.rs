@@ -60,8 +60,8 @@ mod sources;
 mod stats;
 mod tokens;
 
-pub(super) use flush::Flusher;
 use flush::Answer;
+pub(super) use flush::Flusher;
 use leases::{LEASE_ASSIGN_SQL, leases_merge};
 use stats::{PAIRS_UPSERT_SQL, TYPES_UPSERT_SQL};
 
