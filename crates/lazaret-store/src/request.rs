@@ -53,6 +53,18 @@ impl<T> Reply<T> {
             let _ = tx.send(r);
         }
     }
+
+    /// Moves the answer's way out of this reply into a reply of its own,
+    /// to be answered later from elsewhere (PostgreSQL's writer hands the
+    /// answers of a committed group to the task that waits for its flush);
+    /// this one answers nothing after.
+    pub(crate) fn detach(&self) -> Reply<T> {
+        let mut a = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        Reply(Mutex::new(Answer {
+            tx: a.tx.take(),
+            lost: a.lost.take(),
+        }))
+    }
 }
 
 /// What every reply can do whatever its answer's type.

@@ -504,8 +504,11 @@ impl PostgresStore {
         let (tx, rx) = mpsc::unbounded_channel();
         let waiting = Arc::new(AtomicUsize::new(0));
         let down = Arc::new(std::sync::Mutex::new(None));
+        // Before any group commits (see `writer::flush`).
+        let flusher = writer::Flusher::open(opts.clone()).await?;
         let w = Writer::new(
             writer_client,
+            flusher,
             opts.clone(),
             Arc::clone(&down),
             scheduler,

@@ -446,6 +446,47 @@ mod cluster {
         );
     }
 
+    #[tokio::test]
+    async fn answers_that_wait_for_a_lost_flush_say_their_outcome_is_unknown() {
+        // The writer's commits do not wait for the disk; the flusher's do,
+        // and only its flush lets an enqueue be answered. With the
+        // flusher's connection cut, nothing vouches for the next group's
+        // flush: its enqueue is committed but answered as unknown, never
+        // as done. The flusher then connects again and the store goes on.
+        let Some(url) = url() else { return };
+        let schema = fresh_schema(&url);
+        let s = open(&url, &schema.name, Clock::Database).await;
+        let now = wall();
+        let job = lazaret_store::NewJob {
+            run_at: now,
+            now,
+            ..new_job("resize", "acme", "default")
+        };
+        enqueue_one(&s, job.clone()).await;
+        let c = client(&url).await;
+        let killed = c
+            .query(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+                &[&format!("lazaret/{}/flusher", schema.name)],
+            )
+            .await
+            .unwrap();
+        assert_eq!(killed.len(), 1, "the flusher");
+        let err = s
+            .enqueue(vec![job.clone()])
+            .await
+            .expect_err("no flush vouches for it");
+        assert!(err.to_string().contains("outcome is unknown"), "{err}");
+        enqueue_one(&s, job.clone()).await;
+        assert_eq!(s.failure(), None);
+        let stats = s.stats().await.unwrap();
+        assert_eq!(
+            lazaret_store_conformance::lane_counts(&stats, "default").queued,
+            3,
+            "the unknown enqueue was committed"
+        );
+    }
+
     /// A client of the test's own, outside the store.
     async fn client(url: &str) -> tokio_postgres::Client {
         let (c, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)

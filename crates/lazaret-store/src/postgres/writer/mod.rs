@@ -1,6 +1,10 @@
 //! The writer task: every change is a [`Request`] on a channel; the task takes
 //! all pending requests into one transaction (group commit), so concurrent
 //! requests share one commit (one WAL flush) instead of paying one each.
+//! The commit does not wait for its flush: the writer goes on with the next
+//! group, answers a lease at once and hands every other answer to the
+//! flusher (`flush.rs`), which sends it once a later commit of its own is
+//! flushed; that file says what a crash can take back (a lease only).
 //!
 //! If an op fails, the whole group rolls back and each of its ops runs
 //! again alone, in a transaction of its own (a serialization failure or a
@@ -21,7 +25,8 @@
 //! This file is the group commit loop; `requests.rs` runs each
 //! [`Request`] with its function, which lives in the file named for its
 //! concern (`jobs`, `leases` and `lease_plan`, `outcomes`, `dead_letters`,
-//! `sources`, `tokens`, `stats`), as in SQLite's writer.
+//! `sources`, `tokens`, `stats`), as in SQLite's writer; `flush.rs` sends
+//! the answers that wait for the disk.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -45,6 +50,7 @@ use crate::{
 };
 
 mod dead_letters;
+mod flush;
 mod jobs;
 mod lease_plan;
 mod leases;
@@ -54,8 +60,14 @@ mod sources;
 mod stats;
 mod tokens;
 
+use flush::Answer;
+pub(super) use flush::Flusher;
 use leases::{LEASE_ASSIGN_SQL, leases_merge};
 use stats::{PAIRS_UPSERT_SQL, TYPES_UPSERT_SQL};
+
+/// A group's start: its `COMMIT` does not wait for the WAL flush (the
+/// flusher does, for the answers that need it).
+const BEGIN_SQL: &str = "BEGIN; SET LOCAL synchronous_commit = off";
 
 /// Ops in one group at most.
 const GROUP_MAX: usize = 256;
@@ -92,13 +104,17 @@ impl Cmd {
     }
 }
 
-/// A request's answer, held until its group commits: sends the answer
-/// into the request's reply.
-pub(super) type Held<'a> = Box<dyn FnOnce() + Send + 'a>;
+/// A request's answer, held until its group commits: then it takes the
+/// answer's way out of the request's reply, to send at once (a lease) or
+/// once the commit is on disk ([`flush`]).
+pub(super) type Held<'a> = Box<dyn FnOnce() -> Answer + Send + 'a>;
 
 /// Holds `v` as the answer for `reply`.
-fn held<'a, T: Send + 'a>(reply: &'a Reply<T>, v: T) -> Held<'a> {
-    Box::new(move || reply.send(Ok(v)))
+fn held<'a, T: Send + 'static>(reply: &'a Reply<T>, v: T) -> Held<'a> {
+    Box::new(move || {
+        let reply = reply.detach();
+        Box::new(move |e: Option<StoreError>| reply.send(e.map_or(Ok(v), Err)))
+    })
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -146,6 +162,11 @@ const WOKEN_MAX: usize = 16;
 
 pub(super) struct Writer {
     client: Client,
+    /// Answers the group's requests other than leases once its commit is
+    /// flushed ([`flush`]).
+    flusher: Flusher,
+    /// The number the group's `COMMIT` was sent under ([`Flusher::sent`]).
+    sent: u64,
     /// To connect again when the database restarts or the connection drops.
     opts: super::PgOptions,
     /// Why the writer cannot reach the database now (`Store::failure`).
@@ -260,6 +281,7 @@ impl Writer {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn new(
         client: Client,
+        flusher: Flusher,
         opts: super::PgOptions,
         down: Arc<std::sync::Mutex<Option<String>>>,
         scheduler: FairScheduler,
@@ -269,6 +291,8 @@ impl Writer {
     ) -> Self {
         Writer {
             client,
+            flusher,
+            sent: 0,
             down,
             statements: HashMap::new(),
             scheduler,
@@ -318,21 +342,40 @@ impl Writer {
                 self.run_group(requests).await;
             }
             if let Some(rest) = rest {
-                // Everything after the close is refused; the close is answered.
-                for (i, cmd) in rest.into_iter().enumerate() {
-                    match cmd {
-                        Cmd::Close(reply) if i == 0 => reply.send(Ok(())),
-                        cmd => cmd.refuse(),
-                    }
+                // Everything after the close is refused; the close is
+                // answered once every answer held for a flush is sent.
+                let mut rest = rest.into_iter();
+                let close = rest.next();
+                for cmd in rest {
+                    cmd.refuse();
                 }
                 rx.close();
                 while let Ok(cmd) = rx.try_recv() {
                     waiting.fetch_sub(1, Ordering::AcqRel);
                     cmd.refuse();
                 }
+                self.flusher.close().await;
+                if let Some(Cmd::Close(reply)) = close {
+                    reply.send(Ok(()));
+                }
                 return;
             }
         }
+    }
+
+    /// Sends the answers of a committed group: a lease's at once, the
+    /// others once the commit is flushed (see [`flush`]).
+    fn answer<'a>(&self, ops: &[&'a Request], answers: Vec<Held<'a>>) {
+        let mut durable = Vec::with_capacity(answers.len());
+        for (op, answer) in ops.iter().zip(answers) {
+            let answer = answer();
+            if matches!(op, Request::Lease { .. }) {
+                answer(None);
+            } else {
+                durable.push(answer);
+            }
+        }
+        self.flusher.hand(self.sent, durable);
     }
 
     async fn run_group(&mut self, batch: Vec<Request>) {
@@ -341,15 +384,13 @@ impl Writer {
             Ok(answers) => {
                 self.commits += 1;
                 self.commands += ops.len() as u64;
-                for answer in answers {
-                    answer();
-                }
+                self.answer(&ops, answers);
             }
             Err(_) if batch.len() > 1 => {
                 // Each op alone: one bad op must not fail the others.
                 for op in &batch {
                     match self.alone(op).await {
-                        Ok(answer) => answer(),
+                        Ok(answer) => self.answer(&[op], vec![answer]),
                         Err(e) => op.reply().fail(e),
                     }
                 }
@@ -362,7 +403,7 @@ impl Writer {
                     Err(first)
                 };
                 match r {
-                    Ok(answer) => answer(),
+                    Ok(answer) => self.answer(&[op], vec![answer]),
                     Err(e) => op.reply().fail(e),
                 }
             }
@@ -394,6 +435,12 @@ impl Writer {
         match super::connect(&self.opts, None).await {
             Ok(c) => {
                 tracing::info!("PostgreSQL: the writer connected again");
+                // The flusher too, before this connection sends a COMMIT.
+                if let Err(e) = self.flusher.connect_again().await {
+                    *self.down.lock().unwrap_or_else(|p| p.into_inner()) =
+                        Some(format!("the store's database is unreachable: {e}"));
+                    return Err(e);
+                }
                 self.client = c;
                 self.statements.clear();
                 *self.down.lock().unwrap_or_else(|p| p.into_inner()) = None;
@@ -439,11 +486,13 @@ impl Writer {
         r
     }
 
-    /// `BEGIN`, and the database's clock read in the same round trip.
+    /// `BEGIN` (with `synchronous_commit = off`: the answers that must be
+    /// durable wait for the flusher, see [`flush`]), and the database's
+    /// clock read in the same round trip.
     async fn begin(&mut self) -> Result<Option<Timestamp>, StoreError> {
         match self.clock {
             Clock::Caller => {
-                pg(self.client.batch_execute("BEGIN").await)?;
+                pg(self.client.batch_execute(BEGIN_SQL).await)?;
                 Ok(None)
             }
             Clock::Database => {
@@ -451,7 +500,7 @@ impl Writer {
                     .stmt("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::int8")
                     .await?;
                 let (begun, row) = futures_util::join!(
-                    self.client.batch_execute("BEGIN"),
+                    self.client.batch_execute(BEGIN_SQL),
                     self.client.query_one(&st, &[])
                 );
                 pg(begun)?;
@@ -536,6 +585,7 @@ impl Writer {
                 None => Ok(()),
             }
         };
+        self.sent = self.flusher.sent();
         let (l, a, p, t, n, c) = futures_util::join!(
             locked,
             assigned,

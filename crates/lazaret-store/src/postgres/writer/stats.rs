@@ -256,8 +256,10 @@ impl Writer {
                 // Groups committed before this one, as SQLite counts.
                 commits: self.commits,
                 commands: self.commands,
-                syncs: 0,
-                sync_micros: 0,
+                // The flusher's commits, each covering the groups
+                // committed before it.
+                syncs: self.flusher.flushes().0,
+                sync_micros: self.flusher.flushes().1,
                 leases: self.leases,
                 // Not counted: PostgreSQL's plans show a lease's reads.
                 lease_steps: 0,
