@@ -35,6 +35,7 @@ pub mod scheduler;
 pub mod state;
 pub mod stats;
 pub mod time;
+pub mod trace;
 
 pub use admission::{
     AdmissionConfig, AdmissionRequest, PREVIEW_BYTES_MAX, SchemaError, TypeSchemas, Verdict,
@@ -80,3 +81,4 @@ pub use stats::{
     StatsConfigError, Surge, fingerprint,
 };
 pub use time::Timestamp;
+pub use trace::{TRACEPARENT_LEN, TraceParent, TraceParentError};
