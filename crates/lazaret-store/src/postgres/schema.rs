@@ -17,7 +17,7 @@ use super::pg;
 use crate::StoreError;
 
 /// The version this build writes; older schemas are migrated at open.
-pub const SCHEMA_VERSION: i64 = 9;
+pub const SCHEMA_VERSION: i64 = 10;
 
 /// The advisory lock key migrations hold (`pg_advisory_xact_lock`).
 const MIGRATION_LOCK: i64 = 0x6c61_7a61_7265_7401;
@@ -362,6 +362,16 @@ CREATE TRIGGER dead_letter_groups_keep
     ON dead_letters FOR EACH ROW EXECUTE PROCEDURE dead_letter_groups_keep();
 "#;
 
+/// v9 → v10 (as SQLite's version 13): the W3C `traceparent` a job was
+/// enqueued with, or a broker message carried, validated
+/// (`lazaret_core::TraceParent`); its dead letter keeps it. NULL for rows
+/// written before and for jobs sent without one. Adding a nullable column
+/// without a default rewrites nothing.
+const V10: &str = r#"
+ALTER TABLE jobs ADD COLUMN IF NOT EXISTS traceparent text;
+ALTER TABLE dead_letters ADD COLUMN IF NOT EXISTS traceparent text;
+"#;
+
 /// Builds the groups' summary from the dead letters held (v7's migration;
 /// idempotent: it starts from empty tables).
 const SUMMARY_REBUILD: &str = r#"
@@ -484,6 +494,9 @@ async fn migrate_locked(c: &Client, schema: &str) -> Result<i64, StoreError> {
     if found < 9 {
         pg(c.batch_execute(V9).await)?;
         pg(c.batch_execute(SUMMARY_REBUILD).await)?;
+    }
+    if found < 10 {
+        pg(c.batch_execute(V10).await)?;
     }
     pg(c.execute(
         "INSERT INTO lazaret_meta (key, value) VALUES ('schema_version', $1)

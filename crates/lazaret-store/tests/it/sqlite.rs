@@ -287,6 +287,7 @@ async fn migrates_a_version_1_database_in_place() {
         lease_expires_at: at(60_000),
         created_at: at(1),
         ready_at: at(1),
+        traceparent: None,
     };
     complete(&s, &held, Event::Succeeded, at(7)).await;
     let view = job_view(&s, JobId(2)).await;
@@ -436,6 +437,7 @@ async fn migrates_a_version_4_database_to_cancels_listing_and_kept_pauses() {
         lease_expires_at: at(60_000),
         created_at: at(0),
         ready_at: at(0),
+        traceparent: None,
     };
     let done = complete(&s, &held, Event::Failed(transient("http_503")), at(2)).await;
     assert_eq!(done.transition, Transition::Cancelled);

@@ -16,12 +16,13 @@ use std::sync::mpsc;
 
 use lazaret_core::{
     Among, Envelope, Event, FairScheduler, JobId, JobState, JobType, Lane, LeaseFilter, PairCounts,
-    TenantId, Timestamp, Transition, payload_preview, plan_lease,
+    TenantId, Timestamp, TraceParent, Transition, payload_preview, plan_lease,
 };
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::sequence::Reserved;
 use super::stored::{COLUMNS, StoredJob};
+use crate::stored::stored_traceparent;
 use super::sync::Syncer;
 use crate::request::{Claim, Reply, Request};
 use crate::{
