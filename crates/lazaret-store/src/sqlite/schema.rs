@@ -30,7 +30,7 @@ CREATE TABLE IF NOT EXISTS jobs (
                                         -- redrive, NULL before the first (see sqlite::envelope)
     payload          BLOB    NOT NULL,  -- the raw JSON text, byte for byte
     cancel_requested INTEGER NOT NULL DEFAULT 0  -- 1 once a cancel was accepted (version 6)
-    -- traceparent TEXT: added by V12_TO_V13, on new databases too
+    -- traceparent TEXT: added by v12_to_v13, on new databases too
 );
 CREATE UNIQUE INDEX IF NOT EXISTS jobs_idempotency ON jobs (tenant, type, idempotency_key)
     WHERE idempotency_key IS NOT NULL;
@@ -63,7 +63,7 @@ CREATE TABLE IF NOT EXISTS dead_letters (
     group_id         TEXT    NOT NULL DEFAULT '',  -- lazaret_core::group_id (version 9)
     fingerprint      TEXT    NOT NULL DEFAULT '',  -- lazaret_core::group_fingerprint of the error message
     archived_at      INTEGER                       -- ms since the epoch; NULL while active
-    -- traceparent TEXT: added by V12_TO_V13, on new databases too
+    -- traceparent TEXT: added by v12_to_v13, on new databases too
 );
 CREATE INDEX IF NOT EXISTS dead_letters_reason ON dead_letters (reason, type);
 CREATE UNIQUE INDEX IF NOT EXISTS dead_letters_job ON dead_letters (job_id) WHERE job_id IS NOT NULL;
@@ -351,11 +351,21 @@ CREATE TABLE IF NOT EXISTS redrive_messages (
 /// created without it): the W3C `traceparent` a job was enqueued with, or
 /// a broker message carried, validated (`lazaret_core::TraceParent`); its
 /// dead letter keeps it. NULL for rows written before, and for jobs sent
-/// without one.
-const V12_TO_V13: &str = r#"
-ALTER TABLE jobs ADD COLUMN traceparent TEXT;
-ALTER TABLE dead_letters ADD COLUMN traceparent TEXT;
-"#;
+/// without one. SQLite has no `ADD COLUMN IF NOT EXISTS`: a column already
+/// there (a file a newer build wrote and its version set back) is left.
+fn v12_to_v13(conn: &Connection) -> rusqlite::Result<()> {
+    for table in ["jobs", "dead_letters"] {
+        let has: bool = conn.query_row(
+            "SELECT EXISTS (SELECT 1 FROM pragma_table_info(?1) WHERE name = 'traceparent')",
+            [table],
+            |r| r.get(0),
+        )?;
+        if !has {
+            conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN traceparent TEXT;"))?;
+        }
+    }
+    Ok(())
+}
 
 /// Dead letters [`groups_v9`] reads at a time.
 const GROUPS_V9_PAGE_ROWS: i64 = 1000;
@@ -596,15 +606,15 @@ pub fn migrate(conn: &Connection) -> Result<(), crate::StoreError> {
     }
     script.push_str(V11_OBJECTS);
     script.push_str(&v12_objects());
-    if version < 13 {
-        script.push_str(V12_TO_V13);
-    }
     let migrated = conn.execute_batch(&script).and_then(|()| {
         if held_retries_v6 {
             copy_held_retries_v6(conn)?;
         }
         if groups {
             groups_v9(conn)?;
+        }
+        if version < 13 {
+            v12_to_v13(conn)?;
         }
         if version >= 1 {
             // After the groups are computed (their updates went through

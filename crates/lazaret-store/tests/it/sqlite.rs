@@ -1028,6 +1028,61 @@ async fn migrates_a_version_10_database_to_the_broker_messages_of_redrive_report
     s.close().await.unwrap();
 }
 
+/// A version-12 database (no `traceparent` columns) gains them: its jobs
+/// and dead letters read as having no trace, and new jobs keep theirs.
+#[tokio::test]
+async fn migrates_a_version_12_database_to_traceparents() {
+    use lazaret_core::{Event, TraceParent};
+    use lazaret_store_conformance::{
+        at, complete, enqueue_one, lease_one, lease_req, new_job, permanent,
+    };
+
+    let dir = tempfile::TempDir::new().unwrap();
+    let s = open(dir.path());
+    let old = enqueue_one(&s, new_job("resize", "acme", "default")).await;
+    s.close().await.unwrap();
+    {
+        let conn = rusqlite::Connection::open(dir.path().join(DB_FILE)).unwrap();
+        conn.execute_batch(
+            "ALTER TABLE jobs DROP COLUMN traceparent;
+             ALTER TABLE dead_letters DROP COLUMN traceparent;
+             PRAGMA user_version = 12;",
+        )
+        .unwrap();
+    }
+    let s = open(dir.path());
+    {
+        let conn = rusqlite::Connection::open(dir.path().join(DB_FILE)).unwrap();
+        let version: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, SCHEMA_VERSION);
+    }
+    let leased = lease_one(&s, lease_req(at(10), 1)).await;
+    assert_eq!((leased.id, leased.traceparent.clone()), (old, None));
+    let done = complete(&s, &leased, Event::Failed(permanent()), at(20)).await;
+    let dl = s
+        .dead_letter(done.dead_letter.unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(dl.traceparent, None);
+    let tp = TraceParent::parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").unwrap();
+    enqueue_one(
+        &s,
+        lazaret_store::NewJob {
+            traceparent: Some(tp.clone()),
+            ..new_job("resize", "acme", "default")
+        },
+    )
+    .await;
+    assert_eq!(
+        lease_one(&s, lease_req(at(30), 1)).await.traceparent,
+        Some(tp)
+    );
+    s.close().await.unwrap();
+}
+
 /// A version-7 database with more dead letters than the group migration
 /// reads at a time: every dead letter gets its group (page after page),
 /// and the groups' summary (version 12) is built from them, so the page of

@@ -39,8 +39,11 @@ impl<'a> InsertColumns<'a> {
         self.enqueued_by.push(job.enqueued_by.as_deref());
         self.created_at.push(ms(job.now));
         self.payloads.push(&job.payload);
-        self.traceparents
-            .push(job.traceparent.as_ref().map(lazaret_core::TraceParent::as_str));
+        self.traceparents.push(
+            job.traceparent
+                .as_ref()
+                .map(lazaret_core::TraceParent::as_str),
+        );
     }
 }
 

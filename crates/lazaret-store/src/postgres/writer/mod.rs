@@ -249,10 +249,7 @@ pub(super) fn stored_job(r: &Row) -> Result<StoredJob, StoreError> {
         envelope: r.get(12),
         payload: r.get(13),
         // By name: only the queries that need it select it.
-        traceparent: r
-            .try_get::<_, Option<String>>("traceparent")
-            .ok()
-            .flatten(),
+        traceparent: r.try_get::<_, Option<String>>("traceparent").ok().flatten(),
     })
 }
 

@@ -22,9 +22,9 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use super::sequence::Reserved;
 use super::stored::{COLUMNS, StoredJob};
-use crate::stored::stored_traceparent;
 use super::sync::Syncer;
 use crate::request::{Claim, Reply, Request};
+use crate::stored::stored_traceparent;
 use crate::{
     AdmissionRecord, AuditEntry, CancelError, Cancelled, Completed, Completion, DeadLetterId,
     Decider, EnqueueOutcome, Heartbeat, ItemError, LaneCounts, LeaseRequest, LeaseToken, LeasedJob,
