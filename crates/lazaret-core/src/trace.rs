@@ -37,7 +37,8 @@ pub enum TraceParentError {
 }
 
 fn lower_hex(s: &str) -> bool {
-    s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    s.bytes()
+        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 impl TraceParent {
@@ -137,7 +138,10 @@ mod tests {
         assert_eq!(t.trace_id(), "4bf92f3577b34da6a3ce929d0e0e4736");
         assert_eq!(t.parent_id(), "00f067aa0ba902b7");
         assert!(t.sampled());
-        assert_eq!(TraceParent::parse(&format!(" {GOOD}\t")).unwrap().as_str(), GOOD);
+        assert_eq!(
+            TraceParent::parse(&format!(" {GOOD}\t")).unwrap().as_str(),
+            GOOD
+        );
     }
 
     #[test]

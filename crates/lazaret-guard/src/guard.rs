@@ -59,10 +59,10 @@ use crate::broker::{Acker, Broker, BrokerError, Incoming, Reconnecting};
 use crate::handler::{Call, Handler, Outcome};
 use crate::host::{Host, StoreWrites, store_retry_delay};
 use crate::message::Delivery;
-use tracing::Instrument;
 use crate::quarantines::{QUARANTINE_LINGER, Quarantines};
 use crate::redrive::redrive_id;
 use crate::spec::{SourceSpec, TenantFrom};
+use tracing::Instrument;
 
 /// The wall clock, read by the runtime only (the core gets `now`).
 pub fn now() -> Timestamp {

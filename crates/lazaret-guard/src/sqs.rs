@@ -995,7 +995,9 @@ mod tests {
         assert!(!d.headers.contains_key("lazaret"));
         // The trace context rides in `lazaret` too, and comes out validated.
         assert_eq!(
-            d.traceparent("q").map(|t| t.trace_id().to_owned()).as_deref(),
+            d.traceparent("q")
+                .map(|t| t.trace_id().to_owned())
+                .as_deref(),
             Some("4bf92f3577b34da6a3ce929d0e0e4736")
         );
     }

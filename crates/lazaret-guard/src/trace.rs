@@ -114,8 +114,8 @@ mod tests {
 
     #[test]
     fn without_a_subscriber_what_came_goes_on() {
-        let tp = TraceParent::parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
-            .unwrap();
+        let tp =
+            TraceParent::parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").unwrap();
         let span = tracing::info_span!("t");
         follow(&span, Some(&tp));
         assert_eq!(outgoing(&span, Some(&tp)).as_deref(), Some(tp.as_str()));

@@ -15,9 +15,7 @@ fn tp() -> TraceParent {
     TraceParent::parse(TP).expect("the W3C example")
 }
 
-pub async fn a_traceparent_goes_from_enqueue_to_lease_outcome_and_dead_letter<B: Backend>(
-    b: &B,
-) {
+pub async fn a_traceparent_goes_from_enqueue_to_lease_outcome_and_dead_letter<B: Backend>(b: &B) {
     let place = b.place().await;
     let s = b.open(&place).await;
     let traced = enqueue_one(

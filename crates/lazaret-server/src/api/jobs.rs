@@ -437,8 +437,14 @@ pub(super) async fn enqueue<S: Store>(
         otel.status_code = tracing::field::Empty,
     );
     let traceparent = header_traceparent(&headers);
-    let job = match admit_one(&app, &parsed, enqueuer(&app, &caller), traceparent.as_ref(), now)
-        .await
+    let job = match admit_one(
+        &app,
+        &parsed,
+        enqueuer(&app, &caller),
+        traceparent.as_ref(),
+        now,
+    )
+    .await
     {
         Ok(job) => job,
         Err(e) => {
@@ -538,13 +544,15 @@ async fn admit_batch<S: Store>(
     for (i, raw) in batch.jobs.iter().enumerate() {
         let item: Result<EnqueueBody<'_>, _> = serde_json::from_str(raw.get());
         match item {
-            Ok(item) => match admit_one(app, &item, enqueuer(app, caller), traceparent, now).await {
-                Ok(job) => {
-                    admitted.push((i, Admitted::of(&job)));
-                    jobs.push(job);
+            Ok(item) => {
+                match admit_one(app, &item, enqueuer(app, caller), traceparent, now).await {
+                    Ok(job) => {
+                        admitted.push((i, Admitted::of(&job)));
+                        jobs.push(job);
+                    }
+                    Err(e) => results[i] = Some(e.body()),
                 }
-                Err(e) => results[i] = Some(e.body()),
-            },
+            }
             Err(e) => {
                 results[i] =
                     Some(ApiError::bad_request(format!("job {i} is not valid: {e}")).body())
