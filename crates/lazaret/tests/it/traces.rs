@@ -61,11 +61,7 @@ async fn a_traceparent_goes_from_enqueue_to_the_lease_and_the_dead_letter() {
     let leased = api.lease(&lease_req("w-1", 10, 30_000)).await;
     assert_eq!(leased.len(), 2, "{leased:?}");
     for j in &leased {
-        let want = if j["id"] == by_field {
-            TP
-        } else {
-            TP_HEADER
-        };
+        let want = if j["id"] == by_field { TP } else { TP_HEADER };
         assert_eq!(j["traceparent"], want, "the lease reply hands it on: {j}");
         let failed = api
             .fail(
