@@ -149,6 +149,10 @@ pub struct Envelope {
     /// Payload edits dropped to keep them bounded.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub payload_edits_dropped: u32,
+    /// The W3C `traceparent` it was enqueued (or taken from its broker
+    /// message) with, validated; the trace its spans join.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<crate::TraceParent>,
 }
 
 impl Envelope {
@@ -180,6 +184,7 @@ impl Envelope {
             history_dropped: 0,
             payload_edits: Vec::new(),
             payload_edits_dropped: 0,
+            traceparent: None,
         }
     }
 

@@ -36,6 +36,7 @@ pub mod series;
 pub mod state;
 pub mod stats;
 pub mod time;
+pub mod trace;
 
 pub use admission::{
     AdmissionConfig, AdmissionRequest, PREVIEW_BYTES_MAX, SchemaError, TypeSchemas, Verdict,
@@ -81,3 +82,4 @@ pub use stats::{
     StatsConfigError, Surge, fingerprint,
 };
 pub use time::Timestamp;
+pub use trace::{TRACEPARENT_LEN, TraceParent, TraceParentError};

@@ -62,6 +62,7 @@ use crate::message::Delivery;
 use crate::quarantines::{QUARANTINE_LINGER, Quarantines};
 use crate::redrive::redrive_id;
 use crate::spec::{SourceSpec, TenantFrom};
+use tracing::Instrument;
 
 /// The wall clock, read by the runtime only (the core gets `now`).
 pub fn now() -> Timestamp {
@@ -948,6 +949,7 @@ impl<H: Host> Inner<H> {
             at,
         );
         env.idempotency_key = Some(self.idempotency_key(d));
+        env.traceparent = d.traceparent(&self.spec.name);
         env
     }
 
@@ -981,13 +983,29 @@ impl<H: Host> Inner<H> {
         let worker = WorkerId::from(self.spec.worker_id());
         let attempt = grant_lease(&mut env, Some(&worker), started);
         let key = self.idempotency_key(&delivery);
+        // Debug level: per message, so exported (`otlp`) but not logged at
+        // the default `info`, where creating it costs next to nothing.
+        let span = tracing::debug_span!(
+            "lazaret.delivery",
+            "job.id" = %key,
+            "job.type" = %self.spec.job_type,
+            "job.tenant" = %env.tenant,
+            "job.lane" = %self.spec.lane,
+            "job.attempt" = attempt,
+            source = %self.spec.name,
+            "message.id" = %delivery.message_id,
+            outcome = tracing::field::Empty,
+        );
+        crate::trace::follow(&span, env.traceparent.as_ref());
+        let traceparent = crate::trace::outgoing(&span, env.traceparent.as_ref());
         let call = Call {
             delivery: &delivery,
             attempt,
             source: &self.spec.name,
             idempotency_key: &key,
+            traceparent: traceparent.as_deref(),
         };
-        let outcome = {
+        let outcome = async {
             let run = tokio::time::timeout(self.spec.delivery_timeout, self.handler.handle(call));
             tokio::pin!(run);
             let every = (self.spec.delivery_timeout / 4)
@@ -1004,7 +1022,9 @@ impl<H: Host> Inner<H> {
                     }
                 }
             }
-        };
+        }
+        .instrument(span.clone())
+        .await;
         let event = match outcome {
             Ok(Outcome::Success) => Event::Succeeded,
             Ok(Outcome::Failure(f)) => Event::Failed(f),
@@ -1028,6 +1048,7 @@ impl<H: Host> Inner<H> {
         // the next take asks them first, so the failure that opens one
         // stops it (were the slot freed first, another message could be
         // taken while this one's write is under way).
+        span.record("outcome", transition_word(&transition));
         let done = self.observe(&env, transition, ended, Some(started));
         // With no settling allowance the handler slot is held to the end.
         let (slot, settling) = if self.spec.settling_max() == 0 {
@@ -1061,6 +1082,8 @@ impl<H: Host> Inner<H> {
             id: JobId(0),
             job_type: self.spec.job_type.clone(),
             lane: self.spec.lane.clone(),
+            tenant: env.tenant.clone(),
+            traceparent: env.traceparent.clone(),
             transition,
             attempt: env.attempts,
             kind: last.map(|f| f.kind.clone()),
@@ -1142,6 +1165,27 @@ impl<H: Host> Inner<H> {
             }
         };
         crate::failpoint::fail_point!("guard::held_retry_before_outcome" if matches!(origin, Origin::HeldRetry));
+        let quarantine_span = match (&write, transition) {
+            (Write::Quarantine(dl), Transition::DeadLetter { reason }) => {
+                let span = tracing::debug_span!(
+                    "lazaret.dead_letter",
+                    "job.id" = %self.idempotency_key(delivery),
+                    "job.type" = %self.spec.job_type,
+                    "job.tenant" = dl.tenant.as_deref(),
+                    "job.lane" = %self.spec.lane,
+                    "job.attempt" = dl.attempts,
+                    source = %self.spec.name,
+                    "message.id" = %delivery.message_id,
+                    reason = reason.as_str(),
+                );
+                crate::trace::follow(
+                    &span,
+                    dl.envelope.as_ref().and_then(|e| e.traceparent.as_ref()),
+                );
+                span
+            }
+            _ => tracing::Span::none(),
+        };
         let broken = matches!(write, Write::Quarantine(_))
             && origin.acker().is_some()
             && self
@@ -1158,7 +1202,11 @@ impl<H: Host> Inner<H> {
         }
         // A refused write keeps the outcome and is tried again (the
         // message held meanwhile); it fails only when the source stops.
-        match self.write_held(origin.acker(), delivery, &write).await {
+        match self
+            .write_held(origin.acker(), delivery, &write)
+            .instrument(quarantine_span)
+            .await
+        {
             Ok(dead_letter) => done.dead_letter = dead_letter,
             Err(e) => {
                 if let Some(ack) = origin.into_acker() {
@@ -1393,6 +1441,17 @@ fn with_position_key(source: &mut SourceRef, key: &str, value: serde_json::Value
     };
     position.insert(key.into(), value);
     source.position = serde_json::Value::Object(position);
+}
+
+/// A transition's word on a span (`outcome`).
+fn transition_word(t: &Transition) -> &'static str {
+    match t {
+        Transition::Succeeded => "succeeded",
+        Transition::Retry { .. } => "retry_scheduled",
+        Transition::Defer { .. } => "deferred",
+        Transition::DeadLetter { .. } => "dead_lettered",
+        Transition::Cancelled => "cancelled",
+    }
 }
 
 /// A held retry as a delivery again.

@@ -43,6 +43,9 @@ pub struct Call<'a> {
     pub source: &'a str,
     /// `<source>:<message id>`.
     pub idempotency_key: &'a str,
+    /// The W3C `traceparent` to send (the message's, validated, or
+    /// lazaret's delivery span in its trace when spans are exported).
+    pub traceparent: Option<&'a str>,
 }
 
 /// Runs one delivery. Implemented by [`HttpHandler`] and by closures
@@ -72,6 +75,8 @@ pub struct OwnedCall {
     pub source: String,
     /// `<source>:<message id>`.
     pub idempotency_key: String,
+    /// As [`Call::traceparent`].
+    pub traceparent: Option<String>,
 }
 
 /// See [`handler_fn`].
@@ -94,6 +99,7 @@ where
             attempt: call.attempt,
             source: call.source.to_owned(),
             idempotency_key: call.idempotency_key.to_owned(),
+            traceparent: call.traceparent.map(str::to_owned),
         }))
     }
 }
@@ -314,6 +320,10 @@ pub fn request_parts(
     put("lazaret-headers", "headers", line)?;
     if truncated {
         put("lazaret-headers-truncated", "headers", "true".to_owned())?;
+    }
+    if let Some(tp) = call.traceparent {
+        // Validated (lowercase hex and dashes): always a header value.
+        put("traceparent", "traceparent", tp.to_owned())?;
     }
     Ok((h, body))
 }
@@ -611,7 +621,22 @@ mod tests {
             attempt: 1,
             source: "orders",
             idempotency_key: "orders:m\r\n1",
+            traceparent: None,
         }
+    }
+
+    #[test]
+    fn the_traceparent_goes_as_its_own_header() {
+        let d = delivery(None, serde_json::json!({"traceparent": "not checked here"}));
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let c = Call {
+            traceparent: Some(tp),
+            ..call(&d)
+        };
+        let (h, _) = request_parts(&c, DeliverFormat::Raw).expect("sendable");
+        assert_eq!(h["traceparent"], tp);
+        let (h, _) = request_parts(&call(&d), DeliverFormat::Raw).expect("sendable");
+        assert!(h.get("traceparent").is_none());
     }
 
     #[test]

@@ -36,6 +36,7 @@ pub mod message;
 mod quarantines;
 pub mod redrive;
 pub mod spec;
+pub mod trace;
 pub mod watch;
 
 #[cfg(feature = "kafka")]

@@ -64,6 +64,13 @@ impl Delivery {
         }
     }
 
+    /// The message's `traceparent` header (SQS: inside the `lazaret`
+    /// attribute, or an attribute of its own), validated: an invalid one
+    /// is dropped (`crate::trace::from_header`).
+    pub fn traceparent(&self, source: &str) -> Option<lazaret_core::TraceParent> {
+        crate::trace::from_header(self.header(crate::trace::TRACEPARENT).as_deref(), source)
+    }
+
     /// The raw `x-lazaret-attempt` header, for `lazaret_core::attempts_spent`.
     pub fn attempt_header(&self) -> Option<Vec<u8>> {
         self.headers
@@ -169,6 +176,16 @@ pub fn republish_headers(original: &Map<String, Value>, message_id: &str) -> Map
     h.insert(MESSAGE_ID_HEADER.into(), Value::String(message_id.into()));
     h.insert(ATTEMPT_HEADER.into(), Value::String("0".into()));
     h
+}
+
+/// Puts the validated `traceparent` a republished message goes with in
+/// place of whatever the original headers held under that name (an
+/// invalid one is not passed on); none removes it.
+pub fn set_traceparent(headers: &mut Map<String, Value>, traceparent: Option<String>) {
+    headers.retain(|k, _| !k.eq_ignore_ascii_case(crate::trace::TRACEPARENT));
+    if let Some(tp) = traceparent {
+        headers.insert(crate::trace::TRACEPARENT.into(), Value::String(tp));
+    }
 }
 
 /// The id of a message that names none: a hash of its body and of its

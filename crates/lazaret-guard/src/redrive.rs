@@ -2,7 +2,9 @@
 //! `redrive_to` (or where it came from) with its headers minus the
 //! broker's own, `x-lazaret-message-id` set to its message id,
 //! `x-lazaret-attempt: 0` and `x-lazaret-redrive-id` (one id per redrive
-//! request), so the copy is never taken for the dead letter it came from.
+//! request), so the copy is never taken for the dead letter it came from,
+//! and the dead letter's validated `traceparent` (lazaret's redrive span as
+//! the parent when spans are exported) in place of the original's.
 //! The caller removes the dead letter only after the broker confirmed the
 //! publish.
 //!
@@ -22,7 +24,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use lazaret_store::{DeadLetter, SourceRef};
 
 use crate::broker::{Broker, BrokerError};
-use crate::message::{Delivery, Republish, republish_headers};
+use tracing::Instrument;
+
+use crate::message::{Delivery, Republish, header_text, republish_headers, set_traceparent};
 use crate::spec::{BrokerKind, Mode, SourceSpec};
 
 /// The header a redriven copy carries: the redrive request's id. A
@@ -217,9 +221,33 @@ impl SourceSet {
     ) -> Result<String, RedriveError> {
         let (spec, broker, src) = self.source_of(dl)?;
         let queue = target(spec, src)?;
-        let msg = republish_to(queue, src, payload, redrive_id);
+        let span = tracing::debug_span!(
+            "lazaret.redrive",
+            "dead_letter.id" = dl.id.0,
+            "job.type" = dl.job_type.as_deref(),
+            "job.tenant" = dl.tenant.as_deref(),
+            "job.lane" = dl.lane.as_deref(),
+            source = %src.name,
+            "message.id" = %src.message_id,
+            "redrive.id" = redrive_id,
+        );
+        // A watch source's dead letter keeps the trace in its headers only.
+        let traceparent = dl.traceparent.clone().or_else(|| {
+            let header = src
+                .headers
+                .iter()
+                .find(|(k, _)| k.eq_ignore_ascii_case(crate::trace::TRACEPARENT))
+                .and_then(|(_, v)| header_text(v));
+            crate::trace::from_header(header.as_deref(), &src.name)
+        });
+        crate::trace::follow(&span, traceparent.as_ref());
+        let mut msg = republish_to(queue, src, payload, redrive_id);
+        set_traceparent(
+            &mut msg.headers,
+            crate::trace::outgoing(&span, traceparent.as_ref()),
+        );
         let id = msg.message_id.clone();
-        broker.publish(msg).await?;
+        broker.publish(msg).instrument(span).await?;
         crate::failpoint::fail_point!("guard::redrive_after_publish");
         Ok(id)
     }

@@ -13,8 +13,9 @@
 //!   MessageId (`x-lazaret-message-id` wins, as for every broker);
 //! - headers: the message attributes (String and Number ones as text,
 //!   Binary ones as `{"base64": …}`), with the fields of the JSON attribute
-//!   `lazaret` (`x-lazaret-message-id`, `x-lazaret-attempt`) in place of it:
-//!   SQS allows ten attributes a message, so lazaret's own share one;
+//!   `lazaret` (`x-lazaret-message-id`, `x-lazaret-attempt`, `traceparent`)
+//!   in place of it: SQS allows ten attributes a message, so lazaret's own
+//!   share one (a producer's own `traceparent` attribute is read too);
 //! - content type: the attribute `content_type`, if any;
 //! - the broker's count of earlier deliveries: `ApproximateReceiveCount` − 1;
 //! - position: `{"message_id", "receive_count", "group_id",
@@ -65,7 +66,8 @@
 //!
 //! A redrive sends the message back (`SendMessage`) with its attributes
 //! minus lazaret's, plus the attribute `lazaret` =
-//! `{"x-lazaret-message-id": …, "x-lazaret-attempt": "0"}`; to a FIFO queue
+//! `{"x-lazaret-message-id": …, "x-lazaret-attempt": "0", "traceparent": …}`
+//! (the trace context only when the dead letter has one); to a FIFO queue
 //! with its original group id and a fresh deduplication id (SQS drops a
 //! repeated one for five minutes).
 
@@ -679,7 +681,10 @@ pub fn publish_attributes(
     let mut out = HashMap::new();
     let mut own = Map::new();
     for (k, v) in &msg.headers {
-        if k.to_ascii_lowercase().starts_with("x-lazaret-") {
+        // lazaret's fields, and the trace context, share the one attribute.
+        if k.to_ascii_lowercase().starts_with("x-lazaret-")
+            || k.eq_ignore_ascii_case(crate::trace::TRACEPARENT)
+        {
             own.insert(k.clone(), v.clone());
             continue;
         }
@@ -965,7 +970,8 @@ mod tests {
             queue: "q".into(),
             body: b"{}".to_vec(),
             content_type: None,
-            headers: json!({"tenant": "acme", "x-lazaret-message-id": "order-7", "x-lazaret-attempt": "0", "n": 3})
+            headers: json!({"tenant": "acme", "x-lazaret-message-id": "order-7", "x-lazaret-attempt": "0", "n": 3,
+                            "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"})
                 .as_object()
                 .cloned()
                 .unwrap(),
@@ -987,6 +993,13 @@ mod tests {
         assert_eq!(d.message_id, "order-7");
         assert_eq!(d.attempt_header(), Some(b"0".to_vec()));
         assert!(!d.headers.contains_key("lazaret"));
+        // The trace context rides in `lazaret` too, and comes out validated.
+        assert_eq!(
+            d.traceparent("q")
+                .map(|t| t.trace_id().to_owned())
+                .as_deref(),
+            Some("4bf92f3577b34da6a3ce929d0e0e4736")
+        );
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use std::borrow::Cow;
 
 use lazaret_core::{
-    AttemptRecord, Failure, JobState, PREVIEW_BYTES_MAX, Timestamp, payload_preview,
+    AttemptRecord, Failure, JobState, PREVIEW_BYTES_MAX, Timestamp, TraceParent, payload_preview,
     preview_is_binary,
 };
 use lazaret_guard::celery::{Task, arguments};
@@ -107,6 +107,7 @@ pub struct JobBody<'a> {
     history: Option<Value>,
     payload_edits: Vec<PayloadEditBody<'a>>,
     payload_edits_dropped: u32,
+    traceparent: Option<&'a str>,
 }
 
 /// `GET /v1/jobs`: a page of jobs, serialised as is (payloads byte for byte).
@@ -199,6 +200,7 @@ fn job_body(j: &JobView, now: Timestamp, shown: PayloadShown) -> JobBody<'_> {
         redrive_count: e.redrive_count,
         dead_letter_id: j.dead_letter_id.map(|d| d.to_string()),
         cancel_requested: j.cancel_requested,
+        traceparent: e.traceparent.as_ref().map(TraceParent::as_str),
         history: None,
         payload_edits: e
             .payload_edits
@@ -234,6 +236,8 @@ pub struct LeasedBody<'a> {
     lease_token: String,
     lease_expires_at: String,
     created_at: String,
+    /// The W3C `traceparent` it was enqueued with (`null`: none).
+    traceparent: Option<&'a str>,
 }
 
 /// A leased job as the worker sees it.
@@ -250,6 +254,7 @@ pub fn leased(j: &LeasedJob) -> LeasedBody<'_> {
         lease_token: j.lease_token.to_string(),
         lease_expires_at: time(j.lease_expires_at),
         created_at: time(j.created_at),
+        traceparent: j.traceparent.as_ref().map(TraceParent::as_str),
     }
 }
 
@@ -306,6 +311,7 @@ pub fn dead_letter(d: &DeadLetter, payload: Option<&[u8]>) -> Value {
         "fingerprint": d.fingerprint,
         "archived": d.archived_at.is_some(),
         "archived_at": d.archived_at.map(time),
+        "traceparent": d.traceparent.as_ref().map(TraceParent::as_str),
     })
 }
 
@@ -439,6 +445,7 @@ mod tests {
             group_id: String::new(),
             fingerprint: String::new(),
             archived_at: None,
+            traceparent: None,
         }
     }
 
@@ -498,6 +505,7 @@ mod tests {
             lease_expires_at: Timestamp::from_millis(0),
             created_at: Timestamp::from_millis(0),
             ready_at: Timestamp::from_millis(0),
+            traceparent: None,
         };
         let text = serde_json::to_string(&LeaseReply {
             jobs: vec![leased(&j)],

@@ -42,6 +42,7 @@ pub mod signals;
 pub mod sources;
 pub mod stats;
 pub mod tokens;
+pub mod traces;
 
 use std::fmt::Write as _;
 use std::future::Future;
@@ -227,6 +228,11 @@ macro_rules! conformance_suite {
             duties: [
                 one_store_leads_every_duty_and_a_second_takes_over_when_it_goes,
             ],
+            traces: [
+                a_traceparent_goes_from_enqueue_to_lease_outcome_and_dead_letter,
+                a_job_without_a_traceparent_has_none_anywhere,
+                a_broker_dead_letter_keeps_its_messages_traceparent,
+            ],
             lifecycle: [
                 restart_after_close_keeps_everything,
                 restart_after_drop_keeps_everything,
@@ -317,6 +323,7 @@ pub fn new_job(job_type: &str, tenant: &str, lane: &str) -> NewJob {
         run_at: at(0),
         now: at(0),
         enqueued_by: None,
+        traceparent: None,
     }
 }
 

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use lazaret_core::{
     AttemptRecord, DeadLetterReason, ErrorKind, Failure, JobId, JobState, JobType, Lane, TenantId,
-    Timestamp, Transition, WorkerId,
+    Timestamp, TraceParent, Transition, WorkerId,
 };
 use serde::{Deserialize, Serialize};
 
@@ -82,6 +82,8 @@ pub struct NewJob {
     /// Name of the token that enqueued it (`None` when auth is off): a
     /// producer reads only its own jobs.
     pub enqueued_by: Option<String>,
+    /// The W3C `traceparent` it was enqueued with (validated).
+    pub traceparent: Option<TraceParent>,
 }
 
 /// What enqueue did with one job.
@@ -163,6 +165,8 @@ pub struct LeasedJob {
     /// When it became ready to lease: its enqueue, or the time its delay,
     /// retry or deferral came due (the start of `lazaret_job_wait_seconds`).
     pub ready_at: Timestamp,
+    /// The W3C `traceparent` it was enqueued with.
+    pub traceparent: Option<TraceParent>,
 }
 
 /// A worker's outcome for one leased job.
@@ -185,6 +189,10 @@ pub struct Completed {
     pub job_type: JobType,
     /// Its lane.
     pub lane: Lane,
+    /// Its tenant.
+    pub tenant: TenantId,
+    /// The `traceparent` it was enqueued with (for the outcome's span).
+    pub traceparent: Option<TraceParent>,
     /// What the core decided.
     pub transition: Transition,
     /// The attempt that just ended.
@@ -517,6 +525,9 @@ pub struct DeadLetter {
     pub fingerprint: String,
     /// When it was archived (`None`: active).
     pub archived_at: Option<Timestamp>,
+    /// The W3C `traceparent` its job was enqueued with, or its broker
+    /// message carried.
+    pub traceparent: Option<TraceParent>,
 }
 
 /// Which dead letters (every field optional; all given must match).

@@ -25,6 +25,13 @@ use lazaret_core::{
 
 use crate::StoreError;
 
+/// A stored `traceparent` column: written only after validation, so one
+/// that no longer parses (edited by hand) reads as none rather than
+/// failing the read.
+pub(crate) fn stored_traceparent(column: Option<String>) -> Option<lazaret_core::TraceParent> {
+    column.and_then(|s| lazaret_core::TraceParent::parse(&s).ok())
+}
+
 /// One `jobs` row, as far as the envelope goes.
 pub(crate) struct StoredJob {
     pub id: i64,
@@ -42,6 +49,9 @@ pub(crate) struct StoredJob {
     pub finished_at: Option<i64>,
     pub envelope: Option<String>,
     pub payload: Vec<u8>,
+    /// The `traceparent` column, where the query read it (by name: a query
+    /// that did not select it reads none).
+    pub traceparent: Option<String>,
 }
 
 impl StoredJob {
@@ -65,6 +75,9 @@ impl StoredJob {
                 env
             }
         };
+        if env.traceparent.is_none() {
+            env.traceparent = stored_traceparent(self.traceparent.clone());
+        }
         let Some(started) = self.lease_started_at else {
             return Ok(env);
         };

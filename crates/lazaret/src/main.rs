@@ -14,6 +14,8 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 mod bench;
 mod cli;
 mod local;
+#[cfg(feature = "otlp")]
+mod otlp;
 mod progress;
 
 /// lazaret: a job queue where one bad message never stalls the line.
@@ -147,7 +149,8 @@ fn refuse_client_options(matches: &clap::ArgMatches) -> Result<(), clap::Error> 
 fn run_serve(args: ServeArgs) -> anyhow::Result<()> {
     let (filter, filter_problem) = log_filter()?;
     let format = args.log_format;
-    init_log(format, filter);
+    // Held to the end of `serve`: dropping it flushes the spans batched.
+    let _export = init_log(format, filter)?;
     if let Some(problem) = filter_problem {
         tracing::warn!("{problem}");
     }
@@ -203,26 +206,52 @@ fn log_filter() -> anyhow::Result<(tracing_subscriber::EnvFilter, Option<String>
 /// Sets up the log on stderr in `format`. Text is coloured only when
 /// stderr is a terminal and `NO_COLOR` is not set (to any value): on a
 /// file or a pipe, colour codes are noise a log shipper must strip.
-fn init_log(format: LogFormat, filter: tracing_subscriber::EnvFilter) {
+///
+/// With the `otlp` feature, spans are also exported when the `OTEL_*`
+/// environment asks for it (`otlp.rs`, its own filter); the returned value
+/// flushes that export when dropped.
+fn init_log(format: LogFormat, filter: tracing_subscriber::EnvFilter) -> anyhow::Result<Export> {
     use std::io::IsTerminal as _;
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
 
-    let builder = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(filter);
+    #[cfg(feature = "otlp")]
+    let (otel, export) = match otlp::layer::<tracing_subscriber::Registry>()? {
+        Some((layer, export)) => (Some(layer), Some(export)),
+        None => (None, None),
+    };
+    #[cfg(not(feature = "otlp"))]
+    let (otel, export): (Option<tracing_subscriber::layer::Identity>, Export) = (None, None);
+    let registry = tracing_subscriber::registry().with(otel);
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     match format {
         LogFormat::Text => {
             let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
-            builder.with_ansi(colour).init();
+            registry
+                .with(fmt.with_ansi(colour).with_filter(filter))
+                .init();
         }
-        LogFormat::Json => builder
-            .with_ansi(false)
-            .json()
-            .flatten_event(true)
-            .with_current_span(true)
-            .with_span_list(true)
+        LogFormat::Json => registry
+            .with(
+                fmt.with_ansi(false)
+                    .json()
+                    .flatten_event(true)
+                    .with_current_span(true)
+                    .with_span_list(true)
+                    .with_filter(filter),
+            )
             .init(),
     }
+    Ok(export)
 }
+
+/// What `init_log` set up that must live as long as the server: the span
+/// export (`otlp` feature), if on.
+#[cfg(feature = "otlp")]
+type Export = Option<otlp::Export>;
+#[cfg(not(feature = "otlp"))]
+type Export = Option<std::convert::Infallible>;
 
 /// `lazaret serve` once the log is up.
 fn serve(args: ServeArgs) -> anyhow::Result<()> {

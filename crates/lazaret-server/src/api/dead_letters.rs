@@ -476,6 +476,12 @@ struct Target {
     /// A redirect: the schema version the new type's admission chose, or
     /// why it refused the job (or why the dead letter cannot be sent).
     admitted: Option<Result<Option<u32>, Refused>>,
+    /// What its span needs (`lazaret.redrive`): type, tenant, lane and
+    /// the trace it joins.
+    job_type: Option<String>,
+    tenant: Option<String>,
+    lane: Option<String>,
+    traceparent: Option<lazaret_core::TraceParent>,
 }
 
 /// Why a redirect's admission refused a job: the error a new enqueue of
@@ -654,6 +660,10 @@ pub(super) async fn redrive<S: Store>(
                 source: d.source.map(|s| (s.name, s.message_id)),
                 queue,
                 admitted,
+                job_type: d.job_type,
+                tenant: d.tenant,
+                lane: d.lane,
+                traceparent: d.traceparent,
             });
         }
     }
@@ -759,6 +769,17 @@ pub(super) async fn redrive<S: Store>(
                         refused: true,
                     },
                     (None, Some(job), _) if moved.contains(&job) => {
+                        let span = tracing::debug_span!(
+                            "lazaret.redrive",
+                            "job.id" = job.0,
+                            "job.type" = t.job_type.as_deref(),
+                            "job.tenant" = t.tenant.as_deref(),
+                            "job.lane" = t.lane.as_deref(),
+                            "dead_letter.id" = t.id.0,
+                            "redrive.id" = %redrive_id,
+                        );
+                        lazaret_guard::trace::follow(&span, t.traceparent.as_ref());
+                        drop(span);
                         job_ids.push(job);
                         Done {
                             redriven: true,

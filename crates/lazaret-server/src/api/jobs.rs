@@ -11,8 +11,8 @@ use axum::response::IntoResponse;
 use futures_util::StreamExt;
 use lazaret_core::{
     AdmissionRequest, DeadLetterReason, IDEMPOTENCY_KEY_BYTES_MAX, JobId, JobState, JobType, Lane,
-    NAME_BYTES_MAX, PREVIEW_BYTES_MAX, TenantId, Timestamp, Verdict, admit, payload_preview,
-    payload_sha256,
+    NAME_BYTES_MAX, PREVIEW_BYTES_MAX, TenantId, Timestamp, TraceParent, Verdict, admit,
+    payload_preview, payload_sha256,
 };
 use lazaret_store::{
     AdmissionRecord, AuditEntry, CancelError, Cancelled, EnqueueOutcome, JobQuery, JobView, NewJob,
@@ -55,6 +55,11 @@ pub(super) struct EnqueueBody<'a> {
     idempotency_key: Option<String>,
     schema_version: Option<u32>,
     delay_ms: Option<u64>,
+    /// A W3C `traceparent` (`00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>`):
+    /// the trace this job's spans join, handed to its workers and kept on its
+    /// dead letter. It wins over the request's `traceparent` header; an invalid
+    /// one is `400 BAD_REQUEST`.
+    traceparent: Option<String>,
 }
 
 /// Reads a body up to `cap` bytes; over it, returns what was read so far
@@ -125,12 +130,23 @@ async fn admit_one<S: Store>(
     app: &App<S>,
     body: &EnqueueBody<'_>,
     enqueued_by: Option<&str>,
+    header_traceparent: Option<&TraceParent>,
     now: Timestamp,
 ) -> Result<NewJob, ApiError> {
     if let Err(e) = check_duration("delay_ms", body.delay_ms, DELAY_MS_MAX) {
         m::rejected_code(&e.code);
         return Err(e);
     }
+    let traceparent = match body.traceparent.as_deref().map(TraceParent::parse) {
+        None => header_traceparent.cloned(),
+        Some(Ok(t)) => Some(t),
+        Some(Err(e)) => {
+            m::rejected("BAD_REQUEST");
+            return Err(ApiError::bad_request(format!(
+                "{e}; leave `traceparent` out to enqueue the job without a trace"
+            )));
+        }
+    };
     check_field("type", body.job_type.as_deref(), NAME_BYTES_MAX)?;
     check_field("tenant", body.tenant.as_deref(), NAME_BYTES_MAX)?;
     check_field("lane", body.lane.as_deref(), NAME_BYTES_MAX)?;
@@ -208,7 +224,26 @@ async fn admit_one<S: Store>(
         run_at: now.saturating_add(Duration::from_millis(body.delay_ms.unwrap_or(0))),
         now,
         enqueued_by: enqueued_by.map(str::to_owned),
+        traceparent,
     })
+}
+
+/// The request's `traceparent` header, when valid. An invalid one is
+/// ignored (the W3C rule for a receiver that cannot parse it: start
+/// afresh) and logged; a job's own `traceparent` field is checked strictly.
+pub(super) fn header_traceparent(headers: &HeaderMap) -> Option<TraceParent> {
+    let value = headers.get("traceparent")?;
+    match value.to_str().map(TraceParent::parse) {
+        Ok(Ok(t)) => Some(t),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "ignoring the request's invalid traceparent header");
+            None
+        }
+        Err(_) => {
+            tracing::warn!("ignoring the request's traceparent header: not visible ASCII");
+            None
+        }
+    }
 }
 
 /// The name recorded as a job's `enqueued_by`: the caller's token, or
@@ -222,6 +257,7 @@ struct Admitted {
     job_type: JobType,
     lane: Lane,
     tenant: TenantId,
+    traceparent: Option<TraceParent>,
 }
 
 /// Whether an enqueue put a job in the queue now (not a duplicate, not
@@ -242,6 +278,7 @@ impl Admitted {
             job_type: job.job_type.clone(),
             lane: job.lane.clone(),
             tenant: job.tenant.clone(),
+            traceparent: job.traceparent.clone(),
         }
     }
 }
@@ -388,7 +425,34 @@ pub(super) async fn enqueue<S: Store>(
             )));
         }
     };
-    let job = admit_one(&app, &parsed, enqueuer(&app, &caller), now).await?;
+    // Debug level, as every per-job span: exported with `otlp`, and at the
+    // default `info` disabled at the cost of a level check.
+    let span = tracing::debug_span!(
+        "lazaret.admission",
+        "job.id" = tracing::field::Empty,
+        "job.type" = parsed.job_type.as_deref(),
+        "job.tenant" = parsed.tenant.as_deref(),
+        "job.lane" = parsed.lane.as_deref().unwrap_or("default"),
+        "job.attempt" = 0u32,
+        otel.status_code = tracing::field::Empty,
+    );
+    let traceparent = header_traceparent(&headers);
+    let job = match admit_one(
+        &app,
+        &parsed,
+        enqueuer(&app, &caller),
+        traceparent.as_ref(),
+        now,
+    )
+    .await
+    {
+        Ok(job) => job,
+        Err(e) => {
+            span.record("otel.status_code", "ERROR");
+            return Err(e);
+        }
+    };
+    lazaret_guard::trace::follow(&span, job.traceparent.as_ref());
     let admitted = Admitted::of(&job);
     let stored = app.store.enqueue(vec![job]);
     tokio::pin!(stored);
@@ -410,6 +474,9 @@ pub(super) async fn enqueue<S: Store>(
         std::task::Poll::Ready(r) => r,
         std::task::Poll::Pending => stored.await,
     }?;
+    if let EnqueueOutcome::Created { id, .. } | EnqueueOutcome::Duplicate { id, .. } = &outcome[0] {
+        span.record("job.id", id.0);
+    }
     let (status, body) = enqueue_reply(&app, &admitted, &outcome[0]);
     if !woken && made_ready(&outcome[0]) {
         app.ready.jobs([(&admitted.lane, &admitted.job_type)]);
@@ -443,11 +510,12 @@ pub(super) async fn enqueue_batch<S: Store>(
             return Ok(connection_close(e.into_response()));
         }
     };
+    let traceparent = header_traceparent(&headers);
     if bytes.len() <= BULK_BODY_BYTES {
-        return admit_batch(&app, &caller, &bytes).await;
+        return admit_batch(&app, &caller, traceparent.as_ref(), &bytes).await;
     }
     let on = std::sync::Arc::clone(&app);
-    app.run_bulk(async move { admit_batch(&on, &caller, &bytes).await })
+    app.run_bulk(async move { admit_batch(&on, &caller, traceparent.as_ref(), &bytes).await })
         .await
         .unwrap_or_else(|| {
             Err(ApiError::unavailable(
@@ -462,7 +530,12 @@ pub(super) async fn enqueue_batch<S: Store>(
 const BULK_BODY_BYTES: usize = 32 * 1024;
 
 /// The jobs of a batch body, admitted and enqueued: its answer.
-async fn admit_batch<S: Store>(app: &App<S>, caller: &Caller, bytes: &[u8]) -> ApiResult {
+async fn admit_batch<S: Store>(
+    app: &App<S>,
+    caller: &Caller,
+    traceparent: Option<&TraceParent>,
+    bytes: &[u8],
+) -> ApiResult {
     let batch: BatchBody<'_> = parse_json(bytes)?;
     let now = now();
     let mut results: Vec<Option<Value>> = vec![None; batch.jobs.len()];
@@ -471,13 +544,15 @@ async fn admit_batch<S: Store>(app: &App<S>, caller: &Caller, bytes: &[u8]) -> A
     for (i, raw) in batch.jobs.iter().enumerate() {
         let item: Result<EnqueueBody<'_>, _> = serde_json::from_str(raw.get());
         match item {
-            Ok(item) => match admit_one(app, &item, enqueuer(app, caller), now).await {
-                Ok(job) => {
-                    admitted.push((i, Admitted::of(&job)));
-                    jobs.push(job);
+            Ok(item) => {
+                match admit_one(app, &item, enqueuer(app, caller), traceparent, now).await {
+                    Ok(job) => {
+                        admitted.push((i, Admitted::of(&job)));
+                        jobs.push(job);
+                    }
+                    Err(e) => results[i] = Some(e.body()),
                 }
-                Err(e) => results[i] = Some(e.body()),
-            },
+            }
             Err(e) => {
                 results[i] =
                     Some(ApiError::bad_request(format!("job {i} is not valid: {e}")).body())
@@ -511,6 +586,7 @@ async fn admit_batch<S: Store>(app: &App<S>, caller: &Caller, bytes: &[u8]) -> A
                 match answer {
                     Ok(outcomes) => {
                         for ((i, job), outcome) in chunk.iter().zip(&outcomes) {
+                            batch_admission_span(job, outcome);
                             results[*i] = Some(enqueue_reply(app, job, outcome).1);
                             let pair = (&job.lane, &job.job_type);
                             if made_ready(outcome) && !ready.contains(&pair) {
@@ -530,6 +606,25 @@ async fn admit_batch<S: Store>(app: &App<S>, caller: &Caller, bytes: &[u8]) -> A
         }
     }
     ok(json!({ "results": results }))
+}
+
+/// The admission span of one job of a batch (`lazaret.admission`, as one
+/// enqueue's), once the store answered.
+fn batch_admission_span(job: &Admitted, outcome: &EnqueueOutcome) {
+    let id = match outcome {
+        EnqueueOutcome::Created { id, .. } | EnqueueOutcome::Duplicate { id, .. } => Some(id.0),
+        _ => None,
+    };
+    let span = tracing::debug_span!(
+        "lazaret.admission",
+        "job.id" = id,
+        "job.type" = %job.job_type,
+        "job.tenant" = %job.tenant,
+        "job.lane" = %job.lane,
+        "job.attempt" = 0u32,
+        batch = true,
+    );
+    lazaret_guard::trace::follow(&span, job.traceparent.as_ref());
 }
 
 /// Jobs of a batch per store command (`enqueue_batch`).

@@ -117,6 +117,7 @@ async fn lease_jobs<S: Store>(app: &App<S>, b: LeaseBody) -> Result<Vec<LeasedJo
         let jobs = leased?;
         for j in &jobs {
             m::job_waited(j.lane.as_str(), now.saturating_since(j.ready_at));
+            lease_span(j, &worker_id);
         }
         if !jobs.is_empty() || tokio::time::Instant::now() >= deadline || app.is_stopping() {
             return Ok(jobs);
@@ -177,6 +178,62 @@ pub(super) struct ItemBody {
     id: String,
     lease_token: String,
     error: Option<ErrorBody>,
+}
+
+/// The span of one job's lease (`lazaret.lease`): debug level, one per
+/// leased job, in the job's trace. At the default `info` it is disabled
+/// and costs a level check; it is exported with the `otlp` feature.
+fn lease_span(j: &LeasedJob, worker: &WorkerId) {
+    let span = tracing::debug_span!(
+        "lazaret.lease",
+        "job.id" = j.id.0,
+        "job.type" = %j.job_type,
+        "job.tenant" = %j.tenant,
+        "job.lane" = %j.lane,
+        "job.attempt" = j.attempt,
+        "worker.id" = %worker,
+    );
+    lazaret_guard::trace::follow(&span, j.traceparent.as_ref());
+}
+
+/// The span of an outcome (`lazaret.outcome`) and, when the job was
+/// dead-lettered, of its dead-lettering (`lazaret.dead_letter`, a child).
+fn outcome_span(c: &Completed) {
+    let span = tracing::debug_span!(
+        "lazaret.outcome",
+        "job.id" = c.id.0,
+        "job.type" = %c.job_type,
+        "job.tenant" = %c.tenant,
+        "job.lane" = %c.lane,
+        "job.attempt" = c.attempt,
+        outcome = outcome_word(&c.transition),
+        "error.kind" = c.kind.as_ref().map(|k| k.as_str()),
+    );
+    lazaret_guard::trace::follow(&span, c.traceparent.as_ref());
+    if let Transition::DeadLetter { reason } = c.transition {
+        let _dl = tracing::debug_span!(
+            parent: &span,
+            "lazaret.dead_letter",
+            "job.id" = c.id.0,
+            "job.type" = %c.job_type,
+            "job.tenant" = %c.tenant,
+            "job.lane" = %c.lane,
+            "job.attempt" = c.attempt,
+            reason = reason.as_str(),
+            "dead_letter.id" = c.dead_letter.map(|d| d.0),
+        );
+    }
+}
+
+/// A transition's word on a span.
+fn outcome_word(t: &Transition) -> &'static str {
+    match t {
+        Transition::Succeeded => "succeeded",
+        Transition::Retry { .. } => "retry_scheduled",
+        Transition::Defer { .. } => "deferred",
+        Transition::DeadLetter { .. } => "dead_lettered",
+        Transition::Cancelled => "cancelled",
+    }
 }
 
 fn token(t: &str) -> Result<LeaseToken, ApiError> {
@@ -252,6 +309,9 @@ async fn complete<S: Store>(
         app.store.complete(valid, now).await?
     };
     app.observe(results.iter().filter_map(|r| r.as_ref().ok()), now);
+    for c in results.iter().flatten() {
+        outcome_span(c);
+    }
     app.count_redrive_outcomes(results.iter().filter_map(|r| r.as_ref().ok()));
     // A job queued again, or a slot freed for a tenant held at its cap
     // with jobs waiting, may let a waiting lease take something.

@@ -19,7 +19,7 @@ fn corrupt(e: impl std::fmt::Display) -> StoreError {
 
 /// What a job view reads after the `StoredJob` columns.
 const VIEW_COLUMNS: &str = "run_at, lease_expires_at, enqueued_by, cancel_requested, \
-     (SELECT d.id FROM dead_letters d WHERE d.job_id = jobs.id) AS dead_letter_id";
+     (SELECT d.id FROM dead_letters d WHERE d.job_id = jobs.id) AS dead_letter_id, traceparent";
 
 fn view(r: &Row) -> Result<JobView, StoreError> {
     let stored = stored_job(r)?;
@@ -111,7 +111,8 @@ pub(super) async fn pauses(c: &Client) -> Result<Vec<crate::Pause>, StoreError> 
 
 const DL_COLUMNS: &str = "d.id, d.job_id, d.type, d.tenant, d.lane, d.reason, d.stage, d.attempts, d.error,
     d.idempotency_key, d.created_at, d.dead_lettered_at, d.payload_size, d.payload_sha256, d.payload_preview,
-    COALESCE(j.envelope, d.envelope), d.source, d.group_id, d.fingerprint, d.archived_at";
+    COALESCE(j.envelope, d.envelope), d.source, d.group_id, d.fingerprint, d.archived_at,
+    COALESCE(d.traceparent, j.traceparent)";
 
 fn dead_letter_row(r: &Row) -> Result<DeadLetter, StoreError> {
     let envelope: Option<String> = r.get(15);
@@ -153,6 +154,7 @@ fn dead_letter_row(r: &Row) -> Result<DeadLetter, StoreError> {
         group_id: r.get(17),
         fingerprint: r.get(18),
         archived_at: r.get::<_, Option<i64>>(19).map(Timestamp::from_millis),
+        traceparent: crate::stored::stored_traceparent(r.get(20)),
     })
 }
 

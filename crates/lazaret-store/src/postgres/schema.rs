@@ -362,6 +362,16 @@ CREATE TRIGGER dead_letter_groups_keep
     ON dead_letters FOR EACH ROW EXECUTE PROCEDURE dead_letter_groups_keep();
 "#;
 
+/// v9 → v10 (as SQLite's version 13): the W3C `traceparent` a job was
+/// enqueued with, or a broker message carried, validated
+/// (`lazaret_core::TraceParent`); its dead letter keeps it. NULL for rows
+/// written before and for jobs sent without one. Adding a nullable column
+/// without a default rewrites nothing.
+const V10: &str = r#"
+ALTER TABLE jobs ADD COLUMN IF NOT EXISTS traceparent text;
+ALTER TABLE dead_letters ADD COLUMN IF NOT EXISTS traceparent text;
+"#;
+
 /// v10 → v11 (issue 33, part 5; v10 is another change's): the charts'
 /// samples, as SQLite's version 14 (`sqlite::schema`, `V14_OBJECTS`): a
 /// row per (minute, signal, axis, name) of each sampling
@@ -508,6 +518,9 @@ async fn migrate_locked(c: &Client, schema: &str) -> Result<i64, StoreError> {
     if found < 9 {
         pg(c.batch_execute(V9).await)?;
         pg(c.batch_execute(SUMMARY_REBUILD).await)?;
+    }
+    if found < 10 {
+        pg(c.batch_execute(V10).await)?;
     }
     if found < 11 {
         pg(c.batch_execute(V11).await)?;

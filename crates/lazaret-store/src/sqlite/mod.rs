@@ -587,6 +587,7 @@ mod tests {
             run_at: Timestamp::from_millis(0),
             now: Timestamp::from_millis(0),
             enqueued_by: None,
+            traceparent: None,
         }
     }
 

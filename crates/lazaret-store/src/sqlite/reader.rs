@@ -23,7 +23,7 @@ fn corrupt(e: impl std::fmt::Display) -> StoreError {
 /// What a job view reads besides [`COLUMNS`]: its dead letter by the
 /// `dead_letters_job` index.
 const VIEW_COLUMNS: &str = "run_at, lease_expires_at, enqueued_by, cancel_requested, \
-     (SELECT d.id FROM dead_letters d WHERE d.job_id = jobs.id)";
+     (SELECT d.id FROM dead_letters d WHERE d.job_id = jobs.id), traceparent";
 
 fn view_row(r: &Row<'_>) -> rusqlite::Result<(StoredJob, ViewExtra)> {
     Ok((
@@ -183,7 +183,7 @@ pub(super) fn pauses(c: &Connection) -> Result<Vec<Pause>, StoreError> {
 
 const DL_COLUMNS: &str = "d.id, d.job_id, d.type, d.tenant, d.lane, d.reason, d.stage, d.attempts, d.error,
     d.idempotency_key, d.created_at, d.dead_lettered_at, d.payload_size, d.payload_sha256, d.payload_preview, COALESCE(j.envelope, d.envelope), d.source,
-    d.group_id, d.fingerprint, d.archived_at";
+    d.group_id, d.fingerprint, d.archived_at, COALESCE(d.traceparent, j.traceparent)";
 
 fn dead_letter_row(r: &Row<'_>) -> rusqlite::Result<(DeadLetterRaw, Option<String>)> {
     Ok((
@@ -207,6 +207,7 @@ fn dead_letter_row(r: &Row<'_>) -> rusqlite::Result<(DeadLetterRaw, Option<Strin
             group_id: r.get(17)?,
             fingerprint: r.get(18)?,
             archived_at: r.get(19)?,
+            traceparent: r.get(20)?,
         },
         r.get(15)?,
     ))
@@ -232,6 +233,7 @@ struct DeadLetterRaw {
     group_id: String,
     fingerprint: String,
     archived_at: Option<i64>,
+    traceparent: Option<String>,
 }
 
 fn finish(raw: DeadLetterRaw, envelope: Option<String>) -> Result<DeadLetter, StoreError> {
@@ -271,6 +273,7 @@ fn finish(raw: DeadLetterRaw, envelope: Option<String>) -> Result<DeadLetter, St
         group_id: raw.group_id,
         fingerprint: raw.fingerprint,
         archived_at: raw.archived_at.map(Timestamp::from_millis),
+        traceparent: crate::stored::stored_traceparent(raw.traceparent),
     })
 }
 

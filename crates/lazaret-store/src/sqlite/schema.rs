@@ -30,6 +30,7 @@ CREATE TABLE IF NOT EXISTS jobs (
                                         -- redrive, NULL before the first (see sqlite::envelope)
     payload          BLOB    NOT NULL,  -- the raw JSON text, byte for byte
     cancel_requested INTEGER NOT NULL DEFAULT 0  -- 1 once a cancel was accepted (version 6)
+    -- traceparent TEXT: added by v12_to_v13, on new databases too
 );
 CREATE UNIQUE INDEX IF NOT EXISTS jobs_idempotency ON jobs (tenant, type, idempotency_key)
     WHERE idempotency_key IS NOT NULL;
@@ -62,6 +63,7 @@ CREATE TABLE IF NOT EXISTS dead_letters (
     group_id         TEXT    NOT NULL DEFAULT '',  -- lazaret_core::group_id (version 9)
     fingerprint      TEXT    NOT NULL DEFAULT '',  -- lazaret_core::group_fingerprint of the error message
     archived_at      INTEGER                       -- ms since the epoch; NULL while active
+    -- traceparent TEXT: added by v12_to_v13, on new databases too
 );
 CREATE INDEX IF NOT EXISTS dead_letters_reason ON dead_letters (reason, type);
 CREATE UNIQUE INDEX IF NOT EXISTS dead_letters_job ON dead_letters (job_id) WHERE job_id IS NOT NULL;
@@ -345,6 +347,26 @@ CREATE TABLE IF NOT EXISTS redrive_messages (
 );
 "#;
 
+/// Version 12 → 13 (and new databases, whose tables [`CURRENT`] just
+/// created without it): the W3C `traceparent` a job was enqueued with, or
+/// a broker message carried, validated (`lazaret_core::TraceParent`); its
+/// dead letter keeps it. NULL for rows written before, and for jobs sent
+/// without one. SQLite has no `ADD COLUMN IF NOT EXISTS`: a column already
+/// there (a file a newer build wrote and its version set back) is left.
+fn v12_to_v13(conn: &Connection) -> rusqlite::Result<()> {
+    for table in ["jobs", "dead_letters"] {
+        let has: bool = conn.query_row(
+            "SELECT EXISTS (SELECT 1 FROM pragma_table_info(?1) WHERE name = 'traceparent')",
+            [table],
+            |r| r.get(0),
+        )?;
+        if !has {
+            conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN traceparent TEXT;"))?;
+        }
+    }
+    Ok(())
+}
+
 /// What version 14 added (issue 33, part 5; 13 is another change's):
 /// the charts' samples, a row per (minute, signal, axis, name) written by
 /// each sampling (`crate::signals`; `signal = 'sampled'` marks a minute
@@ -615,6 +637,9 @@ pub fn migrate(conn: &Connection) -> Result<(), crate::StoreError> {
         }
         if groups {
             groups_v9(conn)?;
+        }
+        if version < 13 {
+            v12_to_v13(conn)?;
         }
         if version >= 1 {
             // After the groups are computed (their updates went through

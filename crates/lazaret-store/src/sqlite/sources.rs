@@ -33,6 +33,11 @@ pub(super) fn quarantine(c: &Connection, dl: &SourceDeadLetter) -> Result<Quaran
     }
     let error = dl.error.as_ref().map(json).transpose()?;
     let envelope = dl.envelope.as_ref().map(Envelope::to_json);
+    let traceparent = dl
+        .envelope
+        .as_ref()
+        .and_then(|e| e.traceparent.as_ref())
+        .map(lazaret_core::TraceParent::as_str);
     let group = lazaret_core::group_of(
         dl.job_type.as_deref(),
         dl.reason.as_str(),
@@ -41,8 +46,8 @@ pub(super) fn quarantine(c: &Connection, dl: &SourceDeadLetter) -> Result<Quaran
     let inserted = db(c.prepare_cached(
         "INSERT INTO dead_letters (job_id, type, tenant, lane, reason, stage, attempts, error, idempotency_key,
            created_at, dead_lettered_at, payload_size, payload_sha256, payload_preview, payload,
-           source, source_name, message_id, envelope, redrive_id, group_id, fingerprint)
-         VALUES (NULL, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21)
+           source, source_name, message_id, envelope, redrive_id, group_id, fingerprint, traceparent)
+         VALUES (NULL, ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22)
          ON CONFLICT (source_name, message_id, payload_sha256, redrive_id)
            WHERE source_name IS NOT NULL DO NOTHING",
     )?
@@ -68,6 +73,7 @@ pub(super) fn quarantine(c: &Connection, dl: &SourceDeadLetter) -> Result<Quaran
         key.redrive_column(),
         group.id,
         group.fingerprint,
+        traceparent,
     ]))?;
     if inserted == 0 {
         // Quarantined before (a redelivery after a crash before the ack).

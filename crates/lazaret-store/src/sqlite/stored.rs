@@ -39,6 +39,13 @@ impl StoredJob {
             finished_at: r.get(11)?,
             envelope: r.get(12)?,
             payload: r.get(13)?,
+            traceparent: r
+                .as_ref()
+                .column_index("traceparent")
+                .ok()
+                .map(|i| r.get::<_, Option<String>>(i))
+                .transpose()?
+                .flatten(),
         })
     }
 }

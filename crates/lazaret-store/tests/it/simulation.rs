@@ -513,6 +513,7 @@ impl Sim {
                     run_at: now,
                     now,
                     enqueued_by: None,
+                    traceparent: None,
                 };
                 match self.store.enqueue(vec![job]).await {
                     Ok(out) => match out[..] {

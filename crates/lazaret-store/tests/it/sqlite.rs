@@ -287,6 +287,7 @@ async fn migrates_a_version_1_database_in_place() {
         lease_expires_at: at(60_000),
         created_at: at(1),
         ready_at: at(1),
+        traceparent: None,
     };
     complete(&s, &held, Event::Succeeded, at(7)).await;
     let view = job_view(&s, JobId(2)).await;
@@ -436,6 +437,7 @@ async fn migrates_a_version_4_database_to_cancels_listing_and_kept_pauses() {
         lease_expires_at: at(60_000),
         created_at: at(0),
         ready_at: at(0),
+        traceparent: None,
     };
     let done = complete(&s, &held, Event::Failed(transient("http_503")), at(2)).await;
     assert_eq!(done.transition, Transition::Cancelled);
@@ -1023,6 +1025,61 @@ async fn migrates_a_version_10_database_to_the_broker_messages_of_redrive_report
     );
     let r = s.redrive_report("r-1".into()).await.unwrap().unwrap();
     assert_eq!((r.messages, r.running, r.audit.count), (1, 1, 1));
+    s.close().await.unwrap();
+}
+
+/// A version-12 database (no `traceparent` columns) gains them: its jobs
+/// and dead letters read as having no trace, and new jobs keep theirs.
+#[tokio::test]
+async fn migrates_a_version_12_database_to_traceparents() {
+    use lazaret_core::{Event, TraceParent};
+    use lazaret_store_conformance::{
+        at, complete, enqueue_one, lease_one, lease_req, new_job, permanent,
+    };
+
+    let dir = tempfile::TempDir::new().unwrap();
+    let s = open(dir.path());
+    let old = enqueue_one(&s, new_job("resize", "acme", "default")).await;
+    s.close().await.unwrap();
+    {
+        let conn = rusqlite::Connection::open(dir.path().join(DB_FILE)).unwrap();
+        conn.execute_batch(
+            "ALTER TABLE jobs DROP COLUMN traceparent;
+             ALTER TABLE dead_letters DROP COLUMN traceparent;
+             PRAGMA user_version = 12;",
+        )
+        .unwrap();
+    }
+    let s = open(dir.path());
+    {
+        let conn = rusqlite::Connection::open(dir.path().join(DB_FILE)).unwrap();
+        let version: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, SCHEMA_VERSION);
+    }
+    let leased = lease_one(&s, lease_req(at(10), 1)).await;
+    assert_eq!((leased.id, leased.traceparent.clone()), (old, None));
+    let done = complete(&s, &leased, Event::Failed(permanent()), at(20)).await;
+    let dl = s
+        .dead_letter(done.dead_letter.unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(dl.traceparent, None);
+    let tp = TraceParent::parse("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").unwrap();
+    enqueue_one(
+        &s,
+        lazaret_store::NewJob {
+            traceparent: Some(tp.clone()),
+            ..new_job("resize", "acme", "default")
+        },
+    )
+    .await;
+    assert_eq!(
+        lease_one(&s, lease_req(at(30), 1)).await.traceparent,
+        Some(tp)
+    );
     s.close().await.unwrap();
 }
 

@@ -51,5 +51,6 @@ mod sources;
 mod sqs_source;
 mod team_handler;
 mod tokens;
+mod traces;
 mod web_security;
 mod workers;

@@ -23,6 +23,7 @@ pub(super) struct InsertColumns<'a> {
     pub(super) enqueued_by: Vec<Option<&'a str>>,
     pub(super) created_at: Vec<i64>,
     pub(super) payloads: Vec<&'a [u8]>,
+    pub(super) traceparents: Vec<Option<&'a str>>,
 }
 
 impl<'a> InsertColumns<'a> {
@@ -38,6 +39,11 @@ impl<'a> InsertColumns<'a> {
         self.enqueued_by.push(job.enqueued_by.as_deref());
         self.created_at.push(ms(job.now));
         self.payloads.push(&job.payload);
+        self.traceparents.push(
+            job.traceparent
+                .as_ref()
+                .map(lazaret_core::TraceParent::as_str),
+        );
     }
 }
 
@@ -178,18 +184,19 @@ impl Writer {
                        FROM generate_series(1::int8, cardinality($1::text[])::int8) AS g(ord)),
                      ins AS (
                        INSERT INTO jobs (id, type, tenant, lane, state, run_at, attempts, idempotency_key,
-                         schema_version, enqueued_by, created_at, payload)
+                         schema_version, enqueued_by, created_at, payload, traceparent)
                        SELECT ids.id, u.type, u.tenant, u.lane, u.state, u.run_at, 0, u.key, u.schema_version,
-                         u.enqueued_by, u.created_at, u.payload
+                         u.enqueued_by, u.created_at, u.payload, u.traceparent
                        FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int8[], $6::text[],
-                                   $7::int4[], $8::text[], $9::int8[], $10::bytea[])
+                                   $7::int4[], $8::text[], $9::int8[], $10::bytea[], $11::text[])
                          WITH ORDINALITY AS u(type, tenant, lane, state, run_at, key, schema_version,
-                                              enqueued_by, created_at, payload, ord)
+                                              enqueued_by, created_at, payload, traceparent, ord)
                        JOIN ids ON ids.ord = u.ord)
                      SELECT id FROM ids ORDER BY ord",
                     &[
                         &c.types, &c.tenants, &c.lanes, &c.states, &c.run_at, &c.keys,
                         &c.schema_versions, &c.enqueued_by, &c.created_at, &c.payloads,
+                        &c.traceparents,
                     ],
                 )
                 .await?;

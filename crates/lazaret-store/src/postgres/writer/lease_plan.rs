@@ -287,6 +287,7 @@ impl Writer {
                         lease_expires_at: expires,
                         created_at: Timestamp::from_millis(r.get(4)),
                         ready_at: Timestamp::from_millis(r.get(8)),
+                        traceparent: crate::stored::stored_traceparent(r.get(9)),
                     },
                 )
             })

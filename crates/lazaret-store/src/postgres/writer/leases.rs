@@ -59,7 +59,7 @@ pub(super) const LEASE_ONE_SQL: &str = "WITH picked AS (
                    worker_id = $7
                  FROM picked WHERE j.id = picked.id
                  RETURNING j.id, j.type, j.idempotency_key, j.schema_version, j.created_at, j.payload,
-                   j.attempts, j.lease_token, j.run_at";
+                   j.attempts, j.lease_token, j.run_at, j.traceparent";
 
 /// [`LEASE_ONE_SQL`] among several types `$3`, as SQLite's writer does it:
 /// the first `$4` ready jobs of each type (a range of `jobs_ready_type`
@@ -81,7 +81,7 @@ pub(super) const LEASE_MERGED_SQL: &str = "WITH picked AS (
                    worker_id = $7
                  FROM picked WHERE j.id = picked.id
                  RETURNING j.id, j.type, j.idempotency_key, j.schema_version, j.created_at, j.payload,
-                   j.attempts, j.lease_token, j.run_at";
+                   j.attempts, j.lease_token, j.run_at, j.traceparent";
 
 /// Gives the jobs of a merged lease that went to another request than the
 /// first its worker and lease end.

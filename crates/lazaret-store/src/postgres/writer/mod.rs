@@ -272,6 +272,8 @@ pub(super) fn stored_job(r: &Row) -> Result<StoredJob, StoreError> {
         finished_at: r.get(11),
         envelope: r.get(12),
         payload: r.get(13),
+        // By name: only the queries that need it select it.
+        traceparent: r.try_get::<_, Option<String>>("traceparent").ok().flatten(),
     })
 }
 

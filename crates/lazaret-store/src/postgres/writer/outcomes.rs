@@ -16,7 +16,8 @@ pub(super) const SUCCEED_SQL: &str =
        AND j.lease_expires_at > $3 AND j.lease_started_at IS NOT NULL
      RETURNING j.id, j.type, j.tenant, j.lane, j.attempts, j.lease_started_at, j.envelope,
        (SELECT p.ready FROM pairs p WHERE p.lane = j.lane AND p.tenant = j.tenant),
-       (SELECT p.inflight FROM pairs p WHERE p.lane = j.lane AND p.tenant = j.tenant)";
+       (SELECT p.inflight FROM pairs p WHERE p.lane = j.lane AND p.tenant = j.tenant),
+       j.traceparent";
 
 /// A job locked for an outcome: its row, lease token, lease end, and
 /// whether a cancel was requested.
@@ -123,6 +124,8 @@ impl Writer {
                         id: JobId(id as u64),
                         job_type: JobType::new(r.get::<_, String>(1)),
                         lane,
+                        tenant,
+                        traceparent: crate::stored::stored_traceparent(r.get(9)),
                         transition: Transition::Succeeded,
                         attempt: r.get::<_, i32>(4) as u32,
                         kind: None,
@@ -198,7 +201,7 @@ impl Writer {
             .query(
                 "SELECT id, type, tenant, lane, state, attempts, lease_started_at, worker_id,
                    idempotency_key, schema_version, created_at, finished_at, envelope, payload,
-                   lease_token, lease_expires_at, cancel_requested
+                   lease_token, lease_expires_at, cancel_requested, traceparent
                  FROM jobs WHERE id = ANY($1) ORDER BY id FOR UPDATE",
                 &[&ids],
             )
@@ -251,10 +254,13 @@ impl Writer {
         );
         let freed_slot = self.release_slot(&lane, &tenant).await?;
         self.delta(lane.as_str(), tenant.as_str()).succeeded += 1;
+        let traceparent = crate::stored::stored_traceparent(stored.traceparent.clone());
         Ok(Some(Completed {
             id: item.id,
             job_type,
             lane,
+            tenant,
+            traceparent,
             transition: Transition::Succeeded,
             attempt,
             kind: None,
@@ -315,6 +321,8 @@ impl Writer {
             id,
             job_type: env.job_type.clone(),
             lane: env.lane.clone(),
+            tenant: env.tenant.clone(),
+            traceparent: env.traceparent.clone(),
             transition,
             attempt,
             kind,
@@ -399,8 +407,9 @@ impl Writer {
                     .query(
                         "INSERT INTO dead_letters (job_id, type, tenant, lane, reason, stage, attempts, error,
                            idempotency_key, created_at, dead_lettered_at, payload_size, payload_sha256, payload_preview,
-                           group_id, fingerprint)
-                         VALUES ($1, $2, $3, $4, $5, 'processing', $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+                           group_id, fingerprint, traceparent)
+                         VALUES ($1, $2, $3, $4, $5, 'processing', $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
+                           (SELECT traceparent FROM jobs WHERE id = $1))
                          RETURNING id",
                         &[
                             &id,

@@ -26,6 +26,11 @@ impl Writer {
             .map(|e| serde_json::to_string(e).map_err(corrupt))
             .transpose()?;
         let envelope = dl.envelope.as_ref().map(Envelope::to_json);
+        let traceparent = dl
+            .envelope
+            .as_ref()
+            .and_then(|e| e.traceparent.as_ref())
+            .map(lazaret_core::TraceParent::as_str);
         let source = serde_json::to_string(src).map_err(corrupt)?;
         let sha = hex::encode(lazaret_core::payload_sha256(&dl.payload));
         let redrive_id = src.redrive_id.clone().unwrap_or_default();
@@ -39,8 +44,8 @@ impl Writer {
                 "INSERT INTO dead_letters (job_id, type, tenant, lane, reason, stage, attempts, error,
                    idempotency_key, created_at, dead_lettered_at, payload_size, payload_sha256,
                    payload_preview, payload, source, source_name, message_id, envelope, redrive_id,
-                   group_id, fingerprint)
-                 VALUES (NULL, $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)
+                   group_id, fingerprint, traceparent)
+                 VALUES (NULL, $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22)
                  ON CONFLICT (source_name, message_id, payload_sha256, redrive_id)
                    WHERE source_name IS NOT NULL DO NOTHING
                  RETURNING id",
@@ -66,6 +71,7 @@ impl Writer {
                     &redrive_id,
                     &group.id,
                     &group.fingerprint,
+                    &traceparent,
                 ],
             )
             .await?;

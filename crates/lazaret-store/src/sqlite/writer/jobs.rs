@@ -60,8 +60,8 @@ impl Writer {
                 .conn
                 .prepare_cached(
                     "INSERT INTO jobs (id, type, tenant, lane, state, run_at, attempts, idempotency_key,
-                       schema_version, enqueued_by, created_at, payload)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, 0, ?7, ?8, ?9, ?10, ?11)",
+                       schema_version, enqueued_by, created_at, payload, traceparent)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, 0, ?7, ?8, ?9, ?10, ?11, ?12)",
                 )?
                 .execute(params![
                     id.0 as i64,
@@ -75,6 +75,7 @@ impl Writer {
                     job.enqueued_by,
                     ms(job.now),
                     job.payload,
+                    job.traceparent.as_ref().map(TraceParent::as_str),
                 ]))?;
             if state == JobState::Scheduled {
                 *self.scheduled.entry(job.lane.clone()).or_default() += 1;

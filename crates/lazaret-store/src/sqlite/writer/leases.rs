@@ -93,14 +93,14 @@ impl Writer {
         // new binding expires the statement and the next step re-parses and
         // re-plans it (a tenth of the writer's time in profiles). The unary
         // plus keeps the plan independent of the value.
-        const ONE_TYPE: &str = "SELECT id, type, idempotency_key, schema_version, created_at, payload, attempts, run_at
+        const ONE_TYPE: &str = "SELECT id, type, idempotency_key, schema_version, created_at, payload, attempts, run_at, traceparent
              FROM jobs INDEXED BY jobs_ready_type WHERE lane = ?1 AND tenant = ?2 AND type = ?3 AND state = 'queued'
              ORDER BY run_at, id LIMIT +?4";
         const OLDEST_OF_TYPE: &str = "SELECT run_at, id
              FROM jobs INDEXED BY jobs_ready_type WHERE lane = ?1 AND tenant = ?2 AND type = ?3 AND state = 'queued'
              ORDER BY run_at, id LIMIT +?4";
         const BY_ID: &str =
-            "SELECT id, type, idempotency_key, schema_version, created_at, payload, attempts, run_at
+            "SELECT id, type, idempotency_key, schema_version, created_at, payload, attempts, run_at, traceparent
              FROM jobs WHERE id = ?1 AND state = 'queued'";
         let (lane, tenant, count) = (&take.lane, &take.tenant, i64::from(take.count));
         let expires = req.now.saturating_add(req.lease);
@@ -255,7 +255,7 @@ struct Leasing<'a> {
 
 impl Leasing<'_> {
     /// The leased job of a row `(id, type, idempotency_key, schema_version,
-    /// created_at, payload, attempts)`, with a new token.
+    /// created_at, payload, attempts, run_at, traceparent)`, with a new token.
     fn job(
         &self,
         r: &rusqlite::Row<'_>,
@@ -279,6 +279,7 @@ impl Leasing<'_> {
             lease_expires_at: self.expires,
             created_at: Timestamp::from_millis(db(r.get(4))?),
             ready_at: Timestamp::from_millis(db(r.get(7))?),
+            traceparent: stored_traceparent(db(r.get(8))?),
         })
     }
 }

@@ -16,7 +16,7 @@ use std::sync::mpsc;
 
 use lazaret_core::{
     Among, Envelope, Event, FairScheduler, JobId, JobState, JobType, Lane, LeaseFilter, PairCounts,
-    TenantId, Timestamp, Transition, payload_preview, plan_lease,
+    TenantId, Timestamp, TraceParent, Transition, payload_preview, plan_lease,
 };
 use rusqlite::{Connection, OptionalExtension, params};
 
@@ -24,6 +24,7 @@ use super::sequence::Reserved;
 use super::stored::{COLUMNS, StoredJob};
 use super::sync::Syncer;
 use crate::request::{Claim, Reply, Request};
+use crate::stored::stored_traceparent;
 use crate::{
     AdmissionRecord, AuditEntry, CancelError, Cancelled, Completed, Completion, DeadLetterId,
     Decider, EnqueueOutcome, Heartbeat, ItemError, LaneCounts, LeaseRequest, LeaseToken, LeasedJob,

@@ -38,7 +38,7 @@ impl Writer {
         let row = db(self
             .conn
             .prepare_cached(&format!(
-                "SELECT {COLUMNS}, lease_token, lease_expires_at, cancel_requested FROM jobs WHERE id = ?1"
+                "SELECT {COLUMNS}, lease_token, lease_expires_at, cancel_requested, traceparent FROM jobs WHERE id = ?1"
             ))?
             .query_row(params![id.0 as i64], |r| {
                 let extra = super::super::stored::COLUMN_COUNT;
@@ -81,6 +81,8 @@ impl Writer {
             id,
             job_type: env.job_type,
             lane: env.lane,
+            tenant: env.tenant,
+            traceparent: env.traceparent,
             transition,
             attempt,
             kind,
@@ -118,7 +120,7 @@ impl Writer {
         let row = db(self
             .conn
             .prepare_cached(
-                "SELECT type, tenant, lane, attempts, redrives, lease_started_at FROM jobs
+                "SELECT type, tenant, lane, attempts, redrives, lease_started_at, traceparent FROM jobs
                  WHERE id = ?1 AND state = 'leased' AND lease_token = ?2 AND lease_started_at IS NOT NULL
                    AND lease_expires_at > ?3",
             )?
@@ -130,10 +132,12 @@ impl Writer {
                     r.get::<_, i64>(3)?,
                     r.get::<_, i64>(4)?,
                     r.get::<_, Option<i64>>(5)?,
+                    r.get::<_, Option<String>>(6)?,
                 ))
             })
             .optional())?;
-        let Some((job_type, tenant, lane, attempts, redrive_count, leased_at)) = row else {
+        let Some((job_type, tenant, lane, attempts, redrive_count, leased_at, traceparent)) = row
+        else {
             return Ok(None);
         };
         db(self
@@ -144,12 +148,15 @@ impl Writer {
             )?
             .execute(params![id.0 as i64, ms(now)]))?;
         let lane = Lane::new(lane);
-        let freed_slot = self.release_slot(&lane, &TenantId::new(tenant));
+        let tenant = TenantId::new(tenant);
+        let freed_slot = self.release_slot(&lane, &tenant);
         self.succeeded += 1;
         Ok(Some(Completed {
             id,
             job_type: JobType::new(job_type),
             lane,
+            tenant,
+            traceparent: stored_traceparent(traceparent),
             transition: Transition::Succeeded,
             attempt: attempts as u32,
             kind: None,
@@ -218,8 +225,9 @@ impl Writer {
                     .prepare_cached(
                         "INSERT INTO dead_letters (job_id, type, tenant, lane, reason, stage, attempts, error, idempotency_key,
                            created_at, dead_lettered_at, payload_size, payload_sha256, payload_preview,
-                           group_id, fingerprint)
-                         VALUES (?1, ?2, ?3, ?4, ?5, 'processing', ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+                           group_id, fingerprint, traceparent)
+                         VALUES (?1, ?2, ?3, ?4, ?5, 'processing', ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15,
+                           (SELECT traceparent FROM jobs WHERE id = ?1))",
                     )?
                     .execute(params![
                         id,
