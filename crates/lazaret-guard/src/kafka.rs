@@ -78,7 +78,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::future::BoxFuture;
 use lazaret_core::{DeadLetterReason, Failure, Timestamp};
@@ -246,42 +246,20 @@ impl Broker for Kafka {
     /// lazaret first started are processed, not skipped.
     fn consume(&self) -> BoxFuture<'_, Result<Box<dyn Consumer>, BrokerError>> {
         Box::pin(async move {
-            let shared = Arc::new(Shared {
+            let setup = Setup {
+                servers: self.servers.clone(),
+                group: self.spec.group.clone(),
                 topic: self.spec.queue.clone(),
-                tracker: Mutex::new(Tracker::default()),
-                commits: tokio::sync::Mutex::new(HashMap::new()),
-                rewind: AtomicBool::new(false),
-                wake: Notify::new(),
-            });
-            let poll_interval = (self.spec.delivery_timeout * 2).max(MAX_POLL_INTERVAL_FLOOR);
-            let consumer: StreamConsumer<Ctx> = ClientConfig::new()
-                .set("bootstrap.servers", &self.servers)
-                .set("group.id", &self.spec.group)
-                .set("enable.auto.commit", "false")
-                .set("enable.auto.offset.store", "false")
-                .set("auto.offset.reset", "earliest")
-                .set(
-                    "session.timeout.ms",
-                    SESSION_TIMEOUT.as_millis().to_string(),
-                )
-                .set(
-                    "max.poll.interval.ms",
-                    poll_interval.as_millis().to_string(),
-                )
-                .create_with_context(Ctx {
-                    shared: Arc::clone(&shared),
-                })
-                .map_err(|e| connect_error(&self.servers, &e))?;
-            consumer
-                .subscribe(&[self.spec.queue.as_str()])
-                .map_err(|e| BrokerError::Op {
-                    broker: BROKER,
-                    op: format!("subscribe to topic {}", self.spec.queue),
-                    why: e.to_string(),
-                })?;
+                poll_interval: (self.spec.delivery_timeout * 2).max(MAX_POLL_INTERVAL_FLOOR),
+            };
+            let (consumer, shared) = setup.open()?;
             Ok(Box::new(TopicConsumer {
-                consumer: Some(Arc::new(consumer)),
+                consumer: Some(consumer),
                 shared,
+                setup,
+                short_since: None,
+                described_at: None,
+                retiring: Vec::new(),
             }) as Box<dyn Consumer>)
         })
     }
@@ -360,6 +338,9 @@ struct Shared {
     rewind: AtomicBool,
     /// Wakes a waiting `next` when `rewind` turns true.
     wake: Notify,
+    /// The group gave this consumer an assignment (empty or not): its
+    /// join completed.
+    assigned: AtomicBool,
 }
 
 impl Shared {
@@ -396,6 +377,7 @@ impl ConsumerContext for Ctx {
                 partitions.push(e.partition());
             }
             partitions.sort_unstable();
+            self.shared.assigned.store(true, Ordering::SeqCst);
             // Which node reads which partition is what an operator asks
             // first when several nodes share a group.
             tracing::info!(topic = %self.shared.topic, "the group assigned this node partitions {partitions:?} of topic {}", self.shared.topic);
@@ -490,70 +472,286 @@ impl Tracker {
     }
 }
 
+/// How a source's group consumer is made; kept to make it again.
+struct Setup {
+    servers: String,
+    group: String,
+    topic: String,
+    poll_interval: Duration,
+}
+
+impl Setup {
+    /// A new member of the group, subscribed to the topic (it joins the
+    /// group once polled).
+    fn open(&self) -> Result<(Arc<StreamConsumer<Ctx>>, Arc<Shared>), BrokerError> {
+        let shared = Arc::new(Shared {
+            topic: self.topic.clone(),
+            tracker: Mutex::new(Tracker::default()),
+            commits: tokio::sync::Mutex::new(HashMap::new()),
+            rewind: AtomicBool::new(false),
+            wake: Notify::new(),
+            assigned: AtomicBool::new(false),
+        });
+        let consumer: StreamConsumer<Ctx> = ClientConfig::new()
+            .set("bootstrap.servers", &self.servers)
+            .set("group.id", &self.group)
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("auto.offset.reset", "earliest")
+            .set(
+                "session.timeout.ms",
+                SESSION_TIMEOUT.as_millis().to_string(),
+            )
+            .set(
+                "max.poll.interval.ms",
+                self.poll_interval.as_millis().to_string(),
+            )
+            .create_with_context(Ctx {
+                shared: Arc::clone(&shared),
+            })
+            .map_err(|e| connect_error(&self.servers, &e))?;
+        consumer
+            .subscribe(&[self.topic.as_str()])
+            .map_err(|e| BrokerError::Op {
+                broker: BROKER,
+                op: format!("subscribe to topic {}", self.topic),
+                why: e.to_string(),
+            })?;
+        Ok((Arc::new(consumer), shared))
+    }
+}
+
+/// How long a consumer may hold fewer partitions than the group owes it
+/// (see [`partitions_owed`]) before it joins again as a new member: twice
+/// the session timeout, so a member that died has been expired and a
+/// rebalance had time to finish.
+const STALL_AFTER: Duration = Duration::from_secs(20);
+/// How often a consumer waiting for a record looks whether it is stalled.
+const STALL_CHECK: Duration = Duration::from_secs(2);
+/// How often a consumer that holds fewer than all of the topic's
+/// partitions asks the group coordinator how many the group owes it.
+const DESCRIBE_EVERY: Duration = Duration::from_secs(10);
+/// How long the group may take to describe itself for that.
+const DESCRIBE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a replaced member stays in the group at most, waiting for its
+/// successor's join to complete.
+const RETIRE_MAX: Duration = Duration::from_secs(30);
+
+/// How many partitions of a topic of `partitions` a member of a group
+/// that its coordinator describes as `state` with `members` members is
+/// owed. A `Stable` group owes each member at least `partitions /
+/// members`: the range and round-robin assignors (librdkafka's default)
+/// and the sticky ones spread a topic's partitions evenly, so with more
+/// members than partitions some members are idle by design (owed 0). A
+/// group that is not `Stable` (a rebalance that has not finished, or a
+/// coordinator that lost its state) owes a member that holds nothing one
+/// partition. The count assumes the group's members all read this topic,
+/// as the nodes of one lazaret source do.
+pub fn partitions_owed(state: &str, members: usize, partitions: usize) -> usize {
+    if partitions == 0 {
+        0
+    } else if state != "Stable" {
+        1
+    } else {
+        partitions / members.max(1)
+    }
+}
+
 /// Reads the group's records one at a time.
+///
+/// **Stalled groups.** A member that holds fewer partitions than the group
+/// owes it ([`partitions_owed`]) for [`STALL_AFTER`] joins again as a new
+/// member, making the new one before leaving with the
+/// old (which stays in the group, not polled, until the new one's join
+/// completes or [`RETIRE_MAX`]). Against a Kafka broker this never happens
+/// in a healthy group, and when it does (a rebalance stuck on a member
+/// that does not rejoin) a new member only joins the rebalance. It is what
+/// gets a group on tansu 0.6 going again after its coordinator lost track
+/// of a member (after a broker pause past the session timeout, or a
+/// member killed while the group was stable): tansu keeps an expired
+/// leader as the group's leader, so no join completes until two members'
+/// requests overlap and it reloads the group; and it keeps an expired
+/// member's partitions assigned to it while the group stays stable. A new
+/// member makes it rebalance (`docs/reliability.md`, "Broker faults under
+/// the guard").
 struct TopicConsumer {
     consumer: Option<Arc<StreamConsumer<Ctx>>>,
     shared: Arc<Shared>,
+    setup: Setup,
+    /// Since when the consumer holds fewer partitions than the group owes
+    /// it, as last described.
+    short_since: Option<Instant>,
+    /// When the group was last described for that.
+    described_at: Option<Instant>,
+    /// Members replaced by a new one, and when each must leave at the
+    /// latest.
+    retiring: Vec<(Arc<StreamConsumer<Ctx>>, Instant)>,
+}
+
+/// Closes a consumer (it leaves the group), which waits on the broker: on
+/// a multi-threaded runtime in place (the consumer is gone when this
+/// returns), elsewhere on a blocking thread.
+fn close(c: Arc<StreamConsumer<Ctx>>) {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(move || drop(c));
+        }
+        Ok(h) => {
+            h.spawn_blocking(move || drop(c));
+        }
+        Err(_) => drop(c),
+    }
 }
 
 impl Drop for TopicConsumer {
-    /// Leaving the group waits on the broker: on a multi-threaded runtime
-    /// it is done in place (the consumer is gone when the drop returns),
-    /// elsewhere on a blocking thread.
     fn drop(&mut self) {
-        if let Some(c) = self.consumer.take() {
-            match tokio::runtime::Handle::try_current() {
-                Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
-                    tokio::task::block_in_place(move || drop(c));
-                }
-                Ok(h) => {
-                    h.spawn_blocking(move || drop(c));
-                }
-                Err(_) => drop(c),
-            }
+        for (c, _) in self.retiring.drain(..) {
+            close(c);
         }
+        if let Some(c) = self.consumer.take() {
+            close(c);
+        }
+    }
+}
+
+impl TopicConsumer {
+    /// Lets replaced members leave once the new member's join completed,
+    /// or at their deadline.
+    fn retire(&mut self) {
+        if self.retiring.is_empty() {
+            return;
+        }
+        let joined = self.shared.assigned.load(Ordering::SeqCst);
+        let now = Instant::now();
+        let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.retiring)
+            .into_iter()
+            .partition(|(_, until)| joined || now >= *until);
+        self.retiring = kept;
+        for (c, _) in gone {
+            tokio::task::spawn_blocking(move || drop(c));
+        }
+    }
+
+    /// Looks whether the consumer is stalled, and if so joins again as a
+    /// new member (the old one retiring).
+    async fn look(&mut self) -> Result<(), BrokerError> {
+        let Some(consumer) = self.consumer.clone() else {
+            return Ok(());
+        };
+        let now = Instant::now();
+        if !self.retiring.is_empty()
+            || self
+                .described_at
+                .is_some_and(|at| now.duration_since(at) < DESCRIBE_EVERY)
+        {
+            return Ok(());
+        }
+        self.described_at = Some(now);
+        let (group, topic) = (self.setup.group.clone(), self.setup.topic.clone());
+        let c = Arc::clone(&consumer);
+        let described = tokio::task::spawn_blocking(move || {
+            let held = c.assignment()?.count();
+            let meta = c.fetch_metadata(Some(&topic), DESCRIBE_TIMEOUT)?;
+            let partitions = meta
+                .topics()
+                .iter()
+                .find(|t| t.name() == topic)
+                .map_or(0, |t| t.partitions().len());
+            if held >= partitions {
+                return Ok((held, "Stable".to_owned(), 1, partitions));
+            }
+            let groups = c.fetch_group_list(Some(&group), DESCRIBE_TIMEOUT)?;
+            let g = groups.groups().iter().find(|g| g.name() == group);
+            Ok::<_, rdkafka::error::KafkaError>((
+                held,
+                g.map_or_else(|| "Dead".to_owned(), |g| g.state().to_owned()),
+                g.map_or(0, |g| g.members().len()),
+                partitions,
+            ))
+        })
+        .await;
+        let (held, state, members, partitions) = match described {
+            Ok(Ok(d)) => d,
+            Ok(Err(e)) => {
+                tracing::debug!(topic = %self.setup.topic, "cannot describe group {}: {e}", self.setup.group);
+                return Ok(());
+            }
+            Err(e) => {
+                tracing::debug!(topic = %self.setup.topic, "cannot describe group {}: {e}", self.setup.group);
+                return Ok(());
+            }
+        };
+        let owed = partitions_owed(&state, members, partitions);
+        if held >= owed {
+            self.short_since = None;
+            return Ok(());
+        }
+        let since = *self.short_since.get_or_insert(now);
+        if now.duration_since(since) < STALL_AFTER {
+            return Ok(());
+        }
+        tracing::warn!(
+            topic = %self.setup.topic,
+            "this node has held {held} partitions of topic {} for {} s while group {} ({state}, {members} members, {partitions} partitions) owes it {owed}; joining the group again as a new member",
+            self.setup.topic,
+            now.duration_since(since).as_secs(),
+            self.setup.group
+        );
+        let (fresh, shared) = self.setup.open()?;
+        self.retiring.push((consumer, now + RETIRE_MAX));
+        self.consumer = Some(fresh);
+        self.shared = shared;
+        self.short_since = None;
+        Ok(())
     }
 }
 
 impl Consumer for TopicConsumer {
     fn next(&mut self) -> BoxFuture<'_, Result<Option<Incoming>, BrokerError>> {
         Box::pin(async move {
-            let shared = Arc::clone(&self.shared);
-            let Some(consumer) = self.consumer.as_ref() else {
-                return Ok(None);
-            };
-            let rewind = || {
-                BrokerError::Op {
-                broker: BROKER,
-                op: format!("consume from topic {}", shared.topic),
-                why: "a record was handed back undelivered; reading the topic again from the committed offsets".into(),
+            loop {
+                self.retire();
+                let shared = Arc::clone(&self.shared);
+                let Some(consumer) = self.consumer.clone() else {
+                    return Ok(None);
+                };
+                let rewind = || {
+                    BrokerError::Op {
+                    broker: BROKER,
+                    op: format!("consume from topic {}", shared.topic),
+                    why: "a record was handed back undelivered; reading the topic again from the committed offsets".into(),
+                }
+                };
+                if shared.rewind.load(Ordering::SeqCst) {
+                    return Err(rewind());
+                }
+                let msg = tokio::select! {
+                    m = consumer.recv() => m,
+                    _ = shared.wake.notified() => return Err(rewind()),
+                    () = tokio::time::sleep(STALL_CHECK) => {
+                        self.look().await?;
+                        continue;
+                    }
+                };
+                let msg = msg.map_err(|e| BrokerError::Op {
+                    broker: BROKER,
+                    op: format!("consume from topic {}", shared.topic),
+                    why: e.to_string(),
+                })?;
+                let delivery = message_delivery(&msg);
+                let (partition, offset) = (msg.partition(), msg.offset());
+                let generation = shared.tracker().handed_out(partition, offset);
+                return Ok(Some(Incoming {
+                    delivery,
+                    ack: Box::new(RecordAcker {
+                        consumer: Arc::downgrade(&consumer),
+                        shared: Arc::clone(&shared),
+                        partition,
+                        offset,
+                        generation,
+                    }),
+                }));
             }
-            };
-            if shared.rewind.load(Ordering::SeqCst) {
-                return Err(rewind());
-            }
-            let msg = tokio::select! {
-                m = consumer.recv() => m,
-                _ = shared.wake.notified() => return Err(rewind()),
-            };
-            let msg = msg.map_err(|e| BrokerError::Op {
-                broker: BROKER,
-                op: format!("consume from topic {}", shared.topic),
-                why: e.to_string(),
-            })?;
-            let delivery = message_delivery(&msg);
-            let (partition, offset) = (msg.partition(), msg.offset());
-            let generation = shared.tracker().handed_out(partition, offset);
-            Ok(Some(Incoming {
-                delivery,
-                ack: Box::new(RecordAcker {
-                    consumer: Arc::downgrade(consumer),
-                    shared: Arc::clone(&shared),
-                    partition,
-                    offset,
-                    generation,
-                }),
-            }))
         })
     }
 }
@@ -903,6 +1101,26 @@ fn big_endian(b: &[u8]) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stable_group_owes_each_member_an_even_share_and_an_unstable_one_a_partition() {
+        // tansu after a lost member: a stable group of one member that
+        // holds nothing or only its old share, or a group whose join
+        // never completes.
+        assert_eq!(partitions_owed("Stable", 1, 1), 1);
+        assert_eq!(partitions_owed("Stable", 1, 4), 4);
+        assert_eq!(partitions_owed("Stable", 2, 4), 2);
+        assert_eq!(partitions_owed("Stable", 3, 4), 1);
+        assert_eq!(partitions_owed("Unknown", 2, 1), 1);
+        assert_eq!(partitions_owed("PreparingRebalance", 3, 4), 1);
+        assert_eq!(partitions_owed("Empty", 0, 4), 1);
+        // More nodes than partitions: the extra ones are idle by design.
+        assert_eq!(partitions_owed("Stable", 2, 1), 0);
+        assert_eq!(partitions_owed("Stable", 5, 4), 0);
+        // Nothing to hold.
+        assert_eq!(partitions_owed("Unknown", 1, 0), 0);
+        assert_eq!(partitions_owed("Stable", 0, 0), 0);
+    }
 
     /// `org.apache.kafka.common.utils.UtilsTest.testMurmur2`'s vectors.
     #[test]

@@ -49,10 +49,6 @@ pub trait FaultBroker {
     /// quorum queues, JetStream's file storage) or loses them (Redis
     /// without persistence, tansu and moto in memory).
     const RESTART_KEEPS: bool;
-    /// Whether the battery pauses this broker; `false` replaces the pause
-    /// with a second connection kill, for a broker whose guard is known not
-    /// to recover from one yet (see docs/reliability.md).
-    const PAUSE: bool = true;
     /// Whether the broker is known to hand one message to two receives at
     /// once (moto's unlocked receive, see `sqs.rs`): a first receive
     /// (attempt 1, not redelivered by the broker's own count) that reaches
@@ -464,8 +460,7 @@ async fn execute<B: FaultBroker>(b: &B, label: &str, build: Build) -> Ran {
         let fault: &'static str = match c {
             _ if build == Build::Broken => continue,
             0 => "connections killed",
-            1 if B::PAUSE => "pause",
-            1 => "connections killed",
+            1 => "pause",
             2 => "restart",
             _ => continue,
         };

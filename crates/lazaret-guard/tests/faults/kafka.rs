@@ -1,10 +1,13 @@
 //! Kafka (tansu) under faults: the broker's client sockets destroyed
-//! (`ss -K`), twice, and a restart; no pause (tansu's group coordinator
-//! does not recover from one, see `PAUSE` below). The machine's tansu
-//! keeps everything in memory: a restart loses
-//! the topic, its records and the group's committed offsets; the battery
-//! creates the topic again, as the team's setup would. Records the guard
-//! had not received by then are lost by the broker and counted apart.
+//! (`ss -K`), a pause past the group's session timeout, and a restart.
+//! After the pause tansu 0.6's group coordinator names the expired member
+//! as the group's leader for good; the guard's consumer notices that the
+//! group owes it a partition and joins again as a new member, which gets
+//! the group going (`src/kafka.rs`, "Stalled groups"). The machine's tansu
+//! keeps everything in memory: a restart loses the topic, its records and
+//! the group's committed offsets; the battery creates the topic again, as
+//! the team's setup would. Records the guard had not received by then are
+//! lost by the broker and counted apart.
 
 use std::time::Duration;
 
@@ -49,12 +52,6 @@ impl Kafka {
 impl FaultBroker for Kafka {
     const SERVICE: Service = Service::Tansu;
     const RESTART_KEEPS: bool = false;
-    // Not run: after tansu 0.6 is stopped past the group session timeout,
-    // its group coordinator keeps naming the member whose session expired
-    // as the group's leader, so no member is ever assigned a partition
-    // again; a plain rdkafka consumer, without the guard, stalls the same
-    // way (docs/reliability.md, "Broker faults under the guard").
-    const PAUSE: bool = false;
 
     async fn queue(&self, name: &str) -> String {
         self.create(name).await;
@@ -117,8 +114,8 @@ impl FaultBroker for Kafka {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn kafka_under_socket_kills_and_a_restart() {
-    if !battery::enabled("kafka_under_socket_kills_and_a_restart") {
+async fn kafka_under_socket_kills_a_pause_and_a_restart() {
+    if !battery::enabled("kafka_under_socket_kills_a_pause_and_a_restart") {
         return;
     }
     let Some(addr) = lazaret_testkit::service(
