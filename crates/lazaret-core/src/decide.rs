@@ -58,6 +58,23 @@ pub enum Transition {
 }
 
 impl Transition {
+    /// How the attempt it ends is recorded in the job's history.
+    pub fn outcome(&self) -> AttemptOutcome {
+        match self {
+            Transition::Succeeded => AttemptOutcome::Succeeded,
+            Transition::Retry { .. } => AttemptOutcome::RetryScheduled,
+            Transition::Defer { .. } => AttemptOutcome::Deferred,
+            Transition::DeadLetter { .. } => AttemptOutcome::DeadLettered,
+            Transition::Cancelled => AttemptOutcome::Cancelled,
+        }
+    }
+
+    /// Its word on a span or in a log line: its attempt outcome's word
+    /// (`retry_scheduled`, `dead_lettered`, ...).
+    pub fn as_str(&self) -> &'static str {
+        self.outcome().as_str()
+    }
+
     /// The state the job is in after the transition, seen at `now`.
     pub fn next_state(self, now: Timestamp) -> JobState {
         match self {
@@ -173,14 +190,7 @@ pub fn decide(
         }
     };
 
-    let outcome = match transition {
-        Transition::Succeeded => AttemptOutcome::Succeeded,
-        Transition::Retry { .. } => AttemptOutcome::RetryScheduled,
-        Transition::Defer { .. } => AttemptOutcome::Deferred,
-        Transition::DeadLetter { .. } => AttemptOutcome::DeadLettered,
-        Transition::Cancelled => AttemptOutcome::Cancelled,
-    };
-    close_record(env, now, outcome, Some(failure));
+    close_record(env, now, transition.outcome(), Some(failure));
     transition
 }
 

@@ -1048,7 +1048,7 @@ impl<H: Host> Inner<H> {
         // the next take asks them first, so the failure that opens one
         // stops it (were the slot freed first, another message could be
         // taken while this one's write is under way).
-        span.record("outcome", transition_word(&transition));
+        span.record("outcome", transition.as_str());
         let done = self.observe(&env, transition, ended, Some(started));
         // With no settling allowance the handler slot is held to the end.
         let (slot, settling) = if self.spec.settling_max() == 0 {
@@ -1441,17 +1441,6 @@ fn with_position_key(source: &mut SourceRef, key: &str, value: serde_json::Value
     };
     position.insert(key.into(), value);
     source.position = serde_json::Value::Object(position);
-}
-
-/// A transition's word on a span (`outcome`).
-fn transition_word(t: &Transition) -> &'static str {
-    match t {
-        Transition::Succeeded => "succeeded",
-        Transition::Retry { .. } => "retry_scheduled",
-        Transition::Defer { .. } => "deferred",
-        Transition::DeadLetter { .. } => "dead_lettered",
-        Transition::Cancelled => "cancelled",
-    }
 }
 
 /// A held retry as a delivery again.

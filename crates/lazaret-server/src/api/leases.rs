@@ -206,7 +206,7 @@ fn outcome_span(c: &Completed) {
         "job.tenant" = %c.tenant,
         "job.lane" = %c.lane,
         "job.attempt" = c.attempt,
-        outcome = outcome_word(&c.transition),
+        outcome = c.transition.as_str(),
         "error.kind" = c.kind.as_ref().map(|k| k.as_str()),
     );
     lazaret_guard::trace::follow(&span, c.traceparent.as_ref());
@@ -222,17 +222,6 @@ fn outcome_span(c: &Completed) {
             reason = reason.as_str(),
             "dead_letter.id" = c.dead_letter.map(|d| d.0),
         );
-    }
-}
-
-/// A transition's word on a span.
-fn outcome_word(t: &Transition) -> &'static str {
-    match t {
-        Transition::Succeeded => "succeeded",
-        Transition::Retry { .. } => "retry_scheduled",
-        Transition::Defer { .. } => "deferred",
-        Transition::DeadLetter { .. } => "dead_lettered",
-        Transition::Cancelled => "cancelled",
     }
 }
 
