@@ -225,6 +225,58 @@ mod cluster {
         assert_eq!(job_view(&b, id).await.state, JobState::Succeeded);
     }
 
+    /// Groups in quick succession are timed from the last reading of the
+    /// database's clock plus the time passed since (their statements go
+    /// out with their `BEGIN`): still the database's clock, within its
+    /// readings before and after, and never back, whatever the caller's.
+    #[tokio::test]
+    async fn groups_in_quick_succession_keep_the_databases_clock_and_never_go_back() {
+        let Some(url) = url() else { return };
+        let schema = fresh_schema(&url);
+        let s = open(&url, &schema.name, Clock::Database).await;
+        let db = client(&url).await;
+        async fn db_now(db: &tokio_postgres::Client) -> i64 {
+            db.query_one(
+                "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::int8",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0)
+        }
+        // The callers' clock is an hour behind: only durations come from it.
+        let behind = Timestamp::from_millis(wall().as_millis() - 3_600_000);
+        let jobs: Vec<_> = (0..40)
+            .map(|i| lazaret_store::NewJob {
+                run_at: behind,
+                now: behind,
+                ..new_job("resize", &format!("t-{i}"), "default")
+            })
+            .collect();
+        s.enqueue(jobs).await.unwrap();
+        let mut last = i64::MIN;
+        for i in 0..40 {
+            let before = db_now(&db).await;
+            let job = lease(&s, lease_req(behind, 1)).await.pop().expect("leased");
+            let after = db_now(&db).await;
+            // A lease ends its length after the group's time.
+            let at = job.lease_expires_at.as_millis()
+                - i64::try_from(lazaret_store_conformance::LEASE.as_millis()).unwrap();
+            // The estimate may run ahead by its reading's own delay (under a
+            // millisecond on a quiet machine; a loaded one gets slack).
+            assert!(
+                at >= before - 2 && at <= after + 250,
+                "lease {i}: group time {at} outside the database's {before}..{after}"
+            );
+            assert!(
+                at >= last,
+                "lease {i}: group time went back from {last} to {at}"
+            );
+            last = at;
+        }
+        s.close().await.unwrap();
+    }
+
     #[tokio::test]
     async fn two_nodes_leasing_at_once_never_hand_out_a_job_twice() {
         let Some(url) = url() else { return };
