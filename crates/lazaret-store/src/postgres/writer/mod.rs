@@ -220,21 +220,36 @@ pub(super) struct Writer {
 /// idle writer's first group reads the clock before its first statement.
 const CLOCK_FRESH: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// A statement sent before its answer is needed: the group's later
-/// statements go out behind it without waiting for it (the connection
-/// answers in order), and its rows are taken when needed.
+/// A statement on its way, sent before its answer is needed: the
+/// group's later statements go out behind it without waiting for it (the
+/// connection answers in order), and its rows are taken when needed.
 pub(super) type Early<T> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<T, StoreError>> + Send>>;
+
+/// A statement's future, not sent yet.
+pub(super) type Unsent<T> =
     std::pin::Pin<Box<dyn std::future::Future<Output = Result<T, tokio_postgres::Error>> + Send>>;
 
-/// Sends `fut`'s statement now (one poll puts it on the connection's queue)
-/// and returns it to await later. A future dropped unawaited leaves its
-/// answer to the connection, which discards it.
-async fn send_early<T: Send + 'static>(mut fut: Early<T>) -> Early<T> {
-    // A future that is done at once (an error) is awaited again later and
-    // answers the same: `Ready` is kept below.
+/// Sends `fut`'s statement now (one poll puts it on the connection's
+/// queue, ahead of whatever the writer sends next) and leaves the rest to
+/// a task of its own, which takes the answer as it comes: an answer
+/// nobody reads would fill its channel and stall the connection, and with
+/// it every later answer. Dropped unawaited, the task still takes the
+/// answer, and ends.
+async fn send_early<T: Send + 'static>(mut fut: Unsent<T>) -> Early<T> {
     match futures_util::poll!(fut.as_mut()) {
-        std::task::Poll::Pending => fut,
-        std::task::Poll::Ready(r) => Box::pin(std::future::ready(r)),
+        std::task::Poll::Ready(r) => Box::pin(std::future::ready(pg(r))),
+        std::task::Poll::Pending => {
+            let task = tokio::spawn(fut);
+            Box::pin(async move {
+                match task.await {
+                    Ok(r) => pg(r),
+                    Err(e) => Err(StoreError::NotApplied(format!(
+                        "a statement of the store's writer was lost ({e}); retry the request"
+                    ))),
+                }
+            })
+        }
     }
 }
 
@@ -555,7 +570,7 @@ impl Writer {
     /// commit); otherwise `BEGIN` and the clock's read go out together and
     /// are waited for.
     async fn begin(&mut self) -> Result<(Option<Timestamp>, Begun), StoreError> {
-        let send_begin = |client: &Arc<Client>| -> Early<()> {
+        let send_begin = |client: &Arc<Client>| -> Unsent<()> {
             let client = Arc::clone(client);
             Box::pin(async move { client.batch_execute(BEGIN_SQL).await })
         };
@@ -605,9 +620,9 @@ impl Writer {
     /// Takes what [`Writer::begin`] sent early: `BEGIN`'s answer (an error
     /// fails the group) and the clock's new reading.
     async fn begun(&mut self, begun: Begun) -> Result<(), StoreError> {
-        pg(begun.begin.await)?;
+        begun.begin.await?;
         if let Some((clock, sent)) = begun.clock {
-            let at: i64 = pg(clock.await)?.get(0);
+            let at: i64 = clock.await?.get(0);
             self.clock_read = Some((at, sent));
         }
         Ok(())

@@ -148,7 +148,7 @@ impl Writer {
             let rows = match self.group.early_succeed.take() {
                 // Sent with the group's first statements (`Writer::send_succeed_early`).
                 Some((sent, at, rows)) if sent == (ids.clone(), tokens.clone()) && at == now => {
-                    pg(rows.await)?
+                    rows.await?
                 }
                 _ => self.query(SUCCEED_SQL, &[&ids, &tokens, &ms(now)]).await?,
             };
