@@ -84,10 +84,11 @@ const LISTEN_RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(5);
 /// Whose clock a lease's end is measured on.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Clock {
-    /// The database's (`clock_timestamp()`), read once per transaction: the
-    /// callers' times keep their distance from the callers' `now` but count
-    /// from the database's, so nodes with skewed clocks agree on every
-    /// lease's end. The default.
+    /// The database's (`clock_timestamp()`), read with every transaction
+    /// (a transaction's time is the last reading plus the monotonic time
+    /// since, while it is fresh): the callers' times keep their distance
+    /// from the callers' `now` but count from the database's, so nodes with
+    /// skewed clocks agree on every lease's end. The default.
     #[default]
     Database,
     /// The caller's `now`, as given: for tests that drive time themselves

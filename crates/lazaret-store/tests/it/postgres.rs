@@ -39,8 +39,12 @@ impl Drop for Schema {
             rt.block_on(async move {
                 if let Ok((c, conn)) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await {
                     tokio::spawn(conn);
+                    // A store left holding locks (a test that failed while
+                    // its writer hung) must not hang the test's end too.
                     let _ = c
-                        .batch_execute(&format!("DROP SCHEMA IF EXISTS {name} CASCADE"))
+                        .batch_execute(&format!(
+                            "SET lock_timeout = '10s'; DROP SCHEMA IF EXISTS {name} CASCADE"
+                        ))
                         .await;
                 }
             });
@@ -223,6 +227,106 @@ mod cluster {
         let done = complete(&a, &job, Event::Succeeded, now).await;
         assert_eq!(done.id, id);
         assert_eq!(job_view(&b, id).await.state, JobState::Succeeded);
+    }
+
+    /// Groups in quick succession are timed from the last reading of the
+    /// database's clock plus the time passed since (their statements go
+    /// out with their `BEGIN`): still the database's clock, within its
+    /// readings before and after, and never back, whatever the caller's.
+    #[tokio::test]
+    async fn groups_in_quick_succession_keep_the_databases_clock_and_never_go_back() {
+        let Some(url) = url() else { return };
+        let schema = fresh_schema(&url);
+        let s = open(&url, &schema.name, Clock::Database).await;
+        let db = client(&url).await;
+        async fn db_now(db: &tokio_postgres::Client) -> i64 {
+            db.query_one(
+                "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::int8",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0)
+        }
+        // The callers' clock is an hour behind: only durations come from it.
+        let behind = Timestamp::from_millis(wall().as_millis() - 3_600_000);
+        let jobs: Vec<_> = (0..40)
+            .map(|i| lazaret_store::NewJob {
+                run_at: behind,
+                now: behind,
+                ..new_job("resize", &format!("t-{i}"), "default")
+            })
+            .collect();
+        s.enqueue(jobs).await.unwrap();
+        let mut last = i64::MIN;
+        for i in 0..40 {
+            let before = db_now(&db).await;
+            let job = lease(&s, lease_req(behind, 1)).await.pop().expect("leased");
+            let after = db_now(&db).await;
+            // A lease ends its length after the group's time.
+            let at = job.lease_expires_at.as_millis()
+                - i64::try_from(lazaret_store_conformance::LEASE.as_millis()).unwrap();
+            // The estimate may run ahead by its reading's own delay (under a
+            // millisecond on a quiet machine; a loaded one gets slack).
+            assert!(
+                at >= before - 2 && at <= after + 250,
+                "lease {i}: group time {at} outside the database's {before}..{after}"
+            );
+            assert!(
+                at >= last,
+                "lease {i}: group time went back from {last} to {at}"
+            );
+            last = at;
+        }
+        s.close().await.unwrap();
+    }
+
+    /// A group's successes go out before its other statements and their
+    /// rows are read later: many of them (a batch of hundreds) must not
+    /// fill the connection's answer channel and stall the enqueues sent
+    /// behind them in the same group.
+    #[tokio::test]
+    async fn a_large_ack_batch_beside_an_enqueue_in_one_group_does_not_stall_the_writer() {
+        let Some(url) = url() else { return };
+        let schema = fresh_schema(&url);
+        let s = open(&url, &schema.name, Clock::Database).await;
+        let now = wall();
+        let job = |i: usize| lazaret_store::NewJob {
+            run_at: now,
+            now,
+            // Two jobs per tenant: under the suite's in-flight cap.
+            ..new_job("resize", &format!("t-{}", i / 2), "default")
+        };
+        s.enqueue((0..800).map(job).collect()).await.unwrap();
+        let mut leased = Vec::new();
+        while leased.len() < 800 {
+            let batch = lease(&s, lease_req(now, 800)).await;
+            assert!(!batch.is_empty(), "800 jobs are queued");
+            leased.extend(batch);
+        }
+        let items: Vec<lazaret_store::Completion> = leased
+            .iter()
+            .map(|j| lazaret_store::Completion {
+                id: j.id,
+                token: j.lease_token,
+                event: Event::Succeeded,
+            })
+            .collect();
+        // Sent together, so the writer takes both into one group.
+        let both = async {
+            tokio::join!(
+                s.complete(items, now),
+                s.enqueue((0..400).map(job).collect())
+            )
+        };
+        let (done, enqueued) = tokio::time::timeout(Duration::from_secs(60), both)
+            .await
+            .expect("the writer answers within 60 s");
+        let done = done.unwrap();
+        assert_eq!(done.len(), 800);
+        assert!(done.iter().all(Result::is_ok), "every ack applied");
+        assert_eq!(enqueued.unwrap().len(), 400);
+        s.close().await.unwrap();
     }
 
     #[tokio::test]

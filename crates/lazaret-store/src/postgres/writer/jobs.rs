@@ -10,6 +10,22 @@ pub(super) const PROMOTE_MAX: i64 = 20_000;
 /// Expired leases handled per tick at most.
 pub(super) const EXPIRE_MAX: i64 = 2_000;
 
+/// Inserts jobs, their ids drawn in their order (the ids returned in it).
+const INSERT_JOBS_SQL: &str = "WITH ids AS MATERIALIZED (
+       SELECT g.ord, nextval(pg_get_serial_sequence('jobs', 'id')) AS id
+       FROM generate_series(1::int8, cardinality($1::text[])::int8) AS g(ord)),
+     ins AS (
+       INSERT INTO jobs (id, type, tenant, lane, state, run_at, attempts, idempotency_key,
+         schema_version, enqueued_by, created_at, payload, traceparent)
+       SELECT ids.id, u.type, u.tenant, u.lane, u.state, u.run_at, 0, u.key, u.schema_version,
+         u.enqueued_by, u.created_at, u.payload, u.traceparent
+       FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int8[], $6::text[],
+                   $7::int4[], $8::text[], $9::int8[], $10::bytea[], $11::text[])
+         WITH ORDINALITY AS u(type, tenant, lane, state, run_at, key, schema_version,
+              enqueued_by, created_at, payload, traceparent, ord)
+       JOIN ids ON ids.ord = u.ord)
+     SELECT id FROM ids ORDER BY ord";
+
 /// The columns of a multi-row job insert.
 #[derive(Default)]
 pub(super) struct InsertColumns<'a> {
@@ -177,29 +193,43 @@ impl Writer {
                     state
                 })
                 .collect();
-            let rows = self
-                .query(
-                    "WITH ids AS MATERIALIZED (
-                       SELECT g.ord, nextval(pg_get_serial_sequence('jobs', 'id')) AS id
-                       FROM generate_series(1::int8, cardinality($1::text[])::int8) AS g(ord)),
-                     ins AS (
-                       INSERT INTO jobs (id, type, tenant, lane, state, run_at, attempts, idempotency_key,
-                         schema_version, enqueued_by, created_at, payload, traceparent)
-                       SELECT ids.id, u.type, u.tenant, u.lane, u.state, u.run_at, 0, u.key, u.schema_version,
-                         u.enqueued_by, u.created_at, u.payload, u.traceparent
-                       FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::int8[], $6::text[],
-                                   $7::int4[], $8::text[], $9::int8[], $10::bytea[], $11::text[])
-                         WITH ORDINALITY AS u(type, tenant, lane, state, run_at, key, schema_version,
-                                              enqueued_by, created_at, payload, traceparent, ord)
-                       JOIN ids ON ids.ord = u.ord)
-                     SELECT id FROM ids ORDER BY ord",
-                    &[
-                        &c.types, &c.tenants, &c.lanes, &c.states, &c.run_at, &c.keys,
-                        &c.schema_versions, &c.enqueued_by, &c.created_at, &c.payloads,
-                        &c.traceparents,
-                    ],
-                )
-                .await?;
+            // The counts of the jobs' pairs go out with the insert, in the
+            // same round trip (a pair read already in this group is not
+            // read again; one whose jobs all turn out duplicates costs a
+            // row read for nothing).
+            let insert_st = self.stmt(INSERT_JOBS_SQL).await?;
+            let counts_st = self.stmt(PAIRS_COUNTS_SQL).await?;
+            let missing: BTreeSet<(&str, &str)> = fresh
+                .iter()
+                .map(|&i| (jobs[i].lane.as_str(), jobs[i].tenant.as_str()))
+                .filter(|&(l, t)| !self.group.base.contains_key(&(l.to_owned(), t.to_owned())))
+                .collect();
+            let (count_lanes, count_tenants): (Vec<&str>, Vec<&str>) =
+                missing.iter().copied().unzip();
+            let params: [&(dyn ToSql + Sync); 11] = [
+                &c.types,
+                &c.tenants,
+                &c.lanes,
+                &c.states,
+                &c.run_at,
+                &c.keys,
+                &c.schema_versions,
+                &c.enqueued_by,
+                &c.created_at,
+                &c.payloads,
+                &c.traceparents,
+            ];
+            let client = &self.client;
+            let (rows, counted) = futures_util::join!(client.query(&insert_st, &params), async {
+                if missing.is_empty() {
+                    return Ok(Vec::new());
+                }
+                client
+                    .query(&counts_st, &[&count_lanes, &count_tenants])
+                    .await
+            });
+            let rows = pg(rows)?;
+            self.keep_counts(missing, &pg(counted)?);
             if rows.len() != fresh.len() {
                 return Err(corrupt("an insert drew fewer ids than jobs"));
             }
@@ -233,13 +263,6 @@ impl Writer {
                 _ => return Err(corrupt("a batch duplicate without its first job")),
             });
         }
-        let created: Vec<(String, String)> = jobs
-            .iter()
-            .zip(&out)
-            .filter(|(_, o)| matches!(o, Some(EnqueueOutcome::Created { .. })))
-            .map(|(j, _)| (j.lane.as_str().to_owned(), j.tenant.as_str().to_owned()))
-            .collect();
-        self.prefetch_counts(created).await?;
         let mut done = Vec::with_capacity(jobs.len());
         for (job, o) in jobs.iter().zip(out) {
             let mut o = o.expect("every job answered");

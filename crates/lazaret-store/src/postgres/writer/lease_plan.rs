@@ -1,6 +1,7 @@
 //! What a lease reads before the core's `plan_lease`: the lanes and
 //! types with ready jobs, the window of (lane, tenant) pairs to plan from,
-//! their counts, and the leased rows turned into answers.
+//! walked, counted and locked in one statement per batch, and the leased
+//! rows turned into answers.
 
 use super::*;
 
@@ -22,25 +23,37 @@ pub(super) const LANE_TYPES_SQL: &str = "WITH RECURSIVE t(type) AS (
         FROM t WHERE t.type IS NOT NULL)
     SELECT type FROM t WHERE type IS NOT NULL";
 
-/// The next `$3` tenants with jobs ready in lane `$1` after `$2`, in byte
-/// order (`COLLATE "C"`: the order of the core's round), by `pairs_walk`.
-pub(super) const WALK_PAIRS_SQL: &str = r#"SELECT tenant FROM pairs
-    WHERE lane = $1 AND ready > 0 AND tenant COLLATE "C" > $2
-    ORDER BY tenant COLLATE "C" LIMIT $3"#;
+/// One batch of a lane's walk, counted and locked in one statement: the
+/// next `$3` tenants with jobs ready in lane `$1` after `$2`, in byte order
+/// (`COLLATE "C"`: the order of the core's round), by `pairs_walk`; then
+/// their pairs and those of the tenants `$4` (this group's own, which
+/// `pairs` shows only at its commit), with their ready counts by type,
+/// locked (`FOR UPDATE OF p`) and marked whether the walk found them. The
+/// group holds `COUNTS_LOCK` already, so no other node changes a count
+/// between the walk and the lock, and the counts a lease plans from are
+/// the ones it reads here.
+pub(super) const WALK_PAIRS_SQL: &str = r#"WITH w AS MATERIALIZED (
+        SELECT tenant FROM pairs
+        WHERE lane = $1 AND ready > 0 AND tenant COLLATE "C" > $2
+        ORDER BY tenant COLLATE "C" LIMIT $3)
+    SELECT p.tenant, p.ready, p.inflight, t.type, t.ready, p.tenant IN (SELECT tenant FROM w)
+    FROM pairs p LEFT JOIN ready_types t ON t.lane = p.lane AND t.tenant = p.tenant AND t.ready > 0
+    WHERE p.lane = $1 AND (p.tenant IN (SELECT tenant FROM w) OR p.tenant = ANY($4::text[]))
+    ORDER BY p.tenant FOR UPDATE OF p"#;
 
-/// The same among the tenants with jobs of the types `$4` ready, by
-/// `ready_types_walk`: the first `$3` of each type, merged.
-pub(super) const WALK_TYPES_SQL: &str = r#"SELECT DISTINCT w.tenant COLLATE "C" FROM unnest($4::text[]) AS ty(type),
-    LATERAL (SELECT r.tenant FROM ready_types r
-             WHERE r.lane = $1 AND r.type = ty.type AND r.ready > 0 AND r.tenant COLLATE "C" > $2
-             ORDER BY r.tenant COLLATE "C" LIMIT $3) w
-    ORDER BY 1 LIMIT $3"#;
-
-/// Counts of the tenants `$2` of lane `$1`, by type (read without locks:
-/// the walk only chooses which pairs the lease locks and plans from).
-pub(super) const WALK_COUNTS_SQL: &str = "SELECT p.tenant, p.inflight, t.type, t.ready FROM pairs p
-    LEFT JOIN ready_types t ON t.lane = p.lane AND t.tenant = p.tenant AND t.ready > 0
-    WHERE p.lane = $1 AND p.tenant = ANY($2)";
+/// [`WALK_PAIRS_SQL`] among the tenants with jobs of the types `$5` ready,
+/// by `ready_types_walk`: the first `$3` of each type, merged.
+pub(super) const WALK_TYPES_SQL: &str = r#"WITH w AS MATERIALIZED (
+        SELECT tenant FROM (
+            SELECT DISTINCT x.tenant FROM unnest($5::text[]) AS ty(type),
+            LATERAL (SELECT r.tenant FROM ready_types r
+                     WHERE r.lane = $1 AND r.type = ty.type AND r.ready > 0 AND r.tenant COLLATE "C" > $2
+                     ORDER BY r.tenant COLLATE "C" LIMIT $3) x) d
+        ORDER BY tenant COLLATE "C" LIMIT $3)
+    SELECT p.tenant, p.ready, p.inflight, t.type, t.ready, p.tenant IN (SELECT tenant FROM w)
+    FROM pairs p LEFT JOIN ready_types t ON t.lane = p.lane AND t.tenant = p.tenant AND t.ready > 0
+    WHERE p.lane = $1 AND (p.tenant IN (SELECT tenant FROM w) OR p.tenant = ANY($4::text[]))
+    ORDER BY p.tenant FOR UPDATE OF p"#;
 
 /// Tenants the walk reads per statement at most.
 pub(super) const WALK_BATCH_MAX: u32 = 1000;
@@ -52,7 +65,9 @@ impl Writer {
     /// (`FairScheduler::resume_after`), wrapping once, offered to the
     /// core's `LaneWindow` until it has enough; this group's own changes
     /// counted in. With lane reserves, every pair holding leases too.
-    /// Nothing is locked here: the lease locks what this returns.
+    /// Each batch of the walk locks the pairs it reads (`walk_batch`), so
+    /// a lease reads, counts and locks in one round trip per batch; the
+    /// lease locks what this returns and the walk did not.
     pub(super) async fn window(
         &mut self,
         req: &LeaseRequest,
@@ -139,13 +154,21 @@ impl Writer {
             };
             'walk: for (mut lo, hi) in passes {
                 loop {
-                    let rows = if every_type {
-                        self.query(WALK_PAIRS_SQL, &[lane, &lo, &limit]).await?
-                    } else {
-                        self.query(WALK_TYPES_SQL, &[lane, &lo, &limit, &types])
-                            .await?
-                    };
-                    let mut batch_tenants: Vec<String> = rows.iter().map(|r| r.get(0)).collect();
+                    // This group's tenants past `lo` (up to `hi`) are
+                    // locked with the batch: a few more than it needs when
+                    // the batch ends before them.
+                    let also: Vec<&str> = mine
+                        .range::<String, _>((
+                            std::ops::Bound::Excluded(&lo),
+                            std::ops::Bound::Unbounded,
+                        ))
+                        .filter(|t| hi.as_ref().is_none_or(|h| *t <= h))
+                        .map(String::as_str)
+                        .collect();
+                    let walked = self
+                        .walk_batch(lane, &lo, limit, (!every_type).then_some(&types[..]), &also)
+                        .await?;
+                    let mut batch_tenants = walked;
                     let full = batch_tenants.len() as i64 == limit;
                     // The range this batch covers, this group's tenants in it merged.
                     let end: Option<String> = if full {
@@ -166,15 +189,15 @@ impl Writer {
                     if let Some(h) = &hi {
                         batch_tenants.retain(|t| t <= h);
                     }
-                    let counted = self.walk_counts(lane, &batch_tenants).await?;
-                    for (tenant, inflight, ready) in &counted {
+                    for tenant in &batch_tenants {
                         self.lease_pairs += 1;
+                        let (inflight, ready) = self.pair_now(lane, tenant);
                         let tenant_id = TenantId::new(tenant.as_str());
                         let pair = PairCounts {
                             lane: &lane_id,
                             tenant: &tenant_id,
-                            inflight: *inflight,
-                            ready,
+                            inflight,
+                            ready: &ready,
                         };
                         if window.offer(&self.scheduler, &pair) {
                             wanted.insert((lane.clone(), tenant.clone()));
@@ -214,49 +237,94 @@ impl Writer {
         Ok(wanted.into_iter().collect())
     }
 
-    /// The counts of `tenants` of `lane` now (this group's changes
-    /// included), in the order given: (tenant, in flight, ready by type).
-    pub(super) async fn walk_counts(
+    /// One batch of a lane's walk ([`WALK_PAIRS_SQL`], or
+    /// [`WALK_TYPES_SQL`] when the lease names `types`): the tenants walked,
+    /// in byte order. Their pairs and those of `also` are locked, their
+    /// counts kept as the group's base (`Group::base`, `Group::base_types`);
+    /// `COUNTS_LOCK` goes first in the same round trip unless the group
+    /// holds it.
+    pub(super) async fn walk_batch(
         &mut self,
         lane: &str,
-        tenants: &[String],
-    ) -> Result<Vec<(String, u32, BTreeMap<JobType, u32>)>, StoreError> {
-        if tenants.is_empty() {
-            return Ok(Vec::new());
-        }
-        let rows = self.query(WALK_COUNTS_SQL, &[&lane, &tenants]).await?;
-        let mut found: HashMap<String, (i64, BTreeMap<String, i64>)> = HashMap::new();
+        lo: &str,
+        limit: i64,
+        types: Option<&[String]>,
+        also: &[&str],
+    ) -> Result<Vec<String>, StoreError> {
+        let lock_st = self.stmt(LOCK_COUNTS_SQL).await?;
+        let walk_st = match types {
+            None => self.stmt(WALK_PAIRS_SQL).await?,
+            Some(_) => self.stmt(WALK_TYPES_SQL).await?,
+        };
+        let counts_lock = self.counts_lock;
+        let locked = self.group.counts_locked;
+        let client = &self.client;
+        let walk = async {
+            match types {
+                None => client.query(&walk_st, &[&lane, &lo, &limit, &also]).await,
+                Some(ts) => {
+                    client
+                        .query(&walk_st, &[&lane, &lo, &limit, &also, &ts])
+                        .await
+                }
+            }
+        };
+        let (lock, rows) = futures_util::join!(
+            async {
+                if locked {
+                    return Ok(0);
+                }
+                client.execute(&lock_st, &[&counts_lock]).await
+            },
+            walk
+        );
+        pg(lock)?;
+        self.group.counts_locked = true;
+        let rows = pg(rows)?;
+        let mut walked: Vec<String> = Vec::new();
+        let mut seen: Option<String> = None;
         for r in rows {
-            let e = found
-                .entry(r.get(0))
-                .or_insert_with(|| (r.get(1), BTreeMap::new()));
-            if let Some(t) = r.get::<_, Option<String>>(2) {
-                e.1.insert(t, r.get(3));
+            let tenant: String = r.get(0);
+            let key = (lane.to_owned(), tenant.clone());
+            if seen.as_ref() != Some(&tenant) {
+                self.group.base.insert(key.clone(), (r.get(1), r.get(2)));
+                self.group.base_types.insert(key.clone(), BTreeMap::new());
+                if r.get::<_, bool>(5) {
+                    walked.push(tenant.clone());
+                }
+                seen = Some(tenant);
+            }
+            if let Some(t) = r.get::<_, Option<String>>(3) {
+                let types = self.group.base_types.get_mut(&key).expect("inserted above");
+                types.insert(JobType::new(t), r.get(4));
             }
         }
-        Ok(tenants
-            .iter()
-            .map(|tenant| {
-                let key = (lane.to_owned(), tenant.clone());
-                let (mut inflight, mut by_type) = found.remove(tenant).unwrap_or_default();
-                if let Some(d) = self.group.deltas.get(&key) {
-                    inflight += d.inflight;
-                }
-                let from = (lane.to_owned(), tenant.clone(), String::new());
-                for ((l, t, ty), n) in self.group.typed.range(from..) {
-                    if (l.as_str(), t) != (lane, tenant) {
-                        break;
-                    }
-                    *by_type.entry(ty.clone()).or_default() += n;
-                }
-                let ready = by_type
-                    .into_iter()
-                    .filter(|(_, n)| *n > 0)
-                    .map(|(t, n)| (JobType::new(t), count32(n)))
-                    .collect();
-                (tenant.clone(), count32(inflight.max(0)), ready)
-            })
-            .collect())
+        walked.sort();
+        Ok(walked)
+    }
+
+    /// The counts of a (lane, tenant) pair now, this group's changes
+    /// included: (in flight, ready by type), from what the group read
+    /// (`Group::base`, `Group::base_types`; nothing read counts as none).
+    pub(super) fn pair_now(&self, lane: &str, tenant: &str) -> (u32, BTreeMap<JobType, u32>) {
+        let key = (lane.to_owned(), tenant.to_owned());
+        let base = self.group.base.get(&key).copied().unwrap_or_default();
+        let d = self.group.deltas.get(&key).copied().unwrap_or_default();
+        let mut by_type: BTreeMap<JobType, i64> =
+            self.group.base_types.get(&key).cloned().unwrap_or_default();
+        let from = (key.0.clone(), key.1.clone(), String::new());
+        for ((l, t, ty), n) in self.group.typed.range(from..) {
+            if (l, t) != (&key.0, &key.1) {
+                break;
+            }
+            *by_type.entry(JobType::new(ty.clone())).or_default() += n;
+        }
+        let ready = by_type
+            .into_iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(t, n)| (t, count32(n)))
+            .collect();
+        (count32(base.1 + d.inflight), ready)
     }
 
     /// The jobs a lease statement returned, oldest first, into `out`;

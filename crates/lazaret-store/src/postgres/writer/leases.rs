@@ -143,8 +143,9 @@ impl Writer {
     }
 
     /// Leases what the core's lease plan says, as SQLite's writer does.
-    /// The pairs this lease may take from are locked (`FOR UPDATE`) with
-    /// their ready counts by type (`ready_types`): their counts are then
+    /// The pairs this lease may take from are locked (`FOR UPDATE`, by the
+    /// walk that finds them, `Writer::window`) with their ready counts by
+    /// type (`ready_types`): their counts are then
     /// the cluster's until this group commits, and another node's lease of
     /// the same pair waits for it, so a tenant's cap holds across nodes.
     /// `plan_lease` turns the counts into takes; each take reads only the
@@ -185,97 +186,38 @@ impl Writer {
             probes: &req.type_limits,
         };
         // Only the pairs the plan needs (the core's `LaneWindow`, walked
-        // from each lane's round position), then those locked in key order
-        // with their counts: a lease costs about `max_jobs` pairs, however
+        // from each lane's round position), locked with their counts as
+        // they are walked: a lease costs about `max_jobs` pairs, however
         // many tenants have jobs ready.
         let wanted = self.window(req, &filter, &lane_ok).await?;
         if wanted.is_empty() {
             return Ok(out);
         }
-        let (wanted_lanes, wanted_tenants): (Vec<&str>, Vec<&str>) =
-            wanted.iter().map(|(l, t)| (l.as_str(), t.as_str())).unzip();
-        let lock_st = self.stmt(LOCK_COUNTS_SQL).await?;
-        let pairs_st = self
-            .stmt(
-                "SELECT p.lane, p.tenant, p.ready, p.inflight, t.type, t.ready FROM pairs p
-                 LEFT JOIN ready_types t ON t.lane = p.lane AND t.tenant = p.tenant AND t.ready > 0
-                 WHERE (p.lane, p.tenant) IN (SELECT * FROM unnest($1::text[], $2::text[]))
-                 ORDER BY p.lane, p.tenant FOR UPDATE OF p",
-            )
-            .await?;
-        // The counts' lock first (`COUNTS_LOCK`), in the same round trip,
-        // unless an earlier lease of the group took it.
-        let counts_lock = self.counts_lock;
-        let lock_params: [&(dyn ToSql + Sync); 1] = [&counts_lock];
-        let pairs_params: [&(dyn ToSql + Sync); 2] = [&wanted_lanes, &wanted_tenants];
-        let locked = self.group.counts_locked;
-        let (lock, rows) = futures_util::join!(
-            async {
-                if locked {
-                    return Ok(0);
-                }
-                self.client.execute(&lock_st, &lock_params).await
-            },
-            self.client.query(&pairs_st, &pairs_params)
-        );
-        pg(lock)?;
-        self.group.counts_locked = true;
-        let rows = pg(rows)?;
-        let mut keys: Vec<(String, String)> = Vec::new();
-        for r in rows {
-            let key: (String, String) = (r.get(0), r.get(1));
-            if keys.last() != Some(&key) {
-                self.group.base.insert(key.clone(), (r.get(2), r.get(3)));
-                self.group.base_types.insert(key.clone(), BTreeMap::new());
-                keys.push(key.clone());
-            }
-            if let Some(t) = r.get::<_, Option<String>>(4) {
-                let types = self.group.base_types.get_mut(&key).expect("inserted above");
-                types.insert(JobType::new(t), r.get(5));
-            }
+        // The walk locked the pairs it read; the rest (this group's new
+        // pairs, lane reserves' busy ones) are locked here with their counts.
+        let to_lock: Vec<(String, String)> = wanted
+            .iter()
+            .filter(|k| !self.group.base_types.contains_key(*k))
+            .cloned()
+            .collect();
+        if !to_lock.is_empty() {
+            self.lock_pairs(&to_lock).await?;
         }
-        // Pairs made ready by this group only (enqueued earlier in it): none
-        // of their jobs is another transaction's to see, so their types'
-        // counts are this group's.
-        let locked: HashSet<(String, String)> = keys.iter().cloned().collect();
-        let unseen: Vec<(String, String)> =
-            wanted.into_iter().filter(|k| !locked.contains(k)).collect();
-        for key in unseen {
-            self.counts(&key.0, &key.1).await?;
-            self.group.base_types.insert(key.clone(), BTreeMap::new());
-            keys.push(key);
-        }
-        keys.retain(|(lane, _)| lane_ok(lane));
-        // The counts now, this group's changes included.
-        let mut counted: Vec<(Lane, TenantId, u32, BTreeMap<JobType, u32>)> =
-            Vec::with_capacity(keys.len());
-        for key in &keys {
-            let base = self.group.base.get(key).copied().unwrap_or_default();
-            let d = self.group.deltas.get(key).copied().unwrap_or_default();
-            let mut by_type: BTreeMap<JobType, i64> =
-                self.group.base_types.get(key).cloned().unwrap_or_default();
-            let from = (key.0.clone(), key.1.clone(), String::new());
-            for ((l, t, ty), n) in self.group.typed.range(from..) {
-                if (l, t) != (&key.0, &key.1) {
-                    break;
-                }
-                *by_type.entry(JobType::new(ty.clone())).or_default() += n;
-            }
-            let by_type: BTreeMap<JobType, u32> = by_type
-                .into_iter()
-                .filter(|(_, n)| *n > 0)
-                .map(|(t, n)| (t, count32(n)))
-                .collect();
-            let inflight = count32(base.1 + d.inflight);
-            if !by_type.is_empty() || inflight > 0 {
-                counted.push((
-                    Lane::new(key.0.clone()),
-                    TenantId::new(key.1.clone()),
-                    inflight,
-                    by_type,
-                ));
-            }
-        }
+        let counted: Vec<(Lane, TenantId, u32, BTreeMap<JobType, u32>)> = wanted
+            .iter()
+            .filter(|(lane, _)| lane_ok(lane))
+            .filter_map(|(lane, tenant)| {
+                let (inflight, by_type) = self.pair_now(lane, tenant);
+                (!by_type.is_empty() || inflight > 0).then(|| {
+                    (
+                        Lane::new(lane.as_str()),
+                        TenantId::new(tenant.as_str()),
+                        inflight,
+                        by_type,
+                    )
+                })
+            })
+            .collect();
         // The takes, owned, with the types each reads (any type: those the
         // pair has ready).
         let takes: Vec<(usize, Vec<String>, u32)> = {
@@ -350,6 +292,60 @@ impl Writer {
             }
         }
         Ok(out)
+    }
+
+    /// Locks the pairs `keys` (`FOR UPDATE`, in key order) and keeps their
+    /// counts as the group's base, `COUNTS_LOCK` first in the same round
+    /// trip unless the group holds it. A pair `pairs` has no row for (made
+    /// ready by this group only) is none of another transaction's to see:
+    /// its counts are this group's.
+    async fn lock_pairs(&mut self, keys: &[(String, String)]) -> Result<(), StoreError> {
+        let (lanes, tenants): (Vec<&str>, Vec<&str>) =
+            keys.iter().map(|(l, t)| (l.as_str(), t.as_str())).unzip();
+        let lock_st = self.stmt(LOCK_COUNTS_SQL).await?;
+        let pairs_st = self
+            .stmt(
+                "SELECT p.lane, p.tenant, p.ready, p.inflight, t.type, t.ready FROM pairs p
+                 LEFT JOIN ready_types t ON t.lane = p.lane AND t.tenant = p.tenant AND t.ready > 0
+                 WHERE (p.lane, p.tenant) IN (SELECT * FROM unnest($1::text[], $2::text[]))
+                 ORDER BY p.lane, p.tenant FOR UPDATE OF p",
+            )
+            .await?;
+        let counts_lock = self.counts_lock;
+        let lock_params: [&(dyn ToSql + Sync); 1] = [&counts_lock];
+        let pairs_params: [&(dyn ToSql + Sync); 2] = [&lanes, &tenants];
+        let locked = self.group.counts_locked;
+        let (lock, rows) = futures_util::join!(
+            async {
+                if locked {
+                    return Ok(0);
+                }
+                self.client.execute(&lock_st, &lock_params).await
+            },
+            self.client.query(&pairs_st, &pairs_params)
+        );
+        pg(lock)?;
+        self.group.counts_locked = true;
+        let rows = pg(rows)?;
+        let mut found: HashSet<(String, String)> = HashSet::new();
+        for r in rows {
+            let key: (String, String) = (r.get(0), r.get(1));
+            if found.insert(key.clone()) {
+                self.group.base.insert(key.clone(), (r.get(2), r.get(3)));
+                self.group.base_types.insert(key.clone(), BTreeMap::new());
+            }
+            if let Some(t) = r.get::<_, Option<String>>(4) {
+                let types = self.group.base_types.get_mut(&key).expect("inserted above");
+                types.insert(JobType::new(t), r.get(5));
+            }
+        }
+        for key in keys {
+            if !found.contains(key) {
+                self.group.base.insert(key.clone(), (0, 0));
+                self.group.base_types.insert(key.clone(), BTreeMap::new());
+            }
+        }
+        Ok(())
     }
 
     pub(super) async fn heartbeat(

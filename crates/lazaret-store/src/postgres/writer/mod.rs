@@ -63,11 +63,14 @@ mod tokens;
 use flush::Answer;
 pub(super) use flush::Flusher;
 use leases::{LEASE_ASSIGN_SQL, leases_merge};
-use stats::{PAIRS_UPSERT_SQL, TYPES_UPSERT_SQL};
+use stats::{PAIRS_COUNTS_SQL, PAIRS_UPSERT_SQL, TYPES_UPSERT_SQL};
 
 /// A group's start: its `COMMIT` does not wait for the WAL flush (the
 /// flusher does, for the answers that need it).
 const BEGIN_SQL: &str = "BEGIN; SET LOCAL synchronous_commit = off";
+
+/// The database's clock, in ms.
+const CLOCK_SQL: &str = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::int8";
 
 /// Ops in one group at most.
 const GROUP_MAX: usize = 256;
@@ -154,14 +157,24 @@ struct Group {
     /// The database's clock at the group's start (`Clock::Database`), or
     /// `None`: the callers' times stand (`Writer::now_of`, `Writer::rebase`).
     db_now: Option<Timestamp>,
+    /// The group's successes sent with its first statements (ids and
+    /// tokens, time, rows to come), for `complete_items` to take
+    /// ([`Writer::send_succeed_early`]).
+    early_succeed: Option<SentSucceed>,
 }
+
+/// A [`outcomes::SUCCEED_SQL`] sent early: its (ids, tokens), its time and
+/// its rows to come.
+type SentSucceed = ((Vec<i64>, Vec<i64>), Timestamp, Early<Vec<Row>>);
 
 /// At most this many (lane, type) pairs named in one notification; more
 /// wake every waiter (a NOTIFY payload is at most 8000 bytes).
 const WOKEN_MAX: usize = 16;
 
 pub(super) struct Writer {
-    client: Client,
+    /// Shared with the statements a group sends before it needs their
+    /// answers ([`Early`]).
+    client: Arc<Client>,
     /// Answers the group's requests other than leases once its commit is
     /// flushed ([`flush`]).
     flusher: Flusher,
@@ -190,6 +203,61 @@ pub(super) struct Writer {
     counts_lock: i64,
     /// This schema's [`RETENTION_LOCK`] key.
     retention_lock: i64,
+    /// The database's clock as last read (in ms) and when that read was
+    /// sent: a group's time is estimated from it while it is fresh
+    /// ([`CLOCK_FRESH`]), so `BEGIN` and the group's first statements go
+    /// out together, and each group reads the clock again behind its
+    /// `BEGIN`.
+    clock_read: Option<(i64, std::time::Instant)>,
+    /// The last group's time: group times never go back.
+    last_now: i64,
+}
+
+/// How long a reading of the database's clock stands in for reading it
+/// again: a group's time is then the reading plus the time passed on this
+/// node's monotonic clock (off by the reading's round trip at most, and by
+/// the two clocks' rate difference: under a millisecond a second). An
+/// idle writer's first group reads the clock before its first statement.
+const CLOCK_FRESH: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// A statement on its way, sent before its answer is needed: the
+/// group's later statements go out behind it without waiting for it (the
+/// connection answers in order), and its rows are taken when needed.
+pub(super) type Early<T> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<T, StoreError>> + Send>>;
+
+/// A statement's future, not sent yet.
+pub(super) type Unsent<T> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<T, tokio_postgres::Error>> + Send>>;
+
+/// Sends `fut`'s statement now (one poll puts it on the connection's
+/// queue, ahead of whatever the writer sends next) and leaves the rest to
+/// a task of its own, which takes the answer as it comes: an answer
+/// nobody reads would fill its channel and stall the connection, and with
+/// it every later answer. Dropped unawaited, the task still takes the
+/// answer, and ends.
+async fn send_early<T: Send + 'static>(mut fut: Unsent<T>) -> Early<T> {
+    match futures_util::poll!(fut.as_mut()) {
+        std::task::Poll::Ready(r) => Box::pin(std::future::ready(pg(r))),
+        std::task::Poll::Pending => {
+            let task = tokio::spawn(fut);
+            Box::pin(async move {
+                match task.await {
+                    Ok(r) => pg(r),
+                    Err(e) => Err(StoreError::NotApplied(format!(
+                        "a statement of the store's writer was lost ({e}); retry the request"
+                    ))),
+                }
+            })
+        }
+    }
+}
+
+/// What a group sent before its body: `BEGIN`'s answer and, when the
+/// group's time was estimated, the clock read behind it.
+struct Begun {
+    begin: Early<()>,
+    clock: Option<(Early<Row>, std::time::Instant)>,
 }
 
 /// The advisory lock (per schema, see [`schema_lock`]) a group takes before
@@ -204,8 +272,9 @@ pub(super) struct Writer {
 /// `deadlock_timeout` (1 s by default): with two nodes under one-job
 /// requests, 620 of them in one 15 s run, 50 jobs/s instead of 900. Under
 /// this lock the counts' rows are taken by one group at a time, in whatever
-/// order; what runs before it (the enqueue insert, the acks, the lease's
-/// walk) still runs on both nodes at once. On one node it is never
+/// order (a lease's walk locks the pairs it reads, lane by lane from the
+/// round's position); what runs before it (the enqueue insert, the acks)
+/// still runs on both nodes at once. On one node it is never
 /// contended, and it goes out pipelined with the statement after it.
 pub(super) const COUNTS_LOCK: u32 = 0x6c7a_636e;
 
@@ -292,7 +361,9 @@ impl Writer {
         channels: Channels,
     ) -> Self {
         Writer {
-            client,
+            client: Arc::new(client),
+            clock_read: None,
+            last_now: i64::MIN,
             flusher,
             sent: 0,
             down,
@@ -443,7 +514,7 @@ impl Writer {
                         Some(format!("the store's database is unreachable: {e}"));
                     return Err(e);
                 }
-                self.client = c;
+                self.client = Arc::new(c);
                 self.statements.clear();
                 *self.down.lock().unwrap_or_else(|p| p.into_inner()) = None;
                 Ok(())
@@ -470,10 +541,13 @@ impl Writer {
         self.reconnect().await?;
         self.group = Group::default();
         let r = match self.begin().await {
-            Ok(db_now) => {
+            Ok((db_now, begun)) => {
                 self.group.db_now = db_now;
                 match self.body(ops, db_now).await {
-                    Ok(answers) => self.commit().await.map(|()| answers),
+                    Ok(answers) => match self.begun(begun).await {
+                        Ok(()) => self.commit().await.map(|()| answers),
+                        Err(e) => Err(e),
+                    },
                     Err(e) => Err(e),
                 }
             }
@@ -489,27 +563,69 @@ impl Writer {
     }
 
     /// `BEGIN` (with `synchronous_commit = off`: the answers that must be
-    /// durable wait for the flusher, see [`flush`]), and the database's
-    /// clock read in the same round trip.
-    async fn begin(&mut self) -> Result<Option<Timestamp>, StoreError> {
-        match self.clock {
+    /// durable wait for the flusher, see [`flush`]) and the group's time.
+    /// On the database's clock, the time is estimated from a fresh reading
+    /// ([`CLOCK_FRESH`]) and `BEGIN` is sent without waiting for it, with
+    /// a new reading behind it ([`Writer::begun`] takes both before the
+    /// commit); otherwise `BEGIN` and the clock's read go out together and
+    /// are waited for.
+    async fn begin(&mut self) -> Result<(Option<Timestamp>, Begun), StoreError> {
+        let send_begin = |client: &Arc<Client>| -> Unsent<()> {
+            let client = Arc::clone(client);
+            Box::pin(async move { client.batch_execute(BEGIN_SQL).await })
+        };
+        let db_now = match self.clock {
             Clock::Caller => {
-                pg(self.client.batch_execute(BEGIN_SQL).await)?;
-                Ok(None)
+                let begin = send_early(send_begin(&self.client)).await;
+                return Ok((None, Begun { begin, clock: None }));
             }
-            Clock::Database => {
-                let st = self
-                    .stmt("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::int8")
-                    .await?;
-                let (begun, row) = futures_util::join!(
-                    self.client.batch_execute(BEGIN_SQL),
-                    self.client.query_one(&st, &[])
-                );
-                pg(begun)?;
-                let row = pg(row)?;
-                Ok(Some(Timestamp::from_millis(row.get(0))))
-            }
+            Clock::Database => match self.clock_read {
+                Some((at, read)) if read.elapsed() < CLOCK_FRESH => {
+                    at + i64::try_from(read.elapsed().as_millis()).unwrap_or(i64::MAX)
+                }
+                _ => {
+                    let st = self.stmt(CLOCK_SQL).await?;
+                    let sent = std::time::Instant::now();
+                    let (begun, row) = futures_util::join!(
+                        self.client.batch_execute(BEGIN_SQL),
+                        self.client.query_one(&st, &[])
+                    );
+                    pg(begun)?;
+                    let at: i64 = pg(row)?.get(0);
+                    self.clock_read = Some((at, sent));
+                    self.last_now = self.last_now.max(at);
+                    let begin: Early<()> = Box::pin(std::future::ready(Ok(())));
+                    return Ok((
+                        Some(Timestamp::from_millis(self.last_now)),
+                        Begun { begin, clock: None },
+                    ));
+                }
+            },
+        };
+        let st = self.stmt(CLOCK_SQL).await?;
+        let begin = send_early(send_begin(&self.client)).await;
+        let sent = std::time::Instant::now();
+        let client = Arc::clone(&self.client);
+        let clock = send_early(Box::pin(async move { client.query_one(&st, &[]).await })).await;
+        self.last_now = self.last_now.max(db_now);
+        Ok((
+            Some(Timestamp::from_millis(self.last_now)),
+            Begun {
+                begin,
+                clock: Some((clock, sent)),
+            },
+        ))
+    }
+
+    /// Takes what [`Writer::begin`] sent early: `BEGIN`'s answer (an error
+    /// fails the group) and the clock's new reading.
+    async fn begun(&mut self, begun: Begun) -> Result<(), StoreError> {
+        begun.begin.await?;
+        if let Some((clock, sent)) = begun.clock {
+            let at: i64 = clock.await?.get(0);
+            self.clock_read = Some((at, sent));
         }
+        Ok(())
     }
 
     /// The group's count changes, its notification and `COMMIT`, pipelined.
@@ -610,6 +726,7 @@ impl Writer {
         db_now: Option<Timestamp>,
     ) -> Result<Vec<Held<'a>>, StoreError> {
         let mut answers: Vec<Option<Held<'a>>> = ops.iter().map(|_| None).collect();
+        self.send_succeed_early(ops, db_now).await?;
         // Ops of one kind from concurrent requests run as one: every
         // enqueue of the group is one insert, every outcome at one time one
         // lock and one update, and compatible leases one lease. Concurrent

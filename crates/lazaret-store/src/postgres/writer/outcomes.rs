@@ -23,7 +23,66 @@ pub(super) const SUCCEED_SQL: &str =
 /// whether a cancel was requested.
 pub(super) type Locked = (StoredJob, Option<i64>, Option<i64>, bool);
 
+/// The items of an outcome batch that [`SUCCEED_SQL`] may apply: the
+/// successes of jobs named once (a job named more than once goes the
+/// general way, item by item in order, so each of its items finds it as
+/// the one before left it).
+fn fast_successes(items: &[&Completion]) -> Vec<usize> {
+    let mut named: HashMap<JobId, u32> = HashMap::with_capacity(items.len());
+    for item in items {
+        *named.entry(item.id).or_default() += 1;
+    }
+    (0..items.len())
+        .filter(|&i| matches!(items[i].event, Event::Succeeded) && named[&items[i].id] == 1)
+        .collect()
+}
+
 impl Writer {
+    /// Sends the group's successes on live leases ([`SUCCEED_SQL`]) before
+    /// its other statements, without waiting: `complete_items` takes the
+    /// rows when it gets to them, so the enqueues' insert and the acks'
+    /// update share a round trip. Only when every outcome batch of the
+    /// group is at one time (always, on the database's clock): then
+    /// [`Writer::complete_group`] runs them as one batch.
+    pub(super) async fn send_succeed_early(
+        &mut self,
+        ops: &[&Request],
+        db_now: Option<Timestamp>,
+    ) -> Result<(), StoreError> {
+        let mut times = ops.iter().filter_map(|op| match op {
+            Request::Complete { now, .. } => Some(db_now.unwrap_or(*now)),
+            _ => None,
+        });
+        let Some(now) = times.next() else {
+            return Ok(());
+        };
+        if times.any(|t| t != now) {
+            return Ok(());
+        }
+        let items: Vec<&Completion> = ops
+            .iter()
+            .flat_map(|op| match op {
+                Request::Complete { items, .. } => items.iter(),
+                _ => [].iter(),
+            })
+            .collect();
+        let fast = fast_successes(&items);
+        if fast.is_empty() {
+            return Ok(());
+        }
+        let ids: Vec<i64> = fast.iter().map(|&i| items[i].id.0 as i64).collect();
+        let tokens: Vec<i64> = fast.iter().map(|&i| items[i].token.0 as i64).collect();
+        let st = self.stmt(SUCCEED_SQL).await?;
+        let client = Arc::clone(&self.client);
+        let (i, t) = (ids.clone(), tokens.clone());
+        let rows = send_early(Box::pin(async move {
+            client.query(&st, &[&i, &t, &ms(now)]).await
+        }))
+        .await;
+        self.group.early_succeed = Some(((ids, tokens), now, rows));
+        Ok(())
+    }
+
     /// Every outcome batch of the group at the same time as one.
     pub(super) async fn complete_group<'a>(
         &mut self,
@@ -82,19 +141,17 @@ impl Writer {
     ) -> Result<Vec<Result<Completed, ItemError>>, StoreError> {
         let mut out: Vec<Option<Result<Completed, ItemError>>> =
             items.iter().map(|_| None).collect();
-        // A job named more than once goes the general way, item by item in
-        // order, so each of its items finds it as the one before left it.
-        let mut named: HashMap<JobId, u32> = HashMap::with_capacity(items.len());
-        for item in items {
-            *named.entry(item.id).or_default() += 1;
-        }
-        let fast: Vec<usize> = (0..items.len())
-            .filter(|&i| matches!(items[i].event, Event::Succeeded) && named[&items[i].id] == 1)
-            .collect();
+        let fast = fast_successes(items);
         if !fast.is_empty() {
             let ids: Vec<i64> = fast.iter().map(|&i| items[i].id.0 as i64).collect();
             let tokens: Vec<i64> = fast.iter().map(|&i| items[i].token.0 as i64).collect();
-            let rows = self.query(SUCCEED_SQL, &[&ids, &tokens, &ms(now)]).await?;
+            let rows = match self.group.early_succeed.take() {
+                // Sent with the group's first statements (`Writer::send_succeed_early`).
+                Some((sent, at, rows)) if sent == (ids.clone(), tokens.clone()) && at == now => {
+                    rows.await?
+                }
+                _ => self.query(SUCCEED_SQL, &[&ids, &tokens, &ms(now)]).await?,
+            };
             let mut done: HashMap<i64, Completed> = HashMap::with_capacity(rows.len());
             for r in &rows {
                 let id: i64 = r.get(0);

@@ -38,6 +38,12 @@ pub(super) const TYPES_UPSERT_SQL: &str = "INSERT INTO ready_types AS r (lane, t
      SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::int8[])
      ON CONFLICT (lane, tenant, type) DO UPDATE SET ready = r.ready + excluded.ready";
 
+/// The (ready, inflight) counts of the pairs `($1[i], $2[i])` that have a row.
+pub(super) const PAIRS_COUNTS_SQL: &str =
+    "SELECT p.lane, p.tenant, p.ready, p.inflight FROM pairs p
+     JOIN unnest($1::text[], $2::text[]) AS k(lane, tenant)
+       ON p.lane = k.lane AND p.tenant = k.tenant";
+
 impl Writer {
     pub(super) fn delta(&mut self, lane: &str, tenant: &str) -> &mut Delta {
         self.group
@@ -130,23 +136,27 @@ impl Writer {
             .iter()
             .map(|(l, t)| (l.as_str(), t.as_str()))
             .unzip();
-        let rows = self
-            .query(
-                "SELECT p.lane, p.tenant, p.ready, p.inflight FROM pairs p
-                 JOIN unnest($1::text[], $2::text[]) AS k(lane, tenant)
-                   ON p.lane = k.lane AND p.tenant = k.tenant",
-                &[&lanes, &tenants],
-            )
-            .await?;
+        let rows = self.query(PAIRS_COUNTS_SQL, &[&lanes, &tenants]).await?;
+        self.keep_counts(missing.iter().map(|(l, t)| (l.as_str(), t.as_str())), &rows);
+        Ok(())
+    }
+
+    /// Keeps the counts [`PAIRS_COUNTS_SQL`] read for the pairs `asked` as
+    /// the group's base; a pair without a row counts none.
+    pub(super) fn keep_counts<'k>(
+        &mut self,
+        asked: impl IntoIterator<Item = (&'k str, &'k str)>,
+        rows: &[Row],
+    ) {
         let mut found: HashMap<(String, String), (i64, i64)> = rows
             .iter()
             .map(|r| ((r.get(0), r.get(1)), (r.get(2), r.get(3))))
             .collect();
-        for k in missing {
+        for (l, t) in asked {
+            let k = (l.to_owned(), t.to_owned());
             let b = found.remove(&k).unwrap_or((0, 0));
-            self.group.base.insert(k, b);
+            self.group.base.entry(k).or_insert(b);
         }
-        Ok(())
     }
 
     /// The (ready, inflight) of a pair now, this group's changes included.
