@@ -618,7 +618,10 @@ impl Writer {
     }
 
     /// Takes what [`Writer::begin`] sent early: `BEGIN`'s answer (an error
-    /// fails the group) and the clock's new reading.
+    /// fails the group) and the clock's new reading. The group's statements
+    /// went out behind `BEGIN` before its answer came: on a connection that
+    /// is up, `BEGIN` does not fail (inside a transaction it only warns),
+    /// and on one that is down they fail with it.
     async fn begun(&mut self, begun: Begun) -> Result<(), StoreError> {
         begun.begin.await?;
         if let Some((clock, sent)) = begun.clock {
