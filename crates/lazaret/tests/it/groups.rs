@@ -326,16 +326,7 @@ async fn a_rabbitmq_sources_group_is_archived_redriven_to_the_broker_and_reporte
         .broken
         .store(true, std::sync::atomic::Ordering::SeqCst);
     let deliver = handler.start().await;
-    let config = format!(
-        r#"{QUICK}
-[[sources]]
-name = "orders"
-broker = "rabbitmq"
-url = "{url}"
-queue = "{queue}"
-deliver = "{deliver}"
-"#
-    );
+    let config = crate::sources::orders_from_rabbitmq(&url, &queue, &deliver);
     let server = Server::start(&config).await;
     let api = server.api();
     for (n, still) in [(1, false), (2, false), (3, true), (4, true)] {

@@ -630,6 +630,26 @@ delivery_timeout_ms = 500
     );
 }
 
+/// A server's config ([`QUICK`](crate::harness::QUICK) and one RabbitMQ
+/// source `orders` on `queue`, delivering to `deliver`).
+pub(crate) fn orders_from_rabbitmq(
+    url: &str,
+    queue: &str,
+    deliver: impl std::fmt::Display,
+) -> String {
+    format!(
+        r#"{}
+[[sources]]
+name = "orders"
+broker = "rabbitmq"
+url = "{url}"
+queue = "{queue}"
+deliver = "{deliver}"
+"#,
+        crate::harness::QUICK
+    )
+}
+
 /// The AMQP URL, or `None` after saying the test is skipped.
 pub(crate) fn amqp_url(test: &str) -> Option<String> {
     service(

@@ -174,16 +174,7 @@ async fn a_rabbitmq_message_carries_its_traceparent_to_the_handler_and_its_redri
     let (_conn, ch, queue) = crate::sources::amqp_queue(&url, "traces").await;
     let handler = Handler::broken();
     let deliver = handler.start().await;
-    let config = format!(
-        r#"{QUICK}
-[[sources]]
-name = "orders"
-broker = "rabbitmq"
-url = "{url}"
-queue = "{queue}"
-deliver = "{deliver}"
-"#
-    );
+    let config = crate::sources::orders_from_rabbitmq(&url, &queue, &deliver);
     let server = Server::start(&config).await;
     let publish = |id: &'static str, tp: &'static str| {
         let mut headers = FieldTable::default();
