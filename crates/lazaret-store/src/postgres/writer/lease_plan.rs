@@ -55,6 +55,17 @@ pub(super) const WALK_TYPES_SQL: &str = r#"WITH w AS MATERIALIZED (
     WHERE p.lane = $1 AND (p.tenant IN (SELECT tenant FROM w) OR p.tenant = ANY($4::text[]))
     ORDER BY p.tenant FOR UPDATE OF p"#;
 
+/// A walk batch sent early ([`Writer::send_walk_early`]): what it asked,
+/// and its lock's and rows' answers to come.
+pub(super) struct EarlyWalk {
+    lane: String,
+    lo: String,
+    limit: i64,
+    types: Option<Vec<String>>,
+    lock: Early<u64>,
+    rows: Early<Vec<Row>>,
+}
+
 /// Tenants the walk reads per statement at most.
 pub(super) const WALK_BATCH_MAX: u32 = 1000;
 
@@ -237,6 +248,110 @@ impl Writer {
         Ok(wanted.into_iter().collect())
     }
 
+    /// Sends the first walk batch of the group's first lease (and the
+    /// leases that merge into it, as `Writer::body` runs them) with the
+    /// group's first statements, `COUNTS_LOCK` before it, so the lease
+    /// costs no round trip of its own for it: `walk_batch` takes its rows
+    /// when it asks the same batch. Only a lease of one lane whose types
+    /// are known without reading (every type, or the types it names) is
+    /// walked early; the walk's own tenants of the group are its enqueues'
+    /// in that lane (a tenant of the group it misses is locked later, as a
+    /// new pair is). A batch the lease does not ask (ops before it changed
+    /// what it walks) only locks what it read, and the lease walks again.
+    pub(super) async fn send_walk_early(
+        &mut self,
+        ops: &[&Request],
+        db_now: Option<Timestamp>,
+    ) -> Result<(), StoreError> {
+        let mut leases = ops.iter().filter_map(|op| match op {
+            Request::Lease { req, .. } => Some(req),
+            _ => None,
+        });
+        let Some(first) = leases.next() else {
+            return Ok(());
+        };
+        let max_jobs = leases
+            .filter(|r| leases_merge(first, r, db_now))
+            .fold(first.max_jobs, |n, r| n.saturating_add(r.max_jobs));
+        let Some([lane]) = first.lanes.as_deref() else {
+            return Ok(());
+        };
+        if max_jobs == 0 || first.exclude_lanes.contains(lane) {
+            return Ok(());
+        }
+        let filter = LeaseFilter {
+            types: first.types.as_deref(),
+            excluded: &first.exclude_types,
+            probes: &first.type_limits,
+        };
+        let every_type =
+            filter.types.is_none() && filter.excluded.is_empty() && filter.probes.is_empty();
+        let types: Option<Vec<String>> = match filter.types {
+            _ if every_type => None,
+            None => return Ok(()),
+            Some(ts) => {
+                let ts: BTreeSet<String> = ts
+                    .iter()
+                    .filter(|t| filter.admits(t))
+                    .map(|t| t.as_str().to_owned())
+                    .collect();
+                if ts.is_empty() {
+                    return Ok(());
+                }
+                Some(ts.into_iter().collect())
+            }
+        };
+        let also: Vec<String> = ops
+            .iter()
+            .flat_map(|op| match op {
+                Request::Enqueue { jobs, .. } => jobs.iter(),
+                _ => [].iter(),
+            })
+            .filter(|j| j.lane == *lane)
+            .map(|j| j.tenant.as_str().to_owned())
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        let lo = self
+            .scheduler
+            .resume_after(lane)
+            .map(str::to_owned)
+            .unwrap_or_default();
+        let limit = i64::from(max_jobs.clamp(8, WALK_BATCH_MAX));
+        let lock_st = self.stmt(LOCK_COUNTS_SQL).await?;
+        let walk_st = match types {
+            None => self.stmt(WALK_PAIRS_SQL).await?,
+            Some(_) => self.stmt(WALK_TYPES_SQL).await?,
+        };
+        let (client, key) = (Arc::clone(&self.client), self.counts_lock);
+        let lock = send_early(Box::pin(
+            async move { client.execute(&lock_st, &[&key]).await },
+        ))
+        .await;
+        let client = Arc::clone(&self.client);
+        let (l, from, ts) = (lane.as_str().to_owned(), lo.clone(), types.clone());
+        let rows = send_early(Box::pin(async move {
+            match ts {
+                None => client.query(&walk_st, &[&l, &from, &limit, &also]).await,
+                Some(ts) => {
+                    client
+                        .query(&walk_st, &[&l, &from, &limit, &also, &ts])
+                        .await
+                }
+            }
+        }))
+        .await;
+        self.group.early_walk = Some(EarlyWalk {
+            lane: lane.as_str().to_owned(),
+            lo,
+            limit,
+            types,
+            lock,
+            rows,
+        });
+        Ok(())
+    }
+
     /// One batch of a lane's walk ([`WALK_PAIRS_SQL`], or
     /// [`WALK_TYPES_SQL`] when the lease names `types`): the tenants walked,
     /// in byte order. Their pairs and those of `also` are locked, their
@@ -251,6 +366,18 @@ impl Writer {
         types: Option<&[String]>,
         also: &[&str],
     ) -> Result<Vec<String>, StoreError> {
+        if let Some(early) = self.group.early_walk.take() {
+            let same = early.lane == lane
+                && early.lo == lo
+                && early.limit == limit
+                && early.types.as_deref() == types;
+            early.lock.await?;
+            self.group.counts_locked = true;
+            let rows = early.rows.await?;
+            if same {
+                return Ok(self.walked(lane, rows));
+            }
+        }
         let lock_st = self.stmt(LOCK_COUNTS_SQL).await?;
         let walk_st = match types {
             None => self.stmt(WALK_PAIRS_SQL).await?,
@@ -281,6 +408,12 @@ impl Writer {
         pg(lock)?;
         self.group.counts_locked = true;
         let rows = pg(rows)?;
+        Ok(self.walked(lane, rows))
+    }
+
+    /// A walk batch's rows: its tenants walked, in byte order, and its
+    /// pairs' counts kept as the group's base.
+    fn walked(&mut self, lane: &str, rows: Vec<Row>) -> Vec<String> {
         let mut walked: Vec<String> = Vec::new();
         let mut seen: Option<String> = None;
         for r in rows {
@@ -300,7 +433,7 @@ impl Writer {
             }
         }
         walked.sort();
-        Ok(walked)
+        walked
     }
 
     /// The counts of a (lane, tenant) pair now, this group's changes
@@ -327,44 +460,47 @@ impl Writer {
         (count32(base.1 + d.inflight), ready)
     }
 
-    /// The jobs a lease statement returned, oldest first, into `out`;
-    /// counted into the group's deltas, by type.
+    /// The jobs a lease statement returned, oldest first, into `out`, each
+    /// with the worker and lease end it was written with; counted into the
+    /// group's deltas, by type.
     pub(super) fn take_leased(
         &mut self,
         rows: &[Row],
         lane: &Lane,
         tenant: &TenantId,
-        expires: Timestamp,
-        out: &mut Vec<LeasedJob>,
+        out: &mut Vec<(LeasedJob, String)>,
     ) -> u32 {
-        let mut got: Vec<(i64, LeasedJob)> = rows
+        let mut got: Vec<(i64, (LeasedJob, String))> = rows
             .iter()
             .map(|r| {
                 (
                     r.get::<_, i64>(8),
-                    LeasedJob {
-                        id: JobId(r.get::<_, i64>(0) as u64),
-                        job_type: JobType::new(r.get::<_, String>(1)),
-                        tenant: tenant.clone(),
-                        lane: lane.clone(),
-                        payload: r.get(5),
-                        attempt: r.get::<_, i32>(6) as u32,
-                        idempotency_key: r.get(2),
-                        schema_version: r.get::<_, Option<i32>>(3).map(|v| v as u32),
-                        lease_token: LeaseToken(r.get::<_, i64>(7) as u64),
-                        lease_expires_at: expires,
-                        created_at: Timestamp::from_millis(r.get(4)),
-                        ready_at: Timestamp::from_millis(r.get(8)),
-                        traceparent: crate::stored::stored_traceparent(r.get(9)),
-                    },
+                    (
+                        LeasedJob {
+                            id: JobId(r.get::<_, i64>(0) as u64),
+                            job_type: JobType::new(r.get::<_, String>(1)),
+                            tenant: tenant.clone(),
+                            lane: lane.clone(),
+                            payload: r.get(5),
+                            attempt: r.get::<_, i32>(6) as u32,
+                            idempotency_key: r.get(2),
+                            schema_version: r.get::<_, Option<i32>>(3).map(|v| v as u32),
+                            lease_token: LeaseToken(r.get::<_, i64>(7) as u64),
+                            lease_expires_at: Timestamp::from_millis(r.get(11)),
+                            created_at: Timestamp::from_millis(r.get(4)),
+                            ready_at: Timestamp::from_millis(r.get(8)),
+                            traceparent: crate::stored::stored_traceparent(r.get(9)),
+                        },
+                        r.get(10),
+                    ),
                 )
             })
             .collect();
-        got.sort_by_key(|(run_at, j)| (*run_at, j.id));
+        got.sort_by_key(|(run_at, (j, _))| (*run_at, j.id));
         let n = got.len() as u32;
         // Per type, once: a take reads one type, or a few.
         let mut by_type: Vec<(&JobType, i64)> = Vec::new();
-        for (_, j) in &got {
+        for (_, (j, _)) in &got {
             match by_type.iter_mut().find(|(t, _)| *t == &j.job_type) {
                 Some((_, k)) => *k += 1,
                 None => by_type.push((&j.job_type, 1)),

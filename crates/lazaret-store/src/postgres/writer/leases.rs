@@ -7,14 +7,15 @@ use super::*;
 /// the first of each take, then the second of each, and so on, so that
 /// the requests sharing one lease get each what a lease of its own would
 /// have taken in the scheduler's round, not one tenant's run.
-pub(super) fn round_robin(jobs: Vec<LeasedJob>) -> Vec<LeasedJob> {
-    let mut runs: Vec<std::collections::VecDeque<LeasedJob>> = Vec::new();
+pub(super) fn round_robin<T>(jobs: Vec<T>, job: impl Fn(&T) -> &LeasedJob) -> Vec<T> {
+    let mut runs: Vec<std::collections::VecDeque<T>> = Vec::new();
     for j in jobs {
         match runs.last_mut() {
             Some(run)
-                if run
-                    .back()
-                    .is_some_and(|b| b.lane == j.lane && b.tenant == j.tenant) =>
+                if run.back().is_some_and(|b| {
+                    let (b, j) = (job(b), job(&j));
+                    b.lane == j.lane && b.tenant == j.tenant
+                }) =>
             {
                 run.push_back(j);
             }
@@ -27,6 +28,41 @@ pub(super) fn round_robin(jobs: Vec<LeasedJob>) -> Vec<LeasedJob> {
             out.extend(run.pop_front());
         }
         runs.retain(|r| !r.is_empty());
+    }
+    out
+}
+
+/// A request of a merged lease, as its jobs are written: its worker, its
+/// lease end (ms) and how many jobs it asked.
+pub(super) struct Hand<'a> {
+    pub(super) worker: &'a str,
+    pub(super) end: i64,
+    pub(super) max_jobs: u32,
+}
+
+/// A take's jobs' workers and lease ends (ms), oldest job first.
+pub(super) type Handed<'a> = (Vec<&'a str>, Vec<i64>);
+
+/// The worker and lease end of each take's jobs, oldest first, when every
+/// take yields its count: the jobs are handed out in turns
+/// ([`round_robin`]), then in the requests' order, each up to its
+/// `max_jobs` ([`Writer::lease_many`]). A take's statement writes them, so
+/// a merged lease's jobs need no second update; a take that comes up short
+/// shifts the turns, and `lease_many` gives the jobs that went elsewhere
+/// their own ([`LEASE_ASSIGN_SQL`]).
+pub(super) fn handed<'a>(counts: &[u32], hands: &[Hand<'a>]) -> Vec<Handed<'a>> {
+    let mut out: Vec<Handed<'a>> = counts.iter().map(|_| (Vec::new(), Vec::new())).collect();
+    let mut owners = hands
+        .iter()
+        .flat_map(|h| std::iter::repeat_n(h, h.max_jobs as usize));
+    for k in 0..counts.iter().copied().max().unwrap_or(0) {
+        for (t, _) in counts.iter().enumerate().filter(|(_, c)| k < **c) {
+            let Some(h) = owners.next() else {
+                return out;
+            };
+            out[t].0.push(h.worker);
+            out[t].1.push(h.end);
+        }
     }
     out
 }
@@ -49,39 +85,45 @@ pub(super) fn leases_merge(a: &LeaseRequest, b: &LeaseRequest, db_now: Option<Ti
 /// oldest first, in one statement: one range of the typed ready index
 /// `jobs_ready_type` (lane, tenant, type, run_at, id), picked `FOR UPDATE
 /// SKIP LOCKED` (never a job another transaction holds), charged an attempt
-/// and given a token from the sequence `lease_tokens`.
+/// and given a token from the sequence `lease_tokens`. The `k`-th job (oldest
+/// first) goes to worker `$8[k]` until `$9[k]`, or `$7` until `$5` past
+/// those arrays' ends (the requests of a merged lease, [`handed`]).
 pub(super) const LEASE_ONE_SQL: &str = "WITH picked AS (
-                   SELECT id FROM jobs
-                   WHERE lane = $1 AND tenant = $2 AND type = $3 AND state = 'queued'
-                   ORDER BY run_at, id LIMIT $4 FOR UPDATE SKIP LOCKED)
+                   SELECT id, row_number() OVER (ORDER BY run_at, id) AS rn FROM (
+                     SELECT id, run_at FROM jobs
+                     WHERE lane = $1 AND tenant = $2 AND type = $3 AND state = 'queued'
+                     ORDER BY run_at, id LIMIT $4 FOR UPDATE SKIP LOCKED) c)
                  UPDATE jobs j SET state = 'leased', attempts = j.attempts + 1, leases = j.leases + 1,
-                   lease_token = nextval('lease_tokens'), lease_expires_at = $5, lease_started_at = $6,
-                   worker_id = $7
+                   lease_token = nextval('lease_tokens'),
+                   lease_expires_at = COALESCE(($9::int8[])[picked.rn], $5), lease_started_at = $6,
+                   worker_id = COALESCE(($8::text[])[picked.rn], $7)
                  FROM picked WHERE j.id = picked.id
                  RETURNING j.id, j.type, j.idempotency_key, j.schema_version, j.created_at, j.payload,
-                   j.attempts, j.lease_token, j.run_at, j.traceparent";
+                   j.attempts, j.lease_token, j.run_at, j.traceparent, j.worker_id, j.lease_expires_at";
 
 /// [`LEASE_ONE_SQL`] among several types `$3`, as SQLite's writer does it:
 /// the first `$4` ready jobs of each type (a range of `jobs_ready_type`
 /// each, unlocked), merged by (run_at, id), and the oldest `$4` of them
 /// locked and leased. No read walks past jobs of a type it does not take.
 pub(super) const LEASE_MERGED_SQL: &str = "WITH picked AS (
-                   SELECT id FROM jobs
-                   WHERE id = ANY(ARRAY(
-                       SELECT x.id FROM unnest($3::text[]) AS t(type)
-                       CROSS JOIN LATERAL (
-                         SELECT id, run_at FROM jobs
-                         WHERE lane = $1 AND tenant = $2 AND type = t.type AND state = 'queued'
-                         ORDER BY run_at, id LIMIT $4) x
-                       ORDER BY x.run_at, x.id LIMIT $4))
-                     AND state = 'queued'
-                   FOR UPDATE SKIP LOCKED)
+                   SELECT id, row_number() OVER (ORDER BY run_at, id) AS rn FROM (
+                     SELECT id, run_at FROM jobs
+                     WHERE id = ANY(ARRAY(
+                         SELECT x.id FROM unnest($3::text[]) AS t(type)
+                         CROSS JOIN LATERAL (
+                           SELECT id, run_at FROM jobs
+                           WHERE lane = $1 AND tenant = $2 AND type = t.type AND state = 'queued'
+                           ORDER BY run_at, id LIMIT $4) x
+                         ORDER BY x.run_at, x.id LIMIT $4))
+                       AND state = 'queued'
+                     FOR UPDATE SKIP LOCKED) c)
                  UPDATE jobs j SET state = 'leased', attempts = j.attempts + 1, leases = j.leases + 1,
-                   lease_token = nextval('lease_tokens'), lease_expires_at = $5, lease_started_at = $6,
-                   worker_id = $7
+                   lease_token = nextval('lease_tokens'),
+                   lease_expires_at = COALESCE(($9::int8[])[picked.rn], $5), lease_started_at = $6,
+                   worker_id = COALESCE(($8::text[])[picked.rn], $7)
                  FROM picked WHERE j.id = picked.id
                  RETURNING j.id, j.type, j.idempotency_key, j.schema_version, j.created_at, j.payload,
-                   j.attempts, j.lease_token, j.run_at, j.traceparent";
+                   j.attempts, j.lease_token, j.run_at, j.traceparent, j.worker_id, j.lease_expires_at";
 
 /// Gives the jobs of a merged lease that went to another request than the
 /// first its worker and lease end.
@@ -93,10 +135,10 @@ pub(super) const LEASE_ASSIGN_SQL: &str =
 impl Writer {
     /// Leases of one group with the same filter ([`leases_merge`]) as one:
     /// one plan for all the jobs they ask, the jobs then handed out in the
-    /// requests' order (each request at most its `max_jobs`), and the jobs
-    /// of requests other than the first given their worker and lease end
-    /// by one UPDATE. One lease costs its statements once, however many
-    /// workers asked at the same moment.
+    /// requests' order (each request at most its `max_jobs`), each job
+    /// written with its own request's worker and lease end by the take that
+    /// leases it ([`handed`]). One lease costs its statements once, however
+    /// many workers asked at the same moment.
     pub(super) async fn lease_many(
         &mut self,
         reqs: &[LeaseRequest],
@@ -111,26 +153,31 @@ impl Writer {
             max_jobs: reqs.iter().map(|r| r.max_jobs).fold(0, u32::saturating_add),
             ..first.clone()
         };
-        let first_end = combined.now.saturating_add(combined.lease);
-        let mut jobs = round_robin(self.lease_one(&combined).await?).into_iter();
+        let hands: Vec<Hand<'_>> = reqs
+            .iter()
+            .map(|r| Hand {
+                worker: r.worker_id.as_str(),
+                end: ms(r.now.saturating_add(r.lease)),
+                max_jobs: r.max_jobs,
+            })
+            .collect();
+        let taken = self.lease_handed(&combined, &hands).await?;
+        let mut jobs = round_robin(taken, |(j, _)| j).into_iter();
         let (mut ids, mut workers, mut ends) = (Vec::new(), Vec::new(), Vec::new());
         let mut out = Vec::with_capacity(reqs.len());
-        for r in reqs {
+        for (r, hand) in reqs.iter().zip(&hands) {
             let end = r.now.saturating_add(r.lease);
-            let mine: Vec<LeasedJob> = jobs
-                .by_ref()
-                .take(r.max_jobs as usize)
-                .map(|j| LeasedJob {
+            let mut mine = Vec::new();
+            for (j, written) in jobs.by_ref().take(r.max_jobs as usize) {
+                if written != hand.worker || ms(j.lease_expires_at) != hand.end {
+                    ids.push(j.id.0 as i64);
+                    workers.push(hand.worker);
+                    ends.push(hand.end);
+                }
+                mine.push(LeasedJob {
                     lease_expires_at: end,
                     ..j
-                })
-                .collect();
-            if r.worker_id != first.worker_id || end != first_end {
-                for j in &mine {
-                    ids.push(j.id.0 as i64);
-                    workers.push(r.worker_id.as_str());
-                    ends.push(ms(end));
-                }
+                });
             }
             out.push(mine);
         }
@@ -169,7 +216,19 @@ impl Writer {
         &mut self,
         req: &LeaseRequest,
     ) -> Result<Vec<LeasedJob>, StoreError> {
-        let mut out: Vec<LeasedJob> = Vec::new();
+        let taken = self.lease_handed(req, &[]).await?;
+        Ok(taken.into_iter().map(|(j, _)| j).collect())
+    }
+
+    /// [`Writer::lease_one`] for the requests `hands` (none: all of it for
+    /// `req`'s worker): each job with the worker it was written with, and
+    /// the lease end it was written with as its `lease_expires_at`.
+    async fn lease_handed(
+        &mut self,
+        req: &LeaseRequest,
+        hands: &[Hand<'_>],
+    ) -> Result<Vec<(LeasedJob, String)>, StoreError> {
+        let mut out: Vec<(LeasedJob, String)> = Vec::new();
         if req.max_jobs == 0 || req.types.as_ref().is_some_and(Vec::is_empty) {
             // Nothing could be taken: no rows to lock.
             return Ok(out);
@@ -252,25 +311,35 @@ impl Writer {
         let merged = self.stmt(LEASE_MERGED_SQL).await?;
         let expires = req.now.saturating_add(req.lease);
         let (exp, now, worker) = (ms(expires), ms(req.now), req.worker_id.as_str());
-        // Per take: lane, tenant, types, count.
-        let args: Vec<(&str, &str, Vec<&str>, i64)> = takes
+        let counts: Vec<u32> = takes.iter().map(|(_, _, n)| *n).collect();
+        // Per take: lane, tenant, types, count, and its jobs' workers and
+        // lease ends (none: `worker` and `exp`).
+        let args: Vec<(&str, &str, Vec<&str>, i64, Handed<'_>)> = takes
             .iter()
-            .map(|(pair, types, count)| {
+            .zip(handed(&counts, hands))
+            .map(|((pair, types, count), hand)| {
                 (
                     counted[*pair].0.as_str(),
                     counted[*pair].1.as_str(),
                     types.iter().map(String::as_str).collect(),
                     i64::from(*count),
+                    hand,
                 )
             })
             .collect();
-        let calls: Vec<(&Statement, [&(dyn ToSql + Sync); 7])> = args
+        let calls: Vec<(&Statement, [&(dyn ToSql + Sync); 9])> = args
             .iter()
             .map(
-                |(lane, tenant, types, n)| -> (&Statement, [&(dyn ToSql + Sync); 7]) {
+                |(lane, tenant, types, n, (workers, ends))| -> (&Statement, [&(dyn ToSql + Sync); 9]) {
                     match types.as_slice() {
-                        [one_type] => (&one, [lane, tenant, one_type, n, &exp, &now, &worker]),
-                        _ => (&merged, [lane, tenant, types, n, &exp, &now, &worker]),
+                        [one_type] => (
+                            &one,
+                            [lane, tenant, one_type, n, &exp, &now, &worker, workers, ends],
+                        ),
+                        _ => (
+                            &merged,
+                            [lane, tenant, types, n, &exp, &now, &worker, workers, ends],
+                        ),
                     }
                 },
             )
@@ -284,7 +353,7 @@ impl Writer {
         for ((pair, _, count), rows) in takes.iter().zip(results) {
             let rows = pg(rows)?;
             let (lane, tenant) = (&counted[*pair].0, &counted[*pair].1);
-            let got = self.take_leased(&rows, lane, tenant, expires, &mut out);
+            let got = self.take_leased(&rows, lane, tenant, &mut out);
             if got < *count {
                 // A job of the take was locked by another transaction (a
                 // cancel), or the counts are off: this lease is short.
@@ -379,5 +448,47 @@ impl Writer {
         } else {
             ItemError::LeaseLost
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Hand, handed};
+
+    fn hands<'a>(asked: &[(&'a str, u32)]) -> Vec<Hand<'a>> {
+        asked
+            .iter()
+            .enumerate()
+            .map(|(i, &(worker, max_jobs))| Hand {
+                worker,
+                end: 1000 + i as i64,
+                max_jobs,
+            })
+            .collect()
+    }
+
+    /// The turns `round_robin` makes: the first job of each take, then the
+    /// second of each, handed to the requests in order.
+    #[test]
+    fn each_takes_jobs_go_to_the_requests_the_turns_give_them() {
+        let got = handed(&[2, 1, 3], &hands(&[("a", 1), ("b", 2), ("c", 3)]));
+        // Turns: t0 t1 t2 | t0 t2 | t2 -> a b b | c c | c
+        assert_eq!(got[0], (vec!["a", "c"], vec![1000, 1002]));
+        assert_eq!(got[1], (vec!["b"], vec![1001]));
+        assert_eq!(got[2], (vec!["b", "c", "c"], vec![1001, 1002, 1002]));
+    }
+
+    /// Takes that ask more than the requests do (they never should) get
+    /// nothing past the requests: their jobs keep the statement's defaults.
+    #[test]
+    fn jobs_past_the_requests_keep_the_defaults() {
+        let got = handed(&[2, 2], &hands(&[("a", 1), ("b", 1)]));
+        assert_eq!(got[0], (vec!["a"], vec![1000]));
+        assert_eq!(got[1], (vec!["b"], vec![1001]));
+        assert!(
+            handed(&[3], &[])
+                .iter()
+                .all(|(w, e)| w.is_empty() && e.is_empty())
+        );
     }
 }

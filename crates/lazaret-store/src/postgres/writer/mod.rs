@@ -161,6 +161,9 @@ struct Group {
     /// tokens, time, rows to come), for `complete_items` to take
     /// ([`Writer::send_succeed_early`]).
     early_succeed: Option<SentSucceed>,
+    /// The group's first lease's first walk batch, sent with its first
+    /// statements ([`Writer::send_walk_early`]).
+    early_walk: Option<lease_plan::EarlyWalk>,
 }
 
 /// A [`outcomes::SUCCEED_SQL`] sent early: its (ids, tokens), its time and
@@ -730,6 +733,7 @@ impl Writer {
     ) -> Result<Vec<Held<'a>>, StoreError> {
         let mut answers: Vec<Option<Held<'a>>> = ops.iter().map(|_| None).collect();
         self.send_succeed_early(ops, db_now).await?;
+        self.send_walk_early(ops, db_now).await?;
         // Ops of one kind from concurrent requests run as one: every
         // enqueue of the group is one insert, every outcome at one time one
         // lock and one update, and compatible leases one lease. Concurrent

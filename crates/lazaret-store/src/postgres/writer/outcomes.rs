@@ -8,16 +8,32 @@ use super::*;
 /// the running attempt in columns, which need neither policy nor history
 /// (`decide`'s first rule, as SQLite's writer applies it): one statement,
 /// returning what the answer needs and the counts of each job's pair.
+///
+/// Each job is found by its id (`lease_expires_at + 0`: never by the lease
+/// ends' index `jobs_leases`, which a plan made without the batch's size,
+/// or without statistics, would scan whole), so its generic plan is the
+/// custom one: [`Writer::send_succeed_early`] runs it as such
+/// ([`GENERIC_PLAN_SQL`]), saving a planning as long as its execution.
 pub(super) const SUCCEED_SQL: &str =
     "UPDATE jobs j SET state = 'succeeded', finished_at = $3, lease_token = NULL,
        lease_expires_at = NULL
      FROM unnest($1::int8[], $2::int8[]) AS u(id, token)
      WHERE j.id = u.id AND j.state = 'leased' AND j.lease_token = u.token
-       AND j.lease_expires_at > $3 AND j.lease_started_at IS NOT NULL
+       AND j.lease_expires_at + 0 > $3 AND j.lease_started_at IS NOT NULL
      RETURNING j.id, j.type, j.tenant, j.lane, j.attempts, j.lease_started_at, j.envelope,
        (SELECT p.ready FROM pairs p WHERE p.lane = j.lane AND p.tenant = j.tenant),
        (SELECT p.inflight FROM pairs p WHERE p.lane = j.lane AND p.tenant = j.tenant),
        j.traceparent";
+
+/// Plans the statements after it generic (one plan, made once per
+/// connection), until [`DEFAULT_PLAN_SQL`]: for a statement whose plan does
+/// not depend on its parameters, whose custom plan PostgreSQL would
+/// otherwise make at every execution (an array of ids is 10 rows to a
+/// generic plan, fewer to most custom ones, which then look cheaper).
+const GENERIC_PLAN_SQL: &str = "SET LOCAL plan_cache_mode = force_generic_plan";
+
+/// Back to the session's own `plan_cache_mode` (`auto` by default).
+const DEFAULT_PLAN_SQL: &str = "SET LOCAL plan_cache_mode TO DEFAULT";
 
 /// A job locked for an outcome: its row, lease token, lease end, and
 /// whether a cancel was requested.
@@ -74,11 +90,27 @@ impl Writer {
         let tokens: Vec<i64> = fast.iter().map(|&i| items[i].token.0 as i64).collect();
         let st = self.stmt(SUCCEED_SQL).await?;
         let client = Arc::clone(&self.client);
+        let generic = send_early(Box::pin(async move {
+            client.batch_execute(GENERIC_PLAN_SQL).await
+        }))
+        .await;
+        let client = Arc::clone(&self.client);
         let (i, t) = (ids.clone(), tokens.clone());
         let rows = send_early(Box::pin(async move {
             client.query(&st, &[&i, &t, &ms(now)]).await
         }))
         .await;
+        let client = Arc::clone(&self.client);
+        let custom = send_early(Box::pin(async move {
+            client.batch_execute(DEFAULT_PLAN_SQL).await
+        }))
+        .await;
+        let rows: Early<Vec<Row>> = Box::pin(async move {
+            generic.await?;
+            let rows = rows.await?;
+            custom.await?;
+            Ok(rows)
+        });
         self.group.early_succeed = Some(((ids, tokens), now, rows));
         Ok(())
     }
@@ -515,5 +547,63 @@ impl Writer {
         )
         .await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::super::{PgOptions, connect, drop_schema, migrate};
+    use super::{GENERIC_PLAN_SQL, SUCCEED_SQL};
+
+    /// The acks' statement runs on a generic plan (`send_succeed_early`):
+    /// made once, perhaps before the table has statistics, and kept. It
+    /// must find each job by its id however many jobs are leased, never by
+    /// scanning the lease ends' index (`jobs_leases`), as the plan made
+    /// without `+ 0` did: a hash join over every live lease, 2.9 ms for 3
+    /// acks among 10,000 leases here.
+    #[tokio::test]
+    async fn the_acks_generic_plan_finds_each_job_by_its_id() {
+        let Some(url) = lazaret_testkit::service(
+            "LAZARET_TEST_PG_URL",
+            "postgres://…",
+            "the acks' generic plan",
+        ) else {
+            return;
+        };
+        let schema = format!("lz_plan_{}", std::process::id());
+        let opts = PgOptions::from_url(&format!("{url}?schema={schema}")).expect("a URL");
+        migrate(&opts).await.expect("migrated");
+        let c = connect(&opts, None).await.expect("connected");
+        // 10,000 live leases among 30,000 jobs, and no statistics yet.
+        c.batch_execute(
+            "INSERT INTO jobs (type, tenant, lane, state, run_at, attempts, created_at, payload,
+                               lease_token, lease_expires_at, lease_started_at)
+             SELECT 'bench', 't' || (g % 8), 'bench',
+                    CASE WHEN g % 3 = 0 THEN 'leased' ELSE 'queued' END,
+                    g, 0, g, '\\x00', g, 9999999999, 1
+             FROM generate_series(1, 30000) g",
+        )
+        .await
+        .expect("jobs");
+        // As the writer runs it: prepared, then executed on a generic plan.
+        let plan: String = c
+            .simple_query(&format!(
+                "PREPARE succeed (int8[], int8[], int8) AS {SUCCEED_SQL};
+                 BEGIN; {GENERIC_PLAN_SQL};
+                 EXPLAIN EXECUTE succeed ('{{3,6,9}}', '{{3,6,9}}', 5);
+                 ROLLBACK"
+            ))
+            .await
+            .expect("explained")
+            .iter()
+            .filter_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        drop_schema(&opts).await.expect("dropped");
+        assert!(plan.contains("Nested Loop"), "by id, job by job: {plan}");
+        assert!(!plan.contains("jobs_leases"), "not by lease end: {plan}");
     }
 }
