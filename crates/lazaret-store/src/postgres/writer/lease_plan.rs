@@ -55,7 +55,7 @@ pub(super) const WALK_TYPES_SQL: &str = r#"WITH w AS MATERIALIZED (
     WHERE p.lane = $1 AND (p.tenant IN (SELECT tenant FROM w) OR p.tenant = ANY($4::text[]))
     ORDER BY p.tenant FOR UPDATE OF p"#;
 
-/// A walk batch sent early ([`Writer::send_walk_early`]): what it asked,
+/// A walk batch sent ([`Writer::send_walk`]), early or not: what it asked,
 /// and its lock's and rows' answers to come.
 pub(super) struct EarlyWalk {
     lane: String,
@@ -318,37 +318,10 @@ impl Writer {
             .map(str::to_owned)
             .unwrap_or_default();
         let limit = i64::from(max_jobs.clamp(8, WALK_BATCH_MAX));
-        let lock_st = self.stmt(LOCK_COUNTS_SQL).await?;
-        let walk_st = match types {
-            None => self.stmt(WALK_PAIRS_SQL).await?,
-            Some(_) => self.stmt(WALK_TYPES_SQL).await?,
-        };
-        let (client, key) = (Arc::clone(&self.client), self.counts_lock);
-        let lock = send_early(Box::pin(
-            async move { client.execute(&lock_st, &[&key]).await },
-        ))
-        .await;
-        let client = Arc::clone(&self.client);
-        let (l, from, ts) = (lane.as_str().to_owned(), lo.clone(), types.clone());
-        let rows = send_early(Box::pin(async move {
-            match ts {
-                None => client.query(&walk_st, &[&l, &from, &limit, &also]).await,
-                Some(ts) => {
-                    client
-                        .query(&walk_st, &[&l, &from, &limit, &also, &ts])
-                        .await
-                }
-            }
-        }))
-        .await;
-        self.group.early_walk = Some(EarlyWalk {
-            lane: lane.as_str().to_owned(),
-            lo,
-            limit,
-            types,
-            lock,
-            rows,
-        });
+        let walk = self
+            .send_walk(lane.as_str(), &lo, limit, types, also)
+            .await?;
+        self.group.early_walk = Some(walk);
         Ok(())
     }
 
@@ -371,44 +344,71 @@ impl Writer {
                 && early.lo == lo
                 && early.limit == limit
                 && early.types.as_deref() == types;
-            early.lock.await?;
-            self.group.counts_locked = true;
-            let rows = early.rows.await?;
+            let rows = self.walk_rows(early).await?;
             if same {
                 return Ok(self.walked(lane, rows));
             }
         }
+        let types = types.map(<[String]>::to_vec);
+        let also = also.iter().map(|t| (*t).to_owned()).collect();
+        let walk = self.send_walk(lane, lo, limit, types, also).await?;
+        let rows = self.walk_rows(walk).await?;
+        Ok(self.walked(lane, rows))
+    }
+
+    /// Sends one walk batch ([`WALK_PAIRS_SQL`], or [`WALK_TYPES_SQL`] with
+    /// `types`), `COUNTS_LOCK` before it unless the group holds it, without
+    /// waiting for either.
+    async fn send_walk(
+        &mut self,
+        lane: &str,
+        lo: &str,
+        limit: i64,
+        types: Option<Vec<String>>,
+        also: Vec<String>,
+    ) -> Result<EarlyWalk, StoreError> {
         let lock_st = self.stmt(LOCK_COUNTS_SQL).await?;
         let walk_st = match types {
             None => self.stmt(WALK_PAIRS_SQL).await?,
             Some(_) => self.stmt(WALK_TYPES_SQL).await?,
         };
-        let counts_lock = self.counts_lock;
-        let locked = self.group.counts_locked;
-        let client = &self.client;
-        let walk = async {
-            match types {
-                None => client.query(&walk_st, &[&lane, &lo, &limit, &also]).await,
+        let lock: Early<u64> = if self.group.counts_locked {
+            Box::pin(std::future::ready(Ok(0)))
+        } else {
+            let (client, key) = (Arc::clone(&self.client), self.counts_lock);
+            send_early(Box::pin(
+                async move { client.execute(&lock_st, &[&key]).await },
+            ))
+            .await
+        };
+        let client = Arc::clone(&self.client);
+        let (l, from, ts) = (lane.to_owned(), lo.to_owned(), types.clone());
+        let rows = send_early(Box::pin(async move {
+            match ts {
+                None => client.query(&walk_st, &[&l, &from, &limit, &also]).await,
                 Some(ts) => {
                     client
-                        .query(&walk_st, &[&lane, &lo, &limit, &also, &ts])
+                        .query(&walk_st, &[&l, &from, &limit, &also, &ts])
                         .await
                 }
             }
-        };
-        let (lock, rows) = futures_util::join!(
-            async {
-                if locked {
-                    return Ok(0);
-                }
-                client.execute(&lock_st, &[&counts_lock]).await
-            },
-            walk
-        );
-        pg(lock)?;
+        }))
+        .await;
+        Ok(EarlyWalk {
+            lane: lane.to_owned(),
+            lo: lo.to_owned(),
+            limit,
+            types,
+            lock,
+            rows,
+        })
+    }
+
+    /// A sent walk batch's rows, once its lock is held.
+    async fn walk_rows(&mut self, walk: EarlyWalk) -> Result<Vec<Row>, StoreError> {
+        walk.lock.await?;
         self.group.counts_locked = true;
-        let rows = pg(rows)?;
-        Ok(self.walked(lane, rows))
+        walk.rows.await
     }
 
     /// A walk batch's rows: its tenants walked, in byte order, and its
