@@ -5,7 +5,8 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::harness::{EVENTUALLY, QUICK, Server, TOKENS, assert_error, id_text, job, lease_req};
-use crate::team_handler::{Handler, ORDER_2, service};
+use crate::sources::{amqp_queue, amqp_url, orders_from_rabbitmq};
+use crate::team_handler::{Handler, ORDER_2};
 
 #[tokio::test]
 async fn the_dashboard_is_served_without_a_token_and_needs_nothing_from_elsewhere() {
@@ -341,70 +342,19 @@ async fn an_admission_record_cannot_be_redriven_with_a_corrected_payload() {
     assert_eq!(operator.dead_letters("stage=admission").await.len(), 1);
 }
 
-/// The AMQP URL, or `None` after saying the test is skipped.
-fn amqp_url(test: &str) -> Option<String> {
-    service(
-        "LAZARET_TEST_AMQP_URL",
-        "amqp://guest:guest@127.0.0.1:5672/%2f",
-        test,
-    )
-}
-
-async fn amqp_channel(url: &str) -> (lapin::Connection, lapin::Channel) {
-    let props = lapin::ConnectionProperties::default()
-        .with_executor(tokio_executor_trait::Tokio::current())
-        .with_reactor(tokio_reactor_trait::Tokio::current());
-    let conn = lapin::Connection::connect(url, props)
-        .await
-        .unwrap_or_else(|e| panic!("connect to RabbitMQ at {url}: {e}"));
-    let ch = conn.create_channel().await.expect("a channel");
-    (conn, ch)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broker_dead_letter_is_republished_with_the_corrected_body() {
-    use lapin::options::{BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions};
-    use lapin::types::{AMQPValue, FieldTable};
+    use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 
     let test = "a_broker_dead_letter_is_republished_with_the_corrected_body";
     let Some(url) = amqp_url(test) else { return };
-    let (_conn, ch) = amqp_channel(&url).await;
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos();
-    let queue = format!("lz-dash-{nanos}");
-    let mut args = FieldTable::default();
-    args.insert(
-        "x-queue-type".into(),
-        AMQPValue::LongString("quorum".into()),
-    );
-    // RabbitMQ deletes it by itself once unused, if the test dies.
-    args.insert("x-expires".into(), AMQPValue::LongInt(15 * 60 * 1000));
-    ch.queue_declare(
-        &queue,
-        QueueDeclareOptions {
-            durable: true,
-            ..QueueDeclareOptions::default()
-        },
-        args,
-    )
-    .await
-    .expect("declare the queue");
+    let (_conn, ch, queue) = amqp_queue(&url, "dash").await;
 
     let handler = Handler::broken();
     let deliver = handler.start().await;
     let config = format!(
-        r#"{QUICK}
-{TOKENS}
-[[sources]]
-name = "orders"
-broker = "rabbitmq"
-url = "{url}"
-queue = "{queue}"
-deliver = "{deliver}"
-delivery_timeout_ms = 5000
-"#
+        "{}delivery_timeout_ms = 5000\n{TOKENS}",
+        orders_from_rabbitmq(&url, &queue, deliver)
     );
     let server = Server::start(&config).await;
     server.wait_output("source orders: guard rabbitmq ").await;

@@ -710,14 +710,7 @@ async fn a_clean_shutdown_with_rabbitmq_sources_logs_no_error() {
     let handler = Handler::broken();
     let deliver = handler.start().await;
     let config = format!(
-        r#"{QUICK}
-[[sources]]
-name = "orders"
-broker = "rabbitmq"
-url = "{url}"
-queue = "{queue}"
-deliver = "{deliver}"
-
+        r#"{}
 [[sources]]
 name = "orders-dlq"
 broker = "rabbitmq"
@@ -725,7 +718,8 @@ url = "{url}"
 queue = "{dlq}"
 mode = "watch"
 redrive_to = "{queue}"
-"#
+"#,
+        orders_from_rabbitmq(&url, &queue, &deliver)
     );
     let mut server = Server::start(&config).await;
     // Both sources connected (and consume).

@@ -56,13 +56,13 @@ pub(super) const WALK_TYPES_SQL: &str = r#"WITH w AS MATERIALIZED (
     ORDER BY p.tenant FOR UPDATE OF p"#;
 
 /// A walk batch sent ([`Writer::send_walk`]), early or not: what it asked,
-/// and its lock's and rows' answers to come.
+/// and its rows to come.
 pub(super) struct EarlyWalk {
     lane: String,
     lo: String,
     limit: i64,
     types: Option<Vec<String>>,
-    lock: Early<u64>,
+    /// The walk's rows, once `COUNTS_LOCK` is held (an error of either).
     rows: Early<Vec<Row>>,
 }
 
@@ -372,26 +372,30 @@ impl Writer {
             None => self.stmt(WALK_PAIRS_SQL).await?,
             Some(_) => self.stmt(WALK_TYPES_SQL).await?,
         };
-        let lock: Early<u64> = if self.group.counts_locked {
-            Box::pin(std::future::ready(Ok(0)))
-        } else {
-            let (client, key) = (Arc::clone(&self.client), self.counts_lock);
-            send_early(Box::pin(
-                async move { client.execute(&lock_st, &[&key]).await },
-            ))
-            .await
-        };
         let client = Arc::clone(&self.client);
+        let (key, locked) = (self.counts_lock, self.group.counts_locked);
         let (l, from, ts) = (lane.to_owned(), lo.to_owned(), types.clone());
+        // One task takes both answers; the first poll sends both, the lock first.
         let rows = send_early(Box::pin(async move {
-            match ts {
-                None => client.query(&walk_st, &[&l, &from, &limit, &also]).await,
-                Some(ts) => {
-                    client
-                        .query(&walk_st, &[&l, &from, &limit, &also, &ts])
-                        .await
+            let lock = async {
+                if locked {
+                    return Ok(0);
                 }
-            }
+                client.execute(&lock_st, &[&key]).await
+            };
+            let walk = async {
+                match &ts {
+                    None => client.query(&walk_st, &[&l, &from, &limit, &also]).await,
+                    Some(ts) => {
+                        client
+                            .query(&walk_st, &[&l, &from, &limit, &also, ts])
+                            .await
+                    }
+                }
+            };
+            let (lock, rows) = futures_util::join!(lock, walk);
+            lock?;
+            rows
         }))
         .await;
         Ok(EarlyWalk {
@@ -399,16 +403,15 @@ impl Writer {
             lo: lo.to_owned(),
             limit,
             types,
-            lock,
             rows,
         })
     }
 
-    /// A sent walk batch's rows, once its lock is held.
+    /// A sent walk batch's rows; the group holds `COUNTS_LOCK` then.
     async fn walk_rows(&mut self, walk: EarlyWalk) -> Result<Vec<Row>, StoreError> {
-        walk.lock.await?;
+        let rows = walk.rows.await?;
         self.group.counts_locked = true;
-        walk.rows.await
+        Ok(rows)
     }
 
     /// A walk batch's rows: its tenants walked, in byte order, and its

@@ -90,27 +90,20 @@ impl Writer {
         let tokens: Vec<i64> = fast.iter().map(|&i| items[i].token.0 as i64).collect();
         let st = self.stmt(SUCCEED_SQL).await?;
         let client = Arc::clone(&self.client);
-        let generic = send_early(Box::pin(async move {
-            client.batch_execute(GENERIC_PLAN_SQL).await
-        }))
-        .await;
-        let client = Arc::clone(&self.client);
-        let (i, t) = (ids.clone(), tokens.clone());
+        let (i, t, at) = (ids.clone(), tokens.clone(), ms(now));
+        // One task takes all three answers; the first poll sends all three.
         let rows = send_early(Box::pin(async move {
-            client.query(&st, &[&i, &t, &ms(now)]).await
+            let params: [&(dyn ToSql + Sync); 3] = [&i, &t, &at];
+            let (generic, rows, custom) = futures_util::join!(
+                client.batch_execute(GENERIC_PLAN_SQL),
+                client.query(&st, &params),
+                client.batch_execute(DEFAULT_PLAN_SQL)
+            );
+            generic?;
+            custom?;
+            rows
         }))
         .await;
-        let client = Arc::clone(&self.client);
-        let custom = send_early(Box::pin(async move {
-            client.batch_execute(DEFAULT_PLAN_SQL).await
-        }))
-        .await;
-        let rows: Early<Vec<Row>> = Box::pin(async move {
-            generic.await?;
-            let rows = rows.await?;
-            custom.await?;
-            Ok(rows)
-        });
         self.group.early_succeed = Some(((ids, tokens), now, rows));
         Ok(())
     }
