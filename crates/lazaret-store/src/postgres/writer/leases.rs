@@ -674,7 +674,13 @@ mod plan_tests {
         );
         // The first: t1 one job, t2 two, t3 one; hands for the first three
         // slots but t2's second.
-        script.push_str(&take("t1,t2,t3", "1,2,1", "a,b,NULL,d", "1,2,NULL,4", "0,1,3"));
+        script.push_str(&take(
+            "t1,t2,t3",
+            "1,2,1",
+            "a,b,NULL,d",
+            "1,2,NULL,4",
+            "0,1,3",
+        ));
         for (tenants, counts) in [
             ("t4", "1"),
             ("t5,t6", "1,1"),
@@ -733,7 +739,11 @@ mod plan_tests {
             .find(|r| r.len() == 2 && r[0].as_deref().is_some_and(|v| v.parse::<i64>().is_ok()))
             .expect("the statement's plan counts");
         assert_eq!(plans[1].as_deref(), Some("5"), "five custom plans: {all:?}");
-        assert_eq!(plans[0].as_deref(), Some("2"), "then the generic one, kept: {all:?}");
+        assert_eq!(
+            plans[0].as_deref(),
+            Some("2"),
+            "then the generic one, kept: {all:?}"
+        );
         let plan = all
             .iter()
             .filter(|r| r.len() == 1)
@@ -741,6 +751,9 @@ mod plan_tests {
             .collect::<Vec<_>>()
             .join("\n");
         assert!(plan.contains("jobs_pkey"), "the jobs found by id: {plan}");
-        assert!(!plan.contains("Seq Scan on jobs"), "no scan of the queue: {plan}");
+        assert!(
+            !plan.contains("Seq Scan on jobs"),
+            "no scan of the queue: {plan}"
+        );
     }
 }
