@@ -194,16 +194,21 @@ impl Writer {
                 })
                 .collect();
             // The counts of the jobs' pairs go out with the insert, in the
-            // same round trip (a pair read already in this group is not
-            // read again; one whose jobs all turn out duplicates costs a
-            // row read for nothing).
+            // same round trip (a pair read already in this group, or that
+            // its early walk reads, is not read again; one whose jobs all
+            // turn out duplicates costs a row read for nothing).
             let insert_st = self.stmt(INSERT_JOBS_SQL).await?;
             let counts_st = self.stmt(PAIRS_COUNTS_SQL).await?;
-            let missing: BTreeSet<(&str, &str)> = fresh
+            let mut missing: BTreeSet<(&str, &str)> = fresh
                 .iter()
                 .map(|&i| (jobs[i].lane.as_str(), jobs[i].tenant.as_str()))
                 .filter(|&(l, t)| !self.group.base.contains_key(&(l.to_owned(), t.to_owned())))
                 .collect();
+            // The early walk reads and locks these already.
+            let walked = self.walked_early(&missing.iter().copied().collect::<Vec<_>>());
+            for k in &walked {
+                missing.remove(k);
+            }
             let (count_lanes, count_tenants): (Vec<&str>, Vec<&str>) =
                 missing.iter().copied().unzip();
             let params: [&(dyn ToSql + Sync); 11] = [
@@ -230,6 +235,7 @@ impl Writer {
             });
             let rows = pg(rows)?;
             self.keep_counts(missing, &pg(counted)?);
+            self.keep_walked_counts(&walked).await?;
             if rows.len() != fresh.len() {
                 return Err(corrupt("an insert drew fewer ids than jobs"));
             }

@@ -62,6 +62,8 @@ pub(super) struct EarlyWalk {
     lo: String,
     limit: i64,
     types: Option<Vec<String>>,
+    /// The tenants of the group locked with the batch, walked or not.
+    also: Vec<String>,
     /// The walk's rows, once `COUNTS_LOCK` is held (an error of either).
     rows: Early<Vec<Row>>,
 }
@@ -374,7 +376,7 @@ impl Writer {
         };
         let client = Arc::clone(&self.client);
         let (key, locked) = (self.counts_lock, self.group.counts_locked);
-        let (l, from, ts) = (lane.to_owned(), lo.to_owned(), types.clone());
+        let (l, from, ts, with) = (lane.to_owned(), lo.to_owned(), types.clone(), also.clone());
         // One task takes both answers; the first poll sends both, the lock first.
         let rows = send_early(Box::pin(async move {
             let lock = async {
@@ -385,10 +387,10 @@ impl Writer {
             };
             let walk = async {
                 match &ts {
-                    None => client.query(&walk_st, &[&l, &from, &limit, &also]).await,
+                    None => client.query(&walk_st, &[&l, &from, &limit, &with]).await,
                     Some(ts) => {
                         client
-                            .query(&walk_st, &[&l, &from, &limit, &also, ts])
+                            .query(&walk_st, &[&l, &from, &limit, &with, ts])
                             .await
                     }
                 }
@@ -403,8 +405,55 @@ impl Writer {
             lo: lo.to_owned(),
             limit,
             types,
+            also,
             rows,
         })
+    }
+
+    /// The pairs among `keys` whose counts the group's early walk reads:
+    /// its lane's, of the tenants it locks (`EarlyWalk::also`, the group's
+    /// enqueues' in that lane), which then need no read of their own.
+    pub(super) fn walked_early<'k>(&self, keys: &[(&'k str, &'k str)]) -> Vec<(&'k str, &'k str)> {
+        let Some(walk) = &self.group.early_walk else {
+            return Vec::new();
+        };
+        keys.iter()
+            .copied()
+            .filter(|(l, t)| *l == walk.lane && walk.also.iter().any(|a| a == t))
+            .collect()
+    }
+
+    /// Keeps the counts of the pairs `keys` (from [`Writer::walked_early`])
+    /// that the early walk read as the group's base (a pair without a row
+    /// counts none), taking its rows now and keeping them for the lease
+    /// that asks its batch. The walk went out before the statements the
+    /// caller waits on, so its answer is in by then.
+    pub(super) async fn keep_walked_counts(
+        &mut self,
+        keys: &[(&str, &str)],
+    ) -> Result<(), StoreError> {
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let Some(mut walk) = self.group.early_walk.take() else {
+            return Ok(());
+        };
+        let rows =
+            std::mem::replace(&mut walk.rows, Box::pin(std::future::ready(Ok(Vec::new())))).await?;
+        self.group.counts_locked = true;
+        for &(lane, tenant) in keys {
+            let counts = rows
+                .iter()
+                .find(|r| r.get::<_, &str>(0) == tenant)
+                .map_or((0, 0), |r| (r.get(1), r.get(2)));
+            self.group
+                .base
+                .entry((lane.to_owned(), tenant.to_owned()))
+                .or_insert(counts);
+        }
+        walk.rows = Box::pin(std::future::ready(Ok(rows)));
+        self.group.early_walk = Some(walk);
+        Ok(())
     }
 
     /// A sent walk batch's rows; the group holds `COUNTS_LOCK` then.

@@ -125,12 +125,81 @@ pub(super) const LEASE_MERGED_SQL: &str = "WITH picked AS (
                  RETURNING j.id, j.type, j.idempotency_key, j.schema_version, j.created_at, j.payload,
                    j.attempts, j.lease_token, j.run_at, j.traceparent, j.worker_id, j.lease_expires_at";
 
+/// Several takes of [`LEASE_ONE_SQL`] (each of one type) in one statement:
+/// take `k` (1-based) leases up to `$4[k]` queued jobs of type `$3[k]` in
+/// (`$1[k]`, `$2[k]`), oldest first, as `LEASE_ONE_SQL` would, and its
+/// `i`-th job goes to worker `$8[$10[k] + i]` until `$9[$10[k] + i]` (each
+/// take's hands padded with nulls to its count: `$7` until `$5`). Each row
+/// says its take (the last column). One statement where each take was one
+/// costs one execution and one answer: a lease of one job from each of
+/// eight tenants was eight. The leased jobs are found by id through an
+/// array (`unnest` of sub-selects, ten rows to the planner whatever the
+/// takes), so the update probes the primary key job by job, never a scan;
+/// the takes' arrays too, so a custom plan costs what the generic one does
+/// and PostgreSQL keeps the generic one (no planning per execution).
+pub(super) const LEASE_TAKES_SQL: &str = "WITH picked AS (
+                   SELECT x.id, w.k, w.base + row_number() OVER (PARTITION BY w.k ORDER BY x.run_at, x.id) AS slot
+                   FROM unnest((SELECT $1::text[]), (SELECT $2::text[]), (SELECT $3::text[]),
+                               (SELECT $4::int8[]), (SELECT $10::int8[]))
+                     WITH ORDINALITY AS w(lane, tenant, type, n, base, k)
+                   CROSS JOIN LATERAL (
+                     SELECT id, run_at FROM jobs
+                     WHERE lane = w.lane AND tenant = w.tenant AND type = w.type AND state = 'queued'
+                     ORDER BY run_at, id LIMIT w.n FOR UPDATE SKIP LOCKED) x)
+                 UPDATE jobs j SET state = 'leased', attempts = j.attempts + 1, leases = j.leases + 1,
+                   lease_token = nextval('lease_tokens'),
+                   lease_expires_at = COALESCE(($9::int8[])[u.slot], $5), lease_started_at = $6,
+                   worker_id = COALESCE(($8::text[])[u.slot], $7)
+                 FROM unnest((SELECT array_agg(id ORDER BY slot) FROM picked),
+                             (SELECT array_agg(k ORDER BY slot) FROM picked),
+                             (SELECT array_agg(slot ORDER BY slot) FROM picked)) AS u(id, k, slot)
+                 WHERE j.id = u.id
+                 RETURNING j.id, j.type, j.idempotency_key, j.schema_version, j.created_at, j.payload,
+                   j.attempts, j.lease_token, j.run_at, j.traceparent, j.worker_id, j.lease_expires_at, u.k";
+
 /// Gives the jobs of a merged lease that went to another request than the
 /// first its worker and lease end.
 pub(super) const LEASE_ASSIGN_SQL: &str =
     "UPDATE jobs j SET worker_id = u.worker, lease_expires_at = u.expires
      FROM unnest($1::int8[], $2::text[], $3::int8[]) AS u(id, worker, expires)
      WHERE j.id = u.id";
+
+/// The takes [`LEASE_TAKES_SQL`] runs, as its columns.
+#[derive(Default)]
+struct TakeColumns<'a> {
+    lanes: Vec<&'a str>,
+    tenants: Vec<&'a str>,
+    types: Vec<&'a str>,
+    counts: Vec<i64>,
+    /// Where each take's hands start in `workers` and `ends`.
+    bases: Vec<i64>,
+    workers: Vec<Option<&'a str>>,
+    ends: Vec<Option<i64>>,
+}
+
+impl<'a> TakeColumns<'a> {
+    /// A take of `n` jobs and their hands (fewer than `n`: the rest null,
+    /// the statement's defaults).
+    fn push(
+        &mut self,
+        lane: &'a str,
+        tenant: &'a str,
+        job_type: &'a str,
+        n: i64,
+        workers: &[&'a str],
+        ends: &[i64],
+    ) {
+        self.lanes.push(lane);
+        self.tenants.push(tenant);
+        self.types.push(job_type);
+        self.counts.push(n);
+        self.bases.push(self.workers.len() as i64);
+        for j in 0..usize::try_from(n).unwrap_or(0) {
+            self.workers.push(workers.get(j).copied());
+            self.ends.push(ends.get(j).copied());
+        }
+    }
+}
 
 impl Writer {
     /// Leases of one group with the same filter ([`leases_merge`]) as one:
@@ -327,16 +396,34 @@ impl Writer {
                 )
             })
             .collect();
-        let calls: Vec<(&Statement, [&(dyn ToSql + Sync); 9])> = args
+        // Two or more takes of one type each go as one statement
+        // (`LEASE_TAKES_SQL`), the others one statement each.
+        let singles: Vec<usize> = (0..args.len()).filter(|&i| args[i].2.len() == 1).collect();
+        let together: &[usize] = if singles.len() >= 2 { &singles } else { &[] };
+        let mut in_together = vec![false; args.len()];
+        for &i in together {
+            in_together[i] = true;
+        }
+        let mut cols = TakeColumns::default();
+        for &i in together {
+            let (lane, tenant, types, n, (workers, ends)) = &args[i];
+            cols.push(lane, tenant, types[0], *n, workers, ends);
+        }
+        let takes_st = self.stmt(LEASE_TAKES_SQL).await?;
+        let calls: Vec<(usize, &Statement, [&(dyn ToSql + Sync); 9])> = args
             .iter()
+            .enumerate()
+            .filter(|(i, _)| !in_together[*i])
             .map(
-                |(lane, tenant, types, n, (workers, ends))| -> (&Statement, [&(dyn ToSql + Sync); 9]) {
+                |(i, (lane, tenant, types, n, (workers, ends)))| -> (usize, &Statement, [&(dyn ToSql + Sync); 9]) {
                     match types.as_slice() {
                         [one_type] => (
+                            i,
                             &one,
                             [lane, tenant, one_type, n, &exp, &now, &worker, workers, ends],
                         ),
                         _ => (
+                            i,
                             &merged,
                             [lane, tenant, types, n, &exp, &now, &worker, workers, ends],
                         ),
@@ -344,14 +431,46 @@ impl Writer {
                 },
             )
             .collect();
+        let together_params: [&(dyn ToSql + Sync); 10] = [
+            &cols.lanes,
+            &cols.tenants,
+            &cols.types,
+            &cols.counts,
+            &exp,
+            &now,
+            &worker,
+            &cols.workers,
+            &cols.ends,
+            &cols.bases,
+        ];
         let client = &self.client;
-        let results = futures_util::future::join_all(
-            calls.iter().map(|(st, p)| client.query(*st, p.as_slice())),
-        )
-        .await;
+        let (results, together_rows) = futures_util::join!(
+            futures_util::future::join_all(
+                calls
+                    .iter()
+                    .map(|(_, st, p)| client.query(*st, p.as_slice())),
+            ),
+            async {
+                if together.is_empty() {
+                    return Ok(Vec::new());
+                }
+                client.query(&takes_st, &together_params).await
+            }
+        );
+        // Each take's rows, in the takes' order.
+        let mut rows_of: Vec<Vec<Row>> = takes.iter().map(|_| Vec::new()).collect();
+        for ((i, _, _), rows) in calls.iter().zip(results) {
+            rows_of[*i] = pg(rows)?;
+        }
+        for r in pg(together_rows)? {
+            let k = usize::try_from(r.get::<_, i64>(12) - 1)
+                .ok()
+                .and_then(|k| together.get(k))
+                .ok_or_else(|| corrupt("a take's row named no take"))?;
+            rows_of[*k].push(r);
+        }
         drop(calls);
-        for ((pair, _, count), rows) in takes.iter().zip(results) {
-            let rows = pg(rows)?;
+        for ((pair, _, count), rows) in takes.iter().zip(rows_of) {
             let (lane, tenant) = (&counted[*pair].0, &counted[*pair].1);
             let got = self.take_leased(&rows, lane, tenant, &mut out);
             if got < *count {
@@ -489,6 +608,152 @@ mod tests {
             handed(&[3], &[])
                 .iter()
                 .all(|(w, e)| w.is_empty() && e.is_empty())
+        );
+    }
+}
+
+/// The takes' statement as the writer runs it.
+#[cfg(test)]
+mod plan_tests {
+    use super::super::super::{PgOptions, connect, drop_schema, migrate};
+    use super::LEASE_TAKES_SQL;
+
+    /// Rows of a simple query's answers, each as its columns' text.
+    fn rows(replies: &[tokio_postgres::SimpleQueryMessage]) -> Vec<Vec<Option<String>>> {
+        replies
+            .iter()
+            .filter_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => {
+                    Some((0..r.len()).map(|i| r.get(i).map(str::to_owned)).collect())
+                }
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Several takes in one statement: each take's oldest jobs of its
+    /// pair and type, each job handed as its slot says (a null slot: the
+    /// statement's defaults), each row naming its take. PostgreSQL keeps
+    /// its generic plan after five custom ones (its arrays are read
+    /// through sub-selects), and that plan finds the leased jobs by id,
+    /// however many jobs wait.
+    #[tokio::test]
+    async fn the_takes_lease_each_pairs_oldest_on_one_generic_plan() {
+        let Some(url) = lazaret_testkit::service(
+            "LAZARET_TEST_PG_URL",
+            "postgres://…",
+            "the takes' statement",
+        ) else {
+            return;
+        };
+        let schema = format!("lz_takes_{}", std::process::id());
+        let opts = PgOptions::from_url(&format!("{url}?schema={schema}")).expect("a URL");
+        migrate(&opts).await.expect("migrated");
+        let c = connect(&opts, None).await.expect("connected");
+        // 30,000 queued jobs over 8 tenants (job g in tenant g % 8, its
+        // run_at g), and no statistics yet.
+        c.batch_execute(
+            "INSERT INTO jobs (id, type, tenant, lane, state, run_at, attempts, created_at, payload)
+             SELECT g, 'bench', 't' || (g % 8), 'bench', 'queued', g, 0, g, '\\x00'
+             FROM generate_series(1, 30000) g",
+        )
+        .await
+        .expect("jobs");
+        let take = |tenants: &str, counts: &str, workers: &str, ends: &str, bases: &str| {
+            let n = tenants.split(',').count();
+            let lanes = vec!["bench"; n].join(",");
+            let types = vec!["bench"; n].join(",");
+            format!(
+                "EXECUTE takes ('{{{lanes}}}', '{{{tenants}}}', '{{{types}}}', '{{{counts}}}',
+                                 100, 5, 'w0', '{{{workers}}}', '{{{ends}}}', '{{{bases}}}');"
+            )
+        };
+        let mut script = format!(
+            "BEGIN; PREPARE takes (text[], text[], text[], int8[], int8, int8, text, text[],
+                                   int8[], int8[]) AS {LEASE_TAKES_SQL};"
+        );
+        // The first: t1 one job, t2 two, t3 one; hands for the first three
+        // slots but t2's second.
+        script.push_str(&take(
+            "t1,t2,t3",
+            "1,2,1",
+            "a,b,NULL,d",
+            "1,2,NULL,4",
+            "0,1,3",
+        ));
+        for (tenants, counts) in [
+            ("t4", "1"),
+            ("t5,t6", "1,1"),
+            ("t7,t0,t4,t5", "1,1,1,1"),
+            ("t6", "3"),
+            ("t1,t2", "1,1"),
+            ("t3,t4,t5", "2,1,1"),
+        ] {
+            let slots: i64 = counts.split(',').map(|n| n.parse::<i64>().unwrap()).sum();
+            let nulls = vec!["NULL"; slots as usize].join(",");
+            let mut base = 0;
+            let bases: Vec<String> = counts
+                .split(',')
+                .map(|n| {
+                    let b = base;
+                    base += n.parse::<i64>().unwrap();
+                    b.to_string()
+                })
+                .collect();
+            script.push_str(&take(tenants, counts, &nulls, &nulls, &bases.join(",")));
+        }
+        script.push_str(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements
+               WHERE name = 'takes';
+             EXPLAIN EXECUTE takes ('{bench}', '{t7}', '{bench}', '{1}', 100, 5, 'w0', '{NULL}',
+                                    '{NULL}', '{0}');
+             ROLLBACK",
+        );
+        let replies = c.simple_query(&script).await.expect("ran");
+        drop_schema(&opts).await.expect("dropped");
+        let all = rows(&replies);
+        // The first execution's rows: (id, worker, lease end, take).
+        let mut first: Vec<(String, String, String, String)> = all[..4]
+            .iter()
+            .map(|r| {
+                let col = |i: usize| r[i].clone().expect("a value");
+                (col(0), col(10), col(11), col(12))
+            })
+            .collect();
+        first.sort();
+        let want = |id: &str, w: &str, end: &str, k: &str| {
+            (id.to_owned(), w.to_owned(), end.to_owned(), k.to_owned())
+        };
+        assert_eq!(
+            first,
+            vec![
+                want("1", "a", "1", "1"),
+                want("10", "w0", "100", "2"),
+                want("2", "b", "2", "2"),
+                want("3", "d", "4", "3"),
+            ],
+            "each pair's oldest, handed by slot"
+        );
+        let plans = all
+            .iter()
+            .find(|r| r.len() == 2 && r[0].as_deref().is_some_and(|v| v.parse::<i64>().is_ok()))
+            .expect("the statement's plan counts");
+        assert_eq!(plans[1].as_deref(), Some("5"), "five custom plans: {all:?}");
+        assert_eq!(
+            plans[0].as_deref(),
+            Some("2"),
+            "then the generic one, kept: {all:?}"
+        );
+        let plan = all
+            .iter()
+            .filter(|r| r.len() == 1)
+            .filter_map(|r| r[0].as_deref())
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(plan.contains("jobs_pkey"), "the jobs found by id: {plan}");
+        assert!(
+            !plan.contains("Seq Scan on jobs"),
+            "no scan of the queue: {plan}"
         );
     }
 }

@@ -63,14 +63,29 @@ mod tokens;
 use flush::Answer;
 pub(super) use flush::Flusher;
 use leases::{LEASE_ASSIGN_SQL, leases_merge};
-use stats::{PAIRS_COUNTS_SQL, PAIRS_UPSERT_SQL, TYPES_UPSERT_SQL};
+use stats::{COUNTS_SQL, PAIRS_COUNTS_SQL};
 
 /// A group's start: its `COMMIT` does not wait for the WAL flush (the
 /// flusher does, for the answers that need it).
 const BEGIN_SQL: &str = "BEGIN; SET LOCAL synchronous_commit = off";
 
-/// The database's clock, in ms.
-const CLOCK_SQL: &str = "SELECT (extract(epoch FROM clock_timestamp()) * 1000)::int8";
+/// [`BEGIN_SQL`] and a read of the database's clock (in ms) behind it, in
+/// one simple query: one answer for both (the server sends its answers
+/// at the end of each query, one write each).
+const BEGIN_CLOCK_SQL: &str = "BEGIN; SET LOCAL synchronous_commit = off;
+     SELECT (extract(epoch FROM clock_timestamp()) * 1000)::int8";
+
+/// The clock [`BEGIN_CLOCK_SQL`] read.
+fn clock_of(answer: &[tokio_postgres::SimpleQueryMessage]) -> Result<i64, StoreError> {
+    answer
+        .iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0),
+            _ => None,
+        })
+        .and_then(|t| t.parse().ok())
+        .ok_or_else(|| corrupt("the database's clock read gave no number"))
+}
 
 /// Ops in one group at most.
 const GROUP_MAX: usize = 256;
@@ -257,10 +272,11 @@ async fn send_early<T: Send + 'static>(mut fut: Unsent<T>) -> Early<T> {
 }
 
 /// What a group sent before its body: `BEGIN`'s answer and, when the
-/// group's time was estimated, the clock read behind it.
+/// group's time was estimated, when the clock read in that answer
+/// ([`BEGIN_CLOCK_SQL`]) was sent.
 struct Begun {
-    begin: Early<()>,
-    clock: Option<(Early<Row>, std::time::Instant)>,
+    begin: Early<Vec<tokio_postgres::SimpleQueryMessage>>,
+    clock_sent: Option<std::time::Instant>,
 }
 
 /// The advisory lock (per schema, see [`schema_lock`]) a group takes before
@@ -569,53 +585,47 @@ impl Writer {
     /// durable wait for the flusher, see [`flush`]) and the group's time.
     /// On the database's clock, the time is estimated from a fresh reading
     /// ([`CLOCK_FRESH`]) and `BEGIN` is sent without waiting for it, with
-    /// a new reading behind it ([`Writer::begun`] takes both before the
-    /// commit); otherwise `BEGIN` and the clock's read go out together and
-    /// are waited for.
+    /// a new reading in the same query ([`BEGIN_CLOCK_SQL`]; [`Writer::begun`]
+    /// takes both before the commit); otherwise that query is waited for.
     async fn begin(&mut self) -> Result<(Option<Timestamp>, Begun), StoreError> {
-        let send_begin = |client: &Arc<Client>| -> Unsent<()> {
+        let send_begin = |client: &Arc<Client>, sql: &'static str| -> Unsent<_> {
             let client = Arc::clone(client);
-            Box::pin(async move { client.batch_execute(BEGIN_SQL).await })
+            Box::pin(async move { client.simple_query(sql).await })
         };
         let db_now = match self.clock {
             Clock::Caller => {
-                let begin = send_early(send_begin(&self.client)).await;
-                return Ok((None, Begun { begin, clock: None }));
+                let begin = send_early(send_begin(&self.client, BEGIN_SQL)).await;
+                let begun = Begun {
+                    begin,
+                    clock_sent: None,
+                };
+                return Ok((None, begun));
             }
             Clock::Database => match self.clock_read {
                 Some((at, read)) if read.elapsed() < CLOCK_FRESH => {
                     at + i64::try_from(read.elapsed().as_millis()).unwrap_or(i64::MAX)
                 }
                 _ => {
-                    let st = self.stmt(CLOCK_SQL).await?;
                     let sent = std::time::Instant::now();
-                    let (begun, row) = futures_util::join!(
-                        self.client.batch_execute(BEGIN_SQL),
-                        self.client.query_one(&st, &[])
-                    );
-                    pg(begun)?;
-                    let at: i64 = pg(row)?.get(0);
+                    let at = clock_of(&pg(self.client.simple_query(BEGIN_CLOCK_SQL).await)?)?;
                     self.clock_read = Some((at, sent));
                     self.last_now = self.last_now.max(at);
-                    let begin: Early<()> = Box::pin(std::future::ready(Ok(())));
-                    return Ok((
-                        Some(Timestamp::from_millis(self.last_now)),
-                        Begun { begin, clock: None },
-                    ));
+                    let begun = Begun {
+                        begin: Box::pin(std::future::ready(Ok(Vec::new()))),
+                        clock_sent: None,
+                    };
+                    return Ok((Some(Timestamp::from_millis(self.last_now)), begun));
                 }
             },
         };
-        let st = self.stmt(CLOCK_SQL).await?;
-        let begin = send_early(send_begin(&self.client)).await;
         let sent = std::time::Instant::now();
-        let client = Arc::clone(&self.client);
-        let clock = send_early(Box::pin(async move { client.query_one(&st, &[]).await })).await;
+        let begin = send_early(send_begin(&self.client, BEGIN_CLOCK_SQL)).await;
         self.last_now = self.last_now.max(db_now);
         Ok((
             Some(Timestamp::from_millis(self.last_now)),
             Begun {
                 begin,
-                clock: Some((clock, sent)),
+                clock_sent: Some(sent),
             },
         ))
     }
@@ -626,15 +636,15 @@ impl Writer {
     /// is up, `BEGIN` does not fail (inside a transaction it only warns),
     /// and on one that is down they fail with it.
     async fn begun(&mut self, begun: Begun) -> Result<(), StoreError> {
-        begun.begin.await?;
-        if let Some((clock, sent)) = begun.clock {
-            let at: i64 = clock.await?.get(0);
-            self.clock_read = Some((at, sent));
+        let answer = begun.begin.await?;
+        if let Some(sent) = begun.clock_sent {
+            self.clock_read = Some((clock_of(&answer)?, sent));
         }
         Ok(())
     }
 
-    /// The group's count changes, its notification and `COMMIT`, pipelined.
+    /// The group's count changes and its notification (one statement,
+    /// [`COUNTS_SQL`]) and `COMMIT`, pipelined.
     async fn commit(&mut self) -> Result<(), StoreError> {
         let counts = self.count_changes();
         let notify = if self.group.wake || !self.group.woken.is_empty() {
@@ -648,16 +658,15 @@ impl Writer {
         } else {
             None
         };
-        let pairs_st = self.stmt(PAIRS_UPSERT_SQL).await?;
-        let types_st = self.stmt(TYPES_UPSERT_SQL).await?;
-        let notify_st = self.stmt("SELECT pg_notify($1, $2)").await?;
+        let counts_st = self.stmt(COUNTS_SQL).await?;
         let assign_st = self.stmt(LEASE_ASSIGN_SQL).await?;
         let lock_st = self.stmt(LOCK_COUNTS_SQL).await?;
         let assign = std::mem::take(&mut self.group.assign);
         let client = &self.client;
         let (counts_lock, counts_locked) = (self.counts_lock, self.group.counts_locked);
+        let changed = counts.pairs.is_some() || counts.types.is_some();
         let locked = async {
-            if counts_locked || (counts.pairs.is_none() && counts.types.is_none()) {
+            if counts_locked || !changed {
                 return Ok(());
             }
             client.execute(&lock_st, &[&counts_lock]).await.map(drop)
@@ -671,57 +680,43 @@ impl Writer {
                 .await
                 .map(drop)
         };
-        let pairs = async {
-            match &counts.pairs {
-                Some(c) => client
-                    .execute(
-                        &pairs_st,
-                        &[
-                            &c.lanes,
-                            &c.tenants,
-                            &c.ready,
-                            &c.inflight,
-                            &c.scheduled,
-                            &c.succeeded,
-                            &c.cancelled,
-                        ],
-                    )
-                    .await
-                    .map(drop),
-                None => Ok(()),
+        let counted = async {
+            if !changed && notify.is_none() {
+                return Ok(());
             }
-        };
-        let types = async {
-            match &counts.types {
-                Some((lanes, tenants, types, ready)) => client
-                    .execute(&types_st, &[lanes, tenants, types, ready])
-                    .await
-                    .map(drop),
-                None => Ok(()),
-            }
-        };
-        let notified = async {
-            match &notify {
-                Some((channel, payload)) => client
-                    .execute(&notify_st, &[channel, payload])
-                    .await
-                    .map(drop),
-                None => Ok(()),
-            }
+            let c = counts.pairs.unwrap_or_default();
+            let (lanes, tenants, types, ready) = counts.types.unwrap_or_default();
+            let (channel, payload) = match notify {
+                Some((channel, payload)) => (Some(channel), payload),
+                None => (None, String::new()),
+            };
+            client
+                .execute(
+                    &counts_st,
+                    &[
+                        &c.lanes,
+                        &c.tenants,
+                        &c.ready,
+                        &c.inflight,
+                        &c.scheduled,
+                        &c.succeeded,
+                        &c.cancelled,
+                        &lanes,
+                        &tenants,
+                        &types,
+                        &ready,
+                        &channel,
+                        &payload,
+                    ],
+                )
+                .await
+                .map(drop)
         };
         self.sent = self.flusher.sent();
-        let (l, a, p, t, n, c) = futures_util::join!(
-            locked,
-            assigned,
-            pairs,
-            types,
-            notified,
-            client.batch_execute("COMMIT")
-        );
+        let (l, a, n, c) =
+            futures_util::join!(locked, assigned, counted, client.batch_execute("COMMIT"));
         pg(l)?;
         pg(a)?;
-        pg(p)?;
-        pg(t)?;
         pg(n)?;
         pg(c)
     }

@@ -12,28 +12,23 @@ use super::*;
 /// Each job is found by its id (`lease_expires_at + 0`: never by the lease
 /// ends' index `jobs_leases`, which a plan made without the batch's size,
 /// or without statistics, would scan whole), so its generic plan is the
-/// custom one: [`Writer::send_succeed_early`] runs it as such
-/// ([`GENERIC_PLAN_SQL`]), saving a planning as long as its execution.
+/// custom one. The arrays are read through sub-selects, so a custom plan
+/// does not know their length either: both plans cost the same, and after
+/// its five custom plans PostgreSQL's `plan_cache_mode = auto` keeps the
+/// generic one (which costs no planning), where with the arrays as they
+/// come (3 ids to a custom plan, 10 to a generic one) the custom plan
+/// always looked cheaper and was made again at every execution, a
+/// planning as long as the execution.
 pub(super) const SUCCEED_SQL: &str =
     "UPDATE jobs j SET state = 'succeeded', finished_at = $3, lease_token = NULL,
        lease_expires_at = NULL
-     FROM unnest($1::int8[], $2::int8[]) AS u(id, token)
+     FROM unnest((SELECT $1::int8[]), (SELECT $2::int8[])) AS u(id, token)
      WHERE j.id = u.id AND j.state = 'leased' AND j.lease_token = u.token
        AND j.lease_expires_at + 0 > $3 AND j.lease_started_at IS NOT NULL
      RETURNING j.id, j.type, j.tenant, j.lane, j.attempts, j.lease_started_at, j.envelope,
        (SELECT p.ready FROM pairs p WHERE p.lane = j.lane AND p.tenant = j.tenant),
        (SELECT p.inflight FROM pairs p WHERE p.lane = j.lane AND p.tenant = j.tenant),
        j.traceparent";
-
-/// Plans the statements after it generic (one plan, made once per
-/// connection), until [`DEFAULT_PLAN_SQL`]: for a statement whose plan does
-/// not depend on its parameters, whose custom plan PostgreSQL would
-/// otherwise make at every execution (an array of ids is 10 rows to a
-/// generic plan, fewer to most custom ones, which then look cheaper).
-const GENERIC_PLAN_SQL: &str = "SET LOCAL plan_cache_mode = force_generic_plan";
-
-/// Back to the session's own `plan_cache_mode` (`auto` by default).
-const DEFAULT_PLAN_SQL: &str = "SET LOCAL plan_cache_mode TO DEFAULT";
 
 /// A job locked for an outcome: its row, lease token, lease end, and
 /// whether a cancel was requested.
@@ -91,17 +86,9 @@ impl Writer {
         let st = self.stmt(SUCCEED_SQL).await?;
         let client = Arc::clone(&self.client);
         let (i, t, at) = (ids.clone(), tokens.clone(), ms(now));
-        // One task takes all three answers; the first poll sends all three.
         let rows = send_early(Box::pin(async move {
             let params: [&(dyn ToSql + Sync); 3] = [&i, &t, &at];
-            let (generic, rows, custom) = futures_util::join!(
-                client.batch_execute(GENERIC_PLAN_SQL),
-                client.query(&st, &params),
-                client.batch_execute(DEFAULT_PLAN_SQL)
-            );
-            generic?;
-            custom?;
-            rows
+            client.query(&st, &params).await
         }))
         .await;
         self.group.early_succeed = Some(((ids, tokens), now, rows));
@@ -546,10 +533,11 @@ impl Writer {
 #[cfg(test)]
 mod tests {
     use super::super::super::{PgOptions, connect, drop_schema, migrate};
-    use super::{GENERIC_PLAN_SQL, SUCCEED_SQL};
+    use super::SUCCEED_SQL;
 
-    /// The acks' statement runs on a generic plan (`send_succeed_early`):
-    /// made once, perhaps before the table has statistics, and kept. It
+    /// The acks' statement runs on a generic plan, which PostgreSQL's
+    /// `plan_cache_mode = auto` chooses after five custom plans: made
+    /// once, perhaps before the table has statistics, and kept. It
     /// must find each job by its id however many jobs are leased, never by
     /// scanning the lease ends' index (`jobs_leases`), as the plan made
     /// without `+ 0` did: a hash join over every live lease, 2.9 ms for 3
@@ -578,21 +566,52 @@ mod tests {
         )
         .await
         .expect("jobs");
-        // As the writer runs it: prepared, then executed on a generic plan.
-        let plan: String = c
+        // As the writer runs it: prepared once, executed with arrays of
+        // several lengths under the session's default `plan_cache_mode`.
+        let mut script = format!("PREPARE succeed (int8[], int8[], int8) AS {SUCCEED_SQL};");
+        for ids in [
+            "{3,6,9}",
+            "{12}",
+            "{15,18}",
+            "{21,24,27,30}",
+            "{33}",
+            "{36}",
+            "{39,42}",
+        ] {
+            script.push_str(&format!("EXECUTE succeed ('{ids}', '{ids}', 5);"));
+        }
+        let replies = c
             .simple_query(&format!(
-                "PREPARE succeed (int8[], int8[], int8) AS {SUCCEED_SQL};
-                 BEGIN; {GENERIC_PLAN_SQL};
-                 EXPLAIN EXECUTE succeed ('{{3,6,9}}', '{{3,6,9}}', 5);
+                "BEGIN; {script}
+                 SELECT generic_plans, custom_plans FROM pg_prepared_statements
+                   WHERE name = 'succeed';
+                 EXPLAIN EXECUTE succeed ('{{48}}', '{{48}}', 5);
                  ROLLBACK"
             ))
             .await
-            .expect("explained")
+            .expect("explained");
+        let rows: Vec<Vec<String>> = replies
             .iter()
             .filter_map(|m| match m {
-                tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_owned),
+                tokio_postgres::SimpleQueryMessage::Row(r) => Some(
+                    (0..r.len())
+                        .filter_map(|i| r.get(i).map(str::to_owned))
+                        .collect(),
+                ),
                 _ => None,
             })
+            .collect();
+        // Seven executions: five custom plans, then the generic one kept.
+        let plans = rows
+            .iter()
+            .find(|r| r.len() == 2 && r[0].parse::<i64>().is_ok())
+            .expect("the statement's plan counts");
+        assert_eq!(plans[1], "5", "only the first five planned: {rows:?}");
+        assert_eq!(plans[0], "2", "then the generic plan, kept: {rows:?}");
+        let plan = rows
+            .iter()
+            .filter(|r| r.len() == 1)
+            .map(|r| r[0].as_str())
             .collect::<Vec<_>>()
             .join("\n");
         drop_schema(&opts).await.expect("dropped");

@@ -25,18 +25,27 @@ pub(super) struct CountChanges {
     pub(super) types: Option<TypeColumns>,
 }
 
-/// Adds a group's count changes per (lane, tenant) to `pairs`.
-pub(super) const PAIRS_UPSERT_SQL: &str = "INSERT INTO pairs AS p (lane, tenant, ready, inflight, scheduled, succeeded, cancelled)
-     SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int8[], $6::int8[], $7::int8[])
-     ON CONFLICT (lane, tenant) DO UPDATE SET
-       ready = p.ready + excluded.ready, inflight = p.inflight + excluded.inflight,
-       scheduled = p.scheduled + excluded.scheduled, succeeded = p.succeeded + excluded.succeeded,
-       cancelled = p.cancelled + excluded.cancelled";
-
-/// Adds a group's ready count changes per (lane, tenant, type) to `ready_types`.
-pub(super) const TYPES_UPSERT_SQL: &str = "INSERT INTO ready_types AS r (lane, tenant, type, ready)
-     SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::int8[])
-     ON CONFLICT (lane, tenant, type) DO UPDATE SET ready = r.ready + excluded.ready";
+/// A group's count changes and its notification, in one statement (one
+/// answer, where three statements cost three): the changes per (lane,
+/// tenant) `$1`..`$7` added to `pairs`, the ready changes per (lane,
+/// tenant, type) `$8`..`$11` added to `ready_types` (either may be empty),
+/// and `pg_notify($12, $13)` unless `$12` is null. The two upserts run as
+/// one statement's parts, in no set order: the group holds
+/// [`COUNTS_LOCK`] by then, so no other group locks these rows meanwhile,
+/// in any order.
+pub(super) const COUNTS_SQL: &str = "WITH pair_changes AS (
+       INSERT INTO pairs AS p (lane, tenant, ready, inflight, scheduled, succeeded, cancelled)
+       SELECT * FROM unnest($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int8[],
+                            $6::int8[], $7::int8[])
+       ON CONFLICT (lane, tenant) DO UPDATE SET
+         ready = p.ready + excluded.ready, inflight = p.inflight + excluded.inflight,
+         scheduled = p.scheduled + excluded.scheduled, succeeded = p.succeeded + excluded.succeeded,
+         cancelled = p.cancelled + excluded.cancelled),
+     type_changes AS (
+       INSERT INTO ready_types AS r (lane, tenant, type, ready)
+       SELECT * FROM unnest($8::text[], $9::text[], $10::text[], $11::int8[])
+       ON CONFLICT (lane, tenant, type) DO UPDATE SET ready = r.ready + excluded.ready)
+     SELECT pg_notify($12, $13) WHERE $12::text IS NOT NULL";
 
 /// The (ready, inflight) counts of the pairs `($1[i], $2[i])` that have a row.
 pub(super) const PAIRS_COUNTS_SQL: &str =
@@ -65,9 +74,7 @@ impl Writer {
 
     /// The group's count changes, in key order (two nodes' groups lock
     /// the rows in the same order: no deadlock between them); written by
-    /// [`PAIRS_UPSERT_SQL`] and then [`TYPES_UPSERT_SQL`] (the types'
-    /// counts under the pairs' row locks: a type's count changes only with
-    /// its pair's).
+    /// [`COUNTS_SQL`] under [`COUNTS_LOCK`].
     pub(super) fn count_changes(&mut self) -> CountChanges {
         let deltas = std::mem::take(&mut self.group.deltas);
         let typed = std::mem::take(&mut self.group.typed);
