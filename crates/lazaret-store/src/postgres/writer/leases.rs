@@ -398,7 +398,17 @@ impl Writer {
             .collect();
         // Two or more takes of one type each go as one statement
         // (`LEASE_TAKES_SQL`), the others one statement each.
-        let singles: Vec<usize> = (0..args.len()).filter(|&i| args[i].2.len() == 1).collect();
+        // (A take of a (lane, tenant, type) another take reads too is a
+        // statement of its own, which sees the other's jobs leased: within
+        // one statement it would find them, locked by its own
+        // transaction, again.)
+        let mut read: HashSet<(&str, &str, &str)> = HashSet::new();
+        let singles: Vec<usize> = (0..args.len())
+            .filter(|&i| match args[i].2.as_slice() {
+                [one_type] => read.insert((args[i].0, args[i].1, one_type)),
+                _ => false,
+            })
+            .collect();
         let together: &[usize] = if singles.len() >= 2 { &singles } else { &[] };
         let mut in_together = vec![false; args.len()];
         for &i in together {
@@ -615,21 +625,8 @@ mod tests {
 /// The takes' statement as the writer runs it.
 #[cfg(test)]
 mod plan_tests {
-    use super::super::super::{PgOptions, connect, drop_schema, migrate};
+    use super::super::plans::{answered, plan_counts, plan_text, scratch};
     use super::LEASE_TAKES_SQL;
-
-    /// Rows of a simple query's answers, each as its columns' text.
-    fn rows(replies: &[tokio_postgres::SimpleQueryMessage]) -> Vec<Vec<Option<String>>> {
-        replies
-            .iter()
-            .filter_map(|m| match m {
-                tokio_postgres::SimpleQueryMessage::Row(r) => {
-                    Some((0..r.len()).map(|i| r.get(i).map(str::to_owned)).collect())
-                }
-                _ => None,
-            })
-            .collect()
-    }
 
     /// Several takes in one statement: each take's oldest jobs of its
     /// pair and type, each job handed as its slot says (a null slot: the
@@ -639,26 +636,18 @@ mod plan_tests {
     /// however many jobs wait.
     #[tokio::test]
     async fn the_takes_lease_each_pairs_oldest_on_one_generic_plan() {
-        let Some(url) = lazaret_testkit::service(
-            "LAZARET_TEST_PG_URL",
-            "postgres://…",
-            "the takes' statement",
-        ) else {
-            return;
-        };
-        let schema = format!("lz_takes_{}", std::process::id());
-        let opts = PgOptions::from_url(&format!("{url}?schema={schema}")).expect("a URL");
-        migrate(&opts).await.expect("migrated");
-        let c = connect(&opts, None).await.expect("connected");
         // 30,000 queued jobs over 8 tenants (job g in tenant g % 8, its
         // run_at g), and no statistics yet.
-        c.batch_execute(
+        let Some((opts, c)) = scratch(
+            "the takes' statement",
             "INSERT INTO jobs (id, type, tenant, lane, state, run_at, attempts, created_at, payload)
              SELECT g, 'bench', 't' || (g % 8), 'bench', 'queued', g, 0, g, '\\x00'
              FROM generate_series(1, 30000) g",
         )
         .await
-        .expect("jobs");
+        else {
+            return;
+        };
         let take = |tenants: &str, counts: &str, workers: &str, ends: &str, bases: &str| {
             let n = tenants.split(',').count();
             let lanes = vec!["bench"; n].join(",");
@@ -709,9 +698,7 @@ mod plan_tests {
                                     '{NULL}', '{0}');
              ROLLBACK",
         );
-        let replies = c.simple_query(&script).await.expect("ran");
-        drop_schema(&opts).await.expect("dropped");
-        let all = rows(&replies);
+        let all = answered(&opts, &c, &script).await;
         // The first execution's rows: (id, worker, lease end, take).
         let mut first: Vec<(String, String, String, String)> = all[..4]
             .iter()
@@ -734,22 +721,9 @@ mod plan_tests {
             ],
             "each pair's oldest, handed by slot"
         );
-        let plans = all
-            .iter()
-            .find(|r| r.len() == 2 && r[0].as_deref().is_some_and(|v| v.parse::<i64>().is_ok()))
-            .expect("the statement's plan counts");
-        assert_eq!(plans[1].as_deref(), Some("5"), "five custom plans: {all:?}");
-        assert_eq!(
-            plans[0].as_deref(),
-            Some("2"),
-            "then the generic one, kept: {all:?}"
-        );
-        let plan = all
-            .iter()
-            .filter(|r| r.len() == 1)
-            .filter_map(|r| r[0].as_deref())
-            .collect::<Vec<_>>()
-            .join("\n");
+        // Seven executions: five custom plans, then the generic one kept.
+        assert_eq!(plan_counts(&all), (2, 5), "generic, custom: {all:?}");
+        let plan = plan_text(&all);
         assert!(plan.contains("jobs_pkey"), "the jobs found by id: {plan}");
         assert!(
             !plan.contains("Seq Scan on jobs"),

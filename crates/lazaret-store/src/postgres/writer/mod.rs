@@ -55,6 +55,8 @@ mod jobs;
 mod lease_plan;
 mod leases;
 mod outcomes;
+#[cfg(test)]
+mod plans;
 mod requests;
 mod sources;
 mod stats;

@@ -532,7 +532,7 @@ impl Writer {
 
 #[cfg(test)]
 mod tests {
-    use super::super::super::{PgOptions, connect, drop_schema, migrate};
+    use super::super::plans::{answered, plan_counts, plan_text, scratch};
     use super::SUCCEED_SQL;
 
     /// The acks' statement runs on a generic plan, which PostgreSQL's
@@ -544,19 +544,9 @@ mod tests {
     /// acks among 10,000 leases here.
     #[tokio::test]
     async fn the_acks_generic_plan_finds_each_job_by_its_id() {
-        let Some(url) = lazaret_testkit::service(
-            "LAZARET_TEST_PG_URL",
-            "postgres://…",
-            "the acks' generic plan",
-        ) else {
-            return;
-        };
-        let schema = format!("lz_plan_{}", std::process::id());
-        let opts = PgOptions::from_url(&format!("{url}?schema={schema}")).expect("a URL");
-        migrate(&opts).await.expect("migrated");
-        let c = connect(&opts, None).await.expect("connected");
         // 10,000 live leases among 30,000 jobs, and no statistics yet.
-        c.batch_execute(
+        let Some((opts, c)) = scratch(
+            "the acks' generic plan",
             "INSERT INTO jobs (type, tenant, lane, state, run_at, attempts, created_at, payload,
                                lease_token, lease_expires_at, lease_started_at)
              SELECT 'bench', 't' || (g % 8), 'bench',
@@ -565,10 +555,12 @@ mod tests {
              FROM generate_series(1, 30000) g",
         )
         .await
-        .expect("jobs");
+        else {
+            return;
+        };
         // As the writer runs it: prepared once, executed with arrays of
         // several lengths under the session's default `plan_cache_mode`.
-        let mut script = format!("PREPARE succeed (int8[], int8[], int8) AS {SUCCEED_SQL};");
+        let mut script = format!("BEGIN; PREPARE succeed (int8[], int8[], int8) AS {SUCCEED_SQL};");
         for ids in [
             "{3,6,9}",
             "{12}",
@@ -580,41 +572,16 @@ mod tests {
         ] {
             script.push_str(&format!("EXECUTE succeed ('{ids}', '{ids}', 5);"));
         }
-        let replies = c
-            .simple_query(&format!(
-                "BEGIN; {script}
-                 SELECT generic_plans, custom_plans FROM pg_prepared_statements
-                   WHERE name = 'succeed';
-                 EXPLAIN EXECUTE succeed ('{{48}}', '{{48}}', 5);
-                 ROLLBACK"
-            ))
-            .await
-            .expect("explained");
-        let rows: Vec<Vec<String>> = replies
-            .iter()
-            .filter_map(|m| match m {
-                tokio_postgres::SimpleQueryMessage::Row(r) => Some(
-                    (0..r.len())
-                        .filter_map(|i| r.get(i).map(str::to_owned))
-                        .collect(),
-                ),
-                _ => None,
-            })
-            .collect();
+        script.push_str(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements
+               WHERE name = 'succeed';
+             EXPLAIN EXECUTE succeed ('{48}', '{48}', 5);
+             ROLLBACK",
+        );
+        let rows = answered(&opts, &c, &script).await;
         // Seven executions: five custom plans, then the generic one kept.
-        let plans = rows
-            .iter()
-            .find(|r| r.len() == 2 && r[0].parse::<i64>().is_ok())
-            .expect("the statement's plan counts");
-        assert_eq!(plans[1], "5", "only the first five planned: {rows:?}");
-        assert_eq!(plans[0], "2", "then the generic plan, kept: {rows:?}");
-        let plan = rows
-            .iter()
-            .filter(|r| r.len() == 1)
-            .map(|r| r[0].as_str())
-            .collect::<Vec<_>>()
-            .join("\n");
-        drop_schema(&opts).await.expect("dropped");
+        assert_eq!(plan_counts(&rows), (2, 5), "generic, custom: {rows:?}");
+        let plan = plan_text(&rows);
         assert!(plan.contains("Nested Loop"), "by id, job by job: {plan}");
         assert!(!plan.contains("jobs_leases"), "not by lease end: {plan}");
     }
