@@ -111,8 +111,9 @@ pub struct Take<'a> {
 /// `count` jobs; a type outside `filter.types` or in `filter.excluded` is
 /// never read; a probe type is taken at most its number of times in all;
 /// the takes add up to `max_jobs` or to everything the lease may take,
-/// whichever is smaller (probes by their number); and fairness is the
-/// scheduler's, on the counts the filter lets through.
+/// whichever is smaller (probes by their number); no two takes of a pair
+/// read the same type (the store may run them all in one statement); and
+/// fairness is the scheduler's, on the counts the filter lets through.
 pub fn plan_lease<'a>(
     scheduler: &mut FairScheduler,
     pairs: &[PairCounts<'a>],
@@ -475,6 +476,7 @@ mod tests {
             let plan = plan_lease(&mut scheduler(), &pairs, &filter, max_jobs);
             let admits = |t: &JobType| only.as_ref().is_none_or(|o| o.contains(t)) && !excluded.contains(t);
             let mut used: Vec<BTreeMap<JobType, u32>> = vec![BTreeMap::new(); pairs.len()];
+            let mut read: BTreeSet<(usize, JobType)> = BTreeSet::new();
             let mut total = 0;
             for take in &plan {
                 prop_assert!(take.count > 0);
@@ -488,6 +490,7 @@ mod tests {
                 prop_assert!(take.count <= there, "{take:?} of {ready:?}");
                 for t in &allowed {
                     prop_assert!(admits(t), "{t} read against the filter: {take:?}");
+                    prop_assert!(read.insert((take.pair, (*t).clone())), "{t} read by two takes: {plan:?}");
                 }
                 // Charge the take to its types, oldest-first being the store's business.
                 let mut n = take.count;

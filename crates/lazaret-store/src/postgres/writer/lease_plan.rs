@@ -64,8 +64,15 @@ pub(super) struct EarlyWalk {
     types: Option<Vec<String>>,
     /// The tenants of the group locked with the batch, walked or not.
     also: Vec<String>,
-    /// The walk's rows, once `COUNTS_LOCK` is held (an error of either).
-    rows: Early<Vec<Row>>,
+    rows: WalkRows,
+}
+
+/// A sent walk batch's answer: to come, or read into the group's base.
+enum WalkRows {
+    /// Its rows, once `COUNTS_LOCK` is held (an error of either).
+    Sent(Early<Vec<Row>>),
+    /// The tenants it walked, its pairs' counts kept ([`Writer::walked`]).
+    Read(Vec<String>),
 }
 
 /// Tenants the walk reads per statement at most.
@@ -346,16 +353,15 @@ impl Writer {
                 && early.lo == lo
                 && early.limit == limit
                 && early.types.as_deref() == types;
-            let rows = self.walk_rows(early).await?;
+            let walked = self.walk_read(&early.lane, early.rows).await?;
             if same {
-                return Ok(self.walked(lane, rows));
+                return Ok(walked);
             }
         }
         let types = types.map(<[String]>::to_vec);
         let also = also.iter().map(|t| (*t).to_owned()).collect();
         let walk = self.send_walk(lane, lo, limit, types, also).await?;
-        let rows = self.walk_rows(walk).await?;
-        Ok(self.walked(lane, rows))
+        self.walk_read(lane, walk.rows).await
     }
 
     /// Sends one walk batch ([`WALK_PAIRS_SQL`], or [`WALK_TYPES_SQL`] with
@@ -406,7 +412,7 @@ impl Writer {
             limit,
             types,
             also,
-            rows,
+            rows: WalkRows::Sent(rows),
         })
     }
 
@@ -424,43 +430,41 @@ impl Writer {
     }
 
     /// Keeps the counts of the pairs `keys` (from [`Writer::walked_early`])
-    /// that the early walk read as the group's base (a pair without a row
-    /// counts none), taking its rows now and keeping them for the lease
-    /// that asks its batch. The walk went out before the statements the
-    /// caller waits on, so its answer is in by then.
+    /// as the group's base: the early walk's rows are read now (into the
+    /// base, as the lease that asks its batch would read them), and a pair
+    /// without a row counts none. The walk went out before the statements
+    /// the caller waits on, so its answer is in by then.
     pub(super) async fn keep_walked_counts(
         &mut self,
         keys: &[(&str, &str)],
     ) -> Result<(), StoreError> {
-        if keys.is_empty() {
-            return Ok(());
-        }
-        let Some(mut walk) = self.group.early_walk.take() else {
+        let Some(mut walk) = self.group.early_walk.take().filter(|_| !keys.is_empty()) else {
             return Ok(());
         };
-        let rows =
-            std::mem::replace(&mut walk.rows, Box::pin(std::future::ready(Ok(Vec::new())))).await?;
-        self.group.counts_locked = true;
+        let rows = std::mem::replace(&mut walk.rows, WalkRows::Read(Vec::new()));
+        walk.rows = WalkRows::Read(self.walk_read(&walk.lane, rows).await?);
+        self.group.early_walk = Some(walk);
         for &(lane, tenant) in keys {
-            let counts = rows
-                .iter()
-                .find(|r| r.get::<_, &str>(0) == tenant)
-                .map_or((0, 0), |r| (r.get(1), r.get(2)));
             self.group
                 .base
                 .entry((lane.to_owned(), tenant.to_owned()))
-                .or_insert(counts);
+                .or_insert((0, 0));
         }
-        walk.rows = Box::pin(std::future::ready(Ok(rows)));
-        self.group.early_walk = Some(walk);
         Ok(())
     }
 
-    /// A sent walk batch's rows; the group holds `COUNTS_LOCK` then.
-    async fn walk_rows(&mut self, walk: EarlyWalk) -> Result<Vec<Row>, StoreError> {
-        let rows = walk.rows.await?;
-        self.group.counts_locked = true;
-        Ok(rows)
+    /// The tenants a sent walk batch walked, its rows read into the
+    /// group's base once ([`Writer::walked`]); the group holds
+    /// `COUNTS_LOCK` then.
+    async fn walk_read(&mut self, lane: &str, rows: WalkRows) -> Result<Vec<String>, StoreError> {
+        match rows {
+            WalkRows::Read(walked) => Ok(walked),
+            WalkRows::Sent(rows) => {
+                let rows = rows.await?;
+                self.group.counts_locked = true;
+                Ok(self.walked(lane, rows))
+            }
+        }
     }
 
     /// A walk batch's rows: its tenants walked, in byte order, and its

@@ -397,18 +397,11 @@ impl Writer {
             })
             .collect();
         // Two or more takes of one type each go as one statement
-        // (`LEASE_TAKES_SQL`), the others one statement each.
-        // (A take of a (lane, tenant, type) another take reads too is a
-        // statement of its own, which sees the other's jobs leased: within
-        // one statement it would find them, locked by its own
-        // transaction, again.)
-        let mut read: HashSet<(&str, &str, &str)> = HashSet::new();
-        let singles: Vec<usize> = (0..args.len())
-            .filter(|&i| match args[i].2.as_slice() {
-                [one_type] => read.insert((args[i].0, args[i].1, one_type)),
-                _ => false,
-            })
-            .collect();
+        // (`LEASE_TAKES_SQL`), the others one statement each. No two takes
+        // read the same (lane, tenant, type) (`plan_lease`'s guarantee):
+        // within one statement the second would find the first's jobs,
+        // locked by its own transaction, again.
+        let singles: Vec<usize> = (0..args.len()).filter(|&i| args[i].2.len() == 1).collect();
         let together: &[usize] = if singles.len() >= 2 { &singles } else { &[] };
         let mut in_together = vec![false; args.len()];
         for &i in together {
