@@ -190,6 +190,7 @@ macro_rules! conformance_suite {
                 held_retries_are_counted_by_source,
                 a_held_retry_is_claimed_by_one_caller_until_its_claim_expires,
                 a_redrive_report_follows_broker_messages_to_success_and_failure_again,
+                a_copy_seen_back_before_its_dead_letter_leaves_keeps_its_outcome,
             ],
             audit: [
                 audit_entries_are_listed_newest_first,

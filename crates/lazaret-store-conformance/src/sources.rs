@@ -779,3 +779,88 @@ pub async fn a_redrive_report_follows_broker_messages_to_success_and_failure_aga
     assert_eq!(r.failed_again_groups, vec![(new_group, 1)]);
     assert_eq!(r.from_groups, vec![(from, 3)]);
 }
+
+/// A redriven copy can be handled before its redrive removes the dead
+/// letter (the broker has it as soon as it is published): the copy is
+/// noted before it goes, so an outcome written meanwhile is kept when the
+/// dead letter leaves, and a republish that failed takes its note back.
+pub async fn a_copy_seen_back_before_its_dead_letter_leaves_keeps_its_outcome<B: Backend>(b: &B) {
+    let place = b.place().await;
+    let s = b.open(&place).await;
+    let mut ids = Vec::new();
+    for m in ["m-1", "m-2", "m-3"] {
+        ids.push(
+            s.quarantine_message(quarantined("orders-src", m, Stage::Processing, 0))
+                .await
+                .unwrap()
+                .id,
+        );
+    }
+    let entry = s
+        .audit(lazaret_store::AuditEntry {
+            at: at(1_000),
+            actor: "op".into(),
+            action: "redrive".into(),
+            request: json!({}),
+            count: 0,
+        })
+        .await
+        .unwrap();
+    s.record_redrive("r-e".into(), entry).await.unwrap();
+    for id in &ids {
+        s.note_redrive_copy(*id, "r-e".into(), at(2_000))
+            .await
+            .unwrap();
+    }
+    let copy = |id: &str| SourceRef {
+        redrive_id: Some("r-e".into()),
+        ..source("orders-src", id)
+    };
+    // m-1's copy succeeds and m-2's fails again, both before the redrive
+    // has removed their dead letters.
+    s.redriven_message_succeeded(
+        MessageKey::of("orders-src", "m-1", BODY, Some("r-e".into())),
+        at(2_100),
+    )
+    .await
+    .unwrap();
+    let again = s
+        .quarantine_message(SourceDeadLetter {
+            source: copy("m-2"),
+            error: Some(
+                Failure::new("schema", "field total missing").with_class(FailureClass::Permanent),
+            ),
+            ..quarantined("orders-src", "m-2", Stage::Processing, 2_200)
+        })
+        .await
+        .unwrap();
+    assert!(again.created);
+    // m-3's republish failed: its note goes, its dead letter stays.
+    s.forget_redrive_copy(ids[2], "r-e".into()).await.unwrap();
+    for id in &ids[..2] {
+        assert!(
+            s.redrove_message(*id, "r-e".into(), at(2_300), Some(entry))
+                .await
+                .unwrap(),
+            "the dead letter leaves"
+        );
+        assert!(s.dead_letter(*id).await.unwrap().is_none());
+    }
+    assert!(s.dead_letter(ids[2]).await.unwrap().is_some(), "m-3 stays");
+    let r = s.redrive_report("r-e".into()).await.unwrap().unwrap();
+    assert_eq!(
+        (
+            r.audit.count,
+            r.messages,
+            r.running,
+            r.succeeded,
+            r.failed_again
+        ),
+        (2, 2, 0, 1, 1),
+        "the outcomes written before the dead letters left are kept"
+    );
+    // A note forgotten after its copy was seen back keeps its outcome.
+    s.forget_redrive_copy(ids[0], "r-e".into()).await.unwrap();
+    let r = s.redrive_report("r-e".into()).await.unwrap().unwrap();
+    assert_eq!((r.messages, r.succeeded), (2, 1));
+}

@@ -258,14 +258,37 @@ pub trait Store: Send + Sync + 'static {
         audit: AuditId,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
+    /// Notes, before the redrive `redrive` republishes the broker dead
+    /// letter `id`, the copy it is about to send, so that a guard source
+    /// that handles the copy before the dead letter leaves
+    /// ([`Store::redrove_message`]) finds the note and says how it ended.
+    /// A note already there is kept as it is (with its outcome); a dead
+    /// letter that is not there or is no broker message notes nothing.
+    fn note_redrive_copy(
+        &self,
+        id: DeadLetterId,
+        redrive: String,
+        now: Timestamp,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// The republish of a copy noted by [`Store::note_redrive_copy`]
+    /// failed: the note goes, unless the copy was seen back meanwhile (it
+    /// did go out, then; its outcome stays).
+    fn forget_redrive_copy(
+        &self,
+        id: DeadLetterId,
+        redrive: String,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
     /// Notes a broker dead letter's copy that the redrive `redrive` has
-    /// republished (the broker confirmed it) and removes the dead letter, in
-    /// one transaction: the copy is then counted in that redrive's report
-    /// (sent, until [`Store::redriven_message_succeeded`] or its dead letter
-    /// again, [`Store::quarantine_messages`] with that redrive id, says how
-    /// it ended), and with `audit` that entry's count grows by one. `false`
-    /// (nothing changed) when the dead letter is not there or is no broker
-    /// message.
+    /// republished (the broker confirmed it), unless
+    /// [`Store::note_redrive_copy`] noted it already, and removes the dead
+    /// letter, in one transaction: the copy is then counted in that
+    /// redrive's report (sent, until [`Store::redriven_message_succeeded`]
+    /// or its dead letter again, [`Store::quarantine_messages`] with that
+    /// redrive id, says how it ended), and with `audit` that entry's count
+    /// grows by one. `false` (nothing changed) when the dead letter is not
+    /// there or is no broker message.
     fn redrove_message(
         &self,
         id: DeadLetterId,

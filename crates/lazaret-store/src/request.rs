@@ -168,6 +168,12 @@ macro_rules! with_requests {
             ) -> u64;
             forward Audit: audit(entry: crate::AuditEntry) -> crate::AuditId;
             forward RecordRedrive: record_redrive(id: String, audit: crate::AuditId) -> ();
+            forward NoteRedriveCopy: note_redrive_copy(
+                id: crate::DeadLetterId,
+                redrive: String,
+                now: lazaret_core::Timestamp
+            ) -> ();
+            forward ForgetRedriveCopy: forget_redrive_copy(id: crate::DeadLetterId, redrive: String) -> ();
             forward RedroveMessage: redrove_message(
                 id: crate::DeadLetterId,
                 redrive: String,

@@ -893,7 +893,23 @@ async fn redrive_message_with<S: Store>(
         Ok(_) => return failed("its body is not stored, so it cannot be republished".into()),
         Err(e) => return failed(e.to_string()),
     };
+    // The copy is noted before it goes: a guard source may handle it, and
+    // write how it ended, before the dead letter below leaves.
+    if let Err(e) = app
+        .store
+        .note_redrive_copy(id, redrive_id.to_owned(), now())
+        .await
+    {
+        return failed(e.to_string());
+    }
     if let Err(e) = sources.redrive_as(&dl, payload, redrive_id).await {
+        if let Err(forget) = app
+            .store
+            .forget_redrive_copy(id, redrive_id.to_owned())
+            .await
+        {
+            tracing::warn!(dead_letter = %id, redrive = redrive_id, "a republish failed and its note in the redrive's report could not be removed (the report counts it as running): {forget}");
+        }
         let refused = matches!(
             e,
             RedriveError::OwnQueue { .. }
@@ -906,8 +922,7 @@ async fn redrive_message_with<S: Store>(
             ..failed(error)
         };
     }
-    // The copy is noted under the redrive id (its report follows it) as
-    // the dead letter leaves, in one transaction.
+    // The broker has the copy: the dead letter leaves (its note kept).
     match app
         .store
         .redrove_message(id, redrive_id.to_owned(), now(), Some(entry))

@@ -286,31 +286,63 @@ impl Writer {
         Ok(())
     }
 
-    /// Notes the republished copy of a broker dead letter under the
-    /// redrive id, with the dead letter's group, and removes it.
-    pub(super) async fn redrove_message(
+    /// Notes the copy of a broker dead letter a redrive is about to
+    /// republish, under the redrive id and with the dead letter's group; a
+    /// note already there is kept (a copy seen back keeps its outcome).
+    pub(super) async fn note_redrive_copy(
         &mut self,
         &dl: &DeadLetterId,
         redrive: &str,
         &now: &Timestamp,
+    ) -> Result<(), StoreError> {
+        let now = self.now_of(now);
+        self.execute(
+            "INSERT INTO redrive_messages
+               (redrive_id, message_id, dead_letter_id, source, from_group, sent_at)
+             SELECT $1, message_id, id, source_name, group_id, $3 FROM dead_letters
+             WHERE id = $2 AND source_name IS NOT NULL AND message_id IS NOT NULL
+             ON CONFLICT (redrive_id, message_id, dead_letter_id) DO NOTHING",
+            &[&redrive, &(dl.0 as i64), &ms(now)],
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// The republish failed: its note goes, unless the copy was seen back.
+    pub(super) async fn forget_redrive_copy(
+        &mut self,
+        &dl: &DeadLetterId,
+        redrive: &str,
+    ) -> Result<(), StoreError> {
+        self.execute(
+            "DELETE FROM redrive_messages
+             WHERE redrive_id = $1 AND dead_letter_id = $2 AND outcome IS NULL",
+            &[&redrive, &(dl.0 as i64)],
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Notes the republished copy of a broker dead letter under the
+    /// redrive id (unless noted before it was sent), and removes it.
+    pub(super) async fn redrove_message(
+        &mut self,
+        dl: &DeadLetterId,
+        redrive: &str,
+        now: &Timestamp,
         &audit: &Option<AuditId>,
     ) -> Result<bool, StoreError> {
-        let now = self.now_of(now);
-        let noted = self
+        self.note_redrive_copy(dl, redrive, now).await?;
+        let removed = self
             .execute(
-                "INSERT INTO redrive_messages
-                   (redrive_id, message_id, dead_letter_id, source, from_group, sent_at)
-                 SELECT $1, message_id, id, source_name, group_id, $3 FROM dead_letters
-                 WHERE id = $2 AND source_name IS NOT NULL AND message_id IS NOT NULL
-                 ON CONFLICT (redrive_id, message_id, dead_letter_id) DO NOTHING",
-                &[&redrive, &(dl.0 as i64), &ms(now)],
+                "DELETE FROM dead_letters
+                 WHERE id = $1 AND source_name IS NOT NULL AND message_id IS NOT NULL",
+                &[&(dl.0 as i64)],
             )
             .await?;
-        if noted == 0 {
+        if removed == 0 {
             return Ok(false);
         }
-        self.execute("DELETE FROM dead_letters WHERE id = $1", &[&(dl.0 as i64)])
-            .await?;
         self.audit_add(audit, 1).await?;
         Ok(true)
     }

@@ -271,8 +271,45 @@ impl Writer {
         Ok(())
     }
 
+    /// Notes the copy of a broker dead letter a redrive is about to
+    /// republish, under the redrive id and with the dead letter's group; a
+    /// note already there is kept (a copy seen back keeps its outcome).
+    pub(super) fn note_redrive_copy(
+        &mut self,
+        dl: DeadLetterId,
+        redrive: String,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
+        db(self
+            .conn
+            .prepare_cached(
+                "INSERT OR IGNORE INTO redrive_messages
+                   (redrive_id, message_id, dead_letter_id, source, from_group, sent_at)
+                 SELECT ?1, message_id, id, source_name, group_id, ?3 FROM dead_letters
+                 WHERE id = ?2 AND source_name IS NOT NULL AND message_id IS NOT NULL",
+            )?
+            .execute(params![redrive, dl.0 as i64, ms(now)]))?;
+        Ok(())
+    }
+
+    /// The republish failed: its note goes, unless the copy was seen back.
+    pub(super) fn forget_redrive_copy(
+        &mut self,
+        dl: DeadLetterId,
+        redrive: String,
+    ) -> Result<(), StoreError> {
+        db(self
+            .conn
+            .prepare_cached(
+                "DELETE FROM redrive_messages
+                 WHERE redrive_id = ?1 AND dead_letter_id = ?2 AND outcome IS NULL",
+            )?
+            .execute(params![redrive, dl.0 as i64]))?;
+        Ok(())
+    }
+
     /// Notes the republished copy of a broker dead letter under the
-    /// redrive id, with the dead letter's group, and removes it.
+    /// redrive id (unless noted before it was sent), and removes it.
     pub(super) fn redrove_message(
         &mut self,
         dl: DeadLetterId,
@@ -280,22 +317,17 @@ impl Writer {
         now: Timestamp,
         audit: Option<crate::AuditId>,
     ) -> Result<bool, StoreError> {
-        let noted = db(self
+        self.note_redrive_copy(dl, redrive, now)?;
+        let removed = db(self
             .conn
             .prepare_cached(
-                "INSERT OR REPLACE INTO redrive_messages
-                   (redrive_id, message_id, dead_letter_id, source, from_group, sent_at)
-                 SELECT ?1, message_id, id, source_name, group_id, ?3 FROM dead_letters
-                 WHERE id = ?2 AND source_name IS NOT NULL AND message_id IS NOT NULL",
+                "DELETE FROM dead_letters
+                 WHERE id = ?1 AND source_name IS NOT NULL AND message_id IS NOT NULL",
             )?
-            .execute(params![redrive, dl.0 as i64, ms(now)]))?;
-        if noted == 0 {
+            .execute(params![dl.0 as i64]))?;
+        if removed == 0 {
             return Ok(false);
         }
-        db(self
-            .conn
-            .prepare_cached("DELETE FROM dead_letters WHERE id = ?1")?
-            .execute(params![dl.0 as i64]))?;
         self.audit_add(audit, 1)?;
         Ok(true)
     }
