@@ -34,6 +34,12 @@ export interface NewJob {
   idempotency_key?: string;
   schema_version?: number;
   delay_ms?: number;
+  /**
+   * A W3C trace context (`00-<trace id>-<parent id>-<flags>`) the job joins:
+   * its worker sees it on the leased job and can continue the trace. One
+   * that is not valid is refused (`ApiError` `BAD_REQUEST`).
+   */
+  traceparent?: string;
 }
 
 /** The reply to an enqueue. */
@@ -66,6 +72,8 @@ export interface LeasedJob {
   lease_token: string;
   lease_expires_at: string;
   created_at: string;
+  /** The W3C trace context it was enqueued with (`null`: none; absent from servers before it). */
+  traceparent?: string | null;
 }
 
 /**

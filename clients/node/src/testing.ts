@@ -61,6 +61,7 @@ export class FakeClient {
   private admit(job: NewJob): Enqueued {
     if (!job.tenant) throw new ApiError({ code: "NO_TENANT", message: 'tenant is missing or empty; set "tenant" on every job' }, 400);
     if (!job.type) throw new ApiError({ code: "BAD_REQUEST", message: "type is missing or empty" }, 400);
+    if (job.traceparent !== undefined) job = { ...job, traceparent: checkTraceparent(job.traceparent) };
     const key = job.idempotency_key === undefined ? null : JSON.stringify([job.tenant, job.type, job.idempotency_key]);
     if (key !== null && this.keys.has(key)) return { id: this.keys.get(key)!, state: "queued", admission: "DUPLICATE" };
     const id = String(this.nextId++);
@@ -106,6 +107,27 @@ export class FakeClient {
   }
 }
 
+/** A `traceparent` the server takes (W3C trace context, version 00). */
+const TRACEPARENT = /^00-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}$/;
+
+/** `value` as the server keeps it, or the `ApiError` it answers. */
+function checkTraceparent(value: string): string {
+  const trimmed = value.replace(/^[ \t]+|[ \t]+$/g, "");
+  const m = TRACEPARENT.exec(trimmed);
+  if (m === null || /^0+$/.test(m[1]) || /^0+$/.test(m[2])) {
+    throw new ApiError(
+      {
+        code: "BAD_REQUEST",
+        message:
+          "traceparent must be `00-<32 lower-case hex trace id>-<16 lower-case hex parent id>-<2 hex flags>` (W3C trace context, version 00), " +
+          "neither id all zeros; leave `traceparent` out to enqueue the job without a trace",
+      },
+      400,
+    );
+  }
+  return trimmed;
+}
+
 function leasedOf(id: string, job: NewJob, attempt: number): LeasedJob {
   const now = new Date().toISOString();
   return {
@@ -117,6 +139,7 @@ function leasedOf(id: string, job: NewJob, attempt: number): LeasedJob {
     attempt,
     idempotency_key: job.idempotency_key ?? null,
     schema_version: job.schema_version ?? null,
+    traceparent: job.traceparent ?? null,
     lease_token: `test-${id}-${attempt}`,
     lease_expires_at: now,
     created_at: now,

@@ -33,6 +33,8 @@ export interface Job<T = unknown> {
   readonly attempt: number;
   readonly idempotency_key: string | null;
   readonly schema_version: number | null;
+  /** The W3C trace context the job was enqueued with (`null`: none). */
+  readonly traceparent?: string | null;
   readonly created_at: string;
   readonly lease_token: string;
   lease_expires_at: string;

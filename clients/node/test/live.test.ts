@@ -50,6 +50,38 @@ test("enqueue one and batch with idempotency keys", live, async () => {
   await assert.rejects(c.enqueue({ type: "node-idem", tenant: "", payload: {} }), (e: unknown) => e instanceof ApiError && e.code === "NO_TENANT" && e.status === 400);
 });
 
+test("a traceparent goes from the enqueue to the leased job and the handler", live, async () => {
+  const t = "node-trace";
+  const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+  const traced = await c.enqueue({ type: t, tenant: "acme", payload: { n: 1 }, traceparent: tp });
+  const [batched] = await c.enqueueBatch([{ type: t, tenant: "acme", payload: { n: 2 }, traceparent: tp }]);
+  await c.enqueue({ type: t, tenant: "acme", payload: { n: 3 } });
+  await assert.rejects(
+    c.enqueue({ type: t, tenant: "acme", payload: {}, traceparent: "00-0000" }),
+    (e: unknown) => e instanceof ApiError && e.code === "BAD_REQUEST" && e.status === 400 && e.message.includes("traceparent"),
+  );
+  assert.equal((await c.job(traced.id)).traceparent, tp);
+  const jobs = await c.lease({ worker_id: "node-w", types: [t], max_jobs: 3, wait_ms: 5000 });
+  const byId = new Map(jobs.map((j) => [j.id, j.traceparent]));
+  assert.equal(byId.size, 3);
+  assert.equal(byId.get(traced.id), tp);
+  assert.equal(byId.get((batched as Enqueued).id), tp);
+  byId.delete(traced.id);
+  byId.delete((batched as Enqueued).id);
+  assert.deepEqual([...byId.values()], [null]);
+  await c.acks(jobs.map((j) => [j.id, j.lease_token] as [string, string]));
+  // A handler sees it on its job.
+  const again = await c.enqueue({ type: t, tenant: "acme", payload: { n: 4 }, traceparent: tp });
+  const seen: Array<string | null | undefined> = [];
+  const worker = new Worker(c, { workerId: "node-trace-w" }).handle(t, (job) => {
+    seen.push(job.traceparent);
+  });
+  const [leased] = await c.lease({ worker_id: "node-trace-w", types: [t], wait_ms: 5000 });
+  assert.equal(leased.id, again.id);
+  assert.equal(await worker.execute(leased), null);
+  assert.deepEqual(seen, [tp]);
+});
+
 test("lease, heartbeat, fail, ack, next and batched outcomes", live, async () => {
   const t = "node-proto";
   const a = await c.enqueue({ type: t, tenant: "acme", payload: { job: "a" } });

@@ -83,8 +83,8 @@ test("every request the client sends matches the document's schema", async () =>
   const c = new Client("http://127.0.0.1:7433", { fetch: recorder });
   const next = { worker_id: "w", lanes: ["default"], types: ["t"], max_jobs: 2, lease_ms: 30000, wait_ms: 100 };
   const failure = Failure.deferred("http_429", "m", 10).withTraceback("tb");
-  await c.enqueue({ type: "t", tenant: "a", payload: { x: 1 }, lane: "l", idempotency_key: "k", schema_version: 1, delay_ms: 5 });
-  await c.enqueueBatch([{ type: "t", tenant: "a", payload: 1, lane: "l", idempotency_key: "k", schema_version: 2, delay_ms: 3 }, { type: "t", tenant: "b", payload: null }]);
+  await c.enqueue({ type: "t", tenant: "a", payload: { x: 1 }, lane: "l", idempotency_key: "k", schema_version: 1, delay_ms: 5, traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01" });
+  await c.enqueueBatch([{ type: "t", tenant: "a", payload: 1, lane: "l", idempotency_key: "k", schema_version: 2, delay_ms: 3, traceparent: "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01" }, { type: "t", tenant: "b", payload: null }]);
   await c.job("1");
   await c.cancel("1");
   await c.lease(next);

@@ -3,7 +3,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { Client, Failure, Worker } from "../src/index.js";
+import { ApiError, Client, Failure, Worker } from "../src/index.js";
 import { drain, FakeClient, runJob } from "../src/testing.js";
 
 interface Producer {
@@ -45,6 +45,26 @@ test("enqueues are recorded and deduplicated", async () => {
   ]);
   assert.equal((results[0] as { admission: string }).admission, "ADMITTED");
   assert.equal((results[1] as { code: string }).code, "NO_TENANT");
+});
+
+test("a traceparent is checked as the server does and reaches the handler", async () => {
+  const fake = new FakeClient();
+  const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+  await fake.enqueue({ type: "trace", tenant: "acme", payload: {}, traceparent: ` ${tp}` });
+  assert.equal(fake.jobs("trace")[0].traceparent, tp);
+  for (const bad of ["00-0000", tp.toUpperCase(), `00-${"0".repeat(32)}${tp.slice(35)}`, `${tp.slice(0, 36)}${"0".repeat(16)}${tp.slice(52)}`]) {
+    await assert.rejects(
+      fake.enqueue({ type: "trace", tenant: "acme", payload: {}, traceparent: bad }),
+      (e: unknown) => e instanceof ApiError && e.code === "BAD_REQUEST" && e.status === 400,
+      bad,
+    );
+  }
+  const seen: Array<string | null | undefined> = [];
+  const worker = new Worker(new Client("http://127.0.0.1:9")).handle("trace", (job) => {
+    seen.push(job.traceparent);
+  });
+  await drain(fake, worker);
+  assert.deepEqual(seen, [tp]);
 });
 
 test("drain runs jobs through the worker's handlers", async () => {

@@ -53,6 +53,39 @@ class Live(ServerTest):
         aio = asyncio.run(AsyncClient(c).enqueue("py-idem", "acme", {"n": 6}))
         self.assertEqual(aio.admission, "ADMITTED")
 
+    def test_a_traceparent_goes_from_the_enqueue_to_the_leased_job_and_the_handler(self) -> None:
+        c = self.client()
+        t = "py-trace"
+        tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        traced = c.enqueue(t, "acme", {"n": 1}, traceparent=tp)
+        [batched] = c.enqueue_batch([NewJob(t, "acme", {"n": 2}, traceparent=tp)])
+        c.enqueue(t, "acme", {"n": 3})
+        with self.assertRaises(ApiError) as e:
+            c.enqueue(t, "acme", {}, traceparent="00-0000")
+        self.assertEqual((e.exception.code, e.exception.status), ("BAD_REQUEST", 400))
+        self.assertIn("traceparent", e.exception.message)
+        self.assertEqual(c.job(traced.id)["traceparent"], tp)
+        jobs = c.lease(LeaseRequest("py-w", None, [t], 3, 5000, 5000))
+        by_id = {j.id: j.traceparent for j in jobs}
+        self.assertEqual(len(by_id), 3, jobs)
+        self.assertEqual(by_id.pop(traced.id), tp)
+        self.assertEqual(by_id.pop(batched.id), tp)  # type: ignore[union-attr]
+        self.assertEqual(list(by_id.values()), [None])
+        c.acks([(j.id, j.lease_token) for j in jobs])
+        # A handler sees it on its job.
+        again = c.enqueue(t, "acme", {"n": 4}, traceparent=tp)
+        seen: List[Optional[str]] = []
+        worker = Worker(c, worker_id="py-trace-w")
+
+        @worker.handler(t)
+        def handle(job: Any) -> None:
+            seen.append(job.traceparent)
+
+        [leased] = c.lease(LeaseRequest("py-trace-w", None, [t], 1, 5000, 5000))
+        self.assertEqual(leased.id, again.id)
+        self.assertIsNone(worker.execute(leased))
+        self.assertEqual(seen, [tp])
+
     def test_lease_heartbeat_fail_ack_next_and_batched_outcomes(self) -> None:
         c = self.client()
         t = "py-proto"

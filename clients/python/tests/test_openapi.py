@@ -55,8 +55,9 @@ class Recorder:
 def exercise(client: Client) -> None:
     """Calls every method of the client with every optional field set."""
     nxt = LeaseRequest("w", ["default"], ["t"], 2, 30000, 100)
-    client.enqueue("t", "a", {"x": 1}, lane="l", idempotency_key="k", schema_version=1, delay_ms=5)
-    client.enqueue_batch([NewJob("t", "a", 1, "l", "k", 2, 3), NewJob("t", "b", None)])
+    client.enqueue("t", "a", {"x": 1}, lane="l", idempotency_key="k", schema_version=1, delay_ms=5,
+                   traceparent="00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
+    client.enqueue_batch([NewJob("t", "a", 1, "l", "k", 2, 3, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"), NewJob("t", "b", None)])
     client.job("1")
     client.cancel("1")
     client.lease(nxt)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import unittest
 from typing import Any, List
 
-from lazaret import Client, Failure, NewJob, Worker
+from lazaret import ApiError, Client, Failure, NewJob, Worker
 from lazaret.testing import FakeClient, drain, run_job
 
 
@@ -45,6 +45,25 @@ class TestMode(unittest.TestCase):
         results = fake.enqueue_batch([NewJob("send_email", "acme", {"to": "b@x"}), NewJob("send_email", "", {})])
         self.assertEqual(results[0].admission, "ADMITTED")  # type: ignore[union-attr]
         self.assertEqual(results[1].code, "NO_TENANT")  # type: ignore[union-attr]
+
+    def test_a_traceparent_is_checked_as_the_server_does_and_reaches_the_handler(self) -> None:
+        fake = FakeClient()
+        tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        fake.enqueue("trace", "acme", {}, traceparent=" " + tp)
+        self.assertEqual(fake.jobs("trace")[0].traceparent, tp)
+        for bad in ("00-0000", tp.upper(), "00-" + "0" * 32 + tp[35:], tp[:36] + "0" * 16 + tp[52:]):
+            with self.assertRaises(ApiError) as e:
+                fake.enqueue("trace", "acme", {}, traceparent=bad)
+            self.assertEqual((e.exception.code, e.exception.status), ("BAD_REQUEST", 400), bad)
+        seen: List[Any] = []
+        worker = Worker(Client("http://127.0.0.1:9"))
+
+        @worker.handler("trace")
+        def handle(job: Any) -> None:
+            seen.append(job.traceparent)
+
+        drain(fake, worker)
+        self.assertEqual(seen, [tp])
 
     def test_drain_runs_jobs_through_the_workers_handlers(self) -> None:
         fake = FakeClient()

@@ -30,6 +30,8 @@ pub struct NewJob {
     schema_version: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     delay_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    traceparent: Option<String>,
 }
 
 impl NewJob {
@@ -57,6 +59,7 @@ impl NewJob {
             idempotency_key: None,
             schema_version: None,
             delay_ms: None,
+            traceparent: None,
         }
     }
 
@@ -82,6 +85,16 @@ impl NewJob {
     /// Run no sooner than `delay` from now.
     pub fn delay(mut self, delay: Duration) -> Self {
         self.delay_ms = Some(wire::ms(delay));
+        self
+    }
+
+    /// The W3C trace context the job joins
+    /// (`00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>`): its
+    /// handler reads it back ([`crate::Job::traceparent`]) to continue the
+    /// producer's trace. The server refuses one that is not valid
+    /// (`BAD_REQUEST`).
+    pub fn traceparent(mut self, traceparent: impl Into<String>) -> Self {
+        self.traceparent = Some(traceparent.into());
         self
     }
 }
@@ -321,6 +334,9 @@ pub struct LeasedJob {
     /// First admission.
     #[serde(with = "wire::time")]
     pub created_at: SystemTime,
+    /// The W3C trace context it was enqueued with (`None`: none).
+    #[serde(default)]
+    pub traceparent: Option<String>,
 }
 
 #[derive(Deserialize)]

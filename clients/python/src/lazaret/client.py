@@ -65,10 +65,13 @@ class NewJob:
     idempotency_key: Optional[str] = None
     schema_version: Optional[int] = None
     delay_ms: Optional[int] = None
+    #: A W3C trace context (`00-<trace id>-<parent id>-<flags>`) the job
+    #: joins: its worker sees it on the leased job and can continue the trace.
+    traceparent: Optional[str] = None
 
     def to_wire(self) -> Dict[str, Any]:
         body: Dict[str, Any] = {"type": self.type, "tenant": self.tenant, "payload": self.payload}
-        for key in ("lane", "idempotency_key", "schema_version", "delay_ms"):
+        for key in ("lane", "idempotency_key", "schema_version", "delay_ms", "traceparent"):
             value = getattr(self, key)
             if value is not None:
                 body[key] = value
@@ -123,6 +126,8 @@ class LeasedJob:
     created_at: str
     idempotency_key: Optional[str] = None
     schema_version: Optional[int] = None
+    #: The W3C trace context it was enqueued with (`None`: none).
+    traceparent: Optional[str] = None
 
     @classmethod
     def of(cls, j: Mapping[str, Any]) -> "LeasedJob":
@@ -138,6 +143,7 @@ class LeasedJob:
             created_at=j.get("created_at", ""),
             idempotency_key=j.get("idempotency_key"),
             schema_version=j.get("schema_version"),
+            traceparent=j.get("traceparent"),
         )
 
 
@@ -242,10 +248,13 @@ class Client:
         idempotency_key: Optional[str] = None,
         schema_version: Optional[int] = None,
         delay_ms: Optional[int] = None,
+        traceparent: Optional[str] = None,
     ) -> Enqueued:
         """`POST /v1/jobs`. With an `idempotency_key`, a second enqueue of the
-        same (tenant, type, key) answers `DUPLICATE` with the first job's id."""
-        job = NewJob(type, tenant, payload, lane, idempotency_key, schema_version, delay_ms)
+        same (tenant, type, key) answers `DUPLICATE` with the first job's id.
+        With a `traceparent` (W3C trace context) the job joins that trace; one
+        that is not valid is refused (`ApiError` `BAD_REQUEST`)."""
+        job = NewJob(type, tenant, payload, lane, idempotency_key, schema_version, delay_ms, traceparent)
         return Enqueued.of(self.call("enqueue", job.to_wire()))
 
     def enqueue_batch(self, jobs: Sequence[NewJob]) -> List[Union[Enqueued, ApiError]]:

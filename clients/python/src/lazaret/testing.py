@@ -20,7 +20,9 @@ River's `rivertest` give: no server, no network.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
@@ -31,6 +33,24 @@ from .failure import Failure
 from .worker import Worker
 
 _ANY = object()
+
+#: A `traceparent` the server takes (W3C trace context, version 00).
+_TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-[0-9a-f]{2}")
+
+
+def _check_traceparent(value: str) -> str:
+    """`value` as the server keeps it, or the `ApiError` it answers."""
+    value = value.strip(" \t")
+    m = _TRACEPARENT.fullmatch(value)
+    if m is None or set(m.group(1)) == {"0"} or set(m.group(2)) == {"0"}:
+        raise ApiError(
+            "BAD_REQUEST",
+            "traceparent must be `00-<32 lower-case hex trace id>-<16 lower-case hex parent id>-<2 hex flags>`"
+            " (W3C trace context, version 00), neither id all zeros;"
+            " leave `traceparent` out to enqueue the job without a trace",
+            status=400,
+        )
+    return value
 
 
 @dataclass
@@ -64,8 +84,9 @@ class FakeClient:
         idempotency_key: Optional[str] = None,
         schema_version: Optional[int] = None,
         delay_ms: Optional[int] = None,
+        traceparent: Optional[str] = None,
     ) -> Enqueued:
-        return self._admit(NewJob(type, tenant, payload, lane, idempotency_key, schema_version, delay_ms))
+        return self._admit(NewJob(type, tenant, payload, lane, idempotency_key, schema_version, delay_ms, traceparent))
 
     def enqueue_batch(self, jobs: Sequence[NewJob]) -> List[Union[Enqueued, ApiError]]:
         out: List[Union[Enqueued, ApiError]] = []
@@ -81,6 +102,8 @@ class FakeClient:
             raise ApiError("NO_TENANT", 'tenant is missing or empty; set "tenant" on every job', status=400)
         if not job.type:
             raise ApiError("BAD_REQUEST", "type is missing or empty", status=400)
+        if job.traceparent is not None:
+            job = dataclasses.replace(job, traceparent=_check_traceparent(job.traceparent))
         if job.idempotency_key is not None:
             key = (job.tenant, job.type, job.idempotency_key)
             if key in self._keys:
@@ -143,6 +166,7 @@ def _leased(id: str, job: NewJob, attempt: int) -> LeasedJob:
         created_at=now,
         idempotency_key=job.idempotency_key,
         schema_version=job.schema_version,
+        traceparent=job.traceparent,
     )
 
 

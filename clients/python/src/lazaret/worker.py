@@ -54,6 +54,7 @@ class Job(Generic[T]):
         self.attempt = leased.attempt
         self.idempotency_key = leased.idempotency_key
         self.schema_version = leased.schema_version
+        self.traceparent = leased.traceparent
         self.created_at = leased.created_at
         self.lease_token = leased.lease_token
         self.lease_expires_at = leased.lease_expires_at

@@ -18,6 +18,7 @@ pub(crate) struct Meta {
     pub(crate) attempt: u32,
     pub(crate) idempotency_key: Option<String>,
     pub(crate) schema_version: Option<u32>,
+    pub(crate) traceparent: Option<String>,
     pub(crate) created_at: SystemTime,
     pub(crate) lease_expires_at: Mutex<SystemTime>,
 }
@@ -32,6 +33,7 @@ impl Meta {
             attempt: j.attempt,
             idempotency_key: j.idempotency_key.clone(),
             schema_version: j.schema_version,
+            traceparent: j.traceparent.clone(),
             created_at: j.created_at,
             lease_expires_at: Mutex::new(j.lease_expires_at),
         }
@@ -94,6 +96,12 @@ impl<T> Job<T> {
     /// The schema version the payload was admitted with.
     pub fn schema_version(&self) -> Option<u32> {
         self.meta.schema_version
+    }
+
+    /// The W3C trace context it was enqueued with, to continue the
+    /// producer's trace (`None`: none).
+    pub fn traceparent(&self) -> Option<&str> {
+        self.meta.traceparent.as_deref()
     }
 
     /// When the job was first enqueued.

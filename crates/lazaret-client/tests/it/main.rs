@@ -10,3 +10,4 @@ mod panics;
 mod parse;
 mod shutdown;
 mod support;
+mod traces;
