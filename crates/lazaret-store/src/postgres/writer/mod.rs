@@ -65,17 +65,26 @@ mod tokens;
 use flush::Answer;
 pub(super) use flush::Flusher;
 use leases::{LEASE_ASSIGN_SQL, leases_merge};
-use stats::{COUNTS_SQL, PAIRS_COUNTS_SQL};
+use stats::{COUNTS_SQL, CountChanges, PAIRS_COUNTS_SQL};
+
+/// [`BEGIN_SQL`]'s text, a literal that [`BEGIN_CLOCK_SQL`] starts with too.
+macro_rules! begin_sql {
+    () => {
+        "BEGIN; SET LOCAL synchronous_commit = off"
+    };
+}
 
 /// A group's start: its `COMMIT` does not wait for the WAL flush (the
 /// flusher does, for the answers that need it).
-const BEGIN_SQL: &str = "BEGIN; SET LOCAL synchronous_commit = off";
+const BEGIN_SQL: &str = begin_sql!();
 
 /// [`BEGIN_SQL`] and a read of the database's clock (in ms) behind it, in
 /// one simple query: one answer for both (the server sends its answers
 /// at the end of each query, one write each).
-const BEGIN_CLOCK_SQL: &str = "BEGIN; SET LOCAL synchronous_commit = off;
-     SELECT (extract(epoch FROM clock_timestamp()) * 1000)::int8";
+const BEGIN_CLOCK_SQL: &str = concat!(
+    begin_sql!(),
+    "; SELECT (extract(epoch FROM clock_timestamp()) * 1000)::int8"
+);
 
 /// The clock [`BEGIN_CLOCK_SQL`] read.
 fn clock_of(answer: &[tokio_postgres::SimpleQueryMessage]) -> Result<i64, StoreError> {
@@ -666,7 +675,7 @@ impl Writer {
         let assign = std::mem::take(&mut self.group.assign);
         let client = &self.client;
         let (counts_lock, counts_locked) = (self.counts_lock, self.group.counts_locked);
-        let changed = counts.pairs.is_some() || counts.types.is_some();
+        let changed = !counts.is_empty();
         let locked = async {
             if counts_locked || !changed {
                 return Ok(());
@@ -686,8 +695,10 @@ impl Writer {
             if !changed && notify.is_none() {
                 return Ok(());
             }
-            let c = counts.pairs.unwrap_or_default();
-            let (lanes, tenants, types, ready) = counts.types.unwrap_or_default();
+            let CountChanges {
+                pairs: c,
+                types: (lanes, tenants, types, ready),
+            } = counts;
             let (channel, payload) = match notify {
                 Some((channel, payload)) => (Some(channel), payload),
                 None => (None, String::new()),

@@ -19,10 +19,18 @@ pub(super) struct PairColumns {
 /// Ready count changes per (lane, tenant, type), as columns.
 pub(super) type TypeColumns = (Vec<String>, Vec<String>, Vec<String>, Vec<i64>);
 
-/// A group's count changes: per pair, and ready per (lane, tenant, type).
+/// A group's count changes: per pair, and ready per (lane, tenant, type);
+/// either may be empty.
 pub(super) struct CountChanges {
-    pub(super) pairs: Option<PairColumns>,
-    pub(super) types: Option<TypeColumns>,
+    pub(super) pairs: PairColumns,
+    pub(super) types: TypeColumns,
+}
+
+impl CountChanges {
+    /// Whether the group changed no count at all.
+    pub(super) fn is_empty(&self) -> bool {
+        self.pairs.lanes.is_empty() && self.types.0.is_empty()
+    }
 }
 
 /// A group's count changes and its notification, in one statement (one
@@ -115,8 +123,8 @@ impl Writer {
             }
         }
         CountChanges {
-            pairs: (!c.lanes.is_empty()).then_some(c),
-            types: (!lanes.is_empty()).then_some((lanes, tenants, types, ready)),
+            pairs: c,
+            types: (lanes, tenants, types, ready),
         }
     }
 
