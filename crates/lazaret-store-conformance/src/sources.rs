@@ -656,6 +656,36 @@ pub async fn a_held_retry_is_claimed_by_one_caller_until_its_claim_expires<B: Ba
     );
 }
 
+/// Three broker dead letters of `orders-src` (messages m-1, m-2, m-3, in
+/// one group) and the audited redrive `redrive` about to republish them:
+/// their ids and the redrive's audit entry.
+async fn redrive_of_three_messages<S: Store>(
+    s: &S,
+    redrive: &str,
+) -> (Vec<lazaret_store::DeadLetterId>, lazaret_store::AuditId) {
+    let mut ids = Vec::new();
+    for m in ["m-1", "m-2", "m-3"] {
+        ids.push(
+            s.quarantine_message(quarantined("orders-src", m, Stage::Processing, 0))
+                .await
+                .unwrap()
+                .id,
+        );
+    }
+    let entry = s
+        .audit(lazaret_store::AuditEntry {
+            at: at(1_000),
+            actor: "op".into(),
+            action: "redrive".into(),
+            request: json!({}),
+            count: 0,
+        })
+        .await
+        .unwrap();
+    s.record_redrive(redrive.into(), entry).await.unwrap();
+    (ids, entry)
+}
+
 /// A redrive's broker messages: each republished copy is noted as its
 /// dead letter leaves (the audit entry counting it), then counted as
 /// running until a guard source handles it (succeeded, its held retry
@@ -667,27 +697,8 @@ pub async fn a_redrive_report_follows_broker_messages_to_success_and_failure_aga
 ) {
     let place = b.place().await;
     let s = b.open(&place).await;
-    let mut ids = Vec::new();
-    for m in ["m-1", "m-2", "m-3"] {
-        ids.push(
-            s.quarantine_message(quarantined("orders-src", m, Stage::Processing, 0))
-                .await
-                .unwrap()
-                .id,
-        );
-    }
+    let (ids, entry) = redrive_of_three_messages(&s, "r-m").await;
     let from = s.dead_letter(ids[0]).await.unwrap().unwrap().group_id;
-    let entry = s
-        .audit(lazaret_store::AuditEntry {
-            at: at(1_000),
-            actor: "op".into(),
-            action: "redrive".into(),
-            request: json!({}),
-            count: 0,
-        })
-        .await
-        .unwrap();
-    s.record_redrive("r-m".into(), entry).await.unwrap();
     for id in &ids {
         assert!(
             s.redrove_message(*id, "r-m".into(), at(2_000), Some(entry))
@@ -787,26 +798,7 @@ pub async fn a_redrive_report_follows_broker_messages_to_success_and_failure_aga
 pub async fn a_copy_seen_back_before_its_dead_letter_leaves_keeps_its_outcome<B: Backend>(b: &B) {
     let place = b.place().await;
     let s = b.open(&place).await;
-    let mut ids = Vec::new();
-    for m in ["m-1", "m-2", "m-3"] {
-        ids.push(
-            s.quarantine_message(quarantined("orders-src", m, Stage::Processing, 0))
-                .await
-                .unwrap()
-                .id,
-        );
-    }
-    let entry = s
-        .audit(lazaret_store::AuditEntry {
-            at: at(1_000),
-            actor: "op".into(),
-            action: "redrive".into(),
-            request: json!({}),
-            count: 0,
-        })
-        .await
-        .unwrap();
-    s.record_redrive("r-e".into(), entry).await.unwrap();
+    let (ids, entry) = redrive_of_three_messages(&s, "r-e").await;
     for id in &ids {
         s.note_redrive_copy(*id, "r-e".into(), at(2_000))
             .await
