@@ -656,6 +656,34 @@ pub async fn a_held_retry_is_claimed_by_one_caller_until_its_claim_expires<B: Ba
     );
 }
 
+/// Message `id` of `orders-src` as the redrive `redrive` republished it.
+fn copy_of(redrive: &str, id: &str) -> SourceRef {
+    SourceRef {
+        redrive_id: Some(redrive.into()),
+        ..source("orders-src", id)
+    }
+}
+
+/// The copy of message `id` that `redrive` republished fails again at
+/// `ms`, for another reason than the first time (another group): its
+/// dead letter.
+async fn copy_fails_again<S: Store>(
+    s: &S,
+    redrive: &str,
+    id: &str,
+    ms: i64,
+) -> lazaret_store::Quarantined {
+    s.quarantine_message(SourceDeadLetter {
+        source: copy_of(redrive, id),
+        error: Some(
+            Failure::new("schema", "field total missing").with_class(FailureClass::Permanent),
+        ),
+        ..quarantined("orders-src", id, Stage::Processing, ms)
+    })
+    .await
+    .unwrap()
+}
+
 /// Three broker dead letters of `orders-src` (messages m-1, m-2, m-3, in
 /// one group) and the audited redrive `redrive` about to republish them:
 /// their ids and the redrive's audit entry.
@@ -723,12 +751,8 @@ pub async fn a_redrive_report_follows_broker_messages_to_success_and_failure_aga
     assert_eq!(r.from_groups, vec![(from.clone(), 3)]);
 
     // m-1's copy is retried once, then succeeds: its held retry is dropped.
-    let copy = |id: &str| SourceRef {
-        redrive_id: Some("r-m".into()),
-        ..source("orders-src", id)
-    };
     let held = HeldRetry {
-        source: copy("m-1"),
+        source: copy_of("r-m", "m-1"),
         ..retry_of("orders-src", "m-1", at(3_000))
     };
     s.hold_retry(held.clone()).await.unwrap();
@@ -751,16 +775,7 @@ pub async fn a_redrive_report_follows_broker_messages_to_success_and_failure_aga
     assert_eq!((r.running, r.succeeded, r.failed_again), (2, 1, 0));
 
     // m-2's copy fails again, into another group.
-    let again = s
-        .quarantine_message(SourceDeadLetter {
-            source: copy("m-2"),
-            error: Some(
-                Failure::new("schema", "field total missing").with_class(FailureClass::Permanent),
-            ),
-            ..quarantined("orders-src", "m-2", Stage::Processing, 4_000)
-        })
-        .await
-        .unwrap();
+    let again = copy_fails_again(&s, "r-m", "m-2", 4_000).await;
     assert!(again.created, "a copy is a dead letter of its own");
     let new_group = s.dead_letter(again.id).await.unwrap().unwrap().group_id;
     assert_ne!(new_group, from);
@@ -804,10 +819,6 @@ pub async fn a_copy_seen_back_before_its_dead_letter_leaves_keeps_its_outcome<B:
             .await
             .unwrap();
     }
-    let copy = |id: &str| SourceRef {
-        redrive_id: Some("r-e".into()),
-        ..source("orders-src", id)
-    };
     // m-1's copy succeeds and m-2's fails again, both before the redrive
     // has removed their dead letters.
     s.redriven_message_succeeded(
@@ -816,16 +827,7 @@ pub async fn a_copy_seen_back_before_its_dead_letter_leaves_keeps_its_outcome<B:
     )
     .await
     .unwrap();
-    let again = s
-        .quarantine_message(SourceDeadLetter {
-            source: copy("m-2"),
-            error: Some(
-                Failure::new("schema", "field total missing").with_class(FailureClass::Permanent),
-            ),
-            ..quarantined("orders-src", "m-2", Stage::Processing, 2_200)
-        })
-        .await
-        .unwrap();
+    let again = copy_fails_again(&s, "r-e", "m-2", 2_200).await;
     assert!(again.created);
     // m-3's republish failed: its note goes, its dead letter stays.
     s.forget_redrive_copy(ids[2], "r-e".into()).await.unwrap();

@@ -32,7 +32,6 @@ async fn heartbeats_keep_the_lease_of_a_handler_that_outlives_it() {
     };
     let client = &server.client;
     let (tx, mut reports) = mpsc::unbounded_channel();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let worker = Worker::builder(client.clone())
         .concurrency(1)
         .lease(Duration::from_millis(600))
@@ -41,9 +40,7 @@ async fn heartbeats_keep_the_lease_of_a_handler_that_outlives_it() {
         .on_report(move |r| drop(tx.send(r.clone())))
         .build()
         .unwrap();
-    let running = tokio::spawn(worker.run_until(async {
-        let _ = stop_rx.await;
-    }));
+    let running = support::run(worker);
     // Four leases long.
     let id = client
         .enqueue(&NewJob::new("nap", "acme", &Nap { first_ms: 2_400 }).unwrap())
@@ -58,8 +55,7 @@ async fn heartbeats_keep_the_lease_of_a_handler_that_outlives_it() {
     let job = wait_state(client, id, JobState::Succeeded).await;
     assert_eq!(job.attempt, 1, "no lease expired, no attempt charged");
     assert_eq!(job.lease_expiries, 0);
-    stop_tx.send(()).unwrap();
-    let report = running.await.unwrap().unwrap();
+    let report = running.stop().await;
     assert_eq!((report.succeeded, report.lease_lost), (1, 0));
 }
 
@@ -70,7 +66,6 @@ async fn without_heartbeats_the_lease_is_lost_and_the_late_ack_is_dropped() {
     };
     let client = &server.client;
     let (tx, mut reports) = mpsc::unbounded_channel();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let worker = Worker::builder(client.clone())
         .concurrency(1)
         .lease(Duration::from_millis(300))
@@ -80,9 +75,7 @@ async fn without_heartbeats_the_lease_is_lost_and_the_late_ack_is_dropped() {
         .on_report(move |r| drop(tx.send(r.clone())))
         .build()
         .unwrap();
-    let running = tokio::spawn(worker.run_until(async {
-        let _ = stop_rx.await;
-    }));
+    let running = support::run(worker);
     let id = client
         .enqueue(&NewJob::new("nap", "acme", &Nap { first_ms: 1_500 }).unwrap())
         .await
@@ -106,8 +99,7 @@ async fn without_heartbeats_the_lease_is_lost_and_the_late_ack_is_dropped() {
     let job = wait_state(client, id, JobState::Succeeded).await;
     let expired = job.history[0].error.as_ref().expect("the expiry's error");
     assert_eq!(expired.kind.as_str(), "lease_expired");
-    stop_tx.send(()).unwrap();
-    let report = running.await.unwrap().unwrap();
+    let report = running.stop().await;
     assert_eq!((report.lease_lost, report.succeeded), (1, 1));
 }
 

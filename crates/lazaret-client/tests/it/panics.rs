@@ -24,7 +24,6 @@ async fn a_panicking_handler_is_dead_lettered_after_its_budget_while_the_rest_su
         return;
     };
     let client = &server.client;
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let worker = Worker::builder(client.clone())
         .worker_id("panics")
         .concurrency(2)
@@ -38,9 +37,7 @@ async fn a_panicking_handler_is_dead_lettered_after_its_budget_while_the_rest_su
         })
         .build()
         .unwrap();
-    let running = tokio::spawn(worker.run_until(async {
-        let _ = stop_rx.await;
-    }));
+    let running = support::run(worker);
 
     let bad = client
         .enqueue(&NewJob::new("work", "acme", &Work { n: 0, panic: true }).unwrap())
@@ -114,8 +111,7 @@ async fn a_panicking_handler_is_dead_lettered_after_its_budget_while_the_rest_su
         AttemptOutcome::DeadLettered
     );
 
-    stop_tx.send(()).unwrap();
-    let report = running.await.unwrap().unwrap();
+    let report = running.stop().await;
     assert_eq!(report.panicked, 3);
     assert_eq!(report.succeeded, 11);
 }

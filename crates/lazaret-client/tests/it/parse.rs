@@ -24,7 +24,6 @@ async fn a_payload_that_does_not_fit_is_dead_lettered_at_once_as_parse() {
     let client = &server.client;
     let calls = Arc::new(AtomicU32::new(0));
     let seen = calls.clone();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let worker = Worker::builder(client.clone())
         .poll_wait(Duration::from_millis(200))
         .handle("typed", move |job: Job<Typed>| {
@@ -37,9 +36,7 @@ async fn a_payload_that_does_not_fit_is_dead_lettered_at_once_as_parse() {
         })
         .build()
         .unwrap();
-    let running = tokio::spawn(worker.run_until(async {
-        let _ = stop_rx.await;
-    }));
+    let running = support::run(worker);
 
     let bad_payload = serde_json::json!({ "n": "five" });
     let bad = client
@@ -76,8 +73,7 @@ async fn a_payload_that_does_not_fit_is_dead_lettered_at_once_as_parse() {
     let payload = client.dead_letter_payload(dl.id).await.unwrap();
     assert_eq!(payload, serde_json::to_vec(&bad_payload).unwrap());
 
-    stop_tx.send(()).unwrap();
-    let report = running.await.unwrap().unwrap();
+    let report = running.stop().await;
     assert_eq!(
         calls.load(Ordering::SeqCst),
         1,

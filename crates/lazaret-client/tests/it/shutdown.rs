@@ -52,7 +52,6 @@ async fn shutdown_finishes_running_jobs_and_hands_back_prefetched_ones_uncharged
     let client = &server.client;
     let (started_tx, mut started) = mpsc::unbounded_channel();
     let (report_tx, mut reports) = mpsc::unbounded_channel();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let worker = Worker::builder(client.clone())
         .concurrency(1)
         .prefetch(3)
@@ -70,9 +69,7 @@ async fn shutdown_finishes_running_jobs_and_hands_back_prefetched_ones_uncharged
         .on_report(move |r| drop(report_tx.send(r.clone())))
         .build()
         .unwrap();
-    let running = tokio::spawn(worker.run_until(async {
-        let _ = stop_rx.await;
-    }));
+    let running = support::run(worker);
 
     // Two quick jobs first: the runtime prefetches only once it has seen
     // how long handlers take.
@@ -100,8 +97,7 @@ async fn shutdown_finishes_running_jobs_and_hands_back_prefetched_ones_uncharged
     for id in &ids {
         wait_state(client, *id, JobState::Leased).await;
     }
-    stop_tx.send(()).unwrap();
-    let report = running.await.unwrap().unwrap();
+    let report = running.stop().await;
 
     assert_eq!(report.succeeded, 3, "{report:?}");
     assert_eq!(report.handed_back, 3, "{report:?}");
@@ -128,7 +124,6 @@ async fn handlers_still_running_when_the_grace_ends_are_handed_back_uncharged() 
     };
     let client = &server.client;
     let (started_tx, mut started) = mpsc::unbounded_channel();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let worker = Worker::builder(client.clone())
         .concurrency(2)
         .lease(Duration::from_secs(10))
@@ -144,9 +139,7 @@ async fn handlers_still_running_when_the_grace_ends_are_handed_back_uncharged() 
         })
         .build()
         .unwrap();
-    let running = tokio::spawn(worker.run_until(async {
-        let _ = stop_rx.await;
-    }));
+    let running = support::run(worker);
     let mut ids = Vec::new();
     for _ in 0..2 {
         let job = NewJob::new("nap", "acme", &Nap { ms: 600_000 }).unwrap();
@@ -154,8 +147,7 @@ async fn handlers_still_running_when_the_grace_ends_are_handed_back_uncharged() 
     }
     recv("a start", &mut started).await;
     recv("a start", &mut started).await;
-    stop_tx.send(()).unwrap();
-    let report = running.await.unwrap().unwrap();
+    let report = running.stop().await;
     assert_eq!((report.handed_back, report.succeeded), (2, 0), "{report:?}");
     ids.sort();
     assert_uncharged(client, &ids).await;

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-use lazaret_client::{Client, JobId, JobInfo, JobState};
+use lazaret_client::{Client, JobId, JobInfo, JobState, RunReport, Worker, WorkerError};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 /// Short leases and backoffs so that failure paths run in milliseconds.
@@ -139,4 +139,33 @@ pub async fn recv<T>(what: &str, rx: &mut tokio::sync::mpsc::UnboundedReceiver<T
         .await
         .unwrap_or_else(|_| panic!("timed out waiting for {what}"))
         .unwrap_or_else(|| panic!("channel closed waiting for {what}"))
+}
+
+/// A worker running on a task of its own until [`Running::stop`].
+pub struct Running {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<RunReport, WorkerError>>,
+}
+
+/// Runs `worker` until the returned [`Running`] is stopped.
+pub fn run(worker: Worker) -> Running {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(worker.run_until(async {
+        let _ = stopped.await;
+    }));
+    Running { stop, task }
+}
+
+impl Running {
+    /// Asks the worker to stop (it must still be running), and returns
+    /// its report once it has.
+    pub async fn stop(self) -> RunReport {
+        self.stop
+            .send(())
+            .expect("the worker still running when asked to stop");
+        self.task
+            .await
+            .expect("the worker's task")
+            .expect("the worker's run")
+    }
 }

@@ -47,7 +47,6 @@ async fn a_traceparent_goes_from_the_enqueue_to_the_leased_job_and_the_handler()
 
     // The handler reads it from its job.
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let worker = Worker::builder(client.clone())
         .poll_wait(Duration::from_millis(200))
         .handle("traced", move |job: Job<serde_json::Value>| {
@@ -59,9 +58,7 @@ async fn a_traceparent_goes_from_the_enqueue_to_the_leased_job_and_the_handler()
         })
         .build()
         .unwrap();
-    let running = tokio::spawn(worker.run_until(async {
-        let _ = stop_rx.await;
-    }));
+    let running = support::run(worker);
     let again = client
         .enqueue(&job(4).traceparent(TRACEPARENT))
         .await
@@ -72,6 +69,5 @@ async fn a_traceparent_goes_from_the_enqueue_to_the_leased_job_and_the_handler()
         Some(TRACEPARENT)
     );
     wait_state(client, again, JobState::Succeeded).await;
-    let _ = stop_tx.send(());
-    running.await.unwrap().unwrap();
+    running.stop().await;
 }
